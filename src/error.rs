@@ -1,0 +1,57 @@
+//! One error type for the library. Every variant names what it is about (a file, a tensor, an input
+//! line) so that a user can act on the message without a debugger.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// config.json is unreadable or describes a model this engine cannot run.
+    #[error("{}: {msg}", path.display())]
+    Config { path: PathBuf, msg: String },
+
+    /// A checkpoint file is corrupt, truncated or not what it claims to be.
+    #[error("{}: {msg}", path.display())]
+    Checkpoint { path: PathBuf, msg: String },
+
+    /// One tensor of a checkpoint is missing, unexpected, or has the wrong shape or dtype.
+    #[error("{}: tensor `{tensor}`: {msg}", path.display())]
+    Tensor {
+        path: PathBuf,
+        tensor: String,
+        msg: String,
+    },
+
+    #[error("tokenizer {}: {msg}", path.display())]
+    Tokenizer { path: PathBuf, msg: String },
+
+    /// A scoring request that cannot be scored (position off a token boundary, ids outside the
+    /// vocabulary, a sequence longer than n_positions, ...).
+    #[error("{0}")]
+    Input(String),
+
+    /// A backend could not run (no GPU, kernels not built, out of memory budget, ...).
+    #[error("{0}")]
+    Backend(String),
+}
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub fn input(msg: impl Into<String>) -> Self {
+        Error::Input(msg.into())
+    }
+}

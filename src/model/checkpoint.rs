@@ -1,0 +1,190 @@
+//! Hugging Face GPT-J checkpoint folders: which files hold the weights, reading them memory-mapped,
+//! and validating every tensor against the config before anything is computed.
+//!
+//! Supported layouts, in the order they are looked for:
+//! - `model.safetensors.index.json` + shards (`weight_map` names each tensor's shard);
+//! - `model.safetensors`;
+//! - `pytorch_model.bin` (torch.save zip, read without Python; see `torch_bin`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use safetensors::SafeTensors;
+
+use super::tensor::{DType, Tensor};
+use super::torch_bin;
+use crate::error::{Error, Result};
+
+/// Buffers that old GPT-J checkpoints carry (causal mask, masking constant). They are not weights.
+pub fn is_ignored_buffer(name: &str) -> bool {
+    name.ends_with("attn.bias") || name.ends_with("attn.masked_bias")
+}
+
+/// Every tensor of a checkpoint by name, with the file it came from (for error messages).
+pub struct TensorMap {
+    tensors: HashMap<String, (Tensor, PathBuf)>,
+}
+
+impl TensorMap {
+    pub fn get(&self, name: &str) -> Option<&(Tensor, PathBuf)> {
+        self.tensors.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    fn insert(&mut self, name: String, tensor: Tensor, path: &Path) -> Result<()> {
+        if let Some((_, first)) = self.tensors.get(&name) {
+            return Err(Error::Tensor {
+                path: path.to_owned(),
+                tensor: name.clone(),
+                msg: format!("appears twice (also in {})", first.display()),
+            });
+        }
+        self.tensors.insert(name, (tensor, path.to_owned()));
+        Ok(())
+    }
+
+    /// Reads the weight files of a checkpoint folder. Does not validate names or shapes.
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let bin = dir.join("pytorch_model.bin");
+        let mut map = TensorMap {
+            tensors: HashMap::new(),
+        };
+        if index.is_file() {
+            for shard in shard_files(&index)? {
+                map.read_safetensors(&dir.join(&shard))?;
+            }
+        } else if single.is_file() {
+            map.read_safetensors(&single)?;
+        } else if bin.is_file() {
+            for (name, tensor) in torch_bin::read_torch_bin(&bin)? {
+                if !is_ignored_buffer(&name) {
+                    map.insert(name, tensor, &bin)?;
+                }
+            }
+        } else {
+            return Err(Error::Checkpoint {
+                path: dir.to_owned(),
+                msg: "no weights found: expected model.safetensors, \
+                      model.safetensors.index.json or pytorch_model.bin"
+                    .into(),
+            });
+        }
+        Ok(map)
+    }
+
+    fn read_safetensors(&mut self, path: &Path) -> Result<()> {
+        let map = Arc::new(map_file(path)?);
+        let st = SafeTensors::deserialize(&map).map_err(|e| Error::Checkpoint {
+            path: path.to_owned(),
+            msg: format!("not a valid safetensors file (truncated or corrupt?): {e}"),
+        })?;
+        let base = map.as_ptr() as usize;
+        let mut entries = Vec::new();
+        for (name, view) in st.tensors() {
+            if is_ignored_buffer(&name) {
+                continue;
+            }
+            let dtype = match view.dtype() {
+                safetensors::Dtype::F32 => DType::F32,
+                safetensors::Dtype::F16 => DType::F16,
+                safetensors::Dtype::BF16 => DType::BF16,
+                other => {
+                    return Err(Error::Tensor {
+                        path: path.to_owned(),
+                        tensor: name,
+                        msg: format!(
+                            "dtype {other:?} is not supported (float32, float16 or bfloat16)"
+                        ),
+                    })
+                }
+            };
+            let data = view.data();
+            let start = data.as_ptr() as usize - base;
+            entries.push((name, dtype, view.shape().to_vec(), start, data.len()));
+        }
+        drop(st);
+        for (name, dtype, shape, start, len) in entries {
+            let tensor = Tensor::mapped(dtype, shape, map.clone(), start, len);
+            self.insert(name, tensor, path)?;
+        }
+        Ok(())
+    }
+}
+
+/// Shard file names of a `model.safetensors.index.json`, in a stable order.
+fn shard_files(index: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
+    let bad = |msg: String| Error::Checkpoint {
+        path: index.to_owned(),
+        msg,
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let weight_map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
+    let mut shards = BTreeMap::new();
+    for (tensor, file) in weight_map {
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map entry {tensor:?} is not a file name")))?;
+        if file.contains('/') || file.contains('\\') || file == ".." {
+            return Err(bad(format!(
+                "shard name {file:?} must be a plain file name"
+            )));
+        }
+        shards.insert(file.to_owned(), ());
+    }
+    Ok(shards.into_keys().collect())
+}
+
+fn map_file(path: &Path) -> Result<Mmap> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: the map is read-only; a checkpoint modified while it is mapped is outside our
+    // contract (as for every mmap-based loader, safetensors' own included).
+    unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))
+}
+
+/// Writes `tensors` as one safetensors file (used by `toolsift convert` and by tests that make
+/// random checkpoints).
+pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+    use safetensors::tensor::TensorView;
+    let views = tensors
+        .iter()
+        .map(|(name, t)| {
+            let dtype = match t.dtype() {
+                DType::F32 => safetensors::Dtype::F32,
+                DType::F16 => safetensors::Dtype::F16,
+                DType::BF16 => safetensors::Dtype::BF16,
+            };
+            let view = TensorView::new(dtype, t.shape().to_vec(), t.bytes()).map_err(|e| {
+                Error::Tensor {
+                    path: path.to_owned(),
+                    tensor: name.clone(),
+                    msg: e.to_string(),
+                }
+            })?;
+            Ok((name.clone(), view))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    safetensors::tensor::serialize_to_file(views, None, path).map_err(|e| Error::Checkpoint {
+        path: path.to_owned(),
+        msg: format!("could not write safetensors: {e}"),
+    })
+}

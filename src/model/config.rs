@@ -1,0 +1,197 @@
+//! GPT-J hyper-parameters, read from a Hugging Face config.json with the field names used verbatim.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The fields of transformers' `GPTJConfig` that change the computation. Unknown fields in
+/// config.json (dropout rates, token ids, ...) are ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GptjConfig {
+    pub vocab_size: usize,
+    pub n_positions: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    /// Rotary embedding covers the first `rotary_dim` dims of each head. `null` means the whole
+    /// head (transformers would only accept that for a single head; we take the sensible reading).
+    #[serde(default)]
+    pub rotary_dim: Option<usize>,
+    /// MLP width; `null` means 4 * n_embd, as in transformers.
+    #[serde(default)]
+    pub n_inner: Option<usize>,
+    #[serde(default = "default_activation")]
+    pub activation_function: String,
+    #[serde(default = "default_eps")]
+    pub layer_norm_epsilon: f64,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub model_type: Option<String>,
+}
+
+fn default_activation() -> String {
+    "gelu_new".into()
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+
+impl GptjConfig {
+    /// Reads and validates `path` (a config.json).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let config: GptjConfig = serde_json::from_str(&text).map_err(|e| Error::Config {
+            path: path.to_owned(),
+            msg: format!("not a GPT-J config: {e}"),
+        })?;
+        config.validate().map_err(|msg| Error::Config {
+            path: path.to_owned(),
+            msg,
+        })?;
+        Ok(config)
+    }
+
+    /// Checks that the numbers describe a model the engine can run; the message names the field.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if let Some(t) = &self.model_type {
+            if t != "gptj" {
+                return Err(format!("model_type is {t:?}, expected \"gptj\""));
+            }
+        }
+        for (name, value) in [
+            ("vocab_size", self.vocab_size),
+            ("n_positions", self.n_positions),
+            ("n_embd", self.n_embd),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+        ] {
+            if value == 0 {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        if self.n_embd % self.n_head != 0 {
+            return Err(format!(
+                "n_embd ({}) is not divisible by n_head ({})",
+                self.n_embd, self.n_head
+            ));
+        }
+        let head_dim = self.head_dim();
+        let rotary_dim = self.rotary_dim();
+        if rotary_dim > head_dim {
+            return Err(format!(
+                "rotary_dim ({rotary_dim}) is larger than the head dimension ({head_dim} = n_embd / n_head)"
+            ));
+        }
+        if rotary_dim % 2 != 0 {
+            return Err(format!(
+                "rotary_dim ({rotary_dim}) must be even: GPT-J rotates pairs of dims"
+            ));
+        }
+        if self.n_inner == Some(0) {
+            return Err("n_inner must be positive (or null for 4 * n_embd)".into());
+        }
+        if self.activation_function != "gelu_new" {
+            return Err(format!(
+                "activation_function {:?} is not supported (GPT-J uses \"gelu_new\")",
+                self.activation_function
+            ));
+        }
+        if !(self.layer_norm_epsilon > 0.0 && self.layer_norm_epsilon.is_finite()) {
+            return Err(format!(
+                "layer_norm_epsilon ({}) must be positive and finite",
+                self.layer_norm_epsilon
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.n_embd / self.n_head
+    }
+
+    pub fn rotary_dim(&self) -> usize {
+        self.rotary_dim.unwrap_or_else(|| self.head_dim())
+    }
+
+    pub fn inner_dim(&self) -> usize {
+        self.n_inner.unwrap_or(4 * self.n_embd)
+    }
+
+    /// Parameter count (embedding, blocks, final norm, LM head with bias).
+    pub fn n_params(&self) -> usize {
+        let (d, f, v) = (self.n_embd, self.inner_dim(), self.vocab_size);
+        let block = 2 * d + 4 * d * d + f * d + f + d * f + d;
+        let head = if self.tie_word_embeddings {
+            v
+        } else {
+            v * d + v
+        };
+        v * d + self.n_layer * block + 2 * d + head
+    }
+
+    /// Forward FLOPs per token through the trunk (the layer GEMMs; attention scores excluded).
+    pub fn trunk_flops_per_token(&self) -> f64 {
+        let (d, f) = (self.n_embd as f64, self.inner_dim() as f64);
+        self.n_layer as f64 * 2.0 * (4.0 * d * d + 2.0 * d * f)
+    }
+
+    /// A GPT-J of the 6B shape (EleutherAI/gpt-j-6b).
+    pub fn gptj_6b() -> Self {
+        GptjConfig {
+            vocab_size: 50400,
+            n_positions: 2048,
+            n_embd: 4096,
+            n_layer: 28,
+            n_head: 16,
+            rotary_dim: Some(64),
+            n_inner: None,
+            activation_function: "gelu_new".into(),
+            layer_norm_epsilon: 1e-5,
+            tie_word_embeddings: false,
+            model_type: Some("gptj".into()),
+        }
+    }
+
+    /// A small config from its sizes, with GPT-J's other settings.
+    pub fn small(
+        n_layer: usize,
+        n_embd: usize,
+        n_head: usize,
+        rotary_dim: usize,
+        vocab_size: usize,
+    ) -> Self {
+        GptjConfig {
+            vocab_size,
+            n_positions: 2048,
+            n_embd,
+            n_layer,
+            n_head,
+            rotary_dim: Some(rotary_dim),
+            n_inner: None,
+            activation_function: "gelu_new".into(),
+            layer_norm_epsilon: 1e-5,
+            tie_word_embeddings: false,
+            model_type: Some("gptj".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gptj_6b_has_six_billion_parameters() {
+        let c = GptjConfig::gptj_6b();
+        assert_eq!(c.head_dim(), 256);
+        let n = c.n_params() as f64;
+        assert!((n - 6.05e9).abs() < 0.01e9, "{n}");
+        // ~12.1 GFLOP per token including the LM head.
+        let flops = c.trunk_flops_per_token() + 2.0 * 4096.0 * 50400.0;
+        assert!((flops - 12.1e9).abs() < 0.1e9, "{flops}");
+    }
+}

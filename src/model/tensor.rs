@@ -1,0 +1,150 @@
+//! A named checkpoint tensor: dtype, shape and little-endian bytes that are either memory-mapped
+//! from the checkpoint file or owned (random weights, converted files). Nothing is copied until a
+//! backend asks for values in the precision it computes in.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+
+/// Storage precisions a GPT-J checkpoint may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Bytes {
+    Mapped {
+        map: Arc<Mmap>,
+        start: usize,
+        len: usize,
+    },
+    Owned(Arc<[u8]>),
+}
+
+/// A tensor in its storage precision. Cloning is cheap (shared bytes).
+#[derive(Clone)]
+pub struct Tensor {
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: Bytes,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({}, {:?})", self.dtype.name(), self.shape)
+    }
+}
+
+impl Tensor {
+    /// A view of `len` bytes at `start` in a mapped file. The caller has checked the range.
+    pub(crate) fn mapped(
+        dtype: DType,
+        shape: Vec<usize>,
+        map: Arc<Mmap>,
+        start: usize,
+        len: usize,
+    ) -> Self {
+        debug_assert!(start + len <= map.len());
+        debug_assert_eq!(len, shape.iter().product::<usize>() * dtype.size());
+        Tensor {
+            dtype,
+            shape,
+            bytes: Bytes::Mapped { map, start, len },
+        }
+    }
+
+    pub fn from_f32(shape: Vec<usize>, values: &[f32]) -> Self {
+        assert_eq!(shape.iter().product::<usize>(), values.len());
+        Tensor {
+            dtype: DType::F32,
+            shape,
+            bytes: Bytes::Owned(bytemuck::cast_slice::<f32, u8>(values).into()),
+        }
+    }
+
+    /// Stores `values` in `dtype` (rounding to nearest for the 16-bit types).
+    pub fn from_f32_as(shape: Vec<usize>, values: &[f32], dtype: DType) -> Self {
+        assert_eq!(shape.iter().product::<usize>(), values.len());
+        let bytes: Vec<u8> = match dtype {
+            DType::F32 => bytemuck::cast_slice(values).to_vec(),
+            DType::F16 => values
+                .iter()
+                .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+                .collect(),
+            DType::BF16 => values
+                .iter()
+                .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                .collect(),
+        };
+        Tensor {
+            dtype,
+            shape,
+            bytes: Bytes::Owned(bytes.into()),
+        }
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The raw little-endian bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Mapped { map, start, len } => &map[*start..*start + *len],
+            Bytes::Owned(b) => b,
+        }
+    }
+
+    /// Values widened to f32 (exact for every storage type).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let b = self.bytes();
+        match self.dtype {
+            DType::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            DType::F16 => b
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            DType::BF16 => b
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        }
+    }
+
+    /// Values widened to f64 (exact for every storage type).
+    pub fn to_f64(&self) -> Vec<f64> {
+        self.to_f32().into_iter().map(f64::from).collect()
+    }
+}

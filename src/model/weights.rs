@@ -1,0 +1,247 @@
+//! GPT-J's weights under their Hugging Face names, checked against the config: every expected tensor
+//! present with its exact shape, nothing unexpected, a supported dtype.
+
+use std::path::Path;
+
+use super::checkpoint::TensorMap;
+use super::config::GptjConfig;
+use super::tensor::{DType, Tensor};
+use crate::error::{Error, Result};
+use crate::util::rng::Rng;
+
+#[derive(Debug, Clone)]
+pub struct LayerNormWeights {
+    pub weight: Tensor, // [n_embd]
+    pub bias: Tensor,   // [n_embd]
+}
+
+/// A linear layer in PyTorch's layout: `weight` is [out_features, in_features]; y = x W^T + b.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AttnWeights {
+    pub q_proj: Linear,   // [n_embd, n_embd], no bias
+    pub k_proj: Linear,   // [n_embd, n_embd], no bias
+    pub v_proj: Linear,   // [n_embd, n_embd], no bias
+    pub out_proj: Linear, // [n_embd, n_embd], no bias
+}
+
+#[derive(Debug, Clone)]
+pub struct MlpWeights {
+    pub fc_in: Linear,  // [n_inner, n_embd] + [n_inner]
+    pub fc_out: Linear, // [n_embd, n_inner] + [n_embd]
+}
+
+#[derive(Debug, Clone)]
+pub struct BlockWeights {
+    pub ln_1: LayerNormWeights,
+    pub attn: AttnWeights,
+    pub mlp: MlpWeights,
+}
+
+/// `transformer.wte`, `transformer.h.N.*`, `transformer.ln_f`, `lm_head`.
+#[derive(Debug, Clone)]
+pub struct GptjWeights {
+    pub wte: Tensor, // [vocab_size, n_embd]
+    pub h: Vec<BlockWeights>,
+    pub ln_f: LayerNormWeights,
+    pub lm_head: Linear, // [vocab_size, n_embd] + [vocab_size]
+}
+
+/// Every tensor GPT-J needs, with its shape under `config`.
+pub fn expected_tensors(config: &GptjConfig) -> Vec<(String, Vec<usize>)> {
+    let (d, f, v) = (config.n_embd, config.inner_dim(), config.vocab_size);
+    let mut out = vec![("transformer.wte.weight".to_string(), vec![v, d])];
+    for i in 0..config.n_layer {
+        let p = format!("transformer.h.{i}");
+        out.push((format!("{p}.ln_1.weight"), vec![d]));
+        out.push((format!("{p}.ln_1.bias"), vec![d]));
+        for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
+            out.push((format!("{p}.attn.{proj}.weight"), vec![d, d]));
+        }
+        out.push((format!("{p}.mlp.fc_in.weight"), vec![f, d]));
+        out.push((format!("{p}.mlp.fc_in.bias"), vec![f]));
+        out.push((format!("{p}.mlp.fc_out.weight"), vec![d, f]));
+        out.push((format!("{p}.mlp.fc_out.bias"), vec![d]));
+    }
+    out.push(("transformer.ln_f.weight".into(), vec![d]));
+    out.push(("transformer.ln_f.bias".into(), vec![d]));
+    if !config.tie_word_embeddings {
+        out.push(("lm_head.weight".into(), vec![v, d]));
+    }
+    out.push(("lm_head.bias".into(), vec![v]));
+    out
+}
+
+impl GptjWeights {
+    /// Validates `map` against `config` and binds the tensors. `dir` names the checkpoint in errors
+    /// about tensors that are missing (no file holds them).
+    pub fn from_map(config: &GptjConfig, map: &TensorMap, dir: &Path) -> Result<Self> {
+        let expected = expected_tensors(config);
+        for (name, shape) in &expected {
+            let Some((tensor, path)) = map.get(name) else {
+                return Err(Error::Tensor {
+                    path: dir.to_owned(),
+                    tensor: name.clone(),
+                    msg: "missing from the checkpoint".into(),
+                });
+            };
+            if tensor.shape() != shape.as_slice() {
+                return Err(Error::Tensor {
+                    path: path.clone(),
+                    tensor: name.clone(),
+                    msg: format!(
+                        "shape {:?} does not match the config, expected {:?}",
+                        tensor.shape(),
+                        shape
+                    ),
+                });
+            }
+        }
+        let mut unexpected: Vec<&str> = map
+            .names()
+            .filter(|n| !expected.iter().any(|(e, _)| e == n))
+            .filter(|n| !(config.tie_word_embeddings && *n == "lm_head.weight"))
+            .collect();
+        unexpected.sort_unstable();
+        if let Some(name) = unexpected.first() {
+            let (_, path) = map.get(name).expect("listed name");
+            return Err(Error::Tensor {
+                path: path.clone(),
+                tensor: name.to_string(),
+                msg: format!(
+                    "unexpected tensor (not part of GPT-J with n_layer = {}){}",
+                    config.n_layer,
+                    if unexpected.len() > 1 {
+                        format!(", and {} more", unexpected.len() - 1)
+                    } else {
+                        String::new()
+                    }
+                ),
+            });
+        }
+        let get = |name: &str| map.get(name).expect("validated above").0.clone();
+        Ok(Self::bind(config, get))
+    }
+
+    /// Builds the struct from a name -> tensor function (names already validated).
+    fn bind(config: &GptjConfig, get: impl Fn(&str) -> Tensor) -> Self {
+        let ln = |p: &str| LayerNormWeights {
+            weight: get(&format!("{p}.weight")),
+            bias: get(&format!("{p}.bias")),
+        };
+        let linear = |p: &str| Linear {
+            weight: get(&format!("{p}.weight")),
+            bias: None,
+        };
+        let linear_b = |p: &str| Linear {
+            weight: get(&format!("{p}.weight")),
+            bias: Some(get(&format!("{p}.bias"))),
+        };
+        let h = (0..config.n_layer)
+            .map(|i| {
+                let p = format!("transformer.h.{i}");
+                BlockWeights {
+                    ln_1: ln(&format!("{p}.ln_1")),
+                    attn: AttnWeights {
+                        q_proj: linear(&format!("{p}.attn.q_proj")),
+                        k_proj: linear(&format!("{p}.attn.k_proj")),
+                        v_proj: linear(&format!("{p}.attn.v_proj")),
+                        out_proj: linear(&format!("{p}.attn.out_proj")),
+                    },
+                    mlp: MlpWeights {
+                        fc_in: linear_b(&format!("{p}.mlp.fc_in")),
+                        fc_out: linear_b(&format!("{p}.mlp.fc_out")),
+                    },
+                }
+            })
+            .collect();
+        let wte = get("transformer.wte.weight");
+        let lm_head_weight = if config.tie_word_embeddings {
+            wte.clone()
+        } else {
+            get("lm_head.weight")
+        };
+        GptjWeights {
+            wte,
+            h,
+            ln_f: ln("transformer.ln_f"),
+            lm_head: Linear {
+                weight: lm_head_weight,
+                bias: Some(get("lm_head.bias")),
+            },
+        }
+    }
+
+    /// Every tensor under its Hugging Face name (what a safetensors file of this model holds).
+    pub fn named_tensors(&self, config: &GptjConfig) -> Vec<(String, Tensor)> {
+        let mut out = vec![("transformer.wte.weight".to_string(), self.wte.clone())];
+        for (i, b) in self.h.iter().enumerate() {
+            let p = format!("transformer.h.{i}");
+            out.push((format!("{p}.ln_1.weight"), b.ln_1.weight.clone()));
+            out.push((format!("{p}.ln_1.bias"), b.ln_1.bias.clone()));
+            for (name, l) in [
+                ("q_proj", &b.attn.q_proj),
+                ("k_proj", &b.attn.k_proj),
+                ("v_proj", &b.attn.v_proj),
+                ("out_proj", &b.attn.out_proj),
+            ] {
+                out.push((format!("{p}.attn.{name}.weight"), l.weight.clone()));
+            }
+            for (name, l) in [("fc_in", &b.mlp.fc_in), ("fc_out", &b.mlp.fc_out)] {
+                out.push((format!("{p}.mlp.{name}.weight"), l.weight.clone()));
+                if let Some(bias) = &l.bias {
+                    out.push((format!("{p}.mlp.{name}.bias"), bias.clone()));
+                }
+            }
+        }
+        out.push(("transformer.ln_f.weight".into(), self.ln_f.weight.clone()));
+        out.push(("transformer.ln_f.bias".into(), self.ln_f.bias.clone()));
+        if !config.tie_word_embeddings {
+            out.push(("lm_head.weight".into(), self.lm_head.weight.clone()));
+        }
+        if let Some(bias) = &self.lm_head.bias {
+            out.push(("lm_head.bias".into(), bias.clone()));
+        }
+        out
+    }
+
+    /// Random weights for tests and benchmarks, scaled so that next-token distributions are peaked
+    /// (as in a trained model) rather than uniform: a default N(0, 0.02) init makes every loss
+    /// ~log(vocab) and every delta ~0, which proves nothing. Deterministic in `seed`.
+    pub fn random(config: &GptjConfig, seed: u64, dtype: DType) -> Self {
+        let mut rng = Rng::new(seed);
+        let (d, f) = (config.n_embd as f32, config.inner_dim() as f32);
+        let shapes = expected_tensors(config);
+        let tensors: std::collections::HashMap<String, Tensor> = shapes
+            .into_iter()
+            .map(|(name, shape)| {
+                let n: usize = shape.iter().product();
+                let values: Vec<f32> =
+                    if name.ends_with("ln_1.weight") || name.ends_with("ln_f.weight") {
+                        (0..n).map(|_| 1.0 + 0.1 * rng.normal()).collect()
+                    } else {
+                        // Fan-in scaled so activations stay O(1); the head is sharpened on purpose.
+                        let std = if name == "transformer.wte.weight" {
+                            1.0
+                        } else if name == "lm_head.weight" {
+                            4.0 / d.sqrt()
+                        } else if name.ends_with(".bias") {
+                            0.1
+                        } else if name.contains("fc_out") {
+                            1.0 / f.sqrt()
+                        } else {
+                            1.0 / d.sqrt()
+                        };
+                        (0..n).map(|_| std * rng.normal()).collect()
+                    };
+                (name, Tensor::from_f32_as(shape, &values, dtype))
+            })
+            .collect();
+        Self::bind(config, |name| tensors[name].clone())
+    }
+}

@@ -1,0 +1,279 @@
+//! The oracle: GPT-J exactly as Hugging Face transformers computes it, in plain f64 loops.
+//!
+//! No SIMD, no blocking, no threads, one function per layer. Every faster path in this crate is
+//! proven equal to this module, never the other way round. It converts the weights to f64 once, so
+//! it is meant for the small models tests use, not for GPT-J-6B.
+//!
+//! Against the float64 golden fixtures it agrees to ~1e-12: the rotary table, the attention
+//! scores and the softmax are all f64 (stock transformers builds the rotary table in f32).
+
+use crate::model::weights::{GptjWeights, LayerNormWeights, Linear};
+use crate::model::GptjConfig;
+
+/// A dense row-major matrix of f64.
+#[derive(Debug, Clone)]
+pub struct Mat {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f64>,
+}
+
+impl Mat {
+    pub fn zeros(rows: usize, cols: usize) -> Self {
+        Mat {
+            rows,
+            cols,
+            data: vec![0.0; rows * cols],
+        }
+    }
+
+    pub fn row(&self, r: usize) -> &[f64] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+
+    pub fn row_mut(&mut self, r: usize) -> &mut [f64] {
+        &mut self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+struct RefLinear {
+    weight: Mat, // [out, in]
+    bias: Option<Vec<f64>>,
+}
+
+struct RefLayerNorm {
+    weight: Vec<f64>,
+    bias: Vec<f64>,
+}
+
+struct RefBlock {
+    ln_1: RefLayerNorm,
+    q_proj: RefLinear,
+    k_proj: RefLinear,
+    v_proj: RefLinear,
+    out_proj: RefLinear,
+    fc_in: RefLinear,
+    fc_out: RefLinear,
+}
+
+/// GPT-J with f64 copies of its weights.
+pub struct ReferenceModel {
+    config: GptjConfig,
+    wte: Mat, // [vocab_size, n_embd]
+    h: Vec<RefBlock>,
+    ln_f: RefLayerNorm,
+    lm_head: RefLinear, // [vocab_size, n_embd] + [vocab_size]
+}
+
+fn to_linear(l: &Linear) -> RefLinear {
+    let shape = l.weight.shape();
+    RefLinear {
+        weight: Mat {
+            rows: shape[0],
+            cols: shape[1],
+            data: l.weight.to_f64(),
+        },
+        bias: l.bias.as_ref().map(|b| b.to_f64()),
+    }
+}
+
+fn to_layer_norm(l: &LayerNormWeights) -> RefLayerNorm {
+    RefLayerNorm {
+        weight: l.weight.to_f64(),
+        bias: l.bias.to_f64(),
+    }
+}
+
+impl ReferenceModel {
+    pub fn new(config: &GptjConfig, weights: &GptjWeights) -> Self {
+        let h = weights
+            .h
+            .iter()
+            .map(|b| RefBlock {
+                ln_1: to_layer_norm(&b.ln_1),
+                q_proj: to_linear(&b.attn.q_proj),
+                k_proj: to_linear(&b.attn.k_proj),
+                v_proj: to_linear(&b.attn.v_proj),
+                out_proj: to_linear(&b.attn.out_proj),
+                fc_in: to_linear(&b.mlp.fc_in),
+                fc_out: to_linear(&b.mlp.fc_out),
+            })
+            .collect();
+        ReferenceModel {
+            config: config.clone(),
+            wte: Mat {
+                rows: config.vocab_size,
+                cols: config.n_embd,
+                data: weights.wte.to_f64(),
+            },
+            h,
+            ln_f: to_layer_norm(&weights.ln_f),
+            lm_head: to_linear(&weights.lm_head),
+        }
+    }
+
+    pub fn config(&self) -> &GptjConfig {
+        &self.config
+    }
+
+    /// The final hidden states (after ln_f) of `ids`, positions 0..n. The caller has checked that
+    /// every id is < vocab_size and that n <= n_positions.
+    pub fn hidden_states(&self, ids: &[u32]) -> Mat {
+        let c = &self.config;
+        let mut x = embed(&self.wte, ids); // [n, n_embd]
+        for block in &self.h {
+            let h = layer_norm(&x, &block.ln_1, c.layer_norm_epsilon); // [n, n_embd]
+            let attn = attention(&h, block, c); // [n, n_embd]
+            let mlp = linear(&gelu_new(&linear(&h, &block.fc_in)), &block.fc_out); // [n, n_embd]
+            for ((xi, ai), mi) in x.data.iter_mut().zip(&attn.data).zip(&mlp.data) {
+                *xi += ai + mi; // parallel residual: x + attn(ln_1 x) + mlp(ln_1 x)
+            }
+        }
+        layer_norm(&x, &self.ln_f, c.layer_norm_epsilon)
+    }
+
+    /// log p(v | ids[0..=i]) for every position i and every v < vocab_size: [n, vocab_size].
+    pub fn log_softmax(&self, ids: &[u32]) -> Mat {
+        let hidden = self.hidden_states(ids);
+        let mut logits = linear(&hidden, &self.lm_head); // [n, vocab_size]
+        for r in 0..logits.rows {
+            log_softmax_in_place(logits.row_mut(r));
+        }
+        logits
+    }
+
+    /// log p(target | ids[0..=row]) for each (row, target), computing the LM head only at those rows.
+    pub fn log_probs_at(&self, ids: &[u32], targets: &[(usize, u32)]) -> Vec<f64> {
+        let hidden = self.hidden_states(ids);
+        targets
+            .iter()
+            .map(|&(row, target)| {
+                let mut logits = vec![0.0; self.config.vocab_size];
+                for (v, l) in logits.iter_mut().enumerate() {
+                    *l = dot(hidden.row(row), self.lm_head.weight.row(v))
+                        + self.lm_head.bias.as_ref().map_or(0.0, |b| b[v]);
+                }
+                log_softmax_in_place(&mut logits);
+                logits[target as usize]
+            })
+            .collect()
+    }
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Rows of `wte` for each id: [n, n_embd].
+pub fn embed(wte: &Mat, ids: &[u32]) -> Mat {
+    let mut out = Mat::zeros(ids.len(), wte.cols);
+    for (i, &id) in ids.iter().enumerate() {
+        out.row_mut(i).copy_from_slice(wte.row(id as usize));
+    }
+    out
+}
+
+/// LayerNorm over the last dim, biased variance, as torch.nn.LayerNorm.
+fn layer_norm(x: &Mat, ln: &RefLayerNorm, eps: f64) -> Mat {
+    let mut out = Mat::zeros(x.rows, x.cols);
+    for r in 0..x.rows {
+        let row = x.row(r);
+        let mean = row.iter().sum::<f64>() / x.cols as f64;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / x.cols as f64;
+        let inv = 1.0 / (var + eps).sqrt();
+        for (c, o) in out.row_mut(r).iter_mut().enumerate() {
+            *o = (row[c] - mean) * inv * ln.weight[c] + ln.bias[c];
+        }
+    }
+    out
+}
+
+/// y = x W^T + b with W in PyTorch's [out, in] layout: [n, in] -> [n, out].
+fn linear(x: &Mat, l: &RefLinear) -> Mat {
+    let mut out = Mat::zeros(x.rows, l.weight.rows);
+    for r in 0..x.rows {
+        for o in 0..l.weight.rows {
+            out.data[r * out.cols + o] =
+                dot(x.row(r), l.weight.row(o)) + l.bias.as_ref().map_or(0.0, |b| b[o]);
+        }
+    }
+    out
+}
+
+/// transformers' "gelu_new": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+fn gelu_new(x: &Mat) -> Mat {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    let mut out = x.clone();
+    for v in &mut out.data {
+        *v = 0.5 * *v * (1.0 + (k * (*v + 0.044715 * *v * *v * *v)).tanh());
+    }
+    out
+}
+
+/// GPT-J's rotary embedding ("rotate every two") on the first `rotary_dim` dims of each head of
+/// `x` ([n, n_head * head_dim]), at positions 0..n: the pair (x[2i], x[2i+1]) is rotated by the angle
+/// pos * 10000^(-2i / rotary_dim).
+pub fn apply_rotary(x: &mut Mat, n_head: usize, head_dim: usize, rotary_dim: usize) {
+    for pos in 0..x.rows {
+        let row = x.row_mut(pos);
+        for h in 0..n_head {
+            let head = &mut row[h * head_dim..(h + 1) * head_dim];
+            for i in 0..rotary_dim / 2 {
+                let inv_freq = 1.0 / 10000f64.powf((2 * i) as f64 / rotary_dim as f64);
+                let (sin, cos) = (pos as f64 * inv_freq).sin_cos();
+                let (a, b) = (head[2 * i], head[2 * i + 1]);
+                head[2 * i] = a * cos - b * sin;
+                head[2 * i + 1] = b * cos + a * sin;
+            }
+        }
+    }
+}
+
+/// Causal multi-head self-attention of GPT-J (no biases), followed by out_proj: [n, n_embd].
+fn attention(h: &Mat, block: &RefBlock, c: &GptjConfig) -> Mat {
+    let (n, n_head, head_dim) = (h.rows, c.n_head, c.head_dim());
+    let mut q = linear(h, &block.q_proj); // [n, n_embd]
+    let mut k = linear(h, &block.k_proj); // [n, n_embd]
+    let v = linear(h, &block.v_proj); // [n, n_embd]
+    apply_rotary(&mut q, n_head, head_dim, c.rotary_dim());
+    apply_rotary(&mut k, n_head, head_dim, c.rotary_dim());
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let mut ctx = Mat::zeros(n, c.n_embd); // [n, n_embd]
+    for hd in 0..n_head {
+        let cols = hd * head_dim..(hd + 1) * head_dim;
+        for i in 0..n {
+            // Scores against keys 0..=i (causal), softmax, weighted sum of values.
+            let mut scores: Vec<f64> = (0..=i)
+                .map(|j| dot(&q.row(i)[cols.clone()], &k.row(j)[cols.clone()]) * scale)
+                .collect();
+            softmax_in_place(&mut scores);
+            let out = &mut ctx.row_mut(i)[cols.clone()];
+            for (j, p) in scores.iter().enumerate() {
+                for (o, vv) in out.iter_mut().zip(&v.row(j)[cols.clone()]) {
+                    *o += p * vv;
+                }
+            }
+        }
+    }
+    linear(&ctx, &block.out_proj)
+}
+
+fn softmax_in_place(x: &mut [f64]) {
+    let max = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+fn log_softmax_in_place(x: &mut [f64]) {
+    let max = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let lse = max + x.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+    for v in x.iter_mut() {
+        *v -= lse;
+    }
+}

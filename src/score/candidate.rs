@@ -1,0 +1,185 @@
+//! Token-level candidates and the exact sequence each variant scores.
+
+use std::sync::Arc;
+
+use super::{Placement, ScoreOptions, Variant};
+use crate::model::GptjConfig;
+
+/// One candidate call at one position of one text, in tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenCandidate {
+    /// x_1 .. x_n. Candidates of one text may share this allocation.
+    pub text_ids: Arc<[u32]>,
+    /// Index into `text_ids` of x_i, the first scored token (the call goes just before it).
+    pub position: usize,
+    /// e(c, eps) as it is inserted, separator included.
+    pub call_ids: Vec<u32>,
+    /// e(c, r) as it is inserted, separator included.
+    pub call_result_ids: Vec<u32>,
+    /// Loss weights for this candidate; `None` uses the batch's.
+    pub weights: Option<Vec<f64>>,
+}
+
+impl TokenCandidate {
+    pub fn prefix(&self, variant: Variant) -> &[u32] {
+        match variant {
+            Variant::None => &[],
+            Variant::Call => &self.call_ids,
+            Variant::CallResult => &self.call_result_ids,
+        }
+    }
+
+    pub fn weights<'a>(&'a self, options: &'a ScoreOptions) -> &'a [f64] {
+        self.weights
+            .as_deref()
+            .unwrap_or(options.weights.as_slice())
+    }
+
+    /// The weighted window: (t, w_t) for every t with a weight and a token x_{i+t} in the text.
+    pub fn window<'a>(
+        &'a self,
+        options: &'a ScoreOptions,
+    ) -> impl Iterator<Item = (usize, f64)> + 'a {
+        let n = self.text_ids.len();
+        self.weights(options)
+            .iter()
+            .enumerate()
+            .take_while(move |(t, _)| self.position + t < n)
+            .map(|(t, &w)| (t, w))
+    }
+
+    /// One past the last text token any variant needs: nothing after x_{i+len(w)-1} is computed.
+    pub fn text_end(&self, options: &ScoreOptions) -> usize {
+        (self.position + self.weights(options).len()).min(self.text_ids.len())
+    }
+}
+
+/// A variant as one causal sequence, and the (row, token, weight) terms of its loss:
+/// L = -sum weight * log p(token | ids[0..=row]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VariantSequence {
+    pub ids: Vec<u32>,
+    pub targets: Vec<(usize, u32, f64)>,
+}
+
+/// The specification of what a variant scores; every backend must agree with it.
+///
+/// Prefix placement: z ++ x_1 .. x_{i+k}. Inline: x_1 .. x_{i-1} ++ z ++ x_i .. x_{i+k}. In both,
+/// x_{i+t} sits at index |z| + i + t and is predicted by the row before it.
+pub fn variant_sequence(
+    c: &TokenCandidate,
+    variant: Variant,
+    options: &ScoreOptions,
+) -> VariantSequence {
+    let z = c.prefix(variant);
+    let x = &c.text_ids[..c.text_end(options)];
+    let ids = match options.placement {
+        Placement::Prefix => [z, x].concat(),
+        Placement::Inline => [&x[..c.position], z, &x[c.position..]].concat(),
+    };
+    let targets = c
+        .window(options)
+        .filter(|&(_, w)| w != 0.0)
+        .map(|(t, w)| (z.len() + c.position + t - 1, c.text_ids[c.position + t], w))
+        .collect();
+    VariantSequence { ids, targets }
+}
+
+/// Why `c` cannot be scored with this model, if it cannot.
+pub fn validate(
+    c: &TokenCandidate,
+    config: &GptjConfig,
+    options: &ScoreOptions,
+) -> std::result::Result<(), String> {
+    let n = c.text_ids.len();
+    if n == 0 {
+        return Err("text is empty".into());
+    }
+    if c.position == 0 {
+        return Err(
+            "position 0 cannot be scored: the no-call variant has no context to \
+                    predict the first text token from (positions start at 1)"
+                .into(),
+        );
+    }
+    if c.position >= n {
+        return Err(format!(
+            "position {} is out of range: the text has {n} tokens, so the last scorable position is {}",
+            c.position,
+            n - 1
+        ));
+    }
+    if let Some(w) = &c.weights {
+        super::weights::check(w)?;
+    }
+    for (name, ids) in [
+        ("text_ids", &c.text_ids[..]),
+        ("call_ids", &c.call_ids[..]),
+        ("call_result_ids", &c.call_result_ids[..]),
+    ] {
+        if let Some((k, id)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= config.vocab_size)
+        {
+            return Err(format!(
+                "{name}[{k}] = {id} is outside the vocabulary (vocab_size {})",
+                config.vocab_size
+            ));
+        }
+    }
+    let longest = c.call_ids.len().max(c.call_result_ids.len()) + c.text_end(options);
+    if longest > config.n_positions {
+        return Err(format!(
+            "sequence of {longest} tokens (call + text up to the last weighted token) is longer \
+             than n_positions ({})",
+            config.n_positions
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand() -> TokenCandidate {
+        TokenCandidate {
+            text_ids: vec![10, 11, 12, 13, 14, 15, 16, 17].into(),
+            position: 3,
+            call_ids: vec![1, 2],
+            call_result_ids: vec![1, 2, 3],
+            weights: None,
+        }
+    }
+
+    #[test]
+    fn prefix_and_inline_sequences() {
+        let c = cand();
+        let prefix = ScoreOptions::default();
+        let s = variant_sequence(&c, Variant::CallResult, &prefix);
+        assert_eq!(s.ids, vec![1, 2, 3, 10, 11, 12, 13, 14, 15, 16, 17]);
+        assert_eq!(s.targets[0].0, 3 + 3 - 1);
+        assert_eq!(s.targets[0].1, 13);
+        let inline = ScoreOptions {
+            placement: Placement::Inline,
+            ..Default::default()
+        };
+        let s = variant_sequence(&c, Variant::Call, &inline);
+        assert_eq!(s.ids, vec![10, 11, 12, 1, 2, 13, 14, 15, 16, 17]);
+        assert_eq!(s.targets.len(), 5);
+        assert_eq!(s.targets[4], (2 + 3 + 4 - 1, 17, 0.2 / 3.0));
+        let s = variant_sequence(&c, Variant::None, &inline);
+        assert_eq!(s.ids, vec![10, 11, 12, 13, 14, 15, 16, 17]);
+    }
+
+    #[test]
+    fn window_is_cut_at_the_end_of_the_text_without_renormalising() {
+        let mut c = cand();
+        c.position = 6;
+        let o = ScoreOptions::default();
+        let w: Vec<_> = c.window(&o).collect();
+        assert_eq!(w, vec![(0, 1.0 / 3.0), (1, 0.8 / 3.0)]);
+        assert_eq!(c.text_end(&o), 8);
+    }
+}

@@ -1,0 +1,135 @@
+//! The math of Toolformer's filter (Schick et al. 2023, §2), exactly:
+//!
+//! ```text
+//! L_i(z) = - sum_t w_t * log p(x_{i+t} | z, x_1 .. x_{i+t-1})      t = 0 .. len(w)-1, i+t < n
+//! w_t    = max(0, 1 - 0.2 t) / 3                                 (not renormalised at the end)
+//! L-     = min(L_i(empty), L_i(e(c, eps)))        L+ = L_i(e(c, r))
+//! keep   iff  L- - L+ >= tau_f
+//! ```
+//!
+//! This module defines candidates, variants, placements and the sequences each variant scores
+//! (`variant_sequence`: the specification every backend must match). Backends implement `Scorer`.
+
+pub mod candidate;
+pub mod reference;
+pub mod text;
+pub mod weights;
+
+use serde::{Deserialize, Serialize};
+
+pub use candidate::{validate, variant_sequence, TokenCandidate, VariantSequence};
+pub use reference::ReferenceScorer;
+pub use text::{call_text, TextCandidate};
+pub use weights::LossWeights;
+
+use crate::error::{Error, Result};
+use crate::model::GptjConfig;
+
+/// Where the call z goes when a variant is scored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// The paper's choice (footnote 3): z ++ x_1 .. x_{i+4}. An un-finetuned model has never seen a
+    /// call mid-text, so the call is scored as a prefix and spliced at i only when C* is written.
+    #[default]
+    Prefix,
+    /// x_1 .. x_{i-1} ++ z ++ x_i .. x_{i+4}: the call where it will stand in C*.
+    Inline,
+}
+
+/// How the call without its result, e(c, eps), is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CallForm {
+    /// The paper's e(c, eps) = "[Tool(input) ->]": arrow, no result.
+    #[default]
+    Arrow,
+    /// "[Tool(input)]".
+    Bare,
+}
+
+/// The three prefixes each candidate is scored under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Variant {
+    /// No call: L_i(empty).
+    None = 0,
+    /// The call without its result: L_i(e(c, eps)).
+    Call = 1,
+    /// The call with its result: L_i(e(c, r)).
+    CallResult = 2,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 3] = [Variant::None, Variant::Call, Variant::CallResult];
+}
+
+/// How candidates are scored (the same for every candidate of a batch).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ScoreOptions {
+    pub placement: Placement,
+    /// Loss weights w_0, w_1, ... used for candidates that carry none of their own.
+    pub weights: LossWeights,
+}
+
+/// The filter's figures for one candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Scores {
+    pub l_none: f64,
+    pub l_call: f64,
+    pub l_call_result: f64,
+    pub l_minus: f64,
+    pub l_plus: f64,
+    pub delta: f64,
+}
+
+impl Scores {
+    /// From the three variant losses [L_none, L_call, L_call_result].
+    pub fn from_losses([l_none, l_call, l_call_result]: [f64; 3]) -> Self {
+        let l_minus = l_none.min(l_call);
+        let l_plus = l_call_result;
+        Scores {
+            l_none,
+            l_call,
+            l_call_result,
+            l_minus,
+            l_plus,
+            delta: l_minus - l_plus,
+        }
+    }
+
+    /// The paper's filter: keep the call iff L- - L+ >= tau_f.
+    pub fn kept(&self, tau_f: f64) -> bool {
+        self.delta >= tau_f
+    }
+}
+
+/// A scoring backend: the three variant losses of every candidate.
+///
+/// Implementations may assume the candidates were checked with `validate`; `score` does that.
+pub trait Scorer {
+    /// A short name for logs and benchmark output.
+    fn name(&self) -> &str;
+
+    /// The model the backend runs.
+    fn config(&self) -> &GptjConfig;
+
+    /// [L_none, L_call, L_call_result] per candidate, in order.
+    fn variant_losses(
+        &self,
+        candidates: &[TokenCandidate],
+        options: &ScoreOptions,
+    ) -> Result<Vec<[f64; 3]>>;
+
+    /// Validates every candidate, then scores them. The error names the first bad candidate.
+    fn score(&self, candidates: &[TokenCandidate], options: &ScoreOptions) -> Result<Vec<Scores>> {
+        for (k, c) in candidates.iter().enumerate() {
+            validate(c, self.config(), options)
+                .map_err(|e| Error::input(format!("candidate {k}: {e}")))?;
+        }
+        Ok(self
+            .variant_losses(candidates, options)?
+            .into_iter()
+            .map(Scores::from_losses)
+            .collect())
+    }
+}

@@ -1,0 +1,109 @@
+//! Text-level candidates: strings and a byte offset, turned into token candidates with the
+//! project's conventions (docs/conventions.md):
+//!
+//! - the text is tokenized once, on its own; the call is tokenized on its own, so the scored text
+//!   tokens are identical in all three variants;
+//! - e(c, r) = "[Tool(input) -> result]", e(c, eps) = "[Tool(input) ->]" (arrow form, the paper's)
+//!   or "[Tool(input)]" (bare form);
+//! - prefix placement scores z = e(c) + " " before the text (a single space separates the call
+//!   from the text, and "[" is the sequence's first token, without a leading space);
+//! - inline placement scores z = " " + e(c) spliced before x_i, which in byte-level BPE carries its
+//!   own leading space: "... (or [Calculator(400 / 1400) -> 0.29] 29%)".
+//! - the byte offset must fall on a token boundary of the text; otherwise it is an error.
+
+use std::sync::Arc;
+
+use super::{CallForm, Placement, TokenCandidate};
+use crate::error::{Error, Result};
+use crate::model::tokenizer::Encoding;
+use crate::model::Tokenizer;
+
+/// One candidate call in text form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextCandidate {
+    pub text: String,
+    /// Byte offset into `text` where the call goes.
+    pub position: usize,
+    pub tool: String,
+    pub input: String,
+    pub result: String,
+}
+
+/// e(c, r) when `result` is `Some`, e(c, eps) in `form` otherwise.
+pub fn call_text(tool: &str, input: &str, result: Option<&str>, form: CallForm) -> String {
+    match (result, form) {
+        (Some(r), _) => format!("[{tool}({input}) -> {r}]"),
+        (None, CallForm::Arrow) => format!("[{tool}({input}) ->]"),
+        (None, CallForm::Bare) => format!("[{tool}({input})]"),
+    }
+}
+
+/// The call as it is inserted for scoring under `placement`, separator included.
+pub fn call_insert(call: &str, placement: Placement) -> String {
+    match placement {
+        Placement::Prefix => format!("{call} "),
+        Placement::Inline => format!(" {call}"),
+    }
+}
+
+impl TextCandidate {
+    /// Tokenizes with the conventions above. `text_ids` may be given when the text was already
+    /// tokenized (candidates of one text share it).
+    pub fn to_tokens(
+        &self,
+        tokenizer: &Tokenizer,
+        placement: Placement,
+        form: CallForm,
+        text: Option<(&Encoding, Arc<[u32]>)>,
+    ) -> Result<TokenCandidate> {
+        let owned;
+        let (encoding, text_ids) = match text {
+            Some(t) => t,
+            None => {
+                owned = tokenizer.encode(&self.text)?;
+                let ids: Arc<[u32]> = owned.ids.clone().into();
+                (&owned, ids)
+            }
+        };
+        if self.position > self.text.len() || !self.text.is_char_boundary(self.position) {
+            return Err(Error::input(format!(
+                "position {} is not a character boundary of the text ({} bytes)",
+                self.position,
+                self.text.len()
+            )));
+        }
+        let position = encoding
+            .token_at_byte(self.position)
+            .map_err(Error::input)?;
+        let call = call_text(&self.tool, &self.input, None, form);
+        let call_result = call_text(&self.tool, &self.input, Some(&self.result), form);
+        Ok(TokenCandidate {
+            text_ids,
+            position,
+            call_ids: tokenizer.encode_ids(&call_insert(&call, placement))?,
+            call_result_ids: tokenizer.encode_ids(&call_insert(&call_result, placement))?,
+            weights: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_forms() {
+        assert_eq!(
+            call_text("Calculator", "400 / 1400", Some("0.29"), CallForm::Arrow),
+            "[Calculator(400 / 1400) -> 0.29]"
+        );
+        assert_eq!(
+            call_text("Calculator", "400 / 1400", None, CallForm::Arrow),
+            "[Calculator(400 / 1400) ->]"
+        );
+        assert_eq!(
+            call_text("Calculator", "400 / 1400", None, CallForm::Bare),
+            "[Calculator(400 / 1400)]"
+        );
+    }
+}

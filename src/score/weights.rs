@@ -1,0 +1,67 @@
+//! The loss weights w_t of L_i(z).
+
+use crate::error::{Error, Result};
+
+/// Weights of the future tokens x_i, x_{i+1}, ... in L_i. Cut short (never renormalised) when the
+/// text ends first, as in the paper.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LossWeights(Vec<f64>);
+
+impl Default for LossWeights {
+    /// The paper's w_t = max(0, 1 - 0.2 t) / 3: [1, .8, .6, .4, .2] / 3. The division by 3 (their
+    /// sum) is the paper's normalisation; dropping it makes tau_f three times more permissive.
+    fn default() -> Self {
+        LossWeights((0..5).map(|t| (1.0 - 0.2 * t as f64) / 3.0).collect())
+    }
+}
+
+impl LossWeights {
+    /// Explicit weights; each must be finite and non-negative, and there must be at least one.
+    pub fn new(weights: Vec<f64>) -> Result<Self> {
+        check(&weights).map_err(Error::input)?;
+        Ok(LossWeights(weights))
+    }
+
+    pub fn as_slice(&self) -> &[f64] {
+        &self.0
+    }
+}
+
+/// Why a weight vector is unusable, if it is.
+pub fn check(weights: &[f64]) -> std::result::Result<(), String> {
+    if weights.is_empty() {
+        return Err("weights must not be empty".into());
+    }
+    if let Some((t, w)) = weights
+        .iter()
+        .enumerate()
+        .find(|(_, w)| !w.is_finite() || **w < 0.0)
+    {
+        return Err(format!(
+            "weights[{t}] = {w} must be finite and non-negative"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_weights_are_the_papers() {
+        let w = LossWeights::default();
+        let expected = [1.0, 0.8, 0.6, 0.4, 0.2].map(|v| v / 3.0);
+        for (a, b) in w.as_slice().iter().zip(expected) {
+            assert!((a - b).abs() < 1e-15);
+        }
+        assert!((w.as_slice().iter().sum::<f64>() - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bad_weights_are_refused() {
+        assert!(LossWeights::new(vec![]).is_err());
+        assert!(LossWeights::new(vec![1.0, f64::NAN]).is_err());
+        assert!(LossWeights::new(vec![-0.1]).is_err());
+    }
+}
