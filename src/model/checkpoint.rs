@@ -188,3 +188,26 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
         msg: format!("could not write safetensors: {e}"),
     })
 }
+
+/// Writes `model` as a safetensors folder (config.json, model.safetensors, tokenizer.json when the
+/// source has one), optionally casting every tensor to `dtype`. Returns the number of tensors.
+pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result<usize> {
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let cfg = serde_json::to_string_pretty(&model.config).expect("config serializes");
+    let cfg_path = out.join("config.json");
+    std::fs::write(&cfg_path, cfg).map_err(|e| Error::io(&cfg_path, e))?;
+    let mut tensors = model.weights.named_tensors(&model.config);
+    if let Some(dtype) = dtype {
+        for (_, t) in tensors.iter_mut() {
+            if t.dtype() != dtype {
+                *t = Tensor::from_f32_as(t.shape().to_vec(), &t.to_f32(), dtype);
+            }
+        }
+    }
+    write_safetensors(&out.join("model.safetensors"), &tensors)?;
+    if let Some(tok) = &model.tokenizer {
+        let dst = out.join("tokenizer.json");
+        std::fs::copy(tok.path(), &dst).map_err(|e| Error::io(&dst, e))?;
+    }
+    Ok(tensors.len())
+}

@@ -71,15 +71,8 @@ impl Model {
         })
     }
 
-    /// Writes config.json and model.safetensors into `dir` (tests, benchmarks, `convert`).
+    /// Writes the model as a safetensors folder (tests, benchmarks); see `checkpoint::convert`.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir).map_err(|e| crate::error::Error::io(dir, e))?;
-        let cfg = serde_json::to_string_pretty(&self.config).expect("config serializes");
-        let cfg_path = dir.join("config.json");
-        std::fs::write(&cfg_path, cfg).map_err(|e| crate::error::Error::io(&cfg_path, e))?;
-        checkpoint::write_safetensors(
-            &dir.join("model.safetensors"),
-            &self.weights.named_tensors(&self.config),
-        )
+        checkpoint::convert(self, dir, None).map(|_| ())
     }
 }

@@ -11,6 +11,7 @@
 //! (`variant_sequence`: the specification every backend must match). Backends implement `Scorer`.
 
 pub mod candidate;
+pub mod jsonl;
 pub mod reference;
 pub mod text;
 pub mod weights;

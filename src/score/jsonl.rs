@@ -1,0 +1,227 @@
+//! The `toolsift score` file format: one request per JSONL line in, exactly one result line out per
+//! input line, in order. A line that cannot be scored gets {"id", "line", "error"}; nothing is
+//! dropped.
+//!
+//! Request lines are either text-level {"id", "text", "position" (byte offset), "tool", "input",
+//! "result"} or token-level {"id", "text_ids", "position" (index of x_i), "call_ids",
+//! "call_result_ids"}; both may carry "weights" (overriding the batch's) and "tau_f".
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{validate, CallForm, ScoreOptions, Scorer, Scores, TextCandidate, TokenCandidate};
+use crate::error::{Error, Result};
+use crate::model::tokenizer::Encoding;
+use crate::model::Tokenizer;
+
+/// Settings of a `score` run.
+#[derive(Debug, Clone)]
+pub struct JsonlOptions {
+    pub score: ScoreOptions,
+    pub call_form: CallForm,
+    /// Default filter threshold; a line may carry its own "tau_f".
+    pub tau_f: f64,
+    /// Lines scored together in one batch (bounds memory for huge inputs).
+    pub chunk_lines: usize,
+}
+
+impl Default for JsonlOptions {
+    fn default() -> Self {
+        JsonlOptions {
+            score: ScoreOptions::default(),
+            call_form: CallForm::default(),
+            tau_f: 1.0,
+            chunk_lines: 4096,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JsonlSummary {
+    pub lines: usize,
+    pub scored: usize,
+    pub failed: usize,
+    pub kept: usize,
+}
+
+#[derive(Deserialize)]
+struct TokenLine {
+    text_ids: Vec<u32>,
+    position: usize,
+    call_ids: Vec<u32>,
+    call_result_ids: Vec<u32>,
+    #[serde(default)]
+    weights: Option<Vec<f64>>,
+}
+
+#[derive(Deserialize)]
+struct TextLine {
+    text: String,
+    position: usize,
+    tool: String,
+    input: String,
+    result: String,
+    #[serde(default)]
+    weights: Option<Vec<f64>>,
+}
+
+/// A parsed line: its id (echoed back as given), threshold, and the candidate or why there is none.
+struct Parsed {
+    id: Value,
+    tau_f: f64,
+    candidate: std::result::Result<TokenCandidate, String>,
+}
+
+/// Scores every line of `input`, writing one line per input line to `output`.
+pub fn score_jsonl(
+    input: impl BufRead,
+    mut output: impl Write,
+    scorer: &dyn Scorer,
+    tokenizer: Option<&Tokenizer>,
+    options: &JsonlOptions,
+) -> Result<JsonlSummary> {
+    let mut summary = JsonlSummary::default();
+    let mut chunk: Vec<(usize, String)> = Vec::new();
+    let out_err = |e: std::io::Error| Error::Io {
+        path: "<output>".into(),
+        source: e,
+    };
+    let mut lines = input.lines().enumerate().peekable();
+    while lines.peek().is_some() {
+        chunk.clear();
+        for (k, line) in lines.by_ref().take(options.chunk_lines.max(1)) {
+            let line = line.map_err(|e| Error::Io {
+                path: format!("<input line {}>", k + 1).into(),
+                source: e,
+            })?;
+            chunk.push((k + 1, line));
+        }
+        let parsed = parse_chunk(&chunk, scorer, tokenizer, options);
+        let valid: Vec<TokenCandidate> = parsed
+            .iter()
+            .filter_map(|p| p.candidate.as_ref().ok().cloned())
+            .collect();
+        let mut scores = scorer
+            .variant_losses(&valid, &options.score)?
+            .into_iter()
+            .map(Scores::from_losses);
+        for ((line_no, _), p) in chunk.iter().zip(parsed) {
+            summary.lines += 1;
+            let value = match p.candidate {
+                Ok(_) => {
+                    let s = scores.next().expect("one score per valid line");
+                    let kept = s.kept(p.tau_f);
+                    summary.scored += 1;
+                    summary.kept += kept as usize;
+                    json!({
+                        "id": p.id, "l_none": s.l_none, "l_call": s.l_call,
+                        "l_call_result": s.l_call_result, "l_minus": s.l_minus,
+                        "l_plus": s.l_plus, "delta": s.delta, "kept": kept,
+                    })
+                }
+                Err(e) => {
+                    summary.failed += 1;
+                    json!({"id": p.id, "line": line_no, "error": e})
+                }
+            };
+            writeln!(output, "{value}").map_err(out_err)?;
+        }
+    }
+    output.flush().map_err(out_err)?;
+    Ok(summary)
+}
+
+fn parse_chunk(
+    chunk: &[(usize, String)],
+    scorer: &dyn Scorer,
+    tokenizer: Option<&Tokenizer>,
+    options: &JsonlOptions,
+) -> Vec<Parsed> {
+    // Candidates of one text share its tokenization.
+    let mut texts: HashMap<String, (Encoding, Arc<[u32]>)> = HashMap::new();
+    chunk
+        .iter()
+        .map(|(line_no, line)| {
+            let mut parsed = Parsed {
+                id: Value::Null,
+                tau_f: options.tau_f,
+                candidate: Err(String::new()),
+            };
+            parsed.candidate = parse_line(line, tokenizer, options, &mut texts, &mut parsed)
+                .and_then(|c| {
+                    validate(&c, scorer.config(), &options.score)?;
+                    Ok(c)
+                })
+                .map_err(|e| format!("line {line_no}: {e}"));
+            parsed
+        })
+        .collect()
+}
+
+fn parse_line(
+    line: &str,
+    tokenizer: Option<&Tokenizer>,
+    options: &JsonlOptions,
+    texts: &mut HashMap<String, (Encoding, Arc<[u32]>)>,
+    parsed: &mut Parsed,
+) -> std::result::Result<TokenCandidate, String> {
+    let value: Value = serde_json::from_str(line).map_err(|e| format!("malformed JSON: {e}"))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| "expected a JSON object".to_string())?;
+    parsed.id = obj.get("id").cloned().unwrap_or(Value::Null);
+    if let Some(t) = obj.get("tau_f") {
+        parsed.tau_f = t
+            .as_f64()
+            .ok_or_else(|| format!("tau_f must be a number, got {t}"))?;
+    }
+    if obj.contains_key("text_ids") {
+        let t: TokenLine =
+            serde_json::from_value(value).map_err(|e| format!("bad token-level line: {e}"))?;
+        Ok(TokenCandidate {
+            text_ids: t.text_ids.into(),
+            position: t.position,
+            call_ids: t.call_ids,
+            call_result_ids: t.call_result_ids,
+            weights: t.weights,
+        })
+    } else if obj.contains_key("text") {
+        let t: TextLine =
+            serde_json::from_value(value).map_err(|e| format!("bad text-level line: {e}"))?;
+        let tokenizer =
+            tokenizer.ok_or("text-level line, but the model folder has no tokenizer.json")?;
+        if !texts.contains_key(&t.text) {
+            let enc = tokenizer.encode(&t.text).map_err(|e| e.to_string())?;
+            let ids: Arc<[u32]> = enc.ids.clone().into();
+            texts.insert(t.text.clone(), (enc, ids));
+        }
+        let (enc, ids) = &texts[&t.text];
+        let text = TextCandidate {
+            text: t.text.clone(),
+            position: t.position,
+            tool: t.tool,
+            input: t.input,
+            result: t.result,
+        };
+        let mut c = text
+            .to_tokens(
+                tokenizer,
+                options.score.placement,
+                options.call_form,
+                Some((enc, ids.clone())),
+            )
+            .map_err(|e| e.to_string())?;
+        c.weights = t.weights;
+        Ok(c)
+    } else {
+        Err(
+            "neither a token-level line (\"text_ids\", ...) nor a text-level line (\"text\", ...)"
+                .into(),
+        )
+    }
+}

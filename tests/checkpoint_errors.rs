@@ -1,0 +1,269 @@
+//! Every kind of bad checkpoint gives a clear error naming the file and the tensor, never a panic.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::tiny;
+use toolsift::model::checkpoint::write_safetensors;
+use toolsift::model::{GptjConfig, Tensor};
+use toolsift::Model;
+
+/// A writable copy of the tiny fixture (config.json, model.safetensors, tokenizer.json).
+fn copy_fixture() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    std::fs::create_dir(&dir).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(tiny("f32").join(f), dir.join(f)).unwrap();
+    }
+    (tmp, dir)
+}
+
+fn load_err(dir: &Path) -> String {
+    match Model::load(dir) {
+        Ok(_) => panic!("loading {} should fail", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn tensors_of(dir: &Path) -> Vec<(String, Tensor)> {
+    let model = Model::load(dir).unwrap();
+    model.weights.named_tensors(&model.config)
+}
+
+fn rewrite(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Tensor)>)) {
+    let mut tensors = tensors_of(dir);
+    edit(&mut tensors);
+    // Write elsewhere first: the source file is memory-mapped by the tensors being written.
+    let tmp = dir.join("new.safetensors");
+    write_safetensors(&tmp, &tensors).unwrap();
+    drop(tensors);
+    std::fs::rename(tmp, dir.join("model.safetensors")).unwrap();
+}
+
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(path, v.to_string()).unwrap();
+}
+
+fn assert_names(err: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(err.contains(p), "error {err:?} should mention {p:?}");
+    }
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let (_tmp, dir) = copy_fixture();
+    rewrite(&dir, |t| {
+        t.retain(|(n, _)| n != "transformer.h.1.mlp.fc_in.bias")
+    });
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &["transformer.h.1.mlp.fc_in.bias", "missing", "model"],
+    );
+}
+
+#[test]
+fn unexpected_tensor_is_named() {
+    let (_tmp, dir) = copy_fixture();
+    rewrite(&dir, |t| {
+        t.push((
+            "transformer.h.7.attn.q_proj.weight".into(),
+            Tensor::from_f32(vec![2], &[1.0, 2.0]),
+        ))
+    });
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &[
+            "transformer.h.7.attn.q_proj.weight",
+            "unexpected",
+            "model.safetensors",
+        ],
+    );
+}
+
+#[test]
+fn ignored_buffers_are_skipped() {
+    let (_tmp, dir) = copy_fixture();
+    rewrite(&dir, |t| {
+        t.push((
+            "transformer.h.0.attn.masked_bias".into(),
+            Tensor::from_f32(vec![1], &[-1e9]),
+        ))
+    });
+    Model::load(&dir).unwrap();
+}
+
+#[test]
+fn wrong_shape_is_named() {
+    let (_tmp, dir) = copy_fixture();
+    rewrite(&dir, |t| {
+        let (_, w) = t.iter_mut().find(|(n, _)| n == "lm_head.bias").unwrap();
+        *w = Tensor::from_f32(vec![500], &vec![0.5; 500]);
+    });
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &["lm_head.bias", "[500]", "[512]", "model.safetensors"],
+    );
+}
+
+#[test]
+fn unsupported_dtype_is_named() {
+    let (_tmp, dir) = copy_fixture();
+    let mut tensors = tensors_of(&dir);
+    tensors.retain(|(n, _)| n != "transformer.ln_f.bias");
+    let ints = vec![0u8; 64 * 8];
+    let mut views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            let dt = match t.dtype() {
+                toolsift::model::DType::F32 => safetensors::Dtype::F32,
+                _ => unreachable!(),
+            };
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(dt, t.shape().to_vec(), t.bytes()).unwrap(),
+            )
+        })
+        .collect();
+    views.push((
+        "transformer.ln_f.bias".into(),
+        safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![64], &ints).unwrap(),
+    ));
+    let tmp = dir.join("new.safetensors");
+    safetensors::tensor::serialize_to_file(views, None, &tmp).unwrap();
+    drop(tensors);
+    std::fs::rename(tmp, dir.join("model.safetensors")).unwrap();
+    let err = load_err(&dir);
+    assert_names(&err, &["transformer.ln_f.bias", "I64", "model.safetensors"]);
+}
+
+#[test]
+fn truncated_file_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 1000]).unwrap();
+    let err = load_err(&dir);
+    assert_names(&err, &["model.safetensors", "truncated or corrupt"]);
+}
+
+#[test]
+fn corrupt_file_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    std::fs::write(
+        dir.join("model.safetensors"),
+        b"\xff\xff\xff\xff\xff\xff\xff\x7fgarbage",
+    )
+    .unwrap();
+    let err = load_err(&dir);
+    assert_names(&err, &["model.safetensors", "not a valid safetensors file"]);
+}
+
+#[test]
+fn no_weights_at_all_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &["no weights found", "model.safetensors", "pytorch_model.bin"],
+    );
+}
+
+#[test]
+fn rotary_dim_larger_than_head_dim_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    edit_config(&dir, |v| v["rotary_dim"] = 32.into());
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &["config.json", "rotary_dim (32)", "head dimension (16"],
+    );
+}
+
+#[test]
+fn n_embd_not_divisible_by_n_head_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    edit_config(&dir, |v| v["n_head"] = 5.into());
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &["config.json", "n_embd (64) is not divisible by n_head (5)"],
+    );
+}
+
+#[test]
+fn malformed_config_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    std::fs::write(dir.join("config.json"), "{\"n_embd\": 64,").unwrap();
+    let err = load_err(&dir);
+    assert_names(&err, &["config.json", "not a GPT-J config"]);
+}
+
+#[test]
+fn config_describing_another_model_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    edit_config(&dir, |v| v["n_layer"] = 3.into());
+    let err = load_err(&dir);
+    assert_names(&err, &["transformer.h.2", "missing"]);
+    let (_tmp2, dir) = copy_fixture();
+    edit_config(&dir, |v| v["n_embd"] = 32.into());
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &["transformer.wte.weight", "shape", "model.safetensors"],
+    );
+}
+
+#[test]
+fn sharded_safetensors_load_and_a_missing_shard_is_named() {
+    let (_tmp, dir) = copy_fixture();
+    let tensors = tensors_of(&dir);
+    let (a, b) = tensors.split_at(tensors.len() / 2);
+    write_safetensors(&dir.join("model-00001-of-00002.safetensors"), a).unwrap();
+    write_safetensors(&dir.join("model-00002-of-00002.safetensors"), b).unwrap();
+    let mut map = serde_json::Map::new();
+    for (n, _) in a {
+        map.insert(n.clone(), "model-00001-of-00002.safetensors".into());
+    }
+    for (n, _) in b {
+        map.insert(n.clone(), "model-00002-of-00002.safetensors".into());
+    }
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
+    )
+    .unwrap();
+    drop(tensors);
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let sharded = Model::load(&dir).unwrap();
+    let whole = Model::load(&tiny("f32")).unwrap();
+    assert_eq!(
+        sharded.weights.lm_head.weight.to_f32(),
+        whole.weights.lm_head.weight.to_f32()
+    );
+    std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
+    let err = load_err(&dir);
+    assert_names(&err, &["model-00002-of-00002.safetensors"]);
+}
+
+#[test]
+fn bfloat16_checkpoint_loads() {
+    let (_tmp, dir) = copy_fixture();
+    let model = Model::load(&dir).unwrap();
+    let out = dir.join("bf16");
+    toolsift::model::checkpoint::convert(&model, &out, Some(toolsift::model::DType::BF16)).unwrap();
+    let bf = Model::load(&out).unwrap();
+    assert_eq!(bf.weights.wte.dtype(), toolsift::model::DType::BF16);
+    let cfg: GptjConfig = bf.config.clone();
+    assert_eq!(cfg, model.config);
+}

@@ -1,0 +1,221 @@
+//! `toolsift score` end to end: the fixture's filter cases as token-level and text-level JSONL, and
+//! one test per kind of bad line (each must be answered by an error line naming the problem).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{assert_close, cases, tiny};
+use serde_json::{json, Value};
+
+fn run_score(model: &Path, lines: &[Value], extra: &[&str]) -> (bool, Vec<Value>, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let output = tmp.path().join("out.jsonl");
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, text).unwrap();
+    run_score_raw(model, &input, &output, extra)
+}
+
+fn run_score_raw(
+    model: &Path,
+    input: &Path,
+    output: &Path,
+    extra: &[&str],
+) -> (bool, Vec<Value>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["score", "--model"])
+        .arg(model)
+        .arg("--input")
+        .arg(input)
+        .arg("--output")
+        .arg(output)
+        .args(extra)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let results = std::fs::read_to_string(output)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (out.status.success(), results, stderr)
+}
+
+fn token_lines() -> Vec<Value> {
+    cases()
+        .filter
+        .iter()
+        .enumerate()
+        .map(|(k, f)| {
+            json!({
+                "id": format!("case-{k}"), "text_ids": f.text_ids, "position": f.position,
+                "call_ids": f.call_ids, "call_result_ids": f.call_result_ids, "weights": f.weights,
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn token_level_filter_cases_reproduce_the_fixture() {
+    let (ok, results, stderr) = run_score(&tiny("f32"), &token_lines(), &["--tau-f", "0.5"]);
+    assert!(ok, "{stderr}");
+    let cases = cases();
+    assert_eq!(results.len(), cases.filter.len());
+    for (k, (r, f)) in results.iter().zip(&cases.filter).enumerate() {
+        assert_eq!(r["id"], format!("case-{k}"));
+        for (field, want) in [
+            ("l_none", f.l_none),
+            ("l_call", f.l_call),
+            ("l_call_result", f.l_call_result),
+            ("l_minus", f.l_minus),
+            ("l_plus", f.l_plus),
+            ("delta", f.delta),
+        ] {
+            assert_close(
+                &format!("case {k} {field}"),
+                r[field].as_f64().unwrap(),
+                want,
+                1e-4,
+            );
+        }
+        assert_eq!(r["kept"], json!(f.delta >= 0.5));
+    }
+}
+
+#[test]
+fn text_level_lines_with_bare_calls_reproduce_the_fixture() {
+    let model = toolsift::Model::load(&tiny("f32")).unwrap();
+    let tok = model.tokenizer().unwrap();
+    let cases = cases();
+    let lines: Vec<Value> = cases
+        .filter
+        .iter()
+        .map(|f| {
+            let offset = tok.decode(&f.text_ids[..f.position]).unwrap().len();
+            let inner = f.call.trim().trim_start_matches('[').trim_end_matches(']');
+            let (tool, rest) = inner.split_once('(').unwrap();
+            let input = rest.trim_end_matches(')');
+            let result = f
+                .call_result
+                .trim()
+                .trim_end_matches(']')
+                .rsplit_once("-> ")
+                .unwrap()
+                .1;
+            json!({"id": f.text, "text": f.text, "position": offset, "tool": tool,
+                   "input": input, "result": result, "weights": f.weights})
+        })
+        .collect();
+    let (ok, results, stderr) = run_score(&tiny("f32"), &lines, &["--call-form", "bare"]);
+    assert!(ok, "{stderr}");
+    for (r, f) in results.iter().zip(&cases.filter) {
+        assert_close(&f.text, r["delta"].as_f64().unwrap(), f.delta, 1e-4);
+    }
+}
+
+/// Runs one good line and one bad line; the bad one must get an error line naming `needle`, the
+/// good one its scores, and the process must exit non-zero.
+fn assert_bad_line(bad: Value, needle: &str) {
+    let good = token_lines()[0].clone();
+    let (ok, results, _) = run_score(&tiny("f32"), &[good, bad], &[]);
+    assert!(!ok, "a failed line must make the exit status non-zero");
+    assert_eq!(results.len(), 2, "every input line gets an output line");
+    assert!(results[0]["delta"].is_f64());
+    let err = results[1]["error"].as_str().expect("error line");
+    assert!(
+        err.contains(needle),
+        "error {err:?} should mention {needle:?}"
+    );
+    assert!(err.contains("line 2"), "error {err:?} should name the line");
+    assert_eq!(results[1]["line"], 2);
+}
+
+#[test]
+fn malformed_json_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let output = tmp.path().join("out.jsonl");
+    std::fs::write(
+        &input,
+        format!("{}\n{{\"id\": 1, \"text_ids\": [1,\n", token_lines()[0]),
+    )
+    .unwrap();
+    let (ok, results, _) = run_score_raw(&tiny("f32"), &input, &output, &[]);
+    assert!(!ok);
+    assert_eq!(results.len(), 2);
+    assert!(results[1]["error"]
+        .as_str()
+        .unwrap()
+        .contains("malformed JSON"));
+}
+
+#[test]
+fn position_off_a_token_boundary() {
+    let text = "Out of 1400 participants, 400 (or 29%) passed the test.";
+    assert_bad_line(
+        json!({"id": "x", "text": text, "position": 14, "tool": "Calculator",
+               "input": "400 / 1400", "result": "0.29"}),
+        "falls inside token",
+    );
+}
+
+#[test]
+fn position_out_of_range() {
+    let mut bad = token_lines()[0].clone();
+    bad["position"] = json!(16);
+    assert_bad_line(bad, "position 16 is out of range");
+    let text = "Out of 1400 participants.";
+    assert_bad_line(
+        json!({"id": "x", "text": text, "position": 400, "tool": "Calculator",
+               "input": "1", "result": "1"}),
+        "position 400",
+    );
+}
+
+#[test]
+fn position_zero_has_no_context() {
+    let mut bad = token_lines()[0].clone();
+    bad["position"] = json!(0);
+    assert_bad_line(bad, "position 0 cannot be scored");
+}
+
+#[test]
+fn ids_outside_the_vocabulary() {
+    let mut bad = token_lines()[0].clone();
+    bad["call_ids"][3] = json!(512);
+    assert_bad_line(
+        bad,
+        "call_ids[3] = 512 is outside the vocabulary (vocab_size 512)",
+    );
+}
+
+#[test]
+fn sequence_longer_than_n_positions() {
+    let mut bad = token_lines()[0].clone();
+    let text: Vec<u32> = (0..300).map(|k| (k * 7 % 499) as u32).collect();
+    bad["text_ids"] = json!(text);
+    bad["position"] = json!(290);
+    assert_bad_line(bad, "longer than n_positions (256)");
+}
+
+#[test]
+fn line_of_neither_kind_and_bad_fields() {
+    assert_bad_line(json!({"id": 3, "foo": 1}), "neither a token-level line");
+    assert_bad_line(json!({"id": 3, "text_ids": "abc"}), "bad token-level line");
+    assert_bad_line(json!([1, 2]), "expected a JSON object");
+    let mut bad = token_lines()[0].clone();
+    bad["weights"] = json!([0.5, -1.0]);
+    assert_bad_line(bad, "weights[1] = -1");
+}
+
+#[test]
+fn missing_model_folder_is_a_clear_error() {
+    let (ok, _, stderr) = run_score(Path::new("/nonexistent/model"), &token_lines(), &[]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("/nonexistent/model/config.json"),
+        "{stderr}"
+    );
+}
