@@ -168,7 +168,7 @@ fn inline_placement_equals_prefix_for_the_no_call_variant_and_differs_otherwise(
         weights: None,
     };
     let prefix = scorer
-        .score(&[c.clone()], &ScoreOptions::default())
+        .score(std::slice::from_ref(&c), &ScoreOptions::default())
         .unwrap()[0];
     let inline_opts = ScoreOptions {
         placement: Placement::Inline,
