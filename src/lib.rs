@@ -23,6 +23,7 @@
 
 pub mod error;
 pub mod model;
+pub mod plan;
 pub mod reference;
 pub mod score;
 pub mod util;

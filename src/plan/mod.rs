@@ -1,0 +1,230 @@
+//! The scoring plan: a batch of candidates -> a prefix tree of unique token segments -> a flat token
+//! schedule that every backend (cpu, cuda) executes.
+//!
+//! Every variant of every candidate is one causal sequence (`score::variant_sequence`, already cut
+//! after its last weighted token). Inserting all of them into one token trie computes each distinct
+//! prefix once, whatever produced the sharing: the no-call variant of a text serves all of that
+//! text's candidates; in prefix placement e(c, eps) and e(c, r) share their head ("[Tool(input) ->")
+//! and calls of one tool share "[Tool("; in inline placement x_1..x_{i-1} is shared by the three
+//! variants and by every later position of the text; identical candidates collapse entirely.
+//!
+//! The trie is then compressed into segments (maximal chains without branching). A token attends to
+//! every token of its segment's ancestors and causally to its own segment: tree (cascade) attention.
+//!
+//! Weighted targets name the row whose hidden state predicts them; the LM head runs only at the
+//! unique such rows, and each target adds `weight * log p(token | row)` into its (candidate, variant).
+
+use std::collections::HashMap;
+
+use crate::score::{variant_sequence, ScoreOptions, TokenCandidate, Variant};
+
+/// A maximal chain of trie nodes: tokens `start..start + len` of the flat schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// First token of the segment in the flat schedule.
+    pub start: u32,
+    pub len: u32,
+    /// Position id of the first token (the number of ancestor tokens).
+    pub depth: u32,
+    /// The segment this one continues, if any.
+    pub parent: Option<u32>,
+}
+
+/// One weighted term of a loss: `weight * log p(token | hidden state of row)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Target {
+    /// Index into `Plan::head_rows` (not a token index: rows are deduplicated).
+    pub head_row: u32,
+    pub token: u32,
+    pub weight: f64,
+    /// `candidate * 3 + variant`: the loss this term adds into.
+    pub slot: u32,
+}
+
+/// A flat token schedule with its tree structure and weighted targets.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// Token ids, [n_tokens]; segments are contiguous, parents before children (DFS order).
+    pub tokens: Vec<u32>,
+    /// Position id (depth in its sequence) of every token, [n_tokens].
+    pub positions: Vec<u32>,
+    /// Segment of every token, [n_tokens].
+    pub token_segment: Vec<u32>,
+    pub segments: Vec<Segment>,
+    /// CSR: segment s attends to `ancestors[ancestor_offsets[s]..ancestor_offsets[s + 1]]`, root
+    /// first, then causally to itself.
+    pub ancestors: Vec<u32>,
+    pub ancestor_offsets: Vec<u32>,
+    /// Token indices whose hidden state feeds the LM head, ascending and unique.
+    pub head_rows: Vec<u32>,
+    pub targets: Vec<Target>,
+    pub n_candidates: usize,
+    /// Tokens of all variant sequences before sharing (what a no-sharing engine would compute).
+    pub naive_tokens: usize,
+}
+
+impl Plan {
+    /// Builds the plan of `candidates` (already validated) under `options`.
+    pub fn build(candidates: &[TokenCandidate], options: &ScoreOptions) -> Plan {
+        let mut trie = Trie::default();
+        // (node predicting the target, token, weight, slot)
+        let mut raw_targets: Vec<(u32, u32, f64, u32)> = Vec::new();
+        let mut naive_tokens = 0;
+        for (c, cand) in candidates.iter().enumerate() {
+            for variant in Variant::ALL {
+                let seq = variant_sequence(cand, variant, options);
+                naive_tokens += seq.ids.len();
+                let nodes = trie.insert(&seq.ids);
+                let slot = (c * 3 + variant as usize) as u32;
+                for &(row, token, weight) in &seq.targets {
+                    raw_targets.push((nodes[row], token, weight, slot));
+                }
+            }
+        }
+        let mut plan = trie.flatten();
+        plan.n_candidates = candidates.len();
+        plan.naive_tokens = naive_tokens;
+        plan.attach_targets(&trie, raw_targets);
+        plan
+    }
+
+    pub fn n_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Ancestor segments of segment `s`, root first.
+    pub fn ancestors_of(&self, s: usize) -> &[u32] {
+        &self.ancestors[self.ancestor_offsets[s] as usize..self.ancestor_offsets[s + 1] as usize]
+    }
+
+    /// Sums per-target contributions into [L_none, L_call, L_call_result] per candidate:
+    /// `log_probs[k]` is log p(targets[k].token | row).
+    pub fn reduce(&self, log_probs: &[f64]) -> Vec<[f64; 3]> {
+        assert_eq!(log_probs.len(), self.targets.len());
+        let mut losses = vec![[0.0; 3]; self.n_candidates];
+        for (t, lp) in self.targets.iter().zip(log_probs) {
+            losses[t.slot as usize / 3][t.slot as usize % 3] -= t.weight * lp;
+        }
+        losses
+    }
+
+    fn attach_targets(&mut self, trie: &Trie, raw: Vec<(u32, u32, f64, u32)>) {
+        // node -> flat token index, then deduplicate rows.
+        let mut rows: Vec<u32> = raw
+            .iter()
+            .map(|&(n, ..)| trie.flat_index[n as usize])
+            .collect();
+        rows.sort_unstable();
+        rows.dedup();
+        let row_index: HashMap<u32, u32> = rows
+            .iter()
+            .enumerate()
+            .map(|(k, &r)| (r, k as u32))
+            .collect();
+        self.targets = raw
+            .into_iter()
+            .map(|(node, token, weight, slot)| Target {
+                head_row: row_index[&trie.flat_index[node as usize]],
+                token,
+                weight,
+                slot,
+            })
+            .collect();
+        self.head_rows = rows;
+    }
+}
+
+/// A token trie; node 0 is the (token-less) root.
+#[derive(Default)]
+struct Trie {
+    /// (parent node, token) -> child node.
+    children: HashMap<(u32, u32), u32>,
+    /// Per node: its token, parent, children in insertion order. Index 0 is the root.
+    token: Vec<u32>,
+    parent: Vec<u32>,
+    kids: Vec<Vec<u32>>,
+    /// Per node: its index in the flat schedule (filled by `flatten`).
+    flat_index: Vec<u32>,
+}
+
+impl Trie {
+    /// Inserts `ids`; returns the node of every position.
+    fn insert(&mut self, ids: &[u32]) -> Vec<u32> {
+        if self.token.is_empty() {
+            self.token.push(u32::MAX);
+            self.parent.push(u32::MAX);
+            self.kids.push(Vec::new());
+        }
+        let mut node = 0u32;
+        ids.iter()
+            .map(|&id| {
+                node = match self.children.get(&(node, id)) {
+                    Some(&child) => child,
+                    None => {
+                        let child = self.token.len() as u32;
+                        self.token.push(id);
+                        self.parent.push(node);
+                        self.kids.push(Vec::new());
+                        self.kids[node as usize].push(child);
+                        self.children.insert((node, id), child);
+                        child
+                    }
+                };
+                node
+            })
+            .collect()
+    }
+
+    /// Compresses chains into segments and lays tokens out in DFS order.
+    fn flatten(&mut self) -> Plan {
+        let mut plan = Plan {
+            ancestor_offsets: vec![0],
+            ..Default::default()
+        };
+        self.flat_index = vec![u32::MAX; self.token.len()];
+        if self.token.is_empty() {
+            return plan;
+        }
+        // Stack of (first node of a segment, parent segment, depth, ancestor list of the segment).
+        let mut stack: Vec<(u32, Option<u32>, u32)> =
+            self.kids[0].iter().rev().map(|&k| (k, None, 0)).collect();
+        while let Some((first, parent, depth)) = stack.pop() {
+            let s = plan.segments.len() as u32;
+            let start = plan.tokens.len() as u32;
+            let mut node = first;
+            loop {
+                self.flat_index[node as usize] = plan.tokens.len() as u32;
+                plan.positions
+                    .push(depth + plan.tokens.len() as u32 - start);
+                plan.tokens.push(self.token[node as usize]);
+                plan.token_segment.push(s);
+                match self.kids[node as usize].as_slice() {
+                    [only] => node = *only,
+                    _ => break,
+                }
+            }
+            let len = plan.tokens.len() as u32 - start;
+            plan.segments.push(Segment {
+                start,
+                len,
+                depth,
+                parent,
+            });
+            if let Some(p) = parent {
+                let range = plan.ancestor_offsets[p as usize] as usize
+                    ..plan.ancestor_offsets[p as usize + 1] as usize;
+                let inherited: Vec<u32> = plan.ancestors[range].to_vec();
+                plan.ancestors.extend(inherited);
+                plan.ancestors.push(p);
+            }
+            plan.ancestor_offsets.push(plan.ancestors.len() as u32);
+            for &k in self.kids[node as usize].iter().rev() {
+                stack.push((k, Some(s), depth + len));
+            }
+        }
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests;
