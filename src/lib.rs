@@ -21,6 +21,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cpu;
 pub mod error;
 pub mod model;
 pub mod plan;

@@ -267,3 +267,44 @@ fn bfloat16_checkpoint_loads() {
     let cfg: GptjConfig = bf.config.clone();
     assert_eq!(cfg, model.config);
 }
+
+#[test]
+fn convert_turns_pytorch_bin_into_equal_safetensors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("converted");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["convert", "--model"])
+        .arg(tiny("bin"))
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(out.join("tokenizer.json").is_file());
+    let converted = Model::load(&out).unwrap();
+    let original = Model::load(&tiny("f32")).unwrap();
+    let a = converted.weights.named_tensors(&converted.config);
+    let b = original.weights.named_tensors(&original.config);
+    assert_eq!(a.len(), b.len());
+    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+        assert_eq!(na, nb);
+        assert_eq!(
+            ta.dtype(),
+            toolsift::model::DType::F16,
+            "{na} keeps its dtype"
+        );
+        assert_eq!(ta.to_f32(), tb.to_f32(), "{na}");
+    }
+}
+
+#[test]
+fn truncated_pytorch_bin_is_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(tiny("bin").join("config.json"), dir.join("config.json")).unwrap();
+    let bytes = std::fs::read(tiny("bin").join("pytorch_model.bin")).unwrap();
+    std::fs::write(dir.join("pytorch_model.bin"), &bytes[..bytes.len() / 2]).unwrap();
+    let err = load_err(&dir);
+    assert_names(&err, &["pytorch_model.bin"]);
+}

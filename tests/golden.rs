@@ -1,5 +1,6 @@
 //! The CPU reference against the float64 golden fixture computed with Hugging Face transformers'
-//! GPTJForCausalLM (tests/fixtures/tiny-gptj/README.md), from the float32 and the float16 file.
+//! GPTJForCausalLM (tests/fixtures/tiny-gptj/README.md), from the float32 and the float16
+//! safetensors files and from the float16 pytorch_model.bin (tests/fixtures/tiny-gptj-bin).
 //!
 //! Tolerance: 1e-4 absolute is the contract every backend is held to on these cases. The reference
 //! computes in f64 throughout, like the fixture, so it actually agrees to ~1e-12; it is also held
@@ -28,7 +29,7 @@ fn check(what: &str, got: f64, want: f64) {
 #[test]
 fn reference_forward_matches_every_log_softmax_value() {
     let cases = cases();
-    for variant in ["f32", "f16"] {
+    for variant in ["f32", "f16", "bin"] {
         let model = Model::load(&tiny(variant)).unwrap();
         let reference = ReferenceModel::new(&model.config, &model.weights);
         for case in &cases.forward {
@@ -74,7 +75,7 @@ fn reference_weighted_loss_cases() {
 #[test]
 fn reference_filter_cases_token_level() {
     let cases = cases();
-    for variant in ["f32", "f16"] {
+    for variant in ["f32", "f16", "bin"] {
         let model = Model::load(&tiny(variant)).unwrap();
         let scorer = ReferenceScorer::new(&model);
         let candidates: Vec<TokenCandidate> = cases

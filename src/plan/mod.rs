@@ -228,3 +228,27 @@ impl Trie {
 
 #[cfg(test)]
 mod tests;
+
+/// Plans `candidates` in consecutive chunks of at most `max_tokens` unique tokens each (a single
+/// candidate larger than that still gets its own chunk). Halving keeps candidates of one text
+/// together as far as possible, so sharing is lost only at chunk borders.
+pub fn chunked(
+    candidates: &[TokenCandidate],
+    options: &ScoreOptions,
+    max_tokens: usize,
+) -> Vec<(std::ops::Range<usize>, Plan)> {
+    let mut out = Vec::new();
+    let mut todo = Vec::new();
+    todo.push(0..candidates.len());
+    while let Some(range) = todo.pop() {
+        let plan = Plan::build(&candidates[range.clone()], options);
+        if plan.n_tokens() <= max_tokens || range.len() <= 1 {
+            out.push((range, plan));
+        } else {
+            let mid = range.start + range.len() / 2;
+            todo.push(mid..range.end);
+            todo.push(range.start..mid);
+        }
+    }
+    out
+}

@@ -11,13 +11,13 @@ pub fn fixture_dir(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The tiny GPT-J fixture, float32 weights (`f16` for the float16 copy).
+/// The tiny GPT-J fixture: `f32` safetensors, `f16` safetensors, or `bin` (float16
+/// pytorch_model.bin with the attn.bias / attn.masked_bias buffers of old GPT-J checkpoints).
 pub fn tiny(variant: &str) -> PathBuf {
-    let dir = fixture_dir("tiny-gptj");
-    if variant == "f16" {
-        dir.join("f16")
-    } else {
-        dir
+    match variant {
+        "f16" => fixture_dir("tiny-gptj").join("f16"),
+        "bin" => fixture_dir("tiny-gptj-bin"),
+        _ => fixture_dir("tiny-gptj"),
     }
 }
 

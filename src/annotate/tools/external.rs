@@ -1,0 +1,741 @@
+//! QA and MT (and any other user service) through an external command or HTTP endpoint.
+//!
+//! A failing, slow or absent service fails the candidate, never the run: every attempt has
+//! a time limit, and a failed attempt is retried at most `retries` more times.
+//!
+//! - Command: `argv` is spawned directly (no shell, so the model's text is never
+//!   interpreted); the input plus a newline is written to its stdin, and its stdout,
+//!   trimmed, is the result (invalid UTF-8 replaced). Non-zero exit, empty output, more than
+//!   [`MAX_OUTPUT_BYTES`] of output, or running past the timeout (the child is killed) is
+//!   an error. A child's own children that keep stdout open are not waited for past the
+//!   timeout, but they are not killed either: wrappers should `exec` the real program.
+//! - HTTP: `POST url` with JSON `{"input": ..., "tool": name}`; the reply must be a 2xx
+//!   with JSON `{"result": "..."}` (an `{"error": "..."}` reply is reported). The timeout
+//!   covers the whole exchange. Only `http://` URLs: the client is built without TLS, as
+//!   these services are expected on the local machine or network; the `HTTP(S)_PROXY` and
+//!   `NO_PROXY` variables are honoured.
+//!
+//! Retried: timeouts, non-zero exits, connection failures, HTTP 5xx, 408 and 429. Not
+//! retried, as another try would fail the same way: a command that cannot be spawned, empty
+//! or oversized output, other HTTP 4xx, a reply that is not the expected JSON. Between
+//! tries the tool waits 50 ms, doubling, at most 1 s.
+
+use std::io::{Read, Write};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::{DocContext, Tool, ToolConfigError, ToolError};
+
+/// Most bytes of output (stdout, or an HTTP reply body) accepted from a service.
+pub const MAX_OUTPUT_BYTES: usize = 1 << 20;
+/// Most stderr bytes kept for an error message.
+const STDERR_KEEP: usize = 4096;
+/// Most retries a configuration may ask for.
+const MAX_RETRIES: u32 = 10;
+
+/// How an [`ExternalTool`] reaches its service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExternalBackend {
+    /// Spawn `argv[0]` with arguments `argv[1..]`; input on stdin, result on stdout.
+    Command {
+        /// Program and arguments; no shell is involved.
+        argv: Vec<String>,
+    },
+    /// POST JSON to `url` (http:// only).
+    Http {
+        /// Endpoint, e.g. "http://127.0.0.1:8080/qa".
+        url: String,
+    },
+}
+
+/// A tool answered by an external service, e.g. QA or MT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalTool {
+    /// Name as it appears in calls, e.g. "QA".
+    pub name: String,
+    /// Where the service is.
+    pub backend: ExternalBackend,
+    /// Limit for one attempt.
+    pub timeout: Duration,
+    /// Extra attempts after a retryable failure.
+    pub retries: u32,
+}
+
+/// Settings of an external tool; exactly one of `command` and `url` must be set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExternalToolConfig {
+    /// Program and arguments to run for each call, e.g. `["python3", "qa.py"]`.
+    pub command: Option<Vec<String>>,
+    /// HTTP endpoint to POST each call to, e.g. "http://127.0.0.1:8080/qa".
+    pub url: Option<String>,
+    /// Limit for one attempt, in milliseconds (default 10000).
+    pub timeout_ms: u64,
+    /// Extra attempts after a retryable failure (default 2, at most 10).
+    pub retries: u32,
+}
+
+impl Default for ExternalToolConfig {
+    fn default() -> Self {
+        Self {
+            command: None,
+            url: None,
+            timeout_ms: 10_000,
+            retries: 2,
+        }
+    }
+}
+
+impl ExternalTool {
+    /// A tool that runs `argv` (10 s timeout, 2 retries).
+    pub fn command(name: impl Into<String>, argv: Vec<String>) -> Self {
+        Self::with_backend(name, ExternalBackend::Command { argv })
+    }
+
+    /// A tool that POSTs to `url` (10 s timeout, 2 retries).
+    pub fn http(name: impl Into<String>, url: impl Into<String>) -> Self {
+        Self::with_backend(name, ExternalBackend::Http { url: url.into() })
+    }
+
+    fn with_backend(name: impl Into<String>, backend: ExternalBackend) -> Self {
+        let defaults = ExternalToolConfig::default();
+        Self {
+            name: name.into(),
+            backend,
+            timeout: Duration::from_millis(defaults.timeout_ms),
+            retries: defaults.retries,
+        }
+    }
+
+    /// Sets the per-attempt time limit.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the number of extra attempts.
+    pub fn with_retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// The tool `config` describes, called `name`; checks the settings.
+    pub fn from_config(name: &str, config: &ExternalToolConfig) -> Result<Self, ToolConfigError> {
+        let invalid = |message: String| ToolConfigError::Invalid {
+            tool: name.to_string(),
+            message,
+        };
+        let backend = match (&config.command, &config.url) {
+            (Some(argv), None) => {
+                if argv.first().is_none_or(|program| program.is_empty()) {
+                    return Err(invalid("command must name a program".into()));
+                }
+                ExternalBackend::Command { argv: argv.clone() }
+            }
+            (None, Some(url)) => {
+                if !url.starts_with("http://") {
+                    return Err(invalid(format!(
+                        "url {url:?} must start with http:// (https is not built in)"
+                    )));
+                }
+                ExternalBackend::Http { url: url.clone() }
+            }
+            _ => return Err(invalid("set exactly one of `command` and `url`".into())),
+        };
+        if config.timeout_ms == 0 {
+            return Err(invalid("timeout_ms must be at least 1".into()));
+        }
+        if config.retries > MAX_RETRIES {
+            return Err(invalid(format!(
+                "retries is {}, at most {MAX_RETRIES} allowed",
+                config.retries
+            )));
+        }
+        Ok(Self {
+            name: name.to_string(),
+            backend,
+            timeout: Duration::from_millis(config.timeout_ms),
+            retries: config.retries,
+        })
+    }
+
+    fn attempt(&self, input: &str) -> Result<String, Attempt> {
+        match &self.backend {
+            ExternalBackend::Command { argv } => run_command(argv, input, self.timeout),
+            ExternalBackend::Http { url } => post_json(url, &self.name, input, self.timeout),
+        }
+    }
+}
+
+impl Tool for ExternalTool {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn call(&self, input: &str, _doc: &DocContext<'_>) -> Result<String, ToolError> {
+        let mut backoff = Duration::from_millis(50);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.attempt(input) {
+                Ok(result) => return Ok(result),
+                Err(Attempt { error, retry }) => {
+                    if !retry || tries > self.retries {
+                        return Err(match error {
+                            ToolError::Failed(msg) if tries > 1 => {
+                                ToolError::Failed(format!("{msg} (after {tries} tries)"))
+                            }
+                            other => other,
+                        });
+                    }
+                }
+            }
+            thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+}
+
+/// One failed attempt, and whether another could go differently.
+#[derive(Debug)]
+struct Attempt {
+    error: ToolError,
+    retry: bool,
+}
+
+fn final_err(message: String) -> Attempt {
+    Attempt {
+        error: ToolError::Failed(message),
+        retry: false,
+    }
+}
+
+fn retry_err(message: String) -> Attempt {
+    Attempt {
+        error: ToolError::Failed(message),
+        retry: true,
+    }
+}
+
+fn timeout_err(timeout: Duration) -> Attempt {
+    Attempt {
+        error: ToolError::Timeout(timeout),
+        retry: true,
+    }
+}
+
+/// Kills and reaps the child when dropped, so that no early return leaves it running.
+struct Reaper(Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Runs `work` on a new thread; failing to start one (OS limits) fails the attempt
+/// instead of panicking as `thread::spawn` would.
+fn spawn(work: impl FnOnce() + Send + 'static) -> Result<(), Attempt> {
+    thread::Builder::new()
+        .name("toolsift-external-io".into())
+        .spawn(work)
+        .map(drop)
+        .map_err(|e| retry_err(format!("cannot start an I/O thread: {e}")))
+}
+
+/// Reads `pipe` on a thread: up to `keep` bytes are sent back, the rest drained (so the
+/// child never blocks on a full pipe); the flag says whether anything was dropped.
+fn read_pipe(
+    pipe: impl Read + Send + 'static,
+    keep: usize,
+) -> Result<mpsc::Receiver<(Vec<u8>, bool)>, Attempt> {
+    let (tx, rx) = mpsc::channel();
+    spawn(move || {
+        let mut pipe = pipe;
+        let mut kept = Vec::new();
+        let _ = (&mut pipe).take(keep as u64).read_to_end(&mut kept);
+        let dropped = std::io::copy(&mut pipe, &mut std::io::sink()).unwrap_or(0) > 0;
+        let _ = tx.send((kept, dropped));
+    })?;
+    Ok(rx)
+}
+
+fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String, Attempt> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(final_err("no command configured".into()));
+    };
+    let now = Instant::now();
+    // A timeout too large to add (fields are public) means "no practical limit".
+    let deadline = now
+        .checked_add(timeout)
+        .unwrap_or(now + Duration::from_secs(365 * 24 * 3600));
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| final_err(format!("cannot run {program:?}: {e}")))?;
+    let mut child = Reaper(child);
+
+    if let Some(mut stdin) = child.0.stdin.take() {
+        let mut bytes = input.as_bytes().to_vec();
+        bytes.push(b'\n');
+        // A child that exits without reading its input is not an error in itself.
+        spawn(move || {
+            let _ = stdin.write_all(&bytes);
+        })?;
+    }
+    let stdout = child
+        .0
+        .stdout
+        .take()
+        .map(|p| read_pipe(p, MAX_OUTPUT_BYTES))
+        .transpose()?;
+    let stderr = child
+        .0
+        .stderr
+        .take()
+        .map(|p| read_pipe(p, STDERR_KEEP))
+        .transpose()?;
+
+    let status = wait_until(&mut child.0, deadline)
+        .map_err(|e| retry_err(format!("waiting for {program:?} failed: {e}")))?
+        .ok_or_else(|| timeout_err(timeout))?;
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let (out, out_dropped) = match stdout {
+        Some(rx) => rx
+            .recv_timeout(remaining)
+            .map_err(|_| timeout_err(timeout))?,
+        None => (Vec::new(), false),
+    };
+    let err_text = stderr
+        .and_then(|rx| rx.recv_timeout(Duration::from_millis(50)).ok())
+        .map(|(bytes, _)| String::from_utf8_lossy(&bytes).trim().to_string())
+        .unwrap_or_default();
+
+    if !status.success() {
+        let detail = if err_text.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", shorten(&err_text, 300))
+        };
+        return Err(retry_err(format!("{program:?} {status}{detail}")));
+    }
+    if out_dropped {
+        return Err(final_err(format!(
+            "{program:?} printed more than {MAX_OUTPUT_BYTES} bytes"
+        )));
+    }
+    let text = String::from_utf8_lossy(&out).trim().to_string();
+    if text.is_empty() {
+        return Err(final_err(format!("{program:?} printed nothing")));
+    }
+    Ok(text)
+}
+
+/// Waits for the child until `deadline`; Ok(None) if it is still running then.
+fn wait_until(child: &mut Child, deadline: Instant) -> std::io::Result<Option<ExitStatus>> {
+    // Poll quickly at first: most services answer in milliseconds.
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// The first `max` characters of `text`, with "…" if cut.
+fn shorten(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
+#[derive(Serialize)]
+struct HttpRequest<'a> {
+    input: &'a str,
+    tool: &'a str,
+}
+
+#[derive(Deserialize)]
+struct HttpReply {
+    result: Option<serde_json::Value>,
+    error: Option<serde_json::Value>,
+}
+
+fn post_json(url: &str, tool: &str, input: &str, timeout: Duration) -> Result<String, Attempt> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let transport = |e: ureq::Error| -> Attempt {
+        match e {
+            ureq::Error::Timeout(_) => timeout_err(timeout),
+            ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => {
+                timeout_err(timeout)
+            }
+            ureq::Error::Io(_)
+            | ureq::Error::ConnectionFailed
+            | ureq::Error::HostNotFound
+            | ureq::Error::Protocol(_) => retry_err(format!("POST {url}: {e}")),
+            other => final_err(format!("POST {url}: {other}")),
+        }
+    };
+    let mut response = agent
+        .post(url)
+        .send_json(&HttpRequest { input, tool })
+        .map_err(transport)?;
+    let status = response.status().as_u16();
+    let body = response
+        .body_mut()
+        .with_config()
+        .limit(MAX_OUTPUT_BYTES as u64)
+        .lossy_utf8(true)
+        .read_to_string()
+        .map_err(|e| match e {
+            ureq::Error::BodyExceedsLimit(_) => final_err(format!(
+                "POST {url}: reply is larger than {MAX_OUTPUT_BYTES} bytes"
+            )),
+            other => transport(other),
+        })?;
+    if !(200..300).contains(&status) {
+        let message = format!("POST {url}: HTTP {status}: {}", shorten(body.trim(), 300));
+        let retry = status >= 500 || status == 408 || status == 429;
+        return Err(if retry {
+            retry_err(message)
+        } else {
+            final_err(message)
+        });
+    }
+    let reply: HttpReply = serde_json::from_str(&body).map_err(|e| {
+        final_err(format!(
+            "POST {url}: reply is not JSON {{\"result\": ...}}: {e}"
+        ))
+    })?;
+    match (reply.result, reply.error) {
+        (Some(serde_json::Value::String(text)), _) if !text.trim().is_empty() => {
+            Ok(text.trim().to_string())
+        }
+        (_, Some(error)) if !error.is_null() => Err(final_err(format!(
+            "POST {url}: service error: {}",
+            shorten(&json_text(&error), 300)
+        ))),
+        (Some(serde_json::Value::String(_)), _) => {
+            Err(final_err(format!("POST {url}: empty result")))
+        }
+        _ => Err(final_err(format!(
+            "POST {url}: reply has no string \"result\""
+        ))),
+    }
+}
+
+fn json_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    fn argv(parts: &[&str]) -> Vec<String> {
+        parts.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn run(tool: &ExternalTool, input: &str) -> Result<String, ToolError> {
+        tool.call(input, &DocContext::default())
+    }
+
+    fn sh(script: &str) -> ExternalTool {
+        ExternalTool::command("QA", argv(&["sh", "-c", script]))
+            .with_timeout(Duration::from_secs(5))
+            .with_retries(0)
+    }
+
+    #[test]
+    fn command_succeeds() {
+        let tool = sh("tr a-z A-Z");
+        assert_eq!(run(&tool, "hello world"), Ok("HELLO WORLD".into()));
+        // Input is data, never shell code.
+        assert_eq!(
+            run(&sh("cat"), "$(echo pwned); `id`"),
+            Ok("$(echo pwned); `id`".into())
+        );
+        let tool = ExternalTool::command("MT", argv(&["cat"]));
+        assert_eq!(run(&tool, "  padded \n"), Ok("padded".into()));
+    }
+
+    #[test]
+    fn failing_command_is_an_error_with_its_stderr() {
+        let err = run(
+            &ExternalTool::command("QA", argv(&["false"])).with_retries(0),
+            "x",
+        );
+        assert!(matches!(err, Err(ToolError::Failed(_))), "{err:?}");
+        let err = run(&sh("echo 'model not loaded' >&2; exit 3"), "x").unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("model not loaded") && msg.contains('3'),
+            "{msg}"
+        );
+        let err = run(&sh("true"), "x").unwrap_err();
+        assert!(err.to_string().contains("printed nothing"), "{err}");
+    }
+
+    #[test]
+    fn missing_binary_fails_at_once() {
+        let tool = ExternalTool::command("QA", argv(&["/nonexistent/toolsift-qa"])).with_retries(5);
+        let start = Instant::now();
+        let err = run(&tool, "x").unwrap_err();
+        assert!(err.to_string().contains("toolsift-qa"), "{err}");
+        assert!(start.elapsed() < Duration::from_millis(200), "not retried");
+    }
+
+    #[test]
+    fn slow_command_times_out_quickly() {
+        let tool = ExternalTool::command("QA", argv(&["sleep", "5"]))
+            .with_timeout(Duration::from_millis(200))
+            .with_retries(0);
+        let start = Instant::now();
+        assert_eq!(
+            run(&tool, "x"),
+            Err(ToolError::Timeout(Duration::from_millis(200)))
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        // A grandchild holding stdout open does not hold the call past its timeout.
+        let tool = sh("sleep 5 & echo early").with_timeout(Duration::from_millis(300));
+        let start = Instant::now();
+        assert!(run(&tool, "x").is_err());
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn retries_are_bounded_and_can_recover() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("tries");
+        let script = format!("echo x >> '{}'; exit 1", log.display());
+        let err = run(&sh(&script).with_retries(2), "x").unwrap_err();
+        assert!(err.to_string().contains("after 3 tries"), "{err}");
+        let tries = std::fs::read_to_string(&log).unwrap().lines().count();
+        assert_eq!(tries, 3);
+
+        let flag = dir.path().join("flag");
+        let flaky = format!(
+            "if [ -e '{0}' ]; then echo recovered; else touch '{0}'; exit 1; fi",
+            flag.display()
+        );
+        assert_eq!(
+            run(&sh(&flaky).with_retries(1), "x"),
+            Ok("recovered".into())
+        );
+    }
+
+    #[test]
+    fn oversized_output_is_refused() {
+        let tool = sh("head -c 1100000 /dev/zero | tr '\\0' a");
+        let err = run(&tool, "x").unwrap_err();
+        assert!(err.to_string().contains("more than"), "{err}");
+    }
+
+    /// Serves each connection with `respond(request_body)` -> (status, body); counts them.
+    fn server(
+        respond: impl Fn(&str) -> Option<(u16, String)> + Send + 'static,
+    ) -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/tool", listener.local_addr().unwrap());
+        let count = Arc::new(AtomicUsize::new(0));
+        let seen = count.clone();
+        thread::spawn(move || {
+            for stream in listener.incoming().take(10) {
+                let Ok(stream) = stream else { return };
+                seen.fetch_add(1, Ordering::SeqCst);
+                let Some(body) = read_request(&stream) else {
+                    continue;
+                };
+                match respond(&body) {
+                    Some((status, reply)) => {
+                        let mut stream = stream;
+                        let _ = write!(
+                            stream,
+                            "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n\
+                             Content-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+                            reply.len()
+                        );
+                    }
+                    // Never answer: hold the connection open past the client's timeout.
+                    None => thread::sleep(Duration::from_secs(2)),
+                }
+            }
+        });
+        (url, count)
+    }
+
+    fn read_request(stream: &TcpStream) -> Option<String> {
+        let mut reader = BufReader::new(stream);
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).ok()?;
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    length = v.trim().parse().ok()?;
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).ok()?;
+        String::from_utf8(body).ok()
+    }
+
+    fn http_tool(url: &str, retries: u32) -> ExternalTool {
+        ExternalTool::http("MT", url)
+            .with_timeout(Duration::from_millis(300))
+            .with_retries(retries)
+    }
+
+    #[test]
+    fn http_success() {
+        let (url, count) = server(|body| {
+            let req: serde_json::Value = serde_json::from_str(body).ok()?;
+            let input = req["input"].as_str()?.to_uppercase();
+            let tool = req["tool"].as_str()?;
+            Some((
+                200,
+                serde_json::json!({ "result": format!("{tool}:{input}") }).to_string(),
+            ))
+        });
+        let tool = http_tool(&url, 0);
+        assert_eq!(run(&tool, "bonjour"), Ok("MT:BONJOUR".into()));
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn http_500_is_retried_then_fails() {
+        let (url, count) = server(|_| Some((500, "{\"error\":\"overloaded\"}".into())));
+        let err = run(&http_tool(&url, 2), "x").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("500") && msg.contains("overloaded"), "{msg}");
+        assert_eq!(count.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn http_4xx_and_bad_replies_are_not_retried() {
+        let (url, count) = server(|_| Some((400, "bad".into())));
+        assert!(matches!(
+            run(&http_tool(&url, 2), "x"),
+            Err(ToolError::Failed(_))
+        ));
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+
+        for (reply, needle) in [
+            ("not json", "not JSON"),
+            ("{\"result\": 3}", "no string"),
+            ("{\"result\": \"  \"}", "empty"),
+            ("{\"error\": \"no model\"}", "no model"),
+        ] {
+            let (url, _) = server(move |_| Some((200, reply.to_string())));
+            let err = run(&http_tool(&url, 2), "x").unwrap_err();
+            assert!(err.to_string().contains(needle), "{reply}: {err}");
+        }
+    }
+
+    #[test]
+    fn http_that_never_answers_times_out() {
+        let (url, _) = server(|_| None);
+        let start = Instant::now();
+        let got = run(&http_tool(&url, 0), "x");
+        assert_eq!(got, Err(ToolError::Timeout(Duration::from_millis(300))));
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn http_connection_refused_fails() {
+        // Bind then drop to get a port with (very likely) nothing listening.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let got = run(&http_tool(&format!("http://127.0.0.1:{port}/x"), 1), "x");
+        assert!(
+            matches!(got, Err(ToolError::Failed(_)) | Err(ToolError::Timeout(_))),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn config_validation() {
+        let ok = ExternalToolConfig {
+            command: Some(argv(&["cat"])),
+            ..Default::default()
+        };
+        let tool = ExternalTool::from_config("QA", &ok).unwrap();
+        assert_eq!(tool.timeout, Duration::from_secs(10));
+        assert_eq!(tool.retries, 2);
+        for bad in [
+            ExternalToolConfig::default(),
+            ExternalToolConfig {
+                command: Some(vec![]),
+                ..Default::default()
+            },
+            ExternalToolConfig {
+                command: Some(argv(&["cat"])),
+                url: Some("http://x".into()),
+                ..Default::default()
+            },
+            ExternalToolConfig {
+                url: Some("https://example.com".into()),
+                ..Default::default()
+            },
+            ExternalToolConfig {
+                timeout_ms: 0,
+                ..ok.clone()
+            },
+            ExternalToolConfig {
+                retries: 11,
+                ..ok.clone()
+            },
+        ] {
+            let err = ExternalTool::from_config("QA", &bad).unwrap_err();
+            assert!(err.to_string().starts_with("tool QA:"), "{err}");
+        }
+    }
+}

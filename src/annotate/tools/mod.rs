@@ -1,0 +1,327 @@
+//! The tools a sampled API call is executed against (Toolformer, Schick et al. 2023, §3).
+//!
+//! Every tool sits behind the object-safe [`Tool`] trait so that a user can register
+//! their own next to the built-ins in a [`ToolRegistry`]. A call that yields no result
+//! returns a [`ToolError`]; the caller records the candidate as failed and goes on: no tool
+//! failure, slow service or panic inside a tool may stop a run.
+//!
+//! Built-ins:
+//! - [`Calculator`]: `+ - * /` and parentheses, parsed (never evaluated as code).
+//! - [`Calendar`]: the document's date, rendered as "Today is Monday, January 30, 2023."
+//! - [`WikiSearch`]: BM25 over a local tantivy index built by [`build_index`].
+//! - [`ExternalTool`]: QA and MT through a user-configured command or HTTP endpoint.
+//!
+//! [`ToolsConfig`] is the serde form of all of this, meant to be read from a TOML file.
+
+mod calculator;
+mod calendar;
+mod external;
+mod wikisearch;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use calculator::{evaluate, format_result, Calculator, MAX_DEPTH, MAX_INPUT_LEN};
+pub use calendar::{Calendar, CalendarConfig, Date, Weekday};
+pub use external::{ExternalBackend, ExternalTool, ExternalToolConfig, MAX_OUTPUT_BYTES};
+pub use wikisearch::{
+    build_index, IndexError, IndexStats, SearchHit, WikiSearch, WikiSearchConfig,
+    DEFAULT_SNIPPET_CHARS,
+};
+
+/// What a tool sees of the document a call was sampled in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DocContext<'a> {
+    /// The document's id; WikiSearch uses it so that a document never retrieves itself.
+    pub id: &'a str,
+    /// The document's URL, if the corpus has one (Calendar looks for a date in it).
+    pub url: Option<&'a str>,
+    /// The document's "date" field, if any (Calendar's first choice).
+    pub date: Option<&'a str>,
+}
+
+/// Why a call produced no result.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ToolError {
+    /// The call's input cannot be executed by this tool (syntax, length, ...).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The tool ran but has no result (no hit, division by zero, service error, ...).
+    #[error("{0}")]
+    Failed(String),
+    /// The tool did not answer within its time limit.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// A tool the language model can call, e.g. `[Calculator(400 / 1400) → 0.29]`.
+///
+/// Implementations must not panic on any input (the registry catches panics anyway) and
+/// must bound their own running time: a call blocks the annotating thread.
+pub trait Tool: Send + Sync {
+    /// Name as it appears in calls: "Calculator", "Calendar", "WikiSearch", "QA", "MT".
+    fn name(&self) -> &str;
+    /// Executes one call's input; Ok(result text) or why there is none.
+    fn call(&self, input: &str, doc: &DocContext<'_>) -> Result<String, ToolError>;
+}
+
+/// The tools available to a run, by name (case-sensitive, as written in calls).
+///
+/// Keeps registration order, so that [`ToolRegistry::names`] is stable for reports.
+#[derive(Default)]
+pub struct ToolRegistry {
+    tools: Vec<Box<dyn Tool>>,
+}
+
+impl std::fmt::Debug for ToolRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolRegistry")
+            .field("tools", &self.names())
+            .finish()
+    }
+}
+
+impl ToolRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The registry that `config` describes: Calculator and Calendar unless disabled,
+    /// WikiSearch if an index is configured, QA and MT if configured.
+    pub fn from_config(config: &ToolsConfig) -> Result<Self, ToolConfigError> {
+        let mut registry = Self::new();
+        if config.calculator.enabled {
+            registry.register(Calculator::new());
+        }
+        if config.calendar.enabled {
+            registry.register(Calendar::from_config(&config.calendar)?);
+        }
+        if let Some(wiki) = &config.wikisearch {
+            registry.register(WikiSearch::from_config(wiki)?);
+        }
+        if let Some(qa) = &config.qa {
+            registry.register(ExternalTool::from_config("QA", qa)?);
+        }
+        if let Some(mt) = &config.mt {
+            registry.register(ExternalTool::from_config("MT", mt)?);
+        }
+        Ok(registry)
+    }
+
+    /// Adds `tool` under its [`Tool::name`]; returns the tool it replaced, if any.
+    pub fn register<T: Tool + 'static>(&mut self, tool: T) -> Option<Box<dyn Tool>> {
+        self.register_boxed(Box::new(tool))
+    }
+
+    /// [`ToolRegistry::register`] for an already boxed tool.
+    pub fn register_boxed(&mut self, tool: Box<dyn Tool>) -> Option<Box<dyn Tool>> {
+        match self.tools.iter().position(|t| t.name() == tool.name()) {
+            Some(i) => Some(std::mem::replace(&mut self.tools[i], tool)),
+            None => {
+                self.tools.push(tool);
+                None
+            }
+        }
+    }
+
+    /// The tool called `name`, if registered.
+    pub fn get(&self, name: &str) -> Option<&dyn Tool> {
+        self.tools
+            .iter()
+            .find(|t| t.name() == name)
+            .map(|t| t.as_ref())
+    }
+
+    /// Names of the registered tools, in registration order.
+    pub fn names(&self) -> Vec<&str> {
+        self.tools.iter().map(|t| t.name()).collect()
+    }
+
+    /// Number of registered tools.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    /// Whether no tool is registered.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// Runs tool `name` on `input`. An unknown tool, or a tool that panics, fails this call
+    /// only (a user's tool must not be able to take the whole run down).
+    pub fn call(&self, name: &str, input: &str, doc: &DocContext<'_>) -> Result<String, ToolError> {
+        let tool = self
+            .get(name)
+            .ok_or_else(|| ToolError::Failed(format!("no tool named {name:?} is registered")))?;
+        match catch_unwind(AssertUnwindSafe(|| tool.call(input, doc))) {
+            Ok(result) => result,
+            Err(payload) => {
+                let why = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_string());
+                Err(ToolError::Failed(format!("tool {name:?} panicked: {why}")))
+            }
+        }
+    }
+}
+
+/// Settings of the Calculator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CalculatorConfig {
+    /// Register the Calculator (default true).
+    pub enabled: bool,
+}
+
+impl Default for CalculatorConfig {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// All tool settings, as they appear under a `[tools]` table of a TOML file, e.g.
+///
+/// ```toml
+/// [tools.calendar]
+/// date = "2023-01-30"          # used when a document has no date of its own
+/// [tools.wikisearch]
+/// index = "wiki-index"          # built by `toolsift index`
+/// [tools.qa]
+/// command = ["python3", "qa.py"]
+/// timeout_ms = 5000
+/// [tools.mt]
+/// url = "http://127.0.0.1:8080/mt"
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// Calculator settings.
+    pub calculator: CalculatorConfig,
+    /// Calendar settings.
+    pub calendar: CalendarConfig,
+    /// WikiSearch settings; absent means no WikiSearch tool.
+    pub wikisearch: Option<WikiSearchConfig>,
+    /// The question-answering service; absent means no QA tool.
+    pub qa: Option<ExternalToolConfig>,
+    /// The machine-translation service; absent means no MT tool.
+    pub mt: Option<ExternalToolConfig>,
+}
+
+/// A tool setting that cannot be used; names the tool and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolConfigError {
+    /// A setting's value is wrong.
+    #[error("tool {tool}: {message}")]
+    Invalid {
+        /// The tool's name.
+        tool: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// WikiSearch's index cannot be opened.
+    #[error("tool WikiSearch: {0}")]
+    Index(#[from] IndexError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Echo;
+    impl Tool for Echo {
+        fn name(&self) -> &str {
+            "Echo"
+        }
+        fn call(&self, input: &str, _doc: &DocContext<'_>) -> Result<String, ToolError> {
+            Ok(input.to_string())
+        }
+    }
+
+    struct Panicky;
+    impl Tool for Panicky {
+        fn name(&self) -> &str {
+            "Panicky"
+        }
+        fn call(&self, _input: &str, _doc: &DocContext<'_>) -> Result<String, ToolError> {
+            panic!("boom")
+        }
+    }
+
+    #[test]
+    fn registry_registers_replaces_and_calls() {
+        let mut reg = ToolRegistry::new();
+        assert!(reg.is_empty());
+        assert!(reg.register(Calculator::new()).is_none());
+        assert!(reg.register(Echo).is_none());
+        assert_eq!(reg.names(), vec!["Calculator", "Echo"]);
+        assert!(reg.register(Echo).is_some(), "same name replaces");
+        assert_eq!(reg.len(), 2);
+        let doc = DocContext::default();
+        assert_eq!(reg.call("Echo", "hi", &doc), Ok("hi".to_string()));
+        assert_eq!(
+            reg.call("Calculator", "400 / 1400", &doc),
+            Ok("0.29".into())
+        );
+        assert!(reg.get("calculator").is_none(), "names are case-sensitive");
+        assert!(matches!(
+            reg.call("Nope", "", &doc),
+            Err(ToolError::Failed(_))
+        ));
+    }
+
+    #[test]
+    fn a_panicking_user_tool_fails_the_call_not_the_run() {
+        let mut reg = ToolRegistry::new();
+        reg.register(Panicky);
+        let err = reg
+            .call("Panicky", "x", &DocContext::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("boom"), "{err}");
+    }
+
+    #[test]
+    fn config_defaults_and_round_trip() {
+        let cfg: ToolsConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(cfg, ToolsConfig::default());
+        let reg = ToolRegistry::from_config(&cfg).unwrap();
+        assert_eq!(reg.names(), vec!["Calculator", "Calendar"]);
+
+        let json = r#"{"calendar":{"date":"2023-01-30"},
+            "qa":{"command":["cat"]},"mt":{"url":"http://127.0.0.1:9/mt","timeout_ms":50}}"#;
+        let cfg: ToolsConfig = serde_json::from_str(json).unwrap();
+        let qa = cfg.qa.as_ref().unwrap();
+        assert_eq!((qa.timeout_ms, qa.retries), (10_000, 2));
+        let back: ToolsConfig =
+            serde_json::from_str(&serde_json::to_string(&cfg).unwrap()).unwrap();
+        assert_eq!(back, cfg);
+        let reg = ToolRegistry::from_config(&cfg).unwrap();
+        assert_eq!(reg.names(), vec!["Calculator", "Calendar", "QA", "MT"]);
+        let doc = DocContext::default();
+        assert_eq!(
+            reg.call("Calendar", "", &doc),
+            Ok("Today is Monday, January 30, 2023.".into())
+        );
+    }
+
+    #[test]
+    fn bad_config_is_an_error_naming_the_tool() {
+        let cfg: ToolsConfig =
+            serde_json::from_str(r#"{"calendar":{"date":"2023-02-29"}}"#).unwrap();
+        let err = ToolRegistry::from_config(&cfg).unwrap_err().to_string();
+        assert!(
+            err.contains("Calendar") && err.contains("2023-02-29"),
+            "{err}"
+        );
+
+        let cfg: ToolsConfig = serde_json::from_str(r#"{"qa":{}}"#).unwrap();
+        let err = ToolRegistry::from_config(&cfg).unwrap_err().to_string();
+        assert!(err.contains("QA"), "{err}");
+
+        assert!(serde_json::from_str::<ToolsConfig>(r#"{"calculater":{}}"#).is_err());
+    }
+}

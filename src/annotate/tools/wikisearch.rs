@@ -1,0 +1,714 @@
+//! WikiSearch: BM25 over a local document collection, indexed once with tantivy.
+//!
+//! [`build_index`] turns a JSONL file (`{"id", "title"?, "text"}` per line) into an index
+//! directory (`toolsift index --docs FILE.jsonl --out DIR`); [`WikiSearch`] opens it and
+//! answers a call with a short snippet of the best hit. The call's input is never parsed as
+//! tantivy query syntax: it is run through the index's own tokenizer and the words become
+//! an OR of term queries, so `title:"` or `AND OR (` is just text. The document the call
+//! was sampled in is excluded by id (a document never retrieves itself, which would leak
+//! the continuation the API call is scored against).
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tantivy::collector::TopDocs;
+use tantivy::query::{BooleanQuery, Occur, Query, TermQuery};
+use tantivy::schema::{
+    Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value, STORED, STRING,
+};
+use tantivy::snippet::SnippetGenerator;
+use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
+
+use super::{DocContext, Tool, ToolConfigError, ToolError};
+
+/// Default longest snippet, in characters (a few sentences, like the paper's examples).
+pub const DEFAULT_SNIPPET_CHARS: usize = 300;
+/// At most this many distinct query words are searched; longer inputs are cut, not refused.
+const MAX_QUERY_TERMS: usize = 32;
+/// Indexing memory per writer thread.
+const WRITER_BYTES_PER_THREAD: usize = 64 << 20;
+
+const ID: &str = "id";
+const TITLE: &str = "title";
+const TEXT_FIELD: &str = "text";
+
+/// What [`build_index`] indexed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Documents added to the index.
+    pub documents: u64,
+    /// Blank lines passed over in the input.
+    pub blank_lines: u64,
+}
+
+/// Why an index could not be built or opened; always names the path (and line) involved.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    /// Reading or writing a file failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A line of the documents file is not a valid document.
+    #[error("{}:{line}: {message}", path.display())]
+    Malformed {
+        /// The documents file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The documents file has no document at all.
+    #[error("{}: no documents", .0.display())]
+    NoDocuments(PathBuf),
+    /// The output directory exists and is not empty (an index is never overwritten).
+    #[error("{}: output directory is not empty; remove it or choose another", .0.display())]
+    OutDirNotEmpty(PathBuf),
+    /// Tantivy failed on the index at `path`.
+    #[error("{}: {source}", path.display())]
+    Tantivy {
+        /// The index directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: tantivy::TantivyError,
+    },
+    /// The directory holds an index, but not one made by [`build_index`].
+    #[error("{}: not a WikiSearch index: {message}", path.display())]
+    WrongSchema {
+        /// The index directory.
+        path: PathBuf,
+        /// What is missing.
+        message: String,
+    },
+}
+
+/// Title and text are lower-cased and Porter-stemmed ("en_stem"), close to the Lucene BM25
+/// setup the paper's retriever used; the id is one raw term, for exact exclusion.
+fn schema() -> Schema {
+    let words = TextOptions::default().set_stored().set_indexing_options(
+        TextFieldIndexing::default()
+            .set_tokenizer("en_stem")
+            .set_index_option(IndexRecordOption::WithFreqs),
+    );
+    let mut builder = Schema::builder();
+    builder.add_text_field(ID, STRING | STORED);
+    builder.add_text_field(TITLE, words.clone());
+    builder.add_text_field(TEXT_FIELD, words);
+    builder.build()
+}
+
+/// Indexes the documents in `docs_jsonl` into the new directory `out_dir`.
+///
+/// Each non-blank line must be a JSON object with a non-empty `"id"` (string or integer),
+/// an optional `"title"` (string or null) and the text under key `text_field` (usually
+/// "text"); other keys are ignored. The first malformed line stops the build with an error
+/// naming the file and line: a silently skipped document would make retrieval quietly
+/// worse. `out_dir` must not exist or be empty; the index is built next to it and moved
+/// into place only when complete, so a failed build leaves nothing behind.
+pub fn build_index(
+    docs_jsonl: &Path,
+    out_dir: &Path,
+    text_field: &str,
+) -> Result<IndexStats, IndexError> {
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| IndexError::Io { path, source }
+    };
+    match fs::read_dir(out_dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(IndexError::OutDirNotEmpty(out_dir.to_path_buf()));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(out_dir)(e)),
+    }
+    let file = fs::File::open(docs_jsonl).map_err(io_err(docs_jsonl))?;
+    let name = out_dir
+        .file_name()
+        .ok_or_else(|| IndexError::Io {
+            path: out_dir.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "output directory needs a name (not '.' or '/')",
+            ),
+        })?
+        .to_string_lossy()
+        .into_owned();
+    let partial = out_dir.with_file_name(format!(".{name}.partial-{}", std::process::id()));
+    if partial.exists() {
+        fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
+    }
+    fs::create_dir_all(&partial).map_err(io_err(&partial))?;
+
+    let result = index_into(BufReader::new(file), docs_jsonl, &partial, text_field);
+    let finish = result.and_then(|stats| {
+        if out_dir.exists() {
+            fs::remove_dir(out_dir).map_err(io_err(out_dir))?;
+        }
+        fs::rename(&partial, out_dir).map_err(io_err(out_dir))?;
+        Ok(stats)
+    });
+    if finish.is_err() {
+        // Best effort: the error being returned matters more than a failed cleanup.
+        let _ = fs::remove_dir_all(&partial);
+    }
+    finish
+}
+
+fn index_into(
+    mut reader: impl BufRead,
+    docs_path: &Path,
+    dir: &Path,
+    text_field: &str,
+) -> Result<IndexStats, IndexError> {
+    let tantivy_err = |source| IndexError::Tantivy {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let schema = schema();
+    let (id_f, title_f, text_f) = fields(&schema, dir)?;
+    let index = Index::create_in_dir(dir, schema).map_err(tantivy_err)?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let mut writer: IndexWriter = index
+        .writer_with_num_threads(threads, threads * WRITER_BYTES_PER_THREAD)
+        .map_err(tantivy_err)?;
+
+    let mut stats = IndexStats {
+        documents: 0,
+        blank_lines: 0,
+    };
+    let mut buf = Vec::new();
+    let mut line_no = 0u64;
+    loop {
+        buf.clear();
+        let n = reader
+            .read_until(b'\n', &mut buf)
+            .map_err(|source| IndexError::Io {
+                path: docs_path.to_path_buf(),
+                source,
+            })?;
+        if n == 0 {
+            break;
+        }
+        line_no += 1;
+        let malformed = |message: String| IndexError::Malformed {
+            path: docs_path.to_path_buf(),
+            line: line_no,
+            message,
+        };
+        let line =
+            std::str::from_utf8(&buf).map_err(|e| malformed(format!("not UTF-8 text ({e})")))?;
+        if line.trim().is_empty() {
+            stats.blank_lines += 1;
+            continue;
+        }
+        let doc = parse_doc(line, text_field).map_err(malformed)?;
+        let mut tdoc = TantivyDocument::default();
+        tdoc.add_text(id_f, &doc.id);
+        if let Some(title) = &doc.title {
+            tdoc.add_text(title_f, title);
+        }
+        tdoc.add_text(text_f, &doc.text);
+        writer.add_document(tdoc).map_err(tantivy_err)?;
+        stats.documents += 1;
+    }
+    if stats.documents == 0 {
+        return Err(IndexError::NoDocuments(docs_path.to_path_buf()));
+    }
+    writer.commit().map_err(tantivy_err)?;
+    writer.wait_merging_threads().map_err(tantivy_err)?;
+    Ok(stats)
+}
+
+struct JsonDoc {
+    id: String,
+    title: Option<String>,
+    text: String,
+}
+
+fn parse_doc(line: &str, text_field: &str) -> Result<JsonDoc, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| "expected a JSON object".to_string())?;
+    let id = match obj.get(ID) {
+        Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+        Some(other) => {
+            return Err(format!(
+                "\"id\" must be a non-empty string or an integer, got {other}"
+            ))
+        }
+        None => return Err("missing \"id\"".into()),
+    };
+    let title = match obj.get(TITLE) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err("\"title\" must be a string".into()),
+    };
+    let text = match obj.get(text_field) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(_) => return Err(format!("{text_field:?} must be a string")),
+        None => return Err(format!("missing {text_field:?}")),
+    };
+    Ok(JsonDoc { id, title, text })
+}
+
+fn fields(schema: &Schema, dir: &Path) -> Result<(Field, Field, Field), IndexError> {
+    let get = |name: &str| {
+        schema.get_field(name).map_err(|_| IndexError::WrongSchema {
+            path: dir.to_path_buf(),
+            message: format!("no field {name:?}"),
+        })
+    };
+    Ok((get(ID)?, get(TITLE)?, get(TEXT_FIELD)?))
+}
+
+/// Settings of the WikiSearch tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WikiSearchConfig {
+    /// The index directory made by [`build_index`].
+    pub index: PathBuf,
+    /// Longest snippet returned, in characters.
+    #[serde(default = "default_snippet_chars")]
+    pub max_snippet_chars: usize,
+}
+
+fn default_snippet_chars() -> usize {
+    DEFAULT_SNIPPET_CHARS
+}
+
+/// One search result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchHit {
+    /// The document's id.
+    pub id: String,
+    /// Its title, if it has one.
+    pub title: Option<String>,
+    /// BM25 score.
+    pub score: f32,
+    /// A short passage of its text, preferring the part that matches the query.
+    pub snippet: String,
+}
+
+/// The WikiSearch tool over an index made by [`build_index`].
+pub struct WikiSearch {
+    index: Index,
+    reader: IndexReader,
+    id: Field,
+    title: Field,
+    text: Field,
+    max_snippet_chars: usize,
+}
+
+impl std::fmt::Debug for WikiSearch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WikiSearch")
+            .field("documents", &self.num_docs())
+            .field("max_snippet_chars", &self.max_snippet_chars)
+            .finish()
+    }
+}
+
+impl WikiSearch {
+    /// Opens the index in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, IndexError> {
+        let tantivy_err = |source| IndexError::Tantivy {
+            path: dir.to_path_buf(),
+            source,
+        };
+        if !dir.join("meta.json").is_file() {
+            return Err(IndexError::WrongSchema {
+                path: dir.to_path_buf(),
+                message: "no meta.json (build one with `toolsift index`)".into(),
+            });
+        }
+        let index = Index::open_in_dir(dir).map_err(tantivy_err)?;
+        let (id, title, text) = fields(&index.schema(), dir)?;
+        // The index does not change while a run reads it: no reload thread.
+        let reader = index
+            .reader_builder()
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()
+            .map_err(tantivy_err)?;
+        Ok(Self {
+            index,
+            reader,
+            id,
+            title,
+            text,
+            max_snippet_chars: DEFAULT_SNIPPET_CHARS,
+        })
+    }
+
+    /// The tool `config` describes.
+    pub fn from_config(config: &WikiSearchConfig) -> Result<Self, ToolConfigError> {
+        let tool = Self::open(&config.index)?;
+        if config.max_snippet_chars == 0 {
+            return Err(ToolConfigError::Invalid {
+                tool: "WikiSearch".into(),
+                message: "max_snippet_chars must be at least 1".into(),
+            });
+        }
+        Ok(tool.with_max_snippet_chars(config.max_snippet_chars))
+    }
+
+    /// Sets the longest snippet, in characters (at least 1).
+    pub fn with_max_snippet_chars(mut self, chars: usize) -> Self {
+        self.max_snippet_chars = chars.max(1);
+        self
+    }
+
+    /// Number of documents in the index.
+    pub fn num_docs(&self) -> u64 {
+        self.reader.searcher().num_docs()
+    }
+
+    /// The best `limit` documents for `query` by BM25 over title and text, leaving out the
+    /// document whose id is `exclude_id`. `query` is plain words; any query syntax in it
+    /// is treated as text.
+    pub fn search(
+        &self,
+        query: &str,
+        exclude_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<SearchHit>, ToolError> {
+        let failed = |what: &str, e: tantivy::TantivyError| {
+            ToolError::Failed(format!("WikiSearch {what} failed: {e}"))
+        };
+        let words = self
+            .query_words(query)
+            .map_err(|e| failed("tokenizing", e))?;
+        if words.is_empty() {
+            return Err(ToolError::InvalidInput(format!(
+                "query {query:?} has no searchable words"
+            )));
+        }
+        let mut should: Vec<(Occur, Box<dyn Query>)> = Vec::new();
+        for word in &words {
+            for field in [self.title, self.text] {
+                let term = Term::from_field_text(field, word);
+                should.push((
+                    Occur::Should,
+                    Box::new(TermQuery::new(term, IndexRecordOption::WithFreqs)),
+                ));
+            }
+        }
+        let matching: Box<dyn Query> = Box::new(BooleanQuery::new(should));
+        let mut clauses = vec![(Occur::Must, matching.box_clone())];
+        if let Some(id) = exclude_id {
+            let term = Term::from_field_text(self.id, id);
+            clauses.push((
+                Occur::MustNot,
+                Box::new(TermQuery::new(term, IndexRecordOption::Basic)),
+            ));
+        }
+        let full = BooleanQuery::new(clauses);
+
+        let searcher = self.reader.searcher();
+        let top = searcher
+            .search(&full, &TopDocs::with_limit(limit.max(1)).order_by_score())
+            .map_err(|e| failed("search", e))?;
+        let mut snippets = SnippetGenerator::create(&searcher, matching.as_ref(), self.text)
+            .map_err(|e| failed("snippet", e))?;
+        snippets.set_max_num_chars(self.max_snippet_chars);
+
+        let mut hits = Vec::with_capacity(top.len());
+        for (score, address) in top.into_iter().take(limit) {
+            let doc: TantivyDocument = searcher
+                .doc(address)
+                .map_err(|e| failed("reading a document", e))?;
+            let first = |field| {
+                doc.get_first(field)
+                    .and_then(|v| v.as_str().map(str::to_string))
+            };
+            let text = first(self.text).unwrap_or_default();
+            let fragment = snippets.snippet(&text).fragment().to_string();
+            let snippet = if fragment.trim().is_empty() {
+                // Only the title matched: the start of the text says what the page is.
+                truncate_words(&text, self.max_snippet_chars)
+            } else {
+                truncate_words(&fragment, self.max_snippet_chars)
+            };
+            hits.push(SearchHit {
+                id: first(self.id).unwrap_or_default(),
+                title: first(self.title),
+                score,
+                snippet,
+            });
+        }
+        Ok(hits)
+    }
+
+    /// The distinct words of `query` as the index tokenized its text, in order, at most
+    /// [`MAX_QUERY_TERMS`].
+    fn query_words(&self, query: &str) -> tantivy::Result<Vec<String>> {
+        let mut analyzer = self.index.tokenizer_for_field(self.text)?;
+        let mut stream = analyzer.token_stream(query);
+        let mut seen = BTreeSet::new();
+        let mut words = Vec::new();
+        while stream.advance() {
+            let word = stream.token().text.clone();
+            if words.len() < MAX_QUERY_TERMS && seen.insert(word.clone()) {
+                words.push(word);
+            }
+        }
+        Ok(words)
+    }
+}
+
+/// Collapses whitespace and cuts `text` to at most `max_chars` characters, at a word
+/// boundary when there is one.
+fn truncate_words(text: &str, max_chars: usize) -> String {
+    let mut out = String::new();
+    let mut chars = 0;
+    for word in text.split_whitespace() {
+        let sep = usize::from(!out.is_empty());
+        let len = word.chars().count();
+        if chars + sep + len > max_chars {
+            if out.is_empty() {
+                out.extend(word.chars().take(max_chars));
+            }
+            break;
+        }
+        if sep == 1 {
+            out.push(' ');
+        }
+        out.push_str(word);
+        chars += sep + len;
+    }
+    out
+}
+
+impl Tool for WikiSearch {
+    fn name(&self) -> &str {
+        "WikiSearch"
+    }
+
+    fn call(&self, input: &str, doc: &DocContext<'_>) -> Result<String, ToolError> {
+        let hits = self.search(input, Some(doc.id), 1)?;
+        hits.into_iter()
+            .next()
+            .map(|hit| hit.snippet)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| ToolError::Failed(format!("no document matches {input:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const DOCS: &str = r#"{"id": "brown-act", "title": "Brown Act", "text": "The Ralph M. Brown Act is an act of the California State Legislature that guarantees the public's right to attend and participate in meetings of local legislative bodies."}
+{"id": "pittsburgh", "title": "Pittsburgh", "text": "Pittsburgh is a city in the Commonwealth of Pennsylvania. It is known as the Steel City for its more than 300 steel-related businesses."}
+
+{"id": 42, "title": null, "text": "Steel is an alloy of iron and carbon. Steel production in Pittsburgh peaked in the twentieth century."}
+{"id": "paris", "text": "Paris is the capital and most populous city of France.", "lang": "en"}
+"#;
+
+    fn write_docs(dir: &Path, content: impl AsRef<[u8]>) -> PathBuf {
+        let path = dir.join("docs.jsonl");
+        let mut f = fs::File::create(&path).unwrap();
+        f.write_all(content.as_ref()).unwrap();
+        path
+    }
+
+    fn small_index() -> (tempfile::TempDir, WikiSearch) {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(tmp.path(), DOCS);
+        let out = tmp.path().join("index");
+        let stats = build_index(&docs, &out, "text").unwrap();
+        assert_eq!(
+            stats,
+            IndexStats {
+                documents: 4,
+                blank_lines: 1
+            }
+        );
+        let wiki = WikiSearch::open(&out).unwrap();
+        (tmp, wiki)
+    }
+
+    fn doc(id: &str) -> DocContext<'_> {
+        DocContext {
+            id,
+            url: None,
+            date: None,
+        }
+    }
+
+    #[test]
+    fn expected_document_ranks_first() {
+        let (_tmp, wiki) = small_index();
+        assert_eq!(wiki.num_docs(), 4);
+        let hits = wiki.search("Brown Act", None, 3).unwrap();
+        assert_eq!(hits[0].id, "brown-act");
+        assert_eq!(hits[0].title.as_deref(), Some("Brown Act"));
+        let hits = wiki.search("capital of France", None, 3).unwrap();
+        assert_eq!(hits[0].id, "paris");
+        assert_eq!(hits[0].title, None);
+        let hits = wiki
+            .search("meeting of a legislative body", None, 3)
+            .unwrap();
+        assert_eq!(
+            hits[0].id, "brown-act",
+            "stemmed: meetings/meeting, bodies/body"
+        );
+        let hits = wiki.search("steel alloy iron", None, 3).unwrap();
+        assert_eq!(hits[0].id, "42", "integer ids are indexed as text");
+        let got = wiki.call("Brown Act", &doc("other")).unwrap();
+        assert!(
+            got.contains("Brown Act") && got.contains("California"),
+            "{got}"
+        );
+        assert!(got.chars().count() <= DEFAULT_SNIPPET_CHARS);
+    }
+
+    #[test]
+    fn a_document_never_retrieves_itself() {
+        let (_tmp, wiki) = small_index();
+        let got = wiki.search("Brown Act", Some("brown-act"), 5).unwrap();
+        assert!(got.iter().all(|h| h.id != "brown-act"), "{got:?}");
+        let snippet = wiki.call("Pittsburgh steel", &doc("pittsburgh")).unwrap();
+        assert!(snippet.contains("alloy"), "{snippet}");
+        let err = wiki.call("Ralph Brown", &doc("brown-act")).unwrap_err();
+        assert!(matches!(err, ToolError::Failed(_)), "{err:?}");
+    }
+
+    #[test]
+    fn hostile_queries_do_not_error() {
+        let (_tmp, wiki) = small_index();
+        for q in [
+            "title:\"",
+            "AND OR (",
+            "id:brown-act",
+            "text:* -Pittsburgh",
+            "\"unbalanced",
+            "Pitts~2 ^3 [a TO z]",
+            "{}[]()^~*?:\\/",
+            &"steel ".repeat(5000),
+            "ü 日本 🙂",
+        ] {
+            match wiki.search(q, None, 1) {
+                Ok(_) | Err(ToolError::InvalidInput(_)) => {}
+                Err(e) => panic!("{q:?}: {e}"),
+            }
+        }
+        let err = wiki.call("(: \"", &doc("x")).unwrap_err();
+        assert!(matches!(err, ToolError::InvalidInput(_)));
+        assert!(matches!(
+            wiki.call("xyzzy", &doc("x")),
+            Err(ToolError::Failed(_))
+        ));
+        // Query syntax is text: "id:42" does not select the document whose id is 42.
+        assert!(wiki.search("id:42", None, 5).unwrap().is_empty());
+    }
+
+    #[test]
+    fn snippets_are_short_and_single_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let long = "word ".repeat(400) + "needle " + &"filler\n".repeat(400);
+        let line = serde_json::json!({"id": "long", "text": long}).to_string();
+        let docs = write_docs(tmp.path(), &(line + "\n"));
+        let out = tmp.path().join("idx");
+        build_index(&docs, &out, "text").unwrap();
+        let wiki = WikiSearch::open(&out).unwrap().with_max_snippet_chars(80);
+        let got = wiki.call("needle", &doc("x")).unwrap();
+        assert!(got.contains("needle") && !got.contains('\n'), "{got}");
+        assert!(got.chars().count() <= 80, "{got}");
+        assert_eq!(truncate_words("a  b\tc", 3), "a b");
+        assert_eq!(truncate_words("abcdef", 3), "abc");
+        assert_eq!(truncate_words("", 3), "");
+    }
+
+    #[test]
+    fn custom_text_field() {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(tmp.path(), "{\"id\":\"a\",\"contents\":\"hello world\"}\n");
+        let out = tmp.path().join("idx");
+        build_index(&docs, &out, "contents").unwrap();
+        let wiki = WikiSearch::open(&out).unwrap();
+        assert_eq!(wiki.call("hello", &doc("b")).unwrap(), "hello world");
+    }
+
+    #[test]
+    fn malformed_lines_are_errors_naming_file_and_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cases: [(&[u8], u64, &str); 8] = [
+            (
+                b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"b\",\"text\":",
+                2,
+                "invalid JSON",
+            ),
+            (
+                b"{\"id\":\"a\",\"text\":\"x\"}\n\n{\"text\":\"y\"}\n",
+                3,
+                "missing \"id\"",
+            ),
+            (b"{\"id\":\"\",\"text\":\"x\"}\n", 1, "\"id\""),
+            (b"{\"id\":\"a\"}\n", 1, "missing \"text\""),
+            (b"{\"id\":\"a\",\"text\":7}\n", 1, "must be a string"),
+            (
+                b"{\"id\":\"a\",\"title\":[1],\"text\":\"x\"}\n",
+                1,
+                "\"title\"",
+            ),
+            (b"[1,2]\n", 1, "object"),
+            (b"{\"id\":\"a\",\"text\":\"x\"}\n\xFF\n", 2, "UTF-8"),
+        ];
+        for (content, line, needle) in cases {
+            let docs = write_docs(tmp.path(), content);
+            let out = tmp.path().join("never");
+            let err = build_index(&docs, &out, "text").unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                matches!(err, IndexError::Malformed { line: l, .. } if l == line),
+                "{}: {msg}",
+                String::from_utf8_lossy(content)
+            );
+            assert!(msg.contains("docs.jsonl") && msg.contains(needle), "{msg}");
+            assert!(!out.exists(), "a failed build leaves nothing behind");
+        }
+    }
+
+    #[test]
+    fn other_build_and_open_errors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("idx");
+        let missing = tmp.path().join("missing.jsonl");
+        let err = build_index(&missing, &out, "text").unwrap_err();
+        assert!(matches!(err, IndexError::Io { .. }) && err.to_string().contains("missing.jsonl"));
+
+        let empty = write_docs(tmp.path(), "\n  \n");
+        assert!(matches!(
+            build_index(&empty, &out, "text"),
+            Err(IndexError::NoDocuments(_))
+        ));
+
+        let docs = write_docs(tmp.path(), "{\"id\":\"a\",\"text\":\"x\"}\n");
+        fs::create_dir(&out).unwrap();
+        build_index(&docs, &out, "text").expect("an empty out dir is fine");
+        let err = build_index(&docs, &out, "text").unwrap_err();
+        assert!(matches!(err, IndexError::OutDirNotEmpty(_)), "{err}");
+        WikiSearch::open(&out).expect("the first index is intact");
+
+        let err = WikiSearch::open(tmp.path()).unwrap_err();
+        assert!(err.to_string().contains("meta.json"), "{err}");
+        let cfg = WikiSearchConfig {
+            index: tmp.path().join("nope"),
+            max_snippet_chars: 10,
+        };
+        assert!(WikiSearch::from_config(&cfg).is_err());
+    }
+}

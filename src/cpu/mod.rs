@@ -1,0 +1,160 @@
+//! The fast CPU backend: executes a scoring plan with all unique tokens of a batch going through
+//! each layer's GEMMs together (rayon-parallel, `gemm` crate), tree attention over the plan's
+//! segments, and the LM head only at weighted rows, fused with log-softmax and the target gather.
+//! Computes in f32 whatever the checkpoint's storage type.
+
+pub mod attention;
+pub mod gemm;
+pub mod head;
+pub mod ops;
+pub mod weights;
+
+use std::time::Instant;
+
+use crate::error::Result;
+use crate::model::{GptjConfig, Model};
+use crate::plan::Plan;
+use crate::score::{ScoreOptions, Scorer, TokenCandidate};
+use ops::RotaryTable;
+use weights::CpuWeights;
+
+/// Default activation budget of one plan chunk (bytes).
+pub const DEFAULT_MEMORY_BUDGET: usize = 2 << 30;
+
+/// Time and work of the last `variant_losses` call, for benchmarks and logs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunStats {
+    pub unique_tokens: usize,
+    pub head_rows: usize,
+    pub chunks: usize,
+    /// Seconds in the layer GEMMs (q/k/v, out_proj, fc_in, fc_out).
+    pub trunk_gemm_secs: f64,
+    pub attention_secs: f64,
+    pub head_secs: f64,
+    pub total_secs: f64,
+}
+
+pub struct CpuScorer {
+    config: GptjConfig,
+    weights: CpuWeights,
+    rotary: RotaryTable,
+    memory_budget: usize,
+    stats: std::sync::Mutex<RunStats>,
+}
+
+impl CpuScorer {
+    pub fn new(model: &Model) -> Self {
+        Self::from_parts(&model.config, &model.weights)
+    }
+
+    pub fn from_parts(config: &GptjConfig, weights: &crate::model::GptjWeights) -> Self {
+        CpuScorer {
+            config: config.clone(),
+            weights: CpuWeights::new(config, weights),
+            rotary: RotaryTable::new(config.n_positions, config.rotary_dim()),
+            memory_budget: DEFAULT_MEMORY_BUDGET,
+            stats: Default::default(),
+        }
+    }
+
+    /// Caps the activation memory of one chunk of a batch; larger batches are split.
+    pub fn with_memory_budget(mut self, bytes: usize) -> Self {
+        self.memory_budget = bytes;
+        self
+    }
+
+    pub fn weights_bytes(&self) -> usize {
+        self.weights.bytes()
+    }
+
+    /// Activation bytes per unique token: x, ln_1 output, qkv, attention context, MLP hidden.
+    pub fn bytes_per_token(&self) -> usize {
+        4 * (6 * self.config.n_embd + self.config.inner_dim())
+    }
+
+    pub fn last_stats(&self) -> RunStats {
+        *self.stats.lock().expect("stats lock")
+    }
+
+    /// Runs one plan: log p(target | row) for every target.
+    pub fn execute(&self, plan: &Plan, stats: &mut RunStats) -> Vec<f64> {
+        let c = &self.config;
+        let (n, d, f) = (plan.n_tokens(), c.n_embd, c.inner_dim());
+        let (n_head, head_dim) = (c.n_head, c.head_dim());
+        let eps = c.layer_norm_epsilon as f32;
+        if n == 0 {
+            return Vec::new();
+        }
+        let mut x = vec![0f32; n * d]; // [n, d] residual stream
+        let mut h = vec![0f32; n * d]; // [n, d] ln_1 output
+        let mut qkv = vec![0f32; n * 3 * d]; // [n, 3d]
+        let mut ctx = vec![0f32; n * d]; // [n, d] attention output before out_proj
+        let mut mlp = vec![0f32; n * f]; // [n, f]
+        ops::embed(&self.weights.wte, &plan.tokens, d, &mut x);
+        for block in &self.weights.h {
+            ops::layer_norm(&x, &block.ln_1, eps, d, &mut h);
+            let t = Instant::now();
+            gemm::matmul_wt(&h, &block.qkv, &mut qkv, [n, 3 * d, d], false, true);
+            stats.trunk_gemm_secs += t.elapsed().as_secs_f64();
+            ops::rotary_qk(&mut qkv, &plan.positions, &self.rotary, n_head, head_dim);
+            let t = Instant::now();
+            attention::tree_attention(plan, &qkv, n_head, head_dim, &mut ctx);
+            stats.attention_secs += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            gemm::matmul_wt(&h, &block.fc_in, &mut mlp, [n, f, d], false, true);
+            stats.trunk_gemm_secs += t.elapsed().as_secs_f64();
+            ops::bias_gelu_new(&mut mlp, &block.fc_in_b);
+            // Parallel residual: x += out_proj(ctx) + fc_out(mlp) + b, accumulated in place.
+            let t = Instant::now();
+            gemm::matmul_wt(&ctx, &block.out_proj, &mut x, [n, d, d], true, true);
+            gemm::matmul_wt(&mlp, &block.fc_out, &mut x, [n, d, f], true, true);
+            stats.trunk_gemm_secs += t.elapsed().as_secs_f64();
+            ops::add_bias(&mut x, &block.fc_out_b);
+        }
+        let t = Instant::now();
+        let out = head::head_log_probs(plan, &x, &self.weights, d, c.vocab_size, eps, 64);
+        stats.head_secs += t.elapsed().as_secs_f64();
+        out
+    }
+
+    /// Plans `candidates`, splitting the batch into chunks whose activations fit the budget.
+    pub fn plan_chunks(
+        &self,
+        candidates: &[TokenCandidate],
+        options: &ScoreOptions,
+    ) -> Vec<(std::ops::Range<usize>, Plan)> {
+        let max_tokens = (self.memory_budget / self.bytes_per_token()).max(1);
+        crate::plan::chunked(candidates, options, max_tokens)
+    }
+}
+
+impl Scorer for CpuScorer {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn config(&self) -> &GptjConfig {
+        &self.config
+    }
+
+    fn variant_losses(
+        &self,
+        candidates: &[TokenCandidate],
+        options: &ScoreOptions,
+    ) -> Result<Vec<[f64; 3]>> {
+        let start = Instant::now();
+        let mut stats = RunStats::default();
+        let mut losses = Vec::with_capacity(candidates.len());
+        for (_, plan) in self.plan_chunks(candidates, options) {
+            let _span = tracing::debug_span!("cpu_plan", tokens = plan.n_tokens()).entered();
+            stats.unique_tokens += plan.n_tokens();
+            stats.head_rows += plan.head_rows.len();
+            stats.chunks += 1;
+            let log_probs = self.execute(&plan, &mut stats);
+            losses.extend(plan.reduce(&log_probs));
+        }
+        stats.total_secs = start.elapsed().as_secs_f64();
+        *self.stats.lock().expect("stats lock") = stats;
+        Ok(losses)
+    }
+}

@@ -1,0 +1,202 @@
+//! The fast CPU backend against the f64 oracle: property tests over random small GPT-J configs
+//! (awkward sizes: odd n_embd, head_dim not a power of two, rotary_dim < head_dim), random non-zero
+//! weights stored as f32 / f16 / bf16, random texts and candidate sets (several candidates at one
+//! position, duplicates, first and last scorable positions, windows cut by the end of the text,
+//! empty results), both placements, and tight memory budgets that force the batch to be split.
+//!
+//! Tolerance: 2e-3 absolute + 1e-4 relative on each loss. The engine computes in f32: each loss is
+//! a weighted sum of <= 5 log-probabilities whose f32 rounding (LayerNorm, GEMM accumulation over
+//! n_embd, log-sum-exp over the vocabulary) stays around 1e-5..1e-4 per term at these sizes; the
+//! budget leaves an order of magnitude above that.
+
+mod common;
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use toolsift::cpu::CpuScorer;
+use toolsift::model::{DType, GptjConfig, GptjWeights};
+use toolsift::score::LossWeights;
+use toolsift::util::rng::Rng;
+use toolsift::{Model, Placement, ReferenceScorer, ScoreOptions, Scorer, TokenCandidate};
+
+const ABS: f64 = 2e-3;
+const REL: f64 = 1e-4;
+
+#[derive(Debug, Clone)]
+struct Problem {
+    config: GptjConfig,
+    dtype: DType,
+    seed: u64,
+    n_texts: usize,
+    placement: Placement,
+    budget_tokens: Option<usize>,
+}
+
+fn problem() -> impl Strategy<Value = Problem> {
+    (
+        1usize..=2,      // n_layer
+        1usize..=4,      // n_head
+        1usize..=6,      // head_dim / 2 (rounded up below)
+        prop::bool::ANY, // odd head_dim
+        0usize..=3,      // rotary_dim / 2 bound
+        20usize..=90,    // vocab
+        any::<u64>(),
+        1usize..=3, // texts
+        prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
+        prop::bool::ANY,
+        prop::option::of(8usize..60),
+    )
+        .prop_map(
+            |(n_layer, n_head, half, odd, rot, vocab, seed, n_texts, dtype, inline, budget)| {
+                let head_dim = 2 * half + odd as usize;
+                let rotary_dim = (2 * rot).min(head_dim - head_dim % 2);
+                let mut config =
+                    GptjConfig::small(n_layer, n_head * head_dim, n_head, rotary_dim, vocab);
+                config.n_positions = 64;
+                config.n_inner = Some(3 * n_head * head_dim + 1);
+                Problem {
+                    config,
+                    dtype,
+                    seed,
+                    n_texts,
+                    placement: if inline {
+                        Placement::Inline
+                    } else {
+                        Placement::Prefix
+                    },
+                    budget_tokens: budget,
+                }
+            },
+        )
+}
+
+/// Random candidates: per text several positions (including the first and last scorable ones),
+/// several calls per position, a duplicate, an empty result.
+fn candidates(p: &Problem, rng: &mut Rng) -> Vec<TokenCandidate> {
+    let v = p.config.vocab_size;
+    let mut out = Vec::new();
+    for _ in 0..p.n_texts {
+        let n = rng.range(2, 24);
+        let text: Arc<[u32]> = (0..n).map(|_| rng.range(0, v - 1) as u32).collect();
+        let head = [rng.range(0, v - 1) as u32, rng.range(0, v - 1) as u32];
+        let mut positions = vec![1, n - 1];
+        positions.push(rng.range(1, n - 1));
+        for &position in &positions {
+            for _ in 0..rng.range(1, 3) {
+                let input: Vec<u32> = (0..rng.range(0, 4))
+                    .map(|_| rng.range(0, v - 1) as u32)
+                    .collect();
+                let result: Vec<u32> = (0..rng.range(0, 3))
+                    .map(|_| rng.range(0, v - 1) as u32)
+                    .collect();
+                let call_ids = [&head[..], &input, &[1]].concat();
+                let call_result_ids = [&head[..], &input, &[2], &result, &[1]].concat();
+                let weights = if rng.range(0, 4) == 0 {
+                    Some((0..rng.range(1, 7)).map(|_| rng.uniform()).collect())
+                } else {
+                    None
+                };
+                out.push(TokenCandidate {
+                    text_ids: text.clone(),
+                    position,
+                    call_ids,
+                    call_result_ids,
+                    weights,
+                });
+            }
+        }
+        let dup = out.last().unwrap().clone();
+        out.push(dup);
+    }
+    out
+}
+
+fn check(p: &Problem) {
+    let weights = GptjWeights::random(&p.config, p.seed, p.dtype);
+    let model = Model::from_parts(p.config.clone(), weights, None);
+    let mut rng = Rng::new(p.seed ^ 0xABCD);
+    let cands = candidates(p, &mut rng);
+    let options = ScoreOptions {
+        placement: p.placement,
+        weights: LossWeights::default(),
+    };
+    let oracle = ReferenceScorer::new(&model)
+        .score(&cands, &options)
+        .unwrap();
+    let mut fast = CpuScorer::new(&model);
+    if let Some(tokens) = p.budget_tokens {
+        let bytes = tokens * fast.bytes_per_token();
+        fast = fast.with_memory_budget(bytes);
+    }
+    let got = fast.score(&cands, &options).unwrap();
+    assert_eq!(got.len(), oracle.len());
+    for (k, (g, o)) in got.iter().zip(&oracle).enumerate() {
+        for (name, a, b) in [
+            ("l_none", g.l_none, o.l_none),
+            ("l_call", g.l_call, o.l_call),
+            ("l_call_result", g.l_call_result, o.l_call_result),
+        ] {
+            let tol = ABS + REL * b.abs();
+            assert!(
+                (a - b).abs() <= tol,
+                "candidate {k} {name}: cpu {a} vs reference {b}, |diff| {:.2e} ({:.0}% of the budget)\n{p:?}",
+                (a - b).abs(),
+                100.0 * (a - b).abs() / tol
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn cpu_matches_reference(p in problem()) {
+        check(&p);
+    }
+}
+
+/// A longer run for fuzzing sessions: `cargo test --release --test cpu_vs_reference -- --ignored`.
+#[test]
+#[ignore]
+fn cpu_matches_reference_long() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 2000,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&problem(), |p| {
+            check(&p);
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// The fixture's filter cases through the fast path, against the float64 golden values.
+#[test]
+fn cpu_reproduces_the_golden_filter_cases() {
+    let cases = common::cases();
+    for variant in ["f32", "f16"] {
+        let model = Model::load(&common::tiny(variant)).unwrap();
+        let cands: Vec<TokenCandidate> = cases
+            .filter
+            .iter()
+            .map(|f| TokenCandidate {
+                text_ids: f.text_ids.clone().into(),
+                position: f.position,
+                call_ids: f.call_ids.clone(),
+                call_result_ids: f.call_result_ids.clone(),
+                weights: Some(f.weights.clone()),
+            })
+            .collect();
+        let got = CpuScorer::new(&model)
+            .score(&cands, &ScoreOptions::default())
+            .unwrap();
+        for (g, f) in got.iter().zip(&cases.filter) {
+            common::assert_close(&f.text, g.l_none, f.l_none, 1e-4);
+            common::assert_close(&f.text, g.l_call, f.l_call, 1e-4);
+            common::assert_close(&f.text, g.l_call_result, f.l_call_result, 1e-4);
+        }
+    }
+}
