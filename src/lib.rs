@@ -21,6 +21,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod annotate;
 pub mod cpu;
 pub mod error;
 pub mod model;
@@ -28,6 +29,7 @@ pub mod plan;
 pub mod reference;
 pub mod score;
 pub mod util;
+pub mod workload;
 
 pub use error::{Error, Result};
 pub use model::{GptjConfig, Model};
