@@ -21,6 +21,8 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "baselines")]
+pub mod baselines;
 pub mod error;
 pub mod model;
 pub mod reference;
