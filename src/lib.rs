@@ -22,6 +22,8 @@
 //! ```
 
 pub mod annotate;
+#[cfg(feature = "baselines")]
+pub mod baselines;
 pub mod cpu;
 pub mod error;
 pub mod model;

@@ -1,0 +1,304 @@
+#![cfg(feature = "baselines")]
+//! The candle baselines (feature `baselines`): the candle GPT-J against the float64 golden fixture,
+//! and both scorers against the f64 `ReferenceScorer` on the fixture's filter cases and on random
+//! workloads that exercise what each baseline does differently (whole vs cut sequences,
+//! deduplication, padding, gathered LM-head rows).
+//!
+//! Tolerances: the forward is held to the project's 1e-4 contract on log-probabilities; losses,
+//! sums of up to five f32-computed log-probs, to 1e-3.
+
+mod common;
+
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor, D};
+use common::{assert_close, cases, tiny};
+use toolsift::baselines::gptj::right_padded_batch;
+use toolsift::baselines::{
+    naive_losses, naive_tokens, tuned_losses, tuned_tokens, Baseline, BaselineScorer, CandleGptj,
+};
+use toolsift::model::{DType, GptjWeights};
+use toolsift::score::LossWeights;
+use toolsift::util::rng::Rng;
+use toolsift::{
+    GptjConfig, Model, Placement, ReferenceScorer, ScoreOptions, Scorer, TokenCandidate,
+};
+
+const FORWARD_TOL: f64 = 1e-4;
+const LOSS_TOL: f64 = 1e-3;
+
+fn candle_model(model: &Model) -> CandleGptj {
+    CandleGptj::new(&model.config, &model.weights).unwrap()
+}
+
+/// log-softmax of the batch's logits as nested vectors: [B][T][vocab].
+fn log_softmax(model: &CandleGptj, ids: &Tensor) -> Vec<Vec<Vec<f32>>> {
+    let hidden = model.forward_hidden(ids).unwrap(); // [B, T, d]
+    let logits = model.logits(&hidden).unwrap(); // [B, T, vocab]
+    candle_nn::ops::log_softmax(&logits, D::Minus1)
+        .unwrap()
+        .to_vec3()
+        .unwrap()
+}
+
+#[test]
+fn candle_forward_matches_every_fixture_log_softmax_value() {
+    let cases = cases();
+    for variant in ["f32", "f16"] {
+        let model = Model::load(&tiny(variant)).unwrap();
+        let candle = candle_model(&model);
+        for case in &cases.forward {
+            let ids = Tensor::new(case.ids.as_slice(), &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap(); // [1, T]
+            let got = &log_softmax(&candle, &ids)[0];
+            assert_eq!(got.len(), case.ids.len());
+            for (i, want_row) in case.log_softmax.iter().enumerate() {
+                assert_eq!(got[i].len(), want_row.len());
+                for (v, &want) in want_row.iter().enumerate() {
+                    assert_close(
+                        &format!("{variant} {:?} position {i} id {v}", case.name),
+                        f64::from(got[i][v]),
+                        want,
+                        FORWARD_TOL,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// All forward cases in one right-padded batch: the pads (after every real token) change nothing.
+#[test]
+fn candle_forward_right_padded_batch_matches_the_fixture() {
+    let cases = cases();
+    let model = Model::load(&tiny("f32")).unwrap();
+    let candle = candle_model(&model);
+    let seqs: Vec<&[u32]> = cases.forward.iter().map(|c| c.ids.as_slice()).collect();
+    let ids = right_padded_batch(&seqs, &Device::Cpu).unwrap();
+    let longest = seqs.iter().map(|s| s.len()).max().unwrap();
+    assert_eq!(ids.dims(), &[seqs.len(), longest]);
+    let got = log_softmax(&candle, &ids);
+    for (b, case) in cases.forward.iter().enumerate() {
+        for (i, want_row) in case.log_softmax.iter().enumerate() {
+            for (v, &want) in want_row.iter().enumerate() {
+                assert_close(
+                    &format!("batched {:?} position {i} id {v}", case.name),
+                    f64::from(got[b][i][v]),
+                    want,
+                    FORWARD_TOL,
+                );
+            }
+        }
+    }
+}
+
+fn options(placement: Placement) -> ScoreOptions {
+    ScoreOptions {
+        placement,
+        weights: LossWeights::default(),
+    }
+}
+
+/// Both baselines at several batch sizes against the reference, every variant of every candidate.
+fn check_baselines(model: &Model, candidates: &[TokenCandidate], what: &str) {
+    let reference = ReferenceScorer::new(model);
+    let candle = candle_model(model);
+    for placement in [Placement::Prefix, Placement::Inline] {
+        let options = options(placement);
+        let want = reference.variant_losses(candidates, &options).unwrap();
+        for batch_size in [1, 3, 64] {
+            for (name, got) in [
+                (
+                    "naive",
+                    naive_losses(&candle, candidates, &options, batch_size).unwrap(),
+                ),
+                (
+                    "tuned",
+                    tuned_losses(&candle, candidates, &options, batch_size).unwrap(),
+                ),
+            ] {
+                assert_eq!(got.len(), candidates.len());
+                for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                    for v in 0..3 {
+                        assert_close(
+                            &format!(
+                                "{what} {name} {placement:?} batch {batch_size} candidate {k} \
+                                 variant {v}"
+                            ),
+                            g[v],
+                            w[v],
+                            LOSS_TOL,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn baselines_match_the_reference_on_the_fixture_filter_cases() {
+    let cases = cases();
+    let model = Model::load(&tiny("f32")).unwrap();
+    let candidates: Vec<TokenCandidate> = cases
+        .filter
+        .iter()
+        .map(|f| TokenCandidate {
+            text_ids: f.text_ids.clone().into(),
+            position: f.position,
+            call_ids: f.call_ids.clone(),
+            call_result_ids: f.call_result_ids.clone(),
+            weights: Some(f.weights.clone()),
+        })
+        .collect();
+    check_baselines(&model, &candidates, "fixture");
+    // And the fixture's own numbers (prefix placement), through the Scorer trait.
+    for baseline in [Baseline::Naive, Baseline::Tuned] {
+        let scorer = BaselineScorer::new(candle_model(&model), baseline, 4);
+        let scores = scorer.score(&candidates, &ScoreOptions::default()).unwrap();
+        for (f, s) in cases.filter.iter().zip(&scores) {
+            let name = format!("{} {:?}", scorer.name(), f.text);
+            assert_close(&format!("{name} L_none"), s.l_none, f.l_none, LOSS_TOL);
+            assert_close(&format!("{name} L_call"), s.l_call, f.l_call, LOSS_TOL);
+            assert_close(
+                &format!("{name} L_call_result"),
+                s.l_call_result,
+                f.l_call_result,
+                LOSS_TOL,
+            );
+            assert_close(&format!("{name} delta"), s.delta, f.delta, LOSS_TOL);
+        }
+    }
+}
+
+fn random_ids(rng: &mut Rng, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len).map(|_| rng.range(0, vocab - 1) as u32).collect()
+}
+
+/// Texts with several candidates each, the call with result extending the call (as e(c, r) extends
+/// e(c, eps)'s head), plus the awkward ones: windows cut by the end of the text, a duplicated
+/// candidate, two calls at one position, weights of its own with a zero.
+fn random_candidates(rng: &mut Rng, vocab: usize) -> Vec<TokenCandidate> {
+    let mut out: Vec<TokenCandidate> = Vec::new();
+    for _ in 0..4 {
+        let n = rng.range(6, 30);
+        let text: Arc<[u32]> = random_ids(rng, n, vocab).into();
+        let candidate = |rng: &mut Rng, position: usize| {
+            let (call_len, result_len) = (rng.range(1, 6), rng.range(1, 4));
+            let call_ids = random_ids(rng, call_len, vocab);
+            let mut call_result_ids = call_ids.clone();
+            call_result_ids.extend(random_ids(rng, result_len, vocab));
+            TokenCandidate {
+                text_ids: text.clone(),
+                position,
+                call_ids,
+                call_result_ids,
+                weights: None,
+            }
+        };
+        for _ in 0..rng.range(2, 4) {
+            let position = rng.range(1, n - 1);
+            out.push(candidate(rng, position));
+        }
+        out.push(candidate(rng, n - 2)); // two tokens left: the window is cut
+        out.push(candidate(rng, n - 1)); // one token left
+        let same_position = out.last().unwrap().position;
+        out.push(candidate(rng, same_position)); // another call at the same position
+        out.push(out[out.len() - 3].clone()); // a duplicate
+    }
+    let mut own = out[0].clone();
+    own.weights = Some(vec![0.5, 0.0, 0.25]);
+    out.push(own);
+    out
+}
+
+#[test]
+fn baselines_match_the_reference_on_a_random_model() {
+    let config = GptjConfig::small(2, 48, 4, 8, 300);
+    for seed in [1, 2] {
+        let weights = GptjWeights::random(&config, seed, DType::F32);
+        let model = Model::from_parts(config.clone(), weights, None);
+        let mut rng = Rng::new(100 + seed);
+        let candidates = random_candidates(&mut rng, config.vocab_size);
+        check_baselines(&model, &candidates, &format!("seed {seed}"));
+    }
+}
+
+/// The counts the benchmark reports, worked by hand for a 10-token text, a call of 2 tokens and a
+/// call with result of 3, candidates A (position 3), its duplicate, and C (position 8, cut).
+#[test]
+fn token_counts_include_padding_and_reflect_deduplication() {
+    let a = TokenCandidate {
+        text_ids: (0..10u32).collect::<Vec<_>>().into(),
+        position: 3,
+        call_ids: vec![20, 21],
+        call_result_ids: vec![20, 21, 22],
+        weights: None,
+    };
+    let c = TokenCandidate {
+        position: 8,
+        ..a.clone()
+    };
+    let candidates = [a.clone(), a, c];
+    for placement in [Placement::Prefix, Placement::Inline] {
+        let options = options(placement);
+        // Naive: whole sequences of 10, 12 and 13 tokens per candidate, in input order.
+        assert_eq!(naive_tokens(&candidates, &options, 1), 3 * 35);
+        assert_eq!(naive_tokens(&candidates, &options, 3), 3 * (3 * 13));
+        // Tuned: A's cut sequences 8, 10, 11 (its duplicate shares them), C's 10, 12, 13.
+        assert_eq!(
+            tuned_tokens(&candidates, &options, 1),
+            8 + 10 + 11 + 10 + 12 + 13
+        );
+        // Longest first: [13, 12, 11, 10] then [10, 8].
+        assert_eq!(tuned_tokens(&candidates, &options, 4), 4 * 13 + 2 * 10);
+    }
+}
+
+#[test]
+fn bad_input_is_refused_with_a_message() {
+    let mut config = GptjConfig::small(1, 16, 2, 4, 50);
+    config.n_positions = 12;
+    let model = Model::from_parts(
+        config.clone(),
+        GptjWeights::random(&config, 3, DType::F32),
+        None,
+    );
+    let candle = candle_model(&model);
+    let options = ScoreOptions::default();
+    let ok = TokenCandidate {
+        text_ids: (0..8u32).collect::<Vec<_>>().into(),
+        position: 2,
+        call_ids: vec![1],
+        call_result_ids: vec![1, 2],
+        weights: None,
+    };
+    // The cut sequence (2 + 7) fits, the whole one (2 + 8) does too.
+    assert!(naive_losses(&candle, std::slice::from_ref(&ok), &options, 2).is_ok());
+    let long_call = TokenCandidate {
+        call_result_ids: vec![1, 2, 3, 4, 5],
+        ..ok.clone()
+    };
+    // 5 + 7 = 12 fits the engine's cut sequence; 5 + 8 = 13 does not fit the naive whole one.
+    assert!(tuned_losses(&candle, std::slice::from_ref(&long_call), &options, 2).is_ok());
+    let err = naive_losses(&candle, &[ok.clone(), long_call], &options, 2).unwrap_err();
+    assert!(
+        err.to_string().contains("candidate 1") && err.to_string().contains("n_positions"),
+        "{err}"
+    );
+    let bad_id = TokenCandidate {
+        call_ids: vec![50],
+        ..ok.clone()
+    };
+    for result in [
+        naive_losses(&candle, std::slice::from_ref(&bad_id), &options, 2),
+        tuned_losses(&candle, std::slice::from_ref(&bad_id), &options, 2),
+    ] {
+        let err = result.unwrap_err().to_string();
+        assert!(err.contains("call_ids[0] = 50"), "{err}");
+    }
+    let err = tuned_losses(&candle, &[ok], &options, 0).unwrap_err();
+    assert!(err.to_string().contains("batch_size"), "{err}");
+}
