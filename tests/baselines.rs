@@ -247,13 +247,14 @@ fn token_counts_include_padding_and_reflect_deduplication() {
         // Naive: whole sequences of 10, 12 and 13 tokens per candidate, in input order.
         assert_eq!(naive_tokens(&candidates, &options, 1), 3 * 35);
         assert_eq!(naive_tokens(&candidates, &options, 3), 3 * (3 * 13));
-        // Tuned: A's cut sequences 8, 10, 11 (its duplicate shares them), C's 10, 12, 13.
+        // Tuned: one no-call pass for the text, up to C's window (10); A's calls 10, 11 (its
+        // duplicate shares them), C's calls 12, 13.
         assert_eq!(
             tuned_tokens(&candidates, &options, 1),
-            8 + 10 + 11 + 10 + 12 + 13
+            10 + 10 + 11 + 12 + 13
         );
-        // Longest first: [13, 12, 11, 10] then [10, 8].
-        assert_eq!(tuned_tokens(&candidates, &options, 4), 4 * 13 + 2 * 10);
+        // Longest first: [13, 12, 11, 10] then [10].
+        assert_eq!(tuned_tokens(&candidates, &options, 4), 4 * 13 + 10);
     }
 }
 

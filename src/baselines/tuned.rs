@@ -1,7 +1,7 @@
 //! The "tuned" baseline (DESIGN.md §5): what a careful engineer writes with candle and no custom
-//! engine. Each variant is exactly `variant_sequence(..).ids` (cut after the last weighted token);
-//! identical sequences run once (so the no-call pass is shared whenever two candidates' no-call
-//! sequences are the same, and a duplicated candidate costs nothing); the distinct sequences are
+//! engine. Each call variant is exactly `variant_sequence(..).ids` (cut after the last weighted
+//! token); the no-call pass runs once per text, up to the furthest window of its candidates;
+//! identical sequences run once (a duplicated candidate costs nothing); the distinct sequences are
 //! sorted by length and run in right-padded batches of up to `batch_size`, which keeps padding
 //! small; the LM head runs only at the weighted rows (hidden rows gathered, one matmul per batch).
 //!
@@ -36,12 +36,22 @@ struct Plan {
 }
 
 fn plan(candidates: &[TokenCandidate], options: &ScoreOptions, batch_size: usize) -> Plan {
+    // The no-call pass runs once per text: one sequence up to the furthest window of any of the
+    // text's candidates, whose rows serve every position (the model is causal).
+    let mut no_call_end: HashMap<&[u32], usize> = HashMap::new();
+    for c in candidates {
+        let end = no_call_end.entry(&c.text_ids[..]).or_insert(0);
+        *end = (*end).max(c.text_end(options));
+    }
     let mut index: HashMap<Vec<u32>, usize> = HashMap::new();
     let mut unique: Vec<Vec<u32>> = Vec::new();
     let mut terms = Vec::new();
     for (k, c) in candidates.iter().enumerate() {
         for variant in Variant::ALL {
-            let seq = variant_sequence(c, variant, options);
+            let mut seq = variant_sequence(c, variant, options);
+            if variant == Variant::None {
+                seq.ids = c.text_ids[..no_call_end[&c.text_ids[..]]].to_vec();
+            }
             if seq.targets.is_empty() {
                 continue; // every weight is zero: the loss is 0 and nothing needs to run
             }
