@@ -22,6 +22,7 @@
 //! ```
 
 pub mod annotate;
+pub mod bench;
 #[cfg(feature = "baselines")]
 pub mod baselines;
 pub mod cpu;

@@ -30,6 +30,41 @@ enum Command {
     Score(ScoreArgs),
     /// Convert a checkpoint (e.g. pytorch_model.bin) into model.safetensors, without Python.
     Convert(ConvertArgs),
+    /// Time toolsift against the naive and tuned candle baselines on the standard workload.
+    Bench(BenchCli),
+}
+
+#[derive(clap::Args)]
+struct BenchCli {
+    #[arg(long, value_enum, default_value_t = Placement::Prefix)]
+    placement: Placement,
+    #[arg(long, default_value_t = 8)]
+    layers: usize,
+    #[arg(long, default_value_t = 512)]
+    embd: usize,
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    #[arg(long, default_value_t = 32)]
+    rotary: usize,
+    #[arg(long, default_value_t = 50400)]
+    vocab: usize,
+    /// Texts of the standard workload (25 candidates each).
+    #[arg(long, default_value_t = 2)]
+    texts: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Timed runs of toolsift (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Timed runs of each baseline.
+    #[arg(long, default_value_t = 1)]
+    baseline_reps: usize,
+    /// Sequences per padded batch in the baselines.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// Time toolsift alone (no candle baselines; speedup fields are null).
+    #[arg(long)]
+    skip_baselines: bool,
 }
 
 #[derive(clap::Args)]
@@ -80,6 +115,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Score(args) => score(args),
         Command::Convert(args) => convert(args),
+        Command::Bench(args) => bench(args),
     };
     match result {
         Ok(code) => code,
@@ -144,5 +180,46 @@ fn convert(args: ConvertArgs) -> Result<ExitCode> {
         "wrote {n} tensors to {}",
         args.out.join("model.safetensors").display()
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bench(args: BenchCli) -> Result<ExitCode> {
+    let config = toolsift::GptjConfig::small(
+        args.layers,
+        args.embd,
+        args.heads,
+        args.rotary,
+        args.vocab,
+    );
+    let report = toolsift::bench::run(&toolsift::bench::BenchArgs {
+        placement: args.placement,
+        config,
+        n_texts: args.texts,
+        seed: args.seed,
+        reps: args.reps,
+        baseline_reps: args.baseline_reps,
+        batch_size: args.batch_size,
+        run_baselines: !args.skip_baselines,
+    })?;
+    eprintln!(
+        "{}: {} candidates, {} unique tokens ({:.0}/candidate); toolsift {:.2} cand/s, trunk {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s GEMM peak",
+        report.model,
+        report.candidates,
+        report.unique_tokens,
+        report.unique_tokens as f64 / report.candidates as f64,
+        report.toolsift_cands_per_s,
+        report.trunk_gflops,
+        100.0 * report.trunk_fraction_of_peak,
+        report.gemm_gflops_peak
+    );
+    if let (Some(s), Some(t)) = (report.speedup, report.speedup_vs_tuned) {
+        eprintln!(
+            "speedup {s:.2}x over naive ({} tokens), {t:.2}x over tuned ({} tokens); max |diff| {:.2e}",
+            report.baseline_tokens,
+            report.tuned_tokens,
+            report.max_abs_diff.unwrap_or(f64::NAN)
+        );
+    }
+    println!("{}", serde_json::to_string(&report)?);
     Ok(ExitCode::SUCCESS)
 }

@@ -48,9 +48,14 @@ impl CpuScorer {
     }
 
     pub fn from_parts(config: &GptjConfig, weights: &crate::model::GptjWeights) -> Self {
+        Self::from_weights(config, weights.clone())
+    }
+
+    /// Takes ownership of `weights`, converting and releasing them tensor by tensor.
+    pub fn from_weights(config: &GptjConfig, weights: crate::model::GptjWeights) -> Self {
         CpuScorer {
             config: config.clone(),
-            weights: CpuWeights::new(config, weights),
+            weights: CpuWeights::from_owned(config, weights),
             rotary: RotaryTable::new(config.n_positions, config.rotary_dim()),
             memory_budget: DEFAULT_MEMORY_BUDGET,
             stats: Default::default(),

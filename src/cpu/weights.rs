@@ -27,6 +27,11 @@ pub struct CpuWeights {
     pub lm_head_b: Vec<f32>, // [vocab_size]
 }
 
+/// Consumes a tensor: its storage is freed on return unless shared.
+fn f32_of(t: crate::model::Tensor) -> Vec<f32> {
+    t.to_f32()
+}
+
 fn ln(l: &LayerNormWeights) -> CpuLayerNorm {
     CpuLayerNorm {
         weight: l.weight.to_f32(),
@@ -35,45 +40,46 @@ fn ln(l: &LayerNormWeights) -> CpuLayerNorm {
 }
 
 impl CpuWeights {
+    /// Widens a borrowed checkpoint (the source stays mapped/owned by the caller).
     pub fn new(config: &GptjConfig, w: &GptjWeights) -> Self {
-        let h =
-            w.h.iter()
-                .map(|b| {
-                    let mut qkv = b.attn.q_proj.weight.to_f32();
-                    qkv.extend(b.attn.k_proj.weight.to_f32());
-                    qkv.extend(b.attn.v_proj.weight.to_f32());
-                    CpuBlock {
-                        ln_1: ln(&b.ln_1),
-                        qkv,
-                        out_proj: b.attn.out_proj.weight.to_f32(),
-                        fc_in: b.mlp.fc_in.weight.to_f32(),
-                        fc_in_b: b
-                            .mlp
-                            .fc_in
-                            .bias
-                            .as_ref()
-                            .expect("fc_in has a bias")
-                            .to_f32(),
-                        fc_out: b.mlp.fc_out.weight.to_f32(),
-                        fc_out_b: b
-                            .mlp
-                            .fc_out
-                            .bias
-                            .as_ref()
-                            .expect("fc_out has a bias")
-                            .to_f32(),
-                    }
-                })
-                .collect();
-        let lm_head_b = match &w.lm_head.bias {
-            Some(b) => b.to_f32(),
+        Self::from_owned(config, w.clone())
+    }
+
+    /// Widens `w` tensor by tensor, releasing each source tensor as soon as it is converted, so
+    /// that an owned checkpoint never exists twice in memory.
+    pub fn from_owned(config: &GptjConfig, w: GptjWeights) -> Self {
+        let GptjWeights {
+            wte,
+            h,
+            ln_f,
+            lm_head,
+        } = w;
+        let h = h
+            .into_iter()
+            .map(|b| {
+                let mut qkv = f32_of(b.attn.q_proj.weight);
+                qkv.extend(f32_of(b.attn.k_proj.weight));
+                qkv.extend(f32_of(b.attn.v_proj.weight));
+                CpuBlock {
+                    ln_1: ln(&b.ln_1),
+                    qkv,
+                    out_proj: f32_of(b.attn.out_proj.weight),
+                    fc_in: f32_of(b.mlp.fc_in.weight),
+                    fc_in_b: b.mlp.fc_in.bias.map(f32_of).expect("fc_in has a bias"),
+                    fc_out: f32_of(b.mlp.fc_out.weight),
+                    fc_out_b: b.mlp.fc_out.bias.map(f32_of).expect("fc_out has a bias"),
+                }
+            })
+            .collect();
+        let lm_head_b = match lm_head.bias {
+            Some(b) => f32_of(b),
             None => vec![0.0; config.vocab_size],
         };
         CpuWeights {
-            wte: w.wte.to_f32(),
+            wte: f32_of(wte),
             h,
-            ln_f: ln(&w.ln_f),
-            lm_head: w.lm_head.weight.to_f32(),
+            ln_f: ln(&ln_f),
+            lm_head: f32_of(lm_head.weight),
             lm_head_b,
         }
     }
