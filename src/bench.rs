@@ -182,10 +182,8 @@ fn run_baselines(
         }
         Ok((median(secs), out))
     };
-    let (tuned_secs, tuned) =
-        time(&|| tuned_losses(&model, candidates, options, args.batch_size))?;
-    let (naive_secs, naive) =
-        time(&|| naive_losses(&model, candidates, options, args.batch_size))?;
+    let (tuned_secs, tuned) = time(&|| tuned_losses(&model, candidates, options, args.batch_size))?;
+    let (naive_secs, naive) = time(&|| naive_losses(&model, candidates, options, args.batch_size))?;
     report.baseline_tokens = naive_tokens(candidates, options, args.batch_size);
     report.tuned_tokens = tuned_tokens(candidates, options, args.batch_size);
     report.baseline_cands_per_s = Some(n / naive_secs);

@@ -22,9 +22,9 @@
 //! ```
 
 pub mod annotate;
-pub mod bench;
 #[cfg(feature = "baselines")]
 pub mod baselines;
+pub mod bench;
 pub mod cpu;
 pub mod error;
 pub mod model;

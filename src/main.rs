@@ -8,10 +8,11 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
+use toolsift::cpu::CpuScorer;
 use toolsift::model::DType;
 use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
 use toolsift::score::LossWeights;
-use toolsift::{CallForm, Model, Placement, ReferenceScorer, ScoreOptions};
+use toolsift::{CallForm, Model, Placement, ReferenceScorer, ScoreOptions, Scorer};
 
 #[derive(Parser)]
 #[command(
@@ -89,6 +90,15 @@ struct ScoreArgs {
     /// Loss weights w_0,w_1,... (default: the paper's 1,.8,.6,.4,.2 divided by 3).
     #[arg(long, value_delimiter = ',')]
     weights: Option<Vec<f64>>,
+    /// Score with the plain f64 reference (the oracle; slow) instead of the fast engine.
+    #[arg(long)]
+    reference: bool,
+    /// Activation memory per plan chunk, MiB; larger batches are split.
+    #[arg(long, default_value_t = 2048)]
+    memory_budget_mb: usize,
+    /// Input lines planned and scored together.
+    #[arg(long, default_value_t = 4096)]
+    chunk_lines: usize,
 }
 
 #[derive(clap::Args)]
@@ -139,16 +149,20 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         },
         call_form: args.call_form,
         tau_f: args.tau_f,
-        ..Default::default()
+        chunk_lines: args.chunk_lines,
     };
-    let scorer = ReferenceScorer::new(&model);
+    let scorer: Box<dyn Scorer> = if args.reference {
+        Box::new(ReferenceScorer::new(&model))
+    } else {
+        Box::new(CpuScorer::new(&model).with_memory_budget(args.memory_budget_mb << 20))
+    };
     let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
     let output =
         File::create(&args.output).with_context(|| format!("{}", args.output.display()))?;
     let summary = score_jsonl(
         BufReader::new(input),
         BufWriter::new(output),
-        &scorer,
+        scorer.as_ref(),
         model.tokenizer.as_ref(),
         &options,
     )
@@ -184,13 +198,8 @@ fn convert(args: ConvertArgs) -> Result<ExitCode> {
 }
 
 fn bench(args: BenchCli) -> Result<ExitCode> {
-    let config = toolsift::GptjConfig::small(
-        args.layers,
-        args.embd,
-        args.heads,
-        args.rotary,
-        args.vocab,
-    );
+    let config =
+        toolsift::GptjConfig::small(args.layers, args.embd, args.heads, args.rotary, args.vocab);
     let report = toolsift::bench::run(&toolsift::bench::BenchArgs {
         placement: args.placement,
         config,

@@ -219,3 +219,31 @@ fn missing_model_folder_is_a_clear_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn reference_and_fast_engine_agree_through_the_cli() {
+    let (ok, fast, _) = run_score(&tiny("f32"), &token_lines(), &["--placement", "inline"]);
+    assert!(ok);
+    let (ok, oracle, _) = run_score(
+        &tiny("f32"),
+        &token_lines(),
+        &[
+            "--placement",
+            "inline",
+            "--reference",
+            "--memory-budget-mb",
+            "1",
+        ],
+    );
+    assert!(ok);
+    for (f, o) in fast.iter().zip(&oracle) {
+        for field in ["l_none", "l_call", "l_call_result"] {
+            assert_close(
+                field,
+                f[field].as_f64().unwrap(),
+                o[field].as_f64().unwrap(),
+                1e-4,
+            );
+        }
+    }
+}

@@ -93,10 +93,32 @@ pub fn bias_gelu_new(x: &mut [f32], bias: &[f32]) {
         for row in rows.chunks_mut(f) {
             for (v, b) in row.iter_mut().zip(bias) {
                 let u = *v + b;
-                *v = 0.5 * u * (1.0 + (K * (u + 0.044715 * u * u * u)).tanh());
+                *v = 0.5 * u * (1.0 + tanh(K * (u + 0.044715 * u * u * u)));
             }
         }
     });
+}
+
+/// tanh as a [13/6] rational function on [-7.9, 7.9] (where f32 tanh saturates): branch-free, so
+/// the gelu loop vectorises, unlike libm's tanhf (a call per element, a quarter of a layer's time).
+/// Coefficients as in Eigen's float tanh; within 5e-7 absolute (a few f32 ulps) of f64 tanh
+/// (`fast_tanh_matches_libm`).
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    let x = x.clamp(-7.905_311, 7.905_311);
+    let x2 = x * x;
+    let mut p = -2.760_768_5e-16_f32;
+    p = p * x2 + 2.000_188e-13;
+    p = p * x2 + -8.604_672e-11;
+    p = p * x2 + 5.122_297e-8;
+    p = p * x2 + 1.485_722_4e-5;
+    p = p * x2 + 6.372_619_3e-4;
+    p = p * x2 + 4.893_524_6e-3;
+    let mut q = 1.198_258_4e-6_f32;
+    q = q * x2 + 1.185_347e-4;
+    q = q * x2 + 2.268_434_6e-3;
+    q = q * x2 + 4.893_525e-3;
+    x * p / q
 }
 
 /// x[t] += bias for every row of `x`.
@@ -109,4 +131,22 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_tanh_matches_libm() {
+        let mut worst = 0f64;
+        for k in -200_000..=200_000 {
+            let x = k as f32 * 1e-4;
+            worst = worst.max((tanh(x) as f64 - (x as f64).tanh()).abs());
+        }
+        for x in [-1e30f32, -50.0, -9.0, 9.0, 50.0, 1e30] {
+            worst = worst.max((tanh(x) as f64 - (x as f64).tanh()).abs());
+        }
+        assert!(worst < 5e-7, "worst |error| {worst:e}");
+    }
 }
