@@ -21,7 +21,10 @@
 //! # Ok(()) }
 //! ```
 
+pub mod backend;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod model;
 pub mod plan;
@@ -29,6 +32,7 @@ pub mod reference;
 pub mod score;
 pub mod util;
 
+pub use backend::{scorer_for, Device};
 pub use error::{Error, Result};
 pub use model::{GptjConfig, Model};
 pub use score::{
