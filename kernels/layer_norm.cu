@@ -64,4 +64,3 @@ __device__ void layer_norm(float* __restrict__ x,                    // [.., ld_
 
 LAYER_NORM(layer_norm_bf16, __nv_bfloat16)
 LAYER_NORM(layer_norm_f16, __half)
-LAYER_NORM(layer_norm_f32, float)

@@ -129,7 +129,6 @@ pub struct PerType {
 pub struct Kernels {
     pub embedding: PerType,
     pub layer_norm: PerType,
-    pub layer_norm_f32: CudaFunction,
     pub rotary: PerType,
     pub gelu: PerType,
     pub tree_attention_vec: PerType,
@@ -262,7 +261,6 @@ impl Kernels {
         Ok(Kernels {
             embedding: per("embedding", "embedding")?,
             layer_norm: per("layer_norm", "layer_norm")?,
-            layer_norm_f32: f("layer_norm", "layer_norm_f32")?,
             rotary: per("rotary", "rotary")?,
             gelu: per("gelu", "gelu")?,
             tree_attention_vec: per("tree_attention", "tree_attention_vec")?,
