@@ -44,7 +44,11 @@ fn up<T: toolsift::cuda::cudarc::driver::DeviceRepr + Clone + Default>(
     gpu: &Gpu,
     v: &[T],
 ) -> CudaSlice<T> {
-    let v = if v.is_empty() { vec![T::default()] } else { v.to_vec() };
+    let v = if v.is_empty() {
+        vec![T::default()]
+    } else {
+        v.to_vec()
+    };
     gpu.stream.clone_htod(&v).expect("upload")
 }
 
@@ -72,7 +76,9 @@ fn f64s(v: &[f32]) -> Vec<f64> {
 /// Awkward widths around warp/block edges, plus GPT-J's.
 fn width() -> impl Strategy<Value = usize> {
     prop_oneof![
-        prop::sample::select(vec![1usize, 7, 31, 32, 33, 63, 65, 255, 257, 783, 1026, 4096]),
+        prop::sample::select(vec![
+            1usize, 7, 31, 32, 33, 63, 65, 255, 257, 783, 1026, 4096
+        ]),
         1usize..3000,
     ]
 }
@@ -121,16 +127,31 @@ fn embedding_run<T: DeviceFloat>(gpu: &Gpu, p: &EmbeddingProblem) -> R {
         .collect();
     let mut want = vec![0f32; p.n * p.d];
     ops::embed(&dense, &ids, p.d, &mut want);
-    let got: Vec<f32> = (0..p.n).flat_map(|r| got[r * ld..r * ld + p.d].to_vec()).collect();
+    let got: Vec<f32> = (0..p.n)
+        .flat_map(|r| got[r * ld..r * ld + p.d].to_vec())
+        .collect();
     compare("embedding", &f64s(&got), &f64s(&want), 0.0, 0.0, None).map(|_| ())
 }
 
 #[test]
 fn embedding_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    let strategy = (dtype(), 1usize..300, width(), 0usize..9, 1usize..20, any::<u64>()).prop_map(
-        |(dtype, vocab, d, ld_pad, n, seed)| EmbeddingProblem { dtype, vocab, d, ld_pad, n, seed },
-    );
+    let strategy = (
+        dtype(),
+        1usize..300,
+        width(),
+        0usize..9,
+        1usize..20,
+        any::<u64>(),
+    )
+        .prop_map(|(dtype, vocab, d, ld_pad, n, seed)| EmbeddingProblem {
+            dtype,
+            vocab,
+            d,
+            ld_pad,
+            n,
+            seed,
+        });
     fuzz("embedding", 32, strategy, |p| match p.dtype {
         CudaDType::BF16 => embedding_run::<bf16>(&gpu, &p),
         CudaDType::F16 => embedding_run::<f16>(&gpu, &p),
@@ -210,8 +231,23 @@ fn layer_norm_run<T: DeviceFloat>(gpu: &Gpu, p: &LayerNormProblem) -> R {
         want.extend(o);
         got_rows.extend_from_slice(&got[i * ld..i * ld + d]);
     }
-    compare("layer_norm out", &f64s(&got_rows), &f64s(&want), 1e-4, u(T::DTYPE), None)?;
-    compare("layer_norm x", &f64s(&x_after), &f64s(&x_want), 0.0, 0.0, None).map(|_| ())
+    compare(
+        "layer_norm out",
+        &f64s(&got_rows),
+        &f64s(&want),
+        1e-4,
+        u(T::DTYPE),
+        None,
+    )?;
+    compare(
+        "layer_norm x",
+        &f64s(&x_after),
+        &f64s(&x_want),
+        0.0,
+        0.0,
+        None,
+    )
+    .map(|_| ())
 }
 
 #[test]
@@ -222,7 +258,14 @@ fn layer_norm_matches_reference() {
         prop::sample::select(layer_norm::BLOCK_CHOICES.to_vec()).prop_map(Some)
     ];
     let strategy = (dtype(), width(), 1usize..7, 0u8..3, block, any::<u64>()).prop_map(
-        |(dtype, d, n_x, mode, block, seed)| LayerNormProblem { dtype, d, n_x, mode, block, seed },
+        |(dtype, d, n_x, mode, block, seed)| LayerNormProblem {
+            dtype,
+            d,
+            n_x,
+            mode,
+            block,
+            seed,
+        },
     );
     fuzz("layer_norm", 48, strategy, |p| match p.dtype {
         CudaDType::BF16 => layer_norm_run::<bf16>(&gpu, &p),
@@ -230,7 +273,14 @@ fn layer_norm_matches_reference() {
     });
     // GPT-J's ln_1 / ln_f width at every block size.
     for block in layer_norm::BLOCK_CHOICES {
-        let p = LayerNormProblem { dtype: CudaDType::BF16, d: 4096, n_x: 5, mode: 1, block: Some(block), seed: 9 };
+        let p = LayerNormProblem {
+            dtype: CudaDType::BF16,
+            d: 4096,
+            n_x: 5,
+            mode: 1,
+            block: Some(block),
+            seed: 9,
+        };
         layer_norm_run::<bf16>(&gpu, &p).unwrap();
     }
 }
@@ -253,7 +303,9 @@ fn rotary_run<T: DeviceFloat>(gpu: &Gpu, p: &RotaryProblem) -> R {
     let (ld, l3) = (stride(d), stride(3 * d));
     let qkv_host = random_vec(p.seed, p.n * l3, 2.0);
     let mut rng = Rng::new(p.seed ^ 7);
-    let positions: Vec<u32> = (0..p.n).map(|_| rng.range(0, p.n_positions - 1) as u32).collect();
+    let positions: Vec<u32> = (0..p.n)
+        .map(|_| rng.range(0, p.n_positions - 1) as u32)
+        .collect();
     let table = ops::RotaryTable::new(p.n_positions, p.rotary_dim);
     let (qkv_d, pos_d) = (up(gpu, &qkv_host), up(gpu, &positions));
     let (cos_d, sin_d) = (up(gpu, &table.cos), up(gpu, &table.sin));
@@ -281,13 +333,26 @@ fn rotary_run<T: DeviceFloat>(gpu: &Gpu, p: &RotaryProblem) -> R {
     )
     .unwrap();
     // Reference: the CPU's rotary on a dense [n, 3d] copy.
-    let mut dense: Vec<f32> = (0..p.n).flat_map(|r| qkv_host[r * l3..r * l3 + 3 * d].to_vec()).collect();
+    let mut dense: Vec<f32> = (0..p.n)
+        .flat_map(|r| qkv_host[r * l3..r * l3 + 3 * d].to_vec())
+        .collect();
     ops::rotary_qk(&mut dense, &positions, &table, p.n_head, p.head_dim);
     for (name, buf, off) in [("q", &q, 0), ("k", &k, d), ("v", &v, 2 * d)] {
         let got = widen(&down(gpu, buf));
-        let got: Vec<f64> = (0..p.n).flat_map(|r| f64s(&got[r * ld..r * ld + d])).collect();
-        let want: Vec<f64> = (0..p.n).flat_map(|r| f64s(&dense[r * 3 * d + off..r * 3 * d + off + d])).collect();
-        compare(&format!("rotary {name}"), &got, &want, 1e-5, u(T::DTYPE), None)?;
+        let got: Vec<f64> = (0..p.n)
+            .flat_map(|r| f64s(&got[r * ld..r * ld + d]))
+            .collect();
+        let want: Vec<f64> = (0..p.n)
+            .flat_map(|r| f64s(&dense[r * 3 * d + off..r * 3 * d + off + d]))
+            .collect();
+        compare(
+            &format!("rotary {name}"),
+            &got,
+            &want,
+            1e-5,
+            u(T::DTYPE),
+            None,
+        )?;
     }
     Ok(())
 }
@@ -295,21 +360,39 @@ fn rotary_run<T: DeviceFloat>(gpu: &Gpu, p: &RotaryProblem) -> R {
 #[test]
 fn rotary_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    let strategy = (dtype(), 1usize..40, 1usize..6, 1usize..40, 0usize..20, 1usize..300, any::<u64>())
-        .prop_map(|(dtype, n, n_head, head_dim, rot, n_positions, seed)| RotaryProblem {
-            dtype,
-            n,
-            n_head,
-            head_dim,
-            rotary_dim: (2 * rot).min(head_dim - head_dim % 2),
-            n_positions,
-            seed,
-        });
+    let strategy = (
+        dtype(),
+        1usize..40,
+        1usize..6,
+        1usize..40,
+        0usize..20,
+        1usize..300,
+        any::<u64>(),
+    )
+        .prop_map(
+            |(dtype, n, n_head, head_dim, rot, n_positions, seed)| RotaryProblem {
+                dtype,
+                n,
+                n_head,
+                head_dim,
+                rotary_dim: (2 * rot).min(head_dim - head_dim % 2),
+                n_positions,
+                seed,
+            },
+        );
     fuzz("rotary", 48, strategy, |p| match p.dtype {
         CudaDType::BF16 => rotary_run::<bf16>(&gpu, &p),
         CudaDType::F16 => rotary_run::<f16>(&gpu, &p),
     });
-    let gptj = RotaryProblem { dtype: CudaDType::BF16, n: 7, n_head: 16, head_dim: 256, rotary_dim: 64, n_positions: 2048, seed: 3 };
+    let gptj = RotaryProblem {
+        dtype: CudaDType::BF16,
+        n: 7,
+        n_head: 16,
+        head_dim: 256,
+        rotary_dim: 64,
+        n_positions: 2048,
+        seed: 3,
+    };
     rotary_run::<bf16>(&gpu, &gptj).unwrap();
 }
 
@@ -331,11 +414,22 @@ fn gelu_run<T: DeviceFloat>(gpu: &Gpu, p: &GeluProblem) -> R {
     let bias = random_vec(p.seed ^ 1, p.f, 0.5);
     let mut x = up(gpu, &x_host);
     let b = up(gpu, &bias);
-    gelu::gelu(gpu, &mut x.as_view_mut(), &b.as_view(), [p.n, p.f, ld], p.grid).unwrap();
+    gelu::gelu(
+        gpu,
+        &mut x.as_view_mut(),
+        &b.as_view(),
+        [p.n, p.f, ld],
+        p.grid,
+    )
+    .unwrap();
     let got = widen(&down(gpu, &x));
-    let mut want: Vec<f32> = (0..p.n).flat_map(|r| widen(&x_host[r * ld..r * ld + p.f])).collect();
+    let mut want: Vec<f32> = (0..p.n)
+        .flat_map(|r| widen(&x_host[r * ld..r * ld + p.f]))
+        .collect();
     ops::bias_gelu_new(&mut want, &bias);
-    let got_rows: Vec<f64> = (0..p.n).flat_map(|r| f64s(&got[r * ld..r * ld + p.f])).collect();
+    let got_rows: Vec<f64> = (0..p.n)
+        .flat_map(|r| f64s(&got[r * ld..r * ld + p.f]))
+        .collect();
     compare("gelu", &got_rows, &f64s(&want), 1e-6, u(T::DTYPE), None)?;
     // Padding columns are untouched.
     for r in 0..p.n {
@@ -351,13 +445,27 @@ fn gelu_matches_reference() {
     let Some(gpu) = gpu() else { return };
     let grid = prop_oneof![Just(None), Just(Some(1u32)), Just(Some(3u32))];
     let strategy = (dtype(), 1usize..9, width(), 0usize..9, grid, any::<u64>()).prop_map(
-        |(dtype, n, f, ld_pad, grid, seed)| GeluProblem { dtype, n, f, ld_pad, grid, seed },
+        |(dtype, n, f, ld_pad, grid, seed)| GeluProblem {
+            dtype,
+            n,
+            f,
+            ld_pad,
+            grid,
+            seed,
+        },
     );
     fuzz("gelu", 48, strategy, |p| match p.dtype {
         CudaDType::BF16 => gelu_run::<bf16>(&gpu, &p),
         CudaDType::F16 => gelu_run::<f16>(&gpu, &p),
     });
-    let gptj = GeluProblem { dtype: CudaDType::BF16, n: 3, f: 16384, ld_pad: 0, grid: None, seed: 5 };
+    let gptj = GeluProblem {
+        dtype: CudaDType::BF16,
+        n: 3,
+        f: 16384,
+        ld_pad: 0,
+        grid: None,
+        seed: 5,
+    };
     gelu_run::<bf16>(&gpu, &gptj).unwrap();
 }
 
@@ -392,7 +500,13 @@ fn xent_run(gpu: &Gpu, p: &XentProblem) -> R {
     for i in (1..n_t).rev() {
         slots.swap(i, rng.range(0, i));
     }
-    let (l_d, b_d, o_d, t_d, s_d) = (up(gpu, &logits), up(gpu, &bias), up(gpu, &offsets), up(gpu, &tokens), up(gpu, &slots));
+    let (l_d, b_d, o_d, t_d, s_d) = (
+        up(gpu, &logits),
+        up(gpu, &bias),
+        up(gpu, &offsets),
+        up(gpu, &tokens),
+        up(gpu, &slots),
+    );
     let mut out = gpu.stream.alloc_zeros::<f32>(n_t.max(1)).unwrap();
     lm_head_xent::lm_head_xent(
         gpu,
@@ -411,7 +525,9 @@ fn xent_run(gpu: &Gpu, p: &XentProblem) -> R {
     // f64 reference.
     let mut want = vec![0f64; n_t];
     for r in 0..p.rows {
-        let row: Vec<f64> = (0..p.vocab).map(|v| logits[r * ld + v] as f64 + bias[v] as f64).collect();
+        let row: Vec<f64> = (0..p.vocab)
+            .map(|v| logits[r * ld + v] as f64 + bias[v] as f64)
+            .collect();
         let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
         for t in offsets[r] as usize..offsets[r + 1] as usize {
@@ -432,11 +548,34 @@ fn lm_head_xent_matches_reference() {
         prop::sample::select(vec![1usize, 2, 31, 32, 33, 1000, 1025, 50400]),
         1usize..5000
     ];
-    let strategy = (1usize..6, vocab, 0usize..9, prop::sample::select(vec![0.1f32, 3.0, 20.0]), block, any::<u64>())
-        .prop_map(|(rows, vocab, ld_pad, logit_scale, block, seed)| XentProblem { rows, vocab, ld_pad, logit_scale, block, seed });
+    let strategy = (
+        1usize..6,
+        vocab,
+        0usize..9,
+        prop::sample::select(vec![0.1f32, 3.0, 20.0]),
+        block,
+        any::<u64>(),
+    )
+        .prop_map(
+            |(rows, vocab, ld_pad, logit_scale, block, seed)| XentProblem {
+                rows,
+                vocab,
+                ld_pad,
+                logit_scale,
+                block,
+                seed,
+            },
+        );
     fuzz("lm_head_xent", 48, strategy, xent_run_boxed(&gpu));
     for block in lm_head_xent::BLOCK_CHOICES {
-        let p = XentProblem { rows: 4, vocab: 50400, ld_pad: 0, logit_scale: 20.0, block: Some(block), seed: 11 };
+        let p = XentProblem {
+            rows: 4,
+            vocab: 50400,
+            ld_pad: 0,
+            logit_scale: 20.0,
+            block: Some(block),
+            seed: 11,
+        };
         xent_run(&gpu, &p).unwrap();
     }
 }
@@ -472,16 +611,23 @@ fn gemm_run<T: DeviceFloat>(gpu: &Gpu, p: &GemmProblem) -> R {
     }
     let (a_d, w_d) = (up(gpu, &a), up(gpu, &w));
     let dense = |v: &[T], rows: usize| -> Vec<f32> {
-        (0..rows).flat_map(|r| widen(&v[(r + off) * lda..(r + off) * lda + k])).collect()
+        (0..rows)
+            .flat_map(|r| widen(&v[(r + off) * lda..(r + off) * lda + k]))
+            .collect()
     };
     let (af, wf) = (dense(&a, m), dense(&w, n));
     let mut want: Vec<f32> = if p.accumulate {
-        (0..m).flat_map(|r| c0[(r + off) * ldo..(r + off) * ldo + n].to_vec()).collect()
+        (0..m)
+            .flat_map(|r| c0[(r + off) * ldo..(r + off) * ldo + n].to_vec())
+            .collect()
     } else {
         vec![0.0; m * n]
     };
     cpu_gemm::matmul_wt(&af, &wf, &mut want, [m, n, k], p.accumulate, true);
-    let (aa, wa): (Vec<f32>, Vec<f32>) = (af.iter().map(|x| x.abs()).collect(), wf.iter().map(|x| x.abs()).collect());
+    let (aa, wa): (Vec<f32>, Vec<f32>) = (
+        af.iter().map(|x| x.abs()).collect(),
+        wf.iter().map(|x| x.abs()).collect(),
+    );
     let mut mag = vec![0f32; m * n];
     cpu_gemm::matmul_wt(&aa, &wa, &mut mag, [m, n, k], false, true);
     let abs_each: Vec<f64> = mag.iter().map(|&x| 2e-5 * x as f64).collect();
@@ -516,7 +662,9 @@ fn gemm_run<T: DeviceFloat>(gpu: &Gpu, p: &GemmProblem) -> R {
             .unwrap();
         widen(&down(gpu, &o))
     };
-    let got: Vec<f64> = (0..m).flat_map(|r| f64s(&got[(r + off) * ldo..(r + off) * ldo + n])).collect();
+    let got: Vec<f64> = (0..m)
+        .flat_map(|r| f64s(&got[(r + off) * ldo..(r + off) * ldo + n]))
+        .collect();
     // A 16-bit output is rounded once.
     let rel = if p.f32_out { 0.0 } else { u(T::DTYPE) };
     compare("gemm", &got, &f64s(&want), 1e-6, rel, Some(&abs_each)).map(|_| ())
@@ -525,18 +673,53 @@ fn gemm_run<T: DeviceFloat>(gpu: &Gpu, p: &GemmProblem) -> R {
 #[test]
 fn gemm_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    let dim = prop_oneof![prop::sample::select(vec![1usize, 7, 8, 33, 64, 129, 256]), 1usize..300];
-    let strategy = (dtype(), dim.clone(), dim.clone(), dim, any::<bool>(), any::<bool>(), 0usize..3, any::<u64>())
-        .prop_map(|(dtype, m, n, k, f32_out, accumulate, offset_rows, seed)| GemmProblem {
-            dtype, m, n, k, f32_out, accumulate, offset_rows, seed,
-        });
+    let dim = prop_oneof![
+        prop::sample::select(vec![1usize, 7, 8, 33, 64, 129, 256]),
+        1usize..300
+    ];
+    let strategy = (
+        dtype(),
+        dim.clone(),
+        dim.clone(),
+        dim,
+        any::<bool>(),
+        any::<bool>(),
+        0usize..3,
+        any::<u64>(),
+    )
+        .prop_map(
+            |(dtype, m, n, k, f32_out, accumulate, offset_rows, seed)| GemmProblem {
+                dtype,
+                m,
+                n,
+                k,
+                f32_out,
+                accumulate,
+                offset_rows,
+                seed,
+            },
+        );
     fuzz("gemm", 32, strategy, |p| match p.dtype {
         CudaDType::BF16 => gemm_run::<bf16>(&gpu, &p),
         CudaDType::F16 => gemm_run::<f16>(&gpu, &p),
     });
     // GPT-J's shapes (few rows, so the CPU reference stays quick): qkv, fc_in, fc_out, lm_head.
-    for (n, k, f32_out, acc) in [(12288, 4096, true, false), (16384, 4096, false, false), (4096, 16384, true, true), (50400, 4096, true, false)] {
-        let p = GemmProblem { dtype: CudaDType::BF16, m: 9, n, k, f32_out, accumulate: acc, offset_rows: 0, seed: 1 };
+    for (n, k, f32_out, acc) in [
+        (12288, 4096, true, false),
+        (16384, 4096, false, false),
+        (4096, 16384, true, true),
+        (50400, 4096, true, false),
+    ] {
+        let p = GemmProblem {
+            dtype: CudaDType::BF16,
+            m: 9,
+            n,
+            k,
+            f32_out,
+            accumulate: acc,
+            offset_rows: 0,
+            seed: 1,
+        };
         gemm_run::<bf16>(&gpu, &p).unwrap();
     }
     eprintln!("gemm: {} cached cuBLASLt plans", gpu.blas.cached_plans());
@@ -567,8 +750,12 @@ fn random_plan(p: &AttentionProblem) -> Plan {
         let text: Arc<[u32]> = (0..n).map(|_| rng.range(0, v - 1) as u32).collect();
         for _ in 0..rng.range(1, 4) {
             let position = rng.range(1, n - 1);
-            let call: Vec<u32> = (0..rng.range(1, 6)).map(|_| rng.range(0, v - 1) as u32).collect();
-            let res: Vec<u32> = (0..rng.range(0, 4)).map(|_| rng.range(0, v - 1) as u32).collect();
+            let call: Vec<u32> = (0..rng.range(1, 6))
+                .map(|_| rng.range(0, v - 1) as u32)
+                .collect();
+            let res: Vec<u32> = (0..rng.range(0, 4))
+                .map(|_| rng.range(0, v - 1) as u32)
+                .collect();
             cands.push(TokenCandidate {
                 text_ids: text.clone(),
                 position,
@@ -579,7 +766,11 @@ fn random_plan(p: &AttentionProblem) -> Plan {
         }
     }
     let options = ScoreOptions {
-        placement: if p.inline { Placement::Inline } else { Placement::Prefix },
+        placement: if p.inline {
+            Placement::Inline
+        } else {
+            Placement::Prefix
+        },
         weights: LossWeights::default(),
     };
     Plan::build(&cands, &options)
@@ -598,15 +789,24 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
     let mut dense = vec![0f32; n * 3 * d];
     for r in 0..n {
         for (i, m) in qkv_t.iter().enumerate() {
-            dense[r * 3 * d + i * d..r * 3 * d + (i + 1) * d].copy_from_slice(&widen(&m[r * ld..r * ld + d]));
+            dense[r * 3 * d + i * d..r * 3 * d + (i + 1) * d]
+                .copy_from_slice(&widen(&m[r * ld..r * ld + d]));
         }
     }
     let mut want = vec![0f32; n * d];
     attention::tree_attention(&plan, &dense, nh, hd, &mut want);
-    let max_v = qkv_t[2].iter().map(|x| x.to_f32().abs()).fold(0f32, f32::max) as f64;
+    let max_v = qkv_t[2]
+        .iter()
+        .map(|x| x.to_f32().abs())
+        .fold(0f32, f32::max) as f64;
     let tiles = TreeTiles::from_plan(&plan, 0).upload(gpu).unwrap();
     let (q_d, k_d, v_d) = (up(gpu, &qkv_t[0]), up(gpu, &qkv_t[1]), up(gpu, &qkv_t[2]));
-    let shape = AttentionShape { n_head: nh, head_dim: hd, ld, ld_out: ld };
+    let shape = AttentionShape {
+        n_head: nh,
+        head_dim: hd,
+        ld,
+        ld_out: ld,
+    };
     let mut variants = vec![AttentionVariant::Scalar];
     if tree_attention::vec_allowed(gpu, shape, &q_d.as_view(), &k_d.as_view(), &v_d.as_view()) {
         variants.push(AttentionVariant::Vec);
@@ -625,10 +825,15 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
         )
         .unwrap();
         let got = widen(&down(gpu, &out));
-        let got: Vec<f64> = (0..n).flat_map(|r| f64s(&got[r * ld..r * ld + d])).collect();
+        let got: Vec<f64> = (0..n)
+            .flat_map(|r| f64s(&got[r * ld..r * ld + d]))
+            .collect();
         let uu = u(T::DTYPE);
         compare(
-            &format!("tree_attention {variant:?} ({n} tokens, {} segments)", plan.segments.len()),
+            &format!(
+                "tree_attention {variant:?} ({n} tokens, {} segments)",
+                plan.segments.len()
+            ),
             &got,
             &f64s(&want),
             2.0 * uu * max_v + 1e-5,
@@ -646,17 +851,43 @@ fn tree_attention_matches_reference() {
         prop::sample::select(vec![1usize, 3, 8, 16, 17, 24, 64, 100, 128, 256]),
         1usize..257
     ];
-    let strategy = (dtype(), 1usize..5, head_dim, 1usize..4, prop::sample::select(vec![8usize, 40, 150]), any::<bool>(), any::<u64>())
-        .prop_map(|(dtype, n_head, head_dim, n_texts, max_text, inline, seed)| AttentionProblem {
-            dtype, n_head, head_dim, n_texts, max_text, inline, vocab: 13, seed,
-        });
+    let strategy = (
+        dtype(),
+        1usize..5,
+        head_dim,
+        1usize..4,
+        prop::sample::select(vec![8usize, 40, 150]),
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(dtype, n_head, head_dim, n_texts, max_text, inline, seed)| AttentionProblem {
+                dtype,
+                n_head,
+                head_dim,
+                n_texts,
+                max_text,
+                inline,
+                vocab: 13,
+                seed,
+            },
+        );
     fuzz("tree_attention", 32, strategy, |p| match p.dtype {
         CudaDType::BF16 => attention_run::<bf16>(&gpu, &p),
         CudaDType::F16 => attention_run::<f16>(&gpu, &p),
     });
     // GPT-J: 16 heads of 256, a few hundred tokens of real tree structure, both placements.
     for inline in [false, true] {
-        let p = AttentionProblem { dtype: CudaDType::BF16, n_head: 16, head_dim: 256, n_texts: 2, max_text: 150, inline, vocab: 50, seed: 21 };
+        let p = AttentionProblem {
+            dtype: CudaDType::BF16,
+            n_head: 16,
+            head_dim: 256,
+            n_texts: 2,
+            max_text: 150,
+            inline,
+            vocab: 50,
+            seed: 21,
+        };
         attention_run::<bf16>(&gpu, &p).unwrap();
     }
 }
@@ -666,12 +897,23 @@ fn tree_attention_matches_reference() {
 #[test]
 fn tree_tiles_cover_the_plan() {
     for seed in 0..20 {
-        let p = AttentionProblem { dtype: CudaDType::BF16, n_head: 1, head_dim: 1, n_texts: 3, max_text: 150, inline: seed % 2 == 0, vocab: 7, seed };
+        let p = AttentionProblem {
+            dtype: CudaDType::BF16,
+            n_head: 1,
+            head_dim: 1,
+            n_texts: 3,
+            max_text: 150,
+            inline: seed % 2 == 0,
+            vocab: 7,
+            seed,
+        };
         let plan = random_plan(&p);
         let t = TreeTiles::from_plan(&plan, 0);
         let mut seen = vec![0u32; plan.n_tokens()];
         for i in 0..t.n_tiles() {
-            let [q_start, q_len, q_pos, _] = t.tiles[4 * i..4 * i + 4] else { unreachable!() };
+            let [q_start, q_len, q_pos, _] = t.tiles[4 * i..4 * i + 4] else {
+                unreachable!()
+            };
             assert!((1..=64).contains(&q_len));
             let ctx = &t.ctx_tokens[t.tile_ctx[i] as usize..];
             for r in 0..q_len {
