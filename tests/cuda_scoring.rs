@@ -257,3 +257,94 @@ fn cuda_unavailable_is_a_clear_error() {
         }
     }
 }
+
+/// GPU timing on a given model and workload, for scripts/gpu-check.sh (ignored by default):
+/// TOOLSIFT_BENCH_MODEL (a GPT-J folder), TOOLSIFT_BENCH_INPUT (token-level JSONL lines with
+/// text_ids, position, call_ids, call_result_ids), TOOLSIFT_BENCH_OUTPUT (JSON written there),
+/// TOOLSIFT_BENCH_REPS (default 5), TOOLSIFT_BENCH_PLACEMENT (prefix|inline).
+/// Times `variant_losses` after one warm-up (device synchronised inside: the scorer reads the
+/// log-probs back), median of the reps, and writes the losses for the agreement check.
+#[test]
+#[ignore]
+fn cuda_bench() {
+    let Ok(model_dir) = std::env::var("TOOLSIFT_BENCH_MODEL") else {
+        eprintln!("SKIPPED: set TOOLSIFT_BENCH_MODEL and TOOLSIFT_BENCH_INPUT");
+        return;
+    };
+    if gpu().is_none() {
+        return;
+    }
+    let input = std::env::var("TOOLSIFT_BENCH_INPUT").expect("TOOLSIFT_BENCH_INPUT");
+    let output = std::env::var("TOOLSIFT_BENCH_OUTPUT").unwrap_or_else(|_| "cuda_bench.json".into());
+    let reps: usize = std::env::var("TOOLSIFT_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let placement = match std::env::var("TOOLSIFT_BENCH_PLACEMENT").as_deref() {
+        Ok("inline") => Placement::Inline,
+        _ => Placement::Prefix,
+    };
+    let t = std::time::Instant::now();
+    let model = Model::load(model_dir.as_ref()).unwrap();
+    let load_secs = t.elapsed().as_secs_f64();
+    let t = std::time::Instant::now();
+    let scorer = CudaScorer::new(&model, &CudaOptions::default()).unwrap();
+    let upload_secs = t.elapsed().as_secs_f64();
+    let cands: Vec<TokenCandidate> = std::fs::read_to_string(&input)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let ids = |k: &str| -> Vec<u32> {
+                v[k].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+            };
+            TokenCandidate {
+                text_ids: ids("text_ids").into(),
+                position: v["position"].as_u64().unwrap() as usize,
+                call_ids: ids("call_ids"),
+                call_result_ids: ids("call_result_ids"),
+                weights: None,
+            }
+        })
+        .collect();
+    let options = ScoreOptions { placement, weights: LossWeights::default() };
+    let losses = scorer.variant_losses(&cands, &options).unwrap(); // warm-up (and the answer)
+    let mut times: Vec<f64> = (0..reps.max(1))
+        .map(|_| {
+            let t = std::time::Instant::now();
+            scorer.variant_losses(&cands, &options).unwrap();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let stats = scorer.last_stats();
+    let c = &model.config;
+    // Trunk FLOPs per token: 2 * (4 d^2 + 2 d f) per layer.
+    let flop_per_token = 2.0 * c.n_layer as f64 * (4.0 * (c.n_embd * c.n_embd) as f64 + 2.0 * (c.n_embd * c.inner_dim()) as f64);
+    let report = serde_json::json!({
+        "device": scorer.gpu().name,
+        "dtype": scorer.dtype().name(),
+        "model": model_dir,
+        "placement": format!("{placement:?}").to_lowercase(),
+        "candidates": cands.len(),
+        "unique_tokens": stats.unique_tokens,
+        "head_rows": stats.head_rows,
+        "chunks": stats.chunks,
+        "load_secs": load_secs,
+        "upload_secs": upload_secs,
+        "secs_median": median,
+        "secs_all": times,
+        "cands_per_s": cands.len() as f64 / median,
+        "tokens_per_s": stats.unique_tokens as f64 / median,
+        "trunk_tflops": flop_per_token * stats.unique_tokens as f64 / median / 1e12,
+        "losses": losses,
+    });
+    std::fs::write(&output, serde_json::to_string_pretty(&report).unwrap()).unwrap();
+    eprintln!(
+        "cuda_bench: {} candidates, {} unique tokens, median {:.4} s, {:.1} cands/s, trunk {:.1} TFLOP/s",
+        cands.len(),
+        stats.unique_tokens,
+        median,
+        cands.len() as f64 / median,
+        flop_per_token * stats.unique_tokens as f64 / median / 1e12
+    );
+}
