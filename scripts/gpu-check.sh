@@ -58,8 +58,8 @@ export LD_LIBRARY_PATH
 
 # 2. correctness first.
 export TOOLSIFT_FUZZ_CASES="$FUZZ_CASES"
-step cuda_kernels 150 "$BIN/cuda_kernels" --nocapture --test-threads 4
-TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 4 )) step cuda_scoring 100 "$BIN/cuda_scoring" --nocapture
+step cuda_kernels 120 "$BIN/cuda_kernels" --nocapture --test-threads 4
+TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) step cuda_scoring 90 "$BIN/cuda_scoring" --nocapture
 
 # 3. benchmarks: transformers first (it makes the weights and the workload), then toolsift.
 bench() { # size texts timeout
@@ -69,11 +69,11 @@ bench() { # size texts timeout
   [[ ${status[hf_$size]} -eq 0 ]] || return
   TOOLSIFT_BENCH_MODEL="$OUT/bench/gptj-$size" TOOLSIFT_BENCH_INPUT="$OUT/bench/workload-$size.jsonl" \
   TOOLSIFT_BENCH_OUTPUT="$OUT/toolsift_$size.json" TOOLSIFT_BENCH_REPS=5 \
-    step "toolsift_$size" 120 "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
+    step "toolsift_$size" 90 "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
 }
 bench default "$TEXTS_DEFAULT" 60
 # toolsift bench's own harness (CPU/candle side written separately), toolsift alone at its default.
-step toolsift_bench_cli 60 "$BIN/toolsift" bench --device cuda --skip-baselines
+step toolsift_bench_cli 45 "$BIN/toolsift" bench --device cuda --skip-baselines
 if (( $(elapsed) < 200 )); then
   bench 6b "$TEXTS_6B" 150
 else
