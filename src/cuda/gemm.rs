@@ -164,6 +164,11 @@ impl Blas {
                 out.len()
             )));
         }
+        // cuBLASLt runs in the calling thread's current context: make it ours.
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(driver_err("binding the context"))?;
         let (pa, _ga) = a.device_ptr(&self.stream);
         let (pw, _gw) = w.device_ptr(&self.stream);
         let (po, _go) = out.device_ptr_mut(&self.stream);

@@ -199,6 +199,9 @@ pub fn tree_attention<T: DeviceFloat>(
         AttentionVariant::Vec => T::pick(&gpu.kernels.tree_attention_vec),
         AttentionVariant::Scalar => T::pick(&gpu.kernels.tree_attention_scalar),
     };
+    gpu.ctx
+        .bind_to_thread()
+        .map_err(driver_err("binding the context"))?;
     func.set_attribute(
         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         smem as i32,
