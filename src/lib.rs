@@ -22,10 +22,13 @@
 //! ```
 
 pub mod annotate;
+pub mod backend;
 #[cfg(feature = "baselines")]
 pub mod baselines;
 pub mod bench;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod model;
 pub mod plan;
@@ -34,6 +37,7 @@ pub mod score;
 pub mod util;
 pub mod workload;
 
+pub use backend::{scorer_for, Device};
 pub use error::{Error, Result};
 pub use model::{GptjConfig, Model};
 pub use score::{

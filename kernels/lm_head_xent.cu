@@ -1,0 +1,66 @@
+// lm_head_xent: log-softmax over all vocab_size logits of a row, fused with the target gather.
+//
+//   lse_i          = log sum_v exp(logits[i, v] + bias[v])              (f32, one pass)
+//   out[slot[t]]   = logits[i, token[t]] + bias[token[t]] - lse_i      for t in offsets[i]..offsets[i+1]
+//
+// `logits` is the f32 output of the LM head GEMM over ONE chunk of the plan's weighted rows
+// ([rows, ld], rows <= the chunk bound): the batch never has a [tokens x vocab] buffer, only this
+// bounded scratch. The lm_head bias is added here, in f32. The targets of the chunk are grouped by
+// row (CSR `offsets`); `slot` is the target's index in Plan::targets, so the host reduces the
+// returned log-probs with Plan::reduce (weights, variants, candidates) exactly as the CPU does.
+//
+// Launch: grid (rows), block B (multiple of 32, <= 1024; the launcher picks 512 for GPT-J's 50400
+// and the fuzz test runs every choice). Each thread keeps a running (max, sum exp) over a strided
+// slice of the row, then warp and block combine it: one read of the row (201.6 KB for GPT-J).
+#include "common.cuh"
+
+using namespace toolsift;
+
+__device__ void lm_head_xent(const float* __restrict__ logits,    // [rows, ld]
+                             const float* __restrict__ bias,      // [vocab]
+                             const uint32_t* __restrict__ offsets,  // [rows + 1]
+                             const uint32_t* __restrict__ tokens,   // [n_targets of the chunk]
+                             const uint32_t* __restrict__ slots,    // [n_targets of the chunk]
+                             float* __restrict__ out,             // [all targets of the plan]
+                             uint32_t rows, uint32_t vocab, uint32_t ld) {
+    __shared__ float sm[32], ss[32];
+    __shared__ float lse_shared;
+    const uint32_t i = blockIdx.x;
+    if (i >= rows) return;
+    const float* row = logits + (size_t)i * ld;
+    MaxSum acc = {-INFINITY, 0.0f};
+    for (uint32_t v = threadIdx.x; v < vocab; v += blockDim.x) {
+        const float x = row[v] + bias[v];
+        if (x > acc.m) {
+            acc.s = acc.s * expf(acc.m - x) + 1.0f;  // expf(-inf) = 0 on the first element
+            acc.m = x;
+        } else {
+            acc.s += expf(x - acc.m);
+        }
+    }
+    acc = warp_max_sum(acc);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    if (lane == 0) {
+        sm[warp] = acc.m;
+        ss[warp] = acc.s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        MaxSum w = lane < n_warps ? MaxSum{sm[lane], ss[lane]} : MaxSum{-INFINITY, 0.0f};
+        w = warp_max_sum(w);
+        if (lane == 0) lse_shared = w.m + logf(w.s);
+    }
+    __syncthreads();
+    const float lse = lse_shared;
+    for (uint32_t t = offsets[i] + threadIdx.x; t < offsets[i + 1]; t += blockDim.x) {
+        const uint32_t tok = tokens[t];
+        out[slots[t]] = row[tok] + bias[tok] - lse;
+    }
+}
+
+extern "C" __global__ void lm_head_xent_f32(const float* logits, const float* bias,
+                                            const uint32_t* offsets, const uint32_t* tokens,
+                                            const uint32_t* slots, float* out, uint32_t rows,
+                                            uint32_t vocab, uint32_t ld) {
+    lm_head_xent(logits, bias, offsets, tokens, slots, out, rows, vocab, ld);
+}

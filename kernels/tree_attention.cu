@@ -1,0 +1,206 @@
+// tree_attention: softmax attention over a prefix tree of token segments (cascade attention).
+//
+//   for every query tile (<= 64 consecutive tokens of one segment) and head h:
+//     ctx token j (j = 0 .. q_pos + q_len - 1) is ctx_tokens[ctx_offset + j]: the tokens of the
+//     segment's ancestors, root first, then the segment's own tokens; a query at ctx position
+//     q_pos + r sees keys j <= q_pos + r (all ancestors, causally its own segment).
+//     out[q_start + r, h] = softmax_j(q . k_j / sqrt(head_dim)) . v_j
+//
+// Inputs are T (bf16/f16): q [n, ld] (rotated), this layer's K and V cache [capacity, ld] indexed
+// by flat token index; out is T [n, ld_out] (the input of out_proj). Scores, the running max and
+// sum, and the output accumulator are f32; P is rounded to T for the P.V product (as
+// FlashAttention does), l sums the unrounded p.
+//
+// Launch: grid (n_tiles, n_head), block 128 = 4 warps, BM = 64 query rows (16 per warp), BN = 64
+// keys per step, dynamic shared memory (see smem_bytes below; 190.5 KiB at head_dim 256, so one
+// block per SM on an H200 -- attention is ~1% of GPT-J's FLOPs at these sequence lengths, so
+// simplicity wins over occupancy here). head_dim is zero-padded to hd_pad (multiple of 16) in
+// shared memory, so any head_dim up to 256 works, odd ones included.
+// Per key tile: the block loads K and V rows through the ctx map (gather), then each warp, on its
+// own 16 rows only (no block barrier between these steps):
+//   S = Q K^T     WMMA 16x16x16 (tensor cores), f32 accumulate, stored to shared
+//   online softmax in f32: mask, new max, p = exp(s - m), l = l * alpha + sum p, O *= alpha
+//   O += P V      WMMA, the f32 accumulator round-trips through shared memory (its register
+//                 layout is opaque, and the per-row rescale needs rows)
+// Warps whose 16 rows are all past q_len skip the math (they still help load).
+//
+// Variants (exported): _vec_ loads K/V/Q rows as 16-byte vectors (needs head_dim % 8 == 0, ld % 8
+// == 0, 16-byte aligned buffers: GPT-J); _scalar_ loads element by element (any shape). What was
+// tried and measured lives in docs/kernels.md.
+#include <mma.h>
+
+#include "common.cuh"
+
+using namespace toolsift;
+using namespace nvcuda;
+
+namespace {
+
+constexpr int BM = 64;
+constexpr int BN = 64;
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * 32;
+
+// Shared-memory layout (element strides padded by 16 bytes against bank conflicts; every WMMA
+// pointer stays 32-byte aligned: all row strides are multiples of 16 bytes and tiles start at
+// multiples of 16 rows).
+struct Layout {
+    int hdp;  // head_dim padded to a multiple of 16
+    __device__ __host__ int ldq() const { return hdp + 8; }  // T elements, sQ / sK / sV
+    __device__ __host__ int lds() const { return BN + 4; }   // floats, sS
+    __device__ __host__ int ldp() const { return BN + 8; }   // T elements, sP
+    __device__ __host__ int ldo() const { return hdp + 4; }  // floats, sO
+};
+
+template <typename T, bool VEC>
+__device__ void load_rows(T* __restrict__ dst, int ldd, const T* __restrict__ src, size_t ld,
+                          const uint32_t* __restrict__ tok, int n_rows, int valid_rows,
+                          int head_dim, int hdp, size_t col0) {
+    if (VEC) {
+        // 8 elements per 16-byte vector; head_dim % 8 == 0 so a vector never straddles it.
+        const int vecs = hdp / 8;
+        for (int idx = threadIdx.x; idx < n_rows * vecs; idx += THREADS) {
+            const int r = idx / vecs, c = (idx % vecs) * 8;
+            uint4 val = make_uint4(0, 0, 0, 0);
+            if (r < valid_rows && c < head_dim)
+                val = *reinterpret_cast<const uint4*>(src + (size_t)tok[r] * ld + col0 + c);
+            *reinterpret_cast<uint4*>(dst + r * ldd + c) = val;
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < n_rows * hdp; idx += THREADS) {
+            const int r = idx / hdp, c = idx % hdp;
+            T val = from_f32<T>(0.0f);
+            if (r < valid_rows && c < head_dim) val = src[(size_t)tok[r] * ld + col0 + c];
+            dst[r * ldd + c] = val;
+        }
+    }
+}
+
+template <typename T, bool VEC>
+__device__ void tree_attention(const T* __restrict__ q,                // [n, ld]
+                               const T* __restrict__ k,                // [capacity, ld]
+                               const T* __restrict__ v,                // [capacity, ld]
+                               const uint32_t* __restrict__ tiles,     // [n_tiles, 4]
+                               const uint64_t* __restrict__ tile_ctx,  // [n_tiles]
+                               const uint32_t* __restrict__ ctx_tokens,  // [ctx map]
+                               T* __restrict__ out,                    // [n, ld_out]
+                               uint32_t head_dim, uint32_t hd_pad, uint32_t ld, uint32_t ld_out,
+                               float scale) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const Layout L{(int)hd_pad};
+    const int hdp = L.hdp, ldq = L.ldq(), lds = L.lds(), ldp = L.ldp(), ldo = L.ldo();
+    T* sQ = reinterpret_cast<T*>(smem);                // [BM, ldq]
+    T* sK = sQ + BM * ldq;                             // [BN, ldq]
+    T* sV = sK + BN * ldq;                             // [BN, ldq]
+    float* sS = reinterpret_cast<float*>(sV + BN * ldq);  // [BM, lds]
+    T* sP = reinterpret_cast<T*>(sS + BM * lds);       // [BM, ldp]
+    float* sO = reinterpret_cast<float*>(sP + BM * ldp);  // [BM, ldo]
+    float* sM = sO + BM * ldo;                         // [BM] running max
+    float* sL = sM + BM;                               // [BM] running sum
+    uint32_t* sTok = reinterpret_cast<uint32_t*>(sL + BM);  // [BM] (query and key token ids)
+
+    const uint32_t tile = blockIdx.x, head = blockIdx.y;
+    const uint32_t q_start = tiles[4 * tile], q_len = tiles[4 * tile + 1];
+    const uint32_t q_pos = tiles[4 * tile + 2];
+    const uint32_t* ctx = ctx_tokens + tile_ctx[tile];
+    const uint32_t n_ctx = q_pos + q_len;
+    const size_t col0 = (size_t)head * head_dim;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    // Q tile, O = 0, m = -inf, l = 0.
+    for (int r = threadIdx.x; r < BM; r += THREADS) {
+        sTok[r] = q_start + (r < (int)q_len ? r : 0);
+        sM[r] = -INFINITY;
+        sL[r] = 0.0f;
+    }
+    for (int idx = threadIdx.x; idx < BM * ldo; idx += THREADS) sO[idx] = 0.0f;
+    __syncthreads();
+    load_rows<T, VEC>(sQ, ldq, q, ld, sTok, BM, q_len, head_dim, hdp, col0);
+    __syncthreads();
+
+    const bool active = warp * 16 < (int)q_len;  // warp-uniform
+    const int row0 = warp * 16;
+    for (uint32_t j0 = 0; j0 < n_ctx; j0 += BN) {
+        const int valid = min((uint32_t)BN, n_ctx - j0);
+        for (int r = threadIdx.x; r < BN; r += THREADS) sTok[r] = r < valid ? ctx[j0 + r] : 0;
+        __syncthreads();
+        load_rows<T, VEC>(sK, ldq, k, ld, sTok, BN, valid, head_dim, hdp, col0);
+        load_rows<T, VEC>(sV, ldq, v, ld, sTok, BN, valid, head_dim, hdp, col0);
+        __syncthreads();
+        if (active) {
+            // S[row0 .. row0 + 16, 0 .. BN] = Q K^T
+            for (int jn = 0; jn < BN / 16; ++jn) {
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
+                wmma::fill_fragment(s, 0.0f);
+                for (int kk = 0; kk < hdp / 16; ++kk) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
+                    wmma::load_matrix_sync(a, sQ + row0 * ldq + kk * 16, ldq);
+                    wmma::load_matrix_sync(b, sK + jn * 16 * ldq + kk * 16, ldq);
+                    wmma::mma_sync(s, a, b, s);
+                }
+                wmma::store_matrix_sync(sS + row0 * lds + jn * 16, s, lds, wmma::mem_row_major);
+            }
+            __syncwarp();
+            // Online softmax, one row at a time; lane owns columns lane and lane + 32.
+            for (int rr = 0; rr < 16; ++rr) {
+                const int r = row0 + rr;
+                // Rows past q_len see every loaded key (finite, never written out).
+                const uint32_t limit = r < (int)q_len ? q_pos + r : n_ctx - 1;
+                const float s0 = j0 + lane <= limit ? sS[r * lds + lane] * scale : -INFINITY;
+                const float s1 = j0 + lane + 32 <= limit ? sS[r * lds + lane + 32] * scale : -INFINITY;
+                const float m_old = sM[r];
+                // Key 0 is visible to every row, so m_new is finite from the first tile on.
+                const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));
+                const float p0 = expf(s0 - m_new), p1 = expf(s1 - m_new);
+                const float sum = warp_sum(p0 + p1);
+                const float alpha = expf(m_old - m_new);  // 0 on the first tile
+                const float l_old = sL[r];
+                __syncwarp();
+                if (lane == 0) {
+                    sM[r] = m_new;
+                    sL[r] = l_old * alpha + sum;
+                }
+                sP[r * ldp + lane] = from_f32<T>(p0);
+                sP[r * ldp + lane + 32] = from_f32<T>(p1);
+                for (int c = lane; c < hdp; c += 32) sO[r * ldo + c] *= alpha;
+            }
+            __syncwarp();
+            // O[row0 .. row0 + 16, :] += P V
+            for (int jd = 0; jd < hdp / 16; ++jd) {
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
+                wmma::load_matrix_sync(o, sO + row0 * ldo + jd * 16, ldo, wmma::mem_row_major);
+                for (int kk = 0; kk < BN / 16; ++kk) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
+                    wmma::load_matrix_sync(a, sP + row0 * ldp + kk * 16, ldp);
+                    wmma::load_matrix_sync(b, sV + kk * 16 * ldq + jd * 16, ldq);
+                    wmma::mma_sync(o, a, b, o);
+                }
+                wmma::store_matrix_sync(sO + row0 * ldo + jd * 16, o, ldo, wmma::mem_row_major);
+            }
+        }
+        __syncthreads();  // sK, sV, sTok are overwritten by the next tile
+    }
+    // out = O / l for the valid rows.
+    for (int idx = threadIdx.x; idx < (int)q_len * (int)head_dim; idx += THREADS) {
+        const int r = idx / head_dim, c = idx % head_dim;
+        out[(size_t)(q_start + r) * ld_out + col0 + c] = from_f32<T>(sO[r * ldo + c] / sL[r]);
+    }
+}
+
+}  // namespace
+
+#define TREE_ATTENTION(NAME, T, VEC)                                                           \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                      \
+        NAME(const T* q, const T* k, const T* v, const uint32_t* tiles,                        \
+             const uint64_t* tile_ctx, const uint32_t* ctx_tokens, T* out, uint32_t head_dim,  \
+             uint32_t hd_pad, uint32_t ld, uint32_t ld_out, float scale) {                     \
+        tree_attention<T, VEC>(q, k, v, tiles, tile_ctx, ctx_tokens, out, head_dim, hd_pad,    \
+                               ld, ld_out, scale);                                             \
+    }
+
+TREE_ATTENTION(tree_attention_vec_bf16, __nv_bfloat16, true)
+TREE_ATTENTION(tree_attention_scalar_bf16, __nv_bfloat16, false)
+TREE_ATTENTION(tree_attention_vec_f16, __half, true)
+TREE_ATTENTION(tree_attention_scalar_f16, __half, false)

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The one script of a GPU session (GPU.md), run on the GPU machine from the repository root with
+# gpu-bundle/ (made by scripts/gpu-prep.sh) next to it:
+#
+#   scripts/gpu-check.sh OUT_DIR          (or OUT=... scripts/gpu-check.sh)
+#
+# 1. prints the card and where libcuda / libcublasLt live, sets LD_LIBRARY_PATH for cudarc;
+# 2. runs the kernel fuzz suite and the whole-plan scoring tests with turned-up case counts;
+# 3. benchmarks at toolsift bench's default size and at GPT-J-6B size: random bf16 weights made
+#    by transformers' GPTJForCausalLM on the GPU (scripts/hf_baseline.py), the transformers naive
+#    and tuned scorers, and toolsift on the same weights and workload;
+# 4. writes logs and one summary.json into OUT_DIR.
+# Every step has its own timeout so the whole run stays under 8 minutes; a failed step is
+# recorded in the summary and the script goes on.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-${OUT:?usage: scripts/gpu-check.sh OUT_DIR}}"
+mkdir -p "$OUT"
+T0=$(date +%s)
+BIN=gpu-bundle/bin
+FUZZ_CASES="${TOOLSIFT_FUZZ_CASES:-256}"
+TEXTS_6B="${TOOLSIFT_TEXTS_6B:-8}"
+TEXTS_DEFAULT="${TOOLSIFT_TEXTS_DEFAULT:-8}"
+declare -A status
+elapsed() { echo $(( $(date +%s) - T0 )); }
+step() { # name timeout_s command...
+  local name=$1 t=$2; shift 2
+  echo "== [$(elapsed)s] $name"
+  timeout "$t" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  status[$name]=$rc
+  tail -5 "$OUT/$name.log"
+  echo "-- $name: rc $rc"
+}
+
+echo "== machine"
+{ nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv; } \
+  >"$OUT/nvidia-smi.txt" 2>&1
+head -15 "$OUT/nvidia-smi.txt"
+cat gpu-bundle/COMMIT 2>/dev/null | tee "$OUT/commit.txt"
+
+# cudarc dlopens libcuda.so and libcublasLt.so.{13,12}: find them.
+libdirs=()
+for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu \
+         "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64; do
+  ls "$d"/libcuda.so* "$d"/libcublasLt.so* >/dev/null 2>&1 && libdirs+=("$d")
+done
+purelib=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null || true)
+for d in "$purelib"/nvidia/cublas/lib "$purelib"/nvidia/cu13/lib "$purelib"/nvidia/cu12/lib; do
+  ls "$d"/libcublasLt.so* >/dev/null 2>&1 && libdirs+=("$d")
+done
+LD_LIBRARY_PATH="$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH
+{
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  for d in "${libdirs[@]}"; do ls -l "$d"/libcuda.so* "$d"/libcublasLt.so* 2>/dev/null; done
+} | tee "$OUT/libs.txt"
+
+# 2. correctness first.
+export TOOLSIFT_FUZZ_CASES="$FUZZ_CASES"
+step cuda_kernels 120 "$BIN/cuda_kernels" --nocapture --test-threads 4
+TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) step cuda_scoring 90 "$BIN/cuda_scoring" --nocapture
+
+# 3. benchmarks: transformers first (it makes the weights and the workload), then toolsift.
+bench() { # size texts timeout
+  local size=$1 texts=$2 t=$3
+  step "hf_$size" "$t" python3 scripts/hf_baseline.py --out "$OUT/bench" --size "$size" \
+       --texts "$texts" --reps 3
+  [[ ${status[hf_$size]} -eq 0 ]] || return
+  TOOLSIFT_BENCH_MODEL="$OUT/bench/gptj-$size" TOOLSIFT_BENCH_INPUT="$OUT/bench/workload-$size.jsonl" \
+  TOOLSIFT_BENCH_OUTPUT="$OUT/toolsift_$size.json" TOOLSIFT_BENCH_REPS=5 \
+    step "toolsift_$size" 90 "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
+}
+bench default "$TEXTS_DEFAULT" 60
+# toolsift bench's own harness (CPU/candle side written separately), toolsift alone at its default.
+step toolsift_bench_cli 45 "$BIN/toolsift" bench --device cuda --skip-baselines
+if (( $(elapsed) < 200 )); then
+  bench 6b "$TEXTS_6B" 150
+else
+  echo "skipping the 6B benchmark: $(elapsed)s already used"
+  status[hf_6b]=skipped
+fi
+rm -rf "$OUT"/bench/gptj-* # the weights do not travel back
+
+# 4. summary.
+python3 - "$OUT" "$(elapsed)" "$(declare -p status)" <<'PY'
+import json, os, re, sys
+out, secs, decl = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+status = dict(re.findall(r'\[([^\]]+)\]="([^"]*)"', decl))
+summary = {"wall_secs": secs, "steps": status}
+for f in ("commit.txt",):
+    p = os.path.join(out, f)
+    if os.path.exists(p):
+        summary["commit"] = open(p).read().strip()
+for log in ("cuda_kernels", "cuda_scoring"):
+    p = os.path.join(out, log + ".log")
+    if os.path.exists(p):
+        text = open(p).read()
+        summary[log] = {"result": re.findall(r"test result: .*", text),
+                        "skipped": "SKIPPED" in text,
+                        "notes": re.findall(r".*(?:cases passed|budget|cached).*", text)}
+for size in ("default", "6b"):
+    hf_p = os.path.join(out, "bench", f"hf_{size}.json")
+    ts_p = os.path.join(out, f"toolsift_{size}.json")
+    entry = {}
+    if os.path.exists(hf_p):
+        hf = json.load(open(hf_p))
+        entry["hf"] = {k: hf[k] for k in ("tuned", "naive", "candidates", "device", "torch") if k in hf}
+    if os.path.exists(ts_p):
+        ts = json.load(open(ts_p))
+        entry["toolsift"] = {k: v for k, v in ts.items() if k != "losses"}
+        if "hf" in entry:
+            tl, gl = hf["tuned_losses"], ts["losses"]
+            diffs = sorted(abs(a - b) for x, y in zip(tl, gl) for a, b in zip(x, y))
+            entry["agreement_vs_hf_tuned"] = {"max_abs": diffs[-1], "median_abs": diffs[len(diffs) // 2]}
+            for base in ("tuned", "naive"):
+                if base in hf:
+                    entry[f"speedup_vs_hf_{base}"] = ts["cands_per_s"] / hf[base]["cands_per_s"]
+            # FLOP floor at GPU.md's measured 790 TFLOP/s bf16.
+            entry["fraction_of_790_tflops"] = ts["trunk_tflops"] / 790.0
+    if entry:
+        summary[size] = entry
+json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
+print(json.dumps(summary, indent=1))
+PY
+echo "== done in $(elapsed)s; logs and summary.json in $OUT"

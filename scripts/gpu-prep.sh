@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Prepares the GPU run on the development machine (GPU.md): builds the release binary and the
+# CUDA test executables with --features cuda, checks the PTX with ptxas, strips everything and
+# copies it into gpu-bundle/ (git-ignored; carried to the GPU machine next to scripts/).
+#
+# Usage: scripts/gpu-prep.sh        then, on the GPU machine: scripts/gpu-check.sh OUT_DIR
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== release build (--features cuda)"
+cargo build --release --features cuda --bin toolsift
+echo "== test executables"
+json=$(cargo test --release --features cuda --no-run --message-format=json --test cuda_kernels --test cuda_scoring)
+mapfile -t exes < <(python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"] + " " + m["executable"])
+' <<<"$json")
+[[ ${#exes[@]} -eq 2 ]] || { echo "expected 2 test executables, got: ${exes[*]}" >&2; exit 1; }
+
+echo "== ptxas"
+ptx_dir=$(ls -td target/release/build/toolsift-*/out | while read -r d; do
+            ls "$d"/*.ptx >/dev/null 2>&1 && { echo "$d"; break; }; done)
+[[ -n "$ptx_dir" ]] || { echo "the release build has no PTX: is nvcc installed? (DEVELOPERS.md)" >&2; exit 1; }
+scripts/ptxas-check.sh "$ptx_dir" | tee /tmp/toolsift-ptxas.md
+
+rm -rf gpu-bundle
+mkdir -p gpu-bundle/bin
+cp target/release/toolsift gpu-bundle/bin/
+for e in "${exes[@]}"; do
+  name=${e%% *}; path=${e#* }
+  cp "$path" "gpu-bundle/bin/$name"
+done
+strip gpu-bundle/bin/*
+cp /tmp/toolsift-ptxas.md gpu-bundle/ptxas.md
+git rev-parse HEAD > gpu-bundle/COMMIT
+git status --porcelain | grep -q . && echo "dirty" >> gpu-bundle/COMMIT || true
+du -sh gpu-bundle gpu-bundle/bin/*
+echo "ready: carry gpu-bundle/ and run scripts/gpu-check.sh \$OUT on the GPU machine"

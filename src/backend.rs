@@ -1,0 +1,105 @@
+//! Run-time choice of the scoring backend: `Device::Cpu` (the fast CPU engine) or `Device::Cuda`.
+//! The CUDA backend exists only in builds with the `cuda` feature; asking for it otherwise, or
+//! without a GPU, kernels or loadable CUDA libraries, is a clear `Error::Backend`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::score::Scorer;
+
+/// Where the scoring forward runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// The fast CPU backend (f32, rayon).
+    #[default]
+    Cpu,
+    /// The CUDA backend (bf16/f16 weights, cuBLASLt, kernels/*.cu); feature `cuda`, device 0.
+    Cuda,
+}
+
+impl std::str::FromStr for Device {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda),
+            other => Err(Error::input(format!(
+                "unknown device {other:?}: expected \"cpu\" or \"cuda\""
+            ))),
+        }
+    }
+}
+
+impl Device {
+    /// Whether this build contains the CUDA backend (it may still fail to start at run time).
+    pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
+}
+
+/// The scorer for `device` over `model`.
+pub fn scorer_for(model: &Model, device: Device) -> Result<Box<dyn Scorer>> {
+    match device {
+        Device::Cpu => Ok(Box::new(crate::cpu::CpuScorer::new(model))),
+        Device::Cuda => cuda_scorer(model),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_scorer(model: &Model) -> Result<Box<dyn Scorer>> {
+    let scorer = crate::cuda::CudaScorer::new(model, &crate::cuda::CudaOptions::default())?;
+    Ok(Box::new(scorer))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_scorer(_model: &Model) -> Result<Box<dyn Scorer>> {
+    Err(Error::Backend(
+        "toolsift was built without the `cuda` feature; rebuild with --features cuda".into(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DType, GptjConfig, GptjWeights};
+
+    #[test]
+    fn device_parses() {
+        assert_eq!("cpu".parse::<Device>().unwrap(), Device::Cpu);
+        assert_eq!("cuda".parse::<Device>().unwrap(), Device::Cuda);
+        assert!("tpu".parse::<Device>().is_err());
+    }
+
+    #[test]
+    fn cpu_scorer_is_available() {
+        let config = GptjConfig::small(1, 8, 2, 2, 16);
+        let model = Model::from_parts(
+            config.clone(),
+            GptjWeights::random(&config, 1, DType::F32),
+            None,
+        );
+        assert_eq!(scorer_for(&model, Device::Cpu).unwrap().name(), "cpu");
+    }
+
+    /// Without the feature, or on a machine without a usable GPU, asking for CUDA is an error
+    /// that says why (never a panic, never a silent CPU fallback).
+    #[test]
+    fn cuda_without_feature_or_gpu_is_a_clear_error() {
+        let config = GptjConfig::small(1, 8, 2, 2, 16);
+        let model = Model::from_parts(
+            config.clone(),
+            GptjWeights::random(&config, 1, DType::F32),
+            None,
+        );
+        match scorer_for(&model, Device::Cuda) {
+            Ok(s) => assert_eq!(s.name(), "cuda"),
+            Err(Error::Backend(msg)) => {
+                eprintln!("cuda backend unavailable (expected on a GPU-less machine): {msg}");
+                if !Device::CUDA_BUILT {
+                    assert!(msg.contains("--features cuda"), "{msg}");
+                }
+            }
+            Err(e) => panic!("unexpected error kind: {e}"),
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! One CUDA context for the backend: the device, one stream, the PTX modules loaded once, every
+//! kernel's function handle in one struct, and the cuBLASLt handle.
+//!
+//! Everything CUDA is loaded at run time (cudarc's dynamic loading): a build needs no CUDA, and
+//! `Gpu::new` says clearly which piece is missing (kernels not built, no libcuda, no libcublasLt,
+//! no device).
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, ValidAsZeroBits,
+};
+use half::{bf16, f16};
+
+use super::gemm::{Blas, BlasType};
+use crate::error::{Error, Result};
+
+/// The PTX of every kernel file, compiled by build.rs (empty when nvcc was not found).
+#[cfg(toolsift_ptx)]
+const PTX: &[(&str, &str)] = &[
+    (
+        "embedding",
+        include_str!(concat!(env!("OUT_DIR"), "/embedding.ptx")),
+    ),
+    (
+        "layer_norm",
+        include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),
+    ),
+    (
+        "rotary",
+        include_str!(concat!(env!("OUT_DIR"), "/rotary.ptx")),
+    ),
+    ("gelu", include_str!(concat!(env!("OUT_DIR"), "/gelu.ptx"))),
+    (
+        "tree_attention",
+        include_str!(concat!(env!("OUT_DIR"), "/tree_attention.ptx")),
+    ),
+    (
+        "lm_head_xent",
+        include_str!(concat!(env!("OUT_DIR"), "/lm_head_xent.ptx")),
+    ),
+];
+#[cfg(not(toolsift_ptx))]
+const PTX: &[(&str, &str)] = &[];
+
+/// Whether build.rs compiled the kernels (nvcc was found when this binary was built).
+pub const KERNELS_BUILT: bool = cfg!(toolsift_ptx);
+
+/// Maps a driver error to the crate's error, naming what was being done.
+pub(crate) fn driver_err(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> Error + '_ {
+    move |e| {
+        let text = e
+            .error_string()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Error::Backend(format!("cuda: {what}: {e:?} {text}"))
+    }
+}
+
+/// The 16-bit storage types of device weights and activations. Kernels are exported per type
+/// (`<stem>_bf16`, `<stem>_f16`); arithmetic is f32 in both.
+pub trait DeviceFloat:
+    DeviceRepr + ValidAsZeroBits + BlasType + Copy + Default + Send + Sync + std::fmt::Debug + 'static
+{
+    const DTYPE: CudaDType;
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+    fn pick(k: &PerType) -> &CudaFunction;
+}
+
+impl DeviceFloat for bf16 {
+    const DTYPE: CudaDType = CudaDType::BF16;
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn pick(k: &PerType) -> &CudaFunction {
+        &k.bf16
+    }
+}
+
+impl DeviceFloat for f16 {
+    const DTYPE: CudaDType = CudaDType::F16;
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn pick(k: &PerType) -> &CudaFunction {
+        &k.f16
+    }
+}
+
+/// Device storage precision of weights and of the activations that feed GEMMs and attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CudaDType {
+    BF16,
+    F16,
+}
+
+impl CudaDType {
+    pub fn name(self) -> &'static str {
+        match self {
+            CudaDType::BF16 => "bf16",
+            CudaDType::F16 => "f16",
+        }
+    }
+
+    /// Unit roundoff of the type (round to nearest): 2^-8 for bf16, 2^-11 for f16.
+    pub fn unit_roundoff(self) -> f64 {
+        match self {
+            CudaDType::BF16 => 2f64.powi(-8),
+            CudaDType::F16 => 2f64.powi(-11),
+        }
+    }
+}
+
+/// A kernel exported for both 16-bit types.
+pub struct PerType {
+    pub bf16: CudaFunction,
+    pub f16: CudaFunction,
+}
+
+/// Every kernel's function handle, loaded once per context.
+pub struct Kernels {
+    pub embedding: PerType,
+    pub layer_norm: PerType,
+    pub rotary: PerType,
+    pub gelu: PerType,
+    pub tree_attention_vec: PerType,
+    pub tree_attention_scalar: PerType,
+    pub lm_head_xent_f32: CudaFunction,
+    // Keep the modules alive as long as the handles (CudaFunction also holds them; explicit here).
+    _modules: Vec<Arc<CudaModule>>,
+}
+
+/// A device, its stream, the kernels and cuBLASLt: everything a launcher needs.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub kernels: Kernels,
+    pub blas: Blas,
+    pub name: String,
+    pub sm_count: u32,
+    /// Largest dynamic shared memory a block may opt into (bytes).
+    pub max_smem_optin: u32,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: checks that the kernels were built and the CUDA libraries load,
+    /// creates the context and stream, loads every PTX module and creates the cuBLASLt handle.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        if !KERNELS_BUILT {
+            return Err(Error::Backend(
+                "cuda: this toolsift was built with the `cuda` feature but nvcc was not found at \
+                 build time, so the CUDA kernels (kernels/*.cu) were not compiled; install nvcc \
+                 (DEVELOPERS.md has the pinned pip line) and rebuild"
+                    .into(),
+            ));
+        }
+        // SAFETY: only tries to dlopen the library by its usual names; no symbol is called.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::Backend(
+                "cuda: the NVIDIA driver library (libcuda.so) could not be loaded: no NVIDIA \
+                 driver on this machine, or it is not on LD_LIBRARY_PATH (e.g. /usr/local/nvidia/lib64)"
+                    .into(),
+            ));
+        }
+        // SAFETY: as above, a dlopen probe.
+        if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
+            return Err(Error::Backend(
+                "cuda: cuBLASLt (libcublasLt.so) could not be loaded: put the CUDA toolkit's lib64 \
+                 or PyTorch's site-packages/nvidia/cublas/lib on LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        let n = CudaContext::device_count().map_err(driver_err("counting devices"))?;
+        if n <= ordinal as i32 {
+            return Err(Error::Backend(format!(
+                "cuda: no CUDA device {ordinal} (this machine has {n})"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver_err("creating the context"))?;
+        // One stream, so cudarc's cross-stream event tracking is pure overhead.
+        // SAFETY: nothing has been allocated yet; all work goes to the single stream below.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver_err("creating a stream"))?;
+        let name = ctx.name().map_err(driver_err("reading the device name"))?;
+        let attr = |a| {
+            ctx.attribute(a)
+                .map(|v| v as u32)
+                .map_err(driver_err("reading a device attribute"))
+        };
+        let sm_count = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let max_smem_optin =
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+        let kernels = Kernels::load(&ctx)?;
+        let blas = Blas::new(stream.clone())?;
+        Ok(Gpu {
+            ctx,
+            stream,
+            kernels,
+            blas,
+            name,
+            sm_count,
+            max_smem_optin,
+        })
+    }
+
+    /// Waits for all work on the stream; surfaces any asynchronous kernel error.
+    pub fn sync(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(driver_err("synchronizing the stream (a kernel failed)"))
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx
+            .mem_get_info()
+            .map_err(driver_err("querying device memory"))
+    }
+}
+
+impl Kernels {
+    fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let mut modules = Vec::new();
+        for (stem, src) in PTX {
+            let m = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(*src))
+                .map_err(driver_err(&format!(
+                    "loading kernels/{stem}.cu's PTX (built for {}; is the driver older?)",
+                    env!("TOOLSIFT_PTX_ARCH")
+                )))?;
+            modules.push(m);
+        }
+        let module = |stem: &str| -> &Arc<CudaModule> {
+            let i = PTX
+                .iter()
+                .position(|(s, _)| *s == stem)
+                .expect("every stem is in PTX");
+            &modules[i]
+        };
+        let f = |stem: &str, name: &str| -> Result<CudaFunction> {
+            module(stem)
+                .load_function(name)
+                .map_err(driver_err(&format!(
+                    "finding kernel {name} in kernels/{stem}.cu"
+                )))
+        };
+        let per = |stem: &str, name: &str| -> Result<PerType> {
+            Ok(PerType {
+                bf16: f(stem, &format!("{name}_bf16"))?,
+                f16: f(stem, &format!("{name}_f16"))?,
+            })
+        };
+        Ok(Kernels {
+            embedding: per("embedding", "embedding")?,
+            layer_norm: per("layer_norm", "layer_norm")?,
+            rotary: per("rotary", "rotary")?,
+            gelu: per("gelu", "gelu")?,
+            tree_attention_vec: per("tree_attention", "tree_attention_vec")?,
+            tree_attention_scalar: per("tree_attention", "tree_attention_scalar")?,
+            lm_head_xent_f32: f("lm_head_xent", "lm_head_xent_f32")?,
+            _modules: modules,
+        })
+    }
+}
+
+/// Row stride for a width: rounded up to 8 elements, so every row of a 16-bit matrix starts on a
+/// 16-byte boundary (cuBLASLt alignment, vector loads). The same for GPT-J's real sizes.
+pub fn stride(width: usize) -> usize {
+    width.div_ceil(8) * 8
+}

@@ -1,0 +1,516 @@
+//! The CUDA backend: executes the same scoring plan as the CPU backend (`crate::plan`), with the
+//! layer GEMMs over all unique tokens of a plan chunk through cuBLASLt (16-bit inputs, f32
+//! accumulation), and hand-written kernels (kernels/*.cu) for everything else.
+//!
+//! One forward, top to bottom (T = bf16 or f16 storage; shapes per plan chunk of n tokens):
+//!
+//! ```text
+//! x   = embedding(ids)                                   [n, d]   f32 residual stream
+//! per layer:
+//!   h   = ln_1(x += previous fc_out bias)                [n, d]   T
+//!   qkv = h @ [q_proj; k_proj; v_proj]^T                 [n, 3d]  f32 (cuBLASLt)
+//!   q, K[l], V[l] = rotary(qkv)                          [n, d]   T (K/V: per-layer cache rows)
+//!   ctx = tree_attention(q, K[l], V[l])                  [n, d]   T
+//!   mlp = gelu_new(h @ fc_in^T + fc_in_b)                [n, f]   T (cuBLASLt, then gelu)
+//!   x  += ctx @ out_proj^T + mlp @ fc_out^T              [n, d]   f32 (cuBLASLt, beta = 1)
+//! head, per chunk of <= head_chunk weighted rows:
+//!   hidden = ln_f(x[rows] + last fc_out bias)            [c, d]   T
+//!   logits = hidden @ lm_head^T                          [c, V]   f32 (bounded scratch)
+//!   log p(target) = lm_head_xent(logits + lm_head_b)     per target
+//! losses = Plan::reduce(log p)                           on the host, in f64
+//! ```
+//!
+//! The per-candidate reduction runs on the host through `Plan::reduce`: it is a few adds per
+//! target (4 bytes per target come back), it is bitwise deterministic, and the weighting and slot
+//! arithmetic then has exactly one implementation shared with the CPU backend.
+//! The K/V cache is kept per layer as [capacity, stride(n_embd)] buffers indexed by flat token
+//! index (capacity = the chunk's tokens for scoring), so that a decoder can append tokens later.
+
+pub mod context;
+pub mod embedding;
+pub mod gelu;
+pub mod gemm;
+pub mod layer_norm;
+pub mod lm_head_xent;
+pub mod rotary;
+pub mod tree_attention;
+pub mod weights;
+
+use std::time::Instant;
+
+pub use cudarc;
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use half::{bf16, f16};
+
+use context::driver_err;
+pub use context::{stride, CudaDType, DeviceFloat, Gpu, KERNELS_BUILT};
+use layer_norm::Rows;
+use rotary::RotaryShape;
+use tree_attention::{AttentionShape, TreeTiles};
+use weights::CudaWeights;
+
+use crate::cpu::ops::RotaryTable;
+use crate::cpu::RunStats;
+use crate::error::{Error, Result};
+use crate::model::{DType, GptjConfig, Model};
+use crate::plan::Plan;
+use crate::score::{ScoreOptions, Scorer, TokenCandidate};
+
+/// Rows of the LM head computed at once: the logits scratch is [rows, vocab] f32
+/// (1024 x 50400 x 4 B = 206 MB for GPT-J).
+pub const DEFAULT_HEAD_CHUNK_ROWS: usize = 1024;
+/// Device memory left free beyond the computed needs (cuBLASLt workspace, allocator slack).
+const RESERVE_BYTES: usize = 1 << 30;
+
+/// How to open the CUDA backend.
+#[derive(Debug, Clone)]
+pub struct CudaOptions {
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// Storage type on the device; None: f16 for float16 checkpoints, bf16 otherwise.
+    pub dtype: Option<CudaDType>,
+    /// Activation budget of one plan chunk in bytes; None: 90% of what is free after the weights.
+    pub memory_budget: Option<usize>,
+    pub head_chunk_rows: usize,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            device: 0,
+            dtype: None,
+            memory_budget: None,
+            head_chunk_rows: DEFAULT_HEAD_CHUNK_ROWS,
+        }
+    }
+}
+
+enum DeviceWeights {
+    Bf16(CudaWeights<bf16>),
+    F16(CudaWeights<f16>),
+}
+
+pub struct CudaScorer {
+    config: GptjConfig,
+    gpu: Gpu,
+    weights: DeviceWeights,
+    cos: CudaSlice<f32>, // [n_positions, rotary_dim / 2]
+    sin: CudaSlice<f32>, // [n_positions, rotary_dim / 2]
+    memory_budget: usize,
+    head_chunk_rows: usize,
+    stats: std::sync::Mutex<RunStats>,
+}
+
+/// Fails with a backend error unless `cond`.
+pub(crate) fn check(cond: bool, msg: &str) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(Error::Backend(format!("cuda: {msg}")))
+    }
+}
+
+/// Elements a [rows, cols] matrix with row stride `ld` spans.
+pub(crate) fn need(rows: usize, ld: usize, cols: usize) -> usize {
+    if rows == 0 {
+        0
+    } else {
+        (rows - 1) * ld + cols
+    }
+}
+
+/// Allocates `len` zeroed elements (at least one: zero-length allocations are not allowed).
+pub(crate) fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    len: usize,
+) -> Result<CudaSlice<T>> {
+    gpu.stream
+        .alloc_zeros::<T>(len.max(1))
+        .map_err(driver_err("allocating activations"))
+}
+
+/// Uploads `v` (at least one element).
+pub(crate) fn upload<T: DeviceRepr + Clone + Default>(gpu: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
+    let r = if v.is_empty() {
+        gpu.stream.clone_htod(&[T::default()])
+    } else {
+        gpu.stream.clone_htod(v)
+    };
+    r.map_err(driver_err("uploading plan data"))
+}
+
+impl CudaScorer {
+    /// Opens the device and uploads the model's weights.
+    pub fn new(model: &Model, options: &CudaOptions) -> Result<Self> {
+        let config = model.config.clone();
+        let gpu = Gpu::new(options.device)?;
+        let dtype = options.dtype.unwrap_or(match model.weights.wte.dtype() {
+            DType::F16 => CudaDType::F16,
+            _ => CudaDType::BF16,
+        });
+        let weights = match dtype {
+            CudaDType::BF16 => {
+                DeviceWeights::Bf16(CudaWeights::new(&gpu, &config, &model.weights)?)
+            }
+            CudaDType::F16 => DeviceWeights::F16(CudaWeights::new(&gpu, &config, &model.weights)?),
+        };
+        let table = RotaryTable::new(config.n_positions, config.rotary_dim());
+        let cos = upload(&gpu, &table.cos)?;
+        let sin = upload(&gpu, &table.sin)?;
+        let head_chunk_rows = options.head_chunk_rows.max(1);
+        let mut scorer = CudaScorer {
+            config,
+            gpu,
+            weights,
+            cos,
+            sin,
+            memory_budget: 0,
+            head_chunk_rows,
+            stats: Default::default(),
+        };
+        scorer.memory_budget = match options.memory_budget {
+            Some(b) => b,
+            None => {
+                scorer.gpu.sync()?;
+                let (free, _) = scorer.gpu.mem_info()?;
+                let avail = free.saturating_sub(scorer.head_bytes() + RESERVE_BYTES);
+                (avail / 10 * 9).max(scorer.bytes_per_token())
+            }
+        };
+        tracing::info!(
+            device = %scorer.gpu.name,
+            dtype = dtype.name(),
+            weights_bytes = scorer.weights_bytes(),
+            memory_budget = scorer.memory_budget,
+            "cuda backend ready"
+        );
+        Ok(scorer)
+    }
+
+    /// Caps the activation memory of one chunk of a batch; larger batches are split.
+    pub fn with_memory_budget(mut self, bytes: usize) -> Self {
+        self.memory_budget = bytes;
+        self
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    pub fn dtype(&self) -> CudaDType {
+        match self.weights {
+            DeviceWeights::Bf16(_) => CudaDType::BF16,
+            DeviceWeights::F16(_) => CudaDType::F16,
+        }
+    }
+
+    pub fn weights_bytes(&self) -> usize {
+        match &self.weights {
+            DeviceWeights::Bf16(w) => w.bytes,
+            DeviceWeights::F16(w) => w.bytes,
+        }
+    }
+
+    /// Activation bytes per unique token: x (f32), h, q, ctx (T), qkv (f32), MLP hidden (T), the
+    /// K/V cache of every layer (T), ids, positions and a margin for the attention context map.
+    pub fn bytes_per_token(&self) -> usize {
+        let c = &self.config;
+        let (ds, fs, l3) = (
+            stride(c.n_embd),
+            stride(c.inner_dim()),
+            stride(3 * c.n_embd),
+        );
+        let e = 2;
+        4 * ds + 3 * e * ds + 4 * l3 + e * fs + 2 * e * ds * c.n_layer + 8 + 64
+    }
+
+    /// Bytes of the LM head's scratch (hidden rows and the bounded logits buffer).
+    fn head_bytes(&self) -> usize {
+        let c = &self.config;
+        self.head_chunk_rows * (2 * stride(c.n_embd) + 4 * stride(c.vocab_size))
+    }
+
+    pub fn last_stats(&self) -> RunStats {
+        *self.stats.lock().expect("stats lock")
+    }
+
+    /// Plans `candidates`, splitting the batch into chunks whose activations fit the budget.
+    pub fn plan_chunks(
+        &self,
+        candidates: &[TokenCandidate],
+        options: &ScoreOptions,
+    ) -> Vec<(std::ops::Range<usize>, Plan)> {
+        let max_tokens = (self.memory_budget / self.bytes_per_token()).max(1);
+        crate::plan::chunked(candidates, options, max_tokens)
+    }
+
+    /// Runs one plan: log p(target | row) for every target, in `plan.targets` order.
+    pub fn execute(&self, plan: &Plan) -> Result<Vec<f64>> {
+        let c = &self.config;
+        check(
+            plan.tokens.iter().all(|&t| (t as usize) < c.vocab_size),
+            "a plan token is outside the vocabulary",
+        )?;
+        check(
+            plan.positions.iter().all(|&p| (p as usize) < c.n_positions),
+            "a plan position is beyond n_positions",
+        )?;
+        check(
+            plan.targets
+                .iter()
+                .all(|t| (t.token as usize) < c.vocab_size),
+            "a target token is outside the vocabulary",
+        )?;
+        match &self.weights {
+            DeviceWeights::Bf16(w) => self.forward(w, plan),
+            DeviceWeights::F16(w) => self.forward(w, plan),
+        }
+    }
+
+    fn forward<T: DeviceFloat>(&self, w: &CudaWeights<T>, plan: &Plan) -> Result<Vec<f64>> {
+        let (c, gpu) = (&self.config, &self.gpu);
+        let n = plan.n_tokens();
+        if n == 0 || plan.targets.is_empty() {
+            return Ok(vec![0.0; plan.targets.len()]);
+        }
+        let (d, f, vocab) = (c.n_embd, c.inner_dim(), c.vocab_size);
+        let (ds, fs, l3, vs) = (stride(d), stride(f), stride(3 * d), stride(vocab));
+        let eps = c.layer_norm_epsilon as f32;
+        let ids = upload(gpu, &plan.tokens)?;
+        let positions = upload(gpu, &plan.positions)?;
+        let tiles = TreeTiles::from_plan(plan, 0).upload(gpu)?;
+        let mut x = zeros::<f32>(gpu, n * ds)?; // [n, ds] residual stream
+        let mut h = zeros::<T>(gpu, n * ds)?; // [n, ds] ln_1 output
+        let mut qkv = zeros::<f32>(gpu, n * l3)?; // [n, l3]
+        let mut q = zeros::<T>(gpu, n * ds)?; // [n, ds] rotated queries
+        let mut ctx = zeros::<T>(gpu, n * ds)?; // [n, ds] attention output
+        let mut mlp = zeros::<T>(gpu, n * fs)?; // [n, fs]
+        let mut k_cache = Vec::with_capacity(c.n_layer); // per layer [n, ds]
+        let mut v_cache = Vec::with_capacity(c.n_layer); // per layer [n, ds]
+        for _ in 0..c.n_layer {
+            k_cache.push(zeros::<T>(gpu, n * ds)?);
+            v_cache.push(zeros::<T>(gpu, n * ds)?);
+        }
+        let rot = RotaryShape {
+            n,
+            n_head: c.n_head,
+            head_dim: c.head_dim(),
+            rotary_dim: c.rotary_dim(),
+            ld_qkv: l3,
+            ld: ds,
+            n_positions: c.n_positions,
+        };
+        let att = AttentionShape {
+            n_head: c.n_head,
+            head_dim: c.head_dim(),
+            ld: ds,
+            ld_out: ds,
+        };
+
+        embedding::embedding(
+            gpu,
+            &ids.as_view(),
+            &w.wte.as_view(),
+            vocab,
+            &mut x.as_view_mut(),
+            [n, d, ds, ds],
+        )?;
+        let mut pending_bias: Option<&CudaSlice<f32>> = None;
+        for (l, blk) in w.h.iter().enumerate() {
+            let _span = tracing::trace_span!("cuda_layer", l).entered();
+            let rb = pending_bias.map(|b| b.as_view());
+            layer_norm::layer_norm(
+                gpu,
+                &mut x.as_view_mut(),
+                n,
+                Rows {
+                    gather: None,
+                    residual_bias: rb.as_ref(),
+                },
+                &blk.ln_1.weight.as_view(),
+                &blk.ln_1.bias.as_view(),
+                &mut h.as_view_mut(),
+                [n, d, ds, ds],
+                eps,
+                None,
+            )?;
+            gpu.blas.linear(
+                &h.as_view(),
+                ds,
+                &blk.qkv.as_view(),
+                ds,
+                &mut qkv.as_view_mut(),
+                l3,
+                [n, 3 * d, d],
+                false,
+            )?;
+            rotary::rotary(
+                gpu,
+                &qkv.as_view(),
+                &positions.as_view(),
+                &self.cos.as_view(),
+                &self.sin.as_view(),
+                &mut q.as_view_mut(),
+                &mut k_cache[l].as_view_mut(),
+                &mut v_cache[l].as_view_mut(),
+                rot,
+            )?;
+            tree_attention::tree_attention(
+                gpu,
+                &q.as_view(),
+                &k_cache[l].as_view(),
+                &v_cache[l].as_view(),
+                &tiles,
+                &mut ctx.as_view_mut(),
+                att,
+                None,
+            )?;
+            gpu.blas.linear(
+                &h.as_view(),
+                ds,
+                &blk.fc_in.as_view(),
+                ds,
+                &mut mlp.as_view_mut(),
+                fs,
+                [n, f, d],
+                false,
+            )?;
+            gelu::gelu(
+                gpu,
+                &mut mlp.as_view_mut(),
+                &blk.fc_in_b.as_view(),
+                [n, f, fs],
+                None,
+            )?;
+            // Parallel residual: x += out_proj(ctx) + fc_out(mlp); fc_out's bias is pending.
+            gpu.blas.linear(
+                &ctx.as_view(),
+                ds,
+                &blk.out_proj.as_view(),
+                ds,
+                &mut x.as_view_mut(),
+                ds,
+                [n, d, d],
+                true,
+            )?;
+            gpu.blas.linear(
+                &mlp.as_view(),
+                fs,
+                &blk.fc_out.as_view(),
+                fs,
+                &mut x.as_view_mut(),
+                ds,
+                [n, d, f],
+                true,
+            )?;
+            pending_bias = Some(&blk.fc_out_b);
+        }
+
+        // LM head at the weighted rows only, chunk by chunk.
+        let n_rows = plan.head_rows.len();
+        let mut by_row: Vec<Vec<u32>> = vec![Vec::new(); n_rows];
+        for (k, t) in plan.targets.iter().enumerate() {
+            by_row[t.head_row as usize].push(k as u32);
+        }
+        let mut offsets = Vec::with_capacity(n_rows + 1);
+        let (mut tokens, mut slots) = (Vec::new(), Vec::new());
+        offsets.push(0u32);
+        for ks in &by_row {
+            for &k in ks {
+                tokens.push(plan.targets[k as usize].token);
+                slots.push(k);
+            }
+            offsets.push(tokens.len() as u32);
+        }
+        let rows_d = upload(gpu, &plan.head_rows)?;
+        let offsets_d = upload(gpu, &offsets)?;
+        let tokens_d = upload(gpu, &tokens)?;
+        let slots_d = upload(gpu, &slots)?;
+        let chunk = self.head_chunk_rows.min(n_rows);
+        let mut hidden = zeros::<T>(gpu, chunk * ds)?; // [chunk, ds]
+        let mut logits = zeros::<f32>(gpu, chunk * vs)?; // [chunk, vs]
+        let mut log_probs = zeros::<f32>(gpu, plan.targets.len())?; // [n_targets]
+        let rb = pending_bias.map(|b| b.as_view());
+        for r0 in (0..n_rows).step_by(chunk) {
+            let m = chunk.min(n_rows - r0);
+            let rows_view = rows_d.slice(r0..r0 + m);
+            layer_norm::layer_norm(
+                gpu,
+                &mut x.as_view_mut(),
+                n,
+                Rows {
+                    gather: Some(&rows_view),
+                    residual_bias: rb.as_ref(),
+                },
+                &w.ln_f.weight.as_view(),
+                &w.ln_f.bias.as_view(),
+                &mut hidden.as_view_mut(),
+                [m, d, ds, ds],
+                eps,
+                None,
+            )?;
+            gpu.blas.linear(
+                &hidden.as_view(),
+                ds,
+                &w.lm_head.as_view(),
+                ds,
+                &mut logits.as_view_mut(),
+                vs,
+                [m, vocab, d],
+                false,
+            )?;
+            lm_head_xent::lm_head_xent(
+                gpu,
+                &logits.as_view(),
+                &w.lm_head_b.as_view(),
+                &offsets_d.slice(r0..r0 + m + 1),
+                &tokens_d.as_view(),
+                &slots_d.as_view(),
+                &mut log_probs.as_view_mut(),
+                [m, vocab, vs],
+                tokens.len(),
+                None,
+            )?;
+        }
+        let host = gpu
+            .stream
+            .clone_dtoh(&log_probs)
+            .map_err(driver_err("downloading log-probs"))?;
+        gpu.sync()?;
+        Ok(host[..plan.targets.len()]
+            .iter()
+            .map(|&v| v as f64)
+            .collect())
+    }
+}
+
+impl Scorer for CudaScorer {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+
+    fn config(&self) -> &GptjConfig {
+        &self.config
+    }
+
+    fn variant_losses(
+        &self,
+        candidates: &[TokenCandidate],
+        options: &ScoreOptions,
+    ) -> Result<Vec<[f64; 3]>> {
+        let start = Instant::now();
+        let mut stats = RunStats::default();
+        let mut losses = Vec::with_capacity(candidates.len());
+        for (_, plan) in self.plan_chunks(candidates, options) {
+            let _span = tracing::debug_span!("cuda_plan", tokens = plan.n_tokens()).entered();
+            stats.unique_tokens += plan.n_tokens();
+            stats.head_rows += plan.head_rows.len();
+            stats.chunks += 1;
+            let log_probs = self.execute(&plan)?;
+            losses.extend(plan.reduce(&log_probs));
+        }
+        stats.total_secs = start.elapsed().as_secs_f64();
+        *self.stats.lock().expect("stats lock") = stats;
+        Ok(losses)
+    }
+}

@@ -1,0 +1,241 @@
+//! Launcher for kernels/tree_attention.cu, and the host side of it: the plan's segments cut into
+//! query tiles of at most 64 tokens, each with the map of its context (ancestor tokens, root
+//! first, then its own segment's).
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
+
+use super::context::{driver_err, DeviceFloat, Gpu};
+use super::{check, need};
+use crate::error::Result;
+use crate::plan::Plan;
+
+/// Query rows per block (4 warps x 16) and keys per step: fixed in the kernel.
+pub const BM: usize = 64;
+pub const BN: usize = 64;
+pub const THREADS: u32 = 128;
+
+/// The two exported variants: 16-byte vector loads, or element loads for any shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionVariant {
+    Vec,
+    Scalar,
+}
+
+/// head_dim rounded up to the WMMA k-step.
+pub fn hd_pad(head_dim: usize) -> usize {
+    head_dim.div_ceil(16) * 16
+}
+
+/// Dynamic shared memory of one block, mirroring the kernel's layout: sQ, sK, sV [64, hdp + 8] T;
+/// sS [64, 68] f32; sP [64, 72] T; sO [64, hdp + 4] f32; m, l, token ids [64] each.
+pub fn smem_bytes(head_dim: usize, elem: usize) -> usize {
+    let hdp = hd_pad(head_dim);
+    (BM + 2 * BN) * (hdp + 8) * elem
+        + BM * (BN + 4) * 4
+        + BM * (BN + 8) * elem
+        + BM * (hdp + 4) * 4
+        + 3 * BM * 4
+}
+
+/// Query tiles of a plan and their context maps, on the host.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TreeTiles {
+    /// [n_tiles, 4]: first query token, query count (<= 64), context position of the first
+    /// query (its number of visible keys before itself), unused.
+    pub tiles: Vec<u32>,
+    /// [n_tiles]: offset of the tile's context map in `ctx_tokens`.
+    pub tile_ctx: Vec<u64>,
+    /// Per segment: the flat token index of each context position (ancestors, then itself).
+    pub ctx_tokens: Vec<u32>,
+    /// One past the largest query token index.
+    pub q_rows: usize,
+    /// One past the largest key token index.
+    pub kv_rows: usize,
+}
+
+impl TreeTiles {
+    /// Tiles of `plan`, whose tokens sit at flat indices `token_offset..` of the K/V cache and of
+    /// the query buffer.
+    pub fn from_plan(plan: &Plan, token_offset: u32) -> Self {
+        let mut t = TreeTiles::default();
+        for (s, seg) in plan.segments.iter().enumerate() {
+            let ctx_offset = t.ctx_tokens.len() as u64;
+            for &a in plan.ancestors_of(s) {
+                let a = plan.segments[a as usize];
+                t.ctx_tokens
+                    .extend((a.start..a.start + a.len).map(|i| i + token_offset));
+            }
+            debug_assert_eq!(t.ctx_tokens.len() as u64 - ctx_offset, seg.depth as u64);
+            t.ctx_tokens
+                .extend((seg.start..seg.start + seg.len).map(|i| i + token_offset));
+            for r0 in (0..seg.len).step_by(BM) {
+                let q_len = (seg.len - r0).min(BM as u32);
+                t.tiles
+                    .extend([seg.start + r0 + token_offset, q_len, seg.depth + r0, 0]);
+                t.tile_ctx.push(ctx_offset);
+            }
+            let end = (seg.start + seg.len + token_offset) as usize;
+            t.q_rows = t.q_rows.max(end);
+            t.kv_rows = t.kv_rows.max(end);
+        }
+        t
+    }
+
+    pub fn n_tiles(&self) -> usize {
+        self.tile_ctx.len()
+    }
+
+    pub fn upload(&self, gpu: &Gpu) -> Result<DeviceTiles> {
+        let s = &gpu.stream;
+        // Zero-length device buffers are not allocatable; keep one element.
+        let pad32 = |v: &[u32]| if v.is_empty() { vec![0] } else { v.to_vec() };
+        Ok(DeviceTiles {
+            tiles: s
+                .clone_htod(&pad32(&self.tiles))
+                .map_err(driver_err("uploading attention tiles"))?,
+            tile_ctx: s
+                .clone_htod(&if self.tile_ctx.is_empty() {
+                    vec![0]
+                } else {
+                    self.tile_ctx.clone()
+                })
+                .map_err(driver_err("uploading attention tiles"))?,
+            ctx_tokens: s
+                .clone_htod(&pad32(&self.ctx_tokens))
+                .map_err(driver_err("uploading the attention context map"))?,
+            n_tiles: self.n_tiles(),
+            q_rows: self.q_rows,
+            kv_rows: self.kv_rows,
+        })
+    }
+}
+
+/// `TreeTiles` on the device.
+pub struct DeviceTiles {
+    pub tiles: CudaSlice<u32>,
+    pub tile_ctx: CudaSlice<u64>,
+    pub ctx_tokens: CudaSlice<u32>,
+    pub n_tiles: usize,
+    pub q_rows: usize,
+    pub kv_rows: usize,
+}
+
+/// Shapes of an attention launch.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub n_head: usize,
+    pub head_dim: usize,
+    /// Row stride of q, k and v.
+    pub ld: usize,
+    /// Row stride of out.
+    pub ld_out: usize,
+}
+
+/// Whether the vector-load variant may run on these buffers.
+pub fn vec_allowed<T: DeviceFloat>(
+    gpu: &Gpu,
+    s: AttentionShape,
+    q: &CudaView<T>,
+    k: &CudaView<T>,
+    v: &CudaView<T>,
+) -> bool {
+    let aligned = |p: u64| p % 16 == 0;
+    let (pq, _g1) = q.device_ptr(&gpu.stream);
+    let (pk, _g2) = k.device_ptr(&gpu.stream);
+    let (pv, _g3) = v.device_ptr(&gpu.stream);
+    s.head_dim % 8 == 0 && s.ld % 8 == 0 && aligned(pq) && aligned(pk) && aligned(pv)
+}
+
+/// `tree_attention_{vec,scalar}_<T>(const T* q /*[n, ld]*/, const T* k, const T* v
+/// /*[capacity, ld]*/, const uint32_t* tiles /*[n_tiles, 4]*/, const uint64_t* tile_ctx
+/// /*[n_tiles]*/, const uint32_t* ctx_tokens, T* out /*[n, ld_out]*/, uint32_t head_dim,
+/// uint32_t hd_pad, uint32_t ld, uint32_t ld_out, float scale)`, grid (n_tiles, n_head).
+/// `variant`: None picks Vec when allowed.
+#[allow(clippy::too_many_arguments)]
+pub fn tree_attention<T: DeviceFloat>(
+    gpu: &Gpu,
+    q: &CudaView<T>,
+    k: &CudaView<T>,
+    v: &CudaView<T>,
+    tiles: &DeviceTiles,
+    out: &mut CudaViewMut<T>,
+    s: AttentionShape,
+    variant: Option<AttentionVariant>,
+) -> Result<()> {
+    if tiles.n_tiles == 0 {
+        return Ok(());
+    }
+    let d = s.n_head * s.head_dim;
+    let smem = smem_bytes(s.head_dim, std::mem::size_of::<T>());
+    check(
+        s.head_dim > 0
+            && s.ld >= d
+            && s.ld_out >= d
+            && q.len() >= need(tiles.q_rows, s.ld, d)
+            && k.len() >= need(tiles.kv_rows, s.ld, d)
+            && v.len() >= need(tiles.kv_rows, s.ld, d)
+            && out.len() >= need(tiles.q_rows, s.ld_out, d),
+        "tree_attention: buffers shorter than the shapes",
+    )?;
+    check(
+        smem <= gpu.max_smem_optin as usize,
+        &format!(
+            "tree_attention: head_dim {} needs {smem} bytes of shared memory, the device allows {}",
+            s.head_dim, gpu.max_smem_optin
+        ),
+    )?;
+    let allowed = vec_allowed(gpu, s, q, k, v);
+    let variant = variant.unwrap_or(if allowed {
+        AttentionVariant::Vec
+    } else {
+        AttentionVariant::Scalar
+    });
+    check(
+        variant == AttentionVariant::Scalar || allowed,
+        "tree_attention: the vector variant needs head_dim % 8 == 0, ld % 8 == 0, aligned buffers",
+    )?;
+    let func = match variant {
+        AttentionVariant::Vec => T::pick(&gpu.kernels.tree_attention_vec),
+        AttentionVariant::Scalar => T::pick(&gpu.kernels.tree_attention_scalar),
+    };
+    gpu.ctx
+        .bind_to_thread()
+        .map_err(driver_err("binding the context"))?;
+    func.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(driver_err("raising tree_attention's shared memory limit"))?;
+    let u = |v: usize| v as u32;
+    let (hd, hdp, ld, ldo) = (u(s.head_dim), u(hd_pad(s.head_dim)), u(s.ld), u(s.ld_out));
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
+    let cfg = LaunchConfig {
+        grid_dim: (u(tiles.n_tiles), u(s.n_head), 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    // SAFETY: argument types match the C signature above; the checks bound every query, key,
+    // value and output row the tiles name (q_rows / kv_rows were computed from the same tiles,
+    // whose context maps lie inside ctx_tokens by construction); shared memory is sized by the
+    // kernel's own layout.
+    unsafe {
+        gpu.stream
+            .launch_builder(func)
+            .arg(q)
+            .arg(k)
+            .arg(v)
+            .arg(&tiles.tiles)
+            .arg(&tiles.tile_ctx)
+            .arg(&tiles.ctx_tokens)
+            .arg(out)
+            .arg(&hd)
+            .arg(&hdp)
+            .arg(&ld)
+            .arg(&ldo)
+            .arg(&scale)
+            .launch(cfg)
+    }
+    .map(|_| ())
+    .map_err(driver_err("launching tree_attention"))
+}

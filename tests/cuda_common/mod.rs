@@ -1,0 +1,100 @@
+//! Shared helpers of the CUDA tests: open the GPU or say why the test is skipped, case counts,
+//! and a comparison that reports the worst element and how much of its budget it used.
+#![allow(dead_code)]
+
+use proptest::strategy::Strategy;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use toolsift::cuda::Gpu;
+
+/// The GPU, or None after printing why the test is skipped (never a silent pass).
+pub fn gpu() -> Option<Gpu> {
+    match Gpu::new(0) {
+        Ok(g) => {
+            eprintln!("running on {} ({} SMs)", g.name, g.sm_count);
+            Some(g)
+        }
+        Err(e) => {
+            eprintln!("SKIPPED: no CUDA device: {e}");
+            None
+        }
+    }
+}
+
+/// Proptest cases: `default`, or TOOLSIFT_FUZZ_CASES (the GPU session turns it up).
+pub fn cases(default: u32) -> u32 {
+    std::env::var("TOOLSIFT_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs `check` on `cases(default)` values of `strategy`; panics with the minimal failing input.
+pub fn fuzz<S: Strategy>(
+    name: &str,
+    default: u32,
+    strategy: S,
+    check: impl Fn(S::Value) -> Result<(), TestCaseError>,
+) where
+    S::Value: std::fmt::Debug,
+{
+    let n = cases(default);
+    let mut runner = TestRunner::new(Config {
+        cases: n,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    if let Err(e) = runner.run(&strategy, check) {
+        panic!("{name}: {e}");
+    }
+    eprintln!("{name}: {n} cases passed");
+}
+
+/// Compares element-wise: |got - want| <= abs + rel * |want| (or the per-element `abs_each`).
+/// On failure names the worst element, both values and the fraction of its budget used.
+pub fn compare(
+    what: &str,
+    got: &[f64],
+    want: &[f64],
+    abs: f64,
+    rel: f64,
+    abs_each: Option<&[f64]>,
+) -> Result<f64, TestCaseError> {
+    if got.len() != want.len() {
+        return Err(TestCaseError::fail(format!(
+            "{what}: {} values, expected {}",
+            got.len(),
+            want.len()
+        )));
+    }
+    let mut worst = (0usize, 0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let budget = abs_each.map_or(abs, |a| a[i] + abs) + rel * w.abs();
+        let used = if (g - w).abs() == 0.0 {
+            0.0
+        } else if g.is_nan() || w.is_nan() {
+            f64::INFINITY
+        } else {
+            (g - w).abs() / budget
+        };
+        if used > worst.1 || i == 0 {
+            worst = (i, used.max(worst.1));
+            if used > 1.0 {
+                return Err(TestCaseError::fail(format!(
+                    "{what}: element {i}: got {g}, want {w}, |diff| {:.3e} = {:.1}x the budget \
+                     {budget:.3e} (abs {abs:.1e}, rel {rel:.1e})",
+                    (g - w).abs(),
+                    used
+                )));
+            }
+        }
+    }
+    Ok(worst.1)
+}
+
+/// Deterministic random values in [-scale, scale) (non-zero almost surely).
+pub fn random_vec(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut rng = toolsift::util::rng::Rng::new(seed);
+    (0..n)
+        .map(|_| scale * (2.0 * rng.uniform() as f32 - 1.0))
+        .collect()
+}
