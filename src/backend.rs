@@ -51,11 +51,16 @@ fn cuda_scorer(model: &Model) -> Result<Box<dyn Scorer>> {
     Ok(Box::new(scorer))
 }
 
+/// The error for asking a build without the `cuda` feature for the CUDA backend.
+pub fn cuda_not_built() -> Error {
+    Error::Backend(
+        "toolsift was built without the `cuda` feature; rebuild with --features cuda".into(),
+    )
+}
+
 #[cfg(not(feature = "cuda"))]
 fn cuda_scorer(_model: &Model) -> Result<Box<dyn Scorer>> {
-    Err(Error::Backend(
-        "toolsift was built without the `cuda` feature; rebuild with --features cuda".into(),
-    ))
+    Err(cuda_not_built())
 }
 
 #[cfg(test)]

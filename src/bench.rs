@@ -6,9 +6,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::cpu::CpuScorer;
+use crate::backend::Device;
+use crate::cpu::{CpuScorer, RunStats};
 use crate::error::{Error, Result};
-use crate::model::{DType, GptjConfig, GptjWeights};
+use crate::model::{DType, GptjConfig, GptjWeights, Model};
 use crate::score::{LossWeights, Placement, ScoreOptions, Scorer, TokenCandidate};
 use crate::workload::Workload;
 
@@ -25,6 +26,65 @@ pub struct BenchArgs {
     /// Sequences per padded batch in the baselines.
     pub batch_size: usize,
     pub run_baselines: bool,
+    pub device: Device,
+    /// Benchmark these weights (a checkpoint folder) instead of random ones of `config`.
+    pub model_dir: Option<std::path::PathBuf>,
+}
+
+/// A backend as the benchmark drives it: scores, and reports what its last run did.
+trait Engine: Scorer {
+    fn last_stats(&self) -> RunStats;
+    fn weights_bytes(&self) -> usize;
+}
+
+impl Engine for CpuScorer {
+    fn last_stats(&self) -> RunStats {
+        CpuScorer::last_stats(self)
+    }
+    fn weights_bytes(&self) -> usize {
+        CpuScorer::weights_bytes(self)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Engine for crate::cuda::CudaScorer {
+    fn last_stats(&self) -> RunStats {
+        crate::cuda::CudaScorer::last_stats(self)
+    }
+    fn weights_bytes(&self) -> usize {
+        crate::cuda::CudaScorer::weights_bytes(self)
+    }
+}
+
+/// The engine under test. Random CPU weights are converted and released tensor by tensor.
+fn open_engine(args: &BenchArgs, model: Option<Model>) -> Result<Box<dyn Engine>> {
+    match args.device {
+        Device::Cpu => Ok(Box::new(match model {
+            Some(m) => CpuScorer::from_weights(&m.config, m.weights),
+            None => CpuScorer::from_weights(
+                &args.config,
+                GptjWeights::random(&args.config, args.seed, DType::F32),
+            ),
+        })),
+        Device::Cuda => open_cuda(args, model),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(args: &BenchArgs, model: Option<Model>) -> Result<Box<dyn Engine>> {
+    let model = model.unwrap_or_else(|| {
+        let w = GptjWeights::random(&args.config, args.seed, DType::BF16);
+        Model::from_parts(args.config.clone(), w, None)
+    });
+    Ok(Box::new(crate::cuda::CudaScorer::new(
+        &model,
+        &crate::cuda::CudaOptions::default(),
+    )?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_: &BenchArgs, _: Option<Model>) -> Result<Box<dyn Engine>> {
+    Err(crate::backend::cuda_not_built())
 }
 
 /// The contract line printed last by `toolsift bench` (field names are an interface).
@@ -46,6 +106,9 @@ pub struct BenchReport {
     pub trunk_gflops: f64,
     pub max_abs_diff: Option<f64>,
     // Additions beyond the contract.
+    pub device: Device,
+    /// "measured" (this machine's f32 GEMM, same run) or the H200's measured bf16 rate.
+    pub peak_source: String,
     pub trunk_fraction_of_peak: f64,
     pub toolsift_secs: f64,
     pub baseline_secs: Option<f64>,
@@ -83,7 +146,14 @@ fn max_abs_diff(a: &[[f64; 3]], b: &[[f64; 3]]) -> f64 {
 }
 
 pub fn run(args: &BenchArgs) -> Result<BenchReport> {
-    let c = &args.config;
+    let loaded = match &args.model_dir {
+        Some(dir) => Some(Model::load(dir)?),
+        None => None,
+    };
+    let config = loaded
+        .as_ref()
+        .map_or(args.config.clone(), |m| m.config.clone());
+    let c = &config;
     c.validate().map_err(Error::input)?;
     let workload = Workload::standard(args.n_texts, args.seed);
     let candidates = workload.generate(c.vocab_size, args.placement);
@@ -103,8 +173,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
 
     // toolsift first, so that the peak RSS below is its own (weights converted and released
     // tensor by tensor, then the plan's activations).
-    let weights = GptjWeights::random(c, args.seed, DType::F32);
-    let engine = CpuScorer::from_weights(c, weights);
+    let engine = open_engine(args, loaded)?;
     let mut ours = Vec::new();
     let mut runs = Vec::new();
     for _ in 0..args.reps.max(1) {
@@ -117,11 +186,20 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     let peak = peak_rss_bytes();
     let weights_bytes = engine.weights_bytes();
     let kv_bytes = stats.unique_tokens * c.n_layer * 2 * c.n_embd * 4;
-    let trunk_gflops = stats.unique_tokens as f64 * c.trunk_flops_per_token()
-        / stats.trunk_gemm_secs.max(1e-12)
-        / 1e9;
+    // Trunk GEMM time when the backend measures it, else the whole run (a lower bound).
+    let gemm_secs = if stats.trunk_gemm_secs > 0.0 {
+        stats.trunk_gemm_secs
+    } else {
+        toolsift_secs
+    };
+    let trunk_gflops =
+        stats.unique_tokens as f64 * c.trunk_flops_per_token() / gemm_secs.max(1e-12) / 1e9;
     drop(engine);
-    let gemm_gflops_peak = crate::cpu::gemm::measure_peak_gflops(1536, 5);
+    let (gemm_gflops_peak, peak_source) = match args.device {
+        Device::Cpu => (crate::cpu::gemm::measure_peak_gflops(1536, 5), "measured"),
+        // GPU.md: the H200's dense bf16 GEMM as measured there.
+        Device::Cuda => (790_000.0, "h200-bf16-790-tflops"),
+    };
 
     let n = candidates.len() as f64;
     let mut report = BenchReport {
@@ -140,6 +218,8 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         gemm_gflops_peak,
         trunk_gflops,
         max_abs_diff: None,
+        device: args.device,
+        peak_source: peak_source.into(),
         trunk_fraction_of_peak: trunk_gflops / gemm_gflops_peak,
         toolsift_secs,
         baseline_secs: None,
@@ -153,7 +233,9 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         threads: rayon::current_num_threads(),
     };
     if args.run_baselines {
-        run_baselines(args, &candidates, &options, &ours, &mut report)?;
+        let mut args = args.clone();
+        args.config = config.clone();
+        run_baselines(&args, &candidates, &options, &ours, &mut report)?;
     }
     Ok(report)
 }
@@ -167,7 +249,10 @@ fn run_baselines(
     report: &mut BenchReport,
 ) -> Result<()> {
     use crate::baselines::{naive_losses, naive_tokens, tuned_losses, tuned_tokens, CandleGptj};
-    let weights = GptjWeights::random(&args.config, args.seed, DType::F32);
+    let weights = match &args.model_dir {
+        Some(dir) => Model::load(dir)?.weights,
+        None => GptjWeights::random(&args.config, args.seed, DType::F32),
+    };
     let model = CandleGptj::new(&args.config, &weights)
         .map_err(|e| Error::Backend(format!("candle: {e}")))?;
     drop(weights);

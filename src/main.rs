@@ -12,6 +12,7 @@ use toolsift::cpu::CpuScorer;
 use toolsift::model::DType;
 use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
 use toolsift::score::LossWeights;
+use toolsift::Device;
 use toolsift::{CallForm, Model, Placement, ReferenceScorer, ScoreOptions, Scorer};
 
 #[derive(Parser)]
@@ -66,6 +67,12 @@ struct BenchCli {
     /// Time toolsift alone (no candle baselines; speedup fields are null).
     #[arg(long)]
     skip_baselines: bool,
+    /// Backend under test.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
+    /// Benchmark this checkpoint instead of random weights (the size flags are then ignored).
+    #[arg(long)]
+    model: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -99,6 +106,9 @@ struct ScoreArgs {
     /// Input lines planned and scored together.
     #[arg(long, default_value_t = 4096)]
     chunk_lines: usize,
+    /// Backend for the fast path.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
 }
 
 #[derive(clap::Args)]
@@ -151,10 +161,12 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         tau_f: args.tau_f,
         chunk_lines: args.chunk_lines,
     };
-    let scorer: Box<dyn Scorer> = if args.reference {
-        Box::new(ReferenceScorer::new(&model))
-    } else {
-        Box::new(CpuScorer::new(&model).with_memory_budget(args.memory_budget_mb << 20))
+    let scorer: Box<dyn Scorer> = match (args.reference, args.device) {
+        (true, _) => Box::new(ReferenceScorer::new(&model)),
+        (false, Device::Cpu) => {
+            Box::new(CpuScorer::new(&model).with_memory_budget(args.memory_budget_mb << 20))
+        }
+        (false, device) => toolsift::scorer_for(&model, device)?,
     };
     let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
     let output =
@@ -209,6 +221,8 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
         baseline_reps: args.baseline_reps,
         batch_size: args.batch_size,
         run_baselines: !args.skip_baselines,
+        device: args.device,
+        model_dir: args.model,
     })?;
     eprintln!(
         "{}: {} candidates, {} unique tokens ({:.0}/candidate); toolsift {:.2} cand/s, trunk {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s GEMM peak",

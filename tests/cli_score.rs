@@ -247,3 +247,20 @@ fn reference_and_fast_engine_agree_through_the_cli() {
         }
     }
 }
+
+#[test]
+fn asking_for_cuda_without_a_cuda_build_or_gpu_is_a_clear_error() {
+    let (ok, _, stderr) = run_score(&tiny("f32"), &token_lines(), &["--device", "cuda"]);
+    if cfg!(feature = "cuda") {
+        // Built with CUDA: on a machine without a GPU this must fail with a reason, not a panic.
+        if !ok {
+            assert!(stderr.contains("cuda"), "{stderr}");
+        }
+    } else {
+        assert!(!ok);
+        assert!(
+            stderr.contains("built without the `cuda` feature"),
+            "{stderr}"
+        );
+    }
+}
