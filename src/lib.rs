@@ -33,6 +33,7 @@ pub mod error;
 pub mod model;
 pub mod plan;
 pub mod reference;
+pub mod sample;
 pub mod score;
 pub mod util;
 pub mod workload;
