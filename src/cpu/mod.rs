@@ -4,9 +4,11 @@
 //! Computes in f32 whatever the checkpoint's storage type.
 
 pub mod attention;
+pub mod decode;
 pub mod gemm;
 pub mod head;
 pub mod ops;
+pub mod sampler;
 pub mod weights;
 
 use std::time::Instant;

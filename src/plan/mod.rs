@@ -88,6 +88,22 @@ impl Plan {
         plan
     }
 
+    /// The prefix tree of raw sequences (no targets): returns the plan and, per sequence, the flat
+    /// index of its last token (`None` for an empty sequence). The driver's sampling prefill.
+    pub fn from_sequences(sequences: &[Vec<u32>]) -> (Plan, Vec<Option<u32>>) {
+        let mut trie = Trie::default();
+        let last: Vec<Option<u32>> = sequences
+            .iter()
+            .map(|s| trie.insert(s).last().copied())
+            .collect();
+        let plan = trie.flatten();
+        let rows = last
+            .into_iter()
+            .map(|node| node.map(|n| trie.flat_index[n as usize]))
+            .collect();
+        (plan, rows)
+    }
+
     pub fn n_tokens(&self) -> usize {
         self.tokens.len()
     }

@@ -8,6 +8,7 @@
 //!   at a stop token ("]") or a length cap.
 
 use crate::error::Result;
+use crate::util::rng::Rng;
 
 /// How continuations are drawn.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,6 +60,109 @@ pub trait Sampler {
     fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>>;
 
     /// `out[r][s]`: sample s of request r.
-    fn sample(&self, requests: &[SampleRequest], options: &SampleOptions)
-        -> Result<Vec<Vec<Sample>>>;
+    fn sample(
+        &self,
+        requests: &[SampleRequest],
+        options: &SampleOptions,
+    ) -> Result<Vec<Vec<Sample>>>;
+}
+
+/// The random stream of sample `s` of request `r`: independent of batching and backend.
+pub fn sample_rng(seed: u64, request: usize, sample: usize) -> Rng {
+    Rng::new(
+        seed ^ (request as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (sample as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F),
+    )
+}
+
+/// Draws the next token from a row of log-probabilities under `options` (greedy when the
+/// temperature is 0; ties go to the lowest id).
+pub fn draw(log_probs: &[f32], options: &SampleOptions, rng: &mut Rng) -> u32 {
+    let argmax = || {
+        log_probs
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
+                if v > bv {
+                    (i, v)
+                } else {
+                    (bi, bv)
+                }
+            })
+            .0 as u32
+    };
+    if options.temperature <= 0.0 {
+        return argmax();
+    }
+    let mut candidates: Vec<(u32, f32)> = log_probs
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (i as u32, v))
+        .collect();
+    if let Some(k) = options.top_k {
+        if k > 0 && k < candidates.len() {
+            // Highest first, ties to the lowest id: deterministic whatever the sort.
+            candidates.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            candidates.truncate(k);
+        }
+    }
+    let t = options.temperature as f64;
+    let max = candidates
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &(_, v)| m.max(v as f64 / t));
+    let weights: Vec<f64> = candidates
+        .iter()
+        .map(|&(_, v)| (v as f64 / t - max).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    if !(total > 0.0 && total.is_finite()) {
+        return argmax();
+    }
+    let mut u = rng.uniform() * total;
+    for (&(id, _), w) in candidates.iter().zip(&weights) {
+        if u < *w {
+            return id;
+        }
+        u -= w;
+    }
+    candidates.last().map_or(0, |c| c.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_and_top_1_pick_the_argmax() {
+        let lp = [-3.0f32, -0.5, -0.5, -9.0];
+        let mut rng = Rng::new(1);
+        let greedy = SampleOptions {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        assert_eq!(draw(&lp, &greedy, &mut rng), 1);
+        let top1 = SampleOptions {
+            top_k: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(draw(&lp, &top1, &mut rng), 1);
+    }
+
+    #[test]
+    fn sampling_follows_the_distribution() {
+        let lp = [0.7f32.ln(), 0.2f32.ln(), 0.1f32.ln()];
+        let mut rng = Rng::new(3);
+        let mut counts = [0usize; 3];
+        for _ in 0..20000 {
+            counts[draw(&lp, &SampleOptions::default(), &mut rng) as usize] += 1;
+        }
+        assert!(
+            (counts[0] as f64 / 20000.0 - 0.7).abs() < 0.02,
+            "{counts:?}"
+        );
+        assert!(
+            (counts[2] as f64 / 20000.0 - 0.1).abs() < 0.02,
+            "{counts:?}"
+        );
+    }
 }

@@ -1,0 +1,290 @@
+//! Incremental decoding on the CPU: a tree of cached keys and values (a KV tree) and a forward
+//! over new tokens that attend to it. The driver's sampling steps run on it: a batch of prefixes
+//! is prefilled once as a prefix tree (shared prefixes computed once), then every sample forks
+//! the KV of its prefix and decodes one token per step, all samples of the batch together.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::gemm::{matmul, matmul_wt};
+use super::{ops, CpuScorer};
+use crate::plan::Plan;
+
+/// Keys and values of every cached token, per layer, and the nodes that read them.
+#[derive(Default)]
+pub struct KvTree {
+    /// Per layer: [rows, d] keys and values (rotary applied to keys).
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    rows: usize,
+    nodes: Vec<Node>,
+}
+
+/// A sequence in the tree: the store rows of its context, in order (ancestors' rows first).
+#[derive(Debug, Clone, Default)]
+struct Node {
+    ranges: Vec<Range<usize>>,
+    len: usize,
+}
+
+impl Node {
+    /// Appends store row `row` to the context.
+    fn push(&mut self, row: usize) {
+        match self.ranges.last_mut() {
+            Some(r) if r.end == row => r.end += 1,
+            _ => self.ranges.push(row..row + 1),
+        }
+        self.len += 1;
+    }
+
+    /// The first `len` rows of this context.
+    fn prefix(&self, len: usize) -> Node {
+        let mut out = Node::default();
+        for r in &self.ranges {
+            if out.len >= len {
+                break;
+            }
+            let take = (r.end - r.start).min(len - out.len);
+            out.ranges.push(r.start..r.start + take);
+            out.len += take;
+        }
+        out
+    }
+}
+
+/// Index of a sequence in a `KvTree`.
+pub type NodeId = usize;
+
+impl KvTree {
+    pub fn new(n_layer: usize) -> Self {
+        KvTree {
+            k: vec![Vec::new(); n_layer],
+            v: vec![Vec::new(); n_layer],
+            ..Default::default()
+        }
+    }
+
+    /// A new empty sequence.
+    pub fn root(&mut self) -> NodeId {
+        self.nodes.push(Node::default());
+        self.nodes.len() - 1
+    }
+
+    /// A new sequence that continues the first `len` tokens of `node` (sharing their KV).
+    pub fn fork(&mut self, node: NodeId, len: usize) -> NodeId {
+        let n = self.nodes[node].prefix(len);
+        self.nodes.push(n);
+        self.nodes.len() - 1
+    }
+
+    /// Tokens in the context of `node`.
+    pub fn len(&self, node: NodeId) -> usize {
+        self.nodes[node].len
+    }
+
+    /// Cached tokens in the whole tree.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+}
+
+impl CpuScorer {
+    /// Runs `tokens[g]` at the end of sequence `nodes[g]` for every group g, extending the tree, and
+    /// returns the final residual stream of the new tokens ([n_new, d], before ln_f) in order.
+    /// A group may continue a node that another group of the same call creates tokens for only if
+    /// it was forked from it beforehand (prefill of a prefix tree does exactly that).
+    pub fn extend(&self, tree: &mut KvTree, nodes: &[NodeId], tokens: &[Vec<u32>]) -> Vec<f32> {
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut groups = Vec::new();
+        for (&node, toks) in nodes.iter().zip(tokens) {
+            let first = ids.len();
+            for &t in toks {
+                positions.push(tree.nodes[node].len as u32);
+                tree.nodes[node].push(tree.rows + ids.len());
+                ids.push(t);
+            }
+            groups.push((tree.nodes[node].ranges.clone(), toks.len(), first));
+        }
+        self.forward_new(tree, &ids, &positions, &groups)
+    }
+
+    /// Prefills a prefix tree: every segment of `plan` becomes a node of `tree` (returned per
+    /// segment) holding its ancestors' rows and its own; returns the final residual stream of the
+    /// plan's tokens ([n_tokens, d]).
+    pub fn prefill(&self, tree: &mut KvTree, plan: &Plan) -> (Vec<NodeId>, Vec<f32>) {
+        let base = tree.rows;
+        let seg_range = |s: usize| {
+            let seg = plan.segments[s];
+            base + seg.start as usize..base + (seg.start + seg.len) as usize
+        };
+        let mut groups = Vec::with_capacity(plan.segments.len());
+        let mut ids = Vec::with_capacity(plan.segments.len());
+        for (s, seg) in plan.segments.iter().enumerate() {
+            let mut node = Node::default();
+            for &a in plan.ancestors_of(s) {
+                for row in seg_range(a as usize) {
+                    node.push(row);
+                }
+            }
+            for row in seg_range(s) {
+                node.push(row);
+            }
+            groups.push((node.ranges.clone(), seg.len as usize, seg.start as usize));
+            tree.nodes.push(node);
+            ids.push(tree.nodes.len() - 1);
+        }
+        let x = self.forward_new(tree, &plan.tokens, &plan.positions, &groups);
+        (ids, x)
+    }
+
+    /// The layer loop over new tokens whose store rows start at `tree.rows` and whose groups'
+    /// contexts are already recorded.
+    fn forward_new(
+        &self,
+        tree: &mut KvTree,
+        ids: &[u32],
+        positions: &[u32],
+        groups: &[(Vec<Range<usize>>, usize, usize)],
+    ) -> Vec<f32> {
+        let c = &self.config;
+        let (d, f) = (c.n_embd, c.inner_dim());
+        let (n_head, head_dim) = (c.n_head, c.head_dim());
+        let eps = c.layer_norm_epsilon as f32;
+        let n = ids.len();
+        let base = tree.rows;
+        tree.rows += n;
+        let mut x = vec![0f32; n * d]; // [n, d]
+        let mut h = vec![0f32; n * d]; // [n, d]
+        let mut qkv = vec![0f32; n * 3 * d]; // [n, 3d]
+        let mut ctx = vec![0f32; n * d]; // [n, d]
+        let mut mlp = vec![0f32; n * f]; // [n, f]
+        ops::embed(&self.weights.wte, ids, d, &mut x);
+        for (l, block) in self.weights.h.iter().enumerate() {
+            ops::layer_norm(&x, &block.ln_1, eps, d, &mut h);
+            matmul_wt(&h, &block.qkv, &mut qkv, [n, 3 * d, d], false, true);
+            ops::rotary_qk(&mut qkv, positions, &self.rotary, n_head, head_dim);
+            let (k, v) = (&mut tree.k[l], &mut tree.v[l]);
+            k.resize((base + n) * d, 0.0);
+            v.resize((base + n) * d, 0.0);
+            for (t, row) in qkv.chunks(3 * d).enumerate() {
+                k[(base + t) * d..][..d].copy_from_slice(&row[d..2 * d]);
+                v[(base + t) * d..][..d].copy_from_slice(&row[2 * d..]);
+            }
+            cached_attention(groups, &qkv, k, v, n_head, head_dim, &mut ctx);
+            matmul_wt(&h, &block.fc_in, &mut mlp, [n, f, d], false, true);
+            ops::bias_gelu_new(&mut mlp, &block.fc_in_b);
+            matmul_wt(&ctx, &block.out_proj, &mut x, [n, d, d], true, true);
+            matmul_wt(&mlp, &block.fc_out, &mut x, [n, d, f], true, true);
+            ops::add_bias(&mut x, &block.fc_out_b);
+        }
+        x
+    }
+
+    /// Full log-softmax rows ([rows, vocab]) from final residual rows ([rows, d]).
+    pub fn log_softmax_rows(&self, x: &[f32]) -> Vec<f32> {
+        let (d, vocab) = (self.config.n_embd, self.config.vocab_size);
+        let rows = x.len() / d;
+        let eps = self.config.layer_norm_epsilon as f32;
+        let mut h = vec![0f32; rows * d];
+        h.par_chunks_mut(d)
+            .zip(x.par_chunks(d))
+            .for_each(|(o, x)| ops::layer_norm_row(x, &self.weights.ln_f, eps, o));
+        let mut logits = vec![0f32; rows * vocab];
+        matmul_wt(
+            &h,
+            &self.weights.lm_head,
+            &mut logits,
+            [rows, vocab, d],
+            false,
+            true,
+        );
+        logits.par_chunks_mut(vocab).for_each(|row| {
+            for (l, b) in row.iter_mut().zip(&self.weights.lm_head_b) {
+                *l += b;
+            }
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&v| (v - max).exp() as f64)
+                    .sum::<f64>()
+                    .ln() as f32;
+            for l in row.iter_mut() {
+                *l -= lse;
+            }
+        });
+        logits
+    }
+}
+
+/// Attention of new tokens over the KV tree: group g's new tokens are the last `n_new` rows of its
+/// context `ctx`, and new token a sees the context up to and including itself.
+fn cached_attention(
+    groups: &[(Vec<Range<usize>>, usize, usize)],
+    qkv: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n_head: usize,
+    head_dim: usize,
+    out: &mut [f32],
+) {
+    let d = n_head * head_dim;
+    let mut rest = out;
+    let mut outs = Vec::with_capacity(groups.len());
+    for (_, n_new, _) in groups {
+        let (mine, tail) = rest.split_at_mut(n_new * d);
+        outs.push(mine);
+        rest = tail;
+    }
+    outs.into_par_iter()
+        .zip(groups.par_iter())
+        .for_each(|(out, (ranges, n_new, first))| {
+            let rows: Vec<usize> = ranges.iter().flat_map(|r| r.clone()).collect();
+            let (n_ctx, n_new) = (rows.len(), *n_new);
+            let n_old = n_ctx - n_new;
+            let scale = 1.0 / (head_dim as f32).sqrt();
+            let mut q = vec![0f32; n_new * head_dim];
+            let mut kh = vec![0f32; n_ctx * head_dim];
+            let mut vh = vec![0f32; n_ctx * head_dim];
+            let mut scores = vec![0f32; n_new * n_ctx];
+            let mut o = vec![0f32; n_new * head_dim];
+            for hd in 0..n_head {
+                let col = hd * head_dim;
+                for a in 0..n_new {
+                    q[a * head_dim..][..head_dim]
+                        .copy_from_slice(&qkv[(first + a) * 3 * d + col..][..head_dim]);
+                }
+                for (j, &r) in rows.iter().enumerate() {
+                    kh[j * head_dim..][..head_dim].copy_from_slice(&k[r * d + col..][..head_dim]);
+                    vh[j * head_dim..][..head_dim].copy_from_slice(&v[r * d + col..][..head_dim]);
+                }
+                matmul_wt(&q, &kh, &mut scores, [n_new, n_ctx, head_dim], false, false);
+                for (a, srow) in scores.chunks_mut(n_ctx).enumerate() {
+                    let visible = n_old + a + 1;
+                    let max = srow[..visible]
+                        .iter()
+                        .fold(f32::NEG_INFINITY, |m, &x| m.max(x * scale));
+                    let mut sum = 0f32;
+                    for x in &mut srow[..visible] {
+                        *x = (*x * scale - max).exp();
+                        sum += *x;
+                    }
+                    for x in &mut srow[..visible] {
+                        *x /= sum;
+                    }
+                    srow[visible..].fill(0.0);
+                }
+                matmul(&scores, &vh, &mut o, [n_new, head_dim, n_ctx], false);
+                for a in 0..n_new {
+                    out[a * d + col..][..head_dim]
+                        .copy_from_slice(&o[a * head_dim..(a + 1) * head_dim]);
+                }
+            }
+        });
+}

@@ -1,0 +1,215 @@
+//! The CPU sampling steps against the f64 oracle: position log-probs from one forward, KV-cached
+//! decoding equal to a full forward of the same sequence at every step, determinism for a seed
+//! whatever the batching, stop tokens and length caps.
+
+mod common;
+
+use toolsift::cpu::decode::KvTree;
+use toolsift::cpu::CpuScorer;
+use toolsift::model::{DType, GptjConfig, GptjWeights};
+use toolsift::reference::ReferenceModel;
+use toolsift::sample::{SampleOptions, SampleRequest, Sampler};
+use toolsift::util::rng::Rng;
+use toolsift::Model;
+
+/// f32 engine vs f64 oracle on log-probs (see tests/cpu_vs_reference.rs for the reasoning).
+const TOL: f64 = 2e-3;
+
+fn random_model(seed: u64) -> Model {
+    let mut config = GptjConfig::small(2, 24, 3, 4, 61);
+    config.n_positions = 96;
+    let w = GptjWeights::random(&config, seed, DType::F32);
+    Model::from_parts(config, w, None)
+}
+
+fn random_ids(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|_| rng.range(0, vocab - 1) as u32).collect()
+}
+
+#[test]
+fn token_log_probs_match_the_oracle_at_every_position() {
+    for (model, seed) in [
+        (Model::load(&common::tiny("f32")).unwrap(), 1),
+        (random_model(4), 2),
+    ] {
+        let vocab = model.config.vocab_size;
+        let mut rng = Rng::new(seed);
+        let ids = random_ids(&mut rng, 40, vocab);
+        let tokens = [3u32, 7, (vocab - 1) as u32];
+        let got = CpuScorer::new(&model)
+            .token_log_probs(&ids, &tokens)
+            .unwrap();
+        let want = ReferenceModel::new(&model.config, &model.weights).log_softmax(&ids);
+        assert_eq!(got.len(), ids.len());
+        for (i, row) in got.iter().enumerate() {
+            for (j, &t) in tokens.iter().enumerate() {
+                let w = want.row(i)[t as usize];
+                assert!(
+                    (row[j] as f64 - w).abs() < TOL,
+                    "position {i} token {t}: {} vs {w}",
+                    row[j]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn kv_cached_steps_equal_a_full_forward_of_the_same_sequence() {
+    let model = random_model(9);
+    let engine = CpuScorer::new(&model);
+    let oracle = ReferenceModel::new(&model.config, &model.weights);
+    let vocab = model.config.vocab_size;
+    let d = model.config.n_embd;
+    let mut rng = Rng::new(5);
+    let mut tree = KvTree::new(model.config.n_layer);
+    let root = tree.root();
+    let prompt = random_ids(&mut rng, 12, vocab);
+    engine.extend(&mut tree, &[root], &[prompt.clone()]);
+    // Two branches forked at different points, then extended a token (or a few) at a time.
+    let a = tree.fork(root, 12);
+    let b = tree.fork(root, 7);
+    let mut seqs = vec![prompt.clone(), prompt[..7].to_vec()];
+    for step in 0..6 {
+        let toks: Vec<Vec<u32>> = (0..2)
+            .map(|_| random_ids(&mut rng, 1 + step % 3, vocab))
+            .collect();
+        let x = engine.extend(&mut tree, &[a, b], &toks);
+        let lp = engine.log_softmax_rows(&x);
+        let mut row = 0;
+        for (s, t) in seqs.iter_mut().zip(&toks) {
+            s.extend(t);
+            let want = oracle.log_softmax(s);
+            for k in 0..t.len() {
+                let pos = s.len() - t.len() + k;
+                for v in [0usize, 5, vocab - 1] {
+                    let got = lp[(row + k) * vocab + v] as f64;
+                    assert!(
+                        (got - want.row(pos)[v]).abs() < TOL,
+                        "step {step} pos {pos}"
+                    );
+                }
+            }
+            row += t.len();
+        }
+        assert_eq!(x.len(), row * d);
+    }
+    assert_eq!(tree.len(a), seqs[0].len());
+    assert_eq!(tree.len(b), seqs[1].len());
+}
+
+#[test]
+fn greedy_samples_equal_greedy_decoding_with_the_oracle() {
+    let model = random_model(21);
+    let engine = CpuScorer::new(&model);
+    let oracle = ReferenceModel::new(&model.config, &model.weights);
+    let mut rng = Rng::new(8);
+    let base = random_ids(&mut rng, 10, model.config.vocab_size);
+    // Prefixes sharing a head, as the driver's positions do.
+    let requests: Vec<SampleRequest> = [4usize, 7, 10]
+        .iter()
+        .map(|&n| SampleRequest {
+            prefix: base[..n].to_vec(),
+            n_samples: 2,
+        })
+        .collect();
+    let options = SampleOptions {
+        max_new_tokens: 8,
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let out = engine.sample(&requests, &options).unwrap();
+    for (req, samples) in requests.iter().zip(&out) {
+        let mut seq = req.prefix.clone();
+        for _ in 0..8 {
+            let lp = oracle.log_softmax(&seq);
+            let row = lp.row(seq.len() - 1);
+            let next = (0..row.len())
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+                .unwrap() as u32;
+            seq.push(next);
+        }
+        for s in samples {
+            assert_eq!(s.tokens, seq[req.prefix.len()..].to_vec());
+            assert!(!s.stopped);
+        }
+    }
+}
+
+#[test]
+fn sampling_is_deterministic_for_a_seed_whatever_the_batching() {
+    let model = random_model(2);
+    let engine = CpuScorer::new(&model);
+    let mut rng = Rng::new(1);
+    let requests: Vec<SampleRequest> = (0..3)
+        .map(|k| SampleRequest {
+            prefix: random_ids(&mut rng, 5 + k, 61),
+            n_samples: 4,
+        })
+        .collect();
+    let options = SampleOptions {
+        max_new_tokens: 6,
+        stop_tokens: vec![0, 1, 2],
+        seed: 42,
+        ..Default::default()
+    };
+    let all = engine.sample(&requests, &options).unwrap();
+    assert_eq!(all, engine.sample(&requests, &options).unwrap());
+    // Request 1 alone draws from the stream of request 0 — so compare request 0 alone.
+    let alone = engine.sample(&requests[..1], &options).unwrap();
+    assert_eq!(alone[0], all[0]);
+    let other_seed = SampleOptions {
+        seed: 43,
+        ..options.clone()
+    };
+    assert_ne!(engine.sample(&requests, &other_seed).unwrap(), all);
+    for s in all.iter().flatten() {
+        assert!(s.tokens.len() <= 6);
+        let stop_at = s
+            .tokens
+            .iter()
+            .position(|t| options.stop_tokens.contains(t));
+        match stop_at {
+            Some(p) => {
+                assert_eq!(p, s.tokens.len() - 1, "nothing after a stop token");
+                assert!(s.stopped);
+            }
+            None => assert_eq!(s.tokens.len(), 6),
+        }
+    }
+}
+
+#[test]
+fn bad_requests_are_errors() {
+    let model = random_model(2);
+    let engine = CpuScorer::new(&model);
+    let opts = SampleOptions::default();
+    let empty = [SampleRequest {
+        prefix: vec![],
+        n_samples: 1,
+    }];
+    assert!(engine
+        .sample(&empty, &opts)
+        .unwrap_err()
+        .to_string()
+        .contains("empty prefix"));
+    let oov = [SampleRequest {
+        prefix: vec![61],
+        n_samples: 1,
+    }];
+    assert!(engine
+        .sample(&oov, &opts)
+        .unwrap_err()
+        .to_string()
+        .contains("outside the vocabulary"));
+    assert!(engine.token_log_probs(&[1, 2], &[99]).is_err());
+    let long = [SampleRequest {
+        prefix: vec![1; 90],
+        n_samples: 1,
+    }];
+    assert!(engine
+        .sample(&long, &opts)
+        .unwrap_err()
+        .to_string()
+        .contains("n_positions"));
+}
