@@ -65,11 +65,11 @@ fn kv_cached_steps_equal_a_full_forward_of_the_same_sequence() {
     let mut tree = KvTree::new(model.config.n_layer);
     let root = tree.root();
     let prompt = random_ids(&mut rng, 12, vocab);
-    engine.extend(&mut tree, &[root], &[prompt.clone()]);
+    engine.extend(&mut tree, &[root], std::slice::from_ref(&prompt));
     // Two branches forked at different points, then extended a token (or a few) at a time.
     let a = tree.fork(root, 12);
     let b = tree.fork(root, 7);
-    let mut seqs = vec![prompt.clone(), prompt[..7].to_vec()];
+    let mut seqs = [prompt.clone(), prompt[..7].to_vec()];
     for step in 0..6 {
         let toks: Vec<Vec<u32>> = (0..2)
             .map(|_| random_ids(&mut rng, 1 + step % 3, vocab))
