@@ -213,3 +213,38 @@ fn bad_requests_are_errors() {
         .to_string()
         .contains("n_positions"));
 }
+
+#[test]
+fn decode_session_matches_the_oracle_with_spliced_tokens() {
+    use toolsift::sample::Decoder;
+    let model = random_model(13);
+    let engine = CpuScorer::new(&model);
+    let oracle = ReferenceModel::new(&model.config, &model.weights);
+    let mut session = engine.session();
+    let a = session.new_sequence();
+    let b = session.new_sequence();
+    let mut seqs = vec![vec![1u32, 2, 3], vec![4u32]];
+    let mut lp = session.extend(&[a, b], &seqs).unwrap();
+    // Grow by one sampled token, then splice a "tool result" of several tokens into a only.
+    for (step, toks) in [vec![vec![5u32], vec![6]], vec![vec![7, 8, 9]]]
+        .into_iter()
+        .enumerate()
+    {
+        let ids: Vec<usize> = if step == 0 { vec![a, b] } else { vec![a] };
+        for (s, t) in ids.iter().zip(&toks) {
+            seqs[*s].extend(t);
+        }
+        lp = session.extend(&ids, &toks).unwrap();
+        for (k, &s) in ids.iter().enumerate() {
+            let want = oracle.log_softmax(&seqs[s]);
+            let row = want.row(seqs[s].len() - 1);
+            for v in 0..model.config.vocab_size {
+                assert!((lp[k][v] as f64 - row[v]).abs() < TOL);
+            }
+        }
+    }
+    assert_eq!(session.len(a), 7);
+    assert_eq!(session.len(b), 2);
+    assert!(!lp.is_empty());
+    assert!(session.extend(&[9], &[vec![1]]).is_err());
+}

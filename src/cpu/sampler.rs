@@ -4,7 +4,9 @@ use super::decode::KvTree;
 use super::CpuScorer;
 use crate::error::{Error, Result};
 use crate::plan::Plan;
-use crate::sample::{draw, sample_rng, Sample, SampleOptions, SampleRequest, Sampler};
+use crate::sample::{
+    draw, sample_rng, DecodeSession, Decoder, Sample, SampleOptions, SampleRequest, Sampler,
+};
 
 /// Rows of full log-softmax computed at once (bounds the [rows, vocab] buffer).
 const HEAD_CHUNK_ROWS: usize = 64;
@@ -141,5 +143,69 @@ impl Sampler for CpuScorer {
             });
         }
         Ok(out)
+    }
+}
+
+/// A decode session on the CPU: a KV tree with one node per sequence.
+pub struct CpuDecodeSession<'a> {
+    engine: &'a CpuScorer,
+    tree: KvTree,
+    nodes: Vec<usize>,
+}
+
+impl Decoder for CpuScorer {
+    fn session(&self) -> Box<dyn DecodeSession + '_> {
+        Box::new(CpuDecodeSession {
+            engine: self,
+            tree: KvTree::new(self.config.n_layer),
+            nodes: Vec::new(),
+        })
+    }
+}
+
+impl DecodeSession for CpuDecodeSession<'_> {
+    fn new_sequence(&mut self) -> usize {
+        self.nodes.push(self.tree.root());
+        self.nodes.len() - 1
+    }
+
+    fn extend(&mut self, sequences: &[usize], tokens: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        let c = &self.engine.config;
+        if sequences.len() != tokens.len() {
+            return Err(Error::input("extend: one token list per sequence"));
+        }
+        let mut nodes = Vec::with_capacity(sequences.len());
+        for (&s, t) in sequences.iter().zip(tokens) {
+            let &node = self
+                .nodes
+                .get(s)
+                .ok_or_else(|| Error::input(format!("extend: no sequence {s}")))?;
+            if t.is_empty() {
+                return Err(Error::input(format!("extend: no tokens for sequence {s}")));
+            }
+            self.engine.check_ids(&format!("sequence {s}"), t)?;
+            if self.tree.len(node) + t.len() > c.n_positions {
+                return Err(Error::input(format!(
+                    "sequence {s} would grow past n_positions ({})",
+                    c.n_positions
+                )));
+            }
+            nodes.push(node);
+        }
+        let d = c.n_embd;
+        let x = self.engine.extend(&mut self.tree, &nodes, tokens);
+        // Only the last new token of each sequence needs the head.
+        let mut last = Vec::with_capacity(sequences.len() * d);
+        let mut row = 0;
+        for t in tokens {
+            row += t.len();
+            last.extend_from_slice(&x[(row - 1) * d..row * d]);
+        }
+        let lp = self.engine.log_softmax_rows(&last);
+        Ok(lp.chunks(c.vocab_size).map(<[f32]>::to_vec).collect())
+    }
+
+    fn len(&self, sequence: usize) -> usize {
+        self.nodes.get(sequence).map_or(0, |&n| self.tree.len(n))
     }
 }

@@ -128,6 +128,27 @@ pub fn draw(log_probs: &[f32], options: &SampleOptions, rng: &mut Rng) -> u32 {
     candidates.last().map_or(0, |c| c.0)
 }
 
+/// Incremental decoding with a KV cache, for the interrupt-execute-resume loop of tool-calling
+/// generation: sequences grow by any tokens (sampled ones, or a tool's result spliced in), and
+/// only the new tokens are computed.
+pub trait Decoder {
+    /// A fresh cache for a batch of sequences.
+    fn session(&self) -> Box<dyn DecodeSession + '_>;
+}
+
+/// A batch of growing sequences sharing one KV cache.
+pub trait DecodeSession {
+    /// Adds an empty sequence; returns its index.
+    fn new_sequence(&mut self) -> usize;
+
+    /// Appends `tokens[k]` (at least one) to sequence `sequences[k]` for every k, in one batched
+    /// forward; returns per k the log-softmax over the vocabulary after its last new token.
+    fn extend(&mut self, sequences: &[usize], tokens: &[Vec<u32>]) -> Result<Vec<Vec<f32>>>;
+
+    /// Tokens in sequence `sequence`.
+    fn len(&self, sequence: usize) -> usize;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
