@@ -161,12 +161,22 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         tau_f: args.tau_f,
         chunk_lines: args.chunk_lines,
     };
+    // The scorer takes the weights; the checkpoint's mapping is released as they are converted.
+    let Model {
+        config,
+        weights,
+        tokenizer,
+        ..
+    } = model;
     let scorer: Box<dyn Scorer> = match (args.reference, args.device) {
-        (true, _) => Box::new(ReferenceScorer::new(&model)),
-        (false, Device::Cpu) => {
-            Box::new(CpuScorer::new(&model).with_memory_budget(args.memory_budget_mb << 20))
-        }
-        (false, device) => toolsift::scorer_for(&model, device)?,
+        (true, _) => Box::new(ReferenceScorer::new(&Model::from_parts(
+            config, weights, None,
+        ))),
+        (false, Device::Cpu) => Box::new(
+            CpuScorer::from_weights(&config, weights)
+                .with_memory_budget(args.memory_budget_mb << 20),
+        ),
+        (false, device) => toolsift::scorer_for(&Model::from_parts(config, weights, None), device)?,
     };
     let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
     let output =
@@ -175,7 +185,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         BufReader::new(input),
         BufWriter::new(output),
         scorer.as_ref(),
-        model.tokenizer.as_ref(),
+        tokenizer.as_ref(),
         &options,
     )
     .with_context(|| format!("scoring {}", args.input.display()))?;
