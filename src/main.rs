@@ -319,7 +319,9 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
 }
 
 fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
-    use toolsift::annotate::{self, AnnotateConfig, Annotator, RunOptions, RunOutcome, Shard, ToolKind};
+    use toolsift::annotate::{
+        self, AnnotateConfig, Annotator, RunOptions, RunOutcome, Shard, ToolKind,
+    };
     let mut config = match &args.config {
         Some(path) => AnnotateConfig::from_file(path)?,
         None => AnnotateConfig::default(),
@@ -356,7 +358,14 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     let scorer = toolsift::scorer_for(&model, args.device)?;
     // The sampling backend: the f64 oracle until the fast CPU sampler lands (one line to change).
     let sampler = toolsift::sample::ReferenceSampler::new(&model);
-    let annotator = Annotator::new(tokenizer, &sampler, scorer.as_ref(), &registry, &config, &tools)?;
+    let annotator = Annotator::new(
+        tokenizer,
+        &sampler,
+        scorer.as_ref(),
+        &registry,
+        &config,
+        &tools,
+    )?;
     let options = RunOptions {
         corpus,
         out,

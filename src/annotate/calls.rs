@@ -60,12 +60,28 @@ mod tests {
     #[test]
     fn parses_calls() {
         let ok = |s: &str| parse_call(s).unwrap();
-        assert_eq!(ok("Calculator(400 / 1400)]"), ("Calculator".into(), "400 / 1400".into()));
+        assert_eq!(
+            ok("Calculator(400 / 1400)]"),
+            ("Calculator".into(), "400 / 1400".into())
+        );
         assert_eq!(ok(" Calendar()] and more"), ("Calendar".into(), "".into()));
-        assert_eq!(ok("QA(What is (a)?) -> x]"), ("QA".into(), "What is (a)?".into()));
+        assert_eq!(
+            ok("QA(What is (a)?) -> x]"),
+            ("QA".into(), "What is (a)?".into())
+        );
         assert_eq!(parse_call("Calculator(1+2"), Err(Malformed::Unterminated));
-        for bad in ["Calculator 1+2]", "Calc(1+2]", "(1+2)]", "Calc(1) x]", "A b(1)]", "QA([x)]"] {
-            assert!(matches!(parse_call(bad), Err(Malformed::Syntax(_))), "{bad}");
+        for bad in [
+            "Calculator 1+2]",
+            "Calc(1+2]",
+            "(1+2)]",
+            "Calc(1) x]",
+            "A b(1)]",
+            "QA([x)]",
+        ] {
+            assert!(
+                matches!(parse_call(bad), Err(Malformed::Syntax(_))),
+                "{bad}"
+            );
         }
     }
 

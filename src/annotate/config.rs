@@ -334,20 +334,19 @@ mod tests {
 
     #[test]
     fn overrides_and_errors() {
-        let c = AnnotateConfig::from_toml(
-            "seed = 7\n[per_tool.calendar]\nk = 2\nprompt = \"P {x}\"\n",
-        )
-        .unwrap();
+        let c =
+            AnnotateConfig::from_toml("seed = 7\n[per_tool.calendar]\nk = 2\nprompt = \"P {x}\"\n")
+                .unwrap();
         assert_eq!(c.seed, 7);
         assert_eq!(c.per_tool.calendar.k, 2);
-        assert_eq!(c.per_tool.calendar.tau_s, 0.05, "keys left out keep the tool's default");
+        assert_eq!(
+            c.per_tool.calendar.tau_s, 0.05,
+            "keys left out keep the tool's default"
+        );
         assert!(c.per_tool.calendar.require_date);
         assert_eq!(c.per_tool.calculator.k, 20);
         assert!(AnnotateConfig::from_toml("sed = 1").is_err());
-        let e = AnnotateConfig::from_toml(
-            "[per_tool.qa]\ntau_s = 2.0",
-        )
-        .unwrap_err();
+        let e = AnnotateConfig::from_toml("[per_tool.qa]\ntau_s = 2.0").unwrap_err();
         assert!(e.to_string().contains("per_tool.qa"), "{e}");
     }
 }

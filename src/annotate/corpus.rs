@@ -176,8 +176,13 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!((d.line, d.id_str(), d.text.as_str(), d.url.as_deref()), (3, "7".into(), "hi", Some("u")));
-        let Line::Doc(d) = parse_line(1, br#"{"body": "b"}"#, "body") else { panic!() };
+        assert_eq!(
+            (d.line, d.id_str(), d.text.as_str(), d.url.as_deref()),
+            (3, "7".into(), "hi", Some("u"))
+        );
+        let Line::Doc(d) = parse_line(1, br#"{"body": "b"}"#, "body") else {
+            panic!()
+        };
         assert_eq!(d.id, Value::Null);
         assert!(reason(parse_line(1, b"{", "text")).contains("invalid JSON"));
         assert!(reason(parse_line(1, b"[1]", "text")).contains("not a JSON object"));

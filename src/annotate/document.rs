@@ -316,8 +316,12 @@ impl<'a> Annotator<'a> {
             let requests: Vec<SampleRequest> = chosen
                 .iter()
                 .map(|&(i, _)| SampleRequest {
-                    prefix: [&prompt_ids[..], &x[..i], &[self.open_for(&doc.text, &enc, i)]]
-                        .concat(),
+                    prefix: [
+                        &prompt_ids[..],
+                        &x[..i],
+                        &[self.open_for(&doc.text, &enc, i)],
+                    ]
+                    .concat(),
                     n_samples: params.m,
                 })
                 .collect();

@@ -63,7 +63,10 @@ mod tests {
 
     #[test]
     fn numbers_and_foreign_words() {
-        assert_eq!(count_numbers("Out of 1,400 people, 400 (or 29%) said yes."), 3);
+        assert_eq!(
+            count_numbers("Out of 1,400 people, 400 (or 29%) said yes."),
+            3
+        );
         assert_eq!(count_numbers("no digits"), 0);
         assert_eq!(count_numbers("3.5, 4 and 5."), 3);
         assert_eq!(count_foreign_words("He said merci, très bien, Straße."), 2);

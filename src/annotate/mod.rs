@@ -181,8 +181,9 @@ fn finish(paths: &OutputPaths, tools: &[ToolKind], wall_secs: f64) -> Result<Sum
             let entry = entry?;
             if let Some(doc) = &entry.doc {
                 builder.document(doc, &entry.stats.clone().unwrap_or_default());
-                let line = serde_json::to_string(doc)
-                    .map_err(|e| Error::input(format!("cannot serialise line {}: {e}", doc.line)))?;
+                let line = serde_json::to_string(doc).map_err(|e| {
+                    Error::input(format!("cannot serialise line {}: {e}", doc.line))
+                })?;
                 writeln!(w, "{line}").map_err(|e| Error::io(&paths.out, e))?;
             }
         }
@@ -224,7 +225,11 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
                     continue;
                 }
                 let no: LineNo = serde_json::from_str(l).map_err(|e| {
-                    Error::input(format!("{}:{}: no input line number: {e}", path.display(), n + 1))
+                    Error::input(format!(
+                        "{}:{}: no input line number: {e}",
+                        path.display(),
+                        n + 1
+                    ))
                 })?;
                 all.push((no.line, l.to_string(), k));
             }

@@ -75,8 +75,14 @@ mod tests {
     #[test]
     fn top_k_above_threshold_in_text_order() {
         let p = [0.9, 0.1, 0.5, 0.01, 0.5, 0.3];
-        assert_eq!(select(&p, |_| true, 0.05, 3), vec![(2, 0.5), (4, 0.5), (5, 0.3)]);
+        assert_eq!(
+            select(&p, |_| true, 0.05, 3),
+            vec![(2, 0.5), (4, 0.5), (5, 0.3)]
+        );
         assert_eq!(select(&p, |i| i != 4, 0.2, 5), vec![(2, 0.5), (5, 0.3)]);
-        assert!(select(&p, |_| true, 0.95, 5).is_empty(), "position 0 never counts");
+        assert!(
+            select(&p, |_| true, 0.95, 5).is_empty(),
+            "position 0 never counts"
+        );
     }
 }

@@ -87,7 +87,10 @@ mod tests {
             assert_eq!(p.matches("{x}").count(), 1, "{tool:?}");
             assert!(p.ends_with("Input: {x}\nOutput: "), "{tool:?}");
             let call = format!("[{}(", tool.call_name());
-            assert!(p.matches(&call).count() >= 3, "{tool:?}: examples use {call}");
+            assert!(
+                p.matches(&call).count() >= 3,
+                "{tool:?}: examples use {call}"
+            );
         }
     }
 }

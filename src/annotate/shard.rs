@@ -109,7 +109,9 @@ impl Shard {
                 })?,
             };
             let index = id.checked_sub(min).ok_or_else(|| {
-                Error::input(format!("SLURM_ARRAY_TASK_ID {id} is below SLURM_ARRAY_TASK_MIN {min}"))
+                Error::input(format!(
+                    "SLURM_ARRAY_TASK_ID {id} is below SLURM_ARRAY_TASK_MIN {min}"
+                ))
             })?;
             return Shard::new(index, count);
         }
@@ -127,7 +129,11 @@ mod tests {
     use super::*;
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
@@ -139,9 +145,14 @@ mod tests {
         assert_eq!(shards.iter().map(|s| s.lines_of(10)).sum::<u64>(), 10);
         assert_eq!(Shard::new(2, 3).unwrap().lines_of(1), 0);
         assert!("3/3".parse::<Shard>().is_err());
-        assert_eq!("1/4".parse::<Shard>().unwrap(), Shard { index: 1, count: 4 });
         assert_eq!(
-            Shard::new(3, 8).unwrap().output_path(Path::new("o/c.jsonl")),
+            "1/4".parse::<Shard>().unwrap(),
+            Shard { index: 1, count: 4 }
+        );
+        assert_eq!(
+            Shard::new(3, 8)
+                .unwrap()
+                .output_path(Path::new("o/c.jsonl")),
             Path::new("o/c.shard-00003-of-00008.jsonl")
         );
     }
@@ -156,11 +167,19 @@ mod tests {
         let slurm = Shard::resolve(
             None,
             None,
-            env(&[("SLURM_ARRAY_TASK_ID", "5"), ("SLURM_ARRAY_TASK_COUNT", "8"), ("SLURM_ARRAY_TASK_MIN", "1")]),
+            env(&[
+                ("SLURM_ARRAY_TASK_ID", "5"),
+                ("SLURM_ARRAY_TASK_COUNT", "8"),
+                ("SLURM_ARRAY_TASK_MIN", "1"),
+            ]),
         )
         .unwrap();
         assert_eq!(slurm, Shard { index: 4, count: 8 });
-        let flag = Shard::resolve(Some(Shard { index: 0, count: 2 }), None, env(&[("SLURM_ARRAY_TASK_ID", "1")]));
+        let flag = Shard::resolve(
+            Some(Shard { index: 0, count: 2 }),
+            None,
+            env(&[("SLURM_ARRAY_TASK_ID", "1")]),
+        );
         assert_eq!(flag.unwrap().count, 2);
     }
 }

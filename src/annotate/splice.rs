@@ -11,7 +11,8 @@
 pub fn splice(text: &str, calls: &[(usize, String)]) -> String {
     let mut order: Vec<&(usize, String)> = calls.iter().collect();
     order.sort_by_key(|(b, _)| *b);
-    let mut out = String::with_capacity(text.len() + calls.iter().map(|c| c.1.len() + 1).sum::<usize>());
+    let mut out =
+        String::with_capacity(text.len() + calls.iter().map(|c| c.1.len() + 1).sum::<usize>());
     let mut at = 0;
     let mut k = 0;
     while k < order.len() {
@@ -48,7 +49,14 @@ mod tests {
         let b2 = t.find("%)").unwrap();
         assert_eq!(splice("ab", &[(1, "[X() -> 1]".into())]), "a[X() -> 1]b");
         assert_eq!(
-            splice(t, &[(b2, "[C() -> 2]".into()), (b, "[A() -> 1]".into()), (b, "[B() -> 3]".into())]),
+            splice(
+                t,
+                &[
+                    (b2, "[C() -> 2]".into()),
+                    (b, "[A() -> 1]".into()),
+                    (b, "[B() -> 3]".into())
+                ]
+            ),
             "Out of 1400, 400 (or [A() -> 1] [B() -> 3] 29[C() -> 2]%) passed."
         );
         assert_eq!(splice(t, &[]), t);

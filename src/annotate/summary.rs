@@ -108,7 +108,13 @@ impl SummaryBuilder {
                 tool: c.tool.clone(),
                 delta,
                 kept: c.kept,
-                context: context(&record.text, c.position, &c.tool, &c.input, c.result.as_deref()),
+                context: context(
+                    &record.text,
+                    c.position,
+                    &c.tool,
+                    &c.input,
+                    c.result.as_deref(),
+                ),
             };
             // Best: highest delta first; ties keep the earlier example.
             insert(&mut t.best, example, |a, b| a.delta > b.delta);
@@ -122,9 +128,16 @@ impl SummaryBuilder {
     }
 }
 
-fn insert(list: &mut Vec<Example>, make: impl Fn() -> Example, better: impl Fn(&Example, &Example) -> bool) {
+fn insert(
+    list: &mut Vec<Example>,
+    make: impl Fn() -> Example,
+    better: impl Fn(&Example, &Example) -> bool,
+) {
     let e = make();
-    let at = list.iter().position(|x| better(&e, x)).unwrap_or(list.len());
+    let at = list
+        .iter()
+        .position(|x| better(&e, x))
+        .unwrap_or(list.len());
     if at < EXAMPLES {
         list.insert(at, e);
         list.truncate(EXAMPLES);
@@ -143,7 +156,8 @@ fn context(text: &str, position: usize, tool: &str, input: &str, result: Option<
         end += 1;
     }
     let call = crate::score::call_text(tool, input, result, Default::default());
-    format!("…{}{call}{}…", &text[start..position], &text[position..end])
+    let spliced = super::splice::splice(&text[start..end], &[(position - start, call)]);
+    format!("…{spliced}…")
 }
 
 impl Summary {
@@ -155,7 +169,16 @@ impl Summary {
         );
         s.push_str(&format!(
             "{:<11} {:>8} {:>9} {:>8} {:>9} {:>8} {:>7} {:>6} {:>9} {:>7}\n",
-            "tool", "texts", "positions", "sampled", "malformed", "executed", "failed", "kept", "heuristic", "toolong"
+            "tool",
+            "texts",
+            "positions",
+            "sampled",
+            "malformed",
+            "executed",
+            "failed",
+            "kept",
+            "heuristic",
+            "toolong"
         ));
         for t in &self.tools {
             let st = &t.stats;

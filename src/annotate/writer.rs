@@ -105,12 +105,19 @@ impl Journal {
                 }
                 n += 1;
                 let complete = buf.ends_with(b"\n");
-                let parsed = if complete { Some(&buf[..buf.len() - 1]) } else { None };
+                let parsed = if complete {
+                    Some(&buf[..buf.len() - 1])
+                } else {
+                    None
+                };
                 let ok = match (n, parsed) {
                     (_, None) => false,
                     (1, Some(bytes)) => {
                         let header: Header = serde_json::from_slice(bytes).map_err(|e| {
-                            Error::input(format!("{}:1: not a toolsift journal: {e}", path.display()))
+                            Error::input(format!(
+                                "{}:1: not a toolsift journal: {e}",
+                                path.display()
+                            ))
                         })?;
                         if header.journal != MAGIC {
                             return Err(Error::input(format!(
@@ -268,7 +275,10 @@ mod tests {
         drop(j);
         let lines: Vec<u64> = read_journal(&p).unwrap().map(|e| e.unwrap().line).collect();
         assert_eq!(lines, vec![1, 3, 4]);
-        let err = Journal::open(&p, &json!({"seed": 2})).err().unwrap().to_string();
+        let err = Journal::open(&p, &json!({"seed": 2}))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("other settings"), "{err}");
     }
 

@@ -86,11 +86,18 @@ impl Sampler for ReferenceSampler {
         self.check(ids)?;
         let vocab = self.model.config().vocab_size;
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::input(format!("token id {t} is outside the vocabulary")));
+            return Err(Error::input(format!(
+                "token id {t} is outside the vocabulary"
+            )));
         }
         let lp = self.model.log_softmax(ids);
         Ok((0..ids.len())
-            .map(|i| tokens.iter().map(|&t| lp.row(i)[t as usize] as f32).collect())
+            .map(|i| {
+                tokens
+                    .iter()
+                    .map(|&t| lp.row(i)[t as usize] as f32)
+                    .collect()
+            })
             .collect())
     }
 
@@ -136,17 +143,37 @@ mod tests {
 
     fn model() -> Model {
         let config = GptjConfig::small(1, 16, 2, 4, 32);
-        Model::from_parts(config.clone(), GptjWeights::random(&config, 3, DType::F32), None)
+        Model::from_parts(
+            config.clone(),
+            GptjWeights::random(&config, 3, DType::F32),
+            None,
+        )
     }
 
     #[test]
     fn sampling_is_seeded_and_deterministic() {
         let s = ReferenceSampler::new(&model());
-        let req = [SampleRequest { prefix: vec![1, 2, 3], n_samples: 3 }];
-        let opts = SampleOptions { max_new_tokens: 6, stop_tokens: vec![7], seed: 11, ..Default::default() };
+        let req = [SampleRequest {
+            prefix: vec![1, 2, 3],
+            n_samples: 3,
+        }];
+        let opts = SampleOptions {
+            max_new_tokens: 6,
+            stop_tokens: vec![7],
+            seed: 11,
+            ..Default::default()
+        };
         let a = s.sample(&req, &opts).unwrap();
         assert_eq!(a, s.sample(&req, &opts).unwrap());
-        let b = s.sample(&req, &SampleOptions { seed: 12, ..opts.clone() }).unwrap();
+        let b = s
+            .sample(
+                &req,
+                &SampleOptions {
+                    seed: 12,
+                    ..opts.clone()
+                },
+            )
+            .unwrap();
         assert_ne!(a, b, "another seed draws other samples");
         for x in &a[0] {
             assert!(x.tokens.len() <= 6);
