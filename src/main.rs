@@ -34,6 +34,74 @@ enum Command {
     Convert(ConvertArgs),
     /// Time toolsift against the naive and tuned candle baselines on the standard workload.
     Bench(BenchCli),
+    /// Build C*: sample API calls over a corpus, execute them, keep those that help, splice.
+    Annotate(AnnotateArgs),
+    /// Build the WikiSearch BM25 index from a JSONL file of documents.
+    Index(IndexArgs),
+    /// Join shard outputs of `annotate` into one C*, in input-line order.
+    Merge(MergeArgs),
+}
+
+#[derive(clap::Args)]
+struct AnnotateArgs {
+    /// Hugging Face GPT-J folder (config.json, weights, tokenizer.json).
+    #[arg(long, required_unless_present = "print_config")]
+    model: Option<PathBuf>,
+    /// The corpus, JSONL (the text under `text_field`; optional "id", "url", "date").
+    #[arg(long, required_unless_present = "print_config")]
+    corpus: Option<PathBuf>,
+    /// C* output, JSONL; rejects and summary are written next to it.
+    #[arg(long, required_unless_present = "print_config")]
+    out: Option<PathBuf>,
+    /// Tools to use (default: every configured one; calculator and calendar need no setup).
+    #[arg(long, value_delimiter = ',')]
+    tools: Option<Vec<String>>,
+    /// TOML settings (see --print-config).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Print the settings in effect (defaults, or --config's) as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// Backend for the filter's scoring.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
+    /// Base seed (overrides the config's `seed`).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Corpus field holding the text (overrides the config's `text_field`).
+    #[arg(long)]
+    text_field: Option<String>,
+    /// This process's shard, INDEX/COUNT (0-based); line L goes to shard (L-1) % COUNT.
+    #[arg(long)]
+    shard: Option<String>,
+    /// Shard count for JOB_COMPLETION_INDEX (Kubernetes Indexed Jobs) or Slurm arrays.
+    #[arg(long)]
+    shards: Option<u64>,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(clap::Args)]
+struct IndexArgs {
+    /// Documents, JSONL: "id", optional "title", and the text.
+    #[arg(long)]
+    docs: PathBuf,
+    /// New index folder.
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value = "text")]
+    text_field: String,
+}
+
+#[derive(clap::Args)]
+struct MergeArgs {
+    /// Merged C*.
+    #[arg(long)]
+    out: PathBuf,
+    /// Shard outputs.
+    #[arg(required = true)]
+    inputs: Vec<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -136,6 +204,9 @@ fn main() -> ExitCode {
         Command::Score(args) => score(args),
         Command::Convert(args) => convert(args),
         Command::Bench(args) => bench(args),
+        Command::Annotate(args) => annotate(args),
+        Command::Index(args) => index(args),
+        Command::Merge(args) => merge(args),
     };
     match result {
         Ok(code) => code,
@@ -254,5 +325,106 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
         );
     }
     println!("{}", serde_json::to_string(&report)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
+    use toolsift::annotate::{
+        self, AnnotateConfig, Annotator, RunOptions, RunOutcome, Shard, ToolKind,
+    };
+    let mut config = match &args.config {
+        Some(path) => AnnotateConfig::from_file(path)?,
+        None => AnnotateConfig::default(),
+    };
+    if let Some(seed) = args.seed {
+        config.seed = seed;
+    }
+    if let Some(field) = args.text_field {
+        config.text_field = field;
+    }
+    config.validate()?;
+    if args.print_config {
+        print!("{}", config.to_toml());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (Some(model_dir), Some(corpus), Some(out)) = (args.model, args.corpus, args.out) else {
+        anyhow::bail!("--model, --corpus and --out are required");
+    };
+    let registry = annotate::tools::ToolRegistry::from_config(&config.tools)?;
+    let tools: Vec<ToolKind> = match &args.tools {
+        Some(keys) => keys
+            .iter()
+            .map(|k| ToolKind::from_key(k))
+            .collect::<toolsift::Result<_>>()?,
+        None => ToolKind::ALL
+            .into_iter()
+            .filter(|t| registry.get(t.call_name()).is_some())
+            .collect(),
+    };
+    let shard_flag = args.shard.as_deref().map(str::parse::<Shard>).transpose()?;
+    let shard = Shard::resolve(shard_flag, args.shards, |k| std::env::var(k).ok())?;
+    let model = Model::load(&model_dir)?;
+    let tokenizer = model.tokenizer()?;
+    let scorer = toolsift::scorer_for(&model, args.device)?;
+    // The sampling backend: the f64 oracle until the fast CPU sampler lands (one line to change).
+    let sampler = toolsift::sample::ReferenceSampler::new(&model);
+    let annotator = Annotator::new(
+        tokenizer,
+        &sampler,
+        scorer.as_ref(),
+        &registry,
+        &config,
+        &tools,
+    )?;
+    let options = RunOptions {
+        corpus,
+        out,
+        shard,
+        run_info: serde_json::json!({
+            "model": model_dir.display().to_string(),
+            "device": format!("{:?}", args.device),
+        }),
+        progress: !args.no_progress,
+        stop_after: None,
+    };
+    match annotate::annotate(&annotator, &options)? {
+        RunOutcome::Done(summary, paths) => {
+            eprint!("{}", summary.render());
+            eprintln!(
+                "wrote {} ({} rejects in {}, summary in {})",
+                paths.out.display(),
+                summary.rejected,
+                paths.rejects.display(),
+                paths.summary.display()
+            );
+        }
+        RunOutcome::Stopped(n) => eprintln!("stopped after {n} documents"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn index(args: IndexArgs) -> Result<ExitCode> {
+    let stats = toolsift::annotate::tools::build_index(&args.docs, &args.out, &args.text_field)?;
+    eprintln!(
+        "indexed {} documents ({} blank lines skipped) into {}",
+        stats.documents,
+        stats.blank_lines,
+        args.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn merge(args: MergeArgs) -> Result<ExitCode> {
+    let report = toolsift::annotate::merge(&args.out, &args.inputs)?;
+    eprintln!(
+        "merged {} documents and {} rejects from {} files into {}",
+        report.documents,
+        report.rejects,
+        args.inputs.len(),
+        args.out.display()
+    );
+    if let Some(missing) = report.missing.filter(|&m| m > 0) {
+        eprintln!("warning: {missing} input lines are in no shard output: is a shard missing?");
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -7,6 +7,10 @@
 //!   computed once and every sample branching off its cached KV, seeded and deterministic, stopped
 //!   at a stop token ("]") or a length cap.
 
+pub mod reference;
+
+pub use reference::ReferenceSampler;
+
 use crate::error::Result;
 use crate::util::rng::Rng;
 

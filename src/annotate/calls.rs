@@ -1,0 +1,92 @@
+//! Sampled calls: what the model wrote after "[" up to "]", parsed as "Tool(input)".
+//!
+//! Accepted: optional whitespace, a tool name (letters, digits, "_"), "(", the input, the last
+//! ")" before "]", then nothing or an arrow ("->" or "→" and anything up to "]", which is ignored:
+//! the result always comes from the tool). The input is trimmed and must not contain "[" (a
+//! nested call). Everything else is malformed: no "]" before the length cap, no "(", no ")",
+//! text after ")", an empty or odd tool name.
+
+/// Why a sample is not a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Malformed {
+    /// No "]" within the length cap.
+    Unterminated,
+    /// Not of the form Tool(input).
+    Syntax(String),
+}
+
+/// (tool, input) of a continuation of "[", e.g. "Calculator(400 / 1400)]".
+pub fn parse_call(continuation: &str) -> Result<(String, String), Malformed> {
+    let Some((body, _)) = continuation.split_once(']') else {
+        return Err(Malformed::Unterminated);
+    };
+    let body = body.trim_start();
+    let Some((name, rest)) = body.split_once('(') else {
+        return Err(Malformed::Syntax("no \"(\"".into()));
+    };
+    let name = name.trim_end();
+    if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || c == '_') {
+        return Err(Malformed::Syntax(format!("bad tool name {name:?}")));
+    }
+    let Some(close) = rest.rfind(')') else {
+        return Err(Malformed::Syntax("no \")\"".into()));
+    };
+    let after = rest[close + 1..].trim();
+    if !(after.is_empty() || after.starts_with("->") || after.starts_with('→')) {
+        return Err(Malformed::Syntax(format!("text after \")\": {after:?}")));
+    }
+    let input = rest[..close].trim();
+    if input.contains('[') {
+        return Err(Malformed::Syntax("nested call".into()));
+    }
+    Ok((name.to_string(), input.to_string()))
+}
+
+/// A tool's result made safe to splice: whitespace runs become one space, "[" and "]" become
+/// "(" and ")" so that the call stays parsable, and it is trimmed.
+pub fn clean_result(result: &str) -> String {
+    result
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace('[', "(")
+        .replace(']', ")")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_calls() {
+        let ok = |s: &str| parse_call(s).unwrap();
+        assert_eq!(
+            ok("Calculator(400 / 1400)]"),
+            ("Calculator".into(), "400 / 1400".into())
+        );
+        assert_eq!(ok(" Calendar()] and more"), ("Calendar".into(), "".into()));
+        assert_eq!(
+            ok("QA(What is (a)?) -> x]"),
+            ("QA".into(), "What is (a)?".into())
+        );
+        assert_eq!(parse_call("Calculator(1+2"), Err(Malformed::Unterminated));
+        for bad in [
+            "Calculator 1+2]",
+            "Calc(1+2]",
+            "(1+2)]",
+            "Calc(1) x]",
+            "A b(1)]",
+            "QA([x)]",
+        ] {
+            assert!(
+                matches!(parse_call(bad), Err(Malformed::Syntax(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn results_are_cleaned() {
+        assert_eq!(clean_result(" a\n b [c] "), "a b (c)");
+    }
+}

@@ -1,0 +1,352 @@
+//! The annotate run's settings, read from TOML (`toolsift annotate --config toolsift.toml`);
+//! `toolsift annotate --print-config` prints the defaults below as a file to start from.
+//!
+//! Per-tool sampling and filter settings live under `[per_tool.<tool>]` (tool keys: calculator,
+//! calendar, wikisearch, qa, mt); the tools' own settings (index, services, fallback date) under
+//! `[tools.<tool>]` (see `tools::ToolsConfig`).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::prompts;
+use super::tools::ToolsConfig;
+use crate::error::{Error, Result};
+use crate::score::{CallForm, LossWeights, Placement};
+
+/// The five built-in tools: the key used in configs and `--tools`, and the name used in calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ToolKind {
+    Calculator,
+    Calendar,
+    WikiSearch,
+    Qa,
+    Mt,
+}
+
+impl ToolKind {
+    pub const ALL: [ToolKind; 5] = [
+        ToolKind::Calculator,
+        ToolKind::Calendar,
+        ToolKind::WikiSearch,
+        ToolKind::Qa,
+        ToolKind::Mt,
+    ];
+
+    /// Config / CLI key: "calculator", "calendar", "wikisearch", "qa", "mt".
+    pub fn key(self) -> &'static str {
+        match self {
+            ToolKind::Calculator => "calculator",
+            ToolKind::Calendar => "calendar",
+            ToolKind::WikiSearch => "wikisearch",
+            ToolKind::Qa => "qa",
+            ToolKind::Mt => "mt",
+        }
+    }
+
+    /// The name written in calls: "[Calculator(...)]".
+    pub fn call_name(self) -> &'static str {
+        match self {
+            ToolKind::Calculator => "Calculator",
+            ToolKind::Calendar => "Calendar",
+            ToolKind::WikiSearch => "WikiSearch",
+            ToolKind::Qa => "QA",
+            ToolKind::Mt => "MT",
+        }
+    }
+
+    pub fn from_key(key: &str) -> Result<Self> {
+        ToolKind::ALL
+            .into_iter()
+            .find(|t| t.key() == key.trim())
+            .ok_or_else(|| {
+                Error::input(format!(
+                    "unknown tool {key:?}: expected one of calculator, calendar, wikisearch, qa, mt"
+                ))
+            })
+    }
+}
+
+/// Sampling, filter and heuristic settings of one tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolParams {
+    /// Keep positions whose call probability p("[") + p(" [") is above tau_s...
+    pub tau_s: f64,
+    /// ...and at most the k most probable of them.
+    pub k: usize,
+    /// Calls sampled per position.
+    pub m: usize,
+    /// Keep a call iff L- - L+ >= tau_f.
+    pub tau_f: f64,
+    /// Heuristic: only texts with at least this many numbers (0: off). Paper: calculator, 3.
+    #[serde(default)]
+    pub min_numbers: usize,
+    /// Heuristic: only documents with a date (their "date" field, a date in their URL, or
+    /// `[tools.calendar] date`). Paper: calendar.
+    #[serde(default)]
+    pub require_date: bool,
+    /// Heuristic: only texts with at least this many words containing non-ASCII letters, a
+    /// stand-in for the paper's "contains non-English text" (0: off). MT: 1.
+    #[serde(default)]
+    pub min_foreign_words: usize,
+    /// The annotation prompt P(x): must contain "{x}" exactly once (the text), and should end
+    /// with "Output: " (the model continues with the annotated text).
+    pub prompt: String,
+}
+
+impl ToolParams {
+    /// The paper's defaults: tau_s 0.05, k 5, m 5, tau_f 1.0; calculator and MT tau_s 0, k 20,
+    /// m 10, tau_f 0.5; plus the paper's heuristics.
+    pub fn paper(tool: ToolKind) -> Self {
+        let (tau_s, k, m, tau_f) = match tool {
+            ToolKind::Calculator | ToolKind::Mt => (0.0, 20, 10, 0.5),
+            _ => (0.05, 5, 5, 1.0),
+        };
+        ToolParams {
+            tau_s,
+            k,
+            m,
+            tau_f,
+            min_numbers: if tool == ToolKind::Calculator { 3 } else { 0 },
+            require_date: tool == ToolKind::Calendar,
+            min_foreign_words: if tool == ToolKind::Mt { 1 } else { 0 },
+            prompt: prompts::default_prompt(tool).to_string(),
+        }
+    }
+
+    fn validate(&self, tool: ToolKind) -> Result<()> {
+        let bad = |msg: String| Err(Error::input(format!("[per_tool.{}] {msg}", tool.key())));
+        if !(0.0..=1.0).contains(&self.tau_s) {
+            return bad(format!("tau_s = {} is not a probability", self.tau_s));
+        }
+        if !self.tau_f.is_finite() {
+            return bad("tau_f must be finite".into());
+        }
+        if self.prompt.matches("{x}").count() != 1 {
+            return bad("prompt must contain \"{x}\" exactly once".into());
+        }
+        Ok(())
+    }
+}
+
+/// Per-tool settings, one table each. A key left out of a table keeps that tool's default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "PerToolPartial")]
+pub struct PerTool {
+    pub calculator: ToolParams,
+    pub calendar: ToolParams,
+    pub wikisearch: ToolParams,
+    pub qa: ToolParams,
+    pub mt: ToolParams,
+}
+
+/// `ToolParams` as read: every key optional.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParamsPartial {
+    tau_s: Option<f64>,
+    k: Option<usize>,
+    m: Option<usize>,
+    tau_f: Option<f64>,
+    min_numbers: Option<usize>,
+    require_date: Option<bool>,
+    min_foreign_words: Option<usize>,
+    prompt: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct PerToolPartial {
+    calculator: ParamsPartial,
+    calendar: ParamsPartial,
+    wikisearch: ParamsPartial,
+    qa: ParamsPartial,
+    mt: ParamsPartial,
+}
+
+fn merge(tool: ToolKind, p: ParamsPartial) -> ToolParams {
+    let d = ToolParams::paper(tool);
+    ToolParams {
+        tau_s: p.tau_s.unwrap_or(d.tau_s),
+        k: p.k.unwrap_or(d.k),
+        m: p.m.unwrap_or(d.m),
+        tau_f: p.tau_f.unwrap_or(d.tau_f),
+        min_numbers: p.min_numbers.unwrap_or(d.min_numbers),
+        require_date: p.require_date.unwrap_or(d.require_date),
+        min_foreign_words: p.min_foreign_words.unwrap_or(d.min_foreign_words),
+        prompt: p.prompt.unwrap_or(d.prompt),
+    }
+}
+
+impl From<PerToolPartial> for PerTool {
+    fn from(p: PerToolPartial) -> Self {
+        PerTool {
+            calculator: merge(ToolKind::Calculator, p.calculator),
+            calendar: merge(ToolKind::Calendar, p.calendar),
+            wikisearch: merge(ToolKind::WikiSearch, p.wikisearch),
+            qa: merge(ToolKind::Qa, p.qa),
+            mt: merge(ToolKind::Mt, p.mt),
+        }
+    }
+}
+
+impl Default for PerTool {
+    fn default() -> Self {
+        PerTool {
+            calculator: ToolParams::paper(ToolKind::Calculator),
+            calendar: ToolParams::paper(ToolKind::Calendar),
+            wikisearch: ToolParams::paper(ToolKind::WikiSearch),
+            qa: ToolParams::paper(ToolKind::Qa),
+            mt: ToolParams::paper(ToolKind::Mt),
+        }
+    }
+}
+
+impl PerTool {
+    pub fn get(&self, tool: ToolKind) -> &ToolParams {
+        match tool {
+            ToolKind::Calculator => &self.calculator,
+            ToolKind::Calendar => &self.calendar,
+            ToolKind::WikiSearch => &self.wikisearch,
+            ToolKind::Qa => &self.qa,
+            ToolKind::Mt => &self.mt,
+        }
+    }
+
+    pub fn get_mut(&mut self, tool: ToolKind) -> &mut ToolParams {
+        match tool {
+            ToolKind::Calculator => &mut self.calculator,
+            ToolKind::Calendar => &mut self.calendar,
+            ToolKind::WikiSearch => &mut self.wikisearch,
+            ToolKind::Qa => &mut self.qa,
+            ToolKind::Mt => &mut self.mt,
+        }
+    }
+}
+
+/// Everything an annotate run is configured with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnnotateConfig {
+    /// The corpus field holding the text.
+    pub text_field: String,
+    /// Base seed; document at input line L samples with a seed derived from (seed, L, tool).
+    pub seed: u64,
+    /// How candidates are scored: "prefix" (the paper's) or "inline".
+    pub placement: Placement,
+    /// e(c, eps): "arrow" ("[T(i) ->]", the paper's) or "bare" ("[T(i)]").
+    pub call_form: CallForm,
+    /// Loss weights w_0, w_1, ... (default: 1, .8, .6, .4, .2, divided by 3).
+    pub weights: Vec<f64>,
+    /// Longest sampled call, in tokens after "[" ("]" included); longer samples are malformed.
+    pub max_call_tokens: usize,
+    /// Sampling temperature for calls (0: greedy).
+    pub temperature: f32,
+    /// Sample calls among the most likely `top_k_tokens` tokens only (0: whole vocabulary).
+    pub top_k_tokens: usize,
+    /// Per-tool sampling, filter and heuristic settings.
+    pub per_tool: PerTool,
+    /// The tools' own settings.
+    pub tools: ToolsConfig,
+}
+
+impl Default for AnnotateConfig {
+    fn default() -> Self {
+        AnnotateConfig {
+            text_field: "text".into(),
+            seed: 0,
+            placement: Placement::Prefix,
+            call_form: CallForm::Arrow,
+            weights: LossWeights::default().as_slice().to_vec(),
+            max_call_tokens: 32,
+            temperature: 1.0,
+            top_k_tokens: 0,
+            per_tool: PerTool::default(),
+            tools: ToolsConfig::default(),
+        }
+    }
+}
+
+impl AnnotateConfig {
+    /// Reads and validates a TOML file; missing keys take their defaults.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::from_toml(&text).map_err(|e| Error::input(format!("{}: {e}", path.display())))
+    }
+
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let config: AnnotateConfig =
+            toml::from_str(text).map_err(|e| Error::input(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The defaults as a TOML file.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.text_field.is_empty() {
+            return Err(Error::input("text_field must not be empty"));
+        }
+        LossWeights::new(self.weights.clone())?;
+        if self.max_call_tokens == 0 {
+            return Err(Error::input("max_call_tokens must be at least 1"));
+        }
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(Error::input("temperature must be finite and >= 0"));
+        }
+        for tool in ToolKind::ALL {
+            self.per_tool.get(tool).validate(tool)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paper_defaults() {
+        let c = AnnotateConfig::default();
+        let calc = c.per_tool.get(ToolKind::Calculator);
+        assert_eq!((calc.tau_s, calc.k, calc.m, calc.tau_f), (0.0, 20, 10, 0.5));
+        assert_eq!(calc.min_numbers, 3);
+        let mt = c.per_tool.get(ToolKind::Mt);
+        assert_eq!((mt.tau_s, mt.k, mt.m, mt.tau_f), (0.0, 20, 10, 0.5));
+        for t in [ToolKind::Calendar, ToolKind::WikiSearch, ToolKind::Qa] {
+            let p = c.per_tool.get(t);
+            assert_eq!((p.tau_s, p.k, p.m, p.tau_f), (0.05, 5, 5, 1.0));
+        }
+        assert!(c.per_tool.calendar.require_date);
+    }
+
+    #[test]
+    fn printed_defaults_parse_back() {
+        let c = AnnotateConfig::default();
+        let text = c.to_toml();
+        assert!(text.contains("[per_tool.calculator]"), "{text}");
+        assert_eq!(AnnotateConfig::from_toml(&text).unwrap(), c);
+    }
+
+    #[test]
+    fn overrides_and_errors() {
+        let c =
+            AnnotateConfig::from_toml("seed = 7\n[per_tool.calendar]\nk = 2\nprompt = \"P {x}\"\n")
+                .unwrap();
+        assert_eq!(c.seed, 7);
+        assert_eq!(c.per_tool.calendar.k, 2);
+        assert_eq!(
+            c.per_tool.calendar.tau_s, 0.05,
+            "keys left out keep the tool's default"
+        );
+        assert!(c.per_tool.calendar.require_date);
+        assert_eq!(c.per_tool.calculator.k, 20);
+        assert!(AnnotateConfig::from_toml("sed = 1").is_err());
+        let e = AnnotateConfig::from_toml("[per_tool.qa]\ntau_s = 2.0").unwrap_err();
+        assert!(e.to_string().contains("per_tool.qa"), "{e}");
+    }
+}

@@ -1,0 +1,504 @@
+//! One document through the whole pipeline, for every active tool: heuristics -> P(x) ->
+//! positions -> sampled calls -> tools -> scoring -> filter -> splice. Everything a document's
+//! result depends on is the document, the config and (seed, line number): never the batch it ran
+//! in, so a resumed or sharded run writes the same bytes.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::calls::{clean_result, parse_call, Malformed};
+use super::config::{AnnotateConfig, ToolKind};
+use super::corpus::Document;
+use super::tools::{DocContext, ToolRegistry};
+use super::{heuristics, positions, prompts, splice};
+use crate::error::{Error, Result};
+use crate::model::Tokenizer;
+use crate::sample::{SampleOptions, SampleRequest, Sampler};
+use crate::score::{call_text, validate, LossWeights, ScoreOptions, Scorer, TextCandidate};
+use crate::util::rng::Rng;
+
+/// One call of a C* line: every executed candidate, kept or not, with its scores for audit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallRecord {
+    /// Byte offset into "text" where the call goes.
+    pub position: usize,
+    pub tool: String,
+    pub input: String,
+    /// The tool's result; null when the tool failed.
+    pub result: Option<String>,
+    pub l_none: Option<f64>,
+    pub l_call: Option<f64>,
+    pub l_call_result: Option<f64>,
+    pub delta: Option<f64>,
+    pub kept: bool,
+    /// Why the call has no scores (tool failure, too long to score).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One line of C*.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CStarRecord {
+    /// 1-based input line number (orders shards in `toolsift merge`).
+    pub line: u64,
+    pub id: Value,
+    pub text: String,
+    pub annotated_text: String,
+    pub calls: Vec<CallRecord>,
+}
+
+/// Counters of one tool (the paper's Table 2 and where the rest went).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ToolStats {
+    /// Documents the tool was tried on (passed the heuristics and fit the context).
+    pub texts_considered: u64,
+    /// Documents its heuristics ruled out.
+    pub texts_skipped_heuristic: u64,
+    /// Documents whose P(x) ++ x could not fit n_positions even with x cut to 1 position.
+    pub texts_too_long: u64,
+    /// Documents considered on a prefix of x only (the rest did not fit n_positions).
+    pub texts_truncated: u64,
+    /// Positions kept (p_i > tau_s, top k).
+    pub positions: u64,
+    pub calls_sampled: u64,
+    /// Samples that are not "Tool(input)]" (unparsable, or no "]" before the length cap).
+    pub calls_malformed: u64,
+    /// Parsable samples naming another tool than the prompt's (unknown or not asked for).
+    pub calls_unknown_tool: u64,
+    /// Repeats of a call already sampled at the same position (executed and scored once).
+    pub calls_duplicate: u64,
+    /// Calls handed to the tool.
+    pub calls_executed: u64,
+    /// Executed calls the tool returned no result for.
+    pub calls_failed: u64,
+    /// Calls with a result that cannot be scored (too long for n_positions).
+    pub calls_unscorable: u64,
+    pub calls_scored: u64,
+    pub calls_kept: u64,
+}
+
+impl ToolStats {
+    pub fn add(&mut self, o: &ToolStats) {
+        self.texts_considered += o.texts_considered;
+        self.texts_skipped_heuristic += o.texts_skipped_heuristic;
+        self.texts_too_long += o.texts_too_long;
+        self.texts_truncated += o.texts_truncated;
+        self.positions += o.positions;
+        self.calls_sampled += o.calls_sampled;
+        self.calls_malformed += o.calls_malformed;
+        self.calls_unknown_tool += o.calls_unknown_tool;
+        self.calls_duplicate += o.calls_duplicate;
+        self.calls_executed += o.calls_executed;
+        self.calls_failed += o.calls_failed;
+        self.calls_unscorable += o.calls_unscorable;
+        self.calls_scored += o.calls_scored;
+        self.calls_kept += o.calls_kept;
+    }
+}
+
+/// Seconds per stage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StageSecs {
+    /// Position probabilities and call sampling.
+    pub sampling: f64,
+    /// Tool execution.
+    pub tools: f64,
+    /// Filtering with the scoring engine.
+    pub scoring: f64,
+}
+
+impl StageSecs {
+    pub fn add(&mut self, o: &StageSecs) {
+        self.sampling += o.sampling;
+        self.tools += o.tools;
+        self.scoring += o.scoring;
+    }
+}
+
+/// What one document contributed to the summary.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DocStats {
+    /// Per tool key ("calculator", ...).
+    pub tools: BTreeMap<String, ToolStats>,
+    pub secs: StageSecs,
+    /// Candidates scored (for candidates/s).
+    pub candidates: u64,
+}
+
+/// A tool's prompt, tokenized around the text.
+struct Prompt {
+    before: Vec<u32>,
+    after: Vec<u32>,
+}
+
+/// The driver's per-document machinery: tokenizer, sampler, scorer, tools and settings.
+pub struct Annotator<'a> {
+    tokenizer: &'a Tokenizer,
+    sampler: &'a dyn Sampler,
+    scorer: &'a dyn Scorer,
+    registry: &'a ToolRegistry,
+    config: AnnotateConfig,
+    tools: Vec<ToolKind>,
+    prompts: BTreeMap<ToolKind, Prompt>,
+    bracket: Option<u32>,
+    space_bracket: Option<u32>,
+    stop_tokens: Vec<u32>,
+    score_options: ScoreOptions,
+}
+
+/// A call that reached its tool.
+struct Pending {
+    tool: ToolKind,
+    token: usize,
+    byte: usize,
+    input: String,
+    result: std::result::Result<String, String>,
+}
+
+impl<'a> Annotator<'a> {
+    /// `tools`: the active tools, each of which must be registered in `registry`.
+    pub fn new(
+        tokenizer: &'a Tokenizer,
+        sampler: &'a dyn Sampler,
+        scorer: &'a dyn Scorer,
+        registry: &'a ToolRegistry,
+        config: &AnnotateConfig,
+        tools: &[ToolKind],
+    ) -> Result<Self> {
+        config.validate()?;
+        for t in tools {
+            if registry.get(t.call_name()).is_none() {
+                return Err(Error::input(format!(
+                    "tool {} is not available: configure it under [tools.{}] (registered: {})",
+                    t.key(),
+                    t.key(),
+                    registry.names().join(", ")
+                )));
+            }
+        }
+        let mut tools = tools.to_vec();
+        tools.sort();
+        tools.dedup();
+        let mut prompts = BTreeMap::new();
+        for &t in &tools {
+            let (before, after) = prompts::split(&config.per_tool.get(t).prompt);
+            prompts.insert(
+                t,
+                Prompt {
+                    before: tokenizer.encode_ids(before)?,
+                    after: tokenizer.encode_ids(after)?,
+                },
+            );
+        }
+        let bracket = single_token(tokenizer, "[")?;
+        let space_bracket = single_token(tokenizer, " [")?;
+        if bracket.is_none() && space_bracket.is_none() {
+            return Err(Error::input(format!(
+                "{}: neither \"[\" nor \" [\" is a single token; calls cannot be sampled",
+                tokenizer.path().display()
+            )));
+        }
+        // Every token whose text contains "]" ends a call ("]", "])", "]." ...).
+        let mut stop_tokens = Vec::new();
+        for id in 0..tokenizer.vocab_size() as u32 {
+            if tokenizer.decode(&[id]).is_ok_and(|s| s.contains(']')) {
+                stop_tokens.push(id);
+            }
+        }
+        let score_options = ScoreOptions {
+            placement: config.placement,
+            weights: LossWeights::new(config.weights.clone())?,
+        };
+        Ok(Annotator {
+            tokenizer,
+            sampler,
+            scorer,
+            registry,
+            config: config.clone(),
+            tools,
+            prompts,
+            bracket,
+            space_bracket,
+            stop_tokens,
+            score_options,
+        })
+    }
+
+    pub fn config(&self) -> &AnnotateConfig {
+        &self.config
+    }
+
+    pub fn tools(&self) -> &[ToolKind] {
+        &self.tools
+    }
+
+    /// The ids of the tokens that open a call ("[", " [", those that exist).
+    fn open_ids(&self) -> Vec<u32> {
+        self.bracket.into_iter().chain(self.space_bracket).collect()
+    }
+
+    /// The sampling seed of document `line` for `tool`: independent of batching and of which
+    /// other tools run.
+    pub fn doc_seed(seed: u64, line: u64, tool: ToolKind) -> u64 {
+        let mut r = Rng::new(seed ^ line.wrapping_mul(0xD6E8_FEB8_6659_FD93));
+        r.next_u64() ^ (tool as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+
+    /// Runs every active tool over `doc`.
+    pub fn annotate_document(&self, doc: &Document) -> Result<(CStarRecord, DocStats)> {
+        let mut stats = DocStats::default();
+        let enc = self.tokenizer.encode(&doc.text)?;
+        let x: Arc<[u32]> = enc.ids.clone().into();
+        let id = doc.id_str();
+        let ctx = DocContext {
+            id: &id,
+            url: doc.url.as_deref(),
+            date: doc.date.as_deref(),
+        };
+        let n_positions = self.scorer.config().n_positions;
+        let fallback_date = self.config.tools.calendar.date.as_deref();
+        let mut pending: Vec<Pending> = Vec::new();
+
+        for &tool in &self.tools {
+            let params = self.config.per_tool.get(tool);
+            let st = stats.tools.entry(tool.key().to_string()).or_default();
+            if !heuristics::applies(params, doc, fallback_date) {
+                st.texts_skipped_heuristic += 1;
+                continue;
+            }
+            let prompt = &self.prompts[&tool];
+            // Longest sampling prefix: before ++ x' ++ after ++ x'[..T-1] ++ "[" plus the call,
+            // so 2T + |before| + |after| + max_call_tokens <= n_positions.
+            let fixed = prompt.before.len() + prompt.after.len() + self.config.max_call_tokens;
+            let t_max = n_positions.saturating_sub(fixed) / 2;
+            let t = x.len().min(t_max);
+            if t < 2 {
+                // Position 1 needs x_1 and x_2 at least.
+                if x.len() >= 2 {
+                    st.texts_too_long += 1;
+                } else {
+                    st.texts_considered += 1;
+                }
+                continue;
+            }
+            st.texts_considered += 1;
+            if t < x.len() {
+                st.texts_truncated += 1;
+            }
+            let start = Instant::now();
+            let prompt_ids: Vec<u32> = [&prompt.before[..], &x[..t], &prompt.after[..]].concat();
+            let seq: Vec<u32> = [&prompt_ids[..], &x[..t]].concat();
+            let probs = positions::call_probabilities(
+                self.sampler,
+                &seq,
+                prompt_ids.len(),
+                t,
+                &self.open_ids(),
+            )?;
+            let chosen = positions::select(
+                &probs,
+                |i| positions::splice_byte(&doc.text, &enc, i).is_some(),
+                params.tau_s,
+                params.k,
+            );
+            st.positions += chosen.len() as u64;
+            if chosen.is_empty() || params.m == 0 {
+                stats.secs.sampling += start.elapsed().as_secs_f64();
+                continue;
+            }
+            let requests: Vec<SampleRequest> = chosen
+                .iter()
+                .map(|&(i, _)| SampleRequest {
+                    prefix: [
+                        &prompt_ids[..],
+                        &x[..i],
+                        &[self.open_for(&doc.text, &enc, i)],
+                    ]
+                    .concat(),
+                    n_samples: params.m,
+                })
+                .collect();
+            let options = SampleOptions {
+                max_new_tokens: self.config.max_call_tokens,
+                stop_tokens: self.stop_tokens.clone(),
+                temperature: self.config.temperature,
+                top_k: (self.config.top_k_tokens > 0).then_some(self.config.top_k_tokens),
+                seed: Self::doc_seed(self.config.seed, doc.line, tool),
+            };
+            let samples = self.sampler.sample(&requests, &options)?;
+            stats.secs.sampling += start.elapsed().as_secs_f64();
+
+            let start = Instant::now();
+            let mut seen = HashSet::new();
+            for (&(i, _), samples) in chosen.iter().zip(&samples) {
+                let byte = positions::splice_byte(&doc.text, &enc, i).unwrap_or(0);
+                for sample in samples {
+                    st.calls_sampled += 1;
+                    let text = self.tokenizer.decode(&sample.tokens)?;
+                    let (name, input) = match parse_call(&text) {
+                        Ok(c) => c,
+                        Err(Malformed::Unterminated | Malformed::Syntax(_)) => {
+                            st.calls_malformed += 1;
+                            continue;
+                        }
+                    };
+                    if name != tool.call_name() {
+                        st.calls_unknown_tool += 1;
+                        continue;
+                    }
+                    if !seen.insert((i, input.clone())) {
+                        st.calls_duplicate += 1;
+                        continue;
+                    }
+                    st.calls_executed += 1;
+                    let result = self
+                        .registry
+                        .call(tool.call_name(), &input, &ctx)
+                        .map(|r| clean_result(&r))
+                        .map_err(|e| e.to_string());
+                    if result.is_err() {
+                        st.calls_failed += 1;
+                    }
+                    pending.push(Pending {
+                        tool,
+                        token: i,
+                        byte,
+                        input,
+                        result,
+                    });
+                }
+            }
+            stats.secs.tools += start.elapsed().as_secs_f64();
+        }
+
+        // Filter every executed call that has a result, all of the document's in one batch.
+        let start = Instant::now();
+        let mut calls: Vec<CallRecord> = Vec::with_capacity(pending.len());
+        let mut to_score = Vec::new();
+        let mut score_index = Vec::new();
+        for p in &pending {
+            let mut record = CallRecord {
+                position: p.byte,
+                tool: p.tool.call_name().to_string(),
+                input: p.input.clone(),
+                result: None,
+                l_none: None,
+                l_call: None,
+                l_call_result: None,
+                delta: None,
+                kept: false,
+                error: None,
+            };
+            match &p.result {
+                Err(e) => record.error = Some(format!("tool failed: {e}")),
+                Ok(r) => {
+                    record.result = Some(r.clone());
+                    let candidate = TextCandidate {
+                        text: doc.text.clone(),
+                        position: p.byte,
+                        tool: record.tool.clone(),
+                        input: p.input.clone(),
+                        result: r.clone(),
+                    }
+                    .to_tokens(
+                        self.tokenizer,
+                        self.config.placement,
+                        self.config.call_form,
+                        Some((&enc, x.clone())),
+                    )
+                    .and_then(|c| {
+                        validate(&c, self.scorer.config(), &self.score_options)
+                            .map(|()| c)
+                            .map_err(Error::input)
+                    });
+                    match candidate {
+                        Ok(c) => {
+                            debug_assert_eq!(c.position, p.token);
+                            score_index.push(calls.len());
+                            to_score.push(c);
+                        }
+                        Err(e) => {
+                            let st = stats.tools.entry(p.tool.key().to_string()).or_default();
+                            st.calls_unscorable += 1;
+                            record.error = Some(format!("cannot be scored: {e}"));
+                        }
+                    }
+                }
+            }
+            calls.push(record);
+        }
+        if !to_score.is_empty() {
+            let scores = self.scorer.score(&to_score, &self.score_options)?;
+            for (&k, s) in score_index.iter().zip(&scores) {
+                let tool = pending[k].tool;
+                let c = &mut calls[k];
+                c.l_none = Some(s.l_none);
+                c.l_call = Some(s.l_call);
+                c.l_call_result = Some(s.l_call_result);
+                c.delta = Some(s.delta);
+                c.kept = s.kept(self.config.per_tool.get(tool).tau_f);
+                let st = stats.tools.entry(tool.key().to_string()).or_default();
+                st.calls_scored += 1;
+                st.calls_kept += u64::from(c.kept);
+            }
+        }
+        stats.candidates = to_score.len() as u64;
+        stats.secs.scoring += start.elapsed().as_secs_f64();
+
+        // C* order: by position, then tool, then sampling order.
+        calls.sort_by(|a, b| a.position.cmp(&b.position));
+        let annotated_text = splice_kept(&doc.text, &calls);
+        Ok((
+            CStarRecord {
+                line: doc.line,
+                id: doc.id.clone(),
+                text: doc.text.clone(),
+                annotated_text,
+                calls,
+            },
+            stats,
+        ))
+    }
+
+    /// " [" when x_i starts with whitespace (its leading space goes before the call), else "[".
+    fn open_for(&self, text: &str, enc: &crate::model::tokenizer::Encoding, i: usize) -> u32 {
+        let byte = positions::splice_byte(text, enc, i).unwrap_or(0);
+        let spaced = text[byte..].starts_with(char::is_whitespace);
+        let (first, second) = if spaced {
+            (self.space_bracket, self.bracket)
+        } else {
+            (self.bracket, self.space_bracket)
+        };
+        first.or(second).unwrap_or(0)
+    }
+}
+
+/// The kept calls spliced into `text`; calls at one offset best first (highest delta).
+pub fn splice_kept(text: &str, calls: &[CallRecord]) -> String {
+    let mut kept: Vec<&CallRecord> = calls.iter().filter(|c| c.kept).collect();
+    kept.sort_by(|a, b| {
+        a.position
+            .cmp(&b.position)
+            .then(b.delta.unwrap_or(0.0).total_cmp(&a.delta.unwrap_or(0.0)))
+    });
+    let inserts: Vec<(usize, String)> = kept
+        .iter()
+        .map(|c| {
+            let call = call_text(&c.tool, &c.input, c.result.as_deref(), Default::default());
+            (c.position, call)
+        })
+        .collect();
+    splice::splice(text, &inserts)
+}
+
+fn single_token(tokenizer: &Tokenizer, s: &str) -> Result<Option<u32>> {
+    let ids = tokenizer.encode_ids(s)?;
+    Ok((ids.len() == 1).then(|| ids[0]))
+}

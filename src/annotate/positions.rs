@@ -1,0 +1,88 @@
+//! Where to call: the paper's p_i = p(<API> | P(x), x_1..x_{i-1}) at every position of x, from one
+//! forward over P(x) ++ x.
+//!
+//! "[" vs " [": GPT-2's byte-level BPE has both, and both open a call, so
+//! p_i = p("[") + p(" [") at the row that predicts x_i (a tokenizer with only one of them uses
+//! that one). When a call is then sampled at i, the prefix ends with " [" if x_i starts with
+//! whitespace (the space moves in front of the call, as in "(or [Calculator(400 / 1400)] 29%)")
+//! and with "[" otherwise.
+//!
+//! Positions are token indices into x, from 1 (position 0 cannot be scored: the no-call variant
+//! needs context). A position is eligible only where it maps to a byte offset of the text that is
+//! a character and token boundary (byte-level BPE can split a character across tokens).
+
+use crate::error::Result;
+use crate::model::tokenizer::Encoding;
+use crate::sample::Sampler;
+
+/// p("[") + p(" [") predicting x_i, for i in 0..x_len; `ids` = P(x) ++ x[..x_len], `prompt_len` =
+/// |P(x)|, `open` the ids of "[" and " [". Entry 0 (before x_1, no text context) is 0.
+pub fn call_probabilities(
+    sampler: &dyn Sampler,
+    ids: &[u32],
+    prompt_len: usize,
+    x_len: usize,
+    open: &[u32],
+) -> Result<Vec<f64>> {
+    let lp = sampler.token_log_probs(ids, open)?;
+    Ok((0..x_len)
+        .map(|i| {
+            if i == 0 {
+                return 0.0;
+            }
+            lp.get(prompt_len + i - 1)
+                .map_or(0.0, |row| row.iter().map(|&l| (l as f64).exp()).sum())
+        })
+        .collect())
+}
+
+/// The byte offset where a call before token `i` goes: the end of token i-1 (before x_i's
+/// leading space, which tokenizers with trimmed offsets leave outside x_i's span), if that is a
+/// character boundary of `text` and maps back to token i.
+pub fn splice_byte(text: &str, enc: &Encoding, i: usize) -> Option<usize> {
+    if i == 0 || i >= enc.spans.len() {
+        return None;
+    }
+    let b = enc.spans[i - 1].1;
+    (text.is_char_boundary(b) && enc.token_at_byte(b) == Ok(i)).then_some(b)
+}
+
+/// The positions to sample calls at: eligible positions with p_i > tau_s, the k most probable
+/// (ties: the earlier position), returned in text order with their probability.
+pub fn select(
+    probs: &[f64],
+    eligible: impl Fn(usize) -> bool,
+    tau_s: f64,
+    k: usize,
+) -> Vec<(usize, f64)> {
+    let mut kept: Vec<(usize, f64)> = probs
+        .iter()
+        .enumerate()
+        .skip(1)
+        .filter(|&(i, &p)| p > tau_s && eligible(i))
+        .map(|(i, &p)| (i, p))
+        .collect();
+    kept.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    kept.truncate(k);
+    kept.sort_by_key(|&(i, _)| i);
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_above_threshold_in_text_order() {
+        let p = [0.9, 0.1, 0.5, 0.01, 0.5, 0.3];
+        assert_eq!(
+            select(&p, |_| true, 0.05, 3),
+            vec![(2, 0.5), (4, 0.5), (5, 0.3)]
+        );
+        assert_eq!(select(&p, |i| i != 4, 0.2, 5), vec![(2, 0.5), (5, 0.3)]);
+        assert!(
+            select(&p, |_| true, 0.95, 5).is_empty(),
+            "position 0 never counts"
+        );
+    }
+}

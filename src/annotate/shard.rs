@@ -1,0 +1,185 @@
+//! Deterministic sharding: input line L (1-based) belongs to shard (L - 1) % COUNT.
+//!
+//! The shard comes from, in order: `--shard INDEX/COUNT`; Kubernetes Indexed Jobs'
+//! JOB_COMPLETION_INDEX with `--shards COUNT`; Slurm job arrays' SLURM_ARRAY_TASK_ID and
+//! SLURM_ARRAY_TASK_COUNT (minus SLURM_ARRAY_TASK_MIN, so `--array=1-8` works too); else 0/1.
+//! A sharded run writes `<stem>.shard-INDEX-of-COUNT.jsonl` next to `--out`, so every task of
+//! an array can be given the same command; `toolsift merge` joins them.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u64,
+    pub count: u64,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard { index: 0, count: 1 }
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || Error::input(format!("--shard {s:?}: expected INDEX/COUNT, e.g. 0/8"));
+        let (i, c) = s.split_once('/').ok_or_else(bad)?;
+        let index = i.trim().parse().map_err(|_| bad())?;
+        let count = c.trim().parse().map_err(|_| bad())?;
+        Shard::new(index, count)
+    }
+}
+
+impl Shard {
+    pub fn new(index: u64, count: u64) -> Result<Self> {
+        if count == 0 || index >= count {
+            return Err(Error::input(format!(
+                "shard {index}/{count}: the index must be below the count (0-based)"
+            )));
+        }
+        Ok(Shard { index, count })
+    }
+
+    /// Whether input line `line` (1-based) is this shard's.
+    pub fn owns(&self, line: u64) -> bool {
+        line >= 1 && (line - 1) % self.count == self.index
+    }
+
+    /// Lines of this shard among `total` input lines.
+    pub fn lines_of(&self, total: u64) -> u64 {
+        if total > self.index {
+            (total - self.index).div_ceil(self.count)
+        } else {
+            0
+        }
+    }
+
+    /// The output path of this shard for `--out out`.
+    pub fn output_path(&self, out: &Path) -> PathBuf {
+        if self.count == 1 {
+            return out.to_owned();
+        }
+        let name = out
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "out.jsonl".into());
+        let (stem, ext) = match name.strip_suffix(".jsonl") {
+            Some(stem) => (stem.to_string(), ".jsonl"),
+            None => (name.clone(), ""),
+        };
+        out.with_file_name(format!(
+            "{stem}.shard-{:05}-of-{:05}{ext}",
+            self.index, self.count
+        ))
+    }
+
+    /// The shard from flags, then the environment (`env` reads a variable).
+    pub fn resolve(
+        flag: Option<Shard>,
+        shards: Option<u64>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Shard> {
+        if let Some(s) = flag {
+            return Ok(s);
+        }
+        let num = |name: &str| -> Result<Option<u64>> {
+            match env(name) {
+                None => Ok(None),
+                Some(v) if v.trim().is_empty() => Ok(None),
+                Some(v) => v.trim().parse().map(Some).map_err(|_| {
+                    Error::input(format!("environment variable {name}={v:?} is not a number"))
+                }),
+            }
+        };
+        if let Some(index) = num("JOB_COMPLETION_INDEX")? {
+            let count = shards.ok_or_else(|| {
+                Error::input("JOB_COMPLETION_INDEX is set: give the job's completions as --shards")
+            })?;
+            return Shard::new(index, count);
+        }
+        if let Some(id) = num("SLURM_ARRAY_TASK_ID")? {
+            let min = num("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
+            let count = match shards {
+                Some(c) => c,
+                None => num("SLURM_ARRAY_TASK_COUNT")?.ok_or_else(|| {
+                    Error::input("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not")
+                })?,
+            };
+            let index = id.checked_sub(min).ok_or_else(|| {
+                Error::input(format!(
+                    "SLURM_ARRAY_TASK_ID {id} is below SLURM_ARRAY_TASK_MIN {min}"
+                ))
+            })?;
+            return Shard::new(index, count);
+        }
+        match shards {
+            Some(c) if c > 1 => Err(Error::input(
+                "--shards without --shard, JOB_COMPLETION_INDEX or SLURM_ARRAY_TASK_ID",
+            )),
+            _ => Ok(Shard::default()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn shards_partition_lines() {
+        let shards: Vec<Shard> = (0..3).map(|i| Shard::new(i, 3).unwrap()).collect();
+        for line in 1..=10 {
+            assert_eq!(shards.iter().filter(|s| s.owns(line)).count(), 1);
+        }
+        assert_eq!(shards.iter().map(|s| s.lines_of(10)).sum::<u64>(), 10);
+        assert_eq!(Shard::new(2, 3).unwrap().lines_of(1), 0);
+        assert!("3/3".parse::<Shard>().is_err());
+        assert_eq!(
+            "1/4".parse::<Shard>().unwrap(),
+            Shard { index: 1, count: 4 }
+        );
+        assert_eq!(
+            Shard::new(3, 8)
+                .unwrap()
+                .output_path(Path::new("o/c.jsonl")),
+            Path::new("o/c.shard-00003-of-00008.jsonl")
+        );
+    }
+
+    #[test]
+    fn environment() {
+        let none = Shard::resolve(None, None, env(&[])).unwrap();
+        assert_eq!(none, Shard::default());
+        let k8s = Shard::resolve(None, Some(4), env(&[("JOB_COMPLETION_INDEX", "2")])).unwrap();
+        assert_eq!(k8s, Shard { index: 2, count: 4 });
+        assert!(Shard::resolve(None, None, env(&[("JOB_COMPLETION_INDEX", "2")])).is_err());
+        let slurm = Shard::resolve(
+            None,
+            None,
+            env(&[
+                ("SLURM_ARRAY_TASK_ID", "5"),
+                ("SLURM_ARRAY_TASK_COUNT", "8"),
+                ("SLURM_ARRAY_TASK_MIN", "1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(slurm, Shard { index: 4, count: 8 });
+        let flag = Shard::resolve(
+            Some(Shard { index: 0, count: 2 }),
+            None,
+            env(&[("SLURM_ARRAY_TASK_ID", "1")]),
+        );
+        assert_eq!(flag.unwrap().count, 2);
+    }
+}

@@ -1,0 +1,64 @@
+//! Splicing kept calls into the text: C*'s "annotated_text".
+//!
+//! Each kept call is written e(c, r) = "[Tool(input) -> result]" at its byte offset. If the text
+//! continues there with whitespace (x_i carries a leading space, as most BPE tokens do), the
+//! call gets a space in front: "(or [Calculator(400 / 1400) -> 0.29] 29%)"; otherwise it is
+//! inserted as is. Several kept calls at one offset are all spliced, in the order given (the
+//! driver orders them by delta, best first), one space apart: "… [A(x) -> 1] [B(y) -> 2] 29".
+
+/// `text` with `calls` (byte offset, call text) inserted; offsets must be character boundaries.
+/// The calls are stably ordered by offset, so calls at one offset keep their given order.
+pub fn splice(text: &str, calls: &[(usize, String)]) -> String {
+    let mut order: Vec<&(usize, String)> = calls.iter().collect();
+    order.sort_by_key(|(b, _)| *b);
+    let mut out =
+        String::with_capacity(text.len() + calls.iter().map(|c| c.1.len() + 1).sum::<usize>());
+    let mut at = 0;
+    let mut k = 0;
+    while k < order.len() {
+        let b = order[k].0.min(text.len());
+        out.push_str(&text[at..b]);
+        at = b;
+        let spaced = text[b..].starts_with(char::is_whitespace);
+        let mut first = true;
+        while k < order.len() && order[k].0.min(text.len()) == b {
+            if spaced || !first {
+                out.push(' ');
+            }
+            out.push_str(&order[k].1);
+            first = false;
+            k += 1;
+        }
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splices_with_the_tokens_space() {
+        let t = "Out of 1400, 400 (or 29%) passed.";
+        let b = t.find(" 29%").unwrap();
+        assert_eq!(
+            splice(t, &[(b, "[Calculator(400 / 1400) -> 0.29]".into())]),
+            "Out of 1400, 400 (or [Calculator(400 / 1400) -> 0.29] 29%) passed."
+        );
+        let b2 = t.find("%)").unwrap();
+        assert_eq!(splice("ab", &[(1, "[X() -> 1]".into())]), "a[X() -> 1]b");
+        assert_eq!(
+            splice(
+                t,
+                &[
+                    (b2, "[C() -> 2]".into()),
+                    (b, "[A() -> 1]".into()),
+                    (b, "[B() -> 3]".into())
+                ]
+            ),
+            "Out of 1400, 400 (or [A() -> 1] [B() -> 3] 29[C() -> 2]%) passed."
+        );
+        assert_eq!(splice(t, &[]), t);
+    }
+}

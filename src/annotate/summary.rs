@@ -1,0 +1,227 @@
+//! The run's summary: per tool the paper's Table 2 (texts considered, positions, calls sampled /
+//! executed / failed / kept, and where the others went), the highest- and lowest-scoring calls
+//! (like its Table 10), and the time per stage. Built from the journal, so a resumed run counts
+//! every document exactly once (time spent on a document lost to a crash is not counted).
+
+use serde::{Deserialize, Serialize};
+
+use super::config::ToolKind;
+use super::document::{CStarRecord, DocStats, StageSecs, ToolStats};
+
+/// How many best and worst calls are kept per tool.
+pub const EXAMPLES: usize = 3;
+
+/// One scored call with its context.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Example {
+    pub line: u64,
+    pub tool: String,
+    pub delta: f64,
+    pub kept: bool,
+    /// The call spliced into ~100 characters of its text.
+    pub context: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSummary {
+    pub tool: String,
+    #[serde(flatten)]
+    pub stats: ToolStats,
+    pub best: Vec<Example>,
+    pub worst: Vec<Example>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Input lines of this shard.
+    pub lines: u64,
+    pub documents: u64,
+    pub rejected: u64,
+    /// Documents with at least one kept call.
+    pub documents_with_calls: u64,
+    pub candidates_scored: u64,
+    pub tools: Vec<ToolSummary>,
+    /// Seconds per stage, summed over documents.
+    pub secs: StageSecs,
+    /// Wall-clock seconds of the run that finished (resumed runs: the last one only).
+    pub wall_secs: f64,
+}
+
+/// Accumulates journal entries into a `Summary`.
+pub struct SummaryBuilder {
+    summary: Summary,
+}
+
+impl SummaryBuilder {
+    pub fn new(tools: &[ToolKind]) -> Self {
+        SummaryBuilder {
+            summary: Summary {
+                lines: 0,
+                documents: 0,
+                rejected: 0,
+                documents_with_calls: 0,
+                candidates_scored: 0,
+                tools: tools
+                    .iter()
+                    .map(|t| ToolSummary {
+                        tool: t.call_name().to_string(),
+                        stats: ToolStats::default(),
+                        best: Vec::new(),
+                        worst: Vec::new(),
+                    })
+                    .collect(),
+                secs: StageSecs::default(),
+                wall_secs: 0.0,
+            },
+        }
+    }
+
+    pub fn reject(&mut self) {
+        self.summary.lines += 1;
+        self.summary.rejected += 1;
+    }
+
+    pub fn document(&mut self, record: &CStarRecord, stats: &DocStats) {
+        let s = &mut self.summary;
+        s.lines += 1;
+        s.documents += 1;
+        s.documents_with_calls += u64::from(record.calls.iter().any(|c| c.kept));
+        s.candidates_scored += stats.candidates;
+        s.secs.add(&stats.secs);
+        for t in &mut s.tools {
+            let key = ToolKind::ALL
+                .into_iter()
+                .find(|k| k.call_name() == t.tool)
+                .map(|k| k.key())
+                .unwrap_or("");
+            if let Some(st) = stats.tools.get(key) {
+                t.stats.add(st);
+            }
+        }
+        for c in &record.calls {
+            let Some(delta) = c.delta else { continue };
+            let Some(t) = s.tools.iter_mut().find(|t| t.tool == c.tool) else {
+                continue;
+            };
+            let example = || Example {
+                line: record.line,
+                tool: c.tool.clone(),
+                delta,
+                kept: c.kept,
+                context: context(
+                    &record.text,
+                    c.position,
+                    &c.tool,
+                    &c.input,
+                    c.result.as_deref(),
+                ),
+            };
+            // Best: highest delta first; ties keep the earlier example.
+            insert(&mut t.best, example, |a, b| a.delta > b.delta);
+            insert(&mut t.worst, example, |a, b| a.delta < b.delta);
+        }
+    }
+
+    pub fn finish(mut self, wall_secs: f64) -> Summary {
+        self.summary.wall_secs = wall_secs;
+        self.summary
+    }
+}
+
+fn insert(
+    list: &mut Vec<Example>,
+    make: impl Fn() -> Example,
+    better: impl Fn(&Example, &Example) -> bool,
+) {
+    let e = make();
+    let at = list
+        .iter()
+        .position(|x| better(&e, x))
+        .unwrap_or(list.len());
+    if at < EXAMPLES {
+        list.insert(at, e);
+        list.truncate(EXAMPLES);
+    }
+}
+
+/// ~60 characters before the call, the call, ~40 after.
+fn context(text: &str, position: usize, tool: &str, input: &str, result: Option<&str>) -> String {
+    let position = position.min(text.len());
+    let mut start = position.saturating_sub(60);
+    while !text.is_char_boundary(start) {
+        start -= 1;
+    }
+    let mut end = (position + 40).min(text.len());
+    while !text.is_char_boundary(end) {
+        end += 1;
+    }
+    let call = crate::score::call_text(tool, input, result, Default::default());
+    let spliced = super::splice::splice(&text[start..end], &[(position - start, call)]);
+    format!("…{spliced}…")
+}
+
+impl Summary {
+    /// The human-readable table printed at the end of a run.
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "{} lines: {} documents, {} rejected; {} documents with kept calls; {} candidates scored\n",
+            self.lines, self.documents, self.rejected, self.documents_with_calls, self.candidates_scored
+        );
+        s.push_str(&format!(
+            "{:<11} {:>8} {:>9} {:>8} {:>9} {:>8} {:>7} {:>6} {:>9} {:>7}\n",
+            "tool",
+            "texts",
+            "positions",
+            "sampled",
+            "malformed",
+            "executed",
+            "failed",
+            "kept",
+            "heuristic",
+            "toolong"
+        ));
+        for t in &self.tools {
+            let st = &t.stats;
+            s.push_str(&format!(
+                "{:<11} {:>8} {:>9} {:>8} {:>9} {:>8} {:>7} {:>6} {:>9} {:>7}\n",
+                t.tool,
+                st.texts_considered,
+                st.positions,
+                st.calls_sampled,
+                st.calls_malformed + st.calls_unknown_tool,
+                st.calls_executed,
+                st.calls_failed,
+                st.calls_kept,
+                st.texts_skipped_heuristic,
+                st.texts_too_long
+            ));
+        }
+        let total = self.secs.sampling + self.secs.tools + self.secs.scoring;
+        let pct = |x: f64| if total > 0.0 { 100.0 * x / total } else { 0.0 };
+        s.push_str(&format!(
+            "time: sampling {:.2}s ({:.0}%), tools {:.2}s ({:.0}%), scoring {:.2}s ({:.0}%); wall {:.2}s\n",
+            self.secs.sampling,
+            pct(self.secs.sampling),
+            self.secs.tools,
+            pct(self.secs.tools),
+            self.secs.scoring,
+            pct(self.secs.scoring),
+            self.wall_secs
+        ));
+        for t in &self.tools {
+            for (label, list) in [("best", &t.best), ("worst", &t.worst)] {
+                for e in list {
+                    s.push_str(&format!(
+                        "{} {label} delta {:+.3} (line {}{}): {}\n",
+                        t.tool,
+                        e.delta,
+                        e.line,
+                        if e.kept { ", kept" } else { "" },
+                        e.context.replace('\n', " ")
+                    ));
+                }
+            }
+        }
+        s
+    }
+}

@@ -1,0 +1,292 @@
+//! Resumable output. While a run goes, every finished input line is appended to a journal,
+//! `<out>.partial`, as one JSON line, and fsync'ed before the next document starts:
+//!
+//! ```text
+//! {"journal": "toolsift-annotate/1", "run": {...the settings that decide the output...}}
+//! {"line": 1, "doc": {C* line}, "stats": {...}}
+//! {"line": 2, "reject": "invalid JSON: ..."}
+//! ```
+//!
+//! Documents are processed strictly in input order, so the journal is always a prefix of the
+//! shard's lines. On restart the journal is read back: a last line cut short by a crash (no
+//! newline, or not valid JSON) is truncated away, the lines already done are skipped, and the
+//! run continues. A journal written with other settings is refused. When every line is done,
+//! the final files are written from the journal (C*, rejects, summary; each to a temporary
+//! file, fsync'ed, then renamed into place, C* last) and the journal is removed. A crash at
+//! any point therefore loses at most the document in progress, and a rerun of the same command
+//! produces every line exactly once.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::document::{CStarRecord, DocStats};
+use crate::error::{Error, Result};
+
+const MAGIC: &str = "toolsift-annotate/1";
+
+/// One finished input line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JournalEntry {
+    pub line: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doc: Option<CStarRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reject: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<DocStats>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    journal: String,
+    run: Value,
+}
+
+/// The files of one output: C*, rejects, summary, journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputPaths {
+    pub out: PathBuf,
+    pub rejects: PathBuf,
+    pub summary: PathBuf,
+    pub journal: PathBuf,
+}
+
+impl OutputPaths {
+    /// For "cstar.jsonl": "cstar.rejects.jsonl", "cstar.summary.json", "cstar.jsonl.partial".
+    pub fn new(out: &Path) -> Self {
+        let name = out
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "out".into());
+        let stem = name.strip_suffix(".jsonl").unwrap_or(&name).to_string();
+        let sibling = |s: String| out.with_file_name(s);
+        OutputPaths {
+            out: out.to_owned(),
+            rejects: sibling(format!("{stem}.rejects.jsonl")),
+            summary: sibling(format!("{stem}.summary.json")),
+            journal: sibling(format!("{name}.partial")),
+        }
+    }
+}
+
+/// The journal, open for appending.
+pub struct Journal {
+    file: File,
+    path: PathBuf,
+}
+
+impl Journal {
+    /// Opens (or creates) the journal at `path` for a run described by `run`. Returns it with
+    /// the last input line already done (0 if none).
+    pub fn open(path: &Path, run: &Value) -> Result<(Journal, u64)> {
+        let io = |e| Error::io(path, e);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(io)?;
+        let mut last_line = 0;
+        let mut good_end = 0u64;
+        {
+            let mut reader = BufReader::new(&mut file);
+            let mut buf = Vec::new();
+            let mut offset = 0u64;
+            let mut n = 0u64;
+            loop {
+                buf.clear();
+                let read = reader.read_until(b'\n', &mut buf).map_err(io)?;
+                if read == 0 {
+                    break;
+                }
+                n += 1;
+                let complete = buf.ends_with(b"\n");
+                let parsed = if complete {
+                    Some(&buf[..buf.len() - 1])
+                } else {
+                    None
+                };
+                let ok = match (n, parsed) {
+                    (_, None) => false,
+                    (1, Some(bytes)) => {
+                        let header: Header = serde_json::from_slice(bytes).map_err(|e| {
+                            Error::input(format!(
+                                "{}:1: not a toolsift journal: {e}",
+                                path.display()
+                            ))
+                        })?;
+                        if header.journal != MAGIC {
+                            return Err(Error::input(format!(
+                                "{}: journal format {:?}, expected {MAGIC:?}",
+                                path.display(),
+                                header.journal
+                            )));
+                        }
+                        if &header.run != run {
+                            return Err(Error::input(format!(
+                                "{}: this journal was written by a run with other settings \
+                                 ({}); rerun with the same command, or delete the journal to \
+                                 start over",
+                                path.display(),
+                                header.run
+                            )));
+                        }
+                        true
+                    }
+                    (_, Some(bytes)) => match serde_json::from_slice::<JournalEntry>(bytes) {
+                        Ok(e) if e.line > last_line => {
+                            last_line = e.line;
+                            true
+                        }
+                        Ok(e) => {
+                            return Err(Error::input(format!(
+                                "{}:{n}: input line {} after line {last_line}: the journal is \
+                                 corrupt; delete it to start over",
+                                path.display(),
+                                e.line
+                            )))
+                        }
+                        Err(_) => false,
+                    },
+                };
+                if !ok {
+                    // Only the very last line may be damaged (a crash mid-write).
+                    let mut rest = Vec::new();
+                    reader.read_to_end(&mut rest).map_err(io)?;
+                    if !rest.is_empty() {
+                        return Err(Error::input(format!(
+                            "{}:{n}: unreadable journal line before the end; the journal is \
+                             corrupt, delete it to start over",
+                            path.display()
+                        )));
+                    }
+                    break;
+                }
+                offset += read as u64;
+                good_end = offset;
+            }
+        }
+        file.set_len(good_end).map_err(io)?;
+        file.seek(SeekFrom::End(0)).map_err(io)?;
+        let mut journal = Journal {
+            file,
+            path: path.to_owned(),
+        };
+        if good_end == 0 {
+            let header = Header {
+                journal: MAGIC.into(),
+                run: run.clone(),
+            };
+            journal.append_json(&serde_json::to_string(&header).map_err(json_err)?)?;
+        }
+        Ok((journal, last_line))
+    }
+
+    /// Appends one finished line, durably.
+    pub fn append(&mut self, entry: &JournalEntry) -> Result<()> {
+        self.append_json(&serde_json::to_string(entry).map_err(json_err)?)
+    }
+
+    fn append_json(&mut self, json: &str) -> Result<()> {
+        let mut line = String::with_capacity(json.len() + 1);
+        line.push_str(json);
+        line.push('\n');
+        let io = |e| Error::io(&self.path, e);
+        self.file.write_all(line.as_bytes()).map_err(io)?;
+        self.file.sync_data().map_err(io)
+    }
+}
+
+fn json_err(e: serde_json::Error) -> Error {
+    Error::input(format!("cannot serialise: {e}"))
+}
+
+/// The entries of a finished journal, in order (header skipped).
+pub fn read_journal(path: &Path) -> Result<impl Iterator<Item = Result<JournalEntry>>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let path = path.to_owned();
+    Ok(BufReader::new(file)
+        .lines()
+        .enumerate()
+        .skip(1)
+        .map(move |(k, l)| {
+            let l = l.map_err(|e| Error::io(&path, e))?;
+            serde_json::from_str(&l)
+                .map_err(|e| Error::input(format!("{}:{}: {e}", path.display(), k + 1)))
+        }))
+}
+
+/// Writes a file atomically: `write` fills a temporary sibling, which is fsync'ed and renamed.
+pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let mut w = BufWriter::new(file);
+    write(&mut w)?;
+    let file = w
+        .into_inner()
+        .map_err(|e| Error::io(&tmp, e.into_error()))?;
+    file.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    drop(file);
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn entry(line: u64) -> JournalEntry {
+        JournalEntry {
+            line,
+            doc: None,
+            reject: Some(format!("r{line}")),
+            stats: None,
+        }
+    }
+
+    #[test]
+    fn resumes_and_truncates_a_torn_last_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.jsonl.partial");
+        let run = json!({"seed": 1});
+        let (mut j, last) = Journal::open(&p, &run).unwrap();
+        assert_eq!(last, 0);
+        j.append(&entry(1)).unwrap();
+        j.append(&entry(3)).unwrap();
+        drop(j);
+        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        f.write_all(b"{\"line\": 4, \"rej").unwrap();
+        drop(f);
+        let (mut j, last) = Journal::open(&p, &run).unwrap();
+        assert_eq!(last, 3);
+        j.append(&entry(4)).unwrap();
+        drop(j);
+        let lines: Vec<u64> = read_journal(&p).unwrap().map(|e| e.unwrap().line).collect();
+        assert_eq!(lines, vec![1, 3, 4]);
+        let err = Journal::open(&p, &json!({"seed": 2}))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("other settings"), "{err}");
+    }
+
+    #[test]
+    fn output_paths() {
+        let p = OutputPaths::new(Path::new("d/cstar.jsonl"));
+        assert_eq!(p.rejects, Path::new("d/cstar.rejects.jsonl"));
+        assert_eq!(p.summary, Path::new("d/cstar.summary.json"));
+        assert_eq!(p.journal, Path::new("d/cstar.jsonl.partial"));
+    }
+}

@@ -1,0 +1,559 @@
+//! `annotate` end to end on the tiny fixture model.
+//!
+//! Library level (a deterministic mock `Sampler` that writes known calls, the real CPU scorer):
+//! calls parsed, executed, filtered and spliced; malformed and unknown-tool samples counted; a
+//! failing external tool; bad corpus lines; determinism; resume after a stop.
+//! Binary level (`toolsift annotate` with its real sampler): an uninterrupted run, and a crash
+//! test that SIGKILLs the process at random points and resumes until done: byte-identical output.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use toolsift::annotate::tools::ToolRegistry;
+use toolsift::annotate::{
+    self, AnnotateConfig, Annotator, Document, RunOptions, RunOutcome, Shard, ToolKind,
+};
+use toolsift::cpu::CpuScorer;
+use toolsift::model::Tokenizer;
+use toolsift::sample::{Sample, SampleOptions, SampleRequest, Sampler};
+use toolsift::util::rng::Rng;
+use toolsift::Model;
+
+/// Every position gets p("[") = p(" [") = e^-1; sample s of request r is
+/// `CONTINUATIONS[(seed + r + s) % len]`.
+struct MockSampler {
+    continuations: Vec<Vec<u32>>,
+}
+
+const CONTINUATIONS: [&str; 5] = [
+    "Calculator(400 / 1400)]",
+    "Calculator(1 +",
+    "Calculator(12 * 3)]",
+    "WikiSearch(x)]",
+    "Calculator(1 / 0)]",
+];
+
+impl MockSampler {
+    fn new(tok: &Tokenizer) -> Self {
+        MockSampler {
+            continuations: CONTINUATIONS
+                .iter()
+                .map(|c| tok.encode_ids(c).unwrap())
+                .collect(),
+        }
+    }
+}
+
+impl Sampler for MockSampler {
+    fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> toolsift::Result<Vec<Vec<f32>>> {
+        Ok(ids.iter().map(|_| vec![-1.0; tokens.len()]).collect())
+    }
+
+    fn sample(
+        &self,
+        requests: &[SampleRequest],
+        options: &SampleOptions,
+    ) -> toolsift::Result<Vec<Vec<Sample>>> {
+        Ok(requests
+            .iter()
+            .enumerate()
+            .map(|(r, req)| {
+                (0..req.n_samples)
+                    .map(|s| {
+                        let k = (options.seed as usize % 97 + r + s) % self.continuations.len();
+                        let tokens = self.continuations[k].clone();
+                        Sample {
+                            stopped: k != 1,
+                            tokens,
+                        }
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+fn model() -> Model {
+    Model::load(&common::tiny("f32")).unwrap()
+}
+
+/// Short prompts: the fixture has n_positions 256 and P(x) holds x twice.
+fn test_config() -> AnnotateConfig {
+    let mut c = AnnotateConfig::default();
+    c.max_call_tokens = 8;
+    for t in ToolKind::ALL {
+        let p = c.per_tool.get_mut(t);
+        p.k = 2;
+        p.m = 3;
+        p.prompt = format!("[{}(1)] 1\nInput: {{x}}\nOutput: ", t.call_name());
+    }
+    c.per_tool.calculator.tau_f = -1e9; // keep every scored calculator call
+    c.tools.calendar.date = Some("2023-01-30".into());
+    c
+}
+
+fn doc(line: u64, text: &str) -> Document {
+    Document {
+        line,
+        id: json!(format!("d{line}")),
+        text: text.into(),
+        url: None,
+        date: None,
+    }
+}
+
+#[test]
+fn calls_are_sampled_executed_filtered_and_spliced() {
+    let model = model();
+    let tok = model.tokenizer().unwrap();
+    let sampler = MockSampler::new(tok);
+    let scorer = CpuScorer::new(&model);
+    let registry = ToolRegistry::from_config(&test_config().tools).unwrap();
+    let mut config = test_config();
+    config.per_tool.calculator.m = 5; // every mock continuation at every position
+    let a = Annotator::new(
+        tok,
+        &sampler,
+        &scorer,
+        &registry,
+        &config,
+        &[ToolKind::Calculator],
+    )
+    .unwrap();
+    let d = doc(5, "Out of 1400 people, 400 (or 29%) said yes.");
+    let (record, stats) = a.annotate_document(&d).unwrap();
+    let st = stats.tools["calculator"];
+    assert_eq!(st.texts_considered, 1);
+    assert_eq!(st.positions, 2);
+    assert_eq!(st.calls_sampled, 10);
+    assert_eq!((st.calls_malformed, st.calls_unknown_tool), (2, 2));
+    assert_eq!((st.calls_executed, st.calls_failed), (6, 2));
+    assert_eq!(
+        st.calls_sampled,
+        st.calls_malformed + st.calls_unknown_tool + st.calls_duplicate + st.calls_executed
+    );
+    assert!(
+        st.calls_malformed >= 1 && st.calls_unknown_tool >= 1,
+        "{st:?}"
+    );
+    assert!(st.calls_executed >= 1, "{st:?}");
+    assert_eq!(
+        st.calls_executed,
+        st.calls_failed + st.calls_scored + st.calls_unscorable
+    );
+    assert_eq!(
+        st.calls_kept, st.calls_scored,
+        "tau_f = -1e9 keeps every scored call"
+    );
+    for c in &record.calls {
+        assert_eq!(c.tool, "Calculator");
+        if c.input == "1 / 0" {
+            assert!(c.result.is_none() && c.error.is_some() && !c.kept);
+        } else if c.result.is_some() {
+            let (n, cr, d) = (c.l_none.unwrap(), c.l_call.unwrap(), c.delta.unwrap());
+            assert!((d - (n.min(cr) - c.l_call_result.unwrap())).abs() < 1e-12);
+            assert!(c.kept);
+            let call = format!(
+                "[Calculator({}) -> {}]",
+                c.input,
+                c.result.as_ref().unwrap()
+            );
+            assert!(
+                record.annotated_text.contains(&call),
+                "{}",
+                record.annotated_text
+            );
+        }
+    }
+    // Removing the spliced calls gives the text back.
+    let mut plain = record.annotated_text.clone();
+    for c in record.calls.iter().filter(|c| c.kept) {
+        let call = format!(
+            " [Calculator({}) -> {}]",
+            c.input,
+            c.result.as_ref().unwrap()
+        );
+        plain = plain.replacen(&call, "", 1);
+    }
+    assert_eq!(plain, d.text);
+    // Determinism: the same document gives the same record.
+    assert_eq!(a.annotate_document(&d).unwrap().0, record);
+}
+
+#[test]
+fn heuristics_and_too_long_texts_are_counted() {
+    let model = model();
+    let tok = model.tokenizer().unwrap();
+    let sampler = MockSampler::new(tok);
+    let scorer = CpuScorer::new(&model);
+    let mut config = test_config();
+    config.per_tool.calendar.tau_s = 0.0;
+    config.tools.calendar.date = None;
+    let registry = ToolRegistry::from_config(&config.tools).unwrap();
+    let a = Annotator::new(
+        tok,
+        &sampler,
+        &scorer,
+        &registry,
+        &config,
+        &[ToolKind::Calculator, ToolKind::Calendar],
+    )
+    .unwrap();
+    let (r, s) = a.annotate_document(&doc(1, "only 2 numbers: 3")).unwrap();
+    assert_eq!(s.tools["calculator"].texts_skipped_heuristic, 1);
+    assert_eq!(
+        s.tools["calendar"].texts_skipped_heuristic, 1,
+        "no date known"
+    );
+    assert!(r.calls.is_empty());
+    let mut dated = doc(2, "Today is Monday.");
+    dated.url = Some("https://example.com/2021/03/04/news".into());
+    let (_, s) = a.annotate_document(&dated).unwrap();
+    assert_eq!(s.tools["calendar"].texts_considered, 1);
+    // A text longer than the context is annotated on its beginning.
+    let long = "1 2 3 ".repeat(200);
+    let (_, s) = a.annotate_document(&doc(3, &long)).unwrap();
+    assert_eq!(s.tools["calculator"].texts_truncated, 1);
+}
+
+/// A QA service that always fails: every call fails, the run goes on.
+#[test]
+fn a_failing_external_tool_fails_its_calls_not_the_run() {
+    struct QaSampler(Vec<u32>);
+    impl Sampler for QaSampler {
+        fn token_log_probs(&self, ids: &[u32], t: &[u32]) -> toolsift::Result<Vec<Vec<f32>>> {
+            Ok(ids.iter().map(|_| vec![-0.5; t.len()]).collect())
+        }
+        fn sample(
+            &self,
+            requests: &[SampleRequest],
+            _: &SampleOptions,
+        ) -> toolsift::Result<Vec<Vec<Sample>>> {
+            Ok(requests
+                .iter()
+                .map(|r| {
+                    (0..r.n_samples)
+                        .map(|_| Sample {
+                            tokens: self.0.clone(),
+                            stopped: true,
+                        })
+                        .collect()
+                })
+                .collect())
+        }
+    }
+    let model = model();
+    let tok = model.tokenizer().unwrap();
+    let sampler = QaSampler(tok.encode_ids("QA(Who?)]").unwrap());
+    let scorer = CpuScorer::new(&model);
+    let mut config = test_config();
+    config.tools.qa = Some(toolsift::annotate::tools::ExternalToolConfig {
+        command: Some(vec!["false".into()]),
+        retries: 0,
+        timeout_ms: 2000,
+        ..Default::default()
+    });
+    let registry = ToolRegistry::from_config(&config.tools).unwrap();
+    let a = Annotator::new(tok, &sampler, &scorer, &registry, &config, &[ToolKind::Qa]).unwrap();
+    let (r, s) = a
+        .annotate_document(&doc(1, "The capital of Kenya is Nairobi."))
+        .unwrap();
+    let st = s.tools["qa"];
+    assert_eq!(st.positions, 2);
+    assert_eq!(st.calls_sampled, 6);
+    assert_eq!(st.calls_duplicate, 4, "one distinct call per position");
+    assert_eq!(
+        (st.calls_executed, st.calls_failed, st.calls_kept),
+        (2, 2, 0)
+    );
+    assert!(r.calls.iter().all(|c| c
+        .error
+        .as_deref()
+        .is_some_and(|e| e.contains("tool failed"))));
+    assert_eq!(r.annotated_text, r.text);
+}
+
+fn write_corpus(path: &Path, n: usize) {
+    let mut rng = Rng::new(7);
+    let words = [
+        "the", "cat", "sat", "on", "a", "mat", "in", "June", "sold", "apples",
+    ];
+    let mut text = String::new();
+    for i in 1..=n {
+        let line = match i % 10 {
+            3 => "{not json".to_string(),
+            7 => json!({"id": i, "body": "no text field"}).to_string(),
+            _ => {
+                let mut t = String::new();
+                for _ in 0..rng.range(4, 10) {
+                    if rng.range(0, 3) == 0 {
+                        t.push_str(&format!("{} ", rng.range(1, 999)));
+                    } else {
+                        t.push_str(words[rng.range(0, words.len() - 1)]);
+                        t.push(' ');
+                    }
+                }
+                json!({"id": format!("doc-{i}"), "text": t.trim_end(), "url": "https://x.org/2023/01/30/a"})
+                    .to_string()
+            }
+        };
+        text.push_str(&line);
+        text.push('\n');
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn library_run_resumes_after_a_stop_with_identical_output() {
+    let model = model();
+    let tok = model.tokenizer().unwrap();
+    let sampler = MockSampler::new(tok);
+    let scorer = CpuScorer::new(&model);
+    let config = test_config();
+    let registry = ToolRegistry::from_config(&config.tools).unwrap();
+    let tools = [ToolKind::Calculator, ToolKind::Calendar];
+    let a = Annotator::new(tok, &sampler, &scorer, &registry, &config, &tools).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 23);
+    let opts = |out: &str, stop_after| RunOptions {
+        corpus: corpus.clone(),
+        out: dir.path().join(out),
+        shard: Shard::default(),
+        run_info: json!(null),
+        progress: false,
+        stop_after,
+    };
+    let RunOutcome::Done(full, _) = annotate::annotate(&a, &opts("full.jsonl", None)).unwrap()
+    else {
+        panic!("not done")
+    };
+    assert_eq!((full.lines, full.rejected), (23, 5));
+    for _ in 0..10 {
+        match annotate::annotate(&a, &opts("stepped.jsonl", Some(4))).unwrap() {
+            RunOutcome::Stopped(n) => assert_eq!(n, 4),
+            RunOutcome::Done(s, _) => {
+                assert_eq!(s.tools, full.tools);
+                break;
+            }
+        }
+    }
+    let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
+    assert_eq!(read("stepped.jsonl"), read("full.jsonl"));
+    assert_eq!(read("stepped.rejects.jsonl"), read("full.rejects.jsonl"));
+    let rejects = String::from_utf8(read("full.rejects.jsonl")).unwrap();
+    assert!(
+        rejects.contains("\"line\":3,") && rejects.contains("invalid JSON"),
+        "{rejects}"
+    );
+    assert!(
+        rejects.contains("\"line\":7,") && rejects.contains("no field"),
+        "{rejects}"
+    );
+    // A finished output is not silently redone.
+    assert!(annotate::annotate(&a, &opts("full.jsonl", None)).is_err());
+
+    // Shards, merged, give the unsharded output.
+    let mut parts = Vec::new();
+    for i in 0..3 {
+        let o = RunOptions {
+            shard: Shard::new(i, 3).unwrap(),
+            ..opts("sh.jsonl", None)
+        };
+        let RunOutcome::Done(_, paths) = annotate::annotate(&a, &o).unwrap() else {
+            panic!()
+        };
+        parts.push(paths.out);
+    }
+    let report = annotate::merge(&dir.path().join("merged.jsonl"), &parts).unwrap();
+    assert_eq!(
+        (report.documents, report.rejects, report.missing),
+        (18, 5, Some(0))
+    );
+    assert_eq!(read("merged.jsonl"), read("full.jsonl"));
+    assert_eq!(read("merged.rejects.jsonl"), read("full.rejects.jsonl"));
+    assert!(
+        annotate::merge(
+            &dir.path().join("m2.jsonl"),
+            &[parts[0].clone(), parts[0].clone()]
+        )
+        .is_err(),
+        "a line twice is an error"
+    );
+}
+
+// ---- the binary ----
+
+fn bin_config(dir: &Path) -> PathBuf {
+    let path = dir.join("toolsift.toml");
+    std::fs::write(
+        &path,
+        r#"max_call_tokens = 4
+[per_tool.calculator]
+k = 2
+m = 2
+prompt = "[Calculator(1)] 1\nInput: {x}\nOutput: "
+[per_tool.calendar]
+k = 1
+m = 2
+prompt = "[Calendar()] x\nInput: {x}\nOutput: "
+[tools.calendar]
+date = "2023-01-30"
+"#,
+    )
+    .unwrap();
+    path
+}
+
+fn run_bin(dir: &Path, corpus: &Path, out: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolsift"));
+    cmd.args(["annotate", "--no-progress", "--seed", "3", "--model"])
+        .arg(common::tiny("f32"))
+        .arg("--corpus")
+        .arg(corpus)
+        .arg("--out")
+        .arg(dir.join(out))
+        .arg("--config")
+        .arg(bin_config(dir));
+    cmd
+}
+
+#[test]
+fn binary_annotates_and_survives_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 30);
+    let out = run_bin(dir.path(), &corpus, "ref.jsonl").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("sampling") && stderr.contains("Calculator"),
+        "{stderr}"
+    );
+    let reference = std::fs::read_to_string(dir.path().join("ref.jsonl")).unwrap();
+    let lines: Vec<Value> = reference
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 24, "30 lines, 6 rejected");
+    for l in &lines {
+        assert!(l["line"].as_u64().is_some() && l["text"].is_string() && l["calls"].is_array());
+    }
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("ref.summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(summary["rejected"], 6);
+    assert!(summary["secs"]["sampling"].as_f64().unwrap() > 0.0);
+
+    // Kill at random points, resume, until a run completes. The uninterrupted run takes a
+    // couple of seconds, so kills land anywhere from model loading to the final write.
+    let journal = dir.path().join("crash.jsonl.partial");
+    let journaled =
+        || std::fs::read_to_string(&journal).map_or(0, |j| j.lines().count().saturating_sub(1));
+    let mut rng = Rng::new(42);
+    let (mut kills, mut kills_mid_run) = (0, 0);
+    loop {
+        let mut child = run_bin(dir.path(), &corpus, "crash.jsonl")
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let before = journaled();
+        std::thread::sleep(Duration::from_millis(rng.range(20, 600) as u64));
+        match child.try_wait().unwrap() {
+            Some(status) => {
+                assert!(status.success(), "a resumed run failed");
+                break;
+            }
+            None => {
+                child.kill().unwrap(); // SIGKILL: no chance to clean up
+                child.wait().unwrap();
+                kills += 1;
+                let after = journaled();
+                assert!(after >= before, "the journal lost finished documents");
+                kills_mid_run += usize::from(after > before && after < 30);
+                if kills >= 12 {
+                    let status = run_bin(dir.path(), &corpus, "crash.jsonl")
+                        .stderr(std::process::Stdio::null())
+                        .status()
+                        .unwrap();
+                    assert!(status.success());
+                    break;
+                }
+            }
+        }
+    }
+    eprintln!("killed {kills} times, {kills_mid_run} of them after some documents were done");
+    assert!(
+        kills_mid_run >= 1,
+        "no kill interrupted the run midway: make it longer"
+    );
+    let crashed = std::fs::read_to_string(dir.path().join("crash.jsonl")).unwrap();
+    assert_eq!(
+        crashed, reference,
+        "resumed output differs from the uninterrupted run"
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("crash.rejects.jsonl")).unwrap(),
+        std::fs::read(dir.path().join("ref.rejects.jsonl")).unwrap()
+    );
+    assert!(!dir.path().join("crash.jsonl.partial").exists());
+}
+
+/// A few hundred documents through the whole pipeline (mock sampler, real CPU scorer): the
+/// summary splits the time between sampling, tools and scoring.
+#[test]
+fn a_few_hundred_documents_report_the_time_per_stage() {
+    let model = model();
+    let tok = model.tokenizer().unwrap();
+    let sampler = MockSampler::new(tok);
+    let scorer = CpuScorer::new(&model);
+    let config = test_config();
+    let registry = ToolRegistry::from_config(&config.tools).unwrap();
+    let tools = [ToolKind::Calculator, ToolKind::Calendar];
+    let a = Annotator::new(tok, &sampler, &scorer, &registry, &config, &tools).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 300);
+    let options = RunOptions {
+        corpus,
+        out: dir.path().join("o.jsonl"),
+        shard: Shard::default(),
+        run_info: json!(null),
+        progress: false,
+        stop_after: None,
+    };
+    let RunOutcome::Done(s, _) = annotate::annotate(&a, &options).unwrap() else {
+        panic!()
+    };
+    eprint!("{}", s.render());
+    assert_eq!((s.lines, s.documents, s.rejected), (300, 240, 60));
+    assert!(
+        s.secs.sampling > 0.0 && s.secs.tools > 0.0 && s.secs.scoring > 0.0,
+        "{:?}",
+        s.secs
+    );
+    assert!(s.candidates_scored > 0);
+    let calc = &s.tools[0];
+    assert_eq!(calc.tool, "Calculator");
+    assert!(calc.stats.calls_kept > 0 && !calc.best.is_empty() && !calc.worst.is_empty());
+    assert!(calc.best[0].delta >= calc.worst[0].delta);
+}
+
+#[test]
+fn print_config_prints_parsable_defaults() {
+    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["annotate", "--print-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        AnnotateConfig::from_toml(&text).unwrap(),
+        AnnotateConfig::default()
+    );
+}
