@@ -83,8 +83,10 @@ fn model() -> Model {
 
 /// Short prompts: the fixture has n_positions 256 and P(x) holds x twice.
 fn test_config() -> AnnotateConfig {
-    let mut c = AnnotateConfig::default();
-    c.max_call_tokens = 8;
+    let mut c = AnnotateConfig {
+        max_call_tokens: 8,
+        ..Default::default()
+    };
     for t in ToolKind::ALL {
         let p = c.per_tool.get_mut(t);
         p.k = 2;

@@ -453,7 +453,7 @@ impl<'a> Annotator<'a> {
         stats.secs.scoring += start.elapsed().as_secs_f64();
 
         // C* order: by position, then tool, then sampling order.
-        calls.sort_by(|a, b| a.position.cmp(&b.position));
+        calls.sort_by_key(|c| c.position);
         let annotated_text = splice_kept(&doc.text, &calls);
         Ok((
             CStarRecord {
