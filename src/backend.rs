@@ -37,6 +37,31 @@ impl Device {
     pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
 }
 
+/// Everything the driver needs from one backend: scoring, sampling and decoding on one copy of
+/// the weights.
+pub trait Engine: Scorer + crate::sample::Sampler + crate::sample::Decoder {}
+
+impl<T: Scorer + crate::sample::Sampler + crate::sample::Decoder> Engine for T {}
+
+/// The whole engine for `device` over `model`.
+pub fn engine_for(model: &Model, device: Device) -> Result<Box<dyn Engine>> {
+    match device {
+        Device::Cpu => Ok(Box::new(crate::cpu::CpuScorer::new(model))),
+        Device::Cuda => cuda_engine(model),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_engine(model: &Model) -> Result<Box<dyn Engine>> {
+    let engine = crate::cuda::CudaScorer::new(model, &crate::cuda::CudaOptions::default())?;
+    Ok(Box::new(engine))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_engine(_model: &Model) -> Result<Box<dyn Engine>> {
+    Err(cuda_not_built())
+}
+
 /// The scorer for `device` over `model`.
 pub fn scorer_for(model: &Model, device: Device) -> Result<Box<dyn Scorer>> {
     match device {

@@ -365,13 +365,12 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     let shard = Shard::resolve(shard_flag, args.shards, |k| std::env::var(k).ok())?;
     let model = Model::load(&model_dir)?;
     let tokenizer = model.tokenizer()?;
-    let scorer = toolsift::scorer_for(&model, args.device)?;
-    // The sampling backend: the f64 oracle until the fast CPU sampler lands (one line to change).
-    let sampler = toolsift::sample::ReferenceSampler::new(&model);
+    // One engine samples positions and calls and scores the candidates.
+    let engine = toolsift::backend::engine_for(&model, args.device)?;
     let annotator = Annotator::new(
         tokenizer,
-        &sampler,
-        scorer.as_ref(),
+        engine.as_ref(),
+        engine.as_ref(),
         &registry,
         &config,
         &tools,

@@ -2,14 +2,13 @@
 //! token (no KV cache). Slow and obviously correct: the driver's stand-in until a fast backend
 //! implements `Sampler`, and the oracle a fast sampler's log-probabilities are checked against.
 //!
-//! Sample `s` of request `r` draws from `Rng::new(stream_seed(seed, r, s))`, so results do not
-//! depend on batching or threads.
+//! Sample `s` of request `r` draws from `sample_rng(seed, r, s)` with the shared `draw`, exactly as
+//! the fast samplers do, so results do not depend on batching, threads or backend.
 
-use super::{Sample, SampleOptions, SampleRequest, Sampler};
+use super::{draw, sample_rng, Sample, SampleOptions, SampleRequest, Sampler};
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::reference::ReferenceModel;
-use crate::util::rng::Rng;
 
 pub struct ReferenceSampler {
     model: ReferenceModel,
@@ -42,43 +41,6 @@ impl ReferenceSampler {
         }
         Ok(())
     }
-}
-
-/// The seed of sample `s` of request `r` (SplitMix64 over the three numbers).
-pub fn stream_seed(seed: u64, r: usize, s: usize) -> u64 {
-    let mut rng = Rng::new(seed);
-    let a = rng.next_u64() ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let mut rng = Rng::new(a);
-    rng.next_u64() ^ (s as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
-}
-
-/// Draws one token from `log_probs` (natural log, normalised) with `options`' temperature and
-/// top-k; greedy (lowest id on ties) when the temperature is 0.
-pub fn draw(log_probs: &[f64], options: &SampleOptions, rng: &mut Rng) -> u32 {
-    let mut order: Vec<usize> = (0..log_probs.len()).collect();
-    // Highest first, lowest id on ties: a total, platform-independent order.
-    order.sort_by(|&a, &b| log_probs[b].total_cmp(&log_probs[a]).then(a.cmp(&b)));
-    if options.temperature <= 0.0 {
-        return order[0] as u32;
-    }
-    if let Some(k) = options.top_k {
-        order.truncate(k.max(1));
-    }
-    let t = options.temperature as f64;
-    let top = log_probs[order[0]];
-    let weights: Vec<f64> = order
-        .iter()
-        .map(|&v| ((log_probs[v] - top) / t).exp())
-        .collect();
-    let total: f64 = weights.iter().sum();
-    let mut u = rng.uniform() * total;
-    for (&v, w) in order.iter().zip(&weights) {
-        if u < *w {
-            return v as u32;
-        }
-        u -= w;
-    }
-    order[order.len() - 1] as u32
 }
 
 impl Sampler for ReferenceSampler {
@@ -114,13 +76,15 @@ impl Sampler for ReferenceSampler {
                 self.check(&req.prefix)?;
                 (0..req.n_samples)
                     .map(|s| {
-                        let mut rng = Rng::new(stream_seed(options.seed, r, s));
+                        let mut rng = sample_rng(options.seed, r, s);
                         let mut ids = req.prefix.clone();
                         let mut tokens = Vec::new();
                         let mut stopped = false;
                         while tokens.len() < options.max_new_tokens && ids.len() < n_positions {
                             let lp = self.model.log_softmax(&ids);
-                            let next = draw(lp.row(ids.len() - 1), options, &mut rng);
+                            let row: Vec<f32> =
+                                lp.row(ids.len() - 1).iter().map(|&v| v as f32).collect();
+                            let next = draw(&row, options, &mut rng);
                             tokens.push(next);
                             ids.push(next);
                             if options.stop_tokens.contains(&next) {
