@@ -990,12 +990,13 @@ fn tree_tiles_from_groups_equal_the_plans() {
                 (ranges, seg.len as usize, seg.start as usize)
             })
             .collect();
-        assert_eq!(TreeTiles::from_groups(&groups), TreeTiles::from_plan(&plan, 0));
+        assert_eq!(
+            TreeTiles::from_groups(&groups),
+            TreeTiles::from_plan(&plan, 0)
+        );
     }
-    let decode = TreeTiles::from_groups(&[
-        (vec![0..5, 9..10], 1, 0),
-        (vec![0..3, 7..8, 10..11], 1, 1),
-    ]);
+    let decode =
+        TreeTiles::from_groups(&[(vec![0..5, 9..10], 1, 0), (vec![0..3, 7..8, 10..11], 1, 1)]);
     assert!(decode.single_queries());
     assert_eq!(decode.tiles, vec![0, 1, 5, 0, 1, 1, 4, 0]);
     assert_eq!(decode.ctx_tokens, vec![0, 1, 2, 3, 4, 9, 0, 1, 2, 7, 10]);

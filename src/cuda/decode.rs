@@ -147,9 +147,9 @@ impl CudaScorer {
     fn any_tree(&self, capacity: usize) -> Result<AnyTree> {
         let c = &self.config;
         Ok(match &self.weights {
-            DeviceWeights::Bf16(_) => AnyTree::Bf16(CudaKvTree::new(
-                &self.gpu, c.n_layer, c.n_embd, capacity,
-            )?),
+            DeviceWeights::Bf16(_) => {
+                AnyTree::Bf16(CudaKvTree::new(&self.gpu, c.n_layer, c.n_embd, capacity)?)
+            }
             DeviceWeights::F16(_) => {
                 AnyTree::F16(CudaKvTree::new(&self.gpu, c.n_layer, c.n_embd, capacity)?)
             }
@@ -234,7 +234,10 @@ impl CudaScorer {
         )?;
         let n = ids.len();
         let base = tree.rows;
-        check(base + n <= tree.capacity, "KV tree: rows beyond the capacity")?;
+        check(
+            base + n <= tree.capacity,
+            "KV tree: rows beyond the capacity",
+        )?;
         let host_tiles = TreeTiles::from_groups(groups);
         let single_queries = host_tiles.single_queries();
         let tiles = host_tiles.upload(&self.gpu)?;
@@ -301,7 +304,10 @@ impl CudaScorer {
             .clone_dtoh(&out)
             .map_err(driver_err("downloading log-probs"))?;
         gpu.sync()?;
-        Ok(host[..x_rows * nt].chunks(nt).map(<[f32]>::to_vec).collect())
+        Ok(host[..x_rows * nt]
+            .chunks(nt)
+            .map(<[f32]>::to_vec)
+            .collect())
     }
 
     /// Full log-softmax rows ([rows.len()][vocab]) at rows `rows` of `x`, copied back.
@@ -623,7 +629,10 @@ impl DecodeSession for CudaDecodeSession<'_> {
             last.push(row - 1);
         }
         let n = row as usize;
-        match (&engine.weights, self.tree.as_mut().expect("allocated above")) {
+        match (
+            &engine.weights,
+            self.tree.as_mut().expect("allocated above"),
+        ) {
             (DeviceWeights::Bf16(w), AnyTree::Bf16(t)) => {
                 let mut x = engine.extend_tree(w, t, &nodes, tokens)?;
                 engine.head_log_softmax(w, &mut x, n, &last)

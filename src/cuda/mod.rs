@@ -24,7 +24,8 @@
 //! target (4 bytes per target come back), it is bitwise deterministic, and the weighting and slot
 //! arithmetic then has exactly one implementation shared with the CPU backend.
 //! The K/V cache is kept per layer as [capacity, stride(n_embd)] buffers indexed by flat token
-//! index (capacity = the chunk's tokens for scoring), so that a decoder can append tokens later.
+//! index (capacity = the chunk's tokens for scoring); the sampling steps (`decode`: `Sampler`,
+//! `Decoder`) append to the same layout through the same layer loop (`run_layers`).
 
 pub mod context;
 pub mod decode;
@@ -446,8 +447,8 @@ impl CudaScorer {
         if n == 0 || plan.targets.is_empty() {
             return Ok(vec![0.0; plan.targets.len()]);
         }
-        let (d, f, vocab) = (c.n_embd, c.inner_dim(), c.vocab_size);
-        let (ds, fs, l3, vs) = (stride(d), stride(f), stride(3 * d), stride(vocab));
+        let (d, vocab) = (c.n_embd, c.vocab_size);
+        let (ds, vs) = (stride(d), stride(vocab));
         let eps = c.layer_norm_epsilon as f32;
         let ids = upload(gpu, &plan.tokens)?;
         let positions = upload(gpu, &plan.positions)?;

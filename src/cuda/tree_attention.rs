@@ -98,12 +98,8 @@ impl TreeTiles {
             let n_old = n_ctx - n_new;
             for r0 in (0..*n_new).step_by(BM) {
                 let q_len = (n_new - r0).min(BM);
-                t.tiles.extend([
-                    (first + r0) as u32,
-                    q_len as u32,
-                    (n_old + r0) as u32,
-                    0,
-                ]);
+                t.tiles
+                    .extend([(first + r0) as u32, q_len as u32, (n_old + r0) as u32, 0]);
                 t.tile_ctx.push(ctx_offset);
             }
             t.q_rows = t.q_rows.max(first + n_new);
