@@ -64,3 +64,43 @@ extern "C" __global__ void lm_head_xent_f32(const float* logits, const float* bi
                                             uint32_t vocab, uint32_t ld) {
     lm_head_xent(logits, bias, offsets, tokens, slots, out, rows, vocab, ld);
 }
+
+// log_softmax_f32: the whole row, for the sampling steps (the host draws from it).
+//   out[i, v] = logits[i, v] + bias[v] - lse_i     for v < vocab ([rows, ld_out], f32)
+// Same launch and the same one-pass (max, sum) as lm_head_xent, then a second read to write.
+extern "C" __global__ void log_softmax_f32(const float* __restrict__ logits,
+                                           const float* __restrict__ bias,
+                                           float* __restrict__ out, uint32_t rows, uint32_t vocab,
+                                           uint32_t ld, uint32_t ld_out) {
+    __shared__ float sm[32], ss[32];
+    __shared__ float lse_shared;
+    const uint32_t i = blockIdx.x;
+    if (i >= rows) return;
+    const float* row = logits + (size_t)i * ld;
+    MaxSum acc = {-INFINITY, 0.0f};
+    for (uint32_t v = threadIdx.x; v < vocab; v += blockDim.x) {
+        const float x = row[v] + bias[v];
+        if (x > acc.m) {
+            acc.s = acc.s * expf(acc.m - x) + 1.0f;
+            acc.m = x;
+        } else {
+            acc.s += expf(x - acc.m);
+        }
+    }
+    acc = warp_max_sum(acc);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    if (lane == 0) {
+        sm[warp] = acc.m;
+        ss[warp] = acc.s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        MaxSum w = lane < n_warps ? MaxSum{sm[lane], ss[lane]} : MaxSum{-INFINITY, 0.0f};
+        w = warp_max_sum(w);
+        if (lane == 0) lse_shared = w.m + logf(w.s);
+    }
+    __syncthreads();
+    const float lse = lse_shared;
+    float* o = out + (size_t)i * ld_out;
+    for (uint32_t v = threadIdx.x; v < vocab; v += blockDim.x) o[v] = row[v] + bias[v] - lse;
+}

@@ -5,10 +5,12 @@
 #   scripts/gpu-check.sh OUT_DIR          (or OUT=... scripts/gpu-check.sh)
 #
 # 1. prints the card and where libcuda / libcublasLt live, sets LD_LIBRARY_PATH for cudarc;
-# 2. runs the kernel fuzz suite and the whole-plan scoring tests with turned-up case counts;
+# 2. runs the kernel fuzz suite, the whole-plan scoring tests and the sampling-step tests with
+#    turned-up case counts;
 # 3. benchmarks at toolsift bench's default size and at GPT-J-6B size: random bf16 weights made
 #    by transformers' GPTJForCausalLM on the GPU (scripts/hf_baseline.py), the transformers naive
-#    and tuned scorers, and toolsift on the same weights and workload;
+#    and tuned scorers, and toolsift on the same weights and workload; at 6B also the sampling
+#    steps (position log-probs over a 512-token sequence, 5 prefixes x 5 samples of 16 tokens);
 # 4. writes logs and one summary.json into OUT_DIR.
 # Every step has its own timeout so the whole run stays under 8 minutes; a failed step is
 # recorded in the summary and the script goes on.
@@ -60,6 +62,7 @@ export LD_LIBRARY_PATH
 export TOOLSIFT_FUZZ_CASES="$FUZZ_CASES"
 step cuda_kernels 120 "$BIN/cuda_kernels" --nocapture --test-threads 4
 TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) step cuda_scoring 90 "$BIN/cuda_scoring" --nocapture
+TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) step cuda_sampling 60 "$BIN/cuda_sampling" --nocapture
 
 # 3. benchmarks: transformers first (it makes the weights and the workload), then toolsift.
 bench() { # size texts timeout
@@ -80,6 +83,15 @@ else
   echo "skipping the 6B benchmark: $(elapsed)s already used"
   status[hf_6b]=skipped
 fi
+# The sampling steps at 6B, on the same weights (made by the 6B step above).
+if [[ -d "$OUT/bench/gptj-6b" ]] && (( $(elapsed) < 380 )); then
+  TOOLSIFT_BENCH_MODEL="$OUT/bench/gptj-6b" TOOLSIFT_BENCH_OUTPUT="$OUT/sampling_6b.json" \
+  TOOLSIFT_BENCH_REPS=3 \
+    step sampling_6b 75 "$BIN/cuda_sampling" --ignored --exact cuda_sampling_bench --nocapture
+else
+  echo "skipping the 6B sampling benchmark: no 6B weights or $(elapsed)s already used"
+  status[sampling_6b]=skipped
+fi
 rm -rf "$OUT"/bench/gptj-* # the weights do not travel back
 
 # 4. summary.
@@ -92,13 +104,16 @@ for f in ("commit.txt",):
     p = os.path.join(out, f)
     if os.path.exists(p):
         summary["commit"] = open(p).read().strip()
-for log in ("cuda_kernels", "cuda_scoring"):
+for log in ("cuda_kernels", "cuda_scoring", "cuda_sampling"):
     p = os.path.join(out, log + ".log")
     if os.path.exists(p):
         text = open(p).read()
         summary[log] = {"result": re.findall(r"test result: .*", text),
                         "skipped": "SKIPPED" in text,
-                        "notes": re.findall(r".*(?:cases passed|budget|cached).*", text)}
+                        "notes": re.findall(r".*(?:cases passed|budget|cached|compared).*", text)}
+p = os.path.join(out, "sampling_6b.json")
+if os.path.exists(p):
+    summary["sampling_6b"] = json.load(open(p))
 for size in ("default", "6b"):
     hf_p = os.path.join(out, "bench", f"hf_{size}.json")
     ts_p = os.path.join(out, f"toolsift_{size}.json")

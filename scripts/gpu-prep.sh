@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 echo "== release build (--features cuda)"
 cargo build --release --features cuda --bin toolsift
 echo "== test executables"
-json=$(cargo test --release --features cuda --no-run --message-format=json --test cuda_kernels --test cuda_scoring)
+json=$(cargo test --release --features cuda --no-run --message-format=json --test cuda_kernels --test cuda_scoring --test cuda_sampling)
 mapfile -t exes < <(python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -19,7 +19,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"] + " " + m["executable"])
 ' <<<"$json")
-[[ ${#exes[@]} -eq 2 ]] || { echo "expected 2 test executables, got: ${exes[*]}" >&2; exit 1; }
+[[ ${#exes[@]} -eq 3 ]] || { echo "expected 3 test executables, got: ${exes[*]}" >&2; exit 1; }
 
 echo "== ptxas"
 ptx_dir=$(ls -td target/release/build/toolsift-*/out | while read -r d; do

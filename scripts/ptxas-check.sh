@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Assembles every PTX that build.rs produced for sm_90 (or $TOOLSIFT_CUDA_ARCH) with `ptxas -v`,
 # prints registers / stack / spills per kernel as a markdown table, and fails if a kernel does not
-# assemble or if the attention or cross-entropy kernels spill to local memory.
+# assemble or if the attention (tree, decode) or cross-entropy / log-softmax kernels spill to local
+# memory.
 #
 # Usage: scripts/ptxas-check.sh [PTX_DIR]   (default: the newest target/*/build/toolsift-*/out
 #        that holds PTX; build first with `cargo build --features cuda`)
@@ -65,7 +66,7 @@ bad = []
 for k in sorted(rows):
     r = rows[k]
     print(f"| {k} | {r['regs']} | {r['stack']} | {r['spill_st']} | {r['spill_ld']} | {r['smem']} |")
-    if k.startswith(("tree_attention", "lm_head_xent")) and (r["spill_st"] or r["spill_ld"]):
+    if k.startswith(("tree_attention", "decode_attention", "lm_head_xent", "log_softmax")) and (r["spill_st"] or r["spill_ld"]):
         bad.append(k)
 if not rows:
     sys.exit("no kernels found in ptxas output")

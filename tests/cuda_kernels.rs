@@ -841,6 +841,34 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
             None,
         )?;
     }
+    // decode_attention serves the same tiles (one row after another): same contract, P in f32.
+    let mut out = gpu.stream.alloc_zeros::<T>(n * ld).unwrap();
+    tree_attention::decode_attention(
+        gpu,
+        &q_d.as_view(),
+        &k_d.as_view(),
+        &v_d.as_view(),
+        &tiles,
+        &mut out.as_view_mut(),
+        shape,
+    )
+    .unwrap();
+    let got = widen(&down(gpu, &out));
+    let got: Vec<f64> = (0..n)
+        .flat_map(|r| f64s(&got[r * ld..r * ld + d]))
+        .collect();
+    let uu = u(T::DTYPE);
+    compare(
+        &format!(
+            "decode_attention ({n} tokens, {} segments)",
+            plan.segments.len()
+        ),
+        &got,
+        &f64s(&want),
+        2.0 * uu * max_v + 1e-5,
+        uu,
+        None,
+    )?;
     Ok(())
 }
 
@@ -927,4 +955,50 @@ fn tree_tiles_cover_the_plan() {
         }
         assert!(seen.iter().all(|&s| s == 1));
     }
+}
+
+/// The KV tree's tiles (new tokens per group over their context rows) are the plan's tiles when
+/// the groups are a plan's segments (what prefill builds); decode groups are single queries.
+#[test]
+fn tree_tiles_from_groups_equal_the_plans() {
+    for seed in 0..10 {
+        let p = AttentionProblem {
+            dtype: CudaDType::BF16,
+            n_head: 1,
+            head_dim: 1,
+            n_texts: 3,
+            max_text: 150,
+            inline: seed % 2 == 1,
+            vocab: 7,
+            seed,
+        };
+        let plan = random_plan(&p);
+        let groups: Vec<_> = plan
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(s, seg)| {
+                let mut ranges: Vec<std::ops::Range<usize>> = plan
+                    .ancestors_of(s)
+                    .iter()
+                    .map(|&a| {
+                        let a = plan.segments[a as usize];
+                        a.start as usize..(a.start + a.len) as usize
+                    })
+                    .collect();
+                ranges.push(seg.start as usize..(seg.start + seg.len) as usize);
+                (ranges, seg.len as usize, seg.start as usize)
+            })
+            .collect();
+        assert_eq!(
+            TreeTiles::from_groups(&groups),
+            TreeTiles::from_plan(&plan, 0)
+        );
+    }
+    let decode =
+        TreeTiles::from_groups(&[(vec![0..5, 9..10], 1, 0), (vec![0..3, 7..8, 10..11], 1, 1)]);
+    assert!(decode.single_queries());
+    assert_eq!(decode.tiles, vec![0, 1, 5, 0, 1, 1, 4, 0]);
+    assert_eq!(decode.ctx_tokens, vec![0, 1, 2, 3, 4, 9, 0, 1, 2, 7, 10]);
+    assert_eq!((decode.q_rows, decode.kv_rows), (2, 11));
 }

@@ -23,14 +23,14 @@ pub struct KvTree {
 
 /// A sequence in the tree: the store rows of its context, in order (ancestors' rows first).
 #[derive(Debug, Clone, Default)]
-struct Node {
-    ranges: Vec<Range<usize>>,
-    len: usize,
+pub(crate) struct Node {
+    pub(crate) ranges: Vec<Range<usize>>,
+    pub(crate) len: usize,
 }
 
 impl Node {
     /// Appends store row `row` to the context.
-    fn push(&mut self, row: usize) {
+    pub(crate) fn push(&mut self, row: usize) {
         match self.ranges.last_mut() {
             Some(r) if r.end == row => r.end += 1,
             _ => self.ranges.push(row..row + 1),
@@ -39,7 +39,7 @@ impl Node {
     }
 
     /// The first `len` rows of this context.
-    fn prefix(&self, len: usize) -> Node {
+    pub(crate) fn prefix(&self, len: usize) -> Node {
         let mut out = Node::default();
         for r in &self.ranges {
             if out.len >= len {

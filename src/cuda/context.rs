@@ -37,6 +37,10 @@ const PTX: &[(&str, &str)] = &[
         include_str!(concat!(env!("OUT_DIR"), "/tree_attention.ptx")),
     ),
     (
+        "decode_attention",
+        include_str!(concat!(env!("OUT_DIR"), "/decode_attention.ptx")),
+    ),
+    (
         "lm_head_xent",
         include_str!(concat!(env!("OUT_DIR"), "/lm_head_xent.ptx")),
     ),
@@ -133,7 +137,9 @@ pub struct Kernels {
     pub gelu: PerType,
     pub tree_attention_vec: PerType,
     pub tree_attention_scalar: PerType,
+    pub decode_attention: PerType,
     pub lm_head_xent_f32: CudaFunction,
+    pub log_softmax_f32: CudaFunction,
     // Keep the modules alive as long as the handles (CudaFunction also holds them; explicit here).
     _modules: Vec<Arc<CudaModule>>,
 }
@@ -265,7 +271,9 @@ impl Kernels {
             gelu: per("gelu", "gelu")?,
             tree_attention_vec: per("tree_attention", "tree_attention_vec")?,
             tree_attention_scalar: per("tree_attention", "tree_attention_scalar")?,
+            decode_attention: per("decode_attention", "decode_attention")?,
             lm_head_xent_f32: f("lm_head_xent", "lm_head_xent_f32")?,
+            log_softmax_f32: f("lm_head_xent", "log_softmax_f32")?,
             _modules: modules,
         })
     }

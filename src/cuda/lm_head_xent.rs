@@ -79,3 +79,56 @@ pub fn lm_head_xent(
     .map(|_| ())
     .map_err(driver_err("launching lm_head_xent"))
 }
+
+/// `log_softmax_f32(const float* logits /*[rows, ld]*/, const float* bias /*[vocab]*/,
+/// float* out /*[rows, ld_out]*/, uint32_t rows, uint32_t vocab, uint32_t ld, uint32_t ld_out)`:
+/// full log-softmax rows (with the lm_head bias) for the sampling steps.
+#[allow(clippy::too_many_arguments)]
+pub fn log_softmax(
+    gpu: &Gpu,
+    logits: &CudaView<f32>,
+    bias: &CudaView<f32>,
+    out: &mut CudaViewMut<f32>,
+    [rows, vocab, ld, ld_out]: [usize; 4],
+    block: Option<u32>,
+) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let block = block.unwrap_or_else(|| default_block(vocab));
+    check(
+        block % 32 == 0 && (32..=1024).contains(&block),
+        "log_softmax: bad block size",
+    )?;
+    check(
+        ld >= vocab
+            && ld_out >= vocab
+            && logits.len() >= need(rows, ld, vocab)
+            && bias.len() >= vocab
+            && out.len() >= need(rows, ld_out, vocab),
+        "log_softmax: buffers shorter than the shapes",
+    )?;
+    let u = |v: usize| v as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (u(rows), 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (r32, v32, ld32, ldo32) = (u(rows), u(vocab), u(ld), u(ld_out));
+    // SAFETY: argument types match the C signature above; the checks bound every row read and
+    // written.
+    unsafe {
+        gpu.stream
+            .launch_builder(&gpu.kernels.log_softmax_f32)
+            .arg(logits)
+            .arg(bias)
+            .arg(out)
+            .arg(&r32)
+            .arg(&v32)
+            .arg(&ld32)
+            .arg(&ldo32)
+            .launch(cfg)
+    }
+    .map(|_| ())
+    .map_err(driver_err("launching log_softmax"))
+}

@@ -24,9 +24,11 @@
 //! target (4 bytes per target come back), it is bitwise deterministic, and the weighting and slot
 //! arithmetic then has exactly one implementation shared with the CPU backend.
 //! The K/V cache is kept per layer as [capacity, stride(n_embd)] buffers indexed by flat token
-//! index (capacity = the chunk's tokens for scoring), so that a decoder can append tokens later.
+//! index (capacity = the chunk's tokens for scoring); the sampling steps (`decode`: `Sampler`,
+//! `Decoder`) append to the same layout through the same layer loop (`run_layers`).
 
 pub mod context;
+pub mod decode;
 pub mod embedding;
 pub mod gelu;
 pub mod gemm;
@@ -46,7 +48,7 @@ use context::driver_err;
 pub use context::{stride, CudaDType, DeviceFloat, Gpu, KERNELS_BUILT};
 use layer_norm::Rows;
 use rotary::RotaryShape;
-use tree_attention::{AttentionShape, TreeTiles};
+use tree_attention::{AttentionShape, DeviceTiles, TreeTiles};
 use weights::CudaWeights;
 
 use crate::cpu::ops::RotaryTable;
@@ -99,6 +101,16 @@ pub struct CudaScorer {
     memory_budget: usize,
     head_chunk_rows: usize,
     stats: std::sync::Mutex<RunStats>,
+}
+
+/// The new tokens of one forward, on the device.
+pub(crate) struct NewTokens<'a> {
+    pub ids: &'a CudaSlice<u32>,
+    pub positions: &'a CudaSlice<u32>,
+    pub n: usize,
+    pub tiles: &'a DeviceTiles,
+    /// Every tile holds one query (decode steps): attention runs `decode_attention`.
+    pub single_queries: bool,
 }
 
 /// Fails with a backend error unless `cond`.
@@ -267,30 +279,39 @@ impl CudaScorer {
         }
     }
 
-    fn forward<T: DeviceFloat>(&self, w: &CudaWeights<T>, plan: &Plan) -> Result<Vec<f64>> {
+    /// The layer loop over `t.n` new tokens (embedding to the last layer's residual stream, the
+    /// last fc_out bias NOT yet added: the head's ln_f adds it). Their K/V rows are written at
+    /// rows `base..base + t.n` of every layer's cache; attention reads keys through `t.tiles`
+    /// (query rows relative to this call, context entries absolute cache rows). Scoring runs it
+    /// with `base` 0 over a fresh cache; the KV tree (`decode`) appends.
+    pub(crate) fn run_layers<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        t: NewTokens<'_>,
+        k_cache: &mut [CudaSlice<T>],
+        v_cache: &mut [CudaSlice<T>],
+        base: usize,
+    ) -> Result<CudaSlice<f32>> {
         let (c, gpu) = (&self.config, &self.gpu);
-        let n = plan.n_tokens();
-        if n == 0 || plan.targets.is_empty() {
-            return Ok(vec![0.0; plan.targets.len()]);
-        }
+        let n = t.n;
         let (d, f, vocab) = (c.n_embd, c.inner_dim(), c.vocab_size);
-        let (ds, fs, l3, vs) = (stride(d), stride(f), stride(3 * d), stride(vocab));
+        let (ds, fs, l3) = (stride(d), stride(f), stride(3 * d));
         let eps = c.layer_norm_epsilon as f32;
-        let ids = upload(gpu, &plan.tokens)?;
-        let positions = upload(gpu, &plan.positions)?;
-        let tiles = TreeTiles::from_plan(plan, 0).upload(gpu)?;
+        check(
+            k_cache.len() == c.n_layer
+                && v_cache.len() == c.n_layer
+                && k_cache
+                    .iter()
+                    .chain(v_cache.iter())
+                    .all(|b| b.len() >= (base + n) * ds),
+            "run_layers: K/V cache shorter than the new rows",
+        )?;
         let mut x = zeros::<f32>(gpu, n * ds)?; // [n, ds] residual stream
         let mut h = zeros::<T>(gpu, n * ds)?; // [n, ds] ln_1 output
         let mut qkv = zeros::<f32>(gpu, n * l3)?; // [n, l3]
         let mut q = zeros::<T>(gpu, n * ds)?; // [n, ds] rotated queries
         let mut ctx = zeros::<T>(gpu, n * ds)?; // [n, ds] attention output
         let mut mlp = zeros::<T>(gpu, n * fs)?; // [n, fs]
-        let mut k_cache = Vec::with_capacity(c.n_layer); // per layer [n, ds]
-        let mut v_cache = Vec::with_capacity(c.n_layer); // per layer [n, ds]
-        for _ in 0..c.n_layer {
-            k_cache.push(zeros::<T>(gpu, n * ds)?);
-            v_cache.push(zeros::<T>(gpu, n * ds)?);
-        }
         let rot = RotaryShape {
             n,
             n_head: c.n_head,
@@ -309,7 +330,7 @@ impl CudaScorer {
 
         embedding::embedding(
             gpu,
-            &ids.as_view(),
+            &t.ids.as_view(),
             &w.wte.as_view(),
             vocab,
             &mut x.as_view_mut(),
@@ -347,24 +368,36 @@ impl CudaScorer {
             rotary::rotary(
                 gpu,
                 &qkv.as_view(),
-                &positions.as_view(),
+                &t.positions.as_view(),
                 &self.cos.as_view(),
                 &self.sin.as_view(),
                 &mut q.as_view_mut(),
-                &mut k_cache[l].as_view_mut(),
-                &mut v_cache[l].as_view_mut(),
+                &mut k_cache[l].slice_mut(base * ds..),
+                &mut v_cache[l].slice_mut(base * ds..),
                 rot,
             )?;
-            tree_attention::tree_attention(
-                gpu,
-                &q.as_view(),
-                &k_cache[l].as_view(),
-                &v_cache[l].as_view(),
-                &tiles,
-                &mut ctx.as_view_mut(),
-                att,
-                None,
-            )?;
+            if t.single_queries {
+                tree_attention::decode_attention(
+                    gpu,
+                    &q.as_view(),
+                    &k_cache[l].as_view(),
+                    &v_cache[l].as_view(),
+                    t.tiles,
+                    &mut ctx.as_view_mut(),
+                    att,
+                )?;
+            } else {
+                tree_attention::tree_attention(
+                    gpu,
+                    &q.as_view(),
+                    &k_cache[l].as_view(),
+                    &v_cache[l].as_view(),
+                    t.tiles,
+                    &mut ctx.as_view_mut(),
+                    att,
+                    None,
+                )?;
+            }
             gpu.blas.linear(
                 &h.as_view(),
                 ds,
@@ -405,6 +438,41 @@ impl CudaScorer {
             )?;
             pending_bias = Some(&blk.fc_out_b);
         }
+        Ok(x)
+    }
+
+    fn forward<T: DeviceFloat>(&self, w: &CudaWeights<T>, plan: &Plan) -> Result<Vec<f64>> {
+        let (c, gpu) = (&self.config, &self.gpu);
+        let n = plan.n_tokens();
+        if n == 0 || plan.targets.is_empty() {
+            return Ok(vec![0.0; plan.targets.len()]);
+        }
+        let (d, vocab) = (c.n_embd, c.vocab_size);
+        let (ds, vs) = (stride(d), stride(vocab));
+        let eps = c.layer_norm_epsilon as f32;
+        let ids = upload(gpu, &plan.tokens)?;
+        let positions = upload(gpu, &plan.positions)?;
+        let tiles = TreeTiles::from_plan(plan, 0).upload(gpu)?;
+        let mut k_cache = Vec::with_capacity(c.n_layer); // per layer [n, ds]
+        let mut v_cache = Vec::with_capacity(c.n_layer); // per layer [n, ds]
+        for _ in 0..c.n_layer {
+            k_cache.push(zeros::<T>(gpu, n * ds)?);
+            v_cache.push(zeros::<T>(gpu, n * ds)?);
+        }
+        let mut x = self.run_layers(
+            w,
+            NewTokens {
+                ids: &ids,
+                positions: &positions,
+                n,
+                tiles: &tiles,
+                single_queries: false,
+            },
+            &mut k_cache,
+            &mut v_cache,
+            0,
+        )?;
+        let pending_bias = w.h.last().map(|b| &b.fc_out_b);
 
         // LM head at the weighted rows only, chunk by chunk.
         let n_rows = plan.head_rows.len();

@@ -82,6 +82,36 @@ impl TreeTiles {
         t
     }
 
+    /// Tiles of the new tokens of a KV-tree forward: group g's `n_new` queries are rows
+    /// `first..first + n_new` of the query buffer and the last `n_new` entries of its context
+    /// `ctx` (cache rows: ancestors' and earlier tokens, then its own new rows).
+    pub fn from_groups(groups: &[(Vec<std::ops::Range<usize>>, usize, usize)]) -> Self {
+        let mut t = TreeTiles::default();
+        for (ranges, n_new, first) in groups {
+            let ctx_offset = t.ctx_tokens.len() as u64;
+            for r in ranges {
+                t.ctx_tokens.extend(r.clone().map(|i| i as u32));
+                t.kv_rows = t.kv_rows.max(r.end);
+            }
+            let n_ctx = (t.ctx_tokens.len() as u64 - ctx_offset) as usize;
+            debug_assert!(n_ctx >= *n_new);
+            let n_old = n_ctx - n_new;
+            for r0 in (0..*n_new).step_by(BM) {
+                let q_len = (n_new - r0).min(BM);
+                t.tiles
+                    .extend([(first + r0) as u32, q_len as u32, (n_old + r0) as u32, 0]);
+                t.tile_ctx.push(ctx_offset);
+            }
+            t.q_rows = t.q_rows.max(first + n_new);
+        }
+        t
+    }
+
+    /// Whether every tile holds a single query (a decode step): `decode_attention` serves it.
+    pub fn single_queries(&self) -> bool {
+        self.tiles.chunks(4).all(|t| t[1] == 1)
+    }
+
     pub fn n_tiles(&self) -> usize {
         self.tile_ctx.len()
     }
@@ -238,4 +268,87 @@ pub fn tree_attention<T: DeviceFloat>(
     }
     .map(|_| ())
     .map_err(driver_err("launching tree_attention"))
+}
+
+/// Dynamic shared memory of a `decode_attention` block: q, 4 per-warp accumulators, m and l.
+pub fn decode_smem_bytes(head_dim: usize) -> usize {
+    (5 * head_dim + 8) * 4
+}
+
+/// `decode_attention_<T>(const T* q, const T* k, const T* v, const uint32_t* tiles,
+/// const uint64_t* tile_ctx, const uint32_t* ctx_tokens, T* out, uint32_t head_dim, uint32_t ld,
+/// uint32_t ld_out, float scale)`, grid (n_tiles, n_head), block 128: the same contract as
+/// `tree_attention`, one block per (tile, head) and tile rows one after another; meant for tiles
+/// of one query (decode steps), correct for any.
+pub fn decode_attention<T: DeviceFloat>(
+    gpu: &Gpu,
+    q: &CudaView<T>,
+    k: &CudaView<T>,
+    v: &CudaView<T>,
+    tiles: &DeviceTiles,
+    out: &mut CudaViewMut<T>,
+    s: AttentionShape,
+) -> Result<()> {
+    if tiles.n_tiles == 0 {
+        return Ok(());
+    }
+    let d = s.n_head * s.head_dim;
+    let smem = decode_smem_bytes(s.head_dim);
+    check(
+        s.head_dim > 0
+            && s.ld >= d
+            && s.ld_out >= d
+            && q.len() >= need(tiles.q_rows, s.ld, d)
+            && k.len() >= need(tiles.kv_rows, s.ld, d)
+            && v.len() >= need(tiles.kv_rows, s.ld, d)
+            && out.len() >= need(tiles.q_rows, s.ld_out, d),
+        "decode_attention: buffers shorter than the shapes",
+    )?;
+    check(
+        smem <= gpu.max_smem_optin as usize,
+        &format!(
+            "decode_attention: head_dim {} needs {smem} bytes of shared memory, the device allows {}",
+            s.head_dim, gpu.max_smem_optin
+        ),
+    )?;
+    let func = T::pick(&gpu.kernels.decode_attention);
+    if smem > 48 * 1024 {
+        gpu.ctx
+            .bind_to_thread()
+            .map_err(driver_err("binding the context"))?;
+        func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(driver_err("raising decode_attention's shared memory limit"))?;
+    }
+    let u = |v: usize| v as u32;
+    let (hd, ld, ldo) = (u(s.head_dim), u(s.ld), u(s.ld_out));
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
+    let cfg = LaunchConfig {
+        grid_dim: (u(tiles.n_tiles), u(s.n_head), 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    // SAFETY: argument types match the C signature above; as for tree_attention, the checks
+    // bound every query, key, value and output row the tiles name; shared memory is sized by
+    // the kernel's layout (decode_smem_bytes).
+    unsafe {
+        gpu.stream
+            .launch_builder(func)
+            .arg(q)
+            .arg(k)
+            .arg(v)
+            .arg(&tiles.tiles)
+            .arg(&tiles.tile_ctx)
+            .arg(&tiles.ctx_tokens)
+            .arg(out)
+            .arg(&hd)
+            .arg(&ld)
+            .arg(&ldo)
+            .arg(&scale)
+            .launch(cfg)
+    }
+    .map(|_| ())
+    .map_err(driver_err("launching decode_attention"))
 }

@@ -1,0 +1,653 @@
+//! The driver's sampling steps on the GPU (`Sampler`, `Decoder`), on a device KV tree: the CUDA
+//! twin of `crate::cpu::decode` / `crate::cpu::sampler`, with the same validation, the same
+//! error messages and the same draws.
+//!
+//! - `CudaKvTree`: per layer one K and one V buffer [capacity, stride(n_embd)] of T, rows
+//!   appended as tokens are computed (capacity doubles by reallocate-and-copy when exceeded;
+//!   `sample` sizes it exactly up front), and on the host the nodes: a sequence is the list of
+//!   cache-row ranges of its context (`crate::cpu::decode::Node`), so forks share their prefix
+//!   rows and cost nothing on the device.
+//! - A forward over new tokens runs the scoring layer loop (`CudaScorer::run_layers`) with the
+//!   K/V rows written at the end of the cache and attention tiles built from the nodes
+//!   (`TreeTiles::from_groups`): the 64-query tile kernel when a group has several new tokens
+//!   (prefill, spliced tool results), `decode_attention` (one block per sequence and head) when
+//!   every group has exactly one (decode steps).
+//! - Heads: `token_log_probs` computes the full log-softmax in bounded chunks of rows on the
+//!   device (`lm_head_xent`) and copies back only the queried tokens; decode steps copy back the
+//!   full log-softmax row of each sequence ([rows, vocab] f32, `log_softmax_f32`) and the host
+//!   draws from it with `sample::draw` and `sample::sample_rng`, exactly as the CPU does — so both
+//!   backends pick the same token from the same row. (At GPT-J size that copy is 201.6 KB per
+//!   sample per step; a device-side draw is the next step if it ever shows in a profile.)
+
+use cudarc::driver::CudaSlice;
+use half::{bf16, f16};
+
+use super::context::{driver_err, stride, DeviceFloat, Gpu};
+use super::layer_norm::{self, Rows};
+use super::lm_head_xent;
+use super::tree_attention::TreeTiles;
+use super::weights::CudaWeights;
+use super::{check, upload, zeros, CudaScorer, DeviceWeights, NewTokens};
+use crate::cpu::decode::Node;
+use crate::error::{Error, Result};
+use crate::plan::Plan;
+use crate::sample::{
+    draw, sample_rng, DecodeSession, Decoder, Sample, SampleOptions, SampleRequest, Sampler,
+};
+
+/// Keys and values of every cached token on the device, per layer, and the nodes that read them.
+pub struct CudaKvTree<T> {
+    k: Vec<CudaSlice<T>>,
+    v: Vec<CudaSlice<T>>,
+    /// Row stride of the K/V buffers (stride(n_embd)).
+    ld: usize,
+    capacity: usize,
+    rows: usize,
+    nodes: Vec<Node>,
+}
+
+impl<T: DeviceFloat> CudaKvTree<T> {
+    /// An empty tree with room for `capacity` rows per layer.
+    pub fn new(gpu: &Gpu, n_layer: usize, n_embd: usize, capacity: usize) -> Result<Self> {
+        let ld = stride(n_embd);
+        let capacity = capacity.max(1);
+        let mut k = Vec::with_capacity(n_layer);
+        let mut v = Vec::with_capacity(n_layer);
+        for _ in 0..n_layer {
+            k.push(zeros::<T>(gpu, capacity * ld)?);
+            v.push(zeros::<T>(gpu, capacity * ld)?);
+        }
+        Ok(CudaKvTree {
+            k,
+            v,
+            ld,
+            capacity,
+            rows: 0,
+            nodes: Vec::new(),
+        })
+    }
+
+    /// A new empty sequence.
+    pub fn root(&mut self) -> usize {
+        self.nodes.push(Node::default());
+        self.nodes.len() - 1
+    }
+
+    /// A new sequence that continues the first `len` tokens of `node` (sharing their rows).
+    pub fn fork(&mut self, node: usize, len: usize) -> usize {
+        let n = self.nodes[node].prefix(len);
+        self.nodes.push(n);
+        self.nodes.len() - 1
+    }
+
+    /// Tokens in the context of `node`.
+    pub fn len(&self, node: usize) -> usize {
+        self.nodes[node].len
+    }
+
+    /// Cached rows in the whole tree.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Rows the buffers hold before they must grow.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Makes room for `extra` more rows: doubles the capacity (at least) and copies the cached
+    /// rows over when they do not fit.
+    fn reserve(&mut self, gpu: &Gpu, extra: usize) -> Result<()> {
+        let need = self.rows + extra;
+        if need <= self.capacity {
+            return Ok(());
+        }
+        let capacity = need.max(2 * self.capacity);
+        let used = self.rows * self.ld;
+        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let mut grown = zeros::<T>(gpu, capacity * self.ld)?;
+            if used > 0 {
+                gpu.stream
+                    .memcpy_dtod(&buf.slice(0..used), &mut grown.slice_mut(0..used))
+                    .map_err(driver_err("growing the KV cache"))?;
+            }
+            *buf = grown;
+        }
+        self.capacity = capacity;
+        Ok(())
+    }
+}
+
+/// A tree of either storage type (the session does not know the weights' type statically).
+enum AnyTree {
+    Bf16(CudaKvTree<bf16>),
+    F16(CudaKvTree<f16>),
+}
+
+/// Context of one group of new tokens: (its node's context rows, new tokens, first query row).
+type Group = (Vec<std::ops::Range<usize>>, usize, usize);
+
+impl CudaScorer {
+    fn check_ids(&self, what: &str, ids: &[u32]) -> Result<()> {
+        let c = &self.config;
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(Error::input(format!(
+                "{what}: token id {bad} is outside the vocabulary (vocab_size {})",
+                c.vocab_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// A tree of the weights' storage type.
+    fn any_tree(&self, capacity: usize) -> Result<AnyTree> {
+        let c = &self.config;
+        Ok(match &self.weights {
+            DeviceWeights::Bf16(_) => {
+                AnyTree::Bf16(CudaKvTree::new(&self.gpu, c.n_layer, c.n_embd, capacity)?)
+            }
+            DeviceWeights::F16(_) => {
+                AnyTree::F16(CudaKvTree::new(&self.gpu, c.n_layer, c.n_embd, capacity)?)
+            }
+        })
+    }
+
+    /// Runs `tokens[g]` at the end of sequence `nodes[g]` for every group g, extending the tree;
+    /// returns the final residual stream of the new tokens ([n_new, stride(d)] f32, the last
+    /// fc_out bias pending: the heads add it) in order.
+    pub fn extend_tree<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        tree: &mut CudaKvTree<T>,
+        nodes: &[usize],
+        tokens: &[Vec<u32>],
+    ) -> Result<CudaSlice<f32>> {
+        let n: usize = tokens.iter().map(Vec::len).sum();
+        tree.reserve(&self.gpu, n)?;
+        let mut ids = Vec::with_capacity(n);
+        let mut positions = Vec::with_capacity(n);
+        let mut groups = Vec::with_capacity(nodes.len());
+        for (&node, toks) in nodes.iter().zip(tokens) {
+            let first = ids.len();
+            for &t in toks {
+                positions.push(tree.nodes[node].len as u32);
+                tree.nodes[node].push(tree.rows + ids.len());
+                ids.push(t);
+            }
+            groups.push((tree.nodes[node].ranges.clone(), toks.len(), first));
+        }
+        self.forward_new(w, tree, &ids, &positions, &groups)
+    }
+
+    /// Prefills a prefix tree: every segment of `plan` becomes a node (returned per segment)
+    /// holding its ancestors' rows and its own; returns the residual stream of the plan's tokens.
+    pub fn prefill_tree<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        tree: &mut CudaKvTree<T>,
+        plan: &Plan,
+    ) -> Result<(Vec<usize>, CudaSlice<f32>)> {
+        tree.reserve(&self.gpu, plan.n_tokens())?;
+        let base = tree.rows;
+        let seg_range = |s: usize| {
+            let seg = plan.segments[s];
+            base + seg.start as usize..base + (seg.start + seg.len) as usize
+        };
+        let mut groups = Vec::with_capacity(plan.segments.len());
+        let mut ids = Vec::with_capacity(plan.segments.len());
+        for (s, seg) in plan.segments.iter().enumerate() {
+            let mut node = Node::default();
+            for &a in plan.ancestors_of(s) {
+                for row in seg_range(a as usize) {
+                    node.push(row);
+                }
+            }
+            for row in seg_range(s) {
+                node.push(row);
+            }
+            groups.push((node.ranges.clone(), seg.len as usize, seg.start as usize));
+            tree.nodes.push(node);
+            ids.push(tree.nodes.len() - 1);
+        }
+        let x = self.forward_new(w, tree, &plan.tokens, &plan.positions, &groups)?;
+        Ok((ids, x))
+    }
+
+    /// The layer loop over new tokens whose cache rows start at `tree.rows` and whose groups'
+    /// contexts are already recorded.
+    fn forward_new<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        tree: &mut CudaKvTree<T>,
+        ids: &[u32],
+        positions: &[u32],
+        groups: &[Group],
+    ) -> Result<CudaSlice<f32>> {
+        let c = &self.config;
+        check(
+            positions.iter().all(|&p| (p as usize) < c.n_positions),
+            "a position is beyond n_positions",
+        )?;
+        let n = ids.len();
+        let base = tree.rows;
+        check(
+            base + n <= tree.capacity,
+            "KV tree: rows beyond the capacity",
+        )?;
+        let host_tiles = TreeTiles::from_groups(groups);
+        let single_queries = host_tiles.single_queries();
+        let tiles = host_tiles.upload(&self.gpu)?;
+        let ids_d = upload(&self.gpu, ids)?;
+        let positions_d = upload(&self.gpu, positions)?;
+        let x = self.run_layers(
+            w,
+            NewTokens {
+                ids: &ids_d,
+                positions: &positions_d,
+                n,
+                tiles: &tiles,
+                single_queries,
+            },
+            &mut tree.k,
+            &mut tree.v,
+            base,
+        )?;
+        tree.rows += n;
+        Ok(x)
+    }
+
+    /// ln_f (with the pending last fc_out bias) and the LM head at rows `rows` of `x`
+    /// ([x_rows, ds]), chunk by chunk: per row, the log-probabilities of `tokens` (the full
+    /// log-softmax stays on the device).
+    fn head_token_log_probs<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        x: &mut CudaSlice<f32>,
+        x_rows: usize,
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>> {
+        let nt = tokens.len();
+        if nt == 0 || x_rows == 0 {
+            return Ok(vec![Vec::new(); x_rows]);
+        }
+        let gpu = &self.gpu;
+        let rows: Vec<u32> = (0..x_rows as u32).collect();
+        let offsets: Vec<u32> = (0..=x_rows as u32).map(|i| i * nt as u32).collect();
+        let all_tokens: Vec<u32> = (0..x_rows).flat_map(|_| tokens.iter().copied()).collect();
+        let slots: Vec<u32> = (0..(x_rows * nt) as u32).collect();
+        let offsets_d = upload(gpu, &offsets)?;
+        let tokens_d = upload(gpu, &all_tokens)?;
+        let slots_d = upload(gpu, &slots)?;
+        let mut out = zeros::<f32>(gpu, x_rows * nt)?;
+        let vocab = self.config.vocab_size;
+        let vs = stride(vocab);
+        self.head_chunks(w, x, x_rows, &rows, |logits, r0, m| {
+            lm_head_xent::lm_head_xent(
+                gpu,
+                &logits.as_view(),
+                &w.lm_head_b.as_view(),
+                &offsets_d.slice(r0..r0 + m + 1),
+                &tokens_d.as_view(),
+                &slots_d.as_view(),
+                &mut out.as_view_mut(),
+                [m, vocab, vs],
+                all_tokens.len(),
+                None,
+            )
+        })?;
+        let host = gpu
+            .stream
+            .clone_dtoh(&out)
+            .map_err(driver_err("downloading log-probs"))?;
+        gpu.sync()?;
+        Ok(host[..x_rows * nt]
+            .chunks(nt)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+
+    /// Full log-softmax rows ([rows.len()][vocab]) at rows `rows` of `x`, copied back.
+    fn head_log_softmax<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        x: &mut CudaSlice<f32>,
+        x_rows: usize,
+        rows: &[u32],
+    ) -> Result<Vec<Vec<f32>>> {
+        let gpu = &self.gpu;
+        let vocab = self.config.vocab_size;
+        let vs = stride(vocab);
+        let mut out = Vec::with_capacity(rows.len());
+        let mut lp = zeros::<f32>(gpu, self.head_chunk_rows.min(rows.len()) * vs)?;
+        self.head_chunks(w, x, x_rows, rows, |logits, _, m| {
+            lm_head_xent::log_softmax(
+                gpu,
+                &logits.as_view(),
+                &w.lm_head_b.as_view(),
+                &mut lp.as_view_mut(),
+                [m, vocab, vs, vs],
+                None,
+            )?;
+            let host = gpu
+                .stream
+                .clone_dtoh(&lp.slice(0..m * vs))
+                .map_err(driver_err("downloading log-softmax rows"))?;
+            gpu.sync()?;
+            out.extend(host.chunks(vs).map(|r| r[..vocab].to_vec()));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// ln_f and the lm_head GEMM over `rows` of `x` in chunks of at most `head_chunk_rows`;
+    /// `each(logits [m, stride(vocab)] f32, first row index, m)` consumes a chunk.
+    fn head_chunks<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        x: &mut CudaSlice<f32>,
+        x_rows: usize,
+        rows: &[u32],
+        mut each: impl FnMut(&CudaSlice<f32>, usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let (c, gpu) = (&self.config, &self.gpu);
+        let (d, vocab) = (c.n_embd, c.vocab_size);
+        let (ds, vs) = (stride(d), stride(vocab));
+        let eps = c.layer_norm_epsilon as f32;
+        let chunk = self.head_chunk_rows.min(rows.len());
+        let rows_d = upload(gpu, rows)?;
+        let mut hidden = zeros::<T>(gpu, chunk * ds)?; // [chunk, ds]
+        let mut logits = zeros::<f32>(gpu, chunk * vs)?; // [chunk, vs]
+        let rb = w.h.last().map(|b| b.fc_out_b.as_view());
+        for r0 in (0..rows.len()).step_by(chunk) {
+            let m = chunk.min(rows.len() - r0);
+            let rows_view = rows_d.slice(r0..r0 + m);
+            layer_norm::layer_norm(
+                gpu,
+                &mut x.as_view_mut(),
+                x_rows,
+                Rows {
+                    gather: Some(&rows_view),
+                    residual_bias: rb.as_ref(),
+                },
+                &w.ln_f.weight.as_view(),
+                &w.ln_f.bias.as_view(),
+                &mut hidden.as_view_mut(),
+                [m, d, ds, ds],
+                eps,
+                None,
+            )?;
+            gpu.blas.linear(
+                &hidden.as_view(),
+                ds,
+                &w.lm_head.as_view(),
+                ds,
+                &mut logits.as_view_mut(),
+                vs,
+                [m, vocab, d],
+                false,
+            )?;
+            each(&logits, r0, m)?;
+        }
+        Ok(())
+    }
+
+    fn token_log_probs_t<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        ids: &[u32],
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>> {
+        let c = &self.config;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, ids.len())?;
+        let root = tree.root();
+        let mut x = self.extend_tree(w, &mut tree, &[root], &[ids.to_vec()])?;
+        self.head_token_log_probs(w, &mut x, ids.len(), tokens)
+    }
+
+    fn sample_t<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        requests: &[SampleRequest],
+        options: &SampleOptions,
+    ) -> Result<Vec<Vec<Sample>>> {
+        let c = &self.config;
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Prefill every prefix once, as a prefix tree; the cache is sized for every sample's
+        // tokens up front (no growth during decoding).
+        let prefixes: Vec<Vec<u32>> = requests.iter().map(|r| r.prefix.clone()).collect();
+        let (plan, last_rows) = Plan::from_sequences(&prefixes);
+        let n_samples: usize = requests.iter().map(|r| r.n_samples).sum();
+        let capacity = plan.n_tokens() + n_samples * options.max_new_tokens;
+        let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, capacity)?;
+        let (seg_nodes, mut x) = self.prefill_tree(w, &mut tree, &plan)?;
+        let last_rows: Vec<usize> = last_rows
+            .into_iter()
+            .map(|r| r.expect("non-empty prefix") as usize)
+            .collect();
+        let head_rows: Vec<u32> = last_rows.iter().map(|&r| r as u32).collect();
+        let first = self.head_log_softmax(w, &mut x, plan.n_tokens(), &head_rows)?;
+        drop(x);
+
+        struct Live {
+            r: usize,
+            node: usize,
+            rng: crate::util::rng::Rng,
+            tokens: Vec<u32>,
+            stopped: bool,
+        }
+        let mut live = Vec::with_capacity(n_samples);
+        for (r, req) in requests.iter().enumerate() {
+            let row = last_rows[r];
+            let seg = plan.token_segment[row] as usize;
+            let ctx_len = (plan.positions[row] + 1) as usize;
+            for s in 0..req.n_samples {
+                let node = tree.fork(seg_nodes[seg], ctx_len);
+                let mut rng = sample_rng(options.seed, r, s);
+                let tok = draw(&first[r], options, &mut rng);
+                live.push(Live {
+                    r,
+                    node,
+                    rng,
+                    stopped: options.stop_tokens.contains(&tok),
+                    tokens: vec![tok],
+                });
+            }
+        }
+        let active = |l: &Live| !l.stopped && l.tokens.len() < options.max_new_tokens;
+        loop {
+            let step: Vec<usize> = (0..live.len()).filter(|&i| active(&live[i])).collect();
+            if step.is_empty() {
+                break;
+            }
+            let nodes: Vec<usize> = step.iter().map(|&i| live[i].node).collect();
+            let toks: Vec<Vec<u32>> = step
+                .iter()
+                .map(|&i| vec![*live[i].tokens.last().expect("one token")])
+                .collect();
+            let mut x = self.extend_tree(w, &mut tree, &nodes, &toks)?;
+            let rows: Vec<u32> = (0..step.len() as u32).collect();
+            let lp = self.head_log_softmax(w, &mut x, step.len(), &rows)?;
+            for (&i, row) in step.iter().zip(&lp) {
+                let l = &mut live[i];
+                let tok = draw(row, options, &mut l.rng);
+                l.stopped = options.stop_tokens.contains(&tok);
+                l.tokens.push(tok);
+            }
+        }
+        let mut out: Vec<Vec<Sample>> = requests.iter().map(|_| Vec::new()).collect();
+        for l in live {
+            out[l.r].push(Sample {
+                tokens: l.tokens,
+                stopped: l.stopped,
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl Sampler for CudaScorer {
+    fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.check_ids("sequence", ids)?;
+        self.check_ids("queried tokens", tokens)?;
+        if ids.len() > self.config.n_positions {
+            return Err(Error::input(format!(
+                "sequence of {} tokens is longer than n_positions ({})",
+                ids.len(),
+                self.config.n_positions
+            )));
+        }
+        match &self.weights {
+            DeviceWeights::Bf16(w) => self.token_log_probs_t(w, ids, tokens),
+            DeviceWeights::F16(w) => self.token_log_probs_t(w, ids, tokens),
+        }
+    }
+
+    fn sample(
+        &self,
+        requests: &[SampleRequest],
+        options: &SampleOptions,
+    ) -> Result<Vec<Vec<Sample>>> {
+        let c = &self.config;
+        for (r, req) in requests.iter().enumerate() {
+            self.check_ids(&format!("request {r}"), &req.prefix)?;
+            if req.prefix.is_empty() {
+                return Err(Error::input(format!("request {r}: empty prefix")));
+            }
+            if req.prefix.len() + options.max_new_tokens > c.n_positions {
+                return Err(Error::input(format!(
+                    "request {r}: prefix of {} tokens + {} new tokens exceeds n_positions ({})",
+                    req.prefix.len(),
+                    options.max_new_tokens,
+                    c.n_positions
+                )));
+            }
+        }
+        match &self.weights {
+            DeviceWeights::Bf16(w) => self.sample_t(w, requests, options),
+            DeviceWeights::F16(w) => self.sample_t(w, requests, options),
+        }
+    }
+}
+
+/// Initial rows of a decode session's cache (it doubles as sequences grow).
+const SESSION_CAPACITY: usize = 256;
+
+/// A decode session on the GPU: a device KV tree with one node per sequence.
+pub struct CudaDecodeSession<'a> {
+    engine: &'a CudaScorer,
+    /// None until the first sequence (allocation errors surface from `extend`).
+    tree: Option<AnyTree>,
+    /// Per sequence: its node, and its length while the tree is not allocated yet.
+    nodes: Vec<usize>,
+}
+
+impl Decoder for CudaScorer {
+    fn session(&self) -> Box<dyn DecodeSession + '_> {
+        Box::new(CudaDecodeSession {
+            engine: self,
+            tree: None,
+            nodes: Vec::new(),
+        })
+    }
+}
+
+impl CudaDecodeSession<'_> {
+    fn tree_len(&self, node: usize) -> usize {
+        match &self.tree {
+            Some(AnyTree::Bf16(t)) => t.len(node),
+            Some(AnyTree::F16(t)) => t.len(node),
+            None => 0,
+        }
+    }
+}
+
+impl DecodeSession for CudaDecodeSession<'_> {
+    fn new_sequence(&mut self) -> usize {
+        // Node ids equal sequence ids: the tree creates one root per sequence, in order, when it
+        // is allocated (lazily, so that this infallible call allocates nothing).
+        self.nodes.push(self.nodes.len());
+        if let Some(tree) = &mut self.tree {
+            match tree {
+                AnyTree::Bf16(t) => t.root(),
+                AnyTree::F16(t) => t.root(),
+            };
+        }
+        self.nodes.len() - 1
+    }
+
+    fn extend(&mut self, sequences: &[usize], tokens: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        let engine = self.engine;
+        let c = &engine.config;
+        if sequences.len() != tokens.len() {
+            return Err(Error::input("extend: one token list per sequence"));
+        }
+        let mut nodes = Vec::with_capacity(sequences.len());
+        for (&s, t) in sequences.iter().zip(tokens) {
+            let &node = self
+                .nodes
+                .get(s)
+                .ok_or_else(|| Error::input(format!("extend: no sequence {s}")))?;
+            if t.is_empty() {
+                return Err(Error::input(format!("extend: no tokens for sequence {s}")));
+            }
+            engine.check_ids(&format!("sequence {s}"), t)?;
+            if self.tree_len(node) + t.len() > c.n_positions {
+                return Err(Error::input(format!(
+                    "sequence {s} would grow past n_positions ({})",
+                    c.n_positions
+                )));
+            }
+            nodes.push(node);
+        }
+        if self.tree.is_none() {
+            let mut tree = engine.any_tree(SESSION_CAPACITY)?;
+            for _ in 0..self.nodes.len() {
+                match &mut tree {
+                    AnyTree::Bf16(t) => t.root(),
+                    AnyTree::F16(t) => t.root(),
+                };
+            }
+            self.tree = Some(tree);
+        }
+        // Only the last new token of each sequence needs the head.
+        let mut last = Vec::with_capacity(sequences.len());
+        let mut row = 0u32;
+        for t in tokens {
+            row += t.len() as u32;
+            last.push(row - 1);
+        }
+        let n = row as usize;
+        match (
+            &engine.weights,
+            self.tree.as_mut().expect("allocated above"),
+        ) {
+            (DeviceWeights::Bf16(w), AnyTree::Bf16(t)) => {
+                let mut x = engine.extend_tree(w, t, &nodes, tokens)?;
+                engine.head_log_softmax(w, &mut x, n, &last)
+            }
+            (DeviceWeights::F16(w), AnyTree::F16(t)) => {
+                let mut x = engine.extend_tree(w, t, &nodes, tokens)?;
+                engine.head_log_softmax(w, &mut x, n, &last)
+            }
+            _ => Err(Error::Backend(
+                "cuda: decode session tree and weights disagree on the storage type".into(),
+            )),
+        }
+    }
+
+    fn len(&self, sequence: usize) -> usize {
+        self.nodes.get(sequence).map_or(0, |&n| self.tree_len(n))
+    }
+}

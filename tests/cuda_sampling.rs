@@ -1,0 +1,448 @@
+//! The sampling steps on the GPU (`Sampler`, `Decoder` of `CudaScorer`) against the f64 oracle
+//! and the CPU engine: position log-probs over long sequences (several attention tiles, head
+//! chunks smaller than the sequence), KV-cached decoding (one-token steps through
+//! `decode_attention`, spliced multi-token steps through the tile kernel, cache growth) equal to a
+//! full forward at every step, greedy samples equal to the CPU engine's wherever the top-2 margin
+//! exceeds the tolerance, determinism for a seed, and the CPU's validation messages.
+//! Skipped (with a message) where there is no CUDA device.
+//!
+//! Tolerance per log-prob, as in tests/cuda_scoring.rs: A + R |log p| with A = 16u, R = 4u
+//! (u: unit roundoff of the storage type; 0.0625 + 0.016 |lp| for bf16, 0.0078 + 0.002 |lp| for
+//! f16): weights are stored in that type for both sides, every GEMM input is rounded once per
+//! layer, the head's logits are ~4 in magnitude.
+#![cfg(feature = "cuda")]
+
+mod common;
+mod cuda_common;
+
+use cuda_common::{fuzz, gpu};
+use proptest::prelude::*;
+use toolsift::cpu::CpuScorer;
+use toolsift::cuda::{CudaDType, CudaOptions, CudaScorer};
+use toolsift::model::{DType, GptjConfig, GptjWeights};
+use toolsift::reference::ReferenceModel;
+use toolsift::sample::{Decoder, SampleOptions, SampleRequest, Sampler};
+use toolsift::util::rng::Rng;
+use toolsift::Model;
+
+fn storage(dtype: CudaDType) -> DType {
+    match dtype {
+        CudaDType::BF16 => DType::BF16,
+        CudaDType::F16 => DType::F16,
+    }
+}
+
+/// A random model stored in the device's type (the oracle sees exactly the device's weights).
+fn model(
+    n_layer: usize,
+    n_head: usize,
+    head_dim: usize,
+    vocab: usize,
+    dtype: CudaDType,
+    seed: u64,
+) -> Model {
+    let rotary_dim = (head_dim - head_dim % 2).min(4);
+    let mut config = GptjConfig::small(n_layer, n_head * head_dim, n_head, rotary_dim, vocab);
+    config.n_positions = 160;
+    Model::from_parts(
+        config.clone(),
+        GptjWeights::random(&config, seed, storage(dtype)),
+        None,
+    )
+}
+
+fn engine(model: &Model, dtype: CudaDType, head_chunk_rows: usize) -> CudaScorer {
+    let opts = CudaOptions {
+        dtype: Some(dtype),
+        head_chunk_rows,
+        ..CudaOptions::default()
+    };
+    CudaScorer::new(model, &opts).unwrap()
+}
+
+fn random_ids(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|_| rng.range(0, vocab - 1) as u32).collect()
+}
+
+fn tol(dtype: CudaDType, want: f64) -> f64 {
+    let u = dtype.unit_roundoff();
+    16.0 * u + 4.0 * u * want.abs()
+}
+
+#[derive(Debug, Clone)]
+struct LpProblem {
+    dtype: CudaDType,
+    n_layer: usize,
+    n_head: usize,
+    head_dim: usize,
+    vocab: usize,
+    len: usize,
+    head_chunk_rows: usize,
+    seed: u64,
+}
+
+fn token_log_probs_run(gpu_ok: &LpProblem) -> Result<(), TestCaseError> {
+    let p = gpu_ok;
+    let m = model(p.n_layer, p.n_head, p.head_dim, p.vocab, p.dtype, p.seed);
+    let cuda = engine(&m, p.dtype, p.head_chunk_rows);
+    let mut rng = Rng::new(p.seed ^ 7);
+    let ids = random_ids(&mut rng, p.len, p.vocab);
+    let tokens = [0u32, (p.vocab / 2) as u32, (p.vocab - 1) as u32];
+    let got = cuda
+        .token_log_probs(&ids, &tokens)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let want = ReferenceModel::new(&m.config, &m.weights).log_softmax(&ids);
+    prop_assert_eq!(got.len(), ids.len());
+    for (i, row) in got.iter().enumerate() {
+        for (j, &t) in tokens.iter().enumerate() {
+            let w = want.row(i)[t as usize];
+            prop_assert!(
+                (row[j] as f64 - w).abs() <= tol(p.dtype, w),
+                "position {i} token {t}: cuda {} vs oracle {w}\n{p:?}",
+                row[j]
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn token_log_probs_match_the_oracle_at_every_position() {
+    if gpu().is_none() {
+        return;
+    }
+    let strategy = (
+        prop::sample::select(vec![CudaDType::BF16, CudaDType::F16]),
+        1usize..=2,
+        1usize..=3,
+        prop::sample::select(vec![3usize, 8, 16, 17]),
+        20usize..200,
+        1usize..150,
+        prop::sample::select(vec![1usize, 5, 64, 1024]),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(dtype, n_layer, n_head, head_dim, vocab, len, head_chunk_rows, seed)| LpProblem {
+                dtype,
+                n_layer,
+                n_head,
+                head_dim,
+                vocab,
+                len,
+                head_chunk_rows,
+                seed,
+            },
+        );
+    fuzz("token_log_probs", 12, strategy, |p| token_log_probs_run(&p));
+}
+
+/// One-token steps (decode_attention), multi-token splices (tile kernel), sequences of different
+/// lengths in one batch, and more rows than the session's initial cache (growth by copy).
+#[test]
+fn decode_session_steps_equal_a_full_forward() {
+    if gpu().is_none() {
+        return;
+    }
+    for (dtype, head_dim, seed) in [(CudaDType::BF16, 16, 1u64), (CudaDType::F16, 17, 2)] {
+        let m = model(2, 2, head_dim, 53, dtype, seed);
+        let cuda = engine(&m, dtype, 3);
+        let oracle = ReferenceModel::new(&m.config, &m.weights);
+        let vocab = m.config.vocab_size;
+        let mut rng = Rng::new(seed);
+        let mut session = cuda.session();
+        let n_seq = 5;
+        let ids: Vec<usize> = (0..n_seq).map(|_| session.new_sequence()).collect();
+        let mut seqs: Vec<Vec<u32>> = (0..n_seq)
+            .map(|k| random_ids(&mut rng, 3 + 11 * k, vocab))
+            .collect();
+        let check = |step: usize, step_ids: &[usize], seqs: &[Vec<u32>], lp: &[Vec<f32>]| {
+            for (k, &s) in step_ids.iter().enumerate() {
+                let want = oracle.log_softmax(&seqs[s]);
+                let row = want.row(seqs[s].len() - 1);
+                for (v, &w) in row.iter().enumerate() {
+                    let g = lp[k][v] as f64;
+                    assert!(
+                        (g - w).abs() <= tol(dtype, w),
+                        "{dtype:?} step {step} sequence {s} (len {}) token {v}: cuda {g} vs oracle {w}",
+                        seqs[s].len()
+                    );
+                }
+            }
+        };
+        let lp = session.extend(&ids, &seqs).unwrap();
+        check(0, &ids, &seqs, &lp);
+        for step in 1..70 {
+            // Mostly single tokens for every sequence; every 10th step a splice into a few.
+            let (step_ids, toks): (Vec<usize>, Vec<Vec<u32>>) = if step % 10 == 9 {
+                ids.iter()
+                    .step_by(2)
+                    .map(|&s| (s, random_ids(&mut rng, 2 + step % 7, vocab)))
+                    .unzip()
+            } else {
+                ids.iter()
+                    .map(|&s| (s, random_ids(&mut rng, 1, vocab)))
+                    .unzip()
+            };
+            if step_ids
+                .iter()
+                .zip(&toks)
+                .any(|(&s, t)| seqs[s].len() + t.len() > m.config.n_positions)
+            {
+                break;
+            }
+            for (s, t) in step_ids.iter().zip(&toks) {
+                seqs[*s].extend(t);
+            }
+            let lp = session.extend(&step_ids, &toks).unwrap();
+            for &s in &step_ids {
+                assert_eq!(session.len(s), seqs[s].len());
+            }
+            check(step, &step_ids, &seqs, &lp);
+        }
+        let err = session.extend(&[n_seq + 3], &[vec![1]]).unwrap_err();
+        assert!(err.to_string().contains("no sequence"), "{err}");
+        let err = session.extend(&[0], &[vec![]]).unwrap_err();
+        assert!(err.to_string().contains("no tokens"), "{err}");
+        let err = session.extend(&[0], &[vec![vocab as u32]]).unwrap_err();
+        assert!(err.to_string().contains("outside the vocabulary"), "{err}");
+        let err = session.extend(&[0], &[vec![1; 200]]).unwrap_err();
+        assert!(err.to_string().contains("n_positions"), "{err}");
+    }
+}
+
+/// Greedy samples from shared prefixes: the CUDA backend picks the CPU engine's token at every
+/// step whose top-2 margin (by the oracle) exceeds twice the tolerance; after the first step
+/// where it does not, the sample is not compared further (both choices are right within
+/// rounding).
+#[test]
+fn greedy_samples_equal_the_cpu_engine_where_the_margin_allows() {
+    if gpu().is_none() {
+        return;
+    }
+    let mut compared = 0usize;
+    for (dtype, seed) in [
+        (CudaDType::BF16, 3u64),
+        (CudaDType::F16, 4),
+        (CudaDType::BF16, 5),
+    ] {
+        let m = model(2, 2, 16, 47, dtype, seed);
+        let cuda = engine(&m, dtype, 1024);
+        let cpu = CpuScorer::new(&m);
+        let oracle = ReferenceModel::new(&m.config, &m.weights);
+        let mut rng = Rng::new(seed);
+        let base = random_ids(&mut rng, 90, 47);
+        let requests: Vec<SampleRequest> = [5usize, 30, 70, 71, 90]
+            .iter()
+            .map(|&n| SampleRequest {
+                prefix: base[..n].to_vec(),
+                n_samples: 3,
+            })
+            .collect();
+        let options = SampleOptions {
+            max_new_tokens: 16,
+            temperature: 0.0,
+            ..Default::default()
+        };
+        let got = cuda.sample(&requests, &options).unwrap();
+        let want = cpu.sample(&requests, &options).unwrap();
+        for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.len(), 3);
+            // Greedy: all samples of a request are the same.
+            assert!(g.iter().all(|s| s == &g[0]), "request {r}: {g:?}");
+            let mut seq = requests[r].prefix.clone();
+            for (k, (&gt, &wt)) in g[0].tokens.iter().zip(&w[0].tokens).enumerate() {
+                let lp = oracle.log_softmax(&seq);
+                let row = lp.row(seq.len() - 1);
+                let mut sorted: Vec<f64> = row.to_vec();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                if sorted[0] - sorted[1] <= 2.0 * tol(dtype, sorted[0]) {
+                    break;
+                }
+                assert_eq!(gt, wt, "{dtype:?} request {r} token {k}");
+                compared += 1;
+                seq.push(wt);
+            }
+        }
+    }
+    eprintln!("greedy: {compared} tokens compared");
+    assert!(
+        compared >= 10,
+        "only {compared} greedy tokens had a clear margin"
+    );
+}
+
+#[test]
+fn sampling_is_deterministic_for_a_seed() {
+    if gpu().is_none() {
+        return;
+    }
+    let m = model(2, 3, 8, 61, CudaDType::BF16, 6);
+    let cuda = engine(&m, CudaDType::BF16, 1024);
+    let mut rng = Rng::new(1);
+    let requests: Vec<SampleRequest> = (0..3)
+        .map(|k| SampleRequest {
+            prefix: random_ids(&mut rng, 5 + k, 61),
+            n_samples: 4,
+        })
+        .collect();
+    let options = SampleOptions {
+        max_new_tokens: 6,
+        stop_tokens: vec![0, 1, 2],
+        seed: 42,
+        top_k: Some(10),
+        ..Default::default()
+    };
+    let all = cuda.sample(&requests, &options).unwrap();
+    assert_eq!(all, cuda.sample(&requests, &options).unwrap());
+    // A different batch changes the GEMM shapes, so the log-probs may differ in the last bits;
+    // a draw only changes if its uniform lands within that of a boundary (not seen in practice).
+    let alone = cuda.sample(&requests[..1], &options).unwrap();
+    assert_eq!(alone[0], all[0]);
+    let other = SampleOptions {
+        seed: 43,
+        ..options.clone()
+    };
+    assert_ne!(cuda.sample(&requests, &other).unwrap(), all);
+    for s in all.iter().flatten() {
+        assert!(s.tokens.len() <= 6 && !s.tokens.is_empty());
+        match s
+            .tokens
+            .iter()
+            .position(|t| options.stop_tokens.contains(t))
+        {
+            Some(p) => assert!(p == s.tokens.len() - 1 && s.stopped),
+            None => assert!(s.tokens.len() == 6 && !s.stopped),
+        }
+    }
+    assert!(cuda.sample(&[], &options).unwrap().is_empty());
+    assert!(cuda.token_log_probs(&[], &[1]).unwrap().is_empty());
+}
+
+/// The CPU engine's validation, word for word.
+#[test]
+fn bad_requests_are_the_cpu_engines_errors() {
+    if gpu().is_none() {
+        return;
+    }
+    let m = model(1, 2, 8, 61, CudaDType::BF16, 2);
+    let cuda = engine(&m, CudaDType::BF16, 1024);
+    let cpu = CpuScorer::new(&m);
+    let opts = SampleOptions::default();
+    let bad_requests = [
+        vec![SampleRequest {
+            prefix: vec![],
+            n_samples: 1,
+        }],
+        vec![SampleRequest {
+            prefix: vec![61],
+            n_samples: 1,
+        }],
+        vec![SampleRequest {
+            prefix: vec![1; 150],
+            n_samples: 1,
+        }],
+    ];
+    for reqs in &bad_requests {
+        let g = cuda.sample(reqs, &opts).unwrap_err().to_string();
+        let w = cpu.sample(reqs, &opts).unwrap_err().to_string();
+        assert_eq!(g, w);
+    }
+    for (ids, toks) in [
+        (vec![1u32, 2], vec![99u32]),
+        (vec![99], vec![1]),
+        (vec![1; 161], vec![1]),
+    ] {
+        let g = cuda.token_log_probs(&ids, &toks).unwrap_err().to_string();
+        let w = cpu.token_log_probs(&ids, &toks).unwrap_err().to_string();
+        assert_eq!(g, w);
+    }
+}
+
+/// GPU timing of the sampling steps on a real model, for scripts/gpu-check.sh (ignored by
+/// default): TOOLSIFT_BENCH_MODEL (a GPT-J folder), TOOLSIFT_BENCH_OUTPUT (JSON written there),
+/// TOOLSIFT_BENCH_REPS (default 3). Position probabilities over a 512-token sequence (two
+/// queried tokens), then 5 prefixes of it x 5 samples of up to 16 tokens (temperature 1, no stop
+/// token, so every sample runs to the cap). Random token ids: the cost does not depend on them.
+/// Median of the reps after a warm-up; each call reads its results back (synchronised).
+#[test]
+#[ignore]
+fn cuda_sampling_bench() {
+    let Ok(model_dir) = std::env::var("TOOLSIFT_BENCH_MODEL") else {
+        eprintln!("SKIPPED: set TOOLSIFT_BENCH_MODEL");
+        return;
+    };
+    if gpu().is_none() {
+        return;
+    }
+    let output = std::env::var("TOOLSIFT_BENCH_OUTPUT")
+        .unwrap_or_else(|_| "cuda_sampling_bench.json".into());
+    let reps: usize = std::env::var("TOOLSIFT_BENCH_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let model = Model::load(model_dir.as_ref()).unwrap();
+    let cuda = CudaScorer::new(&model, &CudaOptions::default()).unwrap();
+    let vocab = model.config.vocab_size.min(50257);
+    let mut rng = Rng::new(11);
+    let ids = random_ids(&mut rng, 512, vocab);
+    let requests: Vec<SampleRequest> = [100usize, 200, 300, 400, 500]
+        .iter()
+        .map(|&n| SampleRequest {
+            prefix: [&ids[..n], &[685u32][..]].concat(),
+            n_samples: 5,
+        })
+        .collect();
+    let options = SampleOptions {
+        max_new_tokens: 16,
+        temperature: 1.0,
+        top_k: None,
+        stop_tokens: vec![],
+        seed: 1,
+    };
+    let time = |f: &mut dyn FnMut()| -> f64 {
+        f();
+        let mut t: Vec<f64> = (0..reps)
+            .map(|_| {
+                let s = std::time::Instant::now();
+                f();
+                s.elapsed().as_secs_f64()
+            })
+            .collect();
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let mut lp_rows = 0;
+    let lp_secs = time(&mut || {
+        lp_rows = cuda.token_log_probs(&ids, &[58, 685]).unwrap().len();
+    });
+    let mut new_tokens = 0;
+    let sample_secs = time(&mut || {
+        let out = cuda.sample(&requests, &options).unwrap();
+        new_tokens = out.iter().flatten().map(|s| s.tokens.len()).sum();
+    });
+    // One decode session step at the same batch (25 sequences of ~300 tokens), for the per-step
+    // cost without the prefill.
+    let mut session = cuda.session();
+    let seqs: Vec<usize> = (0..25).map(|_| session.new_sequence()).collect();
+    let prefixes: Vec<Vec<u32>> = (0..25).map(|k| ids[..280 + k].to_vec()).collect();
+    session.extend(&seqs, &prefixes).unwrap();
+    let step_secs = time(&mut || {
+        let toks: Vec<Vec<u32>> = (0..25).map(|_| vec![685]).collect();
+        session.extend(&seqs, &toks).unwrap();
+    });
+    let json = serde_json::json!({
+        "position_log_probs": {"tokens": lp_rows, "secs": lp_secs},
+        "sample": {
+            "prefixes": requests.len(),
+            "samples_per_prefix": 5,
+            "max_new_tokens": 16,
+            "new_tokens": new_tokens,
+            "secs": sample_secs,
+        },
+        "decode_step_25_sequences_secs": step_secs,
+        "reps": reps,
+        "device": cuda.gpu().name,
+    });
+    eprintln!("{json}");
+    std::fs::write(&output, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+}
