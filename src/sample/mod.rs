@@ -64,8 +64,11 @@ pub trait Sampler {
     fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>>;
 
     /// `out[r][s]`: sample s of request r.
-    fn sample(&self, requests: &[SampleRequest], options: &SampleOptions)
-        -> Result<Vec<Vec<Sample>>>;
+    fn sample(
+        &self,
+        requests: &[SampleRequest],
+        options: &SampleOptions,
+    ) -> Result<Vec<Vec<Sample>>>;
 }
 
 /// The random stream of sample `s` of request `r`: independent of batching and backend.
