@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::Model;
+use crate::sample::Decoder;
 use crate::score::Scorer;
 
 /// Where the scoring forward runs.
@@ -42,6 +43,18 @@ pub fn scorer_for(model: &Model, device: Device) -> Result<Box<dyn Scorer>> {
     match device {
         Device::Cpu => Ok(Box::new(crate::cpu::CpuScorer::new(model))),
         Device::Cuda => cuda_scorer(model),
+    }
+}
+
+/// The incremental decoder (KV-cached generation) for `device` over `model`.
+pub fn decoder_for(model: &Model, device: Device) -> Result<Box<dyn Decoder>> {
+    match device {
+        Device::Cpu => Ok(Box::new(crate::cpu::CpuScorer::new(model))),
+        // The CUDA backend has no `Decoder` yet.
+        Device::Cuda if Device::CUDA_BUILT => Err(Error::Backend(
+            "the CUDA backend cannot decode yet (no CUDA Decoder); use --device cpu".into(),
+        )),
+        Device::Cuda => Err(cuda_not_built()),
     }
 }
 
