@@ -142,9 +142,9 @@ fn every_step_of_the_loop_equals_a_full_forward_of_the_same_sequence() {
         Prompt::new("Out of 1400 participants,"),
     ];
     let options = GenerateOptions {
-        max_new_tokens: 24,
+        max_new_tokens: 40,
         top_k_call: 1000,
-        max_call_tokens: 5,
+        max_call_tokens: 16,
         ..Default::default()
     };
     let gens = generate(&recording, tokenizer, &calculator(), &prompts, &options).unwrap();
@@ -499,13 +499,17 @@ fn malformed_calls_and_failing_tools_are_closed_and_decoding_goes_on() {
             CallStatus::ClosedWithoutArrow,
             "[Calculator(1+2]",
         ),
-        ("Calculator(1+2+3+4+5+6+7+8", CallStatus::TooLong, ""),
+        (
+            "Calculator(1+2+3+4+5+6+7+8+9+10+11+12+13+14+15",
+            CallStatus::TooLong,
+            "",
+        ),
     ];
     for (call, status, text) in cases {
         let m = scripted(tokenizer, 1, call, |_| 0);
         let o = GenerateOptions {
-            max_new_tokens: 40,
-            max_call_tokens: 6,
+            max_new_tokens: 60,
+            max_call_tokens: 16,
             ..Default::default()
         };
         let g = run(&m, tokenizer, &tools, &o);
@@ -516,13 +520,13 @@ fn malformed_calls_and_failing_tools_are_closed_and_decoding_goes_on() {
         assert!(c.error.is_some(), "{call}");
         assert!(g.completion.starts_with(text), "{call}: {:?}", g.completion);
         assert!(
-            g.completion.ends_with("] a a a"),
+            g.completion.contains("] a a a"),
             "{call}: {:?}",
             g.completion
         );
         if status == CallStatus::TooLong {
             let body = tokenizer.encode_ids(call).unwrap();
-            let written = tokenizer.decode(&body[..6]).unwrap();
+            let written = tokenizer.decode(&body[..16]).unwrap();
             assert!(
                 g.completion.starts_with(&format!("[{written}] a")),
                 "{:?}",
@@ -688,11 +692,17 @@ fn sampling_is_deterministic_for_a_seed_whatever_the_batching() {
         };
         generate(&engine, tokenizer, &calculator(), &prompts, &o).unwrap()
     };
-    let a = run(5, 8);
-    assert_eq!(a, run(5, 8));
-    assert_eq!(a, run(5, 1), "batching must not change samples");
-    assert_eq!(a, run(5, 2));
-    assert_ne!(a, run(6, 8), "another seed, other samples");
+    // The choices, not the log-probs: batching changes float rounding in the last bits.
+    let choices = |gens: Vec<Generation>| -> Vec<_> {
+        gens.into_iter()
+            .map(|g| (g.tokens, g.completion, g.calls, g.finish))
+            .collect()
+    };
+    let a = choices(run(5, 8));
+    assert_eq!(a, choices(run(5, 8)));
+    assert_eq!(a, choices(run(5, 1)), "batching must not change samples");
+    assert_eq!(a, choices(run(5, 2)));
+    assert_ne!(a, choices(run(6, 8)), "another seed, other samples");
 }
 
 #[test]

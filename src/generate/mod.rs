@@ -592,3 +592,48 @@ pub fn tools_from_config(
     }
     ToolRegistry::from_config(&config).map_err(|e| Error::input(e.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_come_from_the_tools_table_of_a_toml_or_json_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let toml_path = dir.path().join("c.toml");
+        std::fs::write(
+            &toml_path,
+            "[annotate]\nk = 5\n[tools.calculator]\nenabled = false\n[tools.qa]\ncommand = [\"cat\"]\n",
+        )
+        .unwrap();
+        let reg = tools_from_config(Some(&toml_path), None).unwrap();
+        assert_eq!(reg.names(), vec!["Calendar", "QA"]);
+        let only = ["QA".to_string()];
+        assert_eq!(
+            tools_from_config(Some(&toml_path), Some(&only))
+                .unwrap()
+                .names(),
+            vec!["QA"]
+        );
+        let err = tools_from_config(Some(&toml_path), Some(&["Calculator".to_string()]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("Calculator") && err.contains("QA"), "{err}");
+
+        let json_path = dir.path().join("c.json");
+        std::fs::write(&json_path, r#"{"other": 1}"#).unwrap();
+        let reg = tools_from_config(Some(&json_path), None).unwrap();
+        assert_eq!(reg.names(), vec!["Calculator", "Calendar"]);
+        let none = ["none".to_string()];
+        assert!(tools_from_config(None, Some(&none)).unwrap().is_empty());
+
+        std::fs::write(&json_path, r#"{"tools": {"calculater": {}}}"#).unwrap();
+        let err = tools_from_config(Some(&json_path), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("c.json") && err.contains("calculater"),
+            "{err}"
+        );
+    }
+}
