@@ -44,20 +44,23 @@ fn calculator() -> ToolRegistry {
 // ---------------------------------------------------------------------------------------------
 // A decoder that records what it computed, and optionally forces scripted tokens.
 
+/// Every sequence the decoder computed (after its extension) and the row it returned.
+type Log = Rc<RefCell<Vec<(Vec<u32>, Vec<f32>)>>>;
+
 /// Wraps a real decoder: records, per `extend`, each sequence's full token list and the row the
 /// real decoder returned; then, while a sequence's script lasts, returns a row that forces the
 /// next scripted token instead.
 struct Recording<'a> {
     inner: &'a dyn Decoder,
     scripts: Vec<Vec<u32>>,
-    log: Rc<RefCell<Vec<(Vec<u32>, Vec<f32>)>>>,
+    log: Log,
 }
 
 struct RecordingSession<'a> {
     inner: Box<dyn DecodeSession + 'a>,
     scripts: Vec<Vec<u32>>,
     seqs: Vec<(Vec<u32>, usize)>,
-    log: Rc<RefCell<Vec<(Vec<u32>, Vec<f32>)>>>,
+    log: Log,
 }
 
 impl Decoder for Recording<'_> {

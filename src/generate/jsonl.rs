@@ -69,7 +69,7 @@ pub fn generate_jsonl(
             chunk.push((k, line));
         }
         // (id, prompt or why not)
-        let parsed: Vec<(Value, std::result::Result<(Prompt, Vec<u32>), String>)> = chunk
+        let parsed: Vec<ParsedLine> = chunk
             .iter()
             .map(|(k, line)| parse_line(line, tokenizer, options, *k + 1))
             .collect();

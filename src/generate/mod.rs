@@ -479,7 +479,7 @@ impl Seq<'_> {
             record.error = Some("the call was closed before any arrow".into());
             self.fill_tool(&body);
             self.mode = Mode::Normal;
-        } else if self.tokens.len() - start - 1 >= ctx.options.max_call_tokens {
+        } else if self.tokens.len() - start > ctx.options.max_call_tokens {
             record.status = CallStatus::TooLong;
             record.error = Some(format!(
                 "no arrow within {} tokens",
