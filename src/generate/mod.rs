@@ -522,8 +522,8 @@ impl Seq<'_> {
 /// The tools of a `generate` run: the `tools` table of a TOML or JSON config file (a `.json`
 /// file is read as JSON, anything else as TOML; other top-level keys are ignored, so annotate's
 /// config file serves as is), or the defaults (Calculator and Calendar) without a file; then only
-/// the tools named in `only` ("none" or an empty list: no tools). Naming a tool that is not
-/// configured is an error.
+/// the tools named in `only` (call names or annotate's keys, case-insensitive; "none" or an empty
+/// list: no tools). Naming a tool that is not configured is an error.
 pub fn tools_from_config(
     path: Option<&std::path::Path>,
     only: Option<&[String]>,
@@ -571,13 +571,15 @@ pub fn tools_from_config(
                 available.push(name);
             }
         }
-        if let Some(bad) = names.iter().find(|n| !available.contains(n)) {
+        // Call names or annotate's config keys ("Calculator" or "calculator", "QA" or "qa").
+        let same = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
+        if let Some(bad) = names.iter().find(|n| !available.iter().any(|a| same(a, n))) {
             return Err(Error::input(format!(
                 "--tools: {bad:?} is not configured (available: {})",
                 available.join(", ")
             )));
         }
-        let keep = |n: &str| names.contains(&n);
+        let keep = |n: &str| names.iter().any(|m| same(m, n));
         config.calculator.enabled &= keep("Calculator");
         config.calendar.enabled &= keep("Calendar");
         if !keep("WikiSearch") {
@@ -608,7 +610,7 @@ mod tests {
         .unwrap();
         let reg = tools_from_config(Some(&toml_path), None).unwrap();
         assert_eq!(reg.names(), vec!["Calendar", "QA"]);
-        let only = ["QA".to_string()];
+        let only = ["qa".to_string()];
         assert_eq!(
             tools_from_config(Some(&toml_path), Some(&only))
                 .unwrap()
