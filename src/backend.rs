@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::Model;
+use crate::sample::Decoder;
 use crate::score::Scorer;
 
 /// Where the scoring forward runs.
@@ -68,6 +69,12 @@ pub fn scorer_for(model: &Model, device: Device) -> Result<Box<dyn Scorer>> {
         Device::Cpu => Ok(Box::new(crate::cpu::CpuScorer::new(model))),
         Device::Cuda => cuda_scorer(model),
     }
+}
+
+/// The incremental decoder (KV-cached generation) for `device` over `model`.
+pub fn decoder_for(model: &Model, device: Device) -> Result<Box<dyn Decoder>> {
+    let engine: Box<dyn Decoder> = engine_for(model, device)?;
+    Ok(engine)
 }
 
 #[cfg(feature = "cuda")]

@@ -30,6 +30,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod error;
+pub mod generate;
 pub mod model;
 pub mod plan;
 pub mod reference;

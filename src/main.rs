@@ -40,6 +40,8 @@ enum Command {
     Index(IndexArgs),
     /// Join shard outputs of `annotate` into one C*, in input-line order.
     Merge(MergeArgs),
+    /// Generate with tool calls (interrupt, execute, resume): one output line per prompt.
+    Generate(GenerateArgs),
 }
 
 #[derive(clap::Args)]
@@ -180,6 +182,53 @@ struct ScoreArgs {
 }
 
 #[derive(clap::Args)]
+struct GenerateArgs {
+    /// Hugging Face GPT-J folder with tokenizer.json.
+    #[arg(long)]
+    model: PathBuf,
+    /// One prompt; prints its completion line.
+    #[arg(long, conflicts_with = "input", required_unless_present = "input")]
+    prompt: Option<String>,
+    /// Prompts, JSONL lines {"id", "prompt"}.
+    #[arg(long)]
+    input: Option<PathBuf>,
+    /// Where to write the completions, JSONL (default: stdout).
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// TOML or JSON file whose `tools` table configures the tools (as for annotate).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Only these tools (comma-separated names, or "none"); default: all configured.
+    #[arg(long, value_delimiter = ',')]
+    tools: Option<Vec<String>>,
+    /// A call starts when "[" is among the K most likely next tokens (1: only when greedy would).
+    #[arg(long, default_value_t = 10)]
+    top_k_call: usize,
+    /// Calls per prompt.
+    #[arg(long, default_value_t = 1)]
+    max_calls: usize,
+    /// Most tokens per completion, tool results included.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Tokens after "[" without an arrow before the call is closed.
+    #[arg(long, default_value_t = 32)]
+    max_call_tokens: usize,
+    /// 0: greedy; otherwise sample at this temperature.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// When sampling, only among the K most likely tokens.
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Prompts decoded together.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
+}
+
+#[derive(clap::Args)]
 struct ConvertArgs {
     /// Source checkpoint folder (pytorch_model.bin or safetensors, with config.json).
     #[arg(long)]
@@ -207,6 +256,7 @@ fn main() -> ExitCode {
         Command::Annotate(args) => annotate(args),
         Command::Index(args) => index(args),
         Command::Merge(args) => merge(args),
+        Command::Generate(args) => generate(args),
     };
     match result {
         Ok(code) => code,
@@ -426,4 +476,52 @@ fn merge(args: MergeArgs) -> Result<ExitCode> {
         eprintln!("warning: {missing} input lines are in no shard output: is a shard missing?");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn generate(args: GenerateArgs) -> Result<ExitCode> {
+    use toolsift::generate::{self, jsonl::generate_jsonl, GenerateOptions};
+    let model = Model::load(&args.model)?;
+    let tokenizer = model
+        .tokenizer
+        .as_ref()
+        .with_context(|| format!("{}: no tokenizer.json", args.model.display()))?;
+    let tools = generate::tools_from_config(args.config.as_deref(), args.tools.as_deref())?;
+    let options = GenerateOptions {
+        max_new_tokens: args.max_new_tokens,
+        top_k_call: args.top_k_call,
+        max_calls: args.max_calls,
+        max_call_tokens: args.max_call_tokens,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        seed: args.seed,
+        batch_size: args.batch_size,
+        n_positions: Some(model.config.n_positions),
+        stop_at_eos: true,
+    };
+    let decoder = toolsift::backend::decoder_for(&model, args.device)?;
+    let input: Box<dyn std::io::BufRead> = match (&args.input, &args.prompt) {
+        (Some(path), _) => Box::new(BufReader::new(
+            File::open(path).with_context(|| format!("{}", path.display()))?,
+        )),
+        (None, prompt) => {
+            let line = serde_json::json!({"id": 0, "prompt": prompt.as_deref().unwrap_or("")});
+            Box::new(std::io::Cursor::new(line.to_string()))
+        }
+    };
+    let output: Box<dyn std::io::Write> = match &args.output {
+        Some(path) => Box::new(BufWriter::new(
+            File::create(path).with_context(|| format!("{}", path.display()))?,
+        )),
+        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+    };
+    let summary = generate_jsonl(input, output, decoder.as_ref(), tokenizer, &tools, &options)?;
+    eprintln!(
+        "{} prompts: {} generated ({} calls, {} with a result), {} failed",
+        summary.lines, summary.generated, summary.calls, summary.calls_ok, summary.failed
+    );
+    Ok(if summary.failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

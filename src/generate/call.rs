@@ -1,0 +1,117 @@
+//! The token- and text-level rules of a call during generation (docs/generate.md):
+//!
+//! - which tokens open a call ("[" and " [", when each is one token of the vocabulary);
+//! - when an opener counts as "within the top k" (its rank, ties broken towards the lowest id,
+//!   exactly as `sample::draw` breaks them);
+//! - how the text written after the opener is parsed once the arrow appears: `Tool(input) ->`.
+
+use crate::model::Tokenizer;
+
+/// The special tokens of the loop, resolved once from the tokenizer.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CallTokens {
+    /// Tokens that open a call: "[" and " [" (those of the two that are single tokens).
+    pub openers: Vec<u32>,
+    /// The end-of-text token ("<|endoftext|>"), if the vocabulary has one.
+    pub eos: Option<u32>,
+}
+
+impl CallTokens {
+    /// Resolves the openers and the end-of-text token of `tokenizer`.
+    pub fn from_tokenizer(tokenizer: &Tokenizer) -> Self {
+        let mut openers = Vec::new();
+        for text in ["[", " ["] {
+            if let Ok(ids) = tokenizer.encode_ids(text) {
+                if let [id] = ids[..] {
+                    if !openers.contains(&id) {
+                        openers.push(id);
+                    }
+                }
+            }
+        }
+        CallTokens {
+            openers,
+            eos: tokenizer.token_id("<|endoftext|>"),
+        }
+    }
+
+    /// Whether `token` opens a call.
+    pub fn is_opener(&self, token: u32) -> bool {
+        self.openers.contains(&token)
+    }
+}
+
+/// Rank of `token` in `row` (0: the most likely): the number of tokens with a higher log-prob,
+/// plus those with an equal one and a lower id (ties go to the lowest id, as in `sample::draw`).
+/// A NaN log-prob ranks last.
+pub fn rank(row: &[f32], token: u32) -> usize {
+    let Some(&v) = row.get(token as usize) else {
+        return usize::MAX;
+    };
+    if v.is_nan() {
+        return usize::MAX;
+    }
+    row.iter()
+        .enumerate()
+        .filter(|&(i, &x)| x > v || (x == v && (i as u32) < token))
+        .count()
+}
+
+/// The opener to force when one is within the top `k` of `row`: the best-ranked one.
+pub fn opener_in_top_k(row: &[f32], openers: &[u32], k: usize) -> Option<u32> {
+    openers
+        .iter()
+        .map(|&t| (rank(row, t), t))
+        .filter(|&(r, _)| r < k)
+        .min()
+        .map(|(_, t)| t)
+}
+
+/// Splits the text between the opener and the arrow, `Tool(input)` with optional surrounding
+/// whitespace, into (tool, input). The tool name is ASCII letters, digits and '_'; the input is
+/// everything between the first "(" and the last ")", as written.
+pub fn parse_call(head: &str) -> Option<(&str, &str)> {
+    let head = head.trim();
+    let inner = head.strip_suffix(')')?;
+    let open = inner.find('(')?;
+    let tool = inner[..open].trim();
+    let valid = !tool.is_empty() && tool.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    valid.then(|| (tool, &inner[open + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_break_ties_to_the_lowest_id() {
+        let row = [-1.0f32, -0.5, -0.5, -2.0, f32::NAN];
+        assert_eq!(rank(&row, 1), 0);
+        assert_eq!(rank(&row, 2), 1);
+        assert_eq!(rank(&row, 0), 2);
+        assert_eq!(rank(&row, 3), 3);
+        assert_eq!(rank(&row, 4), usize::MAX);
+        assert_eq!(rank(&row, 9), usize::MAX);
+        assert_eq!(opener_in_top_k(&row, &[3, 0], 3), Some(0));
+        assert_eq!(opener_in_top_k(&row, &[3, 0], 2), None);
+        assert_eq!(opener_in_top_k(&row, &[2, 1], 1), Some(1));
+        assert_eq!(opener_in_top_k(&row, &[2, 1], 0), None);
+    }
+
+    #[test]
+    fn calls_parse() {
+        assert_eq!(
+            parse_call("Calculator(400 / 1400) "),
+            Some(("Calculator", "400 / 1400"))
+        );
+        assert_eq!(
+            parse_call(" QA(who (really)?)"),
+            Some(("QA", "who (really)?"))
+        );
+        assert_eq!(parse_call("Calendar()"), Some(("Calendar", "")));
+        assert_eq!(parse_call("Calculator(1+2"), None);
+        assert_eq!(parse_call("(1+2)"), None);
+        assert_eq!(parse_call("Two words(x)"), None);
+        assert_eq!(parse_call(""), None);
+    }
+}

@@ -1,0 +1,641 @@
+//! Tool-calling generation: Toolformer's interrupt-execute-resume decoding loop (Schick et al.
+//! 2023, §2 and §4.2), on any backend's [`Decoder`] (KV-cached incremental decoding).
+//!
+//! Per sequence, a small state machine:
+//!
+//! ```text
+//! Normal --("[" or " [" within the top k, a call left: force the opener)--> InCall
+//! InCall --(the call's text so far contains "->": execute, splice " {result}]")--> Normal
+//! InCall --("]" written before any arrow, or max_call_tokens without one: close)--> Normal
+//! any    --(end-of-text token, or the length cap)--> done
+//! ```
+//!
+//! Outside a call the openers are never drawn (a call starts exactly when an opener is within
+//! the top k and the budget allows one; with k = 0 or `max_calls` = 0 calls are disabled, the
+//! paper's "Toolformer (disabled)"). Greedy by default; `temperature` > 0 samples, each prompt
+//! from its own seeded stream. All live sequences of a batch advance together: one
+//! `DecodeSession::extend` per step, with one token for most sequences and the sampled token plus
+//! the spliced result for those that just got one. Conventions: docs/generate.md.
+
+pub mod call;
+pub mod jsonl;
+
+use serde::Serialize;
+
+use crate::annotate::tools::{DocContext, ToolRegistry};
+use crate::error::{Error, Result};
+use crate::model::Tokenizer;
+use crate::sample::{draw, sample_rng, DecodeSession, Decoder, SampleOptions};
+use crate::util::rng::Rng;
+pub use call::CallTokens;
+
+/// How to generate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOptions {
+    /// Most tokens in a completion, spliced tool results included.
+    pub max_new_tokens: usize,
+    /// A call starts when "[" or " [" is among the `top_k_call` most likely next tokens (the
+    /// paper's k: 10 in its evaluation; 1 starts a call only when greedy decoding would).
+    pub top_k_call: usize,
+    /// Calls per prompt (the paper: at most one).
+    pub max_calls: usize,
+    /// Tokens the model may write after the opener without reaching the arrow before the call is
+    /// closed with "]" as malformed.
+    pub max_call_tokens: usize,
+    /// 0: greedy (ties to the lowest id); otherwise the softmax temperature.
+    pub temperature: f32,
+    /// When sampling, draw only among the `top_k` most likely tokens (None: all).
+    pub top_k: Option<usize>,
+    /// Seed of the sampling streams: prompt `i` draws from `sample_rng(seed, i, 0)`.
+    pub seed: u64,
+    /// Prompts decoded together (one session, one `extend` per step).
+    pub batch_size: usize,
+    /// The model's sequence length limit (`n_positions`): completions stop there. None: no limit
+    /// (the decoder's own checks still apply).
+    pub n_positions: Option<usize>,
+    /// Stop at the tokenizer's "<|endoftext|>" (not part of the completion).
+    pub stop_at_eos: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_new_tokens: 64,
+            top_k_call: 10,
+            max_calls: 1,
+            max_call_tokens: 32,
+            temperature: 0.0,
+            top_k: None,
+            seed: 0,
+            batch_size: 32,
+            n_positions: None,
+            stop_at_eos: true,
+        }
+    }
+}
+
+/// One prompt and the document context its tool calls see.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prompt {
+    pub text: String,
+    /// Passed to tools as `DocContext::id`.
+    pub id: String,
+    /// Passed to tools (Calendar reads a date from it).
+    pub url: Option<String>,
+    /// Passed to tools (Calendar's first choice).
+    pub date: Option<String>,
+}
+
+impl Prompt {
+    pub fn new(text: impl Into<String>) -> Self {
+        Prompt {
+            text: text.into(),
+            ..Default::default()
+        }
+    }
+}
+
+impl From<&str> for Prompt {
+    fn from(text: &str) -> Self {
+        Prompt::new(text)
+    }
+}
+
+/// How a call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallStatus {
+    /// Executed; " {result}]" was spliced after the arrow.
+    Ok,
+    /// The tool returned no result (error, timeout, panic): "]" was spliced after the arrow.
+    ToolError,
+    /// No tool of that name is registered: "]" was spliced after the arrow.
+    UnknownTool,
+    /// The text before the arrow is not `Tool(input)`: "]" was spliced after the arrow.
+    Unparsable,
+    /// The model wrote "]" before any arrow: nothing executed, nothing spliced.
+    ClosedWithoutArrow,
+    /// No arrow within `max_call_tokens`: "]" was spliced.
+    TooLong,
+    /// Generation ended (end of text or length cap) inside the call.
+    Unfinished,
+}
+
+/// One call of a completion.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CallRecord {
+    /// Byte offset of the call's "[" in the completion.
+    pub position: usize,
+    /// The tool's name as written ("" when the call could not be parsed).
+    pub tool: String,
+    /// The input as written between the parentheses.
+    pub input: String,
+    /// The spliced result ("" when none was).
+    pub result: String,
+    pub status: CallStatus,
+    /// Why there is no result, when there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Why a completion ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finish {
+    /// The model wrote the end-of-text token.
+    Eos,
+    /// `max_new_tokens` or the model's `n_positions` was reached.
+    Length,
+}
+
+/// One completion.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Generation {
+    /// The decoded completion tokens (calls and results included).
+    pub completion: String,
+    pub calls: Vec<CallRecord>,
+    pub finish: Finish,
+    /// The completion's token ids.
+    #[serde(skip)]
+    pub tokens: Vec<u32>,
+    /// Per completion token, the decoder's log-prob of it given everything before, for tokens the
+    /// model chose (None for spliced tokens). The end-of-text token is not included.
+    #[serde(skip)]
+    pub token_log_probs: Vec<Option<f32>>,
+}
+
+/// A tokenized prompt and its sampling stream.
+pub(crate) struct Job<'a> {
+    pub ids: Vec<u32>,
+    pub stream: usize,
+    pub prompt: &'a Prompt,
+}
+
+/// Generates a completion of every prompt, in order. A prompt that cannot be generated from
+/// (empty, longer than `n_positions`) makes the whole call an error naming it; the JSONL driver
+/// ([`jsonl::generate_jsonl`]) turns such prompts into error lines instead.
+pub fn generate(
+    decoder: &dyn Decoder,
+    tokenizer: &Tokenizer,
+    tools: &ToolRegistry,
+    prompts: &[Prompt],
+    options: &GenerateOptions,
+) -> Result<Vec<Generation>> {
+    let jobs = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let ids = prepare(tokenizer, &p.text, options)
+                .map_err(|e| Error::input(format!("prompt {i}: {e}")))?;
+            Ok(Job {
+                ids,
+                stream: i,
+                prompt: p,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let tokens = CallTokens::from_tokenizer(tokenizer);
+    let mut out = Vec::with_capacity(jobs.len());
+    for batch in jobs.chunks(options.batch_size.max(1)) {
+        out.extend(generate_batch(
+            decoder, tokenizer, &tokens, tools, batch, options,
+        )?);
+    }
+    Ok(out)
+}
+
+/// Tokenizes a prompt and checks that generation can start from it.
+pub(crate) fn prepare(
+    tokenizer: &Tokenizer,
+    text: &str,
+    options: &GenerateOptions,
+) -> std::result::Result<Vec<u32>, String> {
+    let ids = tokenizer.encode_ids(text).map_err(|e| e.to_string())?;
+    if ids.is_empty() {
+        return Err("empty prompt: generation needs at least one token of context".into());
+    }
+    if let Some(n) = options.n_positions {
+        if ids.len() >= n {
+            return Err(format!(
+                "prompt of {} tokens leaves no room to generate within n_positions ({n})",
+                ids.len()
+            ));
+        }
+    }
+    Ok(ids)
+}
+
+/// Where a sequence stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Normal,
+    /// In a call whose opener is completion token `start`.
+    InCall {
+        start: usize,
+    },
+}
+
+/// The shared, read-only context of a batch.
+struct Ctx<'a> {
+    tokenizer: &'a Tokenizer,
+    tokens: &'a CallTokens,
+    tools: &'a ToolRegistry,
+    options: &'a GenerateOptions,
+    sample: SampleOptions,
+}
+
+struct Seq<'a> {
+    sid: usize,
+    prompt: &'a Prompt,
+    /// Completion tokens at most.
+    cap: usize,
+    tokens: Vec<u32>,
+    log_probs: Vec<Option<f32>>,
+    calls: Vec<CallRecord>,
+    /// Tokens to feed at the next step.
+    pending: Vec<u32>,
+    mode: Mode,
+    rng: Rng,
+    finish: Option<Finish>,
+}
+
+/// Decodes one batch of prompts in one session.
+pub(crate) fn generate_batch(
+    decoder: &dyn Decoder,
+    tokenizer: &Tokenizer,
+    tokens: &CallTokens,
+    tools: &ToolRegistry,
+    jobs: &[Job<'_>],
+    options: &GenerateOptions,
+) -> Result<Vec<Generation>> {
+    let _span = tracing::info_span!("generate_batch", prompts = jobs.len()).entered();
+    let ctx = Ctx {
+        tokenizer,
+        tokens,
+        tools,
+        options,
+        sample: SampleOptions {
+            max_new_tokens: options.max_new_tokens,
+            stop_tokens: Vec::new(),
+            temperature: options.temperature,
+            top_k: options.top_k,
+            seed: options.seed,
+        },
+    };
+    let mut session: Box<dyn DecodeSession + '_> = decoder.session();
+    let mut seqs: Vec<Seq<'_>> = jobs
+        .iter()
+        .map(|job| {
+            let room = options
+                .n_positions
+                .map_or(usize::MAX, |n| n.saturating_sub(job.ids.len()));
+            let cap = options.max_new_tokens.min(room);
+            Seq {
+                sid: session.new_sequence(),
+                prompt: job.prompt,
+                cap,
+                tokens: Vec::new(),
+                log_probs: Vec::new(),
+                calls: Vec::new(),
+                pending: job.ids.clone(),
+                mode: Mode::Normal,
+                rng: sample_rng(options.seed, job.stream, 0),
+                finish: (cap == 0).then_some(Finish::Length),
+            }
+        })
+        .collect();
+    loop {
+        let live: Vec<usize> = (0..seqs.len())
+            .filter(|&i| seqs[i].finish.is_none())
+            .collect();
+        if live.is_empty() {
+            break;
+        }
+        let ids: Vec<usize> = live.iter().map(|&i| seqs[i].sid).collect();
+        let feed: Vec<Vec<u32>> = live
+            .iter()
+            .map(|&i| std::mem::take(&mut seqs[i].pending))
+            .collect();
+        let rows = session.extend(&ids, &feed)?;
+        for (&i, row) in live.iter().zip(&rows) {
+            seqs[i].step(row, &ctx)?;
+        }
+    }
+    seqs.into_iter()
+        .map(|s| {
+            Ok(Generation {
+                completion: tokenizer.decode(&s.tokens)?,
+                calls: s.calls,
+                finish: s.finish.expect("finished"),
+                tokens: s.tokens,
+                token_log_probs: s.log_probs,
+            })
+        })
+        .collect()
+}
+
+impl Seq<'_> {
+    /// Consumes the log-probs after the last fed token: chooses the next token(s) to feed, or ends.
+    fn step(&mut self, row: &[f32], ctx: &Ctx<'_>) -> Result<()> {
+        let opts = ctx.options;
+        match self.mode {
+            Mode::Normal => {
+                let calls_left = self.calls.len() < opts.max_calls;
+                let forced = calls_left
+                    .then(|| call::opener_in_top_k(row, &ctx.tokens.openers, opts.top_k_call))
+                    .flatten();
+                if let Some(opener) = forced {
+                    self.mode = Mode::InCall {
+                        start: self.tokens.len(),
+                    };
+                    self.push(opener, row);
+                    let position = ctx.tokenizer.decode(&self.tokens)?.len() - 1;
+                    self.calls.push(CallRecord {
+                        position,
+                        tool: String::new(),
+                        input: String::new(),
+                        result: String::new(),
+                        status: CallStatus::Unfinished,
+                        error: None,
+                    });
+                    self.pending = vec![opener];
+                } else {
+                    let tok = self.draw_outside_call(row, ctx);
+                    if opts.stop_at_eos && Some(tok) == ctx.tokens.eos {
+                        self.finish = Some(Finish::Eos);
+                        return Ok(());
+                    }
+                    self.push(tok, row);
+                    self.pending = vec![tok];
+                }
+            }
+            Mode::InCall { start } => {
+                let tok = draw(row, &ctx.sample, &mut self.rng);
+                if opts.stop_at_eos && Some(tok) == ctx.tokens.eos {
+                    self.finish = Some(Finish::Eos);
+                    self.unfinished_call(ctx)?;
+                    return Ok(());
+                }
+                self.push(tok, row);
+                self.pending = vec![tok];
+                self.advance_call(start, ctx)?;
+            }
+        }
+        if self.tokens.len() >= self.cap {
+            self.tokens.truncate(self.cap);
+            self.log_probs.truncate(self.cap);
+            self.finish = Some(Finish::Length);
+            if matches!(self.mode, Mode::InCall { .. }) {
+                self.unfinished_call(ctx)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Draws outside a call: openers masked (a call starts only through the top-k rule).
+    fn draw_outside_call(&mut self, row: &[f32], ctx: &Ctx<'_>) -> u32 {
+        let openers = &ctx.tokens.openers;
+        if openers.iter().all(|&t| row.get(t as usize).is_none()) {
+            return draw(row, &ctx.sample, &mut self.rng);
+        }
+        let mut masked = row.to_vec();
+        for &t in openers {
+            if let Some(v) = masked.get_mut(t as usize) {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+        draw(&masked, &ctx.sample, &mut self.rng)
+    }
+
+    fn push(&mut self, token: u32, row: &[f32]) {
+        self.tokens.push(token);
+        self.log_probs.push(row.get(token as usize).copied());
+    }
+
+    fn splice(&mut self, text: &str, ctx: &Ctx<'_>) -> Result<()> {
+        for t in ctx.tokenizer.encode_ids(text)? {
+            self.tokens.push(t);
+            self.log_probs.push(None);
+            self.pending.push(t);
+        }
+        Ok(())
+    }
+
+    /// After a token inside the call whose opener is at `start`: execute at the arrow, close a
+    /// malformed call, or go on.
+    fn advance_call(&mut self, start: usize, ctx: &Ctx<'_>) -> Result<()> {
+        let body = ctx.tokenizer.decode(&self.tokens[start + 1..])?;
+        let record = self.calls.last_mut().expect("a call is open");
+        if let Some(arrow) = body.find("->") {
+            let tail = &body[arrow + 2..];
+            let splice = match call::parse_call(&body[..arrow]) {
+                None => {
+                    record.status = CallStatus::Unparsable;
+                    record.error = Some(format!(
+                        "expected Tool(input) before the arrow, got {:?}",
+                        &body[..arrow]
+                    ));
+                    "]".to_string()
+                }
+                Some((tool, input)) => {
+                    record.tool = tool.to_string();
+                    record.input = input.to_string();
+                    if ctx.tools.get(tool).is_none() {
+                        record.status = CallStatus::UnknownTool;
+                        record.error = Some(format!("no tool named {tool:?} is registered"));
+                        "]".to_string()
+                    } else {
+                        let doc = DocContext {
+                            id: &self.prompt.id,
+                            url: self.prompt.url.as_deref(),
+                            date: self.prompt.date.as_deref(),
+                        };
+                        match ctx.tools.call(tool, input, &doc) {
+                            Ok(result) => {
+                                record.status = CallStatus::Ok;
+                                // The arrow token may carry the space after it ("-> ").
+                                let sep = if tail.is_empty() || !tail.trim().is_empty() {
+                                    " "
+                                } else {
+                                    ""
+                                };
+                                let splice = format!("{sep}{result}]");
+                                record.result = result;
+                                splice
+                            }
+                            Err(e) => {
+                                record.status = CallStatus::ToolError;
+                                record.error = Some(e.to_string());
+                                "]".to_string()
+                            }
+                        }
+                    }
+                }
+            };
+            self.splice(&splice, ctx)?;
+            self.mode = Mode::Normal;
+        } else if body.contains(']') {
+            record.status = CallStatus::ClosedWithoutArrow;
+            record.error = Some("the call was closed before any arrow".into());
+            self.fill_tool(&body);
+            self.mode = Mode::Normal;
+        } else if self.tokens.len() - start > ctx.options.max_call_tokens {
+            record.status = CallStatus::TooLong;
+            record.error = Some(format!(
+                "no arrow within {} tokens",
+                ctx.options.max_call_tokens
+            ));
+            self.fill_tool(&body);
+            self.splice("]", ctx)?;
+            self.mode = Mode::Normal;
+        }
+        Ok(())
+    }
+
+    /// Fills in the tool and input of the open call from its text so far, when it parses.
+    fn fill_tool(&mut self, body: &str) {
+        let head = body.split(']').next().unwrap_or("");
+        if let Some((tool, input)) = call::parse_call(head) {
+            let record = self.calls.last_mut().expect("a call is open");
+            record.tool = tool.to_string();
+            record.input = input.to_string();
+        }
+    }
+
+    /// Generation ended inside a call.
+    fn unfinished_call(&mut self, ctx: &Ctx<'_>) -> Result<()> {
+        if let Mode::InCall { start } = self.mode {
+            let end = self.tokens.len().max(start + 1);
+            let body = ctx
+                .tokenizer
+                .decode(&self.tokens[(start + 1).min(end)..end])?;
+            self.fill_tool(&body);
+            let record = self.calls.last_mut().expect("a call is open");
+            if record.status == CallStatus::Unfinished {
+                record.error = Some("generation ended inside the call".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The tools of a `generate` run: the `tools` table of a TOML or JSON config file (a `.json`
+/// file is read as JSON, anything else as TOML; other top-level keys are ignored, so annotate's
+/// config file serves as is), or the defaults (Calculator and Calendar) without a file; then only
+/// the tools named in `only` (call names or annotate's keys, case-insensitive; "none" or an empty
+/// list: no tools). Naming a tool that is not configured is an error.
+pub fn tools_from_config(
+    path: Option<&std::path::Path>,
+    only: Option<&[String]>,
+) -> Result<ToolRegistry> {
+    use crate::annotate::tools::ToolsConfig;
+    let config_err = |path: &std::path::Path, msg: String| Error::Config {
+        path: path.to_owned(),
+        msg,
+    };
+    let mut config = match path {
+        None => ToolsConfig::default(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+            let value: serde_json::Value = if path.extension().is_some_and(|e| e == "json") {
+                serde_json::from_str(&text).map_err(|e| config_err(path, e.to_string()))?
+            } else {
+                toml::from_str(&text).map_err(|e| config_err(path, e.to_string()))?
+            };
+            match value.get("tools") {
+                None => ToolsConfig::default(),
+                Some(tools) => serde_json::from_value(tools.clone())
+                    .map_err(|e| config_err(path, format!("[tools]: {e}")))?,
+            }
+        }
+    };
+    if let Some(only) = only {
+        let names: Vec<&str> = only
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty() && *s != "none")
+            .collect();
+        let mut available = Vec::new();
+        if config.calculator.enabled {
+            available.push("Calculator");
+        }
+        if config.calendar.enabled {
+            available.push("Calendar");
+        }
+        for (name, present) in [
+            ("WikiSearch", config.wikisearch.is_some()),
+            ("QA", config.qa.is_some()),
+            ("MT", config.mt.is_some()),
+        ] {
+            if present {
+                available.push(name);
+            }
+        }
+        // Call names or annotate's config keys ("Calculator" or "calculator", "QA" or "qa").
+        let same = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
+        if let Some(bad) = names.iter().find(|n| !available.iter().any(|a| same(a, n))) {
+            return Err(Error::input(format!(
+                "--tools: {bad:?} is not configured (available: {})",
+                available.join(", ")
+            )));
+        }
+        let keep = |n: &str| names.iter().any(|m| same(m, n));
+        config.calculator.enabled &= keep("Calculator");
+        config.calendar.enabled &= keep("Calendar");
+        if !keep("WikiSearch") {
+            config.wikisearch = None;
+        }
+        if !keep("QA") {
+            config.qa = None;
+        }
+        if !keep("MT") {
+            config.mt = None;
+        }
+    }
+    ToolRegistry::from_config(&config).map_err(|e| Error::input(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_come_from_the_tools_table_of_a_toml_or_json_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let toml_path = dir.path().join("c.toml");
+        std::fs::write(
+            &toml_path,
+            "[annotate]\nk = 5\n[tools.calculator]\nenabled = false\n[tools.qa]\ncommand = [\"cat\"]\n",
+        )
+        .unwrap();
+        let reg = tools_from_config(Some(&toml_path), None).unwrap();
+        assert_eq!(reg.names(), vec!["Calendar", "QA"]);
+        let only = ["qa".to_string()];
+        assert_eq!(
+            tools_from_config(Some(&toml_path), Some(&only))
+                .unwrap()
+                .names(),
+            vec!["QA"]
+        );
+        let err = tools_from_config(Some(&toml_path), Some(&["Calculator".to_string()]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("Calculator") && err.contains("QA"), "{err}");
+
+        let json_path = dir.path().join("c.json");
+        std::fs::write(&json_path, r#"{"other": 1}"#).unwrap();
+        let reg = tools_from_config(Some(&json_path), None).unwrap();
+        assert_eq!(reg.names(), vec!["Calculator", "Calendar"]);
+        let none = ["none".to_string()];
+        assert!(tools_from_config(None, Some(&none)).unwrap().is_empty());
+
+        std::fs::write(&json_path, r#"{"tools": {"calculater": {}}}"#).unwrap();
+        let err = tools_from_config(Some(&json_path), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("c.json") && err.contains("calculater"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,786 @@
+//! Tool-calling generation (`toolsift::generate`): the interrupt-execute-resume loop.
+//!
+//! - on the tiny fixture with the real CPU decoder: every step of the loop (sampled tokens, forced
+//!   openers, spliced results) equals a full forward of the same sequence by the f64 oracle;
+//! - with a scripted mock decoder: a call starts exactly when "[" is within the top k, results are
+//!   spliced and decoding resumes, the budget holds, malformed calls and failing tools are closed
+//!   and decoding goes on;
+//! - JSONL in/out (with error lines), the CLI, determinism for a seed whatever the batching.
+
+mod common;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use serde_json::Value;
+use toolsift::annotate::tools::{Calculator, DocContext, Tool, ToolError, ToolRegistry};
+use toolsift::cpu::CpuScorer;
+use toolsift::generate::jsonl::generate_jsonl;
+use toolsift::generate::{
+    call, generate, CallStatus, CallTokens, Finish, GenerateOptions, Generation, Prompt,
+};
+use toolsift::model::Tokenizer;
+use toolsift::reference::ReferenceModel;
+use toolsift::sample::{DecodeSession, Decoder};
+use toolsift::Model;
+
+/// f32 engine vs f64 oracle on log-probs (as tests/sampling.rs).
+const TOL: f64 = 2e-3;
+
+fn tiny() -> Model {
+    Model::load(&common::tiny("f32")).unwrap()
+}
+
+fn tok(model: &Model) -> &Tokenizer {
+    model.tokenizer.as_ref().unwrap()
+}
+
+fn calculator() -> ToolRegistry {
+    let mut tools = ToolRegistry::new();
+    tools.register(Calculator::new());
+    tools
+}
+
+// ---------------------------------------------------------------------------------------------
+// A decoder that records what it computed, and optionally forces scripted tokens.
+
+/// Every sequence the decoder computed (after its extension) and the row it returned.
+type Log = Rc<RefCell<Vec<(Vec<u32>, Vec<f32>)>>>;
+
+/// Wraps a real decoder: records, per `extend`, each sequence's full token list and the row the
+/// real decoder returned; then, while a sequence's script lasts, returns a row that forces the
+/// next scripted token instead.
+struct Recording<'a> {
+    inner: &'a dyn Decoder,
+    scripts: Vec<Vec<u32>>,
+    log: Log,
+}
+
+struct RecordingSession<'a> {
+    inner: Box<dyn DecodeSession + 'a>,
+    scripts: Vec<Vec<u32>>,
+    seqs: Vec<(Vec<u32>, usize)>,
+    log: Log,
+}
+
+impl Decoder for Recording<'_> {
+    fn session(&self) -> Box<dyn DecodeSession + '_> {
+        Box::new(RecordingSession {
+            inner: self.inner.session(),
+            scripts: self.scripts.clone(),
+            seqs: Vec::new(),
+            log: self.log.clone(),
+        })
+    }
+}
+
+impl DecodeSession for RecordingSession<'_> {
+    fn new_sequence(&mut self) -> usize {
+        self.seqs.push((Vec::new(), 0));
+        self.inner.new_sequence()
+    }
+    fn extend(
+        &mut self,
+        sequences: &[usize],
+        tokens: &[Vec<u32>],
+    ) -> toolsift::Result<Vec<Vec<f32>>> {
+        let mut rows = self.inner.extend(sequences, tokens)?;
+        for ((&s, t), row) in sequences.iter().zip(tokens).zip(rows.iter_mut()) {
+            self.seqs[s].0.extend(t);
+            self.log
+                .borrow_mut()
+                .push((self.seqs[s].0.clone(), row.clone()));
+            let (_, used) = &mut self.seqs[s];
+            if let Some(&next) = self.scripts.get(s).and_then(|sc| sc.get(*used)) {
+                *used += 1;
+                row.iter_mut().for_each(|v| *v = -1e9);
+                row[next as usize] = 0.0;
+            }
+        }
+        Ok(rows)
+    }
+    fn len(&self, sequence: usize) -> usize {
+        self.inner.len(sequence)
+    }
+}
+
+fn assert_rows_match_oracle(model: &Model, log: &[(Vec<u32>, Vec<f32>)]) {
+    let oracle = ReferenceModel::new(&model.config, &model.weights);
+    assert!(!log.is_empty());
+    for (seq, row) in log {
+        let want = oracle.log_softmax(seq);
+        let want = want.row(seq.len() - 1);
+        let (worst, diff) = row
+            .iter()
+            .zip(want)
+            .map(|(&g, &w)| (g as f64 - w).abs())
+            .enumerate()
+            .fold((0, 0.0), |a, (i, d)| if d > a.1 { (i, d) } else { a });
+        assert!(
+            diff < TOL,
+            "sequence of {} tokens: token {worst}: {} vs {} (|diff| {diff:.2e} of {TOL})",
+            seq.len(),
+            row[worst],
+            want[worst]
+        );
+    }
+}
+
+#[test]
+fn every_step_of_the_loop_equals_a_full_forward_of_the_same_sequence() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let engine = CpuScorer::new(&model);
+    // Prompt 0 is made to call the calculator (its script writes the call up to the arrow, the
+    // result is spliced by the loop, then the real model goes on); prompt 1 is left to the
+    // model, with k so large that it calls at once and writes a call the loop must close.
+    let script = tokenizer.encode_ids("[Calculator(12+30) ->").unwrap();
+    let recording = Recording {
+        inner: &engine,
+        scripts: vec![script, vec![]],
+        log: Default::default(),
+    };
+    let prompts = [
+        Prompt::new("The sum of 12 and 30 is"),
+        Prompt::new("Out of 1400 participants,"),
+    ];
+    let options = GenerateOptions {
+        max_new_tokens: 40,
+        top_k_call: 1000,
+        max_call_tokens: 16,
+        ..Default::default()
+    };
+    let gens = generate(&recording, tokenizer, &calculator(), &prompts, &options).unwrap();
+    assert!(
+        gens[0].completion.starts_with("[Calculator(12+30) -> 42]"),
+        "{:?}",
+        gens[0].completion
+    );
+    assert_eq!(gens[0].calls.len(), 1);
+    let c = &gens[0].calls[0];
+    assert_eq!(
+        (
+            c.position,
+            c.tool.as_str(),
+            c.input.as_str(),
+            c.result.as_str()
+        ),
+        (0, "Calculator", "12+30", "42")
+    );
+    assert_eq!(c.status, CallStatus::Ok);
+    assert_eq!(gens[1].calls.len(), 1, "{:?}", gens[1]);
+    assert_eq!(gens[1].calls[0].position, 0);
+    // The final sequences are what the decoder was fed (the last token, never fed, aside).
+    let log = recording.log.borrow();
+    for (p, g) in prompts.iter().zip(&gens) {
+        let mut full = tokenizer.encode_ids(&p.text).unwrap();
+        full.extend(&g.tokens);
+        let longest = log
+            .iter()
+            .map(|(s, _)| s)
+            .filter(|s| full.starts_with(s))
+            .max_by_key(|s| s.len())
+            .unwrap();
+        assert!(
+            longest.len() + 1 >= full.len(),
+            "all but the last token fed"
+        );
+    }
+    assert_rows_match_oracle(&model, &log);
+}
+
+#[test]
+fn recorded_log_probs_of_a_plain_run_equal_the_oracle() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let engine = CpuScorer::new(&model);
+    let oracle = ReferenceModel::new(&model.config, &model.weights);
+    let prompts = [Prompt::new("The sum of"), Prompt::new("[Calculator(1")];
+    for k in [0, 1, 600] {
+        let options = GenerateOptions {
+            max_new_tokens: 16,
+            top_k_call: k,
+            max_call_tokens: 3,
+            ..Default::default()
+        };
+        let gens = generate(&engine, tokenizer, &calculator(), &prompts, &options).unwrap();
+        for (p, g) in prompts.iter().zip(&gens) {
+            let mut full = tokenizer.encode_ids(&p.text).unwrap();
+            let n = full.len();
+            full.extend(&g.tokens);
+            let want = oracle.log_softmax(&full);
+            assert_eq!(g.token_log_probs.len(), g.tokens.len());
+            for (j, lp) in g.token_log_probs.iter().enumerate() {
+                if let Some(lp) = lp {
+                    let w = want.row(n + j - 1)[full[n + j] as usize];
+                    assert!((*lp as f64 - w).abs() < TOL, "k {k} token {j}: {lp} vs {w}");
+                }
+            }
+            if k == 0 {
+                assert!(g.calls.is_empty());
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A scripted mock decoder: rows are a function of the sequence so far.
+
+type RowFn = dyn Fn(&[u32]) -> Vec<f32>;
+
+struct Mock {
+    vocab: usize,
+    f: Box<RowFn>,
+    /// Every sequence the mock was asked about, after its extension.
+    seen: Rc<RefCell<Vec<Vec<u32>>>>,
+}
+
+struct MockSession<'a> {
+    mock: &'a Mock,
+    seqs: Vec<Vec<u32>>,
+}
+
+impl Decoder for Mock {
+    fn session(&self) -> Box<dyn DecodeSession + '_> {
+        Box::new(MockSession {
+            mock: self,
+            seqs: Vec::new(),
+        })
+    }
+}
+
+impl DecodeSession for MockSession<'_> {
+    fn new_sequence(&mut self) -> usize {
+        self.seqs.push(Vec::new());
+        self.seqs.len() - 1
+    }
+    fn extend(
+        &mut self,
+        sequences: &[usize],
+        tokens: &[Vec<u32>],
+    ) -> toolsift::Result<Vec<Vec<f32>>> {
+        Ok(sequences
+            .iter()
+            .zip(tokens)
+            .map(|(&s, t)| {
+                assert!(!t.is_empty());
+                self.seqs[s].extend(t);
+                self.mock.seen.borrow_mut().push(self.seqs[s].clone());
+                let row = (self.mock.f)(&self.seqs[s]);
+                assert_eq!(row.len(), self.mock.vocab);
+                row
+            })
+            .collect())
+    }
+    fn len(&self, sequence: usize) -> usize {
+        self.seqs[sequence].len()
+    }
+}
+
+const VOCAB: usize = 512;
+
+/// A row where `order[0]` is the most likely token, then `order[1]`, ...; all others far below.
+fn ranked(order: &[u32]) -> Vec<f32> {
+    let mut row = vec![-100.0f32; VOCAB];
+    for (i, &t) in order.iter().enumerate() {
+        row[t as usize] = -(i as f32) - 1.0;
+    }
+    row
+}
+
+fn mock(f: impl Fn(&[u32]) -> Vec<f32> + 'static) -> Mock {
+    Mock {
+        vocab: VOCAB,
+        f: Box::new(f),
+        seen: Default::default(),
+    }
+}
+
+struct Ids {
+    open: u32,
+    x: u32,
+    fillers: Vec<u32>,
+}
+
+fn ids(tokenizer: &Tokenizer) -> Ids {
+    let one = |s: &str| {
+        let v = tokenizer.encode_ids(s).unwrap();
+        assert_eq!(v.len(), 1, "{s:?} is one token");
+        v[0]
+    };
+    Ids {
+        open: one("["),
+        x: one(" a"),
+        fillers: ["b", "c", "d", "e", "f", "g", "h", "i"]
+            .iter()
+            .map(|s| one(s))
+            .collect(),
+    }
+}
+
+/// Tokens written after the last opener of `seq`, if any.
+fn after_last_opener<'s>(seq: &'s [u32], openers: &[u32]) -> Option<&'s [u32]> {
+    let j = seq.iter().rposition(|t| openers.contains(t))?;
+    Some(&seq[j + 1..])
+}
+
+/// A model that, in a call, writes `call` (then ` a`), and outside one puts "[" at rank
+/// `rank_at(step)` behind " a" and fillers, `step` counting completion tokens so far.
+fn scripted(
+    tokenizer: &Tokenizer,
+    prompt_len: usize,
+    call: &str,
+    rank_at: impl Fn(usize) -> usize + 'static,
+) -> Mock {
+    let Ids { open, x, fillers } = ids(tokenizer);
+    let call = tokenizer.encode_ids(call).unwrap();
+    let close = tokenizer.encode_ids("]").unwrap()[0];
+    let openers = CallTokens::from_tokenizer(tokenizer).openers;
+    mock(move |seq| {
+        if let Some(rest) = after_last_opener(seq, &openers) {
+            if !rest.contains(&close) {
+                return ranked(&[*call.get(rest.len()).unwrap_or(&x)]);
+            }
+        }
+        let step = seq.len() - prompt_len;
+        let r = rank_at(step);
+        let mut order: Vec<u32> = std::iter::once(x).chain(fillers.iter().copied()).collect();
+        order.insert(r.min(order.len()), open);
+        ranked(&order)
+    })
+}
+
+fn run(m: &Mock, tokenizer: &Tokenizer, tools: &ToolRegistry, o: &GenerateOptions) -> Generation {
+    generate(m, tokenizer, tools, &[Prompt::new("Q")], o)
+        .unwrap()
+        .remove(0)
+}
+
+#[test]
+fn a_call_starts_exactly_when_the_opener_is_within_the_top_k() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let prompt_len = tokenizer.encode_ids("Q").unwrap().len();
+    let open = ids(tokenizer).open;
+    // The opener's rank falls 6, 5, 4, ... 0 over the steps.
+    for k in 1..=6 {
+        let m = scripted(tokenizer, prompt_len, "Calculator(1+2) ->", |s| {
+            6usize.saturating_sub(s)
+        });
+        let o = GenerateOptions {
+            top_k_call: k,
+            max_new_tokens: 20,
+            ..Default::default()
+        };
+        let g = run(&m, tokenizer, &calculator(), &o);
+        let first_call = g.tokens.iter().position(|&t| t == open).unwrap();
+        assert_eq!(first_call, 6 - (k - 1), "k = {k}: {:?}", g.completion);
+        // Before it, plain greedy: " a", never the (masked) opener.
+        assert_eq!(
+            g.completion,
+            format!(
+                "{}[Calculator(1+2) -> 3]{}",
+                " a".repeat(first_call),
+                " a".repeat(20)
+            )[..g.completion.len()]
+        );
+        assert_eq!(g.calls[0].position, 2 * first_call);
+    }
+    // Ties go to the lowest id, as in greedy decoding: an opener tied with a lower id is second.
+    let row = {
+        let mut r = vec![-100.0f32; VOCAB];
+        r[open as usize] = -1.0;
+        r[0] = -1.0;
+        r
+    };
+    assert_eq!(call::rank(&row, open), 1);
+    assert_eq!(call::opener_in_top_k(&row, &[open], 1), None);
+    assert_eq!(call::opener_in_top_k(&row, &[open], 2), Some(open));
+}
+
+#[test]
+fn results_are_spliced_and_decoding_resumes_after_them() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let m = scripted(tokenizer, 1, "Calculator(400 / 1400) ->", |_| 0);
+    let o = GenerateOptions {
+        max_new_tokens: 40,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    let rest = g
+        .completion
+        .strip_prefix("[Calculator(400 / 1400) -> 0.29]")
+        .unwrap_or_else(|| panic!("{:?}", g.completion));
+    assert!(
+        !rest.is_empty() && rest == " a".repeat(rest.len() / 2),
+        "{rest:?}"
+    );
+    assert_eq!(g.finish, Finish::Length);
+    assert_eq!(g.tokens.len(), 40);
+    let c = &g.calls[0];
+    assert_eq!(
+        (c.tool.as_str(), c.input.as_str(), c.result.as_str()),
+        ("Calculator", "400 / 1400", "0.29")
+    );
+    assert_eq!(c.status, CallStatus::Ok);
+    // The decoder was fed the spliced result in one step with the arrow, then resumed from it.
+    let spliced = tokenizer.encode_ids(" 0.29]").unwrap();
+    let seen = m.seen.borrow();
+    let with_result = seen
+        .iter()
+        .find(|s| s.ends_with(&spliced))
+        .expect("the result was fed");
+    let arrow_step = seen.iter().position(|s| s == with_result).unwrap();
+    assert!(!seen[arrow_step - 1].ends_with(&spliced[..1]));
+    assert!(seen[arrow_step + 1].starts_with(with_result));
+    // Spliced tokens carry no log-prob; the model's own do.
+    let n_none = g.token_log_probs.iter().filter(|l| l.is_none()).count();
+    assert_eq!(n_none, spliced.len());
+}
+
+#[test]
+fn the_call_budget_holds_and_spent_budgets_mask_the_opener() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let open = ids(tokenizer).open;
+    for max_calls in [0, 1, 2, 3] {
+        // The opener is always the most likely token outside a call.
+        let m = scripted(tokenizer, 1, "Calculator(2*3) ->", |_| 0);
+        let o = GenerateOptions {
+            max_calls,
+            max_new_tokens: 60,
+            ..Default::default()
+        };
+        let g = run(&m, tokenizer, &calculator(), &o);
+        assert_eq!(g.calls.len(), max_calls, "{:?}", g.completion);
+        assert!(g
+            .calls
+            .iter()
+            .all(|c| c.status == CallStatus::Ok && c.result == "6"));
+        assert_eq!(g.tokens.iter().filter(|&&t| t == open).count(), max_calls);
+        assert!(g.completion.ends_with(" a a"), "{:?}", g.completion);
+    }
+}
+
+struct Failing;
+impl Tool for Failing {
+    fn name(&self) -> &str {
+        "Search"
+    }
+    fn call(&self, _input: &str, _doc: &DocContext<'_>) -> Result<String, ToolError> {
+        Err(ToolError::Failed("service down".into()))
+    }
+}
+
+#[test]
+fn malformed_calls_and_failing_tools_are_closed_and_decoding_goes_on() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let mut tools = calculator();
+    tools.register(Failing);
+    let cases = [
+        // (what the model writes after "[", status, completion's call part)
+        (
+            "Search(weather) ->",
+            CallStatus::ToolError,
+            "[Search(weather) ->]",
+        ),
+        (
+            "Calculator(1/0) ->",
+            CallStatus::ToolError,
+            "[Calculator(1/0) ->]",
+        ),
+        ("Nope(1) ->", CallStatus::UnknownTool, "[Nope(1) ->]"),
+        (
+            "what is this ->",
+            CallStatus::Unparsable,
+            "[what is this ->]",
+        ),
+        (
+            "Calculator(1+2]",
+            CallStatus::ClosedWithoutArrow,
+            "[Calculator(1+2]",
+        ),
+        (
+            "Calculator(1+2+3+4+5+6+7+8+9+10+11+12+13+14+15",
+            CallStatus::TooLong,
+            "",
+        ),
+    ];
+    for (call, status, text) in cases {
+        let m = scripted(tokenizer, 1, call, |_| 0);
+        let o = GenerateOptions {
+            max_new_tokens: 60,
+            max_call_tokens: 16,
+            ..Default::default()
+        };
+        let g = run(&m, tokenizer, &tools, &o);
+        assert_eq!(g.calls.len(), 1, "{call}");
+        let c = &g.calls[0];
+        assert_eq!(c.status, status, "{call}: {:?}", g.completion);
+        assert_eq!(c.result, "", "{call}");
+        assert!(c.error.is_some(), "{call}");
+        assert!(g.completion.starts_with(text), "{call}: {:?}", g.completion);
+        assert!(
+            g.completion.contains("] a a a"),
+            "{call}: {:?}",
+            g.completion
+        );
+        if status == CallStatus::TooLong {
+            let body = tokenizer.encode_ids(call).unwrap();
+            let written = tokenizer.decode(&body[..16]).unwrap();
+            assert!(
+                g.completion.starts_with(&format!("[{written}] a")),
+                "{:?}",
+                g.completion
+            );
+        }
+        if status == CallStatus::ToolError {
+            assert_eq!(
+                c.input,
+                &call[call.find('(').unwrap() + 1..call.find(')').unwrap()]
+            );
+        }
+    }
+}
+
+#[test]
+fn end_of_text_stops_generation_and_cuts_an_open_call() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let eos = tokenizer.token_id("<|endoftext|>").unwrap();
+    let x = ids(tokenizer).x;
+    // " a" three times, then end of text.
+    let m = mock(move |seq| ranked(&[if seq.len() < 4 { x } else { eos }]));
+    let g = run(&m, tokenizer, &calculator(), &GenerateOptions::default());
+    assert_eq!((g.completion.as_str(), g.finish), (" a a a", Finish::Eos));
+    // Inside a call.
+    let open = ids(tokenizer).open;
+    let m = mock(move |seq| ranked(&[if seq.len() < 3 { open } else { eos }]));
+    let g = run(&m, tokenizer, &calculator(), &GenerateOptions::default());
+    assert_eq!(g.finish, Finish::Eos);
+    assert_eq!(g.calls[0].status, CallStatus::Unfinished);
+    // Without stopping at end of text, the length cap ends it.
+    let o = GenerateOptions {
+        stop_at_eos: false,
+        max_new_tokens: 7,
+        ..Default::default()
+    };
+    let m = mock(move |seq| ranked(&[if seq.len() < 4 { x } else { eos }]));
+    let g = run(&m, tokenizer, &calculator(), &o);
+    assert_eq!((g.tokens.len(), g.finish), (7, Finish::Length));
+}
+
+#[test]
+fn n_positions_caps_completions_and_rejects_prompts_without_room() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let x = ids(tokenizer).x;
+    let m = mock(move |_| ranked(&[x]));
+    let o = GenerateOptions {
+        n_positions: Some(6),
+        max_new_tokens: 100,
+        ..Default::default()
+    };
+    let g = generate(&m, tokenizer, &calculator(), &[Prompt::new("Q Q")], &o).unwrap();
+    assert_eq!(
+        g[0].tokens.len(),
+        6 - tokenizer.encode_ids("Q Q").unwrap().len()
+    );
+    let err = generate(
+        &m,
+        tokenizer,
+        &calculator(),
+        &[Prompt::new("Q Q Q Q Q Q")],
+        &o,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("prompt 0") && err.contains("n_positions"),
+        "{err}"
+    );
+    let err = generate(&m, tokenizer, &calculator(), &[Prompt::new("")], &o)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("empty prompt"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSONL, CLI, determinism.
+
+#[test]
+fn jsonl_answers_every_line_in_order_with_error_lines() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
+    let input = concat!(
+        r#"{"id": "a", "prompt": "Q"}"#,
+        "\n",
+        "not json\n",
+        r#"{"id": 7, "prompt": ""}"#,
+        "\n",
+        r#"{"id": 8}"#,
+        "\n",
+        r#"{"id": 9, "prompt": "Q", "answer": "3"}"#,
+        "\n"
+    );
+    let mut out = Vec::new();
+    let o = GenerateOptions {
+        max_new_tokens: 12,
+        batch_size: 2,
+        ..Default::default()
+    };
+    let summary =
+        generate_jsonl(input.as_bytes(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
+    assert_eq!(
+        (
+            summary.lines,
+            summary.generated,
+            summary.failed,
+            summary.calls,
+            summary.calls_ok
+        ),
+        (5, 2, 3, 2, 2)
+    );
+    let lines: Vec<Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5);
+    assert_eq!(lines[0]["id"], "a");
+    assert!(lines[0]["completion"]
+        .as_str()
+        .unwrap()
+        .starts_with("[Calculator(1+2) -> 3] a"));
+    assert_eq!(lines[0]["finish"], "length");
+    let call = &lines[0]["calls"][0];
+    assert_eq!(call["position"], 0);
+    assert_eq!(call["tool"], "Calculator");
+    assert_eq!(call["input"], "1+2");
+    assert_eq!(call["result"], "3");
+    assert_eq!(call["status"], "ok");
+    assert!(lines[1]["error"]
+        .as_str()
+        .unwrap()
+        .contains("malformed JSON"));
+    assert_eq!(lines[1]["line"], 2);
+    assert_eq!(lines[2]["id"], 7);
+    assert!(lines[2]["error"].as_str().unwrap().contains("empty prompt"));
+    assert!(lines[3]["error"].as_str().unwrap().contains("prompt"));
+    assert_eq!(lines[4]["id"], 9);
+    assert_eq!(lines[4]["completion"], lines[0]["completion"]);
+}
+
+#[test]
+fn sampling_is_deterministic_for_a_seed_whatever_the_batching() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let engine = CpuScorer::new(&model);
+    let prompts: Vec<Prompt> = ["The sum of", "Out of 1400", "Q", "[", "Today is"]
+        .into_iter()
+        .map(Prompt::new)
+        .collect();
+    let run = |seed: u64, batch_size: usize| {
+        let o = GenerateOptions {
+            temperature: 1.0,
+            seed,
+            batch_size,
+            max_new_tokens: 12,
+            top_k_call: 50,
+            max_call_tokens: 4,
+            ..Default::default()
+        };
+        generate(&engine, tokenizer, &calculator(), &prompts, &o).unwrap()
+    };
+    // The choices, not the log-probs: batching changes float rounding in the last bits.
+    let choices = |gens: Vec<Generation>| -> Vec<_> {
+        gens.into_iter()
+            .map(|g| (g.tokens, g.completion, g.calls, g.finish))
+            .collect()
+    };
+    let a = choices(run(5, 8));
+    assert_eq!(a, choices(run(5, 8)));
+    assert_eq!(a, choices(run(5, 1)), "batching must not change samples");
+    assert_eq!(a, choices(run(5, 2)));
+    assert_ne!(a, choices(run(6, 8)), "another seed, other samples");
+}
+
+#[test]
+fn cli_generates_from_a_prompt_and_from_jsonl() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        "{\"id\": 1, \"prompt\": \"The sum\"}\n{\"id\": 2}\n",
+    )
+    .unwrap();
+    let config = tmp.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[annotate]\nk = 5\n[tools.calendar]\ndate = \"2023-01-30\"\n",
+    )
+    .unwrap();
+    let output = tmp.path().join("out.jsonl");
+    let bin = env!("CARGO_BIN_EXE_toolsift");
+    let model = common::tiny("f32");
+    let out = std::process::Command::new(bin)
+        .args(["generate", "--max-new-tokens", "6", "--model"])
+        .arg(&model)
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .arg("--config")
+        .arg(&config)
+        .args(["--tools", "Calculator,Calendar"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a failed line fails the run");
+    let lines: Vec<Value> = std::fs::read_to_string(&output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["id"], 1);
+    assert!(lines[0]["completion"].is_string());
+    assert!(lines[1]["error"].is_string());
+
+    let out = std::process::Command::new(bin)
+        .args([
+            "generate",
+            "--max-new-tokens",
+            "4",
+            "--prompt",
+            "Hi",
+            "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(line["id"], 0);
+
+    let out = std::process::Command::new(bin)
+        .args([
+            "generate",
+            "--prompt",
+            "Hi",
+            "--tools",
+            "WikiSearch",
+            "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("WikiSearch"));
+}
