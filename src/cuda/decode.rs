@@ -345,7 +345,7 @@ impl CudaScorer {
 
     /// ln_f and the lm_head GEMM over `rows` of `x` in chunks of at most `head_chunk_rows`;
     /// `each(logits [m, stride(vocab)] f32, first row index, m)` consumes a chunk.
-    fn head_chunks<T: DeviceFloat>(
+    pub(super) fn head_chunks<T: DeviceFloat>(
         &self,
         w: &CudaWeights<T>,
         x: &mut CudaSlice<f32>,

@@ -449,7 +449,6 @@ impl CudaScorer {
         }
         let (d, vocab) = (c.n_embd, c.vocab_size);
         let (ds, vs) = (stride(d), stride(vocab));
-        let eps = c.layer_norm_epsilon as f32;
         let ids = upload(gpu, &plan.tokens)?;
         let positions = upload(gpu, &plan.positions)?;
         let tiles = TreeTiles::from_plan(plan, 0).upload(gpu)?;
@@ -472,8 +471,6 @@ impl CudaScorer {
             &mut v_cache,
             0,
         )?;
-        let pending_bias = w.h.last().map(|b| &b.fc_out_b);
-
         // LM head at the weighted rows only, chunk by chunk.
         let n_rows = plan.head_rows.len();
         let mut by_row: Vec<Vec<u32>> = vec![Vec::new(); n_rows];
@@ -490,43 +487,13 @@ impl CudaScorer {
             }
             offsets.push(tokens.len() as u32);
         }
-        let rows_d = upload(gpu, &plan.head_rows)?;
         let offsets_d = upload(gpu, &offsets)?;
         let tokens_d = upload(gpu, &tokens)?;
         let slots_d = upload(gpu, &slots)?;
-        let chunk = self.head_chunk_rows.min(n_rows);
-        let mut hidden = zeros::<T>(gpu, chunk * ds)?; // [chunk, ds]
-        let mut logits = zeros::<f32>(gpu, chunk * vs)?; // [chunk, vs]
+        // ln_f + lm_head GEMM per chunk of rows (shared with decoding), then the fused
+        // log-softmax / gather into each target's slot.
         let mut log_probs = zeros::<f32>(gpu, plan.targets.len())?; // [n_targets]
-        let rb = pending_bias.map(|b| b.as_view());
-        for r0 in (0..n_rows).step_by(chunk) {
-            let m = chunk.min(n_rows - r0);
-            let rows_view = rows_d.slice(r0..r0 + m);
-            layer_norm::layer_norm(
-                gpu,
-                &mut x.as_view_mut(),
-                n,
-                Rows {
-                    gather: Some(&rows_view),
-                    residual_bias: rb.as_ref(),
-                },
-                &w.ln_f.weight.as_view(),
-                &w.ln_f.bias.as_view(),
-                &mut hidden.as_view_mut(),
-                [m, d, ds, ds],
-                eps,
-                None,
-            )?;
-            gpu.blas.linear(
-                &hidden.as_view(),
-                ds,
-                &w.lm_head.as_view(),
-                ds,
-                &mut logits.as_view_mut(),
-                vs,
-                [m, vocab, d],
-                false,
-            )?;
+        self.head_chunks(w, &mut x, n, &plan.head_rows, |logits, r0, m| {
             lm_head_xent::lm_head_xent(
                 gpu,
                 &logits.as_view(),
@@ -538,8 +505,8 @@ impl CudaScorer {
                 [m, vocab, vs],
                 tokens.len(),
                 None,
-            )?;
-        }
+            )
+        })?;
         let host = gpu
             .stream
             .clone_dtoh(&log_probs)
