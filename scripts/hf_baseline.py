@@ -90,7 +90,7 @@ def workload(n_texts, vocab, seed, text_len=256):
 
 
 def targets(c, z_len):
-    """(row, token, weight) of a prefix-placement variant with |z| = z_len."""
+    """(row, token, weight) of a variant with |z| = z_len (x_j is at index z_len + j)."""
     n = len(c["text_ids"])
     out = []
     for t, w in enumerate(WEIGHTS):
@@ -117,12 +117,21 @@ def pad(batch):
 
 
 @torch.no_grad()
-def naive(model, cands, batch_size):
-    """Three full passes per candidate over z ++ x (the whole text), full logits."""
+def variant_seq(c, z, placement, end=None):
+    """The variant's input: z ++ x (prefix) or x_{<i} ++ z ++ x_{>=i} (inline), cut at `end`.
+    Either way x_j sits at index |z| + j, so `targets` serves both placements."""
+    x = c["text_ids"][:end] if end is not None else c["text_ids"]
+    if placement == "prefix" or not z:
+        return z + x
+    return x[:c["position"]] + z + x[c["position"]:]
+
+
+def naive(model, cands, batch_size, placement):
+    """Three full passes per candidate over the whole text with z, full logits."""
     seqs, tgts = [], []
     for c in cands:
         for z in ([], c["call_ids"], c["call_result_ids"]):
-            seqs.append(z + c["text_ids"])
+            seqs.append(variant_seq(c, z, placement))
             tgts.append(targets(c, len(z)))
     losses = []
     for b, bt in zip(batches(seqs, batch_size), batches(tgts, batch_size)):
@@ -134,7 +143,7 @@ def naive(model, cands, batch_size):
 
 
 @torch.no_grad()
-def tuned(model, cands, batch_size):
+def tuned(model, cands, batch_size, placement):
     """Cut at the last weighted token, no-call pass once per text, dedup, head at weighted rows,
     length-sorted batches."""
     seqs = {}  # tuple(ids) -> list of (cand, variant, targets)
@@ -144,7 +153,7 @@ def tuned(model, cands, batch_size):
         key = tuple(c["text_ids"])
         by_text.setdefault(key, []).append((k, c))
         for v, z in ((1, c["call_ids"]), (2, c["call_result_ids"])):
-            s = tuple(z + c["text_ids"][:end])
+            s = tuple(variant_seq(c, z, placement, end))
             seqs.setdefault(s, []).append((k, v, targets(c, len(z))))
     for key, cs in by_text.items():  # one no-call pass per text, up to its last weighted token
         end = max(min(c["position"] + len(WEIGHTS), len(key)) for _, c in cs)
@@ -197,6 +206,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--skip-naive", action="store_true")
+    ap.add_argument("--placements", default="prefix,inline")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     model_dir = os.path.join(args.out, f"gptj-{args.size}")
@@ -215,19 +225,33 @@ def main():
     report = dict(size=args.size, config=SIZES[args.size], model_dir=model_dir, workload=wl,
                   candidates=len(cands), device=torch.cuda.get_device_name(),
                   torch=torch.__version__, build_secs=build_secs, save_secs=save_secs)
-    (tl, tok), secs, all_ = timed(lambda: tuned(model, cands, args.batch_size), args.reps)
-    report["tuned"] = dict(secs_median=secs, secs_all=all_, tokens=tok,
-                           cands_per_s=len(cands) / secs)
-    report["tuned_losses"] = tl
-    if not args.skip_naive:
-        (nl, tok), secs, all_ = timed(lambda: naive(model, cands, args.batch_size), max(1, args.reps // 2))
-        report["naive"] = dict(secs_median=secs, secs_all=all_, tokens=tok,
-                               cands_per_s=len(cands) / secs)
-        report["naive_vs_tuned_max_abs_diff"] = max(
-            abs(a - b) for x, y in zip(nl, tl) for a, b in zip(x, y))
+    with torch.no_grad():  # peakedness: entropy of next-token distributions on the first text
+        ids = torch.tensor([cands[0]["text_ids"]], device="cuda")
+        logp = torch.log_softmax(model(input_ids=ids).logits.float(), -1)
+        ent = -(logp.exp() * logp).sum(-1).flatten()
+        report["entropy_nats_median"] = ent.median().item()
+        report["entropy_nats_uniform"] = math.log(cfg.vocab_size)
+    for placement in args.placements.split(","):
+        entry = report[placement] = {}
+        (tl, tok), secs, all_ = timed(lambda: tuned(model, cands, args.batch_size, placement),
+                                      args.reps)
+        entry["tuned"] = dict(secs_median=secs, secs_all=all_, tokens=tok,
+                              cands_per_s=len(cands) / secs)
+        entry["tuned_losses"] = tl
+        if not args.skip_naive:
+            (nl, tok), secs, all_ = timed(
+                lambda: naive(model, cands, args.batch_size, placement), max(1, args.reps // 2))
+            entry["naive"] = dict(secs_median=secs, secs_all=all_, tokens=tok,
+                                  cands_per_s=len(cands) / secs)
+            entry["naive_vs_tuned_max_abs_diff"] = max(
+                abs(a - b) for x, y in zip(nl, tl) for a, b in zip(x, y))
+        entry["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
     with open(os.path.join(args.out, f"hf_{args.size}.json"), "w") as fh:
         json.dump(report, fh, indent=1)
-    print(json.dumps({k: v for k, v in report.items() if k != "tuned_losses"}))
+    print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "tuned_losses"}
+                          if isinstance(v, dict) and "tuned" in v else v)
+                      for k, v in report.items()}))
 
 
 if __name__ == "__main__":
