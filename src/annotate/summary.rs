@@ -17,6 +17,13 @@ pub struct Example {
     pub line: u64,
     pub tool: String,
     pub delta: f64,
+    /// The three losses delta is derived from (absent in summaries of older versions).
+    #[serde(default)]
+    pub l_none: Option<f64>,
+    #[serde(default)]
+    pub l_call: Option<f64>,
+    #[serde(default)]
+    pub l_call_result: Option<f64>,
     pub kept: bool,
     /// The call spliced into ~100 characters of its text.
     pub context: String,
@@ -107,6 +114,9 @@ impl SummaryBuilder {
                 line: record.line,
                 tool: c.tool.clone(),
                 delta,
+                l_none: c.l_none,
+                l_call: c.l_call,
+                l_call_result: c.l_call_result,
                 kept: c.kept,
                 context: context(
                     &record.text,
@@ -211,12 +221,16 @@ impl Summary {
         for t in &self.tools {
             for (label, list) in [("best", &t.best), ("worst", &t.worst)] {
                 for e in list {
+                    let loss = |l: Option<f64>| l.map_or("-".to_string(), |l| format!("{l:.3}"));
                     s.push_str(&format!(
-                        "{} {label} delta {:+.3} (line {}{}): {}\n",
+                        "{} {label} delta {:+.3} (L_none {}, L_call {}, L_call_result {}; line {}, {}): {}\n",
                         t.tool,
                         e.delta,
+                        loss(e.l_none),
+                        loss(e.l_call),
+                        loss(e.l_call_result),
                         e.line,
-                        if e.kept { ", kept" } else { "" },
+                        if e.kept { "kept" } else { "rejected" },
                         e.context.replace('\n', " ")
                     ));
                 }
