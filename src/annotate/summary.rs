@@ -239,3 +239,82 @@ impl Summary {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::annotate::document::CallRecord;
+
+    fn call(position: usize, delta: f64, kept: bool) -> CallRecord {
+        CallRecord {
+            position,
+            tool: "Calculator".into(),
+            input: "1 + 1".into(),
+            result: Some("2".into()),
+            l_none: Some(2.5),
+            l_call: Some(2.25),
+            l_call_result: Some(2.25 - delta),
+            delta: Some(delta),
+            kept,
+            error: None,
+        }
+    }
+
+    /// Per tool sampled / executed / kept, and the best and worst calls with their three losses.
+    #[test]
+    fn render_shows_counts_and_losses() {
+        let mut b = SummaryBuilder::new(&[ToolKind::Calculator]);
+        let record = CStarRecord {
+            line: 1,
+            id: serde_json::Value::Null,
+            text: "so 2 in total".into(),
+            annotated_text: String::new(),
+            calls: (0..4)
+                .map(|k| call(2, k as f64 - 1.0, k >= 2))
+                .chain([CallRecord {
+                    l_none: None,
+                    delta: None,
+                    ..call(2, 0.0, false)
+                }])
+                .collect(),
+        };
+        let mut stats = DocStats::default();
+        stats.tools.insert(
+            "calculator".into(),
+            ToolStats {
+                calls_sampled: 9,
+                calls_executed: 5,
+                calls_kept: 2,
+                ..Default::default()
+            },
+        );
+        b.document(&record, &stats);
+        let s = b.finish(1.0);
+        let t = &s.tools[0];
+        assert_eq!(t.best.len(), 3);
+        assert_eq!(t.best[0].delta, 2.0);
+        assert_eq!(t.best[0].l_none, Some(2.5));
+        assert_eq!(t.best[0].l_call_result, Some(0.25));
+        assert_eq!(t.worst[0].delta, -1.0);
+        let text = s.render();
+        assert!(
+            text.contains("sampled") && text.contains("executed"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "Calculator best delta +2.000 (L_none 2.500, L_call 2.250, L_call_result 0.250; line 1, kept)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("worst delta -1.000") && text.contains("rejected"),
+            "{text}"
+        );
+        // Summaries written before the losses were recorded still read.
+        let old =
+            r#"{"line": 1, "tool": "Calculator", "delta": 1.0, "kept": true, "context": "x"}"#;
+        let e: Example = serde_json::from_str(old).unwrap();
+        assert_eq!(e.l_none, None);
+    }
+}
