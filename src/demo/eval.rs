@@ -108,7 +108,7 @@ pub fn at_site(call: &CallRecord, site: &Site) -> bool {
     call.position == site.offset || call.position == site.answer_offset
 }
 
-fn kept_of<'a>(record: &'a CStarRecord, tool: ToolKind) -> impl Iterator<Item = &'a CallRecord> {
+fn kept_of(record: &CStarRecord, tool: ToolKind) -> impl Iterator<Item = &CallRecord> {
     record
         .calls
         .iter()
