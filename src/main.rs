@@ -111,6 +111,9 @@ struct EvalDemoArgs {
     /// Print one JSON object (stdout) instead of the table.
     #[arg(long)]
     json: bool,
+    /// Skip the generation comparison (the arithmetic prompts with and without tools).
+    #[arg(long)]
+    skip_generate: bool,
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
@@ -589,13 +592,30 @@ fn eval_demo(args: EvalDemoArgs) -> Result<ExitCode> {
     }
     let records = eval::read_cstar(&cstar)?;
     let metrics = eval::evaluate(&docs, &records);
-    let report = eval::EvalReport::new(
+    let tool_use = if args.skip_generate {
+        None
+    } else {
+        use toolsift::demo::tool_use;
+        let model = Model::load(&job.model_dir)?;
+        let decoder = toolsift::backend::decoder_for(&model, args.device)?;
+        let tools = toolsift::generate::tools_from_config(None, None)?;
+        let prompts = tool_use::arithmetic_prompts(&docs);
+        Some(tool_use::compare(
+            decoder.as_ref(),
+            model.tokenizer()?,
+            &tools,
+            &prompts,
+            model.config.n_positions,
+        )?)
+    };
+    let mut report = eval::EvalReport::new(
         args.seed,
         metrics,
         &summary,
         started.elapsed().as_secs_f64(),
         &cstar,
     );
+    report.tool_use = tool_use;
     let json = serde_json::to_string(&report)?;
     let report_path = args.out.join("eval.json");
     write_atomic(&report_path, |w| {

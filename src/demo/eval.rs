@@ -258,6 +258,9 @@ pub struct EvalReport {
     pub wall_secs: f64,
     /// The C* file evaluated.
     pub cstar: String,
+    /// Generation with and without tools on the set's arithmetic prompts (`tool_use`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_use: Option<super::tool_use::ToolUseReport>,
 }
 
 impl EvalReport {
@@ -286,6 +289,7 @@ impl EvalReport {
             annotate_secs: summary.wall_secs,
             wall_secs,
             cstar: cstar.display().to_string(),
+            tool_use: None,
         }
     }
 
@@ -348,6 +352,9 @@ impl EvalReport {
             "time: annotate {:.2}s, wall {:.2}s; C* {}\n",
             self.annotate_secs, self.wall_secs, self.cstar
         ));
+        if let Some(t) = &self.tool_use {
+            s.push_str(&t.render());
+        }
         s
     }
 }

@@ -6,6 +6,7 @@
 pub mod assets;
 pub mod corpus;
 pub mod eval;
+pub mod tool_use;
 
 /// Seed of the demo corpus embedded in the binary (assets/demo/corpus.jsonl): held out, neither
 /// the trainer's seed (1) nor `eval-demo`'s default (2).
