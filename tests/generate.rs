@@ -5,7 +5,11 @@
 //! - with a scripted mock decoder: a call starts exactly when "[" is within the top k, results are
 //!   spliced and decoding resumes, the budget holds, malformed calls and failing tools are closed
 //!   and decoding goes on;
-//! - JSONL in/out (with error lines), the CLI, determinism for a seed whatever the batching.
+//! - JSONL in/out (with error lines), the CLI, determinism for a seed whatever the batching;
+//! - on the trained demo model (assets/demo), where calls are real: KV-cached rows equal the
+//!   oracle, a call opens exactly when an opener is within the top k (k = 1 and 10), results are
+//!   spliced and decoding resumes, the budget holds, and tools answer more arithmetic prompts
+//!   than no tools.
 
 mod common;
 
@@ -783,4 +787,119 @@ fn cli_generates_from_a_prompt_and_from_jsonl() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("WikiSearch"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same loop on the trained demo model (assets/demo), where calls are real: the model opens
+// them, writes well-formed calculator inputs and copies the result it is given.
+
+fn demo() -> Model {
+    let dir = toolsift::demo::assets::materialize().unwrap();
+    Model::load(&dir).unwrap()
+}
+
+fn demo_prompts(n: usize) -> Vec<toolsift::demo::tool_use::ArithmeticPrompt> {
+    let docs = toolsift::demo::corpus::generate(toolsift::demo::EVAL_SEED, 60);
+    let mut prompts = toolsift::demo::tool_use::arithmetic_prompts(&docs);
+    prompts.truncate(n);
+    prompts
+}
+
+/// How many tokens outrank the best opener in `row`.
+fn opener_rank(row: &[f32], openers: &[u32]) -> usize {
+    let best = openers
+        .iter()
+        .map(|&o| row[o as usize])
+        .fold(f32::NEG_INFINITY, f32::max);
+    row.iter().filter(|&&v| v > best).count()
+}
+
+#[test]
+fn demo_model_kv_cached_loop_equals_full_forwards_and_calls_start_exactly_within_top_k() {
+    let model = demo();
+    let tokenizer = tok(&model);
+    let engine = CpuScorer::new(&model);
+    let prompts = demo_prompts(6);
+    let texts: Vec<Prompt> = prompts.iter().map(|p| p.prompt.clone()).collect();
+    let openers = CallTokens::from_tokenizer(tokenizer).openers;
+    for k in [1usize, 10] {
+        let recording = Recording {
+            inner: &engine,
+            scripts: vec![],
+            log: Default::default(),
+        };
+        let options = GenerateOptions {
+            max_new_tokens: 30,
+            top_k_call: k,
+            n_positions: Some(model.config.n_positions),
+            ..Default::default()
+        };
+        let gens = generate(&recording, tokenizer, &calculator(), &texts, &options).unwrap();
+        let log = recording.log.borrow();
+        // KV-cache correctness: every row the loop used equals the oracle's full forward.
+        assert_rows_match_oracle(&model, &log);
+        for (p, g) in prompts.iter().zip(&gens) {
+            // A call starts exactly when an opener is within the top k: before the opener, every
+            // step's opener rank was >= k; at the opener it was < k.
+            let prompt_ids = tokenizer.encode_ids(&p.prompt.text).unwrap();
+            let mut seq = prompt_ids.clone();
+            for &t in &g.tokens {
+                let row = &log.iter().find(|(s, _)| *s == seq).expect("row logged").1;
+                let rank = opener_rank(row, &openers);
+                if openers.contains(&t) {
+                    assert!(rank < k, "opened at rank {rank} with k {k}: {:?}", g.completion);
+                    break;
+                }
+                assert!(rank >= k, "opener at rank {rank} < k {k} not taken: {:?}", g.completion);
+                seq.push(t);
+            }
+            // The model calls, the result is spliced, and decoding resumes after it.
+            assert_eq!(g.calls.len(), 1, "{:?}", g.completion);
+            let c = &g.calls[0];
+            assert_eq!((c.tool.as_str(), c.status), ("Calculator", CallStatus::Ok));
+            let spliced = format!("-> {}]", c.result);
+            let after = g.completion.find(&spliced).expect("result spliced") + spliced.len();
+            assert!(g.completion.len() > after, "decoding resumed: {:?}", g.completion);
+        }
+    }
+}
+
+#[test]
+fn demo_model_budget_and_tools_on_versus_off() {
+    let model = demo();
+    let tokenizer = tok(&model);
+    let engine = CpuScorer::new(&model);
+    let prompts = demo_prompts(16);
+    let texts: Vec<Prompt> = prompts.iter().map(|p| p.prompt.clone()).collect();
+    let openers = CallTokens::from_tokenizer(tokenizer).openers;
+    let base = GenerateOptions {
+        max_new_tokens: 40,
+        n_positions: Some(model.config.n_positions),
+        ..Default::default()
+    };
+    let off = GenerateOptions {
+        max_calls: 0,
+        ..base.clone()
+    };
+    let with = generate(&engine, tokenizer, &calculator(), &texts, &base).unwrap();
+    let without = generate(&engine, tokenizer, &calculator(), &texts, &off).unwrap();
+    for (w, wo) in with.iter().zip(&without) {
+        assert!(w.calls.len() <= 1, "budget of one call: {:?}", w.completion);
+        assert!(wo.calls.is_empty() && !wo.tokens.iter().any(|t| openers.contains(t)));
+    }
+    let correct = |gens: &[Generation]| {
+        gens.iter()
+            .zip(&prompts)
+            .filter(|(g, p)| {
+                toolsift::demo::tool_use::answer_in(&g.completion)
+                    == Some(p.answer.parse::<f64>().unwrap())
+            })
+            .count()
+    };
+    let (c_with, c_without) = (correct(&with), correct(&without));
+    eprintln!(
+        "demo model, {} arithmetic prompts: {c_with} correct with tools, {c_without} without",
+        prompts.len()
+    );
+    assert!(c_with >= c_without + prompts.len() / 2, "{c_with} vs {c_without}");
 }
