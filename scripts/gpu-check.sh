@@ -82,25 +82,35 @@ bench() { # size texts timeout: transformers' two scorers on both placements, th
       step "profile_${size}_$placement" 60 "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
   done
 }
-bench default "$TEXTS_DEFAULT" 60
-# toolsift bench's own harness (CPU/candle side written separately), toolsift alone at its default.
-step toolsift_bench_cli 40 "$BIN/toolsift" bench --device cuda --skip-baselines
-if (( $(elapsed) < 180 )); then
-  bench 6b "$TEXTS_6B" 170
+if [[ -n "${GPU_CHECK_QUICK:-}" ]]; then
+  echo "GPU_CHECK_QUICK: correctness suites and extra checks only, no benchmarks"
+  status[benchmarks]=skipped
 else
-  echo "skipping the 6B benchmark: $(elapsed)s already used"
-  status[hf_6b]=skipped
-fi
-# The sampling steps at 6B, on the same weights (made by the 6B step above).
-if [[ -d "$OUT/bench/gptj-6b" ]] && (( $(elapsed) < 400 )); then
-  TOOLSIFT_BENCH_MODEL="$OUT/bench/gptj-6b" TOOLSIFT_BENCH_OUTPUT="$OUT/sampling_6b.json" \
-  TOOLSIFT_BENCH_REPS=3 \
-    step sampling_6b 50 "$BIN/cuda_sampling" --ignored --exact cuda_sampling_bench --nocapture
-else
-  echo "skipping the 6B sampling benchmark: no 6B weights or $(elapsed)s already used"
-  status[sampling_6b]=skipped
-fi
+  bench default "$TEXTS_DEFAULT" 60
+  # toolsift bench's own harness (CPU/candle side written separately), toolsift alone at its default.
+  step toolsift_bench_cli 40 "$BIN/toolsift" bench --device cuda --skip-baselines
+  if (( $(elapsed) < 180 )); then
+    bench 6b "$TEXTS_6B" 170
+  else
+    echo "skipping the 6B benchmark: $(elapsed)s already used"
+    status[hf_6b]=skipped
+  fi
+  # The sampling steps at 6B, on the same weights (made by the 6B step above).
+  if [[ -d "$OUT/bench/gptj-6b" ]] && (( $(elapsed) < 400 )); then
+    TOOLSIFT_BENCH_MODEL="$OUT/bench/gptj-6b" TOOLSIFT_BENCH_OUTPUT="$OUT/sampling_6b.json" \
+    TOOLSIFT_BENCH_REPS=3 \
+      step sampling_6b 50 "$BIN/cuda_sampling" --ignored --exact cuda_sampling_bench --nocapture
+  else
+    echo "skipping the 6B sampling benchmark: no 6B weights or $(elapsed)s already used"
+    status[sampling_6b]=skipped
+  fi
+fi # GPU_CHECK_QUICK
 rm -rf "$OUT"/bench/gptj-* # the weights do not travel back
+# The embedded demo on the GPU (issue 6): annotate --demo and eval-demo with --device cuda.
+step demo_annotate_cuda 120 "$BIN/toolsift" annotate --demo --device cuda --no-progress \
+  --out "$OUT/demo/cstar.jsonl"
+step demo_eval_cuda 120 "$BIN/toolsift" eval-demo --device cuda --no-progress --json \
+  --out "$OUT/demo-eval"
 # Extra checks a caller appends (e.g. the demo on the GPU): EXTRA_CHECK="cmd ..." runs last.
 if [[ -n "${EXTRA_CHECK:-}" ]]; then
   step extra 120 bash -c "$EXTRA_CHECK"
@@ -123,6 +133,9 @@ for log in ("cuda_kernels", "cuda_scoring", "cuda_sampling"):
         summary[log] = {"result": re.findall(r"test result: .*", text),
                         "skipped": "SKIPPED" in text,
                         "notes": re.findall(r".*(?:cases passed|budget|cached|compared).*", text)}
+p = os.path.join(out, "demo-eval", "eval.json")
+if os.path.exists(p):
+    summary["demo_eval_cuda"] = json.load(open(p))
 p = os.path.join(out, "sampling_6b.json")
 if os.path.exists(p):
     summary["sampling_6b"] = json.load(open(p))
