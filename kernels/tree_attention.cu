@@ -1,10 +1,17 @@
 // tree_attention: softmax attention over a prefix tree of token segments (cascade attention).
 //
-//   for every query tile (<= 64 consecutive tokens of one segment) and head h:
+//   for every query tile (<= 64 consecutive tokens of one segment, or several whole sibling
+//   segments packed together) and head h:
 //     ctx token j (j = 0 .. q_pos + q_len - 1) is ctx_tokens[ctx_offset + j]: the tokens of the
 //     segment's ancestors, root first, then the segment's own tokens; a query at ctx position
 //     q_pos + r sees keys j <= q_pos + r (all ancestors, causally its own segment).
 //     out[q_start + r, h] = softmax_j(q . k_j / sqrt(head_dim)) . v_j
+//   A packed tile (tiles[4 t + 3] != 0) holds small subtrees of the plan that share their
+//   ancestors (q_pos tokens): the context map is those ancestors, then the tile's query tokens,
+//   then per row a 64-bit mask (two u32, low first) of the tile tokens the row sees (its
+//   ancestors inside the tile and itself causally); row r sees keys j < q_pos, and j = q_pos + b
+//   for the mask's bits b <= r. Inline candidates are short branches under one long text
+//   prefix: packing them reads that prefix once per tile instead of once per branch.
 //
 // Inputs are T (bf16/f16): q [n, ld] (rotated), this layer's K and V cache [capacity, ld] indexed
 // by flat token index; out is T [n, ld_out] (the input of out_proj). Scores, the running max and
@@ -98,12 +105,15 @@ __device__ void tree_attention(const T* __restrict__ q,                // [n, ld
     float* sM = sO + BM * ldo;                         // [BM] running max
     float* sL = sM + BM;                               // [BM] running sum
     uint32_t* sTok = reinterpret_cast<uint32_t*>(sL + BM);  // [BM] (query and key token ids)
+    unsigned long long* sMask =
+        reinterpret_cast<unsigned long long*>(sTok + BM);  // [BM] packed tiles: visible tile keys
 
     const uint32_t tile = blockIdx.x, head = blockIdx.y;
     const uint32_t q_start = tiles[4 * tile], q_len = tiles[4 * tile + 1];
     const uint32_t q_pos = tiles[4 * tile + 2];
     const uint32_t* ctx = ctx_tokens + tile_ctx[tile];
     const uint32_t n_ctx = q_pos + q_len;
+    const bool packed = tiles[4 * tile + 3] != 0;
     const size_t col0 = (size_t)head * head_dim;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
@@ -112,6 +122,10 @@ __device__ void tree_attention(const T* __restrict__ q,                // [n, ld
         sTok[r] = q_start + (r < (int)q_len ? r : 0);
         sM[r] = -INFINITY;
         sL[r] = 0.0f;
+        sMask[r] = packed && r < (int)q_len
+                       ? (unsigned long long)ctx[n_ctx + 2 * r] |
+                             ((unsigned long long)ctx[n_ctx + 2 * r + 1] << 32)
+                       : ~0ull;
     }
     for (int idx = threadIdx.x; idx < BM * ldo; idx += THREADS) sO[idx] = 0.0f;
     __syncthreads();
@@ -145,12 +159,18 @@ __device__ void tree_attention(const T* __restrict__ q,                // [n, ld
             // Online softmax, one row at a time; lane owns columns lane and lane + 32.
             for (int rr = 0; rr < 16; ++rr) {
                 const int r = row0 + rr;
-                // Rows past q_len see every loaded key (finite, never written out).
+                // Rows past q_len see every loaded key (finite, never written out). In a packed
+                // tile, a key of the tile itself is visible only if the row's mask has its bit.
                 const uint32_t limit = r < (int)q_len ? q_pos + r : n_ctx - 1;
-                const float s0 = j0 + lane <= limit ? sS[r * lds + lane] * scale : -INFINITY;
-                const float s1 = j0 + lane + 32 <= limit ? sS[r * lds + lane + 32] * scale : -INFINITY;
+                const unsigned long long mask = sMask[r];
+                const uint32_t c0 = j0 + lane, c1 = j0 + lane + 32;
+                const bool v0 = c0 <= limit && (c0 < q_pos || ((mask >> (c0 - q_pos)) & 1ull));
+                const bool v1 = c1 <= limit && (c1 < q_pos || ((mask >> (c1 - q_pos)) & 1ull));
+                const float s0 = v0 ? sS[r * lds + lane] * scale : -INFINITY;
+                const float s1 = v1 ? sS[r * lds + lane + 32] * scale : -INFINITY;
                 const float m_old = sM[r];
-                // Key 0 is visible to every row, so m_new is finite from the first tile on.
+                // Key 0 is visible to every row (packed tiles have ancestors), so m_new is
+                // finite from the first tile on.
                 const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));
                 const float p0 = expf(s0 - m_new), p1 = expf(s1 - m_new);
                 const float sum = warp_sum(p0 + p1);

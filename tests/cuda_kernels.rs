@@ -952,25 +952,130 @@ fn tree_tiles_cover_the_plan() {
             seed,
         };
         let plan = random_plan(&p);
-        let t = TreeTiles::from_plan(&plan, 0);
-        let mut seen = vec![0u32; plan.n_tokens()];
-        for i in 0..t.n_tiles() {
-            let [q_start, q_len, q_pos, _] = t.tiles[4 * i..4 * i + 4] else {
-                unreachable!()
+        for t in [
+            TreeTiles::from_plan(&plan, 0),
+            TreeTiles::from_plan_unpacked(&plan, 0),
+        ] {
+            let mut seen = vec![0u32; plan.n_tokens()];
+            for i in 0..t.n_tiles() {
+                let [q_start, q_len, q_pos, packed] = t.tiles[4 * i..4 * i + 4] else {
+                    unreachable!()
+                };
+                assert!((1..=64).contains(&q_len));
+                let ctx = &t.ctx_tokens[t.tile_ctx[i] as usize..];
+                for r in 0..q_len {
+                    let tok = q_start + r;
+                    seen[tok as usize] += 1;
+                    // The query itself sits at its own context position. Its position id is
+                    // the number of keys it sees before itself: in a packed tile, q_pos and the
+                    // tile keys its mask holds (its own bit is the highest).
+                    assert_eq!(ctx[(q_pos + r) as usize], tok);
+                    if packed != 0 {
+                        let m = row_mask(ctx, q_pos + q_len, r);
+                        assert_eq!(64 - m.leading_zeros(), r + 1, "own bit highest");
+                        assert_eq!(plan.positions[tok as usize], q_pos + m.count_ones() - 1);
+                    } else {
+                        assert_eq!(plan.positions[tok as usize], q_pos + r);
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&s| s == 1));
+        }
+    }
+}
+
+/// Row r's mask of visible tile keys in a packed tile whose context map has n_ctx entries.
+fn row_mask(ctx: &[u32], n_ctx: u32, r: u32) -> u64 {
+    let at = (n_ctx + 2 * r) as usize;
+    ctx[at] as u64 | (ctx[at + 1] as u64) << 32
+}
+
+/// The kernel's contract on the host, in f64: every tile row attends to the context keys it may
+/// see (keys before q_pos, then the tile keys its mask holds). Run on packed and unpacked
+/// tiles, it must give the CPU engine's tree attention: this checks the packing (which sibling
+/// segments share a tile, their context maps and row segment starts) without a GPU.
+fn emulate_tiles(t: &TreeTiles, qkv: &[f32], n: usize, nh: usize, hd: usize) -> Vec<f32> {
+    let d = nh * hd;
+    let mut out = vec![0f32; n * d];
+    for i in 0..t.n_tiles() {
+        let [q_start, q_len, q_pos, packed] = t.tiles[4 * i..4 * i + 4] else {
+            unreachable!()
+        };
+        let ctx = &t.ctx_tokens[t.tile_ctx[i] as usize..];
+        let n_ctx = (q_pos + q_len) as usize;
+        for r in 0..q_len as usize {
+            let mask = if packed != 0 {
+                row_mask(ctx, n_ctx as u32, r as u32)
+            } else {
+                u64::MAX
             };
-            assert!((1..=64).contains(&q_len));
-            let ctx = &t.ctx_tokens[t.tile_ctx[i] as usize..];
-            for r in 0..q_len {
-                let tok = q_start + r;
-                seen[tok as usize] += 1;
-                // The query itself sits at its own context position, and that position is its
-                // position id in the sequence.
-                assert_eq!(ctx[(q_pos + r) as usize], tok);
-                assert_eq!(plan.positions[tok as usize], q_pos + r);
+            let (q_pos, row) = (q_pos as usize, q_start as usize + r);
+            let visible: Vec<usize> = (0..=q_pos + r)
+                .filter(|&j| j < q_pos || (mask >> (j - q_pos)) & 1 == 1)
+                .map(|j| ctx[j] as usize)
+                .collect();
+            for h in 0..nh {
+                let q = &qkv[row * 3 * d + h * hd..][..hd];
+                let scores: Vec<f64> = visible
+                    .iter()
+                    .map(|&kt| {
+                        let k = &qkv[kt * 3 * d + d + h * hd..][..hd];
+                        q.iter().zip(k).map(|(a, b)| (*a * *b) as f64).sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = w.iter().sum();
+                for c in 0..hd {
+                    let acc: f64 = visible
+                        .iter()
+                        .zip(&w)
+                        .map(|(&vt, &wj)| wj * qkv[vt * 3 * d + 2 * d + h * hd + c] as f64)
+                        .sum();
+                    out[row * d + h * hd + c] = (acc / z) as f32;
+                }
             }
         }
-        assert!(seen.iter().all(|&s| s == 1));
     }
+    out
+}
+
+#[test]
+fn packed_tiles_keep_the_attention_of_the_plan() {
+    let mut packed_tiles = 0;
+    for seed in 0..24 {
+        let p = AttentionProblem {
+            dtype: CudaDType::BF16,
+            n_head: 2,
+            head_dim: 3,
+            n_texts: 3,
+            max_text: 90,
+            inline: seed % 3 != 0,
+            vocab: 5,
+            seed,
+        };
+        let plan = random_plan(&p);
+        let (nh, hd) = (p.n_head, p.head_dim);
+        let n = plan.n_tokens();
+        let qkv = random_vec(seed ^ 77, n * 3 * nh * hd, 1.5);
+        let mut want = vec![0f32; n * nh * hd];
+        attention::tree_attention(&plan, &qkv, nh, hd, &mut want);
+        let packed = TreeTiles::from_plan(&plan, 0);
+        packed_tiles += (0..packed.n_tiles())
+            .filter(|i| packed.tiles[4 * i + 3] != 0)
+            .count();
+        for t in [packed, TreeTiles::from_plan_unpacked(&plan, 0)] {
+            let got = emulate_tiles(&t, &qkv, n, nh, hd);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() < 1e-4, "seed {seed} element {i}: {g} vs {w}");
+            }
+        }
+    }
+    assert!(
+        packed_tiles > 10,
+        "inline plans pack sibling candidates ({packed_tiles} tiles)"
+    );
 }
 
 /// The KV tree's tiles (new tokens per group over their context rows) are the plan's tiles when
@@ -1008,7 +1113,7 @@ fn tree_tiles_from_groups_equal_the_plans() {
             .collect();
         assert_eq!(
             TreeTiles::from_groups(&groups),
-            TreeTiles::from_plan(&plan, 0)
+            TreeTiles::from_plan_unpacked(&plan, 0)
         );
     }
     let decode =

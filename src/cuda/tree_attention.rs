@@ -28,7 +28,8 @@ pub fn hd_pad(head_dim: usize) -> usize {
 }
 
 /// Dynamic shared memory of one block, mirroring the kernel's layout: sQ, sK, sV [64, hdp + 8] T;
-/// sS [64, 68] f32; sP [64, 72] T; sO [64, hdp + 4] f32; m, l, token ids [64] each.
+/// sS [64, 68] f32; sP [64, 72] T; sO [64, hdp + 4] f32; m, l, token ids [64] x 4 bytes each;
+/// row masks [64] x 8 bytes.
 pub fn smem_bytes(head_dim: usize, elem: usize) -> usize {
     let hdp = hd_pad(head_dim);
     (BM + 2 * BN) * (hdp + 8) * elem
@@ -36,13 +37,25 @@ pub fn smem_bytes(head_dim: usize, elem: usize) -> usize {
         + BM * (BN + 8) * elem
         + BM * (hdp + 4) * 4
         + 3 * BM * 4
+        + BM * 8
+}
+
+/// `len` set bits from bit `from` (within 64).
+fn bits(from: u32, len: u32) -> u64 {
+    let ones = if len >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << len) - 1
+    };
+    ones << from
 }
 
 /// Query tiles of a plan and their context maps, on the host.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TreeTiles {
     /// [n_tiles, 4]: first query token, query count (<= 64), context position of the first
-    /// query (its number of visible keys before itself), unused.
+    /// query (its number of keys visible to every row), packed (1: several segments; per row a
+    /// 64-bit mask of the tile tokens it sees follows the tile's context map).
     pub tiles: Vec<u32>,
     /// [n_tiles]: offset of the tile's context map in `ctx_tokens`.
     pub tile_ctx: Vec<u64>,
@@ -56,28 +69,103 @@ pub struct TreeTiles {
 
 impl TreeTiles {
     /// Tiles of `plan`, whose tokens sit at flat indices `token_offset..` of the K/V cache and of
-    /// the query buffer.
+    /// the query buffer. Small subtrees share one packed tile: a run of sibling subtrees (same
+    /// parent, at most 64 tokens together, contiguous since tokens are in DFS order) is one tile
+    /// over their common ancestors. Inline placement's candidates are such runs: short branches
+    /// under one long text prefix, whose K/V a packed tile reads once instead of once per branch.
     pub fn from_plan(plan: &Plan, token_offset: u32) -> Self {
+        Self::build(plan, token_offset, true)
+    }
+
+    /// As `from_plan`, one segment per tile (no packing): the reference layout.
+    pub fn from_plan_unpacked(plan: &Plan, token_offset: u32) -> Self {
+        Self::build(plan, token_offset, false)
+    }
+
+    fn build(plan: &Plan, token_offset: u32, pack: bool) -> Self {
+        let segs = &plan.segments;
+        let n = segs.len();
+        // DFS order: segment s's subtree is s..subtree_end[s], its tokens one contiguous run.
+        let mut subtree_end: Vec<usize> = (1..=n).collect();
+        for s in (0..n).rev() {
+            if let Some(p) = segs[s].parent {
+                let p = p as usize;
+                subtree_end[p] = subtree_end[p].max(subtree_end[s]);
+            }
+        }
+        let tokens_of = |a: usize, b: usize| -> u32 {
+            if a == b {
+                0
+            } else {
+                segs[b - 1].start + segs[b - 1].len - segs[a].start
+            }
+        };
         let mut t = TreeTiles::default();
-        for (s, seg) in plan.segments.iter().enumerate() {
+        let mut s = 0;
+        while s < n {
+            let seg = segs[s];
+            // Packable: has ancestors (every row then sees key 0) and its subtree fits a tile;
+            // then as many following sibling subtrees as fit.
+            let mut end = s;
+            if pack && seg.depth > 0 && tokens_of(s, subtree_end[s]) as usize <= BM {
+                end = subtree_end[s];
+                while end < n
+                    && segs[end].parent == seg.parent
+                    && tokens_of(s, subtree_end[end]) as usize <= BM
+                {
+                    end = subtree_end[end];
+                }
+            }
             let ctx_offset = t.ctx_tokens.len() as u64;
             for &a in plan.ancestors_of(s) {
-                let a = plan.segments[a as usize];
+                let a = segs[a as usize];
                 t.ctx_tokens
                     .extend((a.start..a.start + a.len).map(|i| i + token_offset));
             }
             debug_assert_eq!(t.ctx_tokens.len() as u64 - ctx_offset, seg.depth as u64);
-            t.ctx_tokens
-                .extend((seg.start..seg.start + seg.len).map(|i| i + token_offset));
-            for r0 in (0..seg.len).step_by(BM) {
-                let q_len = (seg.len - r0).min(BM as u32);
+            if end > s + 1 {
+                // One packed tile over segments s..end: context = common ancestors, then the
+                // tile's own tokens; then per row a 64-bit mask (two u32, low first) of the tile
+                // tokens it sees: its ancestors inside the tile and its own segment up to itself.
+                let q_len = tokens_of(s, end);
+                t.ctx_tokens
+                    .extend((seg.start..seg.start + q_len).map(|i| i + token_offset));
                 t.tiles
-                    .extend([seg.start + r0 + token_offset, q_len, seg.depth + r0, 0]);
+                    .extend([seg.start + token_offset, q_len, seg.depth, 1]);
                 t.tile_ctx.push(ctx_offset);
+                for g in s..end {
+                    let mut inherited = 0u64;
+                    for &a in plan.ancestors_of(g) {
+                        let a = a as usize;
+                        if (s..end).contains(&a) {
+                            let off = segs[a].start - seg.start;
+                            inherited |= bits(off, segs[a].len);
+                        }
+                    }
+                    let off = segs[g].start - seg.start;
+                    for r in 0..segs[g].len {
+                        let mask = inherited | bits(off, r + 1);
+                        t.ctx_tokens.extend([mask as u32, (mask >> 32) as u32]);
+                    }
+                }
+                let stop = (seg.start + q_len + token_offset) as usize;
+                t.q_rows = t.q_rows.max(stop);
+                t.kv_rows = t.kv_rows.max(stop);
+                s = end;
+            } else {
+                t.ctx_tokens
+                    .extend((seg.start..seg.start + seg.len).map(|i| i + token_offset));
+                for r0 in (0..seg.len).step_by(BM) {
+                    let q_len = (seg.len - r0).min(BM as u32);
+                    t.tiles
+                        .extend([seg.start + r0 + token_offset, q_len, seg.depth + r0, 0]);
+                    t.tile_ctx.push(ctx_offset);
+                }
+                let stop = (seg.start + seg.len + token_offset) as usize;
+                t.q_rows = t.q_rows.max(stop);
+                t.kv_rows = t.kv_rows.max(stop);
+                s += 1;
             }
-            let end = (seg.start + seg.len + token_offset) as usize;
-            t.q_rows = t.q_rows.max(end);
-            t.kv_rows = t.kv_rows.max(end);
         }
         t
     }
