@@ -81,6 +81,12 @@ bench() { # size texts timeout: transformers' two scorers on both placements, th
     TOOLSIFT_BENCH_OUTPUT="$OUT/profile_${size}_$placement.json" TOOLSIFT_BENCH_PLACEMENT=$placement \
       step "profile_${size}_$placement" 60 "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
   done
+  # Inline again with packed attention tiles (CudaOptions::pack_tiles; off by default until
+  # the suites above have passed with it: they test both layouts).
+  TOOLSIFT_PACK_TILES=1 TOOLSIFT_BENCH_MODEL="$OUT/bench/gptj-$size" \
+  TOOLSIFT_BENCH_INPUT="$OUT/bench/workload-$size.jsonl" TOOLSIFT_BENCH_REPS=5 \
+  TOOLSIFT_BENCH_OUTPUT="$OUT/toolsift_${size}_inline_packed.json" TOOLSIFT_BENCH_PLACEMENT=inline \
+    step "toolsift_${size}_inline_packed" 75 "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
 }
 if [[ -n "${GPU_CHECK_QUICK:-}" ]]; then
   echo "GPU_CHECK_QUICK: correctness suites and extra checks only, no benchmarks"
@@ -174,6 +180,16 @@ for size in ("default", "6b"):
             e["agreement_vs_hf_tuned"] = {
                 "max_abs": diffs[-1], "median_abs": diffs[len(diffs) // 2],
                 "decisions": agree}
+        pk = os.path.join(out, f"toolsift_{size}_{placement}_packed.json")
+        if os.path.exists(pk):
+            tp = json.load(open(pk))
+            e["toolsift_packed"] = {k: v for k, v in tp.items() if k != "losses"}
+            for base in ("tuned", "naive"):
+                if base in h:
+                    e[f"packed_speedup_vs_hf_{base}"] = tp["cands_per_s"] / h[base]["cands_per_s"]
+            if "tuned_losses" in h:
+                pd = [abs(a - b) for x, y in zip(h["tuned_losses"], tp["losses"]) for a, b in zip(x, y)]
+                e["packed_max_abs_vs_hf_tuned"] = max(pd)
         pp = os.path.join(out, f"profile_{size}_{placement}.json")
         if os.path.exists(pp):
             prof = json.load(open(pp))

@@ -815,7 +815,11 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
         .iter()
         .map(|x| x.to_f32().abs())
         .fold(0f32, f32::max) as f64;
-    let tiles = TreeTiles::from_plan(&plan, 0).upload(gpu).unwrap();
+    // Both tile layouts: one tile per segment, and small subtrees packed (inline plans).
+    let layouts = [
+        TreeTiles::from_plan_unpacked(&plan, 0).upload(gpu).unwrap(),
+        TreeTiles::from_plan(&plan, 0).upload(gpu).unwrap(),
+    ];
     let (q_d, k_d, v_d) = (up(gpu, &qkv_t[0]), up(gpu, &qkv_t[1]), up(gpu, &qkv_t[2]));
     let shape = AttentionShape {
         n_head: nh,
@@ -827,14 +831,17 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
     if tree_attention::vec_allowed(gpu, shape, &q_d.as_view(), &k_d.as_view(), &v_d.as_view()) {
         variants.push(AttentionVariant::Vec);
     }
-    for variant in variants {
+    for (variant, tiles) in variants
+        .into_iter()
+        .flat_map(|v| layouts.iter().map(move |t| (v, t)))
+    {
         let mut out = gpu.stream.alloc_zeros::<T>(n * ld).unwrap();
         tree_attention::tree_attention(
             gpu,
             &q_d.as_view(),
             &k_d.as_view(),
             &v_d.as_view(),
-            &tiles,
+            tiles,
             &mut out.as_view_mut(),
             shape,
             Some(variant),
@@ -847,8 +854,9 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
         let uu = u(T::DTYPE);
         compare(
             &format!(
-                "tree_attention {variant:?} ({n} tokens, {} segments)",
-                plan.segments.len()
+                "tree_attention {variant:?} ({n} tokens, {} segments, {} tiles)",
+                plan.segments.len(),
+                tiles.n_tiles
             ),
             &got,
             &f64s(&want),
@@ -857,14 +865,15 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
             None,
         )?;
     }
-    // decode_attention serves the same tiles (one row after another): same contract, P in f32.
+    // decode_attention serves the same (unpacked) tiles, one row after another: same contract,
+    // P in f32. It never sees packed tiles: decoding steps are single queries.
     let mut out = gpu.stream.alloc_zeros::<T>(n * ld).unwrap();
     tree_attention::decode_attention(
         gpu,
         &q_d.as_view(),
         &k_d.as_view(),
         &v_d.as_view(),
-        &tiles,
+        &layouts[0],
         &mut out.as_view_mut(),
         shape,
     )

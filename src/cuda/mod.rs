@@ -76,6 +76,11 @@ pub struct CudaOptions {
     /// Activation budget of one plan chunk in bytes; None: 90% of what is free after the weights.
     pub memory_budget: Option<usize>,
     pub head_chunk_rows: usize,
+    /// Pack small sibling subtrees into shared attention tiles (`TreeTiles::from_plan`).
+    /// Off by default until the GPU suite has run with it (written after the last H200 run;
+    /// its layout is proven on the host against the CPU engine); `TOOLSIFT_PACK_TILES=1`
+    /// turns it on.
+    pub pack_tiles: bool,
 }
 
 impl Default for CudaOptions {
@@ -85,6 +90,8 @@ impl Default for CudaOptions {
             dtype: None,
             memory_budget: None,
             head_chunk_rows: DEFAULT_HEAD_CHUNK_ROWS,
+            pack_tiles: std::env::var("TOOLSIFT_PACK_TILES")
+                .is_ok_and(|v| !v.is_empty() && v != "0"),
         }
     }
 }
@@ -102,6 +109,7 @@ pub struct CudaScorer {
     sin: CudaSlice<f32>, // [n_positions, rotary_dim / 2]
     memory_budget: usize,
     head_chunk_rows: usize,
+    pack_tiles: bool,
     stats: std::sync::Mutex<RunStats>,
     /// `TOOLSIFT_CUDA_PROFILE`: synchronise after every stage and time it (`profile.rs`).
     profile: bool,
@@ -183,6 +191,7 @@ impl CudaScorer {
             sin,
             memory_budget: 0,
             head_chunk_rows,
+            pack_tiles: options.pack_tiles,
             stats: Default::default(),
             profile: profile::enabled_by_env(),
             stage_secs: Default::default(),
@@ -481,7 +490,12 @@ impl CudaScorer {
         let mut laps = Laps::new(gpu, self.profile)?;
         let ids = upload(gpu, &plan.tokens)?;
         let positions = upload(gpu, &plan.positions)?;
-        let tiles = TreeTiles::from_plan(plan, 0).upload(gpu)?;
+        let tiles = if self.pack_tiles {
+            TreeTiles::from_plan(plan, 0)
+        } else {
+            TreeTiles::from_plan_unpacked(plan, 0)
+        };
+        let tiles = tiles.upload(gpu)?;
         let mut k_cache = Vec::with_capacity(c.n_layer); // per layer [n, ds]
         let mut v_cache = Vec::with_capacity(c.n_layer); // per layer [n, ds]
         for _ in 0..c.n_layer {

@@ -77,7 +77,8 @@ impl TreeTiles {
         Self::build(plan, token_offset, true)
     }
 
-    /// As `from_plan`, one segment per tile (no packing): the reference layout.
+    /// As `from_plan`, one segment per tile (no packing): the layout verified on the H200, and
+    /// the scorer's default until packed tiles have run there (`CudaOptions::pack_tiles`).
     pub fn from_plan_unpacked(plan: &Plan, token_offset: u32) -> Self {
         Self::build(plan, token_offset, false)
     }
@@ -225,6 +226,7 @@ impl TreeTiles {
             n_tiles: self.n_tiles(),
             q_rows: self.q_rows,
             kv_rows: self.kv_rows,
+            packed: self.tiles.chunks(4).any(|t| t[3] != 0),
         })
     }
 }
@@ -237,6 +239,8 @@ pub struct DeviceTiles {
     pub n_tiles: usize,
     pub q_rows: usize,
     pub kv_rows: usize,
+    /// Whether any tile is packed (`tree_attention` only; `decode_attention` refuses them).
+    pub packed: bool,
 }
 
 /// Shapes of an attention launch.
@@ -391,6 +395,10 @@ pub fn decode_attention<T: DeviceFloat>(
             && v.len() >= need(tiles.kv_rows, s.ld, d)
             && out.len() >= need(tiles.q_rows, s.ld_out, d),
         "decode_attention: buffers shorter than the shapes",
+    )?;
+    check(
+        !tiles.packed,
+        "decode_attention: packed tiles are tree_attention's alone",
     )?;
     check(
         smem <= gpu.max_smem_optin as usize,
