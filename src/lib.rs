@@ -29,6 +29,7 @@ pub mod bench;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod demo;
 pub mod error;
 pub mod generate;
 pub mod model;
