@@ -18,6 +18,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -201,6 +202,507 @@ pub fn check_tokenizer(tok: &crate::model::Tokenizer, texts: &[String]) -> Resul
 }
 
 // ---------------------------------------------------------------------------------------------
+// Fused ops with their backward passes
+
+/// The hot ops as candle custom ops with explicit backward passes: candle's autograd of the same
+/// math written from primitives builds a dozen full-size temporaries per op (gelu's backward alone
+/// is ten tensor ops with a `powf`), which made a step three times slower. Each forward is the
+/// plain formula, one pass over the rows (rayon, one row per task: deterministic); each backward
+/// is one more custom op (no second derivatives are needed).
+mod fused {
+    use std::sync::Arc;
+
+    use candle_core::{
+        bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
+    };
+    use rayon::prelude::*;
+
+    /// Rows of at most this many elements go to rayon in groups, so a task is not too small.
+    const MIN_TASK: usize = 4096;
+
+    fn f32s<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
+        let CpuStorage::F32(v) = s else {
+            bail!("{op}: expected f32")
+        };
+        match l.contiguous_offsets() {
+            Some((a, b)) => Ok(&v[a..b]),
+            None => bail!("{op}: expected a contiguous tensor"),
+        }
+    }
+
+    fn u32s<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [u32]> {
+        let CpuStorage::U32(v) = s else {
+            bail!("{op}: expected u32")
+        };
+        match l.contiguous_offsets() {
+            Some((a, b)) => Ok(&v[a..b]),
+            None => bail!("{op}: expected a contiguous tensor"),
+        }
+    }
+
+    fn min_rows(row: usize) -> usize {
+        (MIN_TASK / row.max(1)).max(1)
+    }
+
+    /// sqrt(2 / pi).
+    const GELU_K: f32 = 0.797_884_6;
+
+    /// gelu_new(x) and its derivative, with the engine's vectorisable tanh (libm's tanhf was a
+    /// quarter of a training step).
+    #[inline(always)]
+    fn gelu_and_grad(x: f32) -> (f32, f32) {
+        let t = crate::cpu::ops::tanh(GELU_K * (x + 0.044715 * x * x * x));
+        let y = 0.5 * x * (1.0 + t);
+        let dy =
+            0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * 0.044715 * x * x);
+        (y, dy)
+    }
+
+    /// transformers' gelu_new (tanh approximation) of x + bias: (x [N, f], bias [f]) -> [N, f].
+    pub struct BiasGelu;
+
+    impl CustomOp2 for BiasGelu {
+        fn name(&self) -> &'static str {
+            "bias-gelu-new"
+        }
+
+        fn cpu_fwd(
+            &self,
+            s1: &CpuStorage,
+            l1: &Layout,
+            s2: &CpuStorage,
+            l2: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            let (x, b) = (f32s(s1, l1, self.name())?, f32s(s2, l2, self.name())?);
+            let f = b.len();
+            if l1.dims()[l1.dims().len() - 1] != f {
+                bail!("bias-gelu: shapes {:?} {:?}", l1.dims(), l2.dims());
+            }
+            let mut out = vec![0f32; x.len()];
+            out.par_chunks_mut(f)
+                .zip(x.par_chunks(f))
+                .with_min_len(min_rows(f))
+                .for_each(|(o, x)| {
+                    for ((o, &x), &b) in o.iter_mut().zip(x).zip(b) {
+                        *o = gelu_and_grad(x + b).0;
+                    }
+                });
+            Ok((CpuStorage::F32(out), l1.shape().clone()))
+        }
+
+        fn bwd(
+            &self,
+            x: &Tensor,
+            b: &Tensor,
+            _res: &Tensor,
+            grad: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            let n = x.elem_count() / b.elem_count();
+            let all = x.apply_op3_no_bwd(b, &grad.contiguous()?, &BiasGeluBwd)?;
+            let dx = all.narrow(0, 0, n)?.reshape(x.shape())?;
+            let db = all.narrow(0, n, 1)?.reshape(b.shape())?;
+            Ok((Some(dx), Some(db)))
+        }
+    }
+
+    /// (x [N, f], bias [f], dy [N, f]) -> [N + 1, f]: dx = dy * gelu_new'(x + bias) in rows 0..N,
+    /// d bias (the column sums of dx) in row N.
+    struct BiasGeluBwd;
+
+    impl CustomOp3 for BiasGeluBwd {
+        fn name(&self) -> &'static str {
+            "bias-gelu-new-bwd"
+        }
+
+        fn cpu_fwd(
+            &self,
+            s1: &CpuStorage,
+            l1: &Layout,
+            s2: &CpuStorage,
+            l2: &Layout,
+            s3: &CpuStorage,
+            l3: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            let x = f32s(s1, l1, self.name())?;
+            let b = f32s(s2, l2, self.name())?;
+            let g = f32s(s3, l3, self.name())?;
+            let f = b.len();
+            let n = x.len() / f;
+            let mut out = vec![0f32; (n + 1) * f];
+            let (dx, db) = out.split_at_mut(n * f);
+            dx.par_chunks_mut(f)
+                .zip(x.par_chunks(f).zip(g.par_chunks(f)))
+                .with_min_len(min_rows(f))
+                .for_each(|(o, (x, g))| {
+                    for (((o, &x), &g), &b) in o.iter_mut().zip(x).zip(g).zip(b) {
+                        *o = g * gelu_and_grad(x + b).1;
+                    }
+                });
+            column_sums(dx, db);
+            Ok((CpuStorage::F32(out), Shape::from((n + 1, f))))
+        }
+    }
+
+    /// out[c] = sum over rows r of x[r, c] (rows in order: deterministic).
+    fn column_sums(x: &[f32], out: &mut [f32]) {
+        for row in x.chunks(out.len()) {
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o += v;
+            }
+        }
+    }
+
+    /// Causal softmax over the last dim of [.., T, T]: row i of each matrix over columns 0..=i,
+    /// zeros above the diagonal (the key comes after the query).
+    pub struct CausalSoftmax;
+
+    impl CustomOp1 for CausalSoftmax {
+        fn name(&self) -> &'static str {
+            "causal-softmax"
+        }
+
+        fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+            let x = f32s(s, l, self.name())?;
+            let dims = l.dims();
+            let t = dims[dims.len() - 1];
+            if dims.len() < 2 || dims[dims.len() - 2] != t {
+                bail!("causal-softmax: expected [.., T, T], got {dims:?}");
+            }
+            let mut out = vec![0f32; x.len()];
+            out.par_chunks_mut(t)
+                .zip(x.par_chunks(t))
+                .enumerate()
+                .with_min_len(min_rows(t))
+                .for_each(|(r, (o, x))| {
+                    let n = r % t + 1;
+                    let max = x[..n].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0f32;
+                    for (o, &x) in o[..n].iter_mut().zip(&x[..n]) {
+                        *o = (x - max).exp();
+                        sum += *o;
+                    }
+                    let inv = 1.0 / sum;
+                    o[..n].iter_mut().for_each(|o| *o *= inv);
+                });
+            Ok((CpuStorage::F32(out), l.shape().clone()))
+        }
+
+        fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+            Ok(Some(
+                res.apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxBwd)?,
+            ))
+        }
+    }
+
+    /// (y, dy) -> y * (dy - sum(dy * y)) per row (the softmax backward).
+    struct SoftmaxBwd;
+
+    impl CustomOp2 for SoftmaxBwd {
+        fn name(&self) -> &'static str {
+            "softmax-bwd"
+        }
+
+        fn cpu_fwd(
+            &self,
+            s1: &CpuStorage,
+            l1: &Layout,
+            s2: &CpuStorage,
+            l2: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            let (y, g) = (f32s(s1, l1, self.name())?, f32s(s2, l2, self.name())?);
+            let t = l1.dims()[l1.dims().len() - 1];
+            let mut out = vec![0f32; y.len()];
+            out.par_chunks_mut(t)
+                .zip(y.par_chunks(t).zip(g.par_chunks(t)))
+                .with_min_len(min_rows(t))
+                .for_each(|(o, (y, g))| {
+                    let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
+                    for ((o, &y), &g) in o.iter_mut().zip(y).zip(g) {
+                        *o = y * (g - dot);
+                    }
+                });
+            Ok((CpuStorage::F32(out), l1.shape().clone()))
+        }
+    }
+
+    /// LayerNorm over the last dim (biased variance, as torch): (x [N, d], weight [d], bias [d]).
+    pub struct LayerNorm {
+        pub eps: f64,
+    }
+
+    /// Mean and 1/sqrt(var + eps) of a row, accumulated in f64.
+    fn row_stats(x: &[f32], eps: f64) -> (f32, f32) {
+        let n = x.len() as f64;
+        let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+        (mean as f32, (1.0 / (var + eps).sqrt()) as f32)
+    }
+
+    impl CustomOp3 for LayerNorm {
+        fn name(&self) -> &'static str {
+            "layer-norm"
+        }
+
+        fn cpu_fwd(
+            &self,
+            s1: &CpuStorage,
+            l1: &Layout,
+            s2: &CpuStorage,
+            l2: &Layout,
+            s3: &CpuStorage,
+            l3: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            let x = f32s(s1, l1, self.name())?;
+            let (w, b) = (f32s(s2, l2, self.name())?, f32s(s3, l3, self.name())?);
+            let d = w.len();
+            if b.len() != d || l1.dims()[l1.dims().len() - 1] != d {
+                bail!(
+                    "layer-norm: shapes {:?} {:?} {:?}",
+                    l1.dims(),
+                    l2.dims(),
+                    l3.dims()
+                );
+            }
+            let mut out = vec![0f32; x.len()];
+            out.par_chunks_mut(d)
+                .zip(x.par_chunks(d))
+                .with_min_len(min_rows(d))
+                .for_each(|(o, x)| {
+                    let (mean, inv) = row_stats(x, self.eps);
+                    for c in 0..d {
+                        o[c] = (x[c] - mean) * inv * w[c] + b[c];
+                    }
+                });
+            Ok((CpuStorage::F32(out), l1.shape().clone()))
+        }
+
+        fn bwd(
+            &self,
+            x: &Tensor,
+            w: &Tensor,
+            _b: &Tensor,
+            _res: &Tensor,
+            grad: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+            let n = x.elem_count() / w.elem_count();
+            let all =
+                x.apply_op3_no_bwd(w, &grad.contiguous()?, &LayerNormBwd { eps: self.eps })?;
+            let dx = all.narrow(0, 0, n)?.reshape(x.shape())?;
+            let dw = all.narrow(0, n, 1)?.reshape(w.shape())?;
+            let db = all.narrow(0, n + 1, 1)?.reshape(w.shape())?;
+            Ok((Some(dx), Some(dw), Some(db)))
+        }
+    }
+
+    /// (x [N, d], weight [d], dy [N, d]) -> [N + 2, d]: dx in rows 0..N, d weight in row N, d bias
+    /// in row N + 1 (one op returns one tensor; the backward narrows it).
+    struct LayerNormBwd {
+        eps: f64,
+    }
+
+    impl CustomOp3 for LayerNormBwd {
+        fn name(&self) -> &'static str {
+            "layer-norm-bwd"
+        }
+
+        fn cpu_fwd(
+            &self,
+            s1: &CpuStorage,
+            l1: &Layout,
+            s2: &CpuStorage,
+            l2: &Layout,
+            s3: &CpuStorage,
+            l3: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            let x = f32s(s1, l1, self.name())?;
+            let w = f32s(s2, l2, self.name())?;
+            let g = f32s(s3, l3, self.name())?;
+            let d = w.len();
+            let n = x.len() / d;
+            let mut out = vec![0f32; (n + 2) * d];
+            let (dx, dwb) = out.split_at_mut(n * d);
+            let stats: Vec<(f32, f32)> = dx
+                .par_chunks_mut(d)
+                .zip(x.par_chunks(d).zip(g.par_chunks(d)))
+                .with_min_len(min_rows(d))
+                .map(|(o, (x, g))| {
+                    let (mean, inv) = row_stats(x, self.eps);
+                    let (mut mg, mut mgx) = (0f32, 0f32);
+                    for c in 0..d {
+                        let gy = g[c] * w[c];
+                        mg += gy;
+                        mgx += gy * (x[c] - mean) * inv;
+                    }
+                    let (mg, mgx) = (mg / d as f32, mgx / d as f32);
+                    for c in 0..d {
+                        let xhat = (x[c] - mean) * inv;
+                        o[c] = inv * (g[c] * w[c] - mg - xhat * mgx);
+                    }
+                    (mean, inv)
+                })
+                .collect();
+            let (dw, db) = dwb.split_at_mut(d);
+            for (r, &(mean, inv)) in stats.iter().enumerate() {
+                let (x, g) = (&x[r * d..(r + 1) * d], &g[r * d..(r + 1) * d]);
+                for c in 0..d {
+                    dw[c] += g[c] * (x[c] - mean) * inv;
+                    db[c] += g[c];
+                }
+            }
+            Ok((CpuStorage::F32(out), Shape::from((n + 2, d))))
+        }
+    }
+
+    /// GPT-J's "rotate every two" on the first `2 * half` dims of each head of [B, T, H, hd], at
+    /// positions 0..T: the pair (x[2i], x[2i+1]) turns by +angle (or -angle when `inverse`, the
+    /// transpose, which is the backward). `cos`/`sin` are [n_positions, half].
+    #[derive(Clone)]
+    pub struct Rotary {
+        pub cos: Arc<Vec<f32>>,
+        pub sin: Arc<Vec<f32>>,
+        pub half: usize,
+        pub inverse: bool,
+    }
+
+    impl CustomOp1 for Rotary {
+        fn name(&self) -> &'static str {
+            "rotary-gptj"
+        }
+
+        fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+            let x = f32s(s, l, self.name())?;
+            let &[_, t, h, hd] = l.dims() else {
+                bail!("rotary: expected [B, T, H, hd], got {:?}", l.dims())
+            };
+            let half = self.half;
+            if 2 * half > hd || t * half > self.cos.len() {
+                bail!("rotary: {half} pairs, head dim {hd}, {t} positions: tables too small");
+            }
+            let sign = if self.inverse { -1.0 } else { 1.0 };
+            let row = h * hd;
+            let mut out = x.to_vec();
+            out.par_chunks_mut(row)
+                .enumerate()
+                .with_min_len(min_rows(row))
+                .for_each(|(r, o)| {
+                    let pos = r % t;
+                    let (cos, sin) = (
+                        &self.cos[pos * half..(pos + 1) * half],
+                        &self.sin[pos * half..(pos + 1) * half],
+                    );
+                    for head in o.chunks_mut(hd) {
+                        for i in 0..half {
+                            let (a, b) = (head[2 * i], head[2 * i + 1]);
+                            let (c, s) = (cos[i], sign * sin[i]);
+                            head[2 * i] = a * c - b * s;
+                            head[2 * i + 1] = b * c + a * s;
+                        }
+                    }
+                });
+            Ok((CpuStorage::F32(out), l.shape().clone()))
+        }
+
+        fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+            let inverse = Rotary {
+                inverse: !self.inverse,
+                ..self.clone()
+            };
+            Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&inverse)?))
+        }
+    }
+
+    /// Per-row cross-entropy: (logits [M, V], targets [M] u32) -> logsumexp(row) - row[target]: [M].
+    pub struct CrossEntropy;
+
+    impl CustomOp2 for CrossEntropy {
+        fn name(&self) -> &'static str {
+            "cross-entropy"
+        }
+
+        fn cpu_fwd(
+            &self,
+            s1: &CpuStorage,
+            l1: &Layout,
+            s2: &CpuStorage,
+            l2: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            let z = f32s(s1, l1, self.name())?;
+            let targets = u32s(s2, l2, self.name())?;
+            let v = l1.dims()[l1.dims().len() - 1];
+            if z.len() != targets.len() * v {
+                bail!(
+                    "cross-entropy: logits {:?}, targets {:?}",
+                    l1.dims(),
+                    l2.dims()
+                );
+            }
+            let out: Vec<f32> = z
+                .par_chunks(v)
+                .zip(targets.par_iter())
+                .with_min_len(min_rows(v))
+                .map(|(z, &t)| {
+                    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let sum: f32 = z.iter().map(|&z| (z - max).exp()).sum();
+                    sum.ln() + max - z[t as usize]
+                })
+                .collect();
+            Ok((CpuStorage::F32(out), Shape::from(targets.len())))
+        }
+
+        fn bwd(
+            &self,
+            logits: &Tensor,
+            targets: &Tensor,
+            _res: &Tensor,
+            grad: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            let d = logits.apply_op3_no_bwd(targets, &grad.contiguous()?, &CrossEntropyBwd)?;
+            Ok((Some(d), None))
+        }
+    }
+
+    /// (logits [M, V], targets [M], dloss [M]) -> dloss_r * (softmax(row) - onehot(target)).
+    struct CrossEntropyBwd;
+
+    impl CustomOp3 for CrossEntropyBwd {
+        fn name(&self) -> &'static str {
+            "cross-entropy-bwd"
+        }
+
+        fn cpu_fwd(
+            &self,
+            s1: &CpuStorage,
+            l1: &Layout,
+            s2: &CpuStorage,
+            l2: &Layout,
+            s3: &CpuStorage,
+            l3: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            let z = f32s(s1, l1, self.name())?;
+            let targets = u32s(s2, l2, self.name())?;
+            let g = f32s(s3, l3, self.name())?;
+            let v = l1.dims()[l1.dims().len() - 1];
+            let mut out = vec![0f32; z.len()];
+            out.par_chunks_mut(v)
+                .zip(z.par_chunks(v).zip(targets.par_iter().zip(g.par_iter())))
+                .with_min_len(min_rows(v))
+                .for_each(|(o, (z, (&t, &g)))| {
+                    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0f32;
+                    for (o, &z) in o.iter_mut().zip(z) {
+                        *o = (z - max).exp();
+                        sum += *o;
+                    }
+                    let k = g / sum;
+                    o.iter_mut().for_each(|o| *o *= k);
+                    o[t as usize] -= g;
+                });
+            Ok((CpuStorage::F32(out), l1.shape().clone()))
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Model
 
 struct Block {
@@ -227,34 +729,8 @@ pub struct TrainModel {
     ln_f_b: Var,
     lm_head_w: Var,
     lm_head_b: Var,
-    /// Rotary tables for positions 0..n_positions: [n_positions, 1, rotary_dim / 2, 1], built in
-    /// f64 and rounded once (broadcast against [B, T, H, rotary_dim / 2, 1]).
-    cos: Tensor,
-    sin: Tensor,
-}
-
-/// Causal mask: 0 on and below the diagonal, -1e9 above (key j > query i): [T, T].
-fn causal_mask(t: usize, device: &Device) -> Result<Tensor> {
-    let mask: Vec<f32> = (0..t)
-        .flat_map(|i| (0..t).map(move |j| if j > i { -1e9 } else { 0.0 }))
-        .collect();
-    Ok(Tensor::from_vec(mask, (t, t), device)?)
-}
-
-/// LayerNorm over the last dim (biased variance) from primitives: [N, d].
-fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
-    let mean = x.mean_keepdim(D::Minus1)?;
-    let xc = x.broadcast_sub(&mean)?;
-    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
-    let xn = xc.broadcast_div(&(var + eps)?.sqrt()?)?;
-    Ok(xn.broadcast_mul(w)?.broadcast_add(b)?)
-}
-
-/// Softmax over the last dim from primitives (the max is a constant for autograd).
-fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&max)?.exp()?;
-    Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
+    /// Rotary tables for positions 0..n_positions, built in f64 and rounded once.
+    rotary: fused::Rotary,
 }
 
 /// Log-softmax over the last dim from primitives.
@@ -353,10 +829,7 @@ impl TrainModel {
                 (0..half).map(move |i| p as f64 / 10000f64.powf((2 * i) as f64 / rot as f64))
             })
             .collect();
-        let table = |f: fn(f64) -> f64| -> Result<Tensor> {
-            let v: Vec<f32> = angles.iter().map(|&a| f(a) as f32).collect();
-            Ok(Tensor::from_vec(v, (n_pos, 1, half, 1), &device)?)
-        };
+        let table = |f: fn(f64) -> f64| Arc::new(angles.iter().map(|&a| f(a) as f32).collect());
         Ok(TrainModel {
             config: config.clone(),
             wte: get("transformer.wte.weight")?,
@@ -366,8 +839,12 @@ impl TrainModel {
             lm_head_b: get("lm_head.bias")?,
             blocks,
             named,
-            cos: table(f64::cos)?,
-            sin: table(f64::sin)?,
+            rotary: fused::Rotary {
+                cos: table(f64::cos),
+                sin: table(f64::sin),
+                half,
+                inverse: false,
+            },
         })
     }
 
@@ -405,17 +882,20 @@ impl TrainModel {
             "{t} tokens, n_positions is {}",
             self.config.n_positions
         );
-        let eps = self.config.layer_norm_epsilon;
-        let mask = causal_mask(t, ids.device())?;
         let mut x = self.wte.index_select(&ids.flatten_all()?, 0)?; // [N, d]
         for blk in &self.blocks {
-            let h = layer_norm(&x, &blk.ln_1_w, &blk.ln_1_b, eps)?; // [N, d]
-            let attn = self.attention(&h, blk, b, t, &mask)?; // [N, d]
-            let inner = linear(&h, &blk.fc_in_w, Some(&blk.fc_in_b))?.gelu()?; // gelu_new (tanh)
+            let h = self.layer_norm(&x, &blk.ln_1_w, &blk.ln_1_b)?; // [N, d]
+            let attn = self.attention(&h, blk, b, t)?; // [N, d]
+            let inner = linear(&h, &blk.fc_in_w, None)?.apply_op2(&blk.fc_in_b, fused::BiasGelu)?;
             let mlp = linear(&inner, &blk.fc_out_w, Some(&blk.fc_out_b))?; // [N, d]
             x = ((x + attn)? + mlp)?; // parallel residual
         }
-        layer_norm(&x, &self.ln_f_w, &self.ln_f_b, eps)
+        self.layer_norm(&x, &self.ln_f_w, &self.ln_f_b)
+    }
+
+    fn layer_norm(&self, x: &Tensor, w: &Var, b: &Var) -> Result<Tensor> {
+        let eps = self.config.layer_norm_epsilon;
+        Ok(x.apply_op3(w.as_tensor(), b.as_tensor(), fused::LayerNorm { eps })?)
     }
 
     /// LM-head logits of hidden rows: [M, n_embd] -> [M, vocab_size].
@@ -424,14 +904,7 @@ impl TrainModel {
     }
 
     /// Causal self-attention (no biases) and out_proj: [B * T, d] -> [B * T, d].
-    fn attention(
-        &self,
-        h: &Tensor,
-        blk: &Block,
-        b: usize,
-        t: usize,
-        mask: &Tensor,
-    ) -> Result<Tensor> {
+    fn attention(&self, h: &Tensor, blk: &Block, b: usize, t: usize) -> Result<Tensor> {
         let c = &self.config;
         let (n_head, head_dim, d) = (c.n_head, c.head_dim(), c.n_embd);
         let scale = 1.0 / (head_dim as f64).sqrt();
@@ -443,8 +916,8 @@ impl TrainModel {
         let v = split(linear(h, &blk.v, None)?)?
             .transpose(1, 2)?
             .contiguous()?; // [B, H, T, hd]
-        let scores = q.matmul(&k.t()?)?.broadcast_add(mask)?; // [B, H, T, T]
-        let probs = softmax_last_dim(&scores)?;
+        let scores = q.matmul(&k.t()?)?; // [B, H, T, T]
+        let probs = scores.apply_op1(fused::CausalSoftmax)?; // zeros above the diagonal
         let ctx = probs
             .matmul(&v)? // [B, H, T, hd]
             .transpose(1, 2)? // [B, T, H, hd]
@@ -453,26 +926,12 @@ impl TrainModel {
     }
 
     /// "Rotate every two" on the first rotary_dim dims of each head, positions 0..T:
-    /// [B, T, H, hd] -> [B, T, H, hd]. The pair (x[2i], x[2i+1]) turns by pos * 10000^(-2i/rot).
+    /// [B, T, H, hd] -> [B, T, H, hd].
     fn rotary(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, t, h, hd) = x.dims4()?;
-        let rot = self.config.rotary_dim();
-        if rot == 0 {
+        if self.rotary.half == 0 {
             return Ok(x.clone());
         }
-        let half = rot / 2;
-        let cos = self.cos.narrow(0, 0, t)?; // [T, 1, half, 1]
-        let sin = self.sin.narrow(0, 0, t)?;
-        let pairs = x.narrow(3, 0, rot)?.reshape((b, t, h, half, 2))?;
-        let x0 = pairs.narrow(4, 0, 1)?; // [B, T, H, half, 1]
-        let x1 = pairs.narrow(4, 1, 1)?;
-        let r0 = (x0.broadcast_mul(&cos)? - x1.broadcast_mul(&sin)?)?;
-        let r1 = (x1.broadcast_mul(&cos)? + x0.broadcast_mul(&sin)?)?;
-        let rotated = Tensor::cat(&[r0, r1], 4)?.reshape((b, t, h, rot))?;
-        if rot == hd {
-            return Ok(rotated);
-        }
-        Ok(Tensor::cat(&[rotated, x.narrow(3, rot, hd - rot)?], 3)?)
+        Ok(x.contiguous()?.apply_op1(self.rotary.clone())?)
     }
 
     /// Mean cross-entropy of a batch: the hidden state of each (row, position) in `rows` (flat
@@ -481,11 +940,8 @@ impl TrainModel {
         let hidden = self.hidden(&batch.ids)?; // [B * T, d]
         let picked = hidden.index_select(&batch.rows, 0)?; // [M, d]
         let logits = self.logits(&picked)?; // [M, V]
-        let max = logits.max_keepdim(D::Minus1)?.detach();
-        let z = logits.broadcast_sub(&max)?;
-        let lse = z.exp()?.sum_keepdim(D::Minus1)?.log()?; // [M, 1]
-        let target = z.gather(&batch.targets, D::Minus1)?; // [M, 1]
-        Ok((lse - target)?.mean_all()?)
+        let per_row = logits.apply_op2(&batch.targets, fused::CrossEntropy)?; // [M]
+        Ok(per_row.mean_all()?)
     }
 
     /// log p(v | ids[0..=i]) for every position i and id v, one sequence: [n, vocab_size] as rows.
@@ -504,7 +960,7 @@ pub struct Batch {
     pub ids: Tensor,
     /// Flat indices into [B * T] of the positions that have a next token: [M] u32.
     pub rows: Tensor,
-    /// The next token of each of those positions: [M, 1] u32.
+    /// The next token of each of those positions: [M] u32.
     pub targets: Tensor,
     pub tokens: usize,
     pub padded_len: usize,
@@ -530,7 +986,7 @@ impl Batch {
         Ok(Batch {
             ids: Tensor::from_vec(ids, (idx.len(), t), &Device::Cpu)?,
             rows: Tensor::from_vec(rows, m, &Device::Cpu)?,
-            targets: Tensor::from_vec(targets, (m, 1), &Device::Cpu)?,
+            targets: Tensor::from_vec(targets, m, &Device::Cpu)?,
             tokens: m,
             padded_len: t,
         })
@@ -1032,6 +1488,190 @@ pub fn profile(o: &TrainOptions, len: usize, steps: usize) -> Result<PhaseTimes>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn random(shape: &[usize], rng: &mut Rng, scale: f32) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.normal() * scale).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    /// max |a - b| over two tensors of the same shape.
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
+    }
+
+    /// The value and the gradients (w.r.t. `inputs`) of sum(f(inputs) * probe).
+    fn value_and_grads(
+        inputs: &[Tensor],
+        probe: &Tensor,
+        f: impl Fn(&[Tensor]) -> Tensor,
+    ) -> (Tensor, Vec<Tensor>) {
+        let vars: Vec<Var> = inputs
+            .iter()
+            .map(|t| Var::from_tensor(t).unwrap())
+            .collect();
+        let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        let out = f(&ts);
+        let loss = (&out * probe).unwrap().sum_all().unwrap();
+        let grads = loss.backward().unwrap();
+        let g = vars.iter().map(|v| grads.get(v).unwrap().clone()).collect();
+        (out, g)
+    }
+
+    /// Each fused op against the same math from candle primitives (candle's own autograd):
+    /// forward values and the gradients of every input.
+    #[test]
+    fn fused_ops_match_primitives() {
+        let mut rng = Rng::new(3);
+        let check = |name: &str,
+                     inputs: &[Tensor],
+                     fused: &dyn Fn(&[Tensor]) -> Tensor,
+                     prim: &dyn Fn(&[Tensor]) -> Tensor,
+                     rng: &mut Rng| {
+            let out_shape = prim(inputs).dims().to_vec();
+            let probe = random(&out_shape, rng, 1.0);
+            let (a, ga) = value_and_grads(inputs, &probe, fused);
+            let (b, gb) = value_and_grads(inputs, &probe, prim);
+            let d = max_diff(&a, &b);
+            assert!(d < 1e-5, "{name}: forward differs by {d}");
+            for (i, (x, y)) in ga.iter().zip(&gb).enumerate() {
+                let d = max_diff(x, y);
+                assert!(d < 1e-4, "{name}: gradient of input {i} differs by {d}");
+            }
+        };
+
+        // LayerNorm.
+        let ln = [
+            random(&[6, 16], &mut rng, 2.0),
+            random(&[16], &mut rng, 1.0),
+            random(&[16], &mut rng, 1.0),
+        ];
+        check(
+            "layer norm",
+            &ln,
+            &|t| {
+                t[0].apply_op3(&t[1], &t[2], fused::LayerNorm { eps: 1e-5 })
+                    .unwrap()
+            },
+            &|t| {
+                let mean = t[0].mean_keepdim(1).unwrap();
+                let xc = t[0].broadcast_sub(&mean).unwrap();
+                let var = xc.sqr().unwrap().mean_keepdim(1).unwrap();
+                let xn = xc
+                    .broadcast_div(&(var + 1e-5).unwrap().sqrt().unwrap())
+                    .unwrap();
+                xn.broadcast_mul(&t[1])
+                    .unwrap()
+                    .broadcast_add(&t[2])
+                    .unwrap()
+            },
+            &mut rng,
+        );
+
+        // Bias + gelu_new (candle's `gelu` is the tanh approximation).
+        let gelu = [
+            random(&[5, 24], &mut rng, 2.0),
+            random(&[24], &mut rng, 1.0),
+        ];
+        check(
+            "bias gelu",
+            &gelu,
+            &|t| t[0].apply_op2(&t[1], fused::BiasGelu).unwrap(),
+            &|t| t[0].broadcast_add(&t[1]).unwrap().gelu().unwrap(),
+            &mut rng,
+        );
+
+        // Causal softmax over [.., T, T].
+        let t = 7;
+        let mask: Vec<f32> = (0..t)
+            .flat_map(|i| (0..t).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
+            .collect();
+        let mask = Tensor::from_vec(mask, (t, t), &Device::Cpu).unwrap();
+        check(
+            "causal softmax",
+            &[random(&[2, 3, t, t], &mut rng, 3.0)],
+            &|x| x[0].apply_op1(fused::CausalSoftmax).unwrap(),
+            &|x| {
+                let x = x[0].broadcast_add(&mask).unwrap();
+                let max = x.max_keepdim(D::Minus1).unwrap().detach();
+                let e = x.broadcast_sub(&max).unwrap().exp().unwrap();
+                e.broadcast_div(&e.sum_keepdim(D::Minus1).unwrap()).unwrap()
+            },
+            &mut rng,
+        );
+
+        // Rotary: [B, T, H, hd] with 3 of 4 pairs rotated.
+        let (b, t, h, hd, half, n_pos) = (2, 5, 3, 8, 3, 9);
+        let angles: Vec<f64> = (0..n_pos)
+            .flat_map(|p| {
+                (0..half).map(move |i| p as f64 / 10000f64.powf((2 * i) as f64 / (2 * half) as f64))
+            })
+            .collect();
+        let rotary = fused::Rotary {
+            cos: Arc::new(angles.iter().map(|a| a.cos() as f32).collect()),
+            sin: Arc::new(angles.iter().map(|a| a.sin() as f32).collect()),
+            half,
+            inverse: false,
+        };
+        let table = |f: fn(f64) -> f64| {
+            let v: Vec<f32> = angles[..t * half].iter().map(|&a| f(a) as f32).collect();
+            Tensor::from_vec(v, (t, 1, half, 1), &Device::Cpu).unwrap()
+        };
+        let (cos, sin) = (table(f64::cos), table(f64::sin));
+        check(
+            "rotary",
+            &[random(&[b, t, h, hd], &mut rng, 1.0)],
+            &|x| x[0].apply_op1(rotary.clone()).unwrap(),
+            &|x| {
+                let pairs = x[0]
+                    .narrow(3, 0, 2 * half)
+                    .unwrap()
+                    .reshape((b, t, h, half, 2))
+                    .unwrap();
+                let (x0, x1) = (
+                    pairs.narrow(4, 0, 1).unwrap(),
+                    pairs.narrow(4, 1, 1).unwrap(),
+                );
+                let r0 =
+                    (x0.broadcast_mul(&cos).unwrap() - x1.broadcast_mul(&sin).unwrap()).unwrap();
+                let r1 =
+                    (x1.broadcast_mul(&cos).unwrap() + x0.broadcast_mul(&sin).unwrap()).unwrap();
+                let r = Tensor::cat(&[r0, r1], 4)
+                    .unwrap()
+                    .reshape((b, t, h, 2 * half))
+                    .unwrap();
+                Tensor::cat(&[r, x[0].narrow(3, 2 * half, hd - 2 * half).unwrap()], 3).unwrap()
+            },
+            &mut rng,
+        );
+
+        // Cross-entropy against log-softmax + gather.
+        let targets = Tensor::new(&[3u32, 0, 9, 9, 4], &Device::Cpu).unwrap();
+        check(
+            "cross-entropy",
+            &[random(&[5, 10], &mut rng, 3.0)],
+            &|x| x[0].apply_op2(&targets, fused::CrossEntropy).unwrap(),
+            &|x| {
+                let lp = log_softmax_last_dim(&x[0]).unwrap();
+                lp.gather(&targets.unsqueeze(1).unwrap(), 1)
+                    .unwrap()
+                    .squeeze(1)
+                    .unwrap()
+                    .neg()
+                    .unwrap()
+            },
+            &mut rng,
+        );
+    }
 
     #[test]
     fn forward_matches_reference_and_learns() {
