@@ -259,7 +259,12 @@ impl Blas {
         let ws = WORKSPACE_BYTES as u64;
         // cuBLASLt's heuristic assumes 256-byte aligned operands unless told otherwise.
         let [al_a, al_w, al_o] = key.align;
-        // SAFETY: u64 for MAX_WORKSPACE_BYTES, u32 for the alignments, as documented; the
+        // Split-K partial sums are reduced in f32 (the compute type), never in place in a 16-bit
+        // output: that rounds each partial (first H200 run: a bf16 C += A W came out 1.5 half-ulps
+        // off) and its atomics make results depend on timing.
+        let reduction =
+            sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+        // SAFETY: u64 for MAX_WORKSPACE_BYTES, u32 for the alignments and the reduction mask, as documented; the
         // preference is destroyed below on every path.
         let heuristic = unsafe {
             let set =
@@ -295,6 +300,13 @@ impl Blas {
                 set(
                     P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                     &al_o as *const u32 as _,
+                    4,
+                )
+            })
+            .and_then(|_| {
+                set(
+                    P::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                    &reduction as *const u32 as _,
                     4,
                 )
             })

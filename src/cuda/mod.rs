@@ -34,6 +34,7 @@ pub mod gelu;
 pub mod gemm;
 pub mod layer_norm;
 pub mod lm_head_xent;
+pub mod profile;
 pub mod rotary;
 pub mod tree_attention;
 pub mod weights;
@@ -47,6 +48,7 @@ use half::{bf16, f16};
 use context::driver_err;
 pub use context::{stride, CudaDType, DeviceFloat, Gpu, KERNELS_BUILT};
 use layer_norm::Rows;
+use profile::{Laps, Stage, StageSecs};
 use rotary::RotaryShape;
 use tree_attention::{AttentionShape, DeviceTiles, TreeTiles};
 use weights::CudaWeights;
@@ -101,6 +103,9 @@ pub struct CudaScorer {
     memory_budget: usize,
     head_chunk_rows: usize,
     stats: std::sync::Mutex<RunStats>,
+    /// `TOOLSIFT_CUDA_PROFILE`: synchronise after every stage and time it (`profile.rs`).
+    profile: bool,
+    stage_secs: std::sync::Mutex<StageSecs>,
 }
 
 /// The new tokens of one forward, on the device.
@@ -179,6 +184,8 @@ impl CudaScorer {
             memory_budget: 0,
             head_chunk_rows,
             stats: Default::default(),
+            profile: profile::enabled_by_env(),
+            stage_secs: Default::default(),
         };
         scorer.memory_budget = match options.memory_budget {
             Some(b) => b,
@@ -246,6 +253,18 @@ impl CudaScorer {
         *self.stats.lock().expect("stats lock")
     }
 
+    /// Seconds per stage of the last `variant_losses` call; all zero unless
+    /// `TOOLSIFT_CUDA_PROFILE` is set (see `profile.rs`).
+    pub fn last_stage_secs(&self) -> StageSecs {
+        *self.stage_secs.lock().expect("stage lock")
+    }
+
+    fn add_stage_secs(&self, laps: &Laps) {
+        if self.profile {
+            self.stage_secs.lock().expect("stage lock").add(&laps.secs);
+        }
+    }
+
     /// Plans `candidates`, splitting the batch into chunks whose activations fit the budget.
     pub fn plan_chunks(
         &self,
@@ -306,6 +325,7 @@ impl CudaScorer {
                     .all(|b| b.len() >= (base + n) * ds),
             "run_layers: K/V cache shorter than the new rows",
         )?;
+        let mut laps = Laps::new(gpu, self.profile)?;
         let mut x = zeros::<f32>(gpu, n * ds)?; // [n, ds] residual stream
         let mut h = zeros::<T>(gpu, n * ds)?; // [n, ds] ln_1 output
         let mut qkv = zeros::<f32>(gpu, n * l3)?; // [n, l3]
@@ -336,6 +356,7 @@ impl CudaScorer {
             &mut x.as_view_mut(),
             [n, d, ds, ds],
         )?;
+        laps.mark(gpu, Stage::Setup)?;
         let mut pending_bias: Option<&CudaSlice<f32>> = None;
         for (l, blk) in w.h.iter().enumerate() {
             let _span = tracing::trace_span!("cuda_layer", l).entered();
@@ -355,6 +376,7 @@ impl CudaScorer {
                 eps,
                 None,
             )?;
+            laps.mark(gpu, Stage::Elementwise)?;
             gpu.blas.linear(
                 &h.as_view(),
                 ds,
@@ -365,6 +387,7 @@ impl CudaScorer {
                 [n, 3 * d, d],
                 false,
             )?;
+            laps.mark(gpu, Stage::Gemm)?;
             rotary::rotary(
                 gpu,
                 &qkv.as_view(),
@@ -376,6 +399,7 @@ impl CudaScorer {
                 &mut v_cache[l].slice_mut(base * ds..),
                 rot,
             )?;
+            laps.mark(gpu, Stage::Elementwise)?;
             if t.single_queries {
                 tree_attention::decode_attention(
                     gpu,
@@ -398,6 +422,7 @@ impl CudaScorer {
                     None,
                 )?;
             }
+            laps.mark(gpu, Stage::Attention)?;
             gpu.blas.linear(
                 &h.as_view(),
                 ds,
@@ -408,6 +433,7 @@ impl CudaScorer {
                 [n, f, d],
                 false,
             )?;
+            laps.mark(gpu, Stage::Gemm)?;
             gelu::gelu(
                 gpu,
                 &mut mlp.as_view_mut(),
@@ -415,6 +441,7 @@ impl CudaScorer {
                 [n, f, fs],
                 None,
             )?;
+            laps.mark(gpu, Stage::Elementwise)?;
             // Parallel residual: x += out_proj(ctx) + fc_out(mlp); fc_out's bias is pending.
             gpu.blas.linear(
                 &ctx.as_view(),
@@ -436,8 +463,10 @@ impl CudaScorer {
                 [n, d, f],
                 true,
             )?;
+            laps.mark(gpu, Stage::Gemm)?;
             pending_bias = Some(&blk.fc_out_b);
         }
+        self.add_stage_secs(&laps);
         Ok(x)
     }
 
@@ -449,6 +478,7 @@ impl CudaScorer {
         }
         let (d, vocab) = (c.n_embd, c.vocab_size);
         let (ds, vs) = (stride(d), stride(vocab));
+        let mut laps = Laps::new(gpu, self.profile)?;
         let ids = upload(gpu, &plan.tokens)?;
         let positions = upload(gpu, &plan.positions)?;
         let tiles = TreeTiles::from_plan(plan, 0).upload(gpu)?;
@@ -458,6 +488,8 @@ impl CudaScorer {
             k_cache.push(zeros::<T>(gpu, n * ds)?);
             v_cache.push(zeros::<T>(gpu, n * ds)?);
         }
+        laps.mark(gpu, Stage::Setup)?;
+        self.add_stage_secs(&laps);
         let mut x = self.run_layers(
             w,
             NewTokens {
@@ -472,6 +504,7 @@ impl CudaScorer {
             0,
         )?;
         // LM head at the weighted rows only, chunk by chunk.
+        let mut laps = Laps::new(gpu, self.profile)?;
         let n_rows = plan.head_rows.len();
         let mut by_row: Vec<Vec<u32>> = vec![Vec::new(); n_rows];
         for (k, t) in plan.targets.iter().enumerate() {
@@ -512,6 +545,8 @@ impl CudaScorer {
             .clone_dtoh(&log_probs)
             .map_err(driver_err("downloading log-probs"))?;
         gpu.sync()?;
+        laps.mark(gpu, Stage::Head)?;
+        self.add_stage_secs(&laps);
         Ok(host[..plan.targets.len()]
             .iter()
             .map(|&v| v as f64)
@@ -535,6 +570,7 @@ impl Scorer for CudaScorer {
     ) -> Result<Vec<[f64; 3]>> {
         let start = Instant::now();
         let mut stats = RunStats::default();
+        *self.stage_secs.lock().expect("stage lock") = StageSecs::default();
         let mut losses = Vec::with_capacity(candidates.len());
         for (_, plan) in self.plan_chunks(candidates, options) {
             let _span = tracing::debug_span!("cuda_plan", tokens = plan.n_tokens()).entered();
@@ -545,6 +581,10 @@ impl Scorer for CudaScorer {
             losses.extend(plan.reduce(&log_probs));
         }
         stats.total_secs = start.elapsed().as_secs_f64();
+        let stages = self.last_stage_secs();
+        stats.trunk_gemm_secs = stages.gemm;
+        stats.attention_secs = stages.attention;
+        stats.head_secs = stages.head;
         *self.stats.lock().expect("stats lock") = stats;
         Ok(losses)
     }

@@ -1019,12 +1019,6 @@ pub fn epoch_batches(
     batches
 }
 
-/// Texts the tokenizer is trained on: each training sequence's pieces, concatenated.
-// TODO: switch to `corpus::tokenizer_texts(seed, n)` once the generator provides it.
-fn tokenizer_texts(pieces: &[crate::demo::corpus::Pieces]) -> Vec<String> {
-    pieces.iter().map(|p| p.concat()).collect()
-}
-
 /// Pieces tokenized separately (no special tokens) and concatenated.
 pub fn encode_pieces(tok: &crate::model::Tokenizer, pieces: &[String]) -> Result<Vec<u32>> {
     let mut ids = Vec::new();
@@ -1277,7 +1271,7 @@ pub fn run(
     // Corpus and tokenizer.
     let t = Instant::now();
     let pieces = crate::demo::corpus::training_sequences(o.data_seed, o.docs);
-    let texts = tokenizer_texts(&pieces);
+    let texts = crate::demo::corpus::tokenizer_texts(o.data_seed, o.docs);
     let tok = train_tokenizer(&texts, o.vocab_size)?;
     let tok_path = out.join("tokenizer.json");
     tok.save(&tok_path, true)
