@@ -99,8 +99,13 @@ fn main() -> Result<()> {
             .unwrap_or(1)
     });
     // candle sizes its GEMM parallelism from RAYON_NUM_THREADS, read at each product; set it
-    // before any thread exists.
+    // before any thread exists. candle's elementwise ops run on a second, spinning pool
+    // (CANDLE_NUM_THREADS): on a small machine its spinning workers fight the GEMM threads and the
+    // fused ops' rayon tasks (2 cores: a step took twice as long), so it stays at one thread.
     std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()?;
