@@ -3,13 +3,16 @@
 //!
 //! Everything that decides the result comes from one seed and toolsift's own SplitMix64
 //! (`util::rng::Rng`): the corpus, the initial weights, the shuffling and batching. candle's CPU
-//! kernels are deterministic for a given thread count, so a seed reproduces the losses bit for bit.
+//! kernels and the ops below are deterministic (one row per task, fixed reduction order), so a seed
+//! reproduces the losses bit for bit, whatever the thread count.
 //!
-//! The forward pass uses only candle primitives that have a backward pass: LayerNorm, softmax and
-//! log-softmax are written out (candle_nn's fused `layer_norm`, `softmax_last_dim` and `rope_i`
-//! are forward-only custom ops). `check_against_reference` proves after training that this forward
-//! is the engine's: the written folder, loaded by `Model::load` and run by the f64 oracle
-//! (`crate::reference`), gives the same log-probs.
+//! Every op is differentiable: candle's matmul, index_select, reshapes and adds, and five custom
+//! ops with explicit backward passes (`fused`: LayerNorm, bias + gelu_new, causal softmax, rotary,
+//! cross-entropy), since candle_nn's `layer_norm`, `softmax_last_dim` and `rope_i` are forward-only
+//! and the same math from primitives is slow under autograd. The test `fused_ops_match_primitives`
+//! checks them against the primitive versions; `check_against_reference` proves after training that
+//! the forward is the engine's: the written folder, loaded by `Model::load` and run by the f64
+//! oracle (`crate::reference`), gives the same log-probs. docs/demo-model.md has the recipe.
 //!
 //! The math, as `crate::reference`: embedding; per layer `h = ln_1(x)`, `x = x + attn(h) + mlp(h)`;
 //! "rotate every two" rotary on the first `rotary_dim` dims of each head (base 10000); causal
