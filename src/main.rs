@@ -42,24 +42,34 @@ enum Command {
     Merge(MergeArgs),
     /// Generate with tool calls (interrupt, execute, resume): one output line per prompt.
     Generate(GenerateArgs),
+    /// Run the demo pipeline on a second generated demo set and measure it against its sites.
+    EvalDemo(EvalDemoArgs),
 }
 
 #[derive(clap::Args)]
 struct AnnotateArgs {
+    /// Run the built-in demo: the embedded demo model, corpus and settings (docs/demo.md).
+    #[arg(long)]
+    demo: bool,
+    /// Demo: annotate only the first N documents of the demo corpus (for quick checks).
+    #[arg(long, hide = true, requires = "demo")]
+    demo_docs: Option<usize>,
     /// Hugging Face GPT-J folder (config.json, weights, tokenizer.json).
-    #[arg(long, required_unless_present = "print_config")]
+    #[arg(long, required_unless_present_any = ["print_config", "demo"], conflicts_with = "demo")]
     model: Option<PathBuf>,
     /// The corpus, JSONL (the text under `text_field`; optional "id", "url", "date").
-    #[arg(long, required_unless_present = "print_config")]
+    #[arg(long, required_unless_present_any = ["print_config", "demo"], conflicts_with = "demo")]
     corpus: Option<PathBuf>,
-    /// C* output, JSONL; rejects and summary are written next to it.
-    #[arg(long, required_unless_present = "print_config")]
+    /// C* output, JSONL; rejects and summary are written next to it (--demo: default
+    /// toolsift-demo/cstar.jsonl, replaced if it exists).
+    #[arg(long, required_unless_present_any = ["print_config", "demo"])]
     out: Option<PathBuf>,
-    /// Tools to use (default: every configured one; calculator and calendar need no setup).
+    /// Tools to use (default: every configured one; calculator and calendar need no setup;
+    /// --demo: calculator,calendar).
     #[arg(long, value_delimiter = ',')]
     tools: Option<Vec<String>>,
     /// TOML settings (see --print-config).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "demo")]
     config: Option<PathBuf>,
     /// Print the settings in effect (defaults, or --config's) as TOML and exit.
     #[arg(long)]
@@ -71,14 +81,39 @@ struct AnnotateArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Corpus field holding the text (overrides the config's `text_field`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "demo")]
     text_field: Option<String>,
     /// This process's shard, INDEX/COUNT (0-based); line L goes to shard (L-1) % COUNT.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "demo")]
     shard: Option<String>,
     /// Shard count for JOB_COMPLETION_INDEX (Kubernetes Indexed Jobs) or Slurm arrays.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "demo")]
     shards: Option<u64>,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(clap::Args)]
+struct EvalDemoArgs {
+    /// Seed of the generated evaluation set (the embedded demo corpus uses another).
+    #[arg(long, default_value_t = toolsift::demo::EVAL_SEED)]
+    seed: u64,
+    /// Documents in the evaluation set.
+    #[arg(long, default_value_t = toolsift::demo::DEMO_CORPUS_DOCS)]
+    docs: usize,
+    /// Backend for sampling and scoring.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
+    /// Folder for the set (corpus.jsonl), its C* (cstar.jsonl, replaced) and eval.json.
+    #[arg(long, default_value = "toolsift-demo-eval")]
+    out: PathBuf,
+    /// Print one JSON object (stdout) instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Skip the generation comparison (the arithmetic prompts with and without tools).
+    #[arg(long)]
+    skip_generate: bool,
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
@@ -257,6 +292,7 @@ fn main() -> ExitCode {
         Command::Index(args) => index(args),
         Command::Merge(args) => merge(args),
         Command::Generate(args) => generate(args),
+        Command::EvalDemo(args) => eval_demo(args),
     };
     match result {
         Ok(code) => code,
@@ -379,9 +415,10 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
 }
 
 fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
-    use toolsift::annotate::{
-        self, AnnotateConfig, Annotator, RunOptions, RunOutcome, Shard, ToolKind,
-    };
+    use toolsift::annotate::{run_job, AnnotateConfig, Job, Shard};
+    if args.demo {
+        return annotate_demo(args);
+    }
     let mut config = match &args.config {
         Some(path) => AnnotateConfig::from_file(path)?,
         None => AnnotateConfig::default(),
@@ -400,43 +437,32 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     let (Some(model_dir), Some(corpus), Some(out)) = (args.model, args.corpus, args.out) else {
         anyhow::bail!("--model, --corpus and --out are required");
     };
-    let registry = annotate::tools::ToolRegistry::from_config(&config.tools)?;
-    let tools: Vec<ToolKind> = match &args.tools {
-        Some(keys) => keys
-            .iter()
-            .map(|k| ToolKind::from_key(k))
-            .collect::<toolsift::Result<_>>()?,
-        None => ToolKind::ALL
-            .into_iter()
-            .filter(|t| registry.get(t.call_name()).is_some())
-            .collect(),
-    };
     let shard_flag = args.shard.as_deref().map(str::parse::<Shard>).transpose()?;
     let shard = Shard::resolve(shard_flag, args.shards, |k| std::env::var(k).ok())?;
-    let model = Model::load(&model_dir)?;
-    let tokenizer = model.tokenizer()?;
-    // One engine samples positions and calls and scores the candidates.
-    let engine = toolsift::backend::engine_for(&model, args.device)?;
-    let annotator = Annotator::new(
-        tokenizer,
-        engine.as_ref(),
-        engine.as_ref(),
-        &registry,
-        &config,
-        &tools,
-    )?;
-    let options = RunOptions {
+    let job = Job {
+        model_dir,
         corpus,
         out,
+        config,
+        tools: args.tools.as_deref().map(parse_tools).transpose()?,
+        device: args.device,
         shard,
-        run_info: serde_json::json!({
-            "model": model_dir.display().to_string(),
-            "device": format!("{:?}", args.device),
-        }),
         progress: !args.no_progress,
-        stop_after: None,
     };
-    match annotate::annotate(&annotator, &options)? {
+    report_run(run_job(&job)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_tools(keys: &[String]) -> toolsift::Result<Vec<toolsift::annotate::ToolKind>> {
+    keys.iter()
+        .map(|k| toolsift::annotate::ToolKind::from_key(k))
+        .collect()
+}
+
+/// Prints the summary and where the files went; returns the summary.
+fn report_run(outcome: toolsift::annotate::RunOutcome) -> Option<toolsift::annotate::Summary> {
+    use toolsift::annotate::RunOutcome;
+    match outcome {
         RunOutcome::Done(summary, paths) => {
             eprint!("{}", summary.render());
             eprintln!(
@@ -446,8 +472,160 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
                 paths.rejects.display(),
                 paths.summary.display()
             );
+            Some(summary)
         }
-        RunOutcome::Stopped(n) => eprintln!("stopped after {n} documents"),
+        RunOutcome::Stopped(n) => {
+            eprintln!("stopped after {n} documents");
+            None
+        }
+    }
+}
+
+/// `annotate --demo`: the embedded model, corpus and settings; the output replaces an earlier
+/// demo output at the same path.
+fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
+    use toolsift::annotate::{run_job, Job, Shard};
+    use toolsift::demo::{assets, corpus::DEMO_TOOLS};
+    let started = std::time::Instant::now();
+    let mut config = assets::demo_config()?;
+    if let Some(seed) = args.seed {
+        config.seed = seed;
+    }
+    if args.print_config {
+        print!("{}", config.to_toml());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let dir = assets::materialize().context("writing the demo assets")?;
+    let corpus = match args.demo_docs {
+        Some(n) => assets::corpus_prefix(&dir, n)?,
+        None => dir.join(assets::CORPUS_FILE),
+    };
+    let documents = toolsift::annotate::corpus::count_lines(&corpus)?;
+    let out = args
+        .out
+        .unwrap_or_else(|| PathBuf::from("toolsift-demo").join("cstar.jsonl"));
+    prepare_demo_output(&out, false)?;
+    let shown = std::path::absolute(&out).unwrap_or_else(|_| out.clone());
+    eprintln!(
+        "demo: model, corpus ({documents} documents) and settings from {}",
+        dir.display()
+    );
+    eprintln!("demo: C* will be written to {}", shown.display());
+    let job = Job {
+        model_dir: dir,
+        corpus,
+        out: out.clone(),
+        config,
+        tools: Some(match &args.tools {
+            Some(keys) => parse_tools(keys)?,
+            None => DEMO_TOOLS.to_vec(),
+        }),
+        device: args.device,
+        shard: Shard::default(),
+        progress: !args.no_progress,
+    };
+    let outcome = run_job(&job)?;
+    report_run(outcome);
+    eprintln!("C*: {}", shown.display());
+    eprintln!(
+        "wall time: {:.2}s (assets, model load, annotate, write)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Makes the parent folder of a demo output and removes an earlier finished output there
+/// (C*, rejects, summary; with `journal_too` an interrupted run's journal as well), saying so.
+fn prepare_demo_output(out: &std::path::Path, journal_too: bool) -> Result<()> {
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("{}", parent.display()))?;
+    }
+    let removed = toolsift::demo::remove_previous_output(out, journal_too)?;
+    if !removed.is_empty() {
+        let names: Vec<String> = removed.iter().map(|p| p.display().to_string()).collect();
+        eprintln!("demo: replacing the previous output ({})", names.join(", "));
+    }
+    Ok(())
+}
+
+/// `eval-demo`: a second demo set from `--seed`, annotated like the demo, measured against its
+/// sites.
+fn eval_demo(args: EvalDemoArgs) -> Result<ExitCode> {
+    use toolsift::annotate::{run_job, writer::write_atomic, Job, RunOutcome, Shard};
+    use toolsift::demo::{assets, corpus, eval};
+    let started = std::time::Instant::now();
+    let config = assets::demo_config()?;
+    let dir = assets::materialize().context("writing the demo assets")?;
+    std::fs::create_dir_all(&args.out).with_context(|| format!("{}", args.out.display()))?;
+    let docs = corpus::generate(args.seed, args.docs);
+    let corpus_path = args.out.join("corpus.jsonl");
+    let text = assets::docs_jsonl(&docs);
+    write_atomic(&corpus_path, |w| {
+        w.write_all(text.as_bytes())
+            .map_err(|e| toolsift::Error::io(&corpus_path, e))
+    })?;
+    let cstar = args.out.join("cstar.jsonl");
+    prepare_demo_output(&cstar, true)?;
+    eprintln!(
+        "eval-demo: {} documents from seed {} in {}; model and settings from {}",
+        docs.len(),
+        args.seed,
+        corpus_path.display(),
+        dir.display()
+    );
+    let job = Job {
+        model_dir: dir,
+        corpus: corpus_path,
+        out: cstar.clone(),
+        config,
+        tools: Some(corpus::DEMO_TOOLS.to_vec()),
+        device: args.device,
+        shard: Shard::default(),
+        progress: !args.no_progress,
+    };
+    let summary = match run_job(&job)? {
+        RunOutcome::Done(summary, _) => summary,
+        RunOutcome::Stopped(n) => anyhow::bail!("the annotate run stopped after {n} documents"),
+    };
+    if !args.json {
+        eprint!("{}", summary.render());
+    }
+    let records = eval::read_cstar(&cstar)?;
+    let metrics = eval::evaluate(&docs, &records);
+    let tool_use = if args.skip_generate {
+        None
+    } else {
+        use toolsift::demo::tool_use;
+        let model = Model::load(&job.model_dir)?;
+        let decoder = toolsift::backend::decoder_for(&model, args.device)?;
+        let tools = toolsift::generate::tools_from_config(None, None)?;
+        let prompts = tool_use::arithmetic_prompts(&docs);
+        Some(tool_use::compare(
+            decoder.as_ref(),
+            model.tokenizer()?,
+            &tools,
+            &prompts,
+            model.config.n_positions,
+        )?)
+    };
+    let mut report = eval::EvalReport::new(
+        args.seed,
+        metrics,
+        &summary,
+        started.elapsed().as_secs_f64(),
+        &cstar,
+    );
+    report.tool_use = tool_use;
+    let json = serde_json::to_string(&report)?;
+    let report_path = args.out.join("eval.json");
+    write_atomic(&report_path, |w| {
+        writeln!(w, "{json}").map_err(|e| toolsift::Error::io(&report_path, e))
+    })?;
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{}", report.render());
+        eprintln!("wrote {}", report_path.display());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -17,6 +17,13 @@ pub struct Example {
     pub line: u64,
     pub tool: String,
     pub delta: f64,
+    /// The three losses delta is derived from (absent in summaries of older versions).
+    #[serde(default)]
+    pub l_none: Option<f64>,
+    #[serde(default)]
+    pub l_call: Option<f64>,
+    #[serde(default)]
+    pub l_call_result: Option<f64>,
     pub kept: bool,
     /// The call spliced into ~100 characters of its text.
     pub context: String,
@@ -107,6 +114,9 @@ impl SummaryBuilder {
                 line: record.line,
                 tool: c.tool.clone(),
                 delta,
+                l_none: c.l_none,
+                l_call: c.l_call,
+                l_call_result: c.l_call_result,
                 kept: c.kept,
                 context: context(
                     &record.text,
@@ -211,17 +221,100 @@ impl Summary {
         for t in &self.tools {
             for (label, list) in [("best", &t.best), ("worst", &t.worst)] {
                 for e in list {
+                    let loss = |l: Option<f64>| l.map_or("-".to_string(), |l| format!("{l:.3}"));
                     s.push_str(&format!(
-                        "{} {label} delta {:+.3} (line {}{}): {}\n",
+                        "{} {label} delta {:+.3} (L_none {}, L_call {}, L_call_result {}; line {}, {}): {}\n",
                         t.tool,
                         e.delta,
+                        loss(e.l_none),
+                        loss(e.l_call),
+                        loss(e.l_call_result),
                         e.line,
-                        if e.kept { ", kept" } else { "" },
+                        if e.kept { "kept" } else { "rejected" },
                         e.context.replace('\n', " ")
                     ));
                 }
             }
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::annotate::document::CallRecord;
+
+    fn call(position: usize, delta: f64, kept: bool) -> CallRecord {
+        CallRecord {
+            position,
+            tool: "Calculator".into(),
+            input: "1 + 1".into(),
+            result: Some("2".into()),
+            l_none: Some(2.5),
+            l_call: Some(2.25),
+            l_call_result: Some(2.25 - delta),
+            delta: Some(delta),
+            kept,
+            error: None,
+        }
+    }
+
+    /// Per tool sampled / executed / kept, and the best and worst calls with their three losses.
+    #[test]
+    fn render_shows_counts_and_losses() {
+        let mut b = SummaryBuilder::new(&[ToolKind::Calculator]);
+        let record = CStarRecord {
+            line: 1,
+            id: serde_json::Value::Null,
+            text: "so 2 in total".into(),
+            annotated_text: String::new(),
+            calls: (0..4)
+                .map(|k| call(2, k as f64 - 1.0, k >= 2))
+                .chain([CallRecord {
+                    l_none: None,
+                    delta: None,
+                    ..call(2, 0.0, false)
+                }])
+                .collect(),
+        };
+        let mut stats = DocStats::default();
+        stats.tools.insert(
+            "calculator".into(),
+            ToolStats {
+                calls_sampled: 9,
+                calls_executed: 5,
+                calls_kept: 2,
+                ..Default::default()
+            },
+        );
+        b.document(&record, &stats);
+        let s = b.finish(1.0);
+        let t = &s.tools[0];
+        assert_eq!(t.best.len(), 3);
+        assert_eq!(t.best[0].delta, 2.0);
+        assert_eq!(t.best[0].l_none, Some(2.5));
+        assert_eq!(t.best[0].l_call_result, Some(0.25));
+        assert_eq!(t.worst[0].delta, -1.0);
+        let text = s.render();
+        assert!(
+            text.contains("sampled") && text.contains("executed"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "Calculator best delta +2.000 (L_none 2.500, L_call 2.250, L_call_result 0.250; line 1, kept)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("worst delta -1.000") && text.contains("rejected"),
+            "{text}"
+        );
+        // Summaries written before the losses were recorded still read.
+        let old =
+            r#"{"line": 1, "tool": "Calculator", "delta": 1.0, "kept": true, "context": "x"}"#;
+        let e: Example = serde_json::from_str(old).unwrap();
+        assert_eq!(e.l_none, None);
     }
 }

@@ -151,7 +151,8 @@ impl DemoDoc {
     }
 }
 
-fn iso(d: Date) -> String {
+/// The date as "YYYY-MM-DD" (the corpus's "date" field).
+pub fn iso(d: Date) -> String {
     format!("{:04}-{:02}-{:02}", d.year(), d.month(), d.day())
 }
 

@@ -81,8 +81,8 @@ pub struct TrainOptions {
 impl Default for TrainOptions {
     fn default() -> Self {
         TrainOptions {
-            seed: 0,
-            data_seed: 0,
+            seed: 1,
+            data_seed: 1,
             docs: 20_000,
             steps: 3000,
             batch: 32,

@@ -1,0 +1,67 @@
+//! One annotate run from paths and settings: load the model, build the tools and the engine,
+//! annotate the corpus. What `toolsift annotate` (plain and `--demo`) and `toolsift eval-demo`
+//! run.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use super::config::{AnnotateConfig, ToolKind};
+use super::tools::ToolRegistry;
+use super::{annotate, Annotator, RunOptions, RunOutcome, Shard};
+use crate::backend::{engine_for, Device};
+use crate::error::{Error, Result};
+use crate::model::Model;
+
+/// Everything a run needs.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Hugging Face GPT-J folder with tokenizer.json.
+    pub model_dir: PathBuf,
+    pub corpus: PathBuf,
+    /// C* output (rejects and summary are written next to it).
+    pub out: PathBuf,
+    pub config: AnnotateConfig,
+    /// The active tools; None: every tool the config makes available.
+    pub tools: Option<Vec<ToolKind>>,
+    pub device: Device,
+    pub shard: Shard,
+    pub progress: bool,
+}
+
+/// Runs `job` (resuming from its journal if there is one).
+pub fn run_job(job: &Job) -> Result<RunOutcome> {
+    let registry =
+        ToolRegistry::from_config(&job.config.tools).map_err(|e| Error::input(e.to_string()))?;
+    let tools: Vec<ToolKind> = match &job.tools {
+        Some(t) => t.clone(),
+        None => ToolKind::ALL
+            .into_iter()
+            .filter(|t| registry.get(t.call_name()).is_some())
+            .collect(),
+    };
+    let model = Model::load(&job.model_dir)?;
+    let tokenizer = model.tokenizer()?;
+    // One engine samples positions and calls and scores the candidates.
+    let engine = engine_for(&model, job.device)?;
+    let annotator = Annotator::new(
+        tokenizer,
+        engine.as_ref(),
+        engine.as_ref(),
+        &registry,
+        &job.config,
+        &tools,
+    )?;
+    let options = RunOptions {
+        corpus: job.corpus.clone(),
+        out: job.out.clone(),
+        shard: job.shard,
+        run_info: json!({
+            "model": job.model_dir.display().to_string(),
+            "device": format!("{:?}", job.device),
+        }),
+        progress: job.progress,
+        stop_after: None,
+    };
+    annotate(&annotator, &options)
+}

@@ -1,0 +1,575 @@
+//! `toolsift eval-demo`'s metrics: what an annotate run kept, against the sites the demo corpus
+//! records (`corpus::Site`). Pure functions over the documents and the C* records.
+//!
+//! - calculator precision: among kept Calculator calls, the share whose result equals the number
+//!   written right after the call's position (whitespace skipped; digits with an optional
+//!   decimal part; compared as numbers, so "25" equals "25" and "25.0");
+//! - site recall: the share of calculator sites with a kept Calculator call at the site (its
+//!   position is the site's offset or its answer's offset);
+//! - control rate: the share of control documents with any kept Calculator call;
+//! - calendar: kept Calendar calls, and the share of calendar sites with a kept Calendar call.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::annotate::config::ToolKind;
+use crate::annotate::{CStarRecord, CallRecord, Summary};
+use crate::error::{Error, Result};
+
+use super::corpus::{DemoDoc, DocKind, Site};
+
+/// Calculator precision target.
+pub const PRECISION_TARGET: f64 = 0.9;
+/// Calculator site recall target.
+pub const RECALL_TARGET: f64 = 0.5;
+/// Control rate target (at most).
+pub const CONTROL_TARGET: f64 = 0.05;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CalculatorMetrics {
+    /// Kept Calculator calls.
+    pub kept: u64,
+    /// Kept Calculator calls whose result is the number the text writes after them.
+    pub correct: u64,
+    /// correct / kept (null without kept calls).
+    pub precision: Option<f64>,
+    /// Calculator sites.
+    pub sites: u64,
+    /// Calculator sites with a kept Calculator call.
+    pub sites_hit: u64,
+    /// sites_hit / sites.
+    pub recall: Option<f64>,
+    /// Control documents.
+    pub control_docs: u64,
+    /// Control documents with a kept Calculator call.
+    pub control_with_calls: u64,
+    /// control_with_calls / control_docs.
+    pub control_rate: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CalendarMetrics {
+    /// Kept Calendar calls.
+    pub kept: u64,
+    /// Calendar sites.
+    pub sites: u64,
+    /// Calendar sites with a kept Calendar call.
+    pub sites_hit: u64,
+    /// sites_hit / sites.
+    pub recall: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    /// Documents of the set.
+    pub docs: u64,
+    /// C* records matched to a document (by id).
+    pub records: u64,
+    /// C* records whose id is not a document of the set (should be 0).
+    pub unmatched_records: u64,
+    pub calculator: CalculatorMetrics,
+    pub calendar: CalendarMetrics,
+}
+
+/// The number written at `position` of `text` after optional whitespace: ASCII digits with an
+/// optional "." and more digits. None if there is none (or `position` is not in the text).
+pub fn number_after(text: &str, position: usize) -> Option<f64> {
+    let rest = text.get(position..)?.trim_start();
+    let b = rest.as_bytes();
+    let int = b.iter().take_while(|c| c.is_ascii_digit()).count();
+    if int == 0 {
+        return None;
+    }
+    let mut end = int;
+    if b.get(int) == Some(&b'.') {
+        let frac = b[int + 1..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        if frac > 0 {
+            end = int + 1 + frac;
+        }
+    }
+    rest[..end].parse().ok()
+}
+
+/// Whether a calculator result equals the number the text writes after `position`.
+pub fn result_matches_text(result: &str, text: &str, position: usize) -> bool {
+    let (Ok(r), Some(t)) = (result.trim().parse::<f64>(), number_after(text, position)) else {
+        return false;
+    };
+    (r - t).abs() <= 1e-9 * r.abs().max(t.abs()).max(1.0)
+}
+
+/// Whether `call` is at `site`: its position is the site's offset or its answer's.
+pub fn at_site(call: &CallRecord, site: &Site) -> bool {
+    call.position == site.offset || call.position == site.answer_offset
+}
+
+fn kept_of(record: &CStarRecord, tool: ToolKind) -> impl Iterator<Item = &CallRecord> {
+    record
+        .calls
+        .iter()
+        .filter(move |c| c.kept && c.tool == tool.call_name())
+}
+
+fn ratio(num: u64, den: u64) -> Option<f64> {
+    (den > 0).then(|| num as f64 / den as f64)
+}
+
+/// The metrics of `records` (a C* of `docs`, matched by id; documents without a record count
+/// as having kept nothing).
+pub fn evaluate(docs: &[DemoDoc], records: &[CStarRecord]) -> Metrics {
+    let by_id: HashMap<&str, &CStarRecord> = records
+        .iter()
+        .filter_map(|r| r.id.as_str().map(|id| (id, r)))
+        .collect();
+    let ids: std::collections::HashSet<&str> = docs.iter().map(|d| d.id.as_str()).collect();
+    let unmatched = records
+        .iter()
+        .filter(|r| !r.id.as_str().is_some_and(|id| ids.contains(id)))
+        .count() as u64;
+
+    let mut calc = CalculatorMetrics {
+        kept: 0,
+        correct: 0,
+        precision: None,
+        sites: 0,
+        sites_hit: 0,
+        recall: None,
+        control_docs: 0,
+        control_with_calls: 0,
+        control_rate: None,
+    };
+    let mut cal = CalendarMetrics {
+        kept: 0,
+        sites: 0,
+        sites_hit: 0,
+        recall: None,
+    };
+    let mut matched = 0;
+    for doc in docs {
+        let record = by_id.get(doc.id.as_str()).copied();
+        matched += u64::from(record.is_some());
+        let kept_calc: Vec<&CallRecord> = record
+            .map(|r| kept_of(r, ToolKind::Calculator).collect())
+            .unwrap_or_default();
+        let kept_cal: Vec<&CallRecord> = record
+            .map(|r| kept_of(r, ToolKind::Calendar).collect())
+            .unwrap_or_default();
+        if let Some(r) = record {
+            calc.kept += kept_calc.len() as u64;
+            calc.correct += kept_calc
+                .iter()
+                .filter(|c| {
+                    c.result
+                        .as_deref()
+                        .is_some_and(|res| result_matches_text(res, &r.text, c.position))
+                })
+                .count() as u64;
+            cal.kept += kept_cal.len() as u64;
+        }
+        for site in &doc.sites {
+            let (sites, hit, kept) = match site.tool {
+                ToolKind::Calculator => (&mut calc.sites, &mut calc.sites_hit, &kept_calc),
+                ToolKind::Calendar => (&mut cal.sites, &mut cal.sites_hit, &kept_cal),
+                _ => continue,
+            };
+            *sites += 1;
+            *hit += u64::from(kept.iter().any(|c| at_site(c, site)));
+        }
+        if doc.kind == DocKind::Control {
+            calc.control_docs += 1;
+            calc.control_with_calls += u64::from(!kept_calc.is_empty());
+        }
+    }
+    calc.precision = ratio(calc.correct, calc.kept);
+    calc.recall = ratio(calc.sites_hit, calc.sites);
+    calc.control_rate = ratio(calc.control_with_calls, calc.control_docs);
+    cal.recall = ratio(cal.sites_hit, cal.sites);
+    Metrics {
+        docs: docs.len() as u64,
+        records: matched,
+        unmatched_records: unmatched,
+        calculator: calc,
+        calendar: cal,
+    }
+}
+
+/// One target and whether the run meets it (a metric without a value misses).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TargetCheck {
+    pub metric: String,
+    pub value: Option<f64>,
+    /// ">=" or "<=".
+    pub op: String,
+    pub target: f64,
+    pub pass: bool,
+}
+
+/// precision >= 0.9, recall >= 0.5, control rate <= 0.05.
+pub fn targets(m: &Metrics) -> Vec<TargetCheck> {
+    let check = |metric: &str, value: Option<f64>, at_least: bool, target: f64| TargetCheck {
+        metric: metric.to_string(),
+        value,
+        op: if at_least { ">=" } else { "<=" }.to_string(),
+        target,
+        pass: value.is_some_and(|v| if at_least { v >= target } else { v <= target }),
+    };
+    vec![
+        check(
+            "calculator_precision",
+            m.calculator.precision,
+            true,
+            PRECISION_TARGET,
+        ),
+        check("site_recall", m.calculator.recall, true, RECALL_TARGET),
+        check(
+            "control_rate",
+            m.calculator.control_rate,
+            false,
+            CONTROL_TARGET,
+        ),
+    ]
+}
+
+/// Calls per tool, from the run's summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCounts {
+    pub tool: String,
+    pub sampled: u64,
+    pub executed: u64,
+    pub kept: u64,
+}
+
+/// Everything `eval-demo` reports (`--json` prints it; `eval.json` holds it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalReport {
+    /// Seed of the generated set.
+    pub seed: u64,
+    pub metrics: Metrics,
+    pub tools: Vec<ToolCounts>,
+    pub targets: Vec<TargetCheck>,
+    /// Seconds of the annotate run (its summary's wall time).
+    pub annotate_secs: f64,
+    /// Seconds of the whole command (materializing, generating, model load, annotate, metrics).
+    pub wall_secs: f64,
+    /// The C* file evaluated.
+    pub cstar: String,
+    /// Generation with and without tools on the set's arithmetic prompts (`tool_use`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_use: Option<super::tool_use::ToolUseReport>,
+}
+
+impl EvalReport {
+    pub fn new(
+        seed: u64,
+        metrics: Metrics,
+        summary: &Summary,
+        wall_secs: f64,
+        cstar: &Path,
+    ) -> Self {
+        let tools = summary
+            .tools
+            .iter()
+            .map(|t| ToolCounts {
+                tool: t.tool.clone(),
+                sampled: t.stats.calls_sampled,
+                executed: t.stats.calls_executed,
+                kept: t.stats.calls_kept,
+            })
+            .collect();
+        EvalReport {
+            seed,
+            targets: targets(&metrics),
+            metrics,
+            tools,
+            annotate_secs: summary.wall_secs,
+            wall_secs,
+            cstar: cstar.display().to_string(),
+            tool_use: None,
+        }
+    }
+
+    /// The table `eval-demo` prints.
+    pub fn render(&self) -> String {
+        let m = &self.metrics;
+        let pct = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.3}", v));
+        let mut s = format!(
+            "eval-demo: seed {}, {} documents ({} in C*)\n",
+            self.seed, m.docs, m.records
+        );
+        s.push_str(&format!(
+            "{:<11} {:>8} {:>9} {:>6}\n",
+            "tool", "sampled", "executed", "kept"
+        ));
+        for t in &self.tools {
+            s.push_str(&format!(
+                "{:<11} {:>8} {:>9} {:>6}\n",
+                t.tool, t.sampled, t.executed, t.kept
+            ));
+        }
+        let c = &m.calculator;
+        s.push_str(&format!(
+            "calculator precision  {:>6}  ({} of {} kept calls write their result next)\n",
+            pct(c.precision),
+            c.correct,
+            c.kept
+        ));
+        s.push_str(&format!(
+            "site recall           {:>6}  ({} of {} arithmetic sites have a kept call)\n",
+            pct(c.recall),
+            c.sites_hit,
+            c.sites
+        ));
+        s.push_str(&format!(
+            "control rate          {:>6}  ({} of {} control documents have a kept call)\n",
+            pct(c.control_rate),
+            c.control_with_calls,
+            c.control_docs
+        ));
+        let k = &m.calendar;
+        s.push_str(&format!(
+            "calendar              {:>6}  ({} kept calls; {} of {} calendar sites have one)\n",
+            pct(k.recall),
+            k.kept,
+            k.sites_hit,
+            k.sites
+        ));
+        for t in &self.targets {
+            s.push_str(&format!(
+                "target {:<21} {} {:<4} {:>6}  {}\n",
+                t.metric,
+                t.op,
+                t.target,
+                pct(t.value),
+                if t.pass { "PASS" } else { "MISS" }
+            ));
+        }
+        s.push_str(&format!(
+            "time: annotate {:.2}s, wall {:.2}s; C* {}\n",
+            self.annotate_secs, self.wall_secs, self.cstar
+        ));
+        if let Some(t) = &self.tool_use {
+            s.push_str(&t.render());
+        }
+        s
+    }
+}
+
+/// Reads a C* file.
+pub fn read_cstar(path: &Path) -> Result<Vec<CStarRecord>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| Error::input(format!("{}:{}: {e}", path.display(), n + 1)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::annotate::tools::Date;
+    use serde_json::json;
+
+    fn site(tool: ToolKind, text: &str, answer: &str, input: &str) -> Site {
+        let answer_offset = text.find(answer).unwrap();
+        Site {
+            tool,
+            offset: answer_offset - 1,
+            answer_offset,
+            answer: answer.into(),
+            input: input.into(),
+        }
+    }
+
+    fn doc(id: &str, kind: DocKind, text: &str, sites: Vec<Site>) -> DemoDoc {
+        DemoDoc {
+            id: id.into(),
+            kind,
+            text: text.into(),
+            date: Date::new(2021, 7, 4).unwrap(),
+            sites,
+        }
+    }
+
+    fn call(tool: &str, position: usize, result: &str, kept: bool) -> CallRecord {
+        CallRecord {
+            position,
+            tool: tool.into(),
+            input: "x".into(),
+            result: Some(result.into()),
+            l_none: Some(2.0),
+            l_call: Some(2.0),
+            l_call_result: Some(1.0),
+            delta: Some(1.0),
+            kept,
+            error: None,
+        }
+    }
+
+    fn record(line: u64, d: &DemoDoc, calls: Vec<CallRecord>) -> CStarRecord {
+        CStarRecord {
+            line,
+            id: json!(d.id),
+            text: d.text.clone(),
+            annotated_text: d.text.clone(),
+            calls,
+        }
+    }
+
+    #[test]
+    fn numbers_after_a_position() {
+        let t = "so 70 in total, 2.5 each, 3. Done";
+        assert_eq!(number_after(t, 2), Some(70.0));
+        assert_eq!(number_after(t, 3), Some(70.0));
+        assert_eq!(number_after(t, 4), Some(0.0));
+        assert_eq!(number_after(t, 15), Some(2.5));
+        assert_eq!(
+            number_after(t, 25),
+            Some(3.0),
+            "a full stop is not a decimal part"
+        );
+        assert_eq!(number_after(t, 0), None);
+        assert_eq!(number_after(t, 1000), None);
+        assert_eq!(number_after("a ä", 3), None, "not a char boundary");
+        assert!(result_matches_text("25", "(or 25%)", 3));
+        assert!(result_matches_text("25.0", "(or 25%)", 3));
+        assert!(!result_matches_text("26", "(or 25%)", 3));
+        assert!(
+            !result_matches_text("25", "(or 25%)", 0),
+            "text has \"(\" first"
+        );
+        assert!(!result_matches_text("Today is Monday.", "x 25", 1));
+    }
+
+    #[test]
+    fn metrics_on_hand_made_records() {
+        let t1 = "Anna sold 30 apples on Monday and 40 on Tuesday, so 70 in total.";
+        let d1 = doc(
+            "a1",
+            DocKind::Arithmetic,
+            t1,
+            vec![site(ToolKind::Calculator, t1, "70", "30 + 40")],
+        );
+        let t2 = "Out of 1400 voters, 350 (or 25%) voted.";
+        let d2 = doc(
+            "a2",
+            DocKind::Arithmetic,
+            t2,
+            vec![site(ToolKind::Calculator, t2, "25", "350 / 1400 * 100")],
+        );
+        let t3 = "Bus 12 to the park runs every 7 minutes and stops 9 times.";
+        let d3 = doc("c1", DocKind::Control, t3, vec![]);
+        let t4 = "Bus 13 to the park runs every 8 minutes and stops 5 times.";
+        let d4 = doc("c2", DocKind::Control, t4, vec![]);
+        let t5 = "The council met today, a Sunday, to discuss the budget.";
+        let d5 = doc(
+            "k1",
+            DocKind::Calendar,
+            t5,
+            vec![site(ToolKind::Calendar, t5, "Sunday", "")],
+        );
+        let t6 = "The train left the station on time.";
+        let d6 = doc("p1", DocKind::Plain, t6, vec![]);
+        let s1 = d1.sites[0].clone();
+        let s2 = d2.sites[0].clone();
+        let records = vec![
+            // A kept correct call at the site's offset, and a kept wrong one elsewhere.
+            record(
+                1,
+                &d1,
+                vec![
+                    call("Calculator", s1.offset, "70", true),
+                    call("Calculator", t1.find("40").unwrap() - 1, "12", true),
+                    call("Calculator", 4, "70", false),
+                ],
+            ),
+            // A kept correct call at the answer's offset (no space before it).
+            record(
+                2,
+                &d2,
+                vec![call("Calculator", s2.answer_offset, "25", true)],
+            ),
+            // A control document with a kept call (correct by accident) and one without.
+            record(3, &d3, vec![call("Calculator", 3, "12", true)]),
+            record(4, &d4, vec![call("Calculator", 3, "13", false)]),
+            // A kept calendar call at the site; a calculator call that was not kept.
+            record(
+                5,
+                &d5,
+                vec![call("Calendar", d5.sites[0].offset, "Today is ...", true)],
+            ),
+            record(6, &d6, vec![]),
+            // Not a document of the set.
+            CStarRecord {
+                id: json!("other"),
+                ..record(7, &d6, vec![call("Calculator", 1, "1", true)])
+            },
+        ];
+        let docs = [d1, d2, d3, d4, d5, d6];
+        let m = evaluate(&docs, &records);
+        assert_eq!((m.docs, m.records, m.unmatched_records), (6, 6, 1));
+        let c = &m.calculator;
+        assert_eq!((c.kept, c.correct), (4, 3));
+        assert_eq!(c.precision, Some(0.75));
+        assert_eq!((c.sites, c.sites_hit, c.recall), (2, 2, Some(1.0)));
+        assert_eq!(
+            (c.control_docs, c.control_with_calls, c.control_rate),
+            (2, 1, Some(0.5))
+        );
+        let k = &m.calendar;
+        assert_eq!(
+            (k.kept, k.sites, k.sites_hit, k.recall),
+            (1, 1, 1, Some(1.0))
+        );
+        let t = targets(&m);
+        assert_eq!(
+            t.iter().map(|t| t.pass).collect::<Vec<_>>(),
+            [false, true, false]
+        );
+
+        // A call near the site but at neither offset does not count; missing records keep
+        // nothing.
+        let near = vec![record(
+            1,
+            &docs[0],
+            vec![call("Calculator", s1.offset - 1, "70", true)],
+        )];
+        let m = evaluate(&docs, &near);
+        assert_eq!(m.calculator.sites_hit, 0);
+        assert_eq!(m.calculator.correct, 0, "\"s 70\": not a number first");
+        assert_eq!(m.records, 1);
+        assert_eq!(m.calendar.recall, Some(0.0));
+    }
+
+    #[test]
+    fn nothing_kept_means_no_precision_and_misses() {
+        let docs = crate::demo::corpus::generate(5, 30);
+        let records: Vec<CStarRecord> = docs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| record(i as u64 + 1, d, vec![]))
+            .collect();
+        let m = evaluate(&docs, &records);
+        assert_eq!(m.calculator.precision, None);
+        assert_eq!(m.calculator.recall, Some(0.0));
+        let t = targets(&m);
+        assert!(!t[0].pass && !t[1].pass);
+        assert_eq!(t[2].pass, m.calculator.control_docs > 0);
+        let summary =
+            crate::annotate::summary::SummaryBuilder::new(&[ToolKind::Calculator]).finish(1.5);
+        let report = EvalReport::new(5, m, &summary, 2.0, Path::new("c.jsonl"));
+        let text = report.render();
+        assert!(text.contains("MISS") && text.contains("n/a"), "{text}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["metrics"]["calculator"]["precision"], json!(null));
+        assert_eq!(json["tools"][0]["tool"], "Calculator");
+    }
+}

@@ -1,0 +1,206 @@
+//! Does the demo model use its tools while it writes? `toolsift generate`'s loop on arithmetic
+//! prompts from the demo generator, with tools and without, on the same prompts.
+//!
+//! A prompt is an arithmetic document cut right before a calculator site ("Out of 540 voters,
+//! 108 (or"); the answer is the number the document writes there ("20"). A completion answers
+//! correctly when its first number outside any call ("[...]") equals it. "With tools" is the
+//! paper's setting (a call may start when "[" is within the top 10, at most one call); "without"
+//! disables calls (`max_calls` 0: the openers are never written), as the paper's "Toolformer
+//! (disabled)".
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::annotate::config::ToolKind;
+use crate::annotate::tools::ToolRegistry;
+use crate::error::Result;
+use crate::generate::{generate, GenerateOptions, Generation, Prompt};
+use crate::model::tokenizer::Tokenizer;
+use crate::sample::Decoder;
+
+use super::corpus::{iso, DemoDoc};
+use super::eval::number_after;
+
+/// One prompt and the number that should follow it.
+#[derive(Debug, Clone)]
+pub struct ArithmeticPrompt {
+    pub prompt: Prompt,
+    pub answer: String,
+}
+
+/// Every calculator site of `docs` as a prompt: the text up to the site (before its space).
+pub fn arithmetic_prompts(docs: &[DemoDoc]) -> Vec<ArithmeticPrompt> {
+    docs.iter()
+        .flat_map(|doc| {
+            doc.sites
+                .iter()
+                .filter(|s| s.tool == ToolKind::Calculator)
+                .enumerate()
+                .map(move |(k, s)| ArithmeticPrompt {
+                    prompt: Prompt {
+                        text: doc.text[..s.offset].to_string(),
+                        id: format!("{}#{k}", doc.id),
+                        url: None,
+                        date: Some(iso(doc.date)),
+                    },
+                    answer: s.answer.clone(),
+                })
+        })
+        .collect()
+}
+
+/// The first number of `completion` outside calls: "[...]" spans (an unclosed "[" runs to the
+/// end) are skipped.
+pub fn answer_in(completion: &str) -> Option<f64> {
+    let mut outside = String::with_capacity(completion.len());
+    let mut depth = 0usize;
+    for c in completion.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' if depth > 0 => {
+                depth -= 1;
+                outside.push(' ');
+            }
+            _ if depth == 0 => outside.push(c),
+            _ => {}
+        }
+    }
+    let start = outside.find(|c: char| c.is_ascii_digit())?;
+    number_after(&outside, start)
+}
+
+/// Correct answers with and without tools, on the same prompts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolUseReport {
+    pub prompts: usize,
+    pub correct_with_tools: usize,
+    pub correct_without_tools: usize,
+    /// Completions (with tools) that made a call, and those whose call returned a result.
+    pub calls_made: usize,
+    pub calls_with_result: usize,
+    pub accuracy_with_tools: f64,
+    pub accuracy_without_tools: f64,
+    pub secs: f64,
+    /// A few completions with tools, for the eye: (prompt, completion, answer).
+    pub examples: Vec<(String, String, String)>,
+}
+
+impl ToolUseReport {
+    pub fn render(&self) -> String {
+        format!(
+            "tool use (generate, greedy, same {} arithmetic prompts): with tools {}/{} correct \
+             ({:.3}; {} made a call, {} got a result), without tools {}/{} ({:.3}); {:.1} s\n",
+            self.prompts,
+            self.correct_with_tools,
+            self.prompts,
+            self.accuracy_with_tools,
+            self.calls_made,
+            self.calls_with_result,
+            self.correct_without_tools,
+            self.prompts,
+            self.accuracy_without_tools,
+            self.secs
+        )
+    }
+}
+
+fn correct(gen: &Generation, answer: &str) -> bool {
+    match (answer_in(&gen.completion), answer.parse::<f64>()) {
+        (Some(got), Ok(want)) => (got - want).abs() < 1e-9,
+        _ => false,
+    }
+}
+
+/// Generates every prompt twice (tools on, tools off) with greedy decoding and counts correct
+/// answers.
+pub fn compare(
+    decoder: &dyn Decoder,
+    tokenizer: &Tokenizer,
+    tools: &ToolRegistry,
+    prompts: &[ArithmeticPrompt],
+    n_positions: usize,
+) -> Result<ToolUseReport> {
+    let start = Instant::now();
+    let texts: Vec<Prompt> = prompts.iter().map(|p| p.prompt.clone()).collect();
+    let with = GenerateOptions {
+        max_new_tokens: 40,
+        n_positions: Some(n_positions),
+        ..GenerateOptions::default()
+    };
+    let without = GenerateOptions {
+        max_calls: 0,
+        ..with.clone()
+    };
+    let gens_with = generate(decoder, tokenizer, tools, &texts, &with)?;
+    let gens_without = generate(decoder, tokenizer, tools, &texts, &without)?;
+    let n = prompts.len();
+    let count = |gens: &[Generation]| {
+        gens.iter()
+            .zip(prompts)
+            .filter(|(g, p)| correct(g, &p.answer))
+            .count()
+    };
+    let (cw, cwo) = (count(&gens_with), count(&gens_without));
+    let ratio = |c: usize| if n == 0 { 0.0 } else { c as f64 / n as f64 };
+    Ok(ToolUseReport {
+        prompts: n,
+        correct_with_tools: cw,
+        correct_without_tools: cwo,
+        calls_made: gens_with.iter().filter(|g| !g.calls.is_empty()).count(),
+        calls_with_result: gens_with
+            .iter()
+            .filter(|g| g.calls.iter().any(|c| !c.result.is_empty()))
+            .count(),
+        accuracy_with_tools: ratio(cw),
+        accuracy_without_tools: ratio(cwo),
+        secs: start.elapsed().as_secs_f64(),
+        examples: gens_with
+            .iter()
+            .zip(prompts)
+            .take(3)
+            .map(|(g, p)| {
+                (
+                    p.prompt.text.clone(),
+                    g.completion.clone(),
+                    p.answer.clone(),
+                )
+            })
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::demo::corpus::{generate as generate_docs, DocKind};
+
+    #[test]
+    fn answers_skip_calls() {
+        assert_eq!(
+            answer_in(" [Calculator(108 / 540 * 100) -> 20] 20%)"),
+            Some(20.0)
+        );
+        assert_eq!(answer_in(" 45%) stayed."), Some(45.0));
+        assert_eq!(answer_in(" [Calculator(3 + 4) -> 7]"), None);
+        assert_eq!(answer_in(" [Calculator(3 + 4"), None);
+        assert_eq!(answer_in(" so 12.5 each"), Some(12.5));
+        assert_eq!(answer_in(" none"), None);
+    }
+
+    #[test]
+    fn prompts_stop_before_the_answer() {
+        let docs = generate_docs(4, 100);
+        let prompts = arithmetic_prompts(&docs);
+        let sites: usize = docs
+            .iter()
+            .filter(|d| d.kind == DocKind::Arithmetic)
+            .map(|d| d.sites.len())
+            .sum();
+        assert_eq!(prompts.len(), sites);
+        for p in &prompts {
+            assert!(!p.prompt.text.ends_with(' '));
+            assert!(p.answer.parse::<f64>().is_ok());
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! `toolsift annotate --demo` and `toolsift eval-demo` as a user runs them: the built binary,
+//! started from another working directory, with the assets materialized from the binary itself.
+//! Kept short with the hidden `--demo-docs N` and small `--docs`.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn toolsift(cwd: &Path, tmpdir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(args)
+        .current_dir(cwd)
+        .env("TMPDIR", tmpdir)
+        .env_remove("JOB_COMPLETION_INDEX")
+        .env_remove("SLURM_ARRAY_TASK_ID")
+        .output()
+        .expect("run toolsift")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+const DOCS: usize = 24;
+
+#[test]
+fn annotate_demo_runs_anywhere_and_replaces_its_output() {
+    let cwd = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = out_dir.path().join("c.jsonl");
+    let out_s = out.to_str().unwrap();
+    let n = DOCS.to_string();
+    let args = [
+        "annotate",
+        "--demo",
+        "--out",
+        out_s,
+        "--no-progress",
+        "--demo-docs",
+        &n,
+    ];
+    let first = toolsift(cwd.path(), tmp.path(), &args);
+    let err = stderr(&first);
+    assert!(first.status.success(), "{err}");
+    assert!(err.contains(out_s), "the output names the C* file: {err}");
+    assert!(err.contains("wall time"), "{err}");
+    assert!(
+        err.contains("Calculator") && err.contains("Calendar"),
+        "{err}"
+    );
+
+    // One C* line per corpus line, in order.
+    let corpus: Vec<Value> = toolsift::demo::assets::embedded_corpus()
+        .lines()
+        .take(DOCS)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let cstar = lines(&out);
+    assert_eq!(cstar.len(), DOCS);
+    for (c, d) in cstar.iter().zip(&corpus) {
+        assert_eq!(c["id"], d["id"]);
+        assert_eq!(c["text"], d["text"]);
+        assert!(c["calls"].is_array());
+    }
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.path().join("c.summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(summary["documents"], DOCS as u64);
+    let tools: Vec<&str> = summary["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["Calculator", "Calendar"]);
+    assert!(summary["tools"][0]["calls_sampled"].as_u64().unwrap() > 0);
+    assert!(out_dir.path().join("c.rejects.jsonl").exists());
+
+    // The assets were written under TMPDIR, nothing into the working directory.
+    let materialized: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(materialized.len(), 1, "{materialized:?}");
+    assert!(materialized[0].starts_with("toolsift-demo-"));
+    assert_eq!(std::fs::read_dir(cwd.path()).unwrap().count(), 0);
+
+    // Again: the finished output is replaced, byte for byte the same.
+    let second = toolsift(cwd.path(), tmp.path(), &args);
+    let err = stderr(&second);
+    assert!(second.status.success(), "{err}");
+    assert!(err.contains("replacing the previous output"), "{err}");
+    assert_eq!(lines(&out), cstar);
+}
+
+#[test]
+fn annotate_demo_default_output_is_in_the_working_directory() {
+    let cwd = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let o = toolsift(
+        cwd.path(),
+        tmp.path(),
+        &["annotate", "--demo", "--no-progress", "--demo-docs", "3"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = cwd.path().join("toolsift-demo").join("cstar.jsonl");
+    assert_eq!(lines(&out).len(), 3);
+    assert!(stderr(&o).contains("cstar.jsonl"));
+}
+
+#[test]
+fn demo_flags_conflict_with_model_corpus_and_config() {
+    let cwd = tempfile::tempdir().unwrap();
+    for extra in [["--model", "m"], ["--corpus", "c"], ["--config", "t"]] {
+        let mut args = vec!["annotate", "--demo"];
+        args.extend(extra);
+        let o = toolsift(cwd.path(), cwd.path(), &args);
+        assert!(!o.status.success());
+        assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
+    }
+    // --print-config shows the demo's settings.
+    let o = toolsift(
+        cwd.path(),
+        cwd.path(),
+        &["annotate", "--demo", "--print-config"],
+    );
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("placement = \"inline\""), "{text}");
+    assert!(text.contains("Add Calculator calls."), "{text}");
+}
+
+#[test]
+fn eval_demo_json_parses() {
+    let cwd = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let o = toolsift(
+        cwd.path(),
+        tmp.path(),
+        &["eval-demo", "--docs", "20", "--json", "--no-progress"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: Value = serde_json::from_slice(&o.stdout).expect("one JSON object on stdout");
+    assert_eq!(report["seed"], 2);
+    assert_eq!(report["metrics"]["docs"], 20);
+    assert_eq!(report["metrics"]["records"], 20);
+    let calc = &report["metrics"]["calculator"];
+    for key in ["precision", "recall", "control_rate", "kept", "sites"] {
+        assert!(calc.get(key).is_some(), "{key}: {report}");
+    }
+    assert!(report["metrics"]["calendar"]["kept"].is_u64());
+    assert_eq!(report["targets"].as_array().unwrap().len(), 3);
+    assert_eq!(report["tools"].as_array().unwrap().len(), 2);
+    assert!(report["wall_secs"].as_f64().unwrap() > 0.0);
+    let dir = cwd.path().join("toolsift-demo-eval");
+    assert_eq!(lines(&dir.join("corpus.jsonl")).len(), 20);
+    assert_eq!(lines(&dir.join("cstar.jsonl")).len(), 20);
+    assert!(dir.join("eval.json").exists());
+}
