@@ -11,7 +11,7 @@ use toolsift::demo::train::{self, TrainOptions};
 #[command(about = "Train the demo GPT-J (candle autograd, CPU) and write a toolsift model folder")]
 struct Cli {
     /// Output folder: config.json, model.safetensors, tokenizer.json, training.json.
-    #[arg(long, required_unless_present = "profile_len")]
+    #[arg(long, required_unless_present_any = ["profile_len", "check"])]
     out: Option<PathBuf>,
     /// Seed of the weights and of the batch order (and of the corpus unless --data-seed). The demo
     /// model uses 1: the embedded corpus (`DEMO_CORPUS_SEED`) and eval-demo's set (2) are held out.
@@ -66,6 +66,10 @@ struct Cli {
     /// Only time training steps on random ids of this length (no corpus, nothing written).
     #[arg(long)]
     profile_len: Option<usize>,
+    /// Only check an existing folder: the candle forward of its weights against toolsift's f64
+    /// reference on --check-sequences training sequences of the data seed (nothing trained).
+    #[arg(long, conflicts_with = "profile_len")]
+    check: Option<PathBuf>,
     /// Steps timed by --profile-len (after one warm-up step).
     #[arg(long, default_value_t = 5)]
     profile_steps: usize,
@@ -148,6 +152,17 @@ fn main() -> Result<()> {
         );
         return Ok(());
     }
+    if let Some(dir) = &cli.check {
+        let check = train::check_folder(dir, &o)?;
+        let vocab = toolsift::GptjConfig::from_file(&dir.join("config.json"))?.vocab_size;
+        println!("{}: {}", dir.display(), check.describe(vocab));
+        anyhow::ensure!(
+            check.passes(),
+            "candle and toolsift's reference disagree by more than 1e-4 (and more than twice the \
+             engine's own f32 error)"
+        );
+        return Ok(());
+    }
     let out = cli.out.expect("clap requires --out");
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let report = train::run(&out, &o, &command, &mut |line| println!("{line}"))?;
@@ -158,7 +173,7 @@ fn main() -> Result<()> {
         report.train_s,
         report.mean_step_s,
         report.losses.last().map_or(f64::NAN, |e| e.loss),
-        report.reference_max_abs_diff
+        report.reference.max_abs_diff
     );
     Ok(())
 }
