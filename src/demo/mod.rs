@@ -7,6 +7,8 @@ pub mod assets;
 pub mod corpus;
 pub mod eval;
 pub mod tool_use;
+#[cfg(feature = "train")]
+pub mod train;
 
 /// Seed of the demo corpus embedded in the binary (assets/demo/corpus.jsonl): held out, neither
 /// the trainer's seed (1) nor `eval-demo`'s default (2).

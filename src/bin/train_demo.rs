@@ -1,0 +1,179 @@
+//! train-demo: trains the demo GPT-J and its tokenizer on the synthetic corpus and writes a model
+//! folder that `toolsift` loads (docs/demo-model.md). The work is in `toolsift::demo::train`.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Parser;
+use toolsift::demo::train::{self, TrainOptions};
+
+#[derive(Parser)]
+#[command(about = "Train the demo GPT-J (candle autograd, CPU) and write a toolsift model folder")]
+struct Cli {
+    /// Output folder: config.json, model.safetensors, tokenizer.json, training.json.
+    #[arg(long, required_unless_present_any = ["profile_len", "check"])]
+    out: Option<PathBuf>,
+    /// Seed of the weights and of the batch order (and of the corpus unless --data-seed). The demo
+    /// model uses 1: the embedded corpus (`DEMO_CORPUS_SEED`) and eval-demo's set (2) are held out.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seed of the corpus generator (default: --seed).
+    #[arg(long)]
+    data_seed: Option<u64>,
+    /// Documents generated for training.
+    #[arg(long, default_value_t = 20_000)]
+    docs: usize,
+    #[arg(long, default_value_t = 3000)]
+    steps: usize,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f64,
+    #[arg(long, default_value_t = 100)]
+    warmup: usize,
+    /// Final learning rate as a fraction of the peak (cosine decay).
+    #[arg(long, default_value_t = 0.1)]
+    final_lr_frac: f64,
+    #[arg(long, default_value_t = 0.01)]
+    weight_decay: f64,
+    /// Global gradient-norm clip (0: none).
+    #[arg(long, default_value_t = 1.0)]
+    grad_clip: f64,
+    /// Threads for candle's matrix products (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Tokenizer size, <|endoftext|> included (the model's vocabulary is padded to a multiple of 8).
+    #[arg(long, default_value_t = 512)]
+    vocab_size: usize,
+    #[arg(long, default_value_t = 4)]
+    n_layer: usize,
+    #[arg(long, default_value_t = 128)]
+    n_embd: usize,
+    #[arg(long, default_value_t = 4)]
+    n_head: usize,
+    #[arg(long, default_value_t = 16)]
+    rotary_dim: usize,
+    #[arg(long, default_value_t = 256)]
+    n_positions: usize,
+    /// Print (and record) the mean loss and step time every N steps.
+    #[arg(long, default_value_t = 50)]
+    log_every: usize,
+    /// Training sequences compared against toolsift's f64 reference after training.
+    #[arg(long, default_value_t = 4)]
+    check_sequences: usize,
+    /// Only time training steps on random ids of this length (no corpus, nothing written).
+    #[arg(long)]
+    profile_len: Option<usize>,
+    /// Only check an existing folder: the candle forward of its weights against toolsift's f64
+    /// reference on --check-sequences training sequences of the data seed (nothing trained).
+    #[arg(long, conflicts_with = "profile_len")]
+    check: Option<PathBuf>,
+    /// Steps timed by --profile-len (after one warm-up step).
+    #[arg(long, default_value_t = 5)]
+    profile_steps: usize,
+}
+
+/// Keeps freed tensor buffers in the heap instead of returning them to the kernel: a training
+/// step allocates and frees the same large buffers over and over, and glibc's default (buffers of
+/// 128 KiB and more are fresh mmaps) made a step almost twice as long in page faults.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_freed_memory() {
+    extern "C" {
+        fn mallopt(param: i32, value: i32) -> i32;
+    }
+    const M_TRIM_THRESHOLD: i32 = -1;
+    const M_MMAP_THRESHOLD: i32 = -3;
+    // SAFETY: mallopt only changes glibc's allocation thresholds; called before any other thread.
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, 32 << 20); // glibc's maximum
+        mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn keep_freed_memory() {}
+
+fn main() -> Result<()> {
+    keep_freed_memory();
+    let cli = Cli::parse();
+    let threads = cli.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    // candle sizes its GEMM parallelism from RAYON_NUM_THREADS, read at each product; set it
+    // before any thread exists. candle's elementwise ops run on a second, spinning pool
+    // (CANDLE_NUM_THREADS): on a small machine its spinning workers fight the GEMM threads and the
+    // fused ops' rayon tasks (2 cores: a step took twice as long), so it stays at one thread.
+    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()?;
+    let o = TrainOptions {
+        seed: cli.seed,
+        data_seed: cli.data_seed.unwrap_or(cli.seed),
+        docs: cli.docs,
+        steps: cli.steps,
+        batch: cli.batch,
+        lr: cli.lr,
+        warmup: cli.warmup,
+        final_lr_frac: cli.final_lr_frac,
+        weight_decay: cli.weight_decay,
+        grad_clip: cli.grad_clip,
+        vocab_size: cli.vocab_size,
+        n_layer: cli.n_layer,
+        n_embd: cli.n_embd,
+        n_head: cli.n_head,
+        rotary_dim: cli.rotary_dim,
+        n_positions: cli.n_positions,
+        log_every: cli.log_every,
+        check_sequences: cli.check_sequences,
+        threads,
+        ..TrainOptions::default()
+    };
+    if let Some(len) = cli.profile_len {
+        let t = train::profile(&o, len, cli.profile_steps)?;
+        println!(
+            "profile: batch {} x {len} tokens, {threads} threads: {:.3}s/step = batch {:.3} + \
+             forward {:.3} + backward {:.3} + optimizer {:.3}; {} steps would take {:.0} min",
+            o.batch,
+            t.total(),
+            t.batch,
+            t.forward,
+            t.backward,
+            t.optimizer,
+            o.steps,
+            t.total() * o.steps as f64 / 60.0
+        );
+        return Ok(());
+    }
+    if let Some(dir) = &cli.check {
+        let check = train::check_folder(dir, &o)?;
+        let vocab = toolsift::GptjConfig::from_file(&dir.join("config.json"))?.vocab_size;
+        println!("{}: {}", dir.display(), check.describe(vocab));
+        anyhow::ensure!(
+            check.passes(),
+            "candle and toolsift's reference disagree by more than 1e-4 (and more than twice the \
+             engine's own f32 error)"
+        );
+        return Ok(());
+    }
+    let out = cli.out.expect("clap requires --out");
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let report = train::run(&out, &o, &command, &mut |line| println!("{line}"))?;
+    println!(
+        "wrote {} ({} steps in {:.0}s, {:.3}s/step; final loss {:.4}; reference max diff {:.2e})",
+        out.display(),
+        report.steps,
+        report.train_s,
+        report.mean_step_s,
+        report.losses.last().map_or(f64::NAN, |e| e.loss),
+        report.reference.max_abs_diff
+    );
+    Ok(())
+}
