@@ -847,10 +847,18 @@ fn demo_model_kv_cached_loop_equals_full_forwards_and_calls_start_exactly_within
                 let row = &log.iter().find(|(s, _)| *s == seq).expect("row logged").1;
                 let rank = opener_rank(row, &openers);
                 if openers.contains(&t) {
-                    assert!(rank < k, "opened at rank {rank} with k {k}: {:?}", g.completion);
+                    assert!(
+                        rank < k,
+                        "opened at rank {rank} with k {k}: {:?}",
+                        g.completion
+                    );
                     break;
                 }
-                assert!(rank >= k, "opener at rank {rank} < k {k} not taken: {:?}", g.completion);
+                assert!(
+                    rank >= k,
+                    "opener at rank {rank} < k {k} not taken: {:?}",
+                    g.completion
+                );
                 seq.push(t);
             }
             // The model calls, the result is spliced, and decoding resumes after it.
@@ -859,7 +867,11 @@ fn demo_model_kv_cached_loop_equals_full_forwards_and_calls_start_exactly_within
             assert_eq!((c.tool.as_str(), c.status), ("Calculator", CallStatus::Ok));
             let spliced = format!("-> {}]", c.result);
             let after = g.completion.find(&spliced).expect("result spliced") + spliced.len();
-            assert!(g.completion.len() > after, "decoding resumed: {:?}", g.completion);
+            assert!(
+                g.completion.len() > after,
+                "decoding resumed: {:?}",
+                g.completion
+            );
         }
     }
 }
@@ -901,5 +913,8 @@ fn demo_model_budget_and_tools_on_versus_off() {
         "demo model, {} arithmetic prompts: {c_with} correct with tools, {c_without} without",
         prompts.len()
     );
-    assert!(c_with >= c_without + prompts.len() / 2, "{c_with} vs {c_without}");
+    assert!(
+        c_with >= c_without + prompts.len() / 2,
+        "{c_with} vs {c_without}"
+    );
 }
