@@ -8,7 +8,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::gemm::{matmul, matmul_wt};
-use super::{ops, CpuScorer};
+use super::{ops, CpuScorer, RunStats};
 use crate::plan::Plan;
 
 /// Keys and values of every cached token, per layer, and the nodes that read them.
@@ -153,37 +153,27 @@ impl CpuScorer {
         groups: &[(Vec<Range<usize>>, usize, usize)],
     ) -> Vec<f32> {
         let c = &self.config;
-        let (d, f) = (c.n_embd, c.inner_dim());
-        let (n_head, head_dim) = (c.n_head, c.head_dim());
-        let eps = c.layer_norm_epsilon as f32;
+        let (d, n_head, head_dim) = (c.n_embd, c.n_head, c.head_dim());
         let n = ids.len();
         let base = tree.rows;
         tree.rows += n;
-        let mut x = vec![0f32; n * d]; // [n, d]
-        let mut h = vec![0f32; n * d]; // [n, d]
-        let mut qkv = vec![0f32; n * 3 * d]; // [n, 3d]
-        let mut ctx = vec![0f32; n * d]; // [n, d]
-        let mut mlp = vec![0f32; n * f]; // [n, f]
-        ops::embed(&self.weights.wte, ids, d, &mut x);
-        for (l, block) in self.weights.h.iter().enumerate() {
-            ops::layer_norm(&x, &block.ln_1, eps, d, &mut h);
-            matmul_wt(&h, &block.qkv, &mut qkv, [n, 3 * d, d], false, true);
-            ops::rotary_qk(&mut qkv, positions, &self.rotary, n_head, head_dim);
-            let (k, v) = (&mut tree.k[l], &mut tree.v[l]);
-            k.resize((base + n) * d, 0.0);
-            v.resize((base + n) * d, 0.0);
-            for (t, row) in qkv.chunks(3 * d).enumerate() {
-                k[(base + t) * d..][..d].copy_from_slice(&row[d..2 * d]);
-                v[(base + t) * d..][..d].copy_from_slice(&row[2 * d..]);
-            }
-            cached_attention(groups, &qkv, k, v, n_head, head_dim, &mut ctx);
-            matmul_wt(&h, &block.fc_in, &mut mlp, [n, f, d], false, true);
-            ops::bias_gelu_new(&mut mlp, &block.fc_in_b);
-            matmul_wt(&ctx, &block.out_proj, &mut x, [n, d, d], true, true);
-            matmul_wt(&mlp, &block.fc_out, &mut x, [n, d, f], true, true);
-            ops::add_bias(&mut x, &block.fc_out_b);
-        }
-        x
+        let mut stats = RunStats::default(); // decoding keeps no stage times
+        self.trunk(
+            ids,
+            positions,
+            |l, qkv, ctx| {
+                // This layer's new K/V rows go to the store, then attend over cached rows.
+                let (k, v) = (&mut tree.k[l], &mut tree.v[l]);
+                k.resize((base + n) * d, 0.0);
+                v.resize((base + n) * d, 0.0);
+                for (t, row) in qkv.chunks(3 * d).enumerate() {
+                    k[(base + t) * d..][..d].copy_from_slice(&row[d..2 * d]);
+                    v[(base + t) * d..][..d].copy_from_slice(&row[2 * d..]);
+                }
+                cached_attention(groups, qkv, k, v, n_head, head_dim, ctx);
+            },
+            &mut stats,
+        )
     }
 
     /// Full log-softmax rows ([rows, vocab]) from final residual rows ([rows, d]).

@@ -9,6 +9,7 @@ pub mod gemm;
 pub mod head;
 pub mod ops;
 pub mod sampler;
+mod trunk;
 pub mod weights;
 
 use std::time::Instant;
@@ -86,40 +87,19 @@ impl CpuScorer {
     /// Runs one plan: log p(target | row) for every target.
     pub fn execute(&self, plan: &Plan, stats: &mut RunStats) -> Vec<f64> {
         let c = &self.config;
-        let (n, d, f) = (plan.n_tokens(), c.n_embd, c.inner_dim());
         let (n_head, head_dim) = (c.n_head, c.head_dim());
-        let eps = c.layer_norm_epsilon as f32;
-        if n == 0 {
+        if plan.n_tokens() == 0 {
             return Vec::new();
         }
-        let mut x = vec![0f32; n * d]; // [n, d] residual stream
-        let mut h = vec![0f32; n * d]; // [n, d] ln_1 output
-        let mut qkv = vec![0f32; n * 3 * d]; // [n, 3d]
-        let mut ctx = vec![0f32; n * d]; // [n, d] attention output before out_proj
-        let mut mlp = vec![0f32; n * f]; // [n, f]
-        ops::embed(&self.weights.wte, &plan.tokens, d, &mut x);
-        for block in &self.weights.h {
-            ops::layer_norm(&x, &block.ln_1, eps, d, &mut h);
-            let t = Instant::now();
-            gemm::matmul_wt(&h, &block.qkv, &mut qkv, [n, 3 * d, d], false, true);
-            stats.trunk_gemm_secs += t.elapsed().as_secs_f64();
-            ops::rotary_qk(&mut qkv, &plan.positions, &self.rotary, n_head, head_dim);
-            let t = Instant::now();
-            attention::tree_attention(plan, &qkv, n_head, head_dim, &mut ctx);
-            stats.attention_secs += t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            gemm::matmul_wt(&h, &block.fc_in, &mut mlp, [n, f, d], false, true);
-            stats.trunk_gemm_secs += t.elapsed().as_secs_f64();
-            ops::bias_gelu_new(&mut mlp, &block.fc_in_b);
-            // Parallel residual: x += out_proj(ctx) + fc_out(mlp) + b, accumulated in place.
-            let t = Instant::now();
-            gemm::matmul_wt(&ctx, &block.out_proj, &mut x, [n, d, d], true, true);
-            gemm::matmul_wt(&mlp, &block.fc_out, &mut x, [n, d, f], true, true);
-            stats.trunk_gemm_secs += t.elapsed().as_secs_f64();
-            ops::add_bias(&mut x, &block.fc_out_b);
-        }
+        let x = self.trunk(
+            &plan.tokens,
+            &plan.positions,
+            |_, qkv, ctx| attention::tree_attention(plan, qkv, n_head, head_dim, ctx),
+            stats,
+        );
         let t = Instant::now();
-        let out = head::head_log_probs(plan, &x, &self.weights, d, c.vocab_size, eps, 64);
+        let eps = c.layer_norm_epsilon as f32;
+        let out = head::head_log_probs(plan, &x, &self.weights, c.n_embd, c.vocab_size, eps, 64);
         stats.head_secs += t.elapsed().as_secs_f64();
         out
     }
