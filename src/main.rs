@@ -219,8 +219,11 @@ struct ScoreArgs {
 #[derive(clap::Args)]
 struct GenerateArgs {
     /// Hugging Face GPT-J folder with tokenizer.json.
-    #[arg(long)]
-    model: PathBuf,
+    #[arg(long, required_unless_present = "demo")]
+    model: Option<PathBuf>,
+    /// Use the demo GPT-J built into the binary (docs/demo.md) instead of --model.
+    #[arg(long, conflicts_with = "model")]
+    demo: bool,
     /// One prompt; prints its completion line.
     #[arg(long, conflicts_with = "input", required_unless_present = "input")]
     prompt: Option<String>,
@@ -658,11 +661,15 @@ fn merge(args: MergeArgs) -> Result<ExitCode> {
 
 fn generate(args: GenerateArgs) -> Result<ExitCode> {
     use toolsift::generate::{self, jsonl::generate_jsonl, GenerateOptions};
-    let model = Model::load(&args.model)?;
+    let model_dir = match &args.model {
+        Some(dir) => dir.clone(),
+        None => toolsift::demo::assets::materialize().context("writing the demo assets")?,
+    };
+    let model = Model::load(&model_dir)?;
     let tokenizer = model
         .tokenizer
         .as_ref()
-        .with_context(|| format!("{}: no tokenizer.json", args.model.display()))?;
+        .with_context(|| format!("{}: no tokenizer.json", model_dir.display()))?;
     let tools = generate::tools_from_config(args.config.as_deref(), args.tools.as_deref())?;
     let options = GenerateOptions {
         max_new_tokens: args.max_new_tokens,

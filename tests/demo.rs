@@ -183,3 +183,27 @@ fn eval_demo_json_parses_and_meets_the_targets() {
     assert_eq!(lines(&dir.join("cstar.jsonl")).len(), 80);
     assert!(dir.join("eval.json").exists());
 }
+
+#[test]
+fn generate_demo_calls_the_calculator_and_uses_its_result() {
+    let cwd = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let o = toolsift(
+        cwd.path(),
+        tmp.path(),
+        &[
+            "generate",
+            "--demo",
+            "--prompt",
+            "Out of 540 voters, 108 (or",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line: Value = serde_json::from_slice(&o.stdout).expect("one JSON line");
+    let calls = line["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{line}");
+    assert_eq!(calls[0]["tool"], "Calculator");
+    assert_eq!(calls[0]["result"], "20");
+    let completion = line["completion"].as_str().unwrap();
+    assert!(completion.contains("-> 20] 20%"), "{completion}");
+}
