@@ -186,7 +186,16 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
     safetensors::tensor::serialize_to_file(views, None, path).map_err(|e| Error::Checkpoint {
         path: path.to_owned(),
         msg: format!("could not write safetensors: {e}"),
-    })
+    })?;
+    // safetensors writes through a private temporary file (mode 0600); a checkpoint is meant to
+    // be shared like any other output file.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| Error::io(path, e))?;
+    }
+    Ok(())
 }
 
 /// Writes `model` as a safetensors folder (config.json, model.safetensors, tokenizer.json when the
