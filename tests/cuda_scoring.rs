@@ -351,7 +351,7 @@ fn cuda_bench() {
         "cands_per_s": cands.len() as f64 / median,
         "tokens_per_s": stats.unique_tokens as f64 / median,
         "trunk_tflops": flop_per_token * stats.unique_tokens as f64 / median / 1e12,
-        "stage_secs_profiled": format!("{:?}", scorer.last_stage_secs()),
+        "stage_secs_profiled": scorer.last_stage_secs(),
         // Weights plus the largest chunk's activations and K/V (the scorer's own accounting).
         "device_bytes_planned": scorer.weights_bytes()
             + stats.unique_tokens.div_ceil(stats.chunks.max(1)) * scorer.bytes_per_token(),

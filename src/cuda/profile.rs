@@ -22,7 +22,7 @@ pub(crate) enum Stage {
 }
 
 /// Seconds per stage, summed over a call.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct StageSecs {
     pub setup: f64,
     pub elementwise: f64,
