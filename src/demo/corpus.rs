@@ -120,7 +120,7 @@ impl DemoDoc {
         json!({
             "id": self.id,
             "text": self.text,
-            "date": iso(self.date),
+            "date": self.date.to_string(),
             "kind": self.kind.name(),
             "sites": self.sites.iter().map(|s| json!({
                 "tool": s.tool.key(),
@@ -149,11 +149,6 @@ impl DemoDoc {
             .collect();
         splice(&self.text, &calls)
     }
-}
-
-/// The date as "YYYY-MM-DD" (the corpus's "date" field).
-pub fn iso(d: Date) -> String {
-    format!("{:04}-{:02}-{:02}", d.year(), d.month(), d.day())
 }
 
 /// The demo's annotation prompt for a tool: short, because P(x) holds x twice and the demo

@@ -19,7 +19,7 @@ use crate::generate::{generate, GenerateOptions, Generation, Prompt};
 use crate::model::tokenizer::Tokenizer;
 use crate::sample::Decoder;
 
-use super::corpus::{iso, DemoDoc};
+use super::corpus::DemoDoc;
 use super::eval::number_after;
 
 /// One prompt and the number that should follow it.
@@ -42,7 +42,7 @@ pub fn arithmetic_prompts(docs: &[DemoDoc]) -> Vec<ArithmeticPrompt> {
                         text: doc.text[..s.offset].to_string(),
                         id: format!("{}#{k}", doc.id),
                         url: None,
-                        date: Some(iso(doc.date)),
+                        date: Some(doc.date.to_string()),
                     },
                     answer: s.answer.clone(),
                 })

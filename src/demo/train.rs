@@ -30,6 +30,7 @@ use candle_core::{Device, Tensor, Var, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use serde::Serialize;
 
+use crate::cpu::ops::RotaryTable;
 use crate::model::checkpoint::write_safetensors;
 use crate::model::weights::expected_tensors;
 use crate::model::{GptjConfig, Tensor as CheckpointTensor};
@@ -825,14 +826,8 @@ impl TrainModel {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let (n_pos, rot) = (config.n_positions, config.rotary_dim());
-        let half = rot / 2;
-        let angles: Vec<f64> = (0..n_pos)
-            .flat_map(|p| {
-                (0..half).map(move |i| p as f64 / 10000f64.powf((2 * i) as f64 / rot as f64))
-            })
-            .collect();
-        let table = |f: fn(f64) -> f64| Arc::new(angles.iter().map(|&a| f(a) as f32).collect());
+        // The engine's own table, so training and inference rotate by the same f32 values.
+        let table = RotaryTable::new(config.n_positions, config.rotary_dim());
         Ok(TrainModel {
             config: config.clone(),
             wte: get("transformer.wte.weight")?,
@@ -843,9 +838,9 @@ impl TrainModel {
             blocks,
             named,
             rotary: fused::Rotary {
-                cos: table(f64::cos),
-                sin: table(f64::sin),
-                half,
+                cos: Arc::new(table.cos),
+                sin: Arc::new(table.sin),
+                half: table.half,
                 inverse: false,
             },
         })
@@ -1697,22 +1692,17 @@ mod tests {
 
         // Rotary: [B, T, H, hd] with 3 of 4 pairs rotated.
         let (b, t, h, hd, half, n_pos) = (2, 5, 3, 8, 3, 9);
-        let angles: Vec<f64> = (0..n_pos)
-            .flat_map(|p| {
-                (0..half).map(move |i| p as f64 / 10000f64.powf((2 * i) as f64 / (2 * half) as f64))
-            })
-            .collect();
+        let rt = RotaryTable::new(n_pos, 2 * half);
         let rotary = fused::Rotary {
-            cos: Arc::new(angles.iter().map(|a| a.cos() as f32).collect()),
-            sin: Arc::new(angles.iter().map(|a| a.sin() as f32).collect()),
+            cos: Arc::new(rt.cos.clone()),
+            sin: Arc::new(rt.sin.clone()),
             half,
             inverse: false,
         };
-        let table = |f: fn(f64) -> f64| {
-            let v: Vec<f32> = angles[..t * half].iter().map(|&a| f(a) as f32).collect();
-            Tensor::from_vec(v, (t, 1, half, 1), &Device::Cpu).unwrap()
+        let table = |v: &[f32]| {
+            Tensor::from_vec(v[..t * half].to_vec(), (t, 1, half, 1), &Device::Cpu).unwrap()
         };
-        let (cos, sin) = (table(f64::cos), table(f64::sin));
+        let (cos, sin) = (table(&rt.cos), table(&rt.sin));
         check(
             "rotary",
             &[random(&[b, t, h, hd], &mut rng, 1.0)],
