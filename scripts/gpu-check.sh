@@ -65,28 +65,27 @@ TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) step cuda_scoring 60 "$BIN/cuda_scorin
 TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) step cuda_sampling 45 "$BIN/cuda_sampling" --nocapture
 
 # 3. benchmarks: transformers first (it makes the weights and the workload), then toolsift.
+# toolsift on the weights and workload hf_baseline.py made: name size placement reps [VAR=VALUE...]
+ts_bench() {
+  local name=$1 size=$2 placement=$3 reps=$4; shift 4
+  step "$name" 75 env TOOLSIFT_BENCH_MODEL="$OUT/bench/gptj-$size" \
+    TOOLSIFT_BENCH_INPUT="$OUT/bench/workload-$size.jsonl" TOOLSIFT_BENCH_OUTPUT="$OUT/$name.json" \
+    TOOLSIFT_BENCH_PLACEMENT="$placement" TOOLSIFT_BENCH_REPS="$reps" "$@" \
+    "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
+}
 bench() { # size texts timeout: transformers' two scorers on both placements, then toolsift
   local size=$1 texts=$2 t=$3
   step "hf_$size" "$t" python3 scripts/hf_baseline.py --out "$OUT/bench" --size "$size" \
        --texts "$texts" --reps 3
   [[ ${status[hf_$size]} -eq 0 ]] || return
   for placement in prefix inline; do
-    TOOLSIFT_BENCH_MODEL="$OUT/bench/gptj-$size" TOOLSIFT_BENCH_INPUT="$OUT/bench/workload-$size.jsonl" \
-    TOOLSIFT_BENCH_OUTPUT="$OUT/toolsift_${size}_$placement.json" TOOLSIFT_BENCH_REPS=5 \
-    TOOLSIFT_BENCH_PLACEMENT=$placement \
-      step "toolsift_${size}_$placement" 75 "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
+    ts_bench "toolsift_${size}_$placement" "$size" "$placement" 5
     # Where the time goes: the same call with the stream synchronised after every stage.
-    TOOLSIFT_CUDA_PROFILE=1 TOOLSIFT_BENCH_MODEL="$OUT/bench/gptj-$size" \
-    TOOLSIFT_BENCH_INPUT="$OUT/bench/workload-$size.jsonl" TOOLSIFT_BENCH_REPS=1 \
-    TOOLSIFT_BENCH_OUTPUT="$OUT/profile_${size}_$placement.json" TOOLSIFT_BENCH_PLACEMENT=$placement \
-      step "profile_${size}_$placement" 60 "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
+    ts_bench "profile_${size}_$placement" "$size" "$placement" 1 TOOLSIFT_CUDA_PROFILE=1
   done
   # Inline again with packed attention tiles (CudaOptions::pack_tiles; off by default until
   # the suites above have passed with it: they test both layouts).
-  TOOLSIFT_PACK_TILES=1 TOOLSIFT_BENCH_MODEL="$OUT/bench/gptj-$size" \
-  TOOLSIFT_BENCH_INPUT="$OUT/bench/workload-$size.jsonl" TOOLSIFT_BENCH_REPS=5 \
-  TOOLSIFT_BENCH_OUTPUT="$OUT/toolsift_${size}_inline_packed.json" TOOLSIFT_BENCH_PLACEMENT=inline \
-    step "toolsift_${size}_inline_packed" 75 "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
+  ts_bench "toolsift_${size}_inline_packed" "$size" inline 5 TOOLSIFT_PACK_TILES=1
 }
 if [[ -n "${GPU_CHECK_QUICK:-}" ]]; then
   echo "GPU_CHECK_QUICK: correctness suites and extra checks only, no benchmarks"
