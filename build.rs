@@ -10,6 +10,11 @@
 //! the PyPI wheels (`nvidia-cuda-nvcc`: <purelib>/nvidia/cu13/bin/nvcc or nvidia/cuda_nvcc/bin/nvcc).
 //! The target is TOOLSIFT_CUDA_ARCH (default sm_90, the H200), compiled as compute_XY PTX.
 //! No --use_fast_math: f32 exp/log/tanh stay IEEE-accurate (STYLE.md 12).
+//!
+//! With the `emu` feature, also compiles every kernel for the host with the C++ compiler, through
+//! the CUDA emulator in kernels/emu (docs/kernels.md): a static library whose extern "C" kernels
+//! src/emu.rs launches on fibers. The only rewrite of a kernel's source is its `extern
+//! __shared__` array, which becomes a pointer into the launch's dynamic shared memory.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,9 +24,14 @@ const DEFAULT_ARCH: &str = "sm_90";
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rustc-check-cfg=cfg(toolsift_ptx)");
-    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
-        return;
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        build_ptx();
     }
+    #[cfg(feature = "emu")]
+    emu::build();
+}
+
+fn build_ptx() {
     for var in [
         "NVCC",
         "CUDA_HOME",
@@ -151,4 +161,79 @@ fn pypi_includes(nvcc: &Path) -> Vec<PathBuf> {
     .map(|rel| nvidia.join(rel))
     .filter(|p| p.is_dir())
     .collect()
+}
+
+#[cfg(feature = "emu")]
+mod emu {
+    use std::path::{Path, PathBuf};
+
+    /// kernels/*.cu -> OUT_DIR/emu/<stem>.cpp (cuda_emu.h first, `extern __shared__` rewritten)
+    /// -> one static library with kernels/emu/runtime.cpp.
+    pub fn build() {
+        let kernels = Path::new("kernels");
+        let emu = kernels.join("emu");
+        println!("cargo:rerun-if-changed=kernels");
+        for f in ["cuda_emu.h", "runtime.cpp", "include/cuda_bf16.h", "include/cuda_fp16.h", "include/mma.h"] {
+            println!("cargo:rerun-if-changed={}", emu.join(f).display());
+        }
+        let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("emu");
+        std::fs::create_dir_all(&out).expect("creating OUT_DIR/emu");
+        let mut sources: Vec<PathBuf> = std::fs::read_dir(kernels)
+            .expect("kernels/ exists")
+            .map(|e| e.expect("readable kernels/ entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+            .collect();
+        sources.sort();
+        let mut build = cc::Build::new();
+        build
+            .cpp(true)
+            .std("c++17")
+            .opt_level(2)
+            .flag("-fno-strict-aliasing")
+            .warnings(false)
+            .include(emu.join("include"))
+            .include(&emu)
+            .include(kernels)
+            .file(emu.join("runtime.cpp"));
+        for src in &sources {
+            println!("cargo:rerun-if-changed={}", src.display());
+            let text = std::fs::read_to_string(src)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", src.display()));
+            let abs = std::fs::canonicalize(src).unwrap_or_else(|_| src.clone());
+            let mut cpp = format!("#include \"cuda_emu.h\"\n#line 1 \"{}\"\n", abs.display());
+            for (i, line) in text.lines().enumerate() {
+                cpp += &rewrite_shared(line).unwrap_or_else(|e| {
+                    panic!("{}:{}: {e}", src.display(), i + 1)
+                });
+                cpp.push('\n');
+            }
+            let stem = src.file_stem().expect("file stem").to_string_lossy();
+            let dst = out.join(format!("{stem}.cpp"));
+            std::fs::write(&dst, cpp).unwrap_or_else(|e| panic!("writing {}: {e}", dst.display()));
+            build.file(dst);
+        }
+        build.compile("toolsift_emu");
+    }
+
+    /// `extern __shared__ [__align__(N)] TYPE NAME[];` -> `TYPE* const NAME = reinterpret_cast<
+    /// TYPE*>(::toolsift_emu::dynamic_shared());` (the runtime aligns it to 128 bytes); any other
+    /// line unchanged.
+    fn rewrite_shared(line: &str) -> Result<String, String> {
+        let Some(at) = line.find("extern __shared__") else {
+            return Ok(line.to_string());
+        };
+        let indent = &line[..at];
+        let mut rest = line[at + "extern __shared__".len()..].trim_start();
+        if let Some(r) = rest.strip_prefix("__align__(") {
+            let close = r.find(')').ok_or("unclosed __align__(")?;
+            rest = r[close + 1..].trim_start();
+        }
+        let decl_end = rest.find("[];").ok_or("expected `TYPE NAME[];` after extern __shared__")?;
+        let (decl, tail) = (&rest[..decl_end], &rest[decl_end + 3..]);
+        let split = decl.rfind(char::is_whitespace).ok_or("expected `TYPE NAME`")?;
+        let (ty, name) = (decl[..split].trim(), decl[split..].trim());
+        Ok(format!(
+            "{indent}{ty}* const {name} = reinterpret_cast<{ty}*>(::toolsift_emu::dynamic_shared());{tail}"
+        ))
+    }
 }

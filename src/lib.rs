@@ -30,6 +30,8 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod demo;
+#[cfg(feature = "emu")]
+pub mod emu;
 pub mod error;
 pub mod generate;
 pub mod model;

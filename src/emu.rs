@@ -1,0 +1,305 @@
+//! The CUDA kernels run on the host (feature `emu`): kernels/*.cu compiled by the C++ compiler
+//! against the emulator in kernels/emu, launched here with host buffers. It checks what a kernel
+//! computes, with exact barrier semantics, without a GPU: tests/emu_kernels.rs fuzzes every
+//! kernel against the CPU reference on the machines that have none (CI included), with the same
+//! launch geometry as the launchers in src/cuda. It says nothing about speed, and its f32 is the
+//! host's (docs/kernels.md, "The host emulator").
+//!
+//! - [`launch`] runs a kernel as every thread of a grid: blocks one after another, each thread a
+//!   fiber that runs until a barrier; the order of the threads between barriers is drawn from a
+//!   seed, so a missing barrier shows as a result that depends on it. A barrier that can never
+//!   complete is an `Error::Backend` naming the block and where each warp waits.
+//! - [`Buffer`] is host memory that ends flush against an inaccessible page: a kernel reading or
+//!   writing past its end stops the process with a message naming the kernel, the block, the
+//!   thread and the buffer (dynamic shared memory is guarded the same way).
+//! - [`kernels`] declares every exported kernel with its C signature; [`EmuFloat`] picks the
+//!   16-bit instantiation.
+
+use std::ffi::{c_char, c_void, CString};
+use std::ptr::NonNull;
+
+use bytemuck::Pod;
+use half::{bf16, f16};
+
+use crate::cuda::DeviceFloat;
+use crate::error::{Error, Result};
+
+mod ffi {
+    use std::ffi::{c_char, c_void};
+
+    extern "C" {
+        pub fn toolsift_emu_launch(
+            name: *const c_char,
+            grid: *const u32,
+            block: *const u32,
+            smem_bytes: usize,
+            seed: u64,
+            body: extern "C" fn(*mut c_void),
+            ctx: *mut c_void,
+            err: *mut c_char,
+            err_len: usize,
+        ) -> i32;
+        pub fn toolsift_emu_alloc(bytes: usize, label: *const c_char) -> *mut c_void;
+        pub fn toolsift_emu_free(data: *mut c_void);
+    }
+}
+
+/// The geometry of one launch, as `LaunchConfig` gives it to the device, plus the seed of the
+/// thread order (0: threads in index order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem_bytes: usize,
+    pub seed: u64,
+}
+
+extern "C" fn call_body<F: Fn()>(ctx: *mut c_void) {
+    // SAFETY: ctx is the `&F` that `launch` passed along, alive for the whole launch.
+    let body = unsafe { &*(ctx as *const F) };
+    body();
+}
+
+/// Runs `body` (one call of an extern kernel from [`kernels`]) as every thread of the grid.
+/// Launches are serialised process-wide: kernels' static shared arrays are plain statics.
+pub fn launch(name: &str, cfg: &Launch, body: impl Fn()) -> Result<()> {
+    fn run<F: Fn()>(name: &str, cfg: &Launch, body: &F) -> Result<()> {
+        let cname = CString::new(name).map_err(|_| Error::Backend(format!("kernel name {name:?}")))?;
+        let grid = [cfg.grid.0, cfg.grid.1, cfg.grid.2];
+        let block = [cfg.block.0, cfg.block.1, cfg.block.2];
+        let mut err = vec![0 as c_char; 4096];
+        // SAFETY: every pointer outlives the call; `call_body::<F>` receives `body` as `&F`.
+        let rc = unsafe {
+            ffi::toolsift_emu_launch(
+                cname.as_ptr(),
+                grid.as_ptr(),
+                block.as_ptr(),
+                cfg.smem_bytes,
+                cfg.seed,
+                call_body::<F>,
+                body as *const F as *mut c_void,
+                err.as_mut_ptr(),
+                err.len(),
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let bytes: Vec<u8> = err.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        Err(Error::Backend(format!(
+            "emulated launch of {name}: {}",
+            String::from_utf8_lossy(&bytes)
+        )))
+    }
+    run(name, cfg, &body)
+}
+
+/// Host memory for a kernel's arguments, ending flush against an inaccessible page.
+pub struct Buffer<T: Pod> {
+    ptr: NonNull<T>,
+    len: usize,
+}
+
+impl<T: Pod> Buffer<T> {
+    /// A copy of `data`; `label` names it in out-of-bounds reports.
+    pub fn from_slice(label: &str, data: &[T]) -> Result<Self> {
+        let label = CString::new(label).map_err(|_| Error::Backend(format!("label {label:?}")))?;
+        let bytes = std::mem::size_of_val(data);
+        // SAFETY: the runtime returns `bytes` writable bytes (16-byte aligned) or null.
+        let raw = unsafe { ffi::toolsift_emu_alloc(bytes, label.as_ptr()) };
+        let ptr = NonNull::new(raw as *mut T).ok_or_else(|| {
+            Error::Backend(format!("emulator: cannot map {bytes} bytes for {label:?}"))
+        })?;
+        // SAFETY: `ptr` holds `bytes` bytes and does not overlap `data`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.as_ptr(), data.len()) };
+        Ok(Buffer {
+            ptr,
+            len: data.len(),
+        })
+    }
+
+    /// `len` zeros.
+    pub fn zeroed(label: &str, len: usize) -> Result<Self> {
+        Self::from_slice(label, &vec![T::zeroed(); len])
+    }
+
+    pub fn ptr(&self) -> *const T {
+        self.ptr.as_ptr()
+    }
+
+    pub fn mut_ptr(&mut self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn to_vec(&self) -> Vec<T> {
+        // SAFETY: `ptr` holds `len` initialised values of a Pod type.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }.to_vec()
+    }
+}
+
+impl<T: Pod> Drop for Buffer<T> {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from toolsift_emu_alloc and is freed once.
+        unsafe { ffi::toolsift_emu_free(self.ptr.as_ptr() as *mut c_void) }
+    }
+}
+
+/// The exported kernels, with the C signatures of kernels/*.cu (restated in src/cuda/<stem>.rs).
+/// Call them only inside [`launch`]; every pointer must be a [`Buffer`] (or null where the
+/// kernel allows it) covering what the launch reads and writes.
+pub mod kernels {
+    use half::{bf16, f16};
+
+    extern "C" {
+        pub fn embedding_bf16(ids: *const u32, wte: *const bf16, x: *mut f32, n: u32, d: u32, ld_wte: u32, ld_x: u32);
+        pub fn embedding_f16(ids: *const u32, wte: *const f16, x: *mut f32, n: u32, d: u32, ld_wte: u32, ld_x: u32);
+        pub fn layer_norm_bf16(x: *mut f32, residual_bias: *const f32, rows: *const u32, weight: *const f32, bias: *const f32, out: *mut bf16, n: u32, d: u32, ld_x: u32, ld_out: u32, eps: f32);
+        pub fn layer_norm_f16(x: *mut f32, residual_bias: *const f32, rows: *const u32, weight: *const f32, bias: *const f32, out: *mut f16, n: u32, d: u32, ld_x: u32, ld_out: u32, eps: f32);
+        pub fn rotary_bf16(qkv: *const f32, positions: *const u32, cos: *const f32, sin: *const f32, q: *mut bf16, k: *mut bf16, v: *mut bf16, n: u32, n_head: u32, head_dim: u32, rotary_dim: u32, ld_qkv: u32, ld: u32);
+        pub fn rotary_f16(qkv: *const f32, positions: *const u32, cos: *const f32, sin: *const f32, q: *mut f16, k: *mut f16, v: *mut f16, n: u32, n_head: u32, head_dim: u32, rotary_dim: u32, ld_qkv: u32, ld: u32);
+        pub fn gelu_bf16(x: *mut bf16, bias: *const f32, n: u32, f: u32, ld: u32);
+        pub fn gelu_f16(x: *mut f16, bias: *const f32, n: u32, f: u32, ld: u32);
+        pub fn lm_head_xent_f32(logits: *const f32, bias: *const f32, offsets: *const u32, tokens: *const u32, slots: *const u32, out: *mut f32, rows: u32, vocab: u32, ld: u32);
+        pub fn log_softmax_f32(logits: *const f32, bias: *const f32, out: *mut f32, rows: u32, vocab: u32, ld: u32, ld_out: u32);
+        pub fn tree_attention_vec_bf16(q: *const bf16, k: *const bf16, v: *const bf16, tiles: *const u32, tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut bf16, head_dim: u32, hd_pad: u32, ld: u32, ld_out: u32, scale: f32);
+        pub fn tree_attention_scalar_bf16(q: *const bf16, k: *const bf16, v: *const bf16, tiles: *const u32, tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut bf16, head_dim: u32, hd_pad: u32, ld: u32, ld_out: u32, scale: f32);
+        pub fn tree_attention_vec_f16(q: *const f16, k: *const f16, v: *const f16, tiles: *const u32, tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut f16, head_dim: u32, hd_pad: u32, ld: u32, ld_out: u32, scale: f32);
+        pub fn tree_attention_scalar_f16(q: *const f16, k: *const f16, v: *const f16, tiles: *const u32, tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut f16, head_dim: u32, hd_pad: u32, ld: u32, ld_out: u32, scale: f32);
+        pub fn decode_attention_bf16(q: *const bf16, k: *const bf16, v: *const bf16, tiles: *const u32, tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut bf16, head_dim: u32, ld: u32, ld_out: u32, scale: f32);
+        pub fn decode_attention_f16(q: *const f16, k: *const f16, v: *const f16, tiles: *const u32, tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut f16, head_dim: u32, ld: u32, ld_out: u32, scale: f32);
+    }
+}
+
+/// The C signature of each 16-bit kernel family, for [`EmuFloat`].
+pub type EmbeddingFn<T> = unsafe extern "C" fn(*const u32, *const T, *mut f32, u32, u32, u32, u32);
+pub type LayerNormFn<T> = unsafe extern "C" fn(
+    *mut f32,
+    *const f32,
+    *const u32,
+    *const f32,
+    *const f32,
+    *mut T,
+    u32,
+    u32,
+    u32,
+    u32,
+    f32,
+);
+pub type RotaryFn<T> = unsafe extern "C" fn(
+    *const f32,
+    *const u32,
+    *const f32,
+    *const f32,
+    *mut T,
+    *mut T,
+    *mut T,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+);
+pub type GeluFn<T> = unsafe extern "C" fn(*mut T, *const f32, u32, u32, u32);
+pub type TreeAttentionFn<T> = unsafe extern "C" fn(
+    *const T,
+    *const T,
+    *const T,
+    *const u32,
+    *const u64,
+    *const u32,
+    *mut T,
+    u32,
+    u32,
+    u32,
+    u32,
+    f32,
+);
+pub type DecodeAttentionFn<T> = unsafe extern "C" fn(
+    *const T,
+    *const T,
+    *const T,
+    *const u32,
+    *const u64,
+    *const u32,
+    *mut T,
+    u32,
+    u32,
+    u32,
+    f32,
+);
+
+/// A 16-bit storage type and its instantiation of every kernel (the `_bf16` / `_f16` symbol).
+pub trait EmuFloat: DeviceFloat + Pod {
+    const EMBEDDING: EmbeddingFn<Self>;
+    const LAYER_NORM: LayerNormFn<Self>;
+    const ROTARY: RotaryFn<Self>;
+    const GELU: GeluFn<Self>;
+    const TREE_ATTENTION_VEC: TreeAttentionFn<Self>;
+    const TREE_ATTENTION_SCALAR: TreeAttentionFn<Self>;
+    const DECODE_ATTENTION: DecodeAttentionFn<Self>;
+    /// The symbol suffix.
+    const SUFFIX: &'static str;
+}
+
+impl EmuFloat for bf16 {
+    const EMBEDDING: EmbeddingFn<Self> = kernels::embedding_bf16;
+    const LAYER_NORM: LayerNormFn<Self> = kernels::layer_norm_bf16;
+    const ROTARY: RotaryFn<Self> = kernels::rotary_bf16;
+    const GELU: GeluFn<Self> = kernels::gelu_bf16;
+    const TREE_ATTENTION_VEC: TreeAttentionFn<Self> = kernels::tree_attention_vec_bf16;
+    const TREE_ATTENTION_SCALAR: TreeAttentionFn<Self> = kernels::tree_attention_scalar_bf16;
+    const DECODE_ATTENTION: DecodeAttentionFn<Self> = kernels::decode_attention_bf16;
+    const SUFFIX: &'static str = "bf16";
+}
+
+impl EmuFloat for f16 {
+    const EMBEDDING: EmbeddingFn<Self> = kernels::embedding_f16;
+    const LAYER_NORM: LayerNormFn<Self> = kernels::layer_norm_f16;
+    const ROTARY: RotaryFn<Self> = kernels::rotary_f16;
+    const GELU: GeluFn<Self> = kernels::gelu_f16;
+    const TREE_ATTENTION_VEC: TreeAttentionFn<Self> = kernels::tree_attention_vec_f16;
+    const TREE_ATTENTION_SCALAR: TreeAttentionFn<Self> = kernels::tree_attention_scalar_f16;
+    const DECODE_ATTENTION: DecodeAttentionFn<Self> = kernels::decode_attention_f16;
+    const SUFFIX: &'static str = "f16";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The emulator's own contract, on the simplest kernel: every thread of every block runs.
+    #[test]
+    fn every_thread_of_every_block_runs() {
+        let (n, d) = (5usize, 70usize);
+        let wte: Vec<bf16> = (0..3 * d).map(|i| bf16::from_f32(i as f32)).collect();
+        let ids = Buffer::from_slice("ids", &[2u32, 0, 1, 2, 1]).unwrap();
+        let wte = Buffer::from_slice("wte", &wte).unwrap();
+        let mut x = Buffer::<f32>::zeroed("x", n * d).unwrap();
+        let cfg = Launch {
+            grid: (n as u32, 1, 1),
+            block: (64, 1, 1),
+            smem_bytes: 0,
+            seed: 7,
+        };
+        let xp = x.mut_ptr();
+        launch("embedding_bf16", &cfg, || unsafe {
+            kernels::embedding_bf16(ids.ptr(), wte.ptr(), xp, n as u32, d as u32, d as u32, d as u32)
+        })
+        .unwrap();
+        let got = x.to_vec();
+        for (t, &id) in [2usize, 0, 1, 2, 1].iter().enumerate() {
+            for c in 0..d {
+                assert_eq!(got[t * d + c], (id * d + c) as f32);
+            }
+        }
+    }
+}
