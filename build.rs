@@ -173,7 +173,14 @@ mod emu {
         let kernels = Path::new("kernels");
         let emu = kernels.join("emu");
         println!("cargo:rerun-if-changed=kernels");
-        for f in ["cuda_emu.h", "runtime.cpp", "include/cuda_bf16.h", "include/cuda_fp16.h", "include/mma.h"] {
+        for f in [
+            "cuda_emu.h",
+            "runtime.cpp",
+            "selftest.cpp",
+            "include/cuda_bf16.h",
+            "include/cuda_fp16.h",
+            "include/mma.h",
+        ] {
             println!("cargo:rerun-if-changed={}", emu.join(f).display());
         }
         let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("emu");
@@ -194,7 +201,8 @@ mod emu {
             .include(emu.join("include"))
             .include(&emu)
             .include(kernels)
-            .file(emu.join("runtime.cpp"));
+            .file(emu.join("runtime.cpp"))
+            .file(emu.join("selftest.cpp"));
         for src in &sources {
             println!("cargo:rerun-if-changed={}", src.display());
             let text = std::fs::read_to_string(src)
@@ -202,9 +210,8 @@ mod emu {
             let abs = std::fs::canonicalize(src).unwrap_or_else(|_| src.clone());
             let mut cpp = format!("#include \"cuda_emu.h\"\n#line 1 \"{}\"\n", abs.display());
             for (i, line) in text.lines().enumerate() {
-                cpp += &rewrite_shared(line).unwrap_or_else(|e| {
-                    panic!("{}:{}: {e}", src.display(), i + 1)
-                });
+                cpp += &rewrite_shared(line)
+                    .unwrap_or_else(|e| panic!("{}:{}: {e}", src.display(), i + 1));
                 cpp.push('\n');
             }
             let stem = src.file_stem().expect("file stem").to_string_lossy();
@@ -228,9 +235,13 @@ mod emu {
             let close = r.find(')').ok_or("unclosed __align__(")?;
             rest = r[close + 1..].trim_start();
         }
-        let decl_end = rest.find("[];").ok_or("expected `TYPE NAME[];` after extern __shared__")?;
+        let decl_end = rest
+            .find("[];")
+            .ok_or("expected `TYPE NAME[];` after extern __shared__")?;
         let (decl, tail) = (&rest[..decl_end], &rest[decl_end + 3..]);
-        let split = decl.rfind(char::is_whitespace).ok_or("expected `TYPE NAME`")?;
+        let split = decl
+            .rfind(char::is_whitespace)
+            .ok_or("expected `TYPE NAME`")?;
         let (ty, name) = (decl[..split].trim(), decl[split..].trim());
         Ok(format!(
             "{indent}{ty}* const {name} = reinterpret_cast<{ty}*>(::toolsift_emu::dynamic_shared());{tail}"

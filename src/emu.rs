@@ -64,7 +64,8 @@ extern "C" fn call_body<F: Fn()>(ctx: *mut c_void) {
 /// Launches are serialised process-wide: kernels' static shared arrays are plain statics.
 pub fn launch(name: &str, cfg: &Launch, body: impl Fn()) -> Result<()> {
     fn run<F: Fn()>(name: &str, cfg: &Launch, body: &F) -> Result<()> {
-        let cname = CString::new(name).map_err(|_| Error::Backend(format!("kernel name {name:?}")))?;
+        let cname =
+            CString::new(name).map_err(|_| Error::Backend(format!("kernel name {name:?}")))?;
         let grid = [cfg.grid.0, cfg.grid.1, cfg.grid.2];
         let block = [cfg.block.0, cfg.block.1, cfg.block.2];
         let mut err = vec![0 as c_char; 4096];
@@ -85,7 +86,11 @@ pub fn launch(name: &str, cfg: &Launch, body: impl Fn()) -> Result<()> {
         if rc == 0 {
             return Ok(());
         }
-        let bytes: Vec<u8> = err.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let bytes: Vec<u8> = err
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
         Err(Error::Backend(format!(
             "emulated launch of {name}: {}",
             String::from_utf8_lossy(&bytes)
@@ -159,22 +164,184 @@ pub mod kernels {
     use half::{bf16, f16};
 
     extern "C" {
-        pub fn embedding_bf16(ids: *const u32, wte: *const bf16, x: *mut f32, n: u32, d: u32, ld_wte: u32, ld_x: u32);
-        pub fn embedding_f16(ids: *const u32, wte: *const f16, x: *mut f32, n: u32, d: u32, ld_wte: u32, ld_x: u32);
-        pub fn layer_norm_bf16(x: *mut f32, residual_bias: *const f32, rows: *const u32, weight: *const f32, bias: *const f32, out: *mut bf16, n: u32, d: u32, ld_x: u32, ld_out: u32, eps: f32);
-        pub fn layer_norm_f16(x: *mut f32, residual_bias: *const f32, rows: *const u32, weight: *const f32, bias: *const f32, out: *mut f16, n: u32, d: u32, ld_x: u32, ld_out: u32, eps: f32);
-        pub fn rotary_bf16(qkv: *const f32, positions: *const u32, cos: *const f32, sin: *const f32, q: *mut bf16, k: *mut bf16, v: *mut bf16, n: u32, n_head: u32, head_dim: u32, rotary_dim: u32, ld_qkv: u32, ld: u32);
-        pub fn rotary_f16(qkv: *const f32, positions: *const u32, cos: *const f32, sin: *const f32, q: *mut f16, k: *mut f16, v: *mut f16, n: u32, n_head: u32, head_dim: u32, rotary_dim: u32, ld_qkv: u32, ld: u32);
+        pub fn embedding_bf16(
+            ids: *const u32,
+            wte: *const bf16,
+            x: *mut f32,
+            n: u32,
+            d: u32,
+            ld_wte: u32,
+            ld_x: u32,
+        );
+        pub fn embedding_f16(
+            ids: *const u32,
+            wte: *const f16,
+            x: *mut f32,
+            n: u32,
+            d: u32,
+            ld_wte: u32,
+            ld_x: u32,
+        );
+        pub fn layer_norm_bf16(
+            x: *mut f32,
+            residual_bias: *const f32,
+            rows: *const u32,
+            weight: *const f32,
+            bias: *const f32,
+            out: *mut bf16,
+            n: u32,
+            d: u32,
+            ld_x: u32,
+            ld_out: u32,
+            eps: f32,
+        );
+        pub fn layer_norm_f16(
+            x: *mut f32,
+            residual_bias: *const f32,
+            rows: *const u32,
+            weight: *const f32,
+            bias: *const f32,
+            out: *mut f16,
+            n: u32,
+            d: u32,
+            ld_x: u32,
+            ld_out: u32,
+            eps: f32,
+        );
+        pub fn rotary_bf16(
+            qkv: *const f32,
+            positions: *const u32,
+            cos: *const f32,
+            sin: *const f32,
+            q: *mut bf16,
+            k: *mut bf16,
+            v: *mut bf16,
+            n: u32,
+            n_head: u32,
+            head_dim: u32,
+            rotary_dim: u32,
+            ld_qkv: u32,
+            ld: u32,
+        );
+        pub fn rotary_f16(
+            qkv: *const f32,
+            positions: *const u32,
+            cos: *const f32,
+            sin: *const f32,
+            q: *mut f16,
+            k: *mut f16,
+            v: *mut f16,
+            n: u32,
+            n_head: u32,
+            head_dim: u32,
+            rotary_dim: u32,
+            ld_qkv: u32,
+            ld: u32,
+        );
         pub fn gelu_bf16(x: *mut bf16, bias: *const f32, n: u32, f: u32, ld: u32);
         pub fn gelu_f16(x: *mut f16, bias: *const f32, n: u32, f: u32, ld: u32);
-        pub fn lm_head_xent_f32(logits: *const f32, bias: *const f32, offsets: *const u32, tokens: *const u32, slots: *const u32, out: *mut f32, rows: u32, vocab: u32, ld: u32);
-        pub fn log_softmax_f32(logits: *const f32, bias: *const f32, out: *mut f32, rows: u32, vocab: u32, ld: u32, ld_out: u32);
-        pub fn tree_attention_vec_bf16(q: *const bf16, k: *const bf16, v: *const bf16, tiles: *const u32, tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut bf16, head_dim: u32, hd_pad: u32, ld: u32, ld_out: u32, scale: f32);
-        pub fn tree_attention_scalar_bf16(q: *const bf16, k: *const bf16, v: *const bf16, tiles: *const u32, tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut bf16, head_dim: u32, hd_pad: u32, ld: u32, ld_out: u32, scale: f32);
-        pub fn tree_attention_vec_f16(q: *const f16, k: *const f16, v: *const f16, tiles: *const u32, tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut f16, head_dim: u32, hd_pad: u32, ld: u32, ld_out: u32, scale: f32);
-        pub fn tree_attention_scalar_f16(q: *const f16, k: *const f16, v: *const f16, tiles: *const u32, tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut f16, head_dim: u32, hd_pad: u32, ld: u32, ld_out: u32, scale: f32);
-        pub fn decode_attention_bf16(q: *const bf16, k: *const bf16, v: *const bf16, tiles: *const u32, tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut bf16, head_dim: u32, ld: u32, ld_out: u32, scale: f32);
-        pub fn decode_attention_f16(q: *const f16, k: *const f16, v: *const f16, tiles: *const u32, tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut f16, head_dim: u32, ld: u32, ld_out: u32, scale: f32);
+        pub fn lm_head_xent_f32(
+            logits: *const f32,
+            bias: *const f32,
+            offsets: *const u32,
+            tokens: *const u32,
+            slots: *const u32,
+            out: *mut f32,
+            rows: u32,
+            vocab: u32,
+            ld: u32,
+        );
+        pub fn log_softmax_f32(
+            logits: *const f32,
+            bias: *const f32,
+            out: *mut f32,
+            rows: u32,
+            vocab: u32,
+            ld: u32,
+            ld_out: u32,
+        );
+        pub fn tree_attention_vec_bf16(
+            q: *const bf16,
+            k: *const bf16,
+            v: *const bf16,
+            tiles: *const u32,
+            tile_ctx: *const u64,
+            ctx_tokens: *const u32,
+            out: *mut bf16,
+            head_dim: u32,
+            hd_pad: u32,
+            ld: u32,
+            ld_out: u32,
+            scale: f32,
+        );
+        pub fn tree_attention_scalar_bf16(
+            q: *const bf16,
+            k: *const bf16,
+            v: *const bf16,
+            tiles: *const u32,
+            tile_ctx: *const u64,
+            ctx_tokens: *const u32,
+            out: *mut bf16,
+            head_dim: u32,
+            hd_pad: u32,
+            ld: u32,
+            ld_out: u32,
+            scale: f32,
+        );
+        pub fn tree_attention_vec_f16(
+            q: *const f16,
+            k: *const f16,
+            v: *const f16,
+            tiles: *const u32,
+            tile_ctx: *const u64,
+            ctx_tokens: *const u32,
+            out: *mut f16,
+            head_dim: u32,
+            hd_pad: u32,
+            ld: u32,
+            ld_out: u32,
+            scale: f32,
+        );
+        pub fn tree_attention_scalar_f16(
+            q: *const f16,
+            k: *const f16,
+            v: *const f16,
+            tiles: *const u32,
+            tile_ctx: *const u64,
+            ctx_tokens: *const u32,
+            out: *mut f16,
+            head_dim: u32,
+            hd_pad: u32,
+            ld: u32,
+            ld_out: u32,
+            scale: f32,
+        );
+        pub fn decode_attention_bf16(
+            q: *const bf16,
+            k: *const bf16,
+            v: *const bf16,
+            tiles: *const u32,
+            tile_ctx: *const u64,
+            ctx_tokens: *const u32,
+            out: *mut bf16,
+            head_dim: u32,
+            ld: u32,
+            ld_out: u32,
+            scale: f32,
+        );
+        pub fn decode_attention_f16(
+            q: *const f16,
+            k: *const f16,
+            v: *const f16,
+            tiles: *const u32,
+            tile_ctx: *const u64,
+            ctx_tokens: *const u32,
+            out: *mut f16,
+            head_dim: u32,
+            ld: u32,
+            ld_out: u32,
+            scale: f32,
+        );
     }
 }
 
@@ -292,7 +459,15 @@ mod tests {
         };
         let xp = x.mut_ptr();
         launch("embedding_bf16", &cfg, || unsafe {
-            kernels::embedding_bf16(ids.ptr(), wte.ptr(), xp, n as u32, d as u32, d as u32, d as u32)
+            kernels::embedding_bf16(
+                ids.ptr(),
+                wte.ptr(),
+                xp,
+                n as u32,
+                d as u32,
+                d as u32,
+                d as u32,
+            )
         })
         .unwrap();
         let got = x.to_vec();
@@ -301,5 +476,117 @@ mod tests {
                 assert_eq!(got[t * d + c], (id * d + c) as f32);
             }
         }
+    }
+
+    extern "C" {
+        fn emu_selftest_neighbour(out: *mut f32, barrier: i32);
+        fn emu_selftest_divergent(out: *mut f32);
+        fn emu_selftest_sums(warp_out: *mut f32, block_out: *mut f32);
+    }
+
+    fn block(threads: u32, seed: u64) -> Launch {
+        Launch {
+            grid: (2, 1, 1),
+            block: (threads, 1, 1),
+            smem_bytes: 0,
+            seed,
+        }
+    }
+
+    /// A read of shared memory another thread writes without a barrier in between gives a
+    /// result that depends on the seed; with the barrier it does not.
+    #[test]
+    fn a_missing_barrier_shows_as_a_seed_dependent_result() {
+        let run = |seed: u64, barrier: bool| {
+            let mut out = Buffer::<f32>::zeroed("out", 64).unwrap();
+            let o = out.mut_ptr();
+            launch("neighbour", &block(64, seed), || unsafe {
+                emu_selftest_neighbour(o, barrier as i32)
+            })
+            .unwrap();
+            out.to_vec()
+        };
+        let want: Vec<f32> = (0..64).map(|i| ((i + 1) % 64) as f32).collect();
+        for seed in 1..5 {
+            assert_eq!(run(seed, true), want);
+        }
+        let racy: Vec<Vec<f32>> = (1..5).map(|seed| run(seed, false)).collect();
+        assert!(racy.iter().any(|r| r != &racy[0]), "the race went unseen");
+    }
+
+    #[test]
+    fn a_barrier_that_cannot_complete_is_an_error() {
+        let mut out = Buffer::<f32>::zeroed("out", 64).unwrap();
+        let o = out.mut_ptr();
+        let err = launch("divergent", &block(64, 3), || unsafe {
+            emu_selftest_divergent(o)
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("barrier can never complete"), "{err}");
+        assert!(
+            err.contains("warp 0: 0 at __syncthreads, 16 at a warp barrier, 16 exited"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn shuffles_and_block_sums_match_the_device() {
+        for (threads, seed) in [(32u32, 0u64), (96, 5), (1024, 9)] {
+            let n = threads as usize;
+            let mut w = Buffer::<f32>::zeroed("warp", n).unwrap();
+            let mut b = Buffer::<f32>::zeroed("block", n).unwrap();
+            let (wp, bp) = (w.mut_ptr(), b.mut_ptr());
+            launch("sums", &block(threads, seed), || unsafe {
+                emu_selftest_sums(wp, bp)
+            })
+            .unwrap();
+            let total = (n * (n - 1) / 2) as f32;
+            for (i, (wv, bv)) in w.to_vec().into_iter().zip(b.to_vec()).enumerate() {
+                let base = (i / 32 * 32) as f32;
+                assert_eq!(wv, 32.0 * base + 496.0, "thread {i}");
+                assert_eq!(bv, total, "thread {i}");
+            }
+        }
+    }
+
+    /// An out-of-bounds read stops the process with the kernel, block, thread and buffer named.
+    /// The access runs in a child process (this test binary, running the ignored test below).
+    #[test]
+    fn an_out_of_bounds_read_names_the_buffer() {
+        let exe = std::env::current_exe().unwrap();
+        let child = std::process::Command::new(exe)
+            .args([
+                "--ignored",
+                "--exact",
+                "emu::tests::out_of_bounds_child",
+                "--nocapture",
+            ])
+            .env("TOOLSIFT_EMU_OOB_CHILD", "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&child.stderr);
+        assert!(!child.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("invalid memory access in kernel embedding_bf16, block (1, 0, 0)")
+                && stderr.contains("past the end of buffer \"wte\" (40 bytes)"),
+            "{stderr}"
+        );
+    }
+
+    #[test]
+    #[ignore = "the child of an_out_of_bounds_read_names_the_buffer: it aborts the process"]
+    fn out_of_bounds_child() {
+        if std::env::var_os("TOOLSIFT_EMU_OOB_CHILD").is_none() {
+            return;
+        }
+        // Token 1 of a 2 x 10 table reads row 1; token 9 reads far past its end.
+        let ids = Buffer::from_slice("ids", &[1u32, 9]).unwrap();
+        let wte = Buffer::from_slice("wte", &[bf16::ONE; 20]).unwrap();
+        let mut x = Buffer::<f32>::zeroed("x", 20).unwrap();
+        let xp = x.mut_ptr();
+        let _ = launch("embedding_bf16", &block(32, 0), || unsafe {
+            kernels::embedding_bf16(ids.ptr(), wte.ptr(), xp, 2, 10, 10, 10)
+        });
     }
 }

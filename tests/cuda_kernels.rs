@@ -2,29 +2,25 @@
 //! non-zero data, awkward sizes that straddle warp (32) and block edges, GPT-J-6B's real sizes
 //! (n_embd 4096, 16 heads of 256 with rotary 64, n_inner 16384, vocab 50400), both 16-bit types,
 //! and every launch configuration the launcher can pick (block sizes, grid caps, attention
-//! variants, GEMM operand alignments).
+//! variants, GEMM operand alignments). The cases and their tolerances live in tests/kernel_cases,
+//! shared with the host emulator's run of the same kernels (tests/emu_kernels.rs); here they go
+//! through the real launchers on the device.
 //!
 //! Without a GPU (or without kernels / CUDA libraries) each test prints "SKIPPED: ..." and
 //! returns. TOOLSIFT_FUZZ_CASES raises the case count (scripts/gpu-check.sh does).
 //!
-//! Tolerances, with u the unit roundoff of the storage type (2^-8 bf16, 2^-11 f16):
-//! - outputs stored in T carry one rounding: u * |want| on top of the f32 budget;
-//! - f32 reductions (LayerNorm statistics, log-sum-exp) differ from the CPU's only in summation
-//!   order: 1e-4 absolute on O(1) values, 2e-5 + 1e-6 relative for log-probs;
-//! - GEMMs: f32 accumulation in a different order, bounded by 2e-5 * sum_k |a_ik w_jk|;
-//! - attention: P is rounded to T before P.V while l sums unrounded p (<= 2u max|v| together),
-//!   plus the output rounding u |want|.
+//! GEMM tolerance (cuBLASLt, not a kernel of ours, so not in kernel_cases): f32 accumulation in a
+//! different order, bounded by 2e-5 * sum_k |a_ik w_jk|.
 #![cfg(feature = "cuda")]
 
 mod cuda_common;
-
-use std::sync::Arc;
+mod kernel_cases;
 
 use cuda_common::{compare, fuzz, gpu, random_vec};
 use half::{bf16, f16};
+use kernel_cases::*;
 use proptest::prelude::*;
-use toolsift::cpu::weights::CpuLayerNorm;
-use toolsift::cpu::{attention, gemm as cpu_gemm, ops};
+use toolsift::cpu::{attention, gemm as cpu_gemm};
 use toolsift::cuda::cudarc::driver::CudaSlice;
 use toolsift::cuda::layer_norm::Rows;
 use toolsift::cuda::rotary::RotaryShape;
@@ -33,12 +29,6 @@ use toolsift::cuda::{
     embedding, gelu, layer_norm, lm_head_xent, rotary, stride, tree_attention, CudaDType,
     DeviceFloat, Gpu,
 };
-use toolsift::plan::Plan;
-use toolsift::score::LossWeights;
-use toolsift::util::rng::Rng;
-use toolsift::{Placement, ScoreOptions, TokenCandidate};
-
-type R = Result<(), TestCaseError>;
 
 fn up<T: toolsift::cuda::cudarc::driver::DeviceRepr + Clone + Default>(
     gpu: &Gpu,
@@ -61,98 +51,28 @@ fn down<T: toolsift::cuda::cudarc::driver::DeviceRepr + Default + Clone>(
     v
 }
 
-fn to_t<T: DeviceFloat>(v: &[f32]) -> Vec<T> {
-    v.iter().map(|&x| T::from_f32(x)).collect()
-}
-
-fn widen<T: DeviceFloat>(v: &[T]) -> Vec<f32> {
-    v.iter().map(|&x| x.to_f32()).collect()
-}
-
-fn f64s(v: &[f32]) -> Vec<f64> {
-    v.iter().map(|&x| x as f64).collect()
-}
-
-/// Awkward widths around warp/block edges, plus GPT-J's.
-fn width() -> impl Strategy<Value = usize> {
-    prop_oneof![
-        prop::sample::select(vec![
-            1usize, 7, 31, 32, 33, 63, 65, 255, 257, 783, 1026, 4096
-        ]),
-        1usize..3000,
-    ]
-}
-
-fn dtype() -> impl Strategy<Value = CudaDType> {
-    prop::sample::select(vec![CudaDType::BF16, CudaDType::F16])
-}
-
-fn u(dt: CudaDType) -> f64 {
-    dt.unit_roundoff()
-}
-
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone)]
-struct EmbeddingProblem {
-    dtype: CudaDType,
-    vocab: usize,
-    d: usize,
-    ld_pad: usize,
-    n: usize,
-    seed: u64,
-}
-
 fn embedding_run<T: DeviceFloat>(gpu: &Gpu, p: &EmbeddingProblem) -> R {
-    let ld = p.d + p.ld_pad;
-    let wte_f = random_vec(p.seed, p.vocab * ld, 2.0);
-    let wte: Vec<T> = to_t(&wte_f);
-    let mut rng = Rng::new(p.seed ^ 1);
-    let ids: Vec<u32> = (0..p.n).map(|_| rng.range(0, p.vocab - 1) as u32).collect();
-    let (wte_d, ids_d) = (up(gpu, &wte), up(gpu, &ids));
-    let mut x = gpu.stream.alloc_zeros::<f32>(p.n * ld).unwrap();
+    let c = EmbeddingCase::<T>::new(p);
+    let (wte_d, ids_d) = (up(gpu, &c.wte), up(gpu, &c.ids));
+    let mut x = gpu.stream.alloc_zeros::<f32>(p.n * c.ld).unwrap();
     embedding::embedding(
         gpu,
         &ids_d.as_view(),
         &wte_d.as_view(),
         p.vocab,
         &mut x.as_view_mut(),
-        [p.n, p.d, ld, ld],
+        [p.n, p.d, c.ld, c.ld],
     )
     .unwrap();
-    let got = down(gpu, &x);
-    // Reference on the dense [vocab, d] table.
-    let dense: Vec<f32> = (0..p.vocab)
-        .flat_map(|r| widen(&wte[r * ld..r * ld + p.d]))
-        .collect();
-    let mut want = vec![0f32; p.n * p.d];
-    ops::embed(&dense, &ids, p.d, &mut want);
-    let got: Vec<f32> = (0..p.n)
-        .flat_map(|r| got[r * ld..r * ld + p.d].to_vec())
-        .collect();
-    compare("embedding", &f64s(&got), &f64s(&want), 0.0, 0.0, None).map(|_| ())
+    c.check(p, &down(gpu, &x))
 }
 
 #[test]
 fn embedding_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    let strategy = (
-        dtype(),
-        1usize..300,
-        width(),
-        0usize..9,
-        1usize..20,
-        any::<u64>(),
-    )
-        .prop_map(|(dtype, vocab, d, ld_pad, n, seed)| EmbeddingProblem {
-            dtype,
-            vocab,
-            d,
-            ld_pad,
-            n,
-            seed,
-        });
-    fuzz("embedding", 32, strategy, |p| match p.dtype {
+    fuzz("embedding", 48, embedding_problems(), |p| match p.dtype {
         CudaDType::BF16 => embedding_run::<bf16>(&gpu, &p),
         CudaDType::F16 => embedding_run::<f16>(&gpu, &p),
     });
@@ -160,41 +80,12 @@ fn embedding_matches_reference() {
 
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone)]
-struct LayerNormProblem {
-    dtype: CudaDType,
-    d: usize,
-    n_x: usize,
-    /// 0: all rows, no residual bias; 1: all rows with residual bias (written back);
-    /// 2: gathered rows with residual bias (x untouched).
-    mode: u8,
-    block: Option<u32>,
-    seed: u64,
-}
-
 fn layer_norm_run<T: DeviceFloat>(gpu: &Gpu, p: &LayerNormProblem) -> R {
-    let (d, ld) = (p.d, stride(p.d));
-    let x_host = random_vec(p.seed, p.n_x * ld, 3.0);
-    let rb = random_vec(p.seed ^ 2, d, 0.5);
-    let ln = CpuLayerNorm {
-        weight: random_vec(p.seed ^ 3, d, 1.5),
-        bias: random_vec(p.seed ^ 4, d, 0.5),
-    };
-    let mut rng = Rng::new(p.seed ^ 5);
-    let rows: Vec<u32> = match p.mode {
-        2 => {
-            let mut r: Vec<u32> = (0..p.n_x as u32).filter(|_| rng.range(0, 1) == 0).collect();
-            if r.is_empty() {
-                r.push(p.n_x as u32 - 1);
-            }
-            r
-        }
-        _ => (0..p.n_x as u32).collect(),
-    };
-    let n = rows.len();
-    let mut x = up(gpu, &x_host);
-    let (rb_d, rows_d) = (up(gpu, &rb), up(gpu, &rows));
-    let (w_d, b_d) = (up(gpu, &ln.weight), up(gpu, &ln.bias));
+    let c = LayerNormCase::new(p);
+    let (d, ld, n) = (p.d, c.ld, c.rows.len());
+    let mut x = up(gpu, &c.x);
+    let (rb_d, rows_d) = (up(gpu, &c.residual_bias), up(gpu, &c.rows));
+    let (w_d, b_d) = (up(gpu, &c.ln.weight), up(gpu, &c.ln.bias));
     let mut out = gpu.stream.alloc_zeros::<T>(n * ld).unwrap();
     let rb_v = rb_d.as_view();
     let rows_v = rows_d.as_view();
@@ -210,108 +101,35 @@ fn layer_norm_run<T: DeviceFloat>(gpu: &Gpu, p: &LayerNormProblem) -> R {
         &b_d.as_view(),
         &mut out.as_view_mut(),
         [n, d, ld, ld],
-        1e-5,
+        LayerNormCase::EPS,
         p.block,
     )
     .unwrap();
-    let got = widen(&down(gpu, &out));
-    let x_after = down(gpu, &x);
-    let (mut want, mut got_rows, mut x_want) = (Vec::new(), Vec::new(), x_host.clone());
-    for (i, &r) in rows.iter().enumerate() {
-        let r = r as usize;
-        let mut row = x_host[r * ld..r * ld + d].to_vec();
-        if p.mode >= 1 {
-            row.iter_mut().zip(&rb).for_each(|(v, b)| *v += b);
-        }
-        if p.mode == 1 {
-            x_want[r * ld..r * ld + d].copy_from_slice(&row);
-        }
-        let mut o = vec![0f32; d];
-        ops::layer_norm_row(&row, &ln, 1e-5, &mut o);
-        want.extend(o);
-        got_rows.extend_from_slice(&got[i * ld..i * ld + d]);
-    }
-    compare(
-        "layer_norm out",
-        &f64s(&got_rows),
-        &f64s(&want),
-        1e-4,
-        u(T::DTYPE),
-        None,
-    )?;
-    compare(
-        "layer_norm x",
-        &f64s(&x_after),
-        &f64s(&x_want),
-        0.0,
-        0.0,
-        None,
-    )
-    .map(|_| ())
+    c.check(p, T::DTYPE, &widen(&down(gpu, &out)), &down(gpu, &x))
 }
 
 #[test]
 fn layer_norm_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    let block = prop_oneof![
-        Just(None),
-        prop::sample::select(layer_norm::BLOCK_CHOICES.to_vec()).prop_map(Some)
-    ];
-    let strategy = (dtype(), width(), 1usize..7, 0u8..3, block, any::<u64>()).prop_map(
-        |(dtype, d, n_x, mode, block, seed)| LayerNormProblem {
-            dtype,
-            d,
-            n_x,
-            mode,
-            block,
-            seed,
-        },
-    );
+    let strategy = layer_norm_problems(&layer_norm::BLOCK_CHOICES);
     fuzz("layer_norm", 48, strategy, |p| match p.dtype {
         CudaDType::BF16 => layer_norm_run::<bf16>(&gpu, &p),
         CudaDType::F16 => layer_norm_run::<f16>(&gpu, &p),
     });
-    // GPT-J's ln_1 / ln_f width at every block size.
     for block in layer_norm::BLOCK_CHOICES {
-        let p = LayerNormProblem {
-            dtype: CudaDType::BF16,
-            d: 4096,
-            n_x: 5,
-            mode: 1,
-            block: Some(block),
-            seed: 9,
-        };
-        layer_norm_run::<bf16>(&gpu, &p).unwrap();
+        layer_norm_run::<bf16>(&gpu, &layer_norm_gptj(block)).unwrap();
     }
 }
 
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone)]
-struct RotaryProblem {
-    dtype: CudaDType,
-    n: usize,
-    n_head: usize,
-    head_dim: usize,
-    rotary_dim: usize,
-    n_positions: usize,
-    seed: u64,
-}
-
 fn rotary_run<T: DeviceFloat>(gpu: &Gpu, p: &RotaryProblem) -> R {
-    let d = p.n_head * p.head_dim;
-    let (ld, l3) = (stride(d), stride(3 * d));
-    let qkv_host = random_vec(p.seed, p.n * l3, 2.0);
-    let mut rng = Rng::new(p.seed ^ 7);
-    let positions: Vec<u32> = (0..p.n)
-        .map(|_| rng.range(0, p.n_positions - 1) as u32)
-        .collect();
-    let table = ops::RotaryTable::new(p.n_positions, p.rotary_dim);
-    let (qkv_d, pos_d) = (up(gpu, &qkv_host), up(gpu, &positions));
-    let (cos_d, sin_d) = (up(gpu, &table.cos), up(gpu, &table.sin));
-    let mut q = gpu.stream.alloc_zeros::<T>(p.n * ld).unwrap();
-    let mut k = gpu.stream.alloc_zeros::<T>(p.n * ld).unwrap();
-    let mut v = gpu.stream.alloc_zeros::<T>(p.n * ld).unwrap();
+    let c = RotaryCase::new(p);
+    let (qkv_d, pos_d) = (up(gpu, &c.qkv), up(gpu, &c.positions));
+    let (cos_d, sin_d) = (up(gpu, &c.table.cos), up(gpu, &c.table.sin));
+    let mut q = gpu.stream.alloc_zeros::<T>(p.n * c.ld).unwrap();
+    let mut k = gpu.stream.alloc_zeros::<T>(p.n * c.ld).unwrap();
+    let mut v = gpu.stream.alloc_zeros::<T>(p.n * c.ld).unwrap();
     rotary::rotary(
         gpu,
         &qkv_d.as_view(),
@@ -326,186 +144,64 @@ fn rotary_run<T: DeviceFloat>(gpu: &Gpu, p: &RotaryProblem) -> R {
             n_head: p.n_head,
             head_dim: p.head_dim,
             rotary_dim: p.rotary_dim,
-            ld_qkv: l3,
-            ld,
+            ld_qkv: c.l3,
+            ld: c.ld,
             n_positions: p.n_positions,
         },
     )
     .unwrap();
-    // Reference: the CPU's rotary on a dense [n, 3d] copy.
-    let mut dense: Vec<f32> = (0..p.n)
-        .flat_map(|r| qkv_host[r * l3..r * l3 + 3 * d].to_vec())
-        .collect();
-    ops::rotary_qk(&mut dense, &positions, &table, p.n_head, p.head_dim);
-    for (name, buf, off) in [("q", &q, 0), ("k", &k, d), ("v", &v, 2 * d)] {
-        let got = widen(&down(gpu, buf));
-        let got: Vec<f64> = (0..p.n)
-            .flat_map(|r| f64s(&got[r * ld..r * ld + d]))
-            .collect();
-        let want: Vec<f64> = (0..p.n)
-            .flat_map(|r| f64s(&dense[r * 3 * d + off..r * 3 * d + off + d]))
-            .collect();
-        compare(
-            &format!("rotary {name}"),
-            &got,
-            &want,
-            1e-5,
-            u(T::DTYPE),
-            None,
-        )?;
-    }
-    Ok(())
+    let [q, k, v] = [&q, &k, &v].map(|b| widen(&down(gpu, b)));
+    c.check(p, T::DTYPE, [&q, &k, &v])
 }
 
 #[test]
 fn rotary_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    let strategy = (
-        dtype(),
-        1usize..40,
-        1usize..6,
-        1usize..40,
-        0usize..20,
-        1usize..300,
-        any::<u64>(),
-    )
-        .prop_map(
-            |(dtype, n, n_head, head_dim, rot, n_positions, seed)| RotaryProblem {
-                dtype,
-                n,
-                n_head,
-                head_dim,
-                rotary_dim: (2 * rot).min(head_dim - head_dim % 2),
-                n_positions,
-                seed,
-            },
-        );
-    fuzz("rotary", 48, strategy, |p| match p.dtype {
+    fuzz("rotary", 48, rotary_problems(), |p| match p.dtype {
         CudaDType::BF16 => rotary_run::<bf16>(&gpu, &p),
         CudaDType::F16 => rotary_run::<f16>(&gpu, &p),
     });
-    let gptj = RotaryProblem {
-        dtype: CudaDType::BF16,
-        n: 7,
-        n_head: 16,
-        head_dim: 256,
-        rotary_dim: 64,
-        n_positions: 2048,
-        seed: 3,
-    };
-    rotary_run::<bf16>(&gpu, &gptj).unwrap();
+    rotary_run::<bf16>(&gpu, &rotary_gptj()).unwrap();
 }
 
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone)]
-struct GeluProblem {
-    dtype: CudaDType,
-    n: usize,
-    f: usize,
-    ld_pad: usize,
-    grid: Option<u32>,
-    seed: u64,
-}
-
 fn gelu_run<T: DeviceFloat>(gpu: &Gpu, p: &GeluProblem) -> R {
-    let ld = p.f + p.ld_pad;
-    let x_host: Vec<T> = to_t(&random_vec(p.seed, p.n * ld, 4.0));
-    let bias = random_vec(p.seed ^ 1, p.f, 0.5);
-    let mut x = up(gpu, &x_host);
-    let b = up(gpu, &bias);
+    let c = GeluCase::<T>::new(p);
+    let mut x = up(gpu, &c.x);
+    let b = up(gpu, &c.bias);
     gelu::gelu(
         gpu,
         &mut x.as_view_mut(),
         &b.as_view(),
-        [p.n, p.f, ld],
+        [p.n, p.f, c.ld],
         p.grid,
     )
     .unwrap();
-    let got = widen(&down(gpu, &x));
-    let mut want: Vec<f32> = (0..p.n)
-        .flat_map(|r| widen(&x_host[r * ld..r * ld + p.f]))
-        .collect();
-    ops::bias_gelu_new(&mut want, &bias);
-    let got_rows: Vec<f64> = (0..p.n)
-        .flat_map(|r| f64s(&got[r * ld..r * ld + p.f]))
-        .collect();
-    compare("gelu", &got_rows, &f64s(&want), 1e-6, u(T::DTYPE), None)?;
-    // Padding columns are untouched.
-    for r in 0..p.n {
-        for c in p.f..ld {
-            prop_assert_eq!(got[r * ld + c], x_host[r * ld + c].to_f32());
-        }
-    }
-    Ok(())
+    c.check(p, &widen(&down(gpu, &x)))
 }
 
 #[test]
 fn gelu_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    let grid = prop_oneof![Just(None), Just(Some(1u32)), Just(Some(3u32))];
-    let strategy = (dtype(), 1usize..9, width(), 0usize..9, grid, any::<u64>()).prop_map(
-        |(dtype, n, f, ld_pad, grid, seed)| GeluProblem {
-            dtype,
-            n,
-            f,
-            ld_pad,
-            grid,
-            seed,
-        },
-    );
-    fuzz("gelu", 48, strategy, |p| match p.dtype {
+    fuzz("gelu", 48, gelu_problems(), |p| match p.dtype {
         CudaDType::BF16 => gelu_run::<bf16>(&gpu, &p),
         CudaDType::F16 => gelu_run::<f16>(&gpu, &p),
     });
-    let gptj = GeluProblem {
-        dtype: CudaDType::BF16,
-        n: 3,
-        f: 16384,
-        ld_pad: 0,
-        grid: None,
-        seed: 5,
-    };
-    gelu_run::<bf16>(&gpu, &gptj).unwrap();
+    gelu_run::<bf16>(&gpu, &gelu_gptj()).unwrap();
 }
 
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone)]
-struct XentProblem {
-    rows: usize,
-    vocab: usize,
-    ld_pad: usize,
-    logit_scale: f32,
-    block: Option<u32>,
-    seed: u64,
-}
-
 fn xent_run(gpu: &Gpu, p: &XentProblem) -> R {
-    let ld = p.vocab + p.ld_pad;
-    let logits = random_vec(p.seed, p.rows * ld, p.logit_scale);
-    let bias = random_vec(p.seed ^ 1, p.vocab, 1.0);
-    let mut rng = Rng::new(p.seed ^ 2);
-    // 0..4 targets per row (rows without targets included); slots scattered.
-    let mut offsets = vec![0u32];
-    let mut tokens = Vec::new();
-    for _ in 0..p.rows {
-        for _ in 0..rng.range(0, 4) {
-            tokens.push(rng.range(0, p.vocab - 1) as u32);
-        }
-        offsets.push(tokens.len() as u32);
-    }
-    let n_t = tokens.len();
-    let mut slots: Vec<u32> = (0..n_t as u32).collect();
-    for i in (1..n_t).rev() {
-        slots.swap(i, rng.range(0, i));
-    }
+    let c = XentCase::new(p);
+    let n_t = c.tokens.len();
     let (l_d, b_d, o_d, t_d, s_d) = (
-        up(gpu, &logits),
-        up(gpu, &bias),
-        up(gpu, &offsets),
-        up(gpu, &tokens),
-        up(gpu, &slots),
+        up(gpu, &c.logits),
+        up(gpu, &c.bias),
+        up(gpu, &c.offsets),
+        up(gpu, &c.tokens),
+        up(gpu, &c.slots),
     );
     let mut out = gpu.stream.alloc_zeros::<f32>(n_t.max(1)).unwrap();
     lm_head_xent::lm_head_xent(
@@ -516,72 +212,22 @@ fn xent_run(gpu: &Gpu, p: &XentProblem) -> R {
         &t_d.as_view(),
         &s_d.as_view(),
         &mut out.as_view_mut(),
-        [p.rows, p.vocab, ld],
+        [p.rows, p.vocab, c.ld],
         n_t,
         p.block,
     )
     .unwrap();
-    let got = down(gpu, &out);
-    // f64 reference.
-    let mut want = vec![0f64; n_t];
-    for r in 0..p.rows {
-        let row: Vec<f64> = (0..p.vocab)
-            .map(|v| logits[r * ld + v] as f64 + bias[v] as f64)
-            .collect();
-        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
-        for t in offsets[r] as usize..offsets[r + 1] as usize {
-            want[slots[t] as usize] = row[tokens[t] as usize] - lse;
-        }
-    }
-    compare("lm_head_xent", &f64s(&got[..n_t]), &want, 2e-5, 1e-6, None).map(|_| ())
+    c.check(p, &down(gpu, &out))
 }
 
 #[test]
 fn lm_head_xent_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    let block = prop_oneof![
-        Just(None),
-        prop::sample::select(lm_head_xent::BLOCK_CHOICES.to_vec()).prop_map(Some)
-    ];
-    let vocab = prop_oneof![
-        prop::sample::select(vec![1usize, 2, 31, 32, 33, 1000, 1025, 50400]),
-        1usize..5000
-    ];
-    let strategy = (
-        1usize..6,
-        vocab,
-        0usize..9,
-        prop::sample::select(vec![0.1f32, 3.0, 20.0]),
-        block,
-        any::<u64>(),
-    )
-        .prop_map(
-            |(rows, vocab, ld_pad, logit_scale, block, seed)| XentProblem {
-                rows,
-                vocab,
-                ld_pad,
-                logit_scale,
-                block,
-                seed,
-            },
-        );
-    fuzz("lm_head_xent", 48, strategy, xent_run_boxed(&gpu));
+    let strategy = xent_problems(&lm_head_xent::BLOCK_CHOICES);
+    fuzz("lm_head_xent", 48, strategy, |p| xent_run(&gpu, &p));
     for block in lm_head_xent::BLOCK_CHOICES {
-        let p = XentProblem {
-            rows: 4,
-            vocab: 50400,
-            ld_pad: 0,
-            logit_scale: 20.0,
-            block: Some(block),
-            seed: 11,
-        };
-        xent_run(&gpu, &p).unwrap();
+        xent_run(&gpu, &xent_gptj(block)).unwrap();
     }
-}
-
-fn xent_run_boxed(gpu: &Gpu) -> impl Fn(XentProblem) -> R + '_ {
-    move |p| xent_run(gpu, &p)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -743,89 +389,16 @@ fn gemm_matches_reference() {
 
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone)]
-struct AttentionProblem {
-    dtype: CudaDType,
-    n_head: usize,
-    head_dim: usize,
-    n_texts: usize,
-    max_text: usize,
-    inline: bool,
-    vocab: usize,
-    seed: u64,
-}
-
-/// A random plan from random candidates: shared prefixes, branches, single-token segments,
-/// segments and contexts longer than one 64-row tile when texts are long.
-fn random_plan(p: &AttentionProblem) -> Plan {
-    let mut rng = Rng::new(p.seed);
-    let v = p.vocab;
-    let mut cands = Vec::new();
-    for _ in 0..p.n_texts {
-        let n = rng.range(2, p.max_text);
-        let text: Arc<[u32]> = (0..n).map(|_| rng.range(0, v - 1) as u32).collect();
-        for _ in 0..rng.range(1, 4) {
-            let position = rng.range(1, n - 1);
-            let call: Vec<u32> = (0..rng.range(1, 6))
-                .map(|_| rng.range(0, v - 1) as u32)
-                .collect();
-            let res: Vec<u32> = (0..rng.range(0, 4))
-                .map(|_| rng.range(0, v - 1) as u32)
-                .collect();
-            cands.push(TokenCandidate {
-                text_ids: text.clone(),
-                position,
-                call_ids: [&call[..], &[1]].concat(),
-                call_result_ids: [&call[..], &[2], &res, &[1]].concat(),
-                weights: None,
-            });
-        }
-    }
-    let options = ScoreOptions {
-        placement: if p.inline {
-            Placement::Inline
-        } else {
-            Placement::Prefix
-        },
-        weights: LossWeights::default(),
-    };
-    Plan::build(&cands, &options)
-}
-
 fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
-    let plan = random_plan(p);
-    let (nh, hd) = (p.n_head, p.head_dim);
-    let d = nh * hd;
-    let n = plan.n_tokens();
-    let ld = stride(d);
-    // q, k, v as the device sees them (rounded to T); the reference gets the same values.
-    let qkv_t: Vec<Vec<T>> = (0..3)
-        .map(|i| to_t(&random_vec(p.seed ^ (10 + i), n * ld, 2.0)))
-        .collect();
-    let mut dense = vec![0f32; n * 3 * d];
-    for r in 0..n {
-        for (i, m) in qkv_t.iter().enumerate() {
-            dense[r * 3 * d + i * d..r * 3 * d + (i + 1) * d]
-                .copy_from_slice(&widen(&m[r * ld..r * ld + d]));
-        }
-    }
-    let mut want = vec![0f32; n * d];
-    attention::tree_attention(&plan, &dense, nh, hd, &mut want);
-    let max_v = qkv_t[2]
-        .iter()
-        .map(|x| x.to_f32().abs())
-        .fold(0f32, f32::max) as f64;
-    // Both tile layouts: one tile per segment, and small subtrees packed (inline plans).
-    let layouts = [
-        TreeTiles::from_plan_unpacked(&plan, 0).upload(gpu).unwrap(),
-        TreeTiles::from_plan(&plan, 0).upload(gpu).unwrap(),
-    ];
-    let (q_d, k_d, v_d) = (up(gpu, &qkv_t[0]), up(gpu, &qkv_t[1]), up(gpu, &qkv_t[2]));
+    let c = AttentionCase::<T>::new(p);
+    let n = c.plan.n_tokens();
+    let layouts = c.layouts.each_ref().map(|t| t.upload(gpu).unwrap());
+    let (q_d, k_d, v_d) = (up(gpu, &c.qkv[0]), up(gpu, &c.qkv[1]), up(gpu, &c.qkv[2]));
     let shape = AttentionShape {
-        n_head: nh,
-        head_dim: hd,
-        ld,
-        ld_out: ld,
+        n_head: p.n_head,
+        head_dim: p.head_dim,
+        ld: c.ld,
+        ld_out: c.ld,
     };
     let mut variants = vec![AttentionVariant::Scalar];
     if tree_attention::vec_allowed(gpu, shape, &q_d.as_view(), &k_d.as_view(), &v_d.as_view()) {
@@ -835,7 +408,7 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
         .into_iter()
         .flat_map(|v| layouts.iter().map(move |t| (v, t)))
     {
-        let mut out = gpu.stream.alloc_zeros::<T>(n * ld).unwrap();
+        let mut out = gpu.stream.alloc_zeros::<T>(n * c.ld).unwrap();
         tree_attention::tree_attention(
             gpu,
             &q_d.as_view(),
@@ -847,27 +420,12 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
             Some(variant),
         )
         .unwrap();
-        let got = widen(&down(gpu, &out));
-        let got: Vec<f64> = (0..n)
-            .flat_map(|r| f64s(&got[r * ld..r * ld + d]))
-            .collect();
-        let uu = u(T::DTYPE);
-        compare(
-            &format!(
-                "tree_attention {variant:?} ({n} tokens, {} segments, {} tiles)",
-                plan.segments.len(),
-                tiles.n_tiles
-            ),
-            &got,
-            &f64s(&want),
-            2.0 * uu * max_v + 1e-5,
-            uu,
-            None,
-        )?;
+        let what = format!("tree_attention {variant:?}, {} tiles", tiles.n_tiles);
+        c.check(p, &what, &widen(&down(gpu, &out)))?;
     }
     // decode_attention serves the same (unpacked) tiles, one row after another: same contract,
     // P in f32. It never sees packed tiles: decoding steps are single queries.
-    let mut out = gpu.stream.alloc_zeros::<T>(n * ld).unwrap();
+    let mut out = gpu.stream.alloc_zeros::<T>(n * c.ld).unwrap();
     tree_attention::decode_attention(
         gpu,
         &q_d.as_view(),
@@ -878,70 +436,19 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
         shape,
     )
     .unwrap();
-    let got = widen(&down(gpu, &out));
-    let got: Vec<f64> = (0..n)
-        .flat_map(|r| f64s(&got[r * ld..r * ld + d]))
-        .collect();
-    let uu = u(T::DTYPE);
-    compare(
-        &format!(
-            "decode_attention ({n} tokens, {} segments)",
-            plan.segments.len()
-        ),
-        &got,
-        &f64s(&want),
-        2.0 * uu * max_v + 1e-5,
-        uu,
-        None,
-    )?;
-    Ok(())
+    c.check(p, "decode_attention", &widen(&down(gpu, &out)))
 }
 
 #[test]
 fn tree_attention_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    let head_dim = prop_oneof![
-        prop::sample::select(vec![1usize, 3, 8, 16, 17, 24, 64, 100, 128, 256]),
-        1usize..257
-    ];
-    let strategy = (
-        dtype(),
-        1usize..5,
-        head_dim,
-        1usize..4,
-        prop::sample::select(vec![8usize, 40, 150]),
-        any::<bool>(),
-        any::<u64>(),
-    )
-        .prop_map(
-            |(dtype, n_head, head_dim, n_texts, max_text, inline, seed)| AttentionProblem {
-                dtype,
-                n_head,
-                head_dim,
-                n_texts,
-                max_text,
-                inline,
-                vocab: 13,
-                seed,
-            },
-        );
+    let strategy = attention_problems(1..5, vec![8, 40, 150]);
     fuzz("tree_attention", 32, strategy, |p| match p.dtype {
         CudaDType::BF16 => attention_run::<bf16>(&gpu, &p),
         CudaDType::F16 => attention_run::<f16>(&gpu, &p),
     });
-    // GPT-J: 16 heads of 256, a few hundred tokens of real tree structure, both placements.
     for inline in [false, true] {
-        let p = AttentionProblem {
-            dtype: CudaDType::BF16,
-            n_head: 16,
-            head_dim: 256,
-            n_texts: 2,
-            max_text: 150,
-            inline,
-            vocab: 50,
-            seed: 21,
-        };
-        attention_run::<bf16>(&gpu, &p).unwrap();
+        attention_run::<bf16>(&gpu, &attention_gptj(16, inline)).unwrap();
     }
 }
 

@@ -3,7 +3,8 @@
 // build.rs compiles every kernel unchanged except for one rewrite (an `extern __shared__` array
 // becomes a pointer into the launch's dynamic shared memory) with this header forced in front,
 // and links kernels/emu/runtime.cpp, which runs a launch:
-// - blocks one after another (so a kernel's static __shared__ arrays are plain statics);
+// - blocks one after another (so a kernel's static __shared__ arrays are plain statics, kept in
+//   one section that is poisoned like dynamic shared memory below);
 // - every thread of a block is a fiber on its own stack; a fiber runs until it reaches a barrier
 //   (__syncthreads, __syncwarp, a warp shuffle) or returns, so barrier semantics are exact and a
 //   barrier that can never complete (divergent __syncthreads, a shuffle with exited lanes) is an
@@ -11,11 +12,12 @@
 // - between barriers the fibers of a block run in an order drawn from the launch's seed, so a
 //   read of shared memory another thread writes without a barrier in between shows up as a
 //   result that changes with the seed;
-// - dynamic shared memory starts filled with 0xFF bytes (NaN as floats), so a read of shared
-//   memory nobody wrote poisons the output instead of reading zeros.
-// Tensor-core fragments (mma.h here) hold the whole 16x16 tile in every lane and accumulate in
-// f32; each lane stores only its share of an accumulator (element e goes to lane e % 32), so a
-// missing __syncwarp after store_matrix_sync is a visible race too.
+// - shared memory, static and dynamic, starts every block filled with 0xFF bytes (NaN as
+//   floats), so a read of shared memory nobody wrote poisons the output instead of reading zeros
+//   or what the previous block left.
+// Tensor-core fragments (include/mma.h) accumulate in f32; each lane computes and stores only its
+// share of an accumulator (element e goes to lane e % 32), so a missing __syncwarp after
+// store_matrix_sync is a visible race too.
 // Numerics are the host's IEEE f32 (expf, logf, tanhf from libm), not the GPU's: results match
 // the device within the kernels' own f32 budgets, not bit for bit.
 #pragma once
@@ -31,7 +33,8 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
-#define __shared__ static
+// Static shared arrays live in one section, which the runtime fills with 0xFF before each block.
+#define __shared__ static __attribute__((section("toolsift_emu_shared")))
 
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;

@@ -131,6 +131,10 @@ struct Launch {
 #endif
 };
 
+// The static __shared__ arrays of every kernel (cuda_emu.h), bounds from the linker.
+extern "C" unsigned char __start_toolsift_emu_shared[] __attribute__((weak));
+extern "C" unsigned char __stop_toolsift_emu_shared[] __attribute__((weak));
+
 std::mutex g_launch_lock;
 Launch* g = nullptr;  // the running launch (one at a time: g_launch_lock)
 std::vector<unsigned char*> g_stacks;  // reused across launches
@@ -301,6 +305,9 @@ bool run_block(uint64_t seed) {
         start_fiber(&f);
     }
     memset(g->smem.data, 0xFF, g->smem.bytes);
+    if (__start_toolsift_emu_shared && __stop_toolsift_emu_shared)
+        memset(__start_toolsift_emu_shared, 0xFF,
+               (size_t)(__stop_toolsift_emu_shared - __start_toolsift_emu_shared));
     Rng rng{(seed ^ (0x9E3779B97F4A7C15ull * (1 + g->bid.x + 65536ull * g->bid.y))) | 1};
     std::vector<size_t> order(n);
     for (size_t i = 0; i < n; ++i) order[i] = i;

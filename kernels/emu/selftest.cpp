@@ -1,0 +1,25 @@
+// Kernels that test the emulator itself (src/emu.rs tests): it must expose a race, report a
+// barrier that can never complete, and shuffle like the device.
+#include "cuda_emu.h"
+#include "common.cuh"
+
+// Thread i reads the slot thread i + 1 writes; `barrier` puts a __syncthreads in between.
+extern "C" void emu_selftest_neighbour(float* out, int barrier) {
+    __shared__ float slots[64];
+    slots[threadIdx.x] = (float)threadIdx.x;
+    if (barrier) __syncthreads();
+    out[threadIdx.x] = slots[(threadIdx.x + 1) % 64];
+}
+
+// Odd lanes wait at a warp barrier the even lanes never reach.
+extern "C" void emu_selftest_divergent(float* out) {
+    if (threadIdx.x & 1) __syncwarp();
+    out[threadIdx.x] = 1.0f;
+}
+
+// Every thread gets the sum of its warp's thread indices, and of the whole block's.
+extern "C" void emu_selftest_sums(float* warp_out, float* block_out) {
+    __shared__ float scratch[32];
+    warp_out[threadIdx.x] = toolsift::warp_sum((float)threadIdx.x);
+    block_out[threadIdx.x] = toolsift::block_sum((float)threadIdx.x, scratch);
+}
