@@ -6,11 +6,11 @@
 #
 # 1. prints the card and where libcuda / libcublasLt live, sets LD_LIBRARY_PATH for cudarc;
 # 2. runs the kernel fuzz suite, the whole-plan scoring tests and the sampling-step tests with
-#    turned-up case counts;
+#    turned-up case counts, then the embedded demo with --device cuda;
 # 3. benchmarks at toolsift bench's default size and at GPT-J-6B size: random bf16 weights made
 #    by transformers' GPTJForCausalLM on the GPU (scripts/hf_baseline.py), the transformers naive
-#    and tuned scorers, and toolsift on the same weights and workload; at 6B also the sampling
-#    steps (position log-probs over a 512-token sequence, 5 prefixes x 5 samples of 16 tokens);
+#    and tuned scorers, and toolsift on the same weights and workload (also with the opt-in
+#    packed tiles and mma attention kernel); at 6B also the sampling steps (position log-probs over a 512-token sequence, 5 prefixes x 5 samples of 16 tokens);
 # 4. writes logs and one summary.json into OUT_DIR.
 # Every step has its own timeout so the whole run stays under 8 minutes; a failed step is
 # recorded in the summary and the script goes on.
@@ -63,6 +63,12 @@ export TOOLSIFT_FUZZ_CASES="$FUZZ_CASES"
 step cuda_kernels 90 "$BIN/cuda_kernels" --nocapture --test-threads 4
 TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) step cuda_scoring 60 "$BIN/cuda_scoring" --nocapture
 TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) step cuda_sampling 45 "$BIN/cuda_sampling" --nocapture
+# The embedded demo on the GPU (issue 6), before the benchmarks so that a run cut short still
+# has it: annotate --demo and eval-demo with --device cuda.
+step demo_annotate_cuda 120 "$BIN/toolsift" annotate --demo --device cuda --no-progress \
+  --out "$OUT/demo/cstar.jsonl"
+step demo_eval_cuda 120 "$BIN/toolsift" eval-demo --device cuda --no-progress --json \
+  --out "$OUT/demo-eval"
 
 # 3. benchmarks: transformers first (it makes the weights and the workload), then toolsift.
 # toolsift on the weights and workload hf_baseline.py made: name size placement reps [VAR=VALUE...]
@@ -86,6 +92,11 @@ bench() { # size texts timeout: transformers' two scorers on both placements, th
   # Inline again with packed attention tiles (CudaOptions::pack_tiles; off by default until
   # the suites above have passed with it: they test both layouts).
   ts_bench "toolsift_${size}_inline_packed" "$size" inline 5 TOOLSIFT_PACK_TILES=1
+  # Both placements with the register-resident attention kernel (CudaOptions::mma_attention;
+  # off by default until timed here), inline also packed.
+  ts_bench "toolsift_${size}_prefix_mma" "$size" prefix 5 TOOLSIFT_ATTENTION_MMA=1
+  ts_bench "toolsift_${size}_inline_packed_mma" "$size" inline 5 TOOLSIFT_PACK_TILES=1 \
+    TOOLSIFT_ATTENTION_MMA=1
 }
 if [[ -n "${GPU_CHECK_QUICK:-}" ]]; then
   echo "GPU_CHECK_QUICK: correctness suites and extra checks only, no benchmarks"
@@ -111,11 +122,6 @@ else
   fi
 fi # GPU_CHECK_QUICK
 rm -rf "$OUT"/bench/gptj-* # the weights do not travel back
-# The embedded demo on the GPU (issue 6): annotate --demo and eval-demo with --device cuda.
-step demo_annotate_cuda 120 "$BIN/toolsift" annotate --demo --device cuda --no-progress \
-  --out "$OUT/demo/cstar.jsonl"
-step demo_eval_cuda 120 "$BIN/toolsift" eval-demo --device cuda --no-progress --json \
-  --out "$OUT/demo-eval"
 # Extra checks a caller appends (e.g. the demo on the GPU): EXTRA_CHECK="cmd ..." runs last.
 if [[ -n "${EXTRA_CHECK:-}" ]]; then
   step extra 120 bash -c "$EXTRA_CHECK"
@@ -179,16 +185,22 @@ for size in ("default", "6b"):
             e["agreement_vs_hf_tuned"] = {
                 "max_abs": diffs[-1], "median_abs": diffs[len(diffs) // 2],
                 "decisions": agree}
-        pk = os.path.join(out, f"toolsift_{size}_{placement}_packed.json")
-        if os.path.exists(pk):
-            tp = json.load(open(pk))
-            e["toolsift_packed"] = {k: v for k, v in tp.items() if k != "losses"}
+        # The opt-in variants: packed tiles, the mma attention kernel, both.
+        for variant in ("packed", "mma", "packed_mma"):
+            vp = os.path.join(out, f"toolsift_{size}_{placement}_{variant}.json")
+            if not os.path.exists(vp):
+                continue
+            tv = json.load(open(vp))
+            e[f"toolsift_{variant}"] = {k: v for k, v in tv.items() if k != "losses"}
+            e[f"{variant}_speedup_vs_default"] = tv["cands_per_s"] / ts["cands_per_s"]
             for base in ("tuned", "naive"):
                 if base in h:
-                    e[f"packed_speedup_vs_hf_{base}"] = tp["cands_per_s"] / h[base]["cands_per_s"]
+                    e[f"{variant}_speedup_vs_hf_{base}"] = tv["cands_per_s"] / h[base]["cands_per_s"]
             if "tuned_losses" in h:
-                pd = [abs(a - b) for x, y in zip(h["tuned_losses"], tp["losses"]) for a, b in zip(x, y)]
-                e["packed_max_abs_vs_hf_tuned"] = max(pd)
+                vd = [abs(a - b) for x, y in zip(h["tuned_losses"], tv["losses"]) for a, b in zip(x, y)]
+                e[f"{variant}_max_abs_vs_hf_tuned"] = max(vd)
+            if "trunk_tflops" in tv:
+                e[f"{variant}_fraction_of_790_tflops"] = tv["trunk_tflops"] / 790.0
         pp = os.path.join(out, f"profile_{size}_{placement}.json")
         if os.path.exists(pp):
             prof = json.load(open(pp))

@@ -400,7 +400,7 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
         ld: c.ld,
         ld_out: c.ld,
     };
-    let mut variants = vec![AttentionVariant::Scalar];
+    let mut variants = vec![AttentionVariant::Scalar, AttentionVariant::Mma];
     if tree_attention::vec_allowed(gpu, shape, &q_d.as_view(), &k_d.as_view(), &v_d.as_view()) {
         variants.push(AttentionVariant::Vec);
     }

@@ -148,8 +148,9 @@ fn check(p: &Problem) -> Result<f64, TestCaseError> {
     let opts = CudaOptions {
         dtype: Some(p.dtype),
         head_chunk_rows: p.head_chunk_rows,
-        // Both attention tile layouts, on alternate cases.
+        // Both attention tile layouts and both multi-query kernels, on alternate cases.
         pack_tiles: p.seed % 2 == 1,
+        mma_attention: p.seed % 4 >= 2,
         ..CudaOptions::default()
     };
     let mut gpu = CudaScorer::new(&model, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;

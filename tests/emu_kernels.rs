@@ -326,11 +326,19 @@ fn tree_attention_launch<T: EmuFloat>(
     let elem = std::mem::size_of::<T>();
     match variant {
         Some(variant) => {
-            let kernel = match variant {
-                AttentionVariant::Vec => T::TREE_ATTENTION_VEC,
-                AttentionVariant::Scalar => T::TREE_ATTENTION_SCALAR,
+            let (kernel, smem) = match variant {
+                AttentionVariant::Vec => (T::TREE_ATTENTION_VEC, ta::smem_bytes(p.head_dim, elem)),
+                AttentionVariant::Scalar => {
+                    (T::TREE_ATTENTION_SCALAR, ta::smem_bytes(p.head_dim, elem))
+                }
+                AttentionVariant::Mma => {
+                    let (i, _) = ta::mma_instance(p.head_dim).expect("head_dim <= 256");
+                    (
+                        T::TREE_ATTENTION_MMA[i],
+                        ta::mma_smem_bytes(p.head_dim, elem),
+                    )
+                }
             };
-            let smem = ta::smem_bytes(p.head_dim, elem);
             let hdp = u(ta::hd_pad(p.head_dim));
             launch(
                 &format!("tree_attention_{variant:?}_{}", T::SUFFIX),
@@ -380,7 +388,7 @@ fn tree_attention_launch<T: EmuFloat>(
 fn attention_run<T: EmuFloat>(p: &AttentionProblem) -> R {
     let c = AttentionCase::<T>::new(p);
     // The launcher's rule for the vector variant (the emulator's buffers are 16-byte aligned).
-    let mut variants = vec![AttentionVariant::Scalar];
+    let mut variants = vec![AttentionVariant::Scalar, AttentionVariant::Mma];
     if p.head_dim % 8 == 0 && c.ld % 8 == 0 {
         variants.push(AttentionVariant::Vec);
     }

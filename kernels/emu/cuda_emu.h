@@ -59,6 +59,9 @@ void sync_block();
 void sync_warp();
 // Warp shuffle: every lane offers `value`, each gets the one offered by `src_lane`.
 uint64_t shuffle(uint64_t value, int src_lane);
+// Warp all-gather: every lane offers `bytes` (<= 32) at `mine`; each gets all 32 lanes' offers,
+// lane order, at `all`.
+void warp_gather(const void* mine, void* all, size_t bytes);
 // Stops the launch with an error (a construct the emulator does not support).
 [[noreturn]] void unsupported(const char* what);
 // The launch's dynamic shared memory (128-byte aligned).

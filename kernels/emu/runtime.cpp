@@ -101,6 +101,7 @@ struct Fiber {
     int linear = 0, warp = 0, lane = 0;
     State state = State::Ready;
     int shuffle_parity = 0;
+    int gather_parity = 0;
     unsigned char* stack = nullptr;  // STACK_BYTES above one PROT_NONE page
 #if defined(__x86_64__)
     void* sp = nullptr;
@@ -111,6 +112,7 @@ struct Fiber {
 
 struct Warp {
     uint64_t slots[2][32];
+    unsigned char gathered[2][32][32];
     int lanes = 0;
 };
 
@@ -302,6 +304,7 @@ bool run_block(uint64_t seed) {
     for (Fiber& f : g->fibers) {
         f.state = State::Ready;
         f.shuffle_parity = 0;
+        f.gather_parity = 0;
         start_fiber(&f);
     }
     memset(g->smem.data, 0xFF, g->smem.bytes);
@@ -376,6 +379,20 @@ uint64_t shuffle(uint64_t value, int src_lane) {
     w.slots[p][f->lane] = value;
     sync_warp();
     return src_lane >= 0 && src_lane < w.lanes ? w.slots[p][src_lane] : value;
+}
+
+void warp_gather(const void* mine, void* all, size_t bytes) {
+    if (bytes > 32) unsupported("warp_gather of more than 32 bytes per lane");
+    Fiber* f = g->current;
+    Warp& w = g->warps[f->warp];
+    if (w.lanes != 32) unsupported("warp_gather in a partial warp");
+    // Alternating buffers, as for shuffles.
+    const int p = f->gather_parity;
+    f->gather_parity ^= 1;
+    memcpy(w.gathered[p][f->lane], mine, bytes);
+    sync_warp();
+    for (int l = 0; l < 32; ++l)
+        memcpy(static_cast<unsigned char*>(all) + l * bytes, w.gathered[p][l], bytes);
 }
 
 void unsupported(const char* what) {

@@ -37,6 +37,10 @@ const PTX: &[(&str, &str)] = &[
         include_str!(concat!(env!("OUT_DIR"), "/tree_attention.ptx")),
     ),
     (
+        "tree_attention_mma",
+        include_str!(concat!(env!("OUT_DIR"), "/tree_attention_mma.ptx")),
+    ),
+    (
         "decode_attention",
         include_str!(concat!(env!("OUT_DIR"), "/decode_attention.ptx")),
     ),
@@ -137,6 +141,8 @@ pub struct Kernels {
     pub gelu: PerType,
     pub tree_attention_vec: PerType,
     pub tree_attention_scalar: PerType,
+    /// `tree_attention_mma<HD_MAX>` for HD_MAX 64, 128, 256.
+    pub tree_attention_mma: [PerType; 3],
     pub decode_attention: PerType,
     pub lm_head_xent_f32: CudaFunction,
     pub log_softmax_f32: CudaFunction,
@@ -271,6 +277,11 @@ impl Kernels {
             gelu: per("gelu", "gelu")?,
             tree_attention_vec: per("tree_attention", "tree_attention_vec")?,
             tree_attention_scalar: per("tree_attention", "tree_attention_scalar")?,
+            tree_attention_mma: [
+                per("tree_attention_mma", "tree_attention_mma64")?,
+                per("tree_attention_mma", "tree_attention_mma128")?,
+                per("tree_attention_mma", "tree_attention_mma256")?,
+            ],
             decode_attention: per("decode_attention", "decode_attention")?,
             lm_head_xent_f32: f("lm_head_xent", "lm_head_xent_f32")?,
             log_softmax_f32: f("lm_head_xent", "log_softmax_f32")?,

@@ -50,7 +50,7 @@ pub use context::{stride, CudaDType, DeviceFloat, Gpu, KERNELS_BUILT};
 use layer_norm::Rows;
 use profile::{Laps, Stage, StageSecs};
 use rotary::RotaryShape;
-use tree_attention::{AttentionShape, DeviceTiles, TreeTiles};
+use tree_attention::{AttentionShape, AttentionVariant, DeviceTiles, TreeTiles};
 use weights::CudaWeights;
 
 use crate::cpu::ops::RotaryTable;
@@ -81,6 +81,15 @@ pub struct CudaOptions {
     /// its layout is proven on the host against the CPU engine); `TOOLSIFT_PACK_TILES=1`
     /// turns it on.
     pub pack_tiles: bool,
+    /// Run multi-query attention with `tree_attention_mma` (S and O in registers; mma.sync),
+    /// not the WMMA kernel. Off by default until a GPU has run and timed it (verified by the
+    /// host emulator, written without a GPU); `TOOLSIFT_ATTENTION_MMA=1` turns it on.
+    pub mma_attention: bool,
+}
+
+/// Whether an on/off environment variable is set to something other than "" or "0".
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 impl Default for CudaOptions {
@@ -90,8 +99,8 @@ impl Default for CudaOptions {
             dtype: None,
             memory_budget: None,
             head_chunk_rows: DEFAULT_HEAD_CHUNK_ROWS,
-            pack_tiles: std::env::var("TOOLSIFT_PACK_TILES")
-                .is_ok_and(|v| !v.is_empty() && v != "0"),
+            pack_tiles: env_flag("TOOLSIFT_PACK_TILES"),
+            mma_attention: env_flag("TOOLSIFT_ATTENTION_MMA"),
         }
     }
 }
@@ -110,6 +119,8 @@ pub struct CudaScorer {
     memory_budget: usize,
     head_chunk_rows: usize,
     pack_tiles: bool,
+    /// The attention variant of multi-query tiles (None: the launcher's choice).
+    attention: Option<AttentionVariant>,
     stats: std::sync::Mutex<RunStats>,
     /// `TOOLSIFT_CUDA_PROFILE`: synchronise after every stage and time it (`profile.rs`).
     profile: bool,
@@ -192,6 +203,7 @@ impl CudaScorer {
             memory_budget: 0,
             head_chunk_rows,
             pack_tiles: options.pack_tiles,
+            attention: options.mma_attention.then_some(AttentionVariant::Mma),
             stats: Default::default(),
             profile: profile::enabled_by_env(),
             stage_secs: Default::default(),
@@ -428,7 +440,7 @@ impl CudaScorer {
                     t.tiles,
                     &mut ctx.as_view_mut(),
                     att,
-                    None,
+                    self.attention,
                 )?;
             }
             laps.mark(gpu, Stage::Attention)?;

@@ -15,11 +15,32 @@ pub const BM: usize = 64;
 pub const BN: usize = 64;
 pub const THREADS: u32 = 128;
 
-/// The two exported variants: 16-byte vector loads, or element loads for any shape.
+/// The exported variants of the same contract: `Vec` and `Scalar` (kernels/tree_attention.cu,
+/// WMMA with S and O in shared memory; 16-byte vector loads, or element loads for any shape),
+/// and `Mma` (kernels/tree_attention_mma.cu, mma.sync with S and O in registers, FlashAttention-2
+/// style; any head_dim up to 256).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionVariant {
     Vec,
     Scalar,
+    Mma,
+}
+
+/// The `tree_attention_mma` instantiation for a head_dim: index into `Kernels::tree_attention_mma`
+/// and its HD_MAX (64, 128 or 256), or None past 256.
+pub fn mma_instance(head_dim: usize) -> Option<(usize, usize)> {
+    match hd_pad(head_dim) {
+        0..=64 => Some((0, 64)),
+        65..=128 => Some((1, 128)),
+        129..=256 => Some((2, 256)),
+        _ => None,
+    }
+}
+
+/// Dynamic shared memory of a `tree_attention_mma` block: sQ [64, hdp + 8], sK and sV
+/// [64, hdp + 8] in T; token ids [64] u32; row masks [64] u64.
+pub fn mma_smem_bytes(head_dim: usize, elem: usize) -> usize {
+    (BM + 2 * BN) * (hd_pad(head_dim) + 8) * elem + BM * 4 + BM * 8
 }
 
 /// head_dim rounded up to the WMMA k-step.
@@ -289,7 +310,17 @@ pub fn tree_attention<T: DeviceFloat>(
         return Ok(());
     }
     let d = s.n_head * s.head_dim;
-    let smem = smem_bytes(s.head_dim, std::mem::size_of::<T>());
+    let elem = std::mem::size_of::<T>();
+    let allowed = vec_allowed(gpu, s, q, k, v);
+    let variant = variant.unwrap_or(if allowed {
+        AttentionVariant::Vec
+    } else {
+        AttentionVariant::Scalar
+    });
+    let smem = match variant {
+        AttentionVariant::Mma => mma_smem_bytes(s.head_dim, elem),
+        _ => smem_bytes(s.head_dim, elem),
+    };
     check(
         s.head_dim > 0
             && s.ld >= d
@@ -307,19 +338,22 @@ pub fn tree_attention<T: DeviceFloat>(
             s.head_dim, gpu.max_smem_optin
         ),
     )?;
-    let allowed = vec_allowed(gpu, s, q, k, v);
-    let variant = variant.unwrap_or(if allowed {
-        AttentionVariant::Vec
-    } else {
-        AttentionVariant::Scalar
-    });
     check(
-        variant == AttentionVariant::Scalar || allowed,
+        variant != AttentionVariant::Vec || allowed,
         "tree_attention: the vector variant needs head_dim % 8 == 0, ld % 8 == 0, aligned buffers",
     )?;
     let func = match variant {
         AttentionVariant::Vec => T::pick(&gpu.kernels.tree_attention_vec),
         AttentionVariant::Scalar => T::pick(&gpu.kernels.tree_attention_scalar),
+        AttentionVariant::Mma => {
+            let Some((i, _)) = mma_instance(s.head_dim) else {
+                return Err(crate::error::Error::Backend(format!(
+                    "tree_attention: the mma variant takes head_dim <= 256, not {}",
+                    s.head_dim
+                )));
+            };
+            T::pick(&gpu.kernels.tree_attention_mma[i])
+        }
     };
     gpu.ctx
         .bind_to_thread()

@@ -1,0 +1,70 @@
+// Warp-level tensor-core MMA (PTX mma.sync m16n8k16, f32 accumulate) and the packing of 16-bit
+// pairs into its 32-bit fragment registers. Fragment layouts (PTX ISA, "Matrix fragments for
+// mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
+//   A (16 x 16, row-major) a[0]: (g, 2t..2t+1)  a[1]: (g+8, 2t..)  a[2]: (g, 2t+8..)  a[3]: (g+8, 2t+8..)
+//   B (16 x 8, k x n)      b[0]: (k 2t..2t+1, n g)                  b[1]: (k 2t+8.., n g)
+//   C, D (16 x 8)          c[0], c[1]: (g, 2t + 0/1)                c[2], c[3]: (g+8, 2t + 0/1)
+// A pair (lo, hi) sits in one register with the lower column (or k) in the low 16 bits.
+//
+// The host emulator has its own version of this header (kernels/emu/include/mma_sync.cuh, same
+// functions), which wins the include search there.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace toolsift {
+
+template <typename T>
+__device__ __forceinline__ uint16_t bits16(T x);
+template <>
+__device__ __forceinline__ uint16_t bits16<__nv_bfloat16>(__nv_bfloat16 x) {
+    return __bfloat16_as_ushort(x);
+}
+template <>
+__device__ __forceinline__ uint16_t bits16<__half>(__half x) {
+    return __half_as_ushort(x);
+}
+
+// Two 16-bit values, lo first.
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(T lo, T hi) {
+    return (uint32_t)bits16(lo) | ((uint32_t)bits16(hi) << 16);
+}
+
+// Two consecutive 16-bit values at p (4-byte aligned).
+template <typename T>
+__device__ __forceinline__ uint32_t load_pair(const T* p) {
+    return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// d = a b + c on one m16n8k16 tile held by the whole warp.
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2],
+                                             const float c[4]);
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float d[4], const uint32_t a[4],
+                                                            const uint32_t b[2],
+                                                            const float c[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]),
+          "f"(c[1]), "f"(c[2]), "f"(c[3]));
+}
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__half>(float d[4], const uint32_t a[4],
+                                                     const uint32_t b[2], const float c[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]),
+          "f"(c[1]), "f"(c[2]), "f"(c[3]));
+}
+
+}  // namespace toolsift
