@@ -37,6 +37,7 @@
 #include <mma.h>
 
 #include "common.cuh"
+#include "gather.cuh"
 
 using namespace toolsift;
 using namespace nvcuda;
@@ -58,30 +59,6 @@ struct Layout {
     __device__ __host__ int ldp() const { return BN + 8; }   // T elements, sP
     __device__ __host__ int ldo() const { return hdp + 4; }  // floats, sO
 };
-
-template <typename T, bool VEC>
-__device__ void load_rows(T* __restrict__ dst, int ldd, const T* __restrict__ src, size_t ld,
-                          const uint32_t* __restrict__ tok, int n_rows, int valid_rows,
-                          int head_dim, int hdp, size_t col0) {
-    if (VEC) {
-        // 8 elements per 16-byte vector; head_dim % 8 == 0 so a vector never straddles it.
-        const int vecs = hdp / 8;
-        for (int idx = threadIdx.x; idx < n_rows * vecs; idx += THREADS) {
-            const int r = idx / vecs, c = (idx % vecs) * 8;
-            uint4 val = make_uint4(0, 0, 0, 0);
-            if (r < valid_rows && c < head_dim)
-                val = *reinterpret_cast<const uint4*>(src + (size_t)tok[r] * ld + col0 + c);
-            *reinterpret_cast<uint4*>(dst + r * ldd + c) = val;
-        }
-    } else {
-        for (int idx = threadIdx.x; idx < n_rows * hdp; idx += THREADS) {
-            const int r = idx / hdp, c = idx % hdp;
-            T val = from_f32<T>(0.0f);
-            if (r < valid_rows && c < head_dim) val = src[(size_t)tok[r] * ld + col0 + c];
-            dst[r * ldd + c] = val;
-        }
-    }
-}
 
 template <typename T, bool VEC>
 __device__ void tree_attention(const T* __restrict__ q,                // [n, ld]
@@ -129,7 +106,7 @@ __device__ void tree_attention(const T* __restrict__ q,                // [n, ld
     }
     for (int idx = threadIdx.x; idx < BM * ldo; idx += THREADS) sO[idx] = 0.0f;
     __syncthreads();
-    load_rows<T, VEC>(sQ, ldq, q, ld, sTok, BM, q_len, head_dim, hdp, col0);
+    gather_rows<T, VEC, THREADS>(sQ, ldq, q, ld, sTok, BM, q_len, head_dim, hdp, col0);
     __syncthreads();
 
     const bool active = warp * 16 < (int)q_len;  // warp-uniform
@@ -138,8 +115,8 @@ __device__ void tree_attention(const T* __restrict__ q,                // [n, ld
         const int valid = min((uint32_t)BN, n_ctx - j0);
         for (int r = threadIdx.x; r < BN; r += THREADS) sTok[r] = r < valid ? ctx[j0 + r] : 0;
         __syncthreads();
-        load_rows<T, VEC>(sK, ldq, k, ld, sTok, BN, valid, head_dim, hdp, col0);
-        load_rows<T, VEC>(sV, ldq, v, ld, sTok, BN, valid, head_dim, hdp, col0);
+        gather_rows<T, VEC, THREADS>(sK, ldq, k, ld, sTok, BN, valid, head_dim, hdp, col0);
+        gather_rows<T, VEC, THREADS>(sV, ldq, v, ld, sTok, BN, valid, head_dim, hdp, col0);
         __syncthreads();
         if (active) {
             // S[row0 .. row0 + 16, 0 .. BN] = Q K^T

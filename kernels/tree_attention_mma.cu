@@ -16,6 +16,7 @@
 // point each, tree_attention_mma<HD_MAX>_<T>), which sizes the O registers (HD_MAX / 2 floats
 // per lane). head_dim is zero-padded to HD in shared memory, so any head_dim up to 256 works.
 #include "common.cuh"
+#include "gather.cuh"
 #include "mma_sync.cuh"
 
 using namespace toolsift;
@@ -26,18 +27,6 @@ constexpr int BM = 64;
 constexpr int BN = 64;
 constexpr int WARPS = 4;
 constexpr int THREADS = WARPS * 32;
-
-template <typename T>
-__device__ void gather_rows(T* __restrict__ dst, int ldd, const T* __restrict__ src, size_t ld,
-                            const uint32_t* __restrict__ tok, int n_rows, int valid_rows,
-                            int head_dim, int hd, size_t col0) {
-    for (int idx = threadIdx.x; idx < n_rows * hd; idx += THREADS) {
-        const int r = idx / hd, c = idx % hd;
-        T val = from_f32<T>(0.0f);
-        if (r < valid_rows && c < head_dim) val = src[(size_t)tok[r] * ld + col0 + c];
-        dst[r * ldd + c] = val;
-    }
-}
 
 template <typename T, int HD_MAX>
 __device__ void tree_attention_mma(const T* __restrict__ q, const T* __restrict__ k,
@@ -72,7 +61,7 @@ __device__ void tree_attention_mma(const T* __restrict__ q, const T* __restrict_
                        : ~0ull;
     }
     __syncthreads();
-    gather_rows<T>(sQ, lds, q, ld, sTok, BM, q_len, head_dim, hd, col0);
+    gather_rows<T, false, THREADS>(sQ, lds, q, ld, sTok, BM, q_len, head_dim, hd, col0);
 
     // This lane's two rows (g and g + 8 of the warp's 16), what each sees, its running max and
     // sum, and its share of O: o[j][0..1] row g, o[j][2..3] row g + 8, columns 8 j + 2 t + 0/1.
@@ -98,8 +87,8 @@ __device__ void tree_attention_mma(const T* __restrict__ q, const T* __restrict_
             }
         for (int r = threadIdx.x; r < BN; r += THREADS) sTok[r] = r < valid ? ctx[j0 + r] : 0;
         __syncthreads();
-        gather_rows<T>(sK, lds, k, ld, sTok, BN, valid, head_dim, hd, col0);
-        gather_rows<T>(sV, lds, v, ld, sTok, BN, valid, head_dim, hd, col0);
+        gather_rows<T, false, THREADS>(sK, lds, k, ld, sTok, BN, valid, head_dim, hd, col0);
+        gather_rows<T, false, THREADS>(sV, lds, v, ld, sTok, BN, valid, head_dim, hd, col0);
         __syncthreads();
         if (!active) continue;
 
