@@ -12,9 +12,11 @@
 // so nothing of S, P or O goes through shared memory, and shared memory is Q, K and V only
 // (100 KiB at head_dim 256: two blocks per SM, against one for tree_attention).
 //
-// HD is head_dim rounded up to a multiple of 16, at most HD_MAX (64, 128 or 256: one entry
-// point each, tree_attention_mma<HD_MAX>_<T>), which sizes the O registers (HD_MAX / 2 floats
-// per lane). head_dim is zero-padded to HD in shared memory, so any head_dim up to 256 works.
+// HD is head_dim rounded up to a multiple of 16, at most HD_MAX (64, 128 or 256), which sizes
+// the O registers (HD_MAX / 2 floats per lane). head_dim is zero-padded to HD in shared memory,
+// so any head_dim up to 256 works. Entry points tree_attention_mma<HD_MAX>_{vec,scalar}_<T>:
+// the row gathers load 16-byte vectors (vec: head_dim % 8 == 0, ld % 8 == 0, aligned buffers,
+// as tree_attention's) or elements.
 #include "common.cuh"
 #include "gather.cuh"
 #include "mma_sync.cuh"
@@ -28,7 +30,7 @@ constexpr int BN = 64;
 constexpr int WARPS = 4;
 constexpr int THREADS = WARPS * 32;
 
-template <typename T, int HD_MAX>
+template <typename T, bool VEC, int HD_MAX>
 __device__ void tree_attention_mma(const T* __restrict__ q, const T* __restrict__ k,
                                    const T* __restrict__ v, const uint32_t* __restrict__ tiles,
                                    const uint64_t* __restrict__ tile_ctx,
@@ -61,7 +63,7 @@ __device__ void tree_attention_mma(const T* __restrict__ q, const T* __restrict_
                        : ~0ull;
     }
     __syncthreads();
-    gather_rows<T, false, THREADS>(sQ, lds, q, ld, sTok, BM, q_len, head_dim, hd, col0);
+    gather_rows<T, VEC, THREADS>(sQ, lds, q, ld, sTok, BM, q_len, head_dim, hd, col0);
 
     // This lane's two rows (g and g + 8 of the warp's 16), what each sees, its running max and
     // sum, and its share of O: o[j][0..1] row g, o[j][2..3] row g + 8, columns 8 j + 2 t + 0/1.
@@ -87,8 +89,8 @@ __device__ void tree_attention_mma(const T* __restrict__ q, const T* __restrict_
             }
         for (int r = threadIdx.x; r < BN; r += THREADS) sTok[r] = r < valid ? ctx[j0 + r] : 0;
         __syncthreads();
-        gather_rows<T, false, THREADS>(sK, lds, k, ld, sTok, BN, valid, head_dim, hd, col0);
-        gather_rows<T, false, THREADS>(sV, lds, v, ld, sTok, BN, valid, head_dim, hd, col0);
+        gather_rows<T, VEC, THREADS>(sK, lds, k, ld, sTok, BN, valid, head_dim, hd, col0);
+        gather_rows<T, VEC, THREADS>(sV, lds, v, ld, sTok, BN, valid, head_dim, hd, col0);
         __syncthreads();
         if (!active) continue;
 
@@ -192,18 +194,24 @@ __device__ void tree_attention_mma(const T* __restrict__ q, const T* __restrict_
 
 }  // namespace
 
-#define TREE_ATTENTION_MMA(NAME, T, HD_MAX)                                                    \
+#define TREE_ATTENTION_MMA(NAME, T, VEC, HD_MAX)                                               \
     extern "C" __global__ void __launch_bounds__(THREADS)                                      \
         NAME(const T* q, const T* k, const T* v, const uint32_t* tiles,                        \
              const uint64_t* tile_ctx, const uint32_t* ctx_tokens, T* out, uint32_t head_dim,  \
              uint32_t hd_pad, uint32_t ld, uint32_t ld_out, float scale) {                     \
-        tree_attention_mma<T, HD_MAX>(q, k, v, tiles, tile_ctx, ctx_tokens, out, head_dim,     \
-                                      hd_pad, ld, ld_out, scale);                              \
+        tree_attention_mma<T, VEC, HD_MAX>(q, k, v, tiles, tile_ctx, ctx_tokens, out,          \
+                                           head_dim, hd_pad, ld, ld_out, scale);               \
     }
 
-TREE_ATTENTION_MMA(tree_attention_mma64_bf16, __nv_bfloat16, 64)
-TREE_ATTENTION_MMA(tree_attention_mma128_bf16, __nv_bfloat16, 128)
-TREE_ATTENTION_MMA(tree_attention_mma256_bf16, __nv_bfloat16, 256)
-TREE_ATTENTION_MMA(tree_attention_mma64_f16, __half, 64)
-TREE_ATTENTION_MMA(tree_attention_mma128_f16, __half, 128)
-TREE_ATTENTION_MMA(tree_attention_mma256_f16, __half, 256)
+TREE_ATTENTION_MMA(tree_attention_mma64_vec_bf16, __nv_bfloat16, true, 64)
+TREE_ATTENTION_MMA(tree_attention_mma128_vec_bf16, __nv_bfloat16, true, 128)
+TREE_ATTENTION_MMA(tree_attention_mma256_vec_bf16, __nv_bfloat16, true, 256)
+TREE_ATTENTION_MMA(tree_attention_mma64_scalar_bf16, __nv_bfloat16, false, 64)
+TREE_ATTENTION_MMA(tree_attention_mma128_scalar_bf16, __nv_bfloat16, false, 128)
+TREE_ATTENTION_MMA(tree_attention_mma256_scalar_bf16, __nv_bfloat16, false, 256)
+TREE_ATTENTION_MMA(tree_attention_mma64_vec_f16, __half, true, 64)
+TREE_ATTENTION_MMA(tree_attention_mma128_vec_f16, __half, true, 128)
+TREE_ATTENTION_MMA(tree_attention_mma256_vec_f16, __half, true, 256)
+TREE_ATTENTION_MMA(tree_attention_mma64_scalar_f16, __half, false, 64)
+TREE_ATTENTION_MMA(tree_attention_mma128_scalar_f16, __half, false, 128)
+TREE_ATTENTION_MMA(tree_attention_mma256_scalar_f16, __half, false, 256)

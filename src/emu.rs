@@ -316,7 +316,7 @@ pub mod kernels {
             ld_out: u32,
             scale: f32,
         );
-        pub fn tree_attention_mma64_bf16(
+        pub fn tree_attention_mma64_scalar_bf16(
             q: *const bf16,
             k: *const bf16,
             v: *const bf16,
@@ -330,7 +330,7 @@ pub mod kernels {
             ld_out: u32,
             scale: f32,
         );
-        pub fn tree_attention_mma64_f16(
+        pub fn tree_attention_mma64_scalar_f16(
             q: *const f16,
             k: *const f16,
             v: *const f16,
@@ -344,7 +344,7 @@ pub mod kernels {
             ld_out: u32,
             scale: f32,
         );
-        pub fn tree_attention_mma128_bf16(
+        pub fn tree_attention_mma128_scalar_bf16(
             q: *const bf16,
             k: *const bf16,
             v: *const bf16,
@@ -358,7 +358,7 @@ pub mod kernels {
             ld_out: u32,
             scale: f32,
         );
-        pub fn tree_attention_mma128_f16(
+        pub fn tree_attention_mma128_scalar_f16(
             q: *const f16,
             k: *const f16,
             v: *const f16,
@@ -372,7 +372,7 @@ pub mod kernels {
             ld_out: u32,
             scale: f32,
         );
-        pub fn tree_attention_mma256_bf16(
+        pub fn tree_attention_mma256_scalar_bf16(
             q: *const bf16,
             k: *const bf16,
             v: *const bf16,
@@ -386,7 +386,91 @@ pub mod kernels {
             ld_out: u32,
             scale: f32,
         );
-        pub fn tree_attention_mma256_f16(
+        pub fn tree_attention_mma256_scalar_f16(
+            q: *const f16,
+            k: *const f16,
+            v: *const f16,
+            tiles: *const u32,
+            tile_ctx: *const u64,
+            ctx_tokens: *const u32,
+            out: *mut f16,
+            head_dim: u32,
+            hd_pad: u32,
+            ld: u32,
+            ld_out: u32,
+            scale: f32,
+        );
+        pub fn tree_attention_mma64_vec_bf16(
+            q: *const bf16,
+            k: *const bf16,
+            v: *const bf16,
+            tiles: *const u32,
+            tile_ctx: *const u64,
+            ctx_tokens: *const u32,
+            out: *mut bf16,
+            head_dim: u32,
+            hd_pad: u32,
+            ld: u32,
+            ld_out: u32,
+            scale: f32,
+        );
+        pub fn tree_attention_mma64_vec_f16(
+            q: *const f16,
+            k: *const f16,
+            v: *const f16,
+            tiles: *const u32,
+            tile_ctx: *const u64,
+            ctx_tokens: *const u32,
+            out: *mut f16,
+            head_dim: u32,
+            hd_pad: u32,
+            ld: u32,
+            ld_out: u32,
+            scale: f32,
+        );
+        pub fn tree_attention_mma128_vec_bf16(
+            q: *const bf16,
+            k: *const bf16,
+            v: *const bf16,
+            tiles: *const u32,
+            tile_ctx: *const u64,
+            ctx_tokens: *const u32,
+            out: *mut bf16,
+            head_dim: u32,
+            hd_pad: u32,
+            ld: u32,
+            ld_out: u32,
+            scale: f32,
+        );
+        pub fn tree_attention_mma128_vec_f16(
+            q: *const f16,
+            k: *const f16,
+            v: *const f16,
+            tiles: *const u32,
+            tile_ctx: *const u64,
+            ctx_tokens: *const u32,
+            out: *mut f16,
+            head_dim: u32,
+            hd_pad: u32,
+            ld: u32,
+            ld_out: u32,
+            scale: f32,
+        );
+        pub fn tree_attention_mma256_vec_bf16(
+            q: *const bf16,
+            k: *const bf16,
+            v: *const bf16,
+            tiles: *const u32,
+            tile_ctx: *const u64,
+            ctx_tokens: *const u32,
+            out: *mut bf16,
+            head_dim: u32,
+            hd_pad: u32,
+            ld: u32,
+            ld_out: u32,
+            scale: f32,
+        );
+        pub fn tree_attention_mma256_vec_f16(
             q: *const f16,
             k: *const f16,
             v: *const f16,
@@ -496,8 +580,9 @@ pub trait EmuFloat: DeviceFloat + Pod {
     const GELU: GeluFn<Self>;
     const TREE_ATTENTION_VEC: TreeAttentionFn<Self>;
     const TREE_ATTENTION_SCALAR: TreeAttentionFn<Self>;
-    /// `tree_attention_mma<HD_MAX>` for HD_MAX 64, 128, 256 (`tree_attention::mma_instance`).
-    const TREE_ATTENTION_MMA: [TreeAttentionFn<Self>; 3];
+    /// `tree_attention_mma<HD_MAX>_{vec,scalar}`: [vec, scalar] x HD_MAX 64, 128, 256
+    /// (`tree_attention::mma_instance`).
+    const TREE_ATTENTION_MMA: [[TreeAttentionFn<Self>; 3]; 2];
     const DECODE_ATTENTION: DecodeAttentionFn<Self>;
     /// The symbol suffix.
     const SUFFIX: &'static str;
@@ -510,10 +595,17 @@ impl EmuFloat for bf16 {
     const GELU: GeluFn<Self> = kernels::gelu_bf16;
     const TREE_ATTENTION_VEC: TreeAttentionFn<Self> = kernels::tree_attention_vec_bf16;
     const TREE_ATTENTION_SCALAR: TreeAttentionFn<Self> = kernels::tree_attention_scalar_bf16;
-    const TREE_ATTENTION_MMA: [TreeAttentionFn<Self>; 3] = [
-        kernels::tree_attention_mma64_bf16,
-        kernels::tree_attention_mma128_bf16,
-        kernels::tree_attention_mma256_bf16,
+    const TREE_ATTENTION_MMA: [[TreeAttentionFn<Self>; 3]; 2] = [
+        [
+            kernels::tree_attention_mma64_vec_bf16,
+            kernels::tree_attention_mma128_vec_bf16,
+            kernels::tree_attention_mma256_vec_bf16,
+        ],
+        [
+            kernels::tree_attention_mma64_scalar_bf16,
+            kernels::tree_attention_mma128_scalar_bf16,
+            kernels::tree_attention_mma256_scalar_bf16,
+        ],
     ];
     const DECODE_ATTENTION: DecodeAttentionFn<Self> = kernels::decode_attention_bf16;
     const SUFFIX: &'static str = "bf16";
@@ -526,10 +618,17 @@ impl EmuFloat for f16 {
     const GELU: GeluFn<Self> = kernels::gelu_f16;
     const TREE_ATTENTION_VEC: TreeAttentionFn<Self> = kernels::tree_attention_vec_f16;
     const TREE_ATTENTION_SCALAR: TreeAttentionFn<Self> = kernels::tree_attention_scalar_f16;
-    const TREE_ATTENTION_MMA: [TreeAttentionFn<Self>; 3] = [
-        kernels::tree_attention_mma64_f16,
-        kernels::tree_attention_mma128_f16,
-        kernels::tree_attention_mma256_f16,
+    const TREE_ATTENTION_MMA: [[TreeAttentionFn<Self>; 3]; 2] = [
+        [
+            kernels::tree_attention_mma64_vec_f16,
+            kernels::tree_attention_mma128_vec_f16,
+            kernels::tree_attention_mma256_vec_f16,
+        ],
+        [
+            kernels::tree_attention_mma64_scalar_f16,
+            kernels::tree_attention_mma128_scalar_f16,
+            kernels::tree_attention_mma256_scalar_f16,
+        ],
     ];
     const DECODE_ATTENTION: DecodeAttentionFn<Self> = kernels::decode_attention_f16;
     const SUFFIX: &'static str = "f16";

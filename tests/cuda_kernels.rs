@@ -400,9 +400,9 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
         ld: c.ld,
         ld_out: c.ld,
     };
-    let mut variants = vec![AttentionVariant::Scalar, AttentionVariant::Mma];
+    let mut variants = vec![AttentionVariant::Scalar, AttentionVariant::MmaScalar];
     if tree_attention::vec_allowed(gpu, shape, &q_d.as_view(), &k_d.as_view(), &v_d.as_view()) {
-        variants.push(AttentionVariant::Vec);
+        variants.extend([AttentionVariant::Vec, AttentionVariant::MmaVec]);
     }
     for (variant, tiles) in variants
         .into_iter()

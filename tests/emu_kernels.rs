@@ -331,12 +331,11 @@ fn tree_attention_launch<T: EmuFloat>(
                 AttentionVariant::Scalar => {
                     (T::TREE_ATTENTION_SCALAR, ta::smem_bytes(p.head_dim, elem))
                 }
-                AttentionVariant::Mma => {
+                AttentionVariant::MmaVec | AttentionVariant::MmaScalar => {
                     let (i, _) = ta::mma_instance(p.head_dim).expect("head_dim <= 256");
-                    (
-                        T::TREE_ATTENTION_MMA[i],
-                        ta::mma_smem_bytes(p.head_dim, elem),
-                    )
+                    let loads = if variant.loads_vectors() { 0 } else { 1 };
+                    let smem = ta::mma_smem_bytes(p.head_dim, elem);
+                    (T::TREE_ATTENTION_MMA[loads][i], smem)
                 }
             };
             let hdp = u(ta::hd_pad(p.head_dim));
@@ -388,9 +387,9 @@ fn tree_attention_launch<T: EmuFloat>(
 fn attention_run<T: EmuFloat>(p: &AttentionProblem) -> R {
     let c = AttentionCase::<T>::new(p);
     // The launcher's rule for the vector variant (the emulator's buffers are 16-byte aligned).
-    let mut variants = vec![AttentionVariant::Scalar, AttentionVariant::Mma];
+    let mut variants = vec![AttentionVariant::Scalar, AttentionVariant::MmaScalar];
     if p.head_dim % 8 == 0 && c.ld % 8 == 0 {
-        variants.push(AttentionVariant::Vec);
+        variants.extend([AttentionVariant::Vec, AttentionVariant::MmaVec]);
     }
     for variant in variants {
         for (layout, tiles) in ["one tile per segment", "packed"].iter().zip(&c.layouts) {

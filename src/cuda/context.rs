@@ -141,8 +141,8 @@ pub struct Kernels {
     pub gelu: PerType,
     pub tree_attention_vec: PerType,
     pub tree_attention_scalar: PerType,
-    /// `tree_attention_mma<HD_MAX>` for HD_MAX 64, 128, 256.
-    pub tree_attention_mma: [PerType; 3],
+    /// `tree_attention_mma<HD_MAX>_{vec,scalar}`: [vec, scalar] x HD_MAX 64, 128, 256.
+    pub tree_attention_mma: [[PerType; 3]; 2],
     pub decode_attention: PerType,
     pub lm_head_xent_f32: CudaFunction,
     pub log_softmax_f32: CudaFunction,
@@ -278,9 +278,16 @@ impl Kernels {
             tree_attention_vec: per("tree_attention", "tree_attention_vec")?,
             tree_attention_scalar: per("tree_attention", "tree_attention_scalar")?,
             tree_attention_mma: [
-                per("tree_attention_mma", "tree_attention_mma64")?,
-                per("tree_attention_mma", "tree_attention_mma128")?,
-                per("tree_attention_mma", "tree_attention_mma256")?,
+                [
+                    per("tree_attention_mma", "tree_attention_mma64_vec")?,
+                    per("tree_attention_mma", "tree_attention_mma128_vec")?,
+                    per("tree_attention_mma", "tree_attention_mma256_vec")?,
+                ],
+                [
+                    per("tree_attention_mma", "tree_attention_mma64_scalar")?,
+                    per("tree_attention_mma", "tree_attention_mma128_scalar")?,
+                    per("tree_attention_mma", "tree_attention_mma256_scalar")?,
+                ],
             ],
             decode_attention: per("decode_attention", "decode_attention")?,
             lm_head_xent_f32: f("lm_head_xent", "lm_head_xent_f32")?,

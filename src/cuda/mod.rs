@@ -119,8 +119,8 @@ pub struct CudaScorer {
     memory_budget: usize,
     head_chunk_rows: usize,
     pack_tiles: bool,
-    /// The attention variant of multi-query tiles (None: the launcher's choice).
-    attention: Option<AttentionVariant>,
+    /// Multi-query tiles run `tree_attention_mma` (`CudaOptions::mma_attention`).
+    mma_attention: bool,
     stats: std::sync::Mutex<RunStats>,
     /// `TOOLSIFT_CUDA_PROFILE`: synchronise after every stage and time it (`profile.rs`).
     profile: bool,
@@ -203,7 +203,7 @@ impl CudaScorer {
             memory_budget: 0,
             head_chunk_rows,
             pack_tiles: options.pack_tiles,
-            attention: options.mma_attention.then_some(AttentionVariant::Mma),
+            mma_attention: options.mma_attention,
             stats: Default::default(),
             profile: profile::enabled_by_env(),
             stage_secs: Default::default(),
@@ -432,15 +432,18 @@ impl CudaScorer {
                     att,
                 )?;
             } else {
+                let (q, k, v) = (q.as_view(), k_cache[l].as_view(), v_cache[l].as_view());
+                let loads = tree_attention::vec_allowed(gpu, att, &q, &k, &v);
+                let variant = AttentionVariant::pick(self.mma_attention, loads);
                 tree_attention::tree_attention(
                     gpu,
-                    &q.as_view(),
-                    &k_cache[l].as_view(),
-                    &v_cache[l].as_view(),
+                    &q,
+                    &k,
+                    &v,
                     t.tiles,
                     &mut ctx.as_view_mut(),
                     att,
-                    self.attention,
+                    Some(variant),
                 )?;
             }
             laps.mark(gpu, Stage::Attention)?;

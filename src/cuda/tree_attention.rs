@@ -16,14 +16,37 @@ pub const BN: usize = 64;
 pub const THREADS: u32 = 128;
 
 /// The exported variants of the same contract: `Vec` and `Scalar` (kernels/tree_attention.cu,
-/// WMMA with S and O in shared memory; 16-byte vector loads, or element loads for any shape),
-/// and `Mma` (kernels/tree_attention_mma.cu, mma.sync with S and O in registers, FlashAttention-2
-/// style; any head_dim up to 256).
+/// WMMA with S and O in shared memory) and `MmaVec` and `MmaScalar` (kernels/
+/// tree_attention_mma.cu, mma.sync with S and O in registers, FlashAttention-2 style; head_dim
+/// <= 256). The vec ones gather rows as 16-byte vectors (head_dim % 8 == 0, ld % 8 == 0,
+/// aligned buffers), the scalar ones element by element (any shape).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionVariant {
     Vec,
     Scalar,
-    Mma,
+    MmaVec,
+    MmaScalar,
+}
+
+impl AttentionVariant {
+    /// The variant of one kernel family (mma or not) for buffers that do or do not allow vector
+    /// loads (`vec_allowed`).
+    pub fn pick(mma: bool, vec_allowed: bool) -> Self {
+        match (mma, vec_allowed) {
+            (false, true) => AttentionVariant::Vec,
+            (false, false) => AttentionVariant::Scalar,
+            (true, true) => AttentionVariant::MmaVec,
+            (true, false) => AttentionVariant::MmaScalar,
+        }
+    }
+
+    pub fn is_mma(self) -> bool {
+        matches!(self, AttentionVariant::MmaVec | AttentionVariant::MmaScalar)
+    }
+
+    pub fn loads_vectors(self) -> bool {
+        matches!(self, AttentionVariant::Vec | AttentionVariant::MmaVec)
+    }
 }
 
 /// The `tree_attention_mma` instantiation for a head_dim: index into `Kernels::tree_attention_mma`
@@ -312,14 +335,11 @@ pub fn tree_attention<T: DeviceFloat>(
     let d = s.n_head * s.head_dim;
     let elem = std::mem::size_of::<T>();
     let allowed = vec_allowed(gpu, s, q, k, v);
-    let variant = variant.unwrap_or(if allowed {
-        AttentionVariant::Vec
+    let variant = variant.unwrap_or(AttentionVariant::pick(false, allowed));
+    let smem = if variant.is_mma() {
+        mma_smem_bytes(s.head_dim, elem)
     } else {
-        AttentionVariant::Scalar
-    });
-    let smem = match variant {
-        AttentionVariant::Mma => mma_smem_bytes(s.head_dim, elem),
-        _ => smem_bytes(s.head_dim, elem),
+        smem_bytes(s.head_dim, elem)
     };
     check(
         s.head_dim > 0
@@ -339,20 +359,21 @@ pub fn tree_attention<T: DeviceFloat>(
         ),
     )?;
     check(
-        variant != AttentionVariant::Vec || allowed,
-        "tree_attention: the vector variant needs head_dim % 8 == 0, ld % 8 == 0, aligned buffers",
+        !variant.loads_vectors() || allowed,
+        "tree_attention: the vector variants need head_dim % 8 == 0, ld % 8 == 0, aligned buffers",
     )?;
     let func = match variant {
         AttentionVariant::Vec => T::pick(&gpu.kernels.tree_attention_vec),
         AttentionVariant::Scalar => T::pick(&gpu.kernels.tree_attention_scalar),
-        AttentionVariant::Mma => {
+        AttentionVariant::MmaVec | AttentionVariant::MmaScalar => {
             let Some((i, _)) = mma_instance(s.head_dim) else {
                 return Err(crate::error::Error::Backend(format!(
-                    "tree_attention: the mma variant takes head_dim <= 256, not {}",
+                    "tree_attention: the mma variants take head_dim <= 256, not {}",
                     s.head_dim
                 )));
             };
-            T::pick(&gpu.kernels.tree_attention_mma[i])
+            let loads = if variant.loads_vectors() { 0 } else { 1 };
+            T::pick(&gpu.kernels.tree_attention_mma[loads][i])
         }
     };
     gpu.ctx
