@@ -554,7 +554,7 @@ fn prepare_demo_output(out: &std::path::Path, journal_too: bool) -> Result<()> {
 /// `eval-demo`: a second demo set from `--seed`, annotated like the demo, measured against its
 /// sites.
 fn eval_demo(args: EvalDemoArgs) -> Result<ExitCode> {
-    use toolsift::annotate::{run_job, writer::write_atomic, Job, RunOutcome, Shard};
+    use toolsift::annotate::{run_job_on, writer::write_atomic, Job, RunOutcome, Shard};
     use toolsift::demo::{assets, corpus, eval};
     let started = std::time::Instant::now();
     let config = assets::demo_config()?;
@@ -586,7 +586,10 @@ fn eval_demo(args: EvalDemoArgs) -> Result<ExitCode> {
         shard: Shard::default(),
         progress: !args.no_progress,
     };
-    let summary = match run_job(&job)? {
+    // One model and engine for the annotate run and the generation comparison after it.
+    let model = Model::load(&job.model_dir)?;
+    let engine = toolsift::backend::engine_for(&model, args.device)?;
+    let summary = match run_job_on(&job, &model, engine.as_ref())? {
         RunOutcome::Done(summary, _) => summary,
         RunOutcome::Stopped(n) => anyhow::bail!("the annotate run stopped after {n} documents"),
     };
@@ -599,12 +602,10 @@ fn eval_demo(args: EvalDemoArgs) -> Result<ExitCode> {
         None
     } else {
         use toolsift::demo::tool_use;
-        let model = Model::load(&job.model_dir)?;
-        let decoder = toolsift::backend::decoder_for(&model, args.device)?;
         let tools = toolsift::generate::tools_from_config(None, None)?;
         let prompts = tool_use::arithmetic_prompts(&docs);
         Some(tool_use::compare(
-            decoder.as_ref(),
+            engine.as_ref(),
             model.tokenizer()?,
             &tools,
             &prompts,

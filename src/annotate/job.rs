@@ -9,7 +9,7 @@ use serde_json::json;
 use super::config::{AnnotateConfig, ToolKind};
 use super::tools::ToolRegistry;
 use super::{annotate, Annotator, RunOptions, RunOutcome, Shard};
-use crate::backend::{engine_for, Device};
+use crate::backend::{engine_for, Device, Engine};
 use crate::error::{Error, Result};
 use crate::model::Model;
 
@@ -31,6 +31,15 @@ pub struct Job {
 
 /// Runs `job` (resuming from its journal if there is one).
 pub fn run_job(job: &Job) -> Result<RunOutcome> {
+    let model = Model::load(&job.model_dir)?;
+    // One engine samples positions and calls and scores the candidates.
+    let engine = engine_for(&model, job.device)?;
+    run_job_on(job, &model, engine.as_ref())
+}
+
+/// As `run_job`, on the model in `job.model_dir` already loaded and its engine already built
+/// (`eval-demo` goes on to generate with the same ones).
+pub fn run_job_on(job: &Job, model: &Model, engine: &dyn Engine) -> Result<RunOutcome> {
     let registry =
         ToolRegistry::from_config(&job.config.tools).map_err(|e| Error::input(e.to_string()))?;
     let tools: Vec<ToolKind> = match &job.tools {
@@ -40,18 +49,8 @@ pub fn run_job(job: &Job) -> Result<RunOutcome> {
             .filter(|t| registry.get(t.call_name()).is_some())
             .collect(),
     };
-    let model = Model::load(&job.model_dir)?;
     let tokenizer = model.tokenizer()?;
-    // One engine samples positions and calls and scores the candidates.
-    let engine = engine_for(&model, job.device)?;
-    let annotator = Annotator::new(
-        tokenizer,
-        engine.as_ref(),
-        engine.as_ref(),
-        &registry,
-        &job.config,
-        &tools,
-    )?;
+    let annotator = Annotator::new(tokenizer, engine, engine, &registry, &job.config, &tools)?;
     let options = RunOptions {
         corpus: job.corpus.clone(),
         out: job.out.clone(),

@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 pub use config::{AnnotateConfig, ToolKind, ToolParams};
 pub use corpus::{Document, Line};
 pub use document::{Annotator, CStarRecord, CallRecord, DocStats, StageSecs, ToolStats};
-pub use job::{run_job, Job};
+pub use job::{run_job, run_job_on, Job};
 pub use shard::Shard;
 pub use summary::Summary;
 pub use writer::OutputPaths;
