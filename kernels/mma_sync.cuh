@@ -1,5 +1,6 @@
-// Warp-level tensor-core MMA (PTX mma.sync m16n8k16, f32 accumulate) and the packing of 16-bit
-// pairs into its 32-bit fragment registers. Fragment layouts (PTX ISA, "Matrix fragments for
+// Warp-level tensor-core MMA (PTX mma.sync m16n8k16, f32 accumulate), the ldmatrix loads that
+// fill its fragments from shared memory, and the packing of 16-bit pairs into 32-bit fragment
+// registers. Fragment layouts (PTX ISA, "Matrix fragments for
 // mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
 //   A (16 x 16, row-major) a[0]: (g, 2t..2t+1)  a[1]: (g+8, 2t..)  a[2]: (g, 2t+8..)  a[3]: (g+8, 2t+8..)
 //   B (16 x 8, k x n)      b[0]: (k 2t..2t+1, n g)                  b[1]: (k 2t+8.., n g)
@@ -33,10 +34,25 @@ __device__ __forceinline__ uint32_t pack_pair(T lo, T hi) {
     return (uint32_t)bits16(lo) | ((uint32_t)bits16(hi) << 16);
 }
 
-// Two consecutive 16-bit values at p (4-byte aligned).
+// ldmatrix: four 8 x 8 matrices of 16-bit values from shared memory, one register each. Lane l
+// gives the address of one row (16 bytes, 16-byte aligned): lanes 0-7 the rows of matrix 0,
+// 8-15 of matrix 1, 16-23 of 2, 24-31 of 3. Lane l receives of matrix m, in r[m], the pair at
+// row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (the A / B fragment layout above); with
+// .trans, the pair at rows 2 (l % 4) and 2 (l % 4) + 1 of column l / 4.
 template <typename T>
-__device__ __forceinline__ uint32_t load_pair(const T* p) {
-    return *reinterpret_cast<const uint32_t*>(p);
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const T* row) {
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+template <typename T>
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const T* row) {
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
 }
 
 // d = a b + c on one m16n8k16 tile held by the whole warp.

@@ -4,11 +4,11 @@
 // Per block: one query tile (<= 64 rows) and one head, 4 warps of 16 rows. Per step of BN = 64
 // context keys the block gathers K and V rows into shared memory; then each warp, on its own
 // rows, without a block barrier:
-//   S = Q K^T      mma.sync m16n8k16 (Q and K fragments read from shared memory), f32
+//   S = Q K^T      mma.sync m16n8k16 (Q and K fragments loaded by ldmatrix), f32
 //   online softmax on S's registers: a lane holds 2 rows x 16 columns; row max and sum over the
 //                  4 lanes sharing a row (two shuffles); O *= alpha in registers
 //   O += P V       P's C-fragments become A-fragments in place (rounded to T, as FlashAttention
-//                  does; l sums the unrounded p), V fragments from shared memory
+//                  does; l sums the unrounded p), V fragments by ldmatrix.trans
 // so nothing of S, P or O goes through shared memory, and shared memory is Q, K and V only
 // (100 KiB at head_dim 256: two blocks per SM, against one for tree_attention).
 //
@@ -101,14 +101,18 @@ __device__ void tree_attention_mma(const T* __restrict__ q, const T* __restrict_
 #pragma unroll
         for (int kk = 0; kk < HD_MAX / 16; ++kk) {
             if (kk * 16 >= hd) break;
-            const T* qa = sQ + (row0 + g) * lds + kk * 16 + 2 * t;
-            const uint32_t a[4] = {load_pair(qa), load_pair(qa + 8 * lds), load_pair(qa + 8),
-                                   load_pair(qa + 8 * lds + 8)};
+            // Q rows row0 + (lane % 16), columns 16 kk + 8 (lane / 16): the A fragment.
+            uint32_t a[4];
+            ldmatrix_x4(a, sQ + (row0 + (lane & 15)) * lds + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
-            for (int n = 0; n < BN / 8; ++n) {
-                const T* kb = sK + (n * 8 + g) * lds + kk * 16 + 2 * t;
-                const uint32_t b[2] = {load_pair(kb), load_pair(kb + 8)};
+            for (int n = 0; n < BN / 8; n += 2) {
+                // Keys 8 n .. 8 n + 15 (lane / 16 picks the block), dims 16 kk + 8 ((lane / 8) % 2):
+                // the B fragments of blocks n and n + 1.
+                uint32_t b[4];
+                ldmatrix_x4(b, sK + ((n + (lane >> 4)) * 8 + (lane & 7)) * lds + kk * 16 +
+                                   ((lane >> 3) & 1) * 8);
                 mma_m16n8k16<T>(s[n], a, b, s[n]);
+                mma_m16n8k16<T>(s[n + 1], a, b + 2, s[n + 1]);
             }
         }
 
@@ -162,14 +166,15 @@ __device__ void tree_attention_mma(const T* __restrict__ q, const T* __restrict_
                 pack_pair(from_f32<T>(s[2 * c][2]), from_f32<T>(s[2 * c][3])),
                 pack_pair(from_f32<T>(s[2 * c + 1][0]), from_f32<T>(s[2 * c + 1][1])),
                 pack_pair(from_f32<T>(s[2 * c + 1][2]), from_f32<T>(s[2 * c + 1][3]))};
-            const T* vb = sV + (c * 16 + 2 * t) * lds + g;
 #pragma unroll
-            for (int j = 0; j < HD_MAX / 8; ++j) {
+            for (int j = 0; j < HD_MAX / 8; j += 2) {
                 if (j * 8 >= hd) break;
-                const T* p = vb + j * 8;
-                const uint32_t b[2] = {pack_pair(p[0], p[lds]),
-                                       pack_pair(p[8 * lds], p[9 * lds])};
+                // V rows c * 16 + (lane % 16), dims 8 (j + lane / 16), transposed: the B
+                // fragments (k = key, n = dim) of dim blocks j and j + 1.
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, sV + (c * 16 + (lane & 15)) * lds + (j + (lane >> 4)) * 8);
                 mma_m16n8k16<T>(o[j], a, b, o[j]);
+                mma_m16n8k16<T>(o[j + 1], a, b + 2, o[j + 1]);
             }
         }
     }

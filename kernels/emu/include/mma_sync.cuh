@@ -1,5 +1,5 @@
-// Host stand-in for kernels/mma_sync.cuh (kernels/emu): the same functions, with mma.sync done
-// by the warp together. Every lane offers its fragment registers (toolsift_emu::warp_gather, a
+// Host stand-in for kernels/mma_sync.cuh (kernels/emu): the same functions, with mma.sync and
+// ldmatrix done by the warp together. Every lane offers its fragment registers (toolsift_emu::warp_gather, a
 // warp barrier like the device's .sync), then computes its own four elements of D from the
 // whole warp's A and B, read through the PTX fragment layouts documented in the device header,
 // summing the products in f32 along k.
@@ -14,6 +14,7 @@
 namespace toolsift_emu {
 int lane_id();
 void warp_gather(const void* mine, void* all, size_t bytes);
+[[noreturn]] void unsupported(const char* what);
 }  // namespace toolsift_emu
 
 namespace toolsift {
@@ -28,12 +29,32 @@ inline uint32_t pack_pair(T lo, T hi) {
     return (uint32_t)bits16(lo) | ((uint32_t)bits16(hi) << 16);
 }
 
+// ldmatrix (see the device header): the warp gathers the 32 row addresses, then each lane reads
+// its pairs. Rows must be 16-byte aligned, as on the device (which faults otherwise).
+inline void ldmatrix_x4_impl(uint32_t r[4], const void* row, bool trans) {
+    if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
+        toolsift_emu::unsupported("ldmatrix row address not 16-byte aligned (the device faults)");
+    const void* rows[32];
+    toolsift_emu::warp_gather(&row, rows, sizeof(const void*));
+    const int lane = toolsift_emu::lane_id(), g = lane / 4, t = lane % 4;
+    auto at = [&](int m, int i, int j) {  // element (i, j) of matrix m, as stored
+        uint16_t v;
+        memcpy(&v, static_cast<const unsigned char*>(rows[8 * m + i]) + 2 * j, 2);
+        return (uint32_t)v;
+    };
+    for (int m = 0; m < 4; ++m)
+        r[m] = trans ? at(m, 2 * t, g) | at(m, 2 * t + 1, g) << 16
+                     : at(m, g, 2 * t) | at(m, g, 2 * t + 1) << 16;
+}
+
 template <typename T>
-inline uint32_t load_pair(const T* p) {
-    if (reinterpret_cast<uintptr_t>(p) % 4 != 0) __builtin_trap();  // the device faults too
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
+inline void ldmatrix_x4(uint32_t r[4], const T* row) {
+    ldmatrix_x4_impl(r, row, false);
+}
+
+template <typename T>
+inline void ldmatrix_x4_trans(uint32_t r[4], const T* row) {
+    ldmatrix_x4_impl(r, row, true);
 }
 
 inline float widen_bits(__nv_bfloat16*, uint16_t b) { return __bfloat162float({b}); }
