@@ -19,7 +19,6 @@ use std::ffi::{c_char, c_void, CString};
 use std::ptr::NonNull;
 
 use bytemuck::Pod;
-use half::{bf16, f16};
 
 use crate::cuda::DeviceFloat;
 use crate::error::{Error, Result};
@@ -164,82 +163,6 @@ pub mod kernels {
     use half::{bf16, f16};
 
     extern "C" {
-        pub fn embedding_bf16(
-            ids: *const u32,
-            wte: *const bf16,
-            x: *mut f32,
-            n: u32,
-            d: u32,
-            ld_wte: u32,
-            ld_x: u32,
-        );
-        pub fn embedding_f16(
-            ids: *const u32,
-            wte: *const f16,
-            x: *mut f32,
-            n: u32,
-            d: u32,
-            ld_wte: u32,
-            ld_x: u32,
-        );
-        pub fn layer_norm_bf16(
-            x: *mut f32,
-            residual_bias: *const f32,
-            rows: *const u32,
-            weight: *const f32,
-            bias: *const f32,
-            out: *mut bf16,
-            n: u32,
-            d: u32,
-            ld_x: u32,
-            ld_out: u32,
-            eps: f32,
-        );
-        pub fn layer_norm_f16(
-            x: *mut f32,
-            residual_bias: *const f32,
-            rows: *const u32,
-            weight: *const f32,
-            bias: *const f32,
-            out: *mut f16,
-            n: u32,
-            d: u32,
-            ld_x: u32,
-            ld_out: u32,
-            eps: f32,
-        );
-        pub fn rotary_bf16(
-            qkv: *const f32,
-            positions: *const u32,
-            cos: *const f32,
-            sin: *const f32,
-            q: *mut bf16,
-            k: *mut bf16,
-            v: *mut bf16,
-            n: u32,
-            n_head: u32,
-            head_dim: u32,
-            rotary_dim: u32,
-            ld_qkv: u32,
-            ld: u32,
-        );
-        pub fn rotary_f16(
-            qkv: *const f32,
-            positions: *const u32,
-            cos: *const f32,
-            sin: *const f32,
-            q: *mut f16,
-            k: *mut f16,
-            v: *mut f16,
-            n: u32,
-            n_head: u32,
-            head_dim: u32,
-            rotary_dim: u32,
-            ld_qkv: u32,
-            ld: u32,
-        );
-        pub fn gelu_bf16(x: *mut bf16, bias: *const f32, n: u32, f: u32, ld: u32);
-        pub fn gelu_f16(x: *mut f16, bias: *const f32, n: u32, f: u32, ld: u32);
         pub fn lm_head_xent_f32(
             logits: *const f32,
             bias: *const f32,
@@ -260,257 +183,90 @@ pub mod kernels {
             ld: u32,
             ld_out: u32,
         );
-        pub fn tree_attention_vec_bf16(
-            q: *const bf16,
-            k: *const bf16,
-            v: *const bf16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut bf16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_scalar_bf16(
-            q: *const bf16,
-            k: *const bf16,
-            v: *const bf16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut bf16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_vec_f16(
-            q: *const f16,
-            k: *const f16,
-            v: *const f16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut f16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_scalar_f16(
-            q: *const f16,
-            k: *const f16,
-            v: *const f16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut f16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_mma64_scalar_bf16(
-            q: *const bf16,
-            k: *const bf16,
-            v: *const bf16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut bf16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_mma64_scalar_f16(
-            q: *const f16,
-            k: *const f16,
-            v: *const f16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut f16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_mma128_scalar_bf16(
-            q: *const bf16,
-            k: *const bf16,
-            v: *const bf16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut bf16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_mma128_scalar_f16(
-            q: *const f16,
-            k: *const f16,
-            v: *const f16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut f16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_mma256_scalar_bf16(
-            q: *const bf16,
-            k: *const bf16,
-            v: *const bf16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut bf16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_mma256_scalar_f16(
-            q: *const f16,
-            k: *const f16,
-            v: *const f16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut f16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_mma64_vec_bf16(
-            q: *const bf16,
-            k: *const bf16,
-            v: *const bf16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut bf16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_mma64_vec_f16(
-            q: *const f16,
-            k: *const f16,
-            v: *const f16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut f16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_mma128_vec_bf16(
-            q: *const bf16,
-            k: *const bf16,
-            v: *const bf16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut bf16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_mma128_vec_f16(
-            q: *const f16,
-            k: *const f16,
-            v: *const f16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut f16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_mma256_vec_bf16(
-            q: *const bf16,
-            k: *const bf16,
-            v: *const bf16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut bf16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn tree_attention_mma256_vec_f16(
-            q: *const f16,
-            k: *const f16,
-            v: *const f16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut f16,
-            head_dim: u32,
-            hd_pad: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn decode_attention_bf16(
-            q: *const bf16,
-            k: *const bf16,
-            v: *const bf16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut bf16,
-            head_dim: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
-        pub fn decode_attention_f16(
-            q: *const f16,
-            k: *const f16,
-            v: *const f16,
-            tiles: *const u32,
-            tile_ctx: *const u64,
-            ctx_tokens: *const u32,
-            out: *mut f16,
-            head_dim: u32,
-            ld: u32,
-            ld_out: u32,
-            scale: f32,
-        );
     }
+
+    /// The 16-bit kernels of one storage type: each C signature written once, every symbol
+    /// named, and the type's [`super::EmuFloat`] table.
+    macro_rules! per_type {
+        ($t:ident, $suffix:literal: embedding $embedding:ident, layer_norm $layer_norm:ident,
+         rotary $rotary:ident, gelu $gelu:ident, tree_attention [$vec:ident, $scalar:ident],
+         mma_vec [$($mma_vec:ident),+], mma_scalar [$($mma_scalar:ident),+],
+         decode_attention $decode:ident) => {
+            extern "C" {
+                pub fn $embedding(
+                    ids: *const u32, wte: *const $t, x: *mut f32, n: u32, d: u32, ld_wte: u32,
+                    ld_x: u32,
+                );
+                pub fn $layer_norm(
+                    x: *mut f32, residual_bias: *const f32, rows: *const u32,
+                    weight: *const f32, bias: *const f32, out: *mut $t, n: u32, d: u32,
+                    ld_x: u32, ld_out: u32, eps: f32,
+                );
+                pub fn $rotary(
+                    qkv: *const f32, positions: *const u32, cos: *const f32, sin: *const f32,
+                    q: *mut $t, k: *mut $t, v: *mut $t, n: u32, n_head: u32, head_dim: u32,
+                    rotary_dim: u32, ld_qkv: u32, ld: u32,
+                );
+                pub fn $gelu(x: *mut $t, bias: *const f32, n: u32, f: u32, ld: u32);
+                pub fn $vec(
+                    q: *const $t, k: *const $t, v: *const $t, tiles: *const u32,
+                    tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut $t, head_dim: u32,
+                    hd_pad: u32, ld: u32, ld_out: u32, scale: f32,
+                );
+                pub fn $scalar(
+                    q: *const $t, k: *const $t, v: *const $t, tiles: *const u32,
+                    tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut $t, head_dim: u32,
+                    hd_pad: u32, ld: u32, ld_out: u32, scale: f32,
+                );
+                $(pub fn $mma_vec(
+                    q: *const $t, k: *const $t, v: *const $t, tiles: *const u32,
+                    tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut $t, head_dim: u32,
+                    hd_pad: u32, ld: u32, ld_out: u32, scale: f32,
+                );)+
+                $(pub fn $mma_scalar(
+                    q: *const $t, k: *const $t, v: *const $t, tiles: *const u32,
+                    tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut $t, head_dim: u32,
+                    hd_pad: u32, ld: u32, ld_out: u32, scale: f32,
+                );)+
+                pub fn $decode(
+                    q: *const $t, k: *const $t, v: *const $t, tiles: *const u32,
+                    tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut $t, head_dim: u32,
+                    ld: u32, ld_out: u32, scale: f32,
+                );
+            }
+
+            impl super::EmuFloat for $t {
+                const EMBEDDING: super::EmbeddingFn<Self> = $embedding;
+                const LAYER_NORM: super::LayerNormFn<Self> = $layer_norm;
+                const ROTARY: super::RotaryFn<Self> = $rotary;
+                const GELU: super::GeluFn<Self> = $gelu;
+                const TREE_ATTENTION_VEC: super::TreeAttentionFn<Self> = $vec;
+                const TREE_ATTENTION_SCALAR: super::TreeAttentionFn<Self> = $scalar;
+                const TREE_ATTENTION_MMA: [[super::TreeAttentionFn<Self>; 3]; 2] =
+                    [[$($mma_vec),+], [$($mma_scalar),+]];
+                const DECODE_ATTENTION: super::DecodeAttentionFn<Self> = $decode;
+                const SUFFIX: &'static str = $suffix;
+            }
+        };
+    }
+
+    per_type!(bf16, "bf16": embedding embedding_bf16, layer_norm layer_norm_bf16,
+        rotary rotary_bf16, gelu gelu_bf16,
+        tree_attention [tree_attention_vec_bf16, tree_attention_scalar_bf16],
+        mma_vec [tree_attention_mma64_vec_bf16, tree_attention_mma128_vec_bf16,
+            tree_attention_mma256_vec_bf16],
+        mma_scalar [tree_attention_mma64_scalar_bf16, tree_attention_mma128_scalar_bf16,
+            tree_attention_mma256_scalar_bf16],
+        decode_attention decode_attention_bf16);
+
+    per_type!(f16, "f16": embedding embedding_f16, layer_norm layer_norm_f16,
+        rotary rotary_f16, gelu gelu_f16,
+        tree_attention [tree_attention_vec_f16, tree_attention_scalar_f16],
+        mma_vec [tree_attention_mma64_vec_f16, tree_attention_mma128_vec_f16,
+            tree_attention_mma256_vec_f16],
+        mma_scalar [tree_attention_mma64_scalar_f16, tree_attention_mma128_scalar_f16,
+            tree_attention_mma256_scalar_f16],
+        decode_attention decode_attention_f16);
 }
 
 /// The C signature of each 16-bit kernel family, for [`EmuFloat`].
@@ -572,7 +328,8 @@ pub type DecodeAttentionFn<T> = unsafe extern "C" fn(
     f32,
 );
 
-/// A 16-bit storage type and its instantiation of every kernel (the `_bf16` / `_f16` symbol).
+/// A 16-bit storage type and its instantiation of every kernel (the `_bf16` / `_f16` symbols;
+/// implemented in [`kernels`]).
 pub trait EmuFloat: DeviceFloat + Pod {
     const EMBEDDING: EmbeddingFn<Self>;
     const LAYER_NORM: LayerNormFn<Self>;
@@ -588,55 +345,10 @@ pub trait EmuFloat: DeviceFloat + Pod {
     const SUFFIX: &'static str;
 }
 
-impl EmuFloat for bf16 {
-    const EMBEDDING: EmbeddingFn<Self> = kernels::embedding_bf16;
-    const LAYER_NORM: LayerNormFn<Self> = kernels::layer_norm_bf16;
-    const ROTARY: RotaryFn<Self> = kernels::rotary_bf16;
-    const GELU: GeluFn<Self> = kernels::gelu_bf16;
-    const TREE_ATTENTION_VEC: TreeAttentionFn<Self> = kernels::tree_attention_vec_bf16;
-    const TREE_ATTENTION_SCALAR: TreeAttentionFn<Self> = kernels::tree_attention_scalar_bf16;
-    const TREE_ATTENTION_MMA: [[TreeAttentionFn<Self>; 3]; 2] = [
-        [
-            kernels::tree_attention_mma64_vec_bf16,
-            kernels::tree_attention_mma128_vec_bf16,
-            kernels::tree_attention_mma256_vec_bf16,
-        ],
-        [
-            kernels::tree_attention_mma64_scalar_bf16,
-            kernels::tree_attention_mma128_scalar_bf16,
-            kernels::tree_attention_mma256_scalar_bf16,
-        ],
-    ];
-    const DECODE_ATTENTION: DecodeAttentionFn<Self> = kernels::decode_attention_bf16;
-    const SUFFIX: &'static str = "bf16";
-}
-
-impl EmuFloat for f16 {
-    const EMBEDDING: EmbeddingFn<Self> = kernels::embedding_f16;
-    const LAYER_NORM: LayerNormFn<Self> = kernels::layer_norm_f16;
-    const ROTARY: RotaryFn<Self> = kernels::rotary_f16;
-    const GELU: GeluFn<Self> = kernels::gelu_f16;
-    const TREE_ATTENTION_VEC: TreeAttentionFn<Self> = kernels::tree_attention_vec_f16;
-    const TREE_ATTENTION_SCALAR: TreeAttentionFn<Self> = kernels::tree_attention_scalar_f16;
-    const TREE_ATTENTION_MMA: [[TreeAttentionFn<Self>; 3]; 2] = [
-        [
-            kernels::tree_attention_mma64_vec_f16,
-            kernels::tree_attention_mma128_vec_f16,
-            kernels::tree_attention_mma256_vec_f16,
-        ],
-        [
-            kernels::tree_attention_mma64_scalar_f16,
-            kernels::tree_attention_mma128_scalar_f16,
-            kernels::tree_attention_mma256_scalar_f16,
-        ],
-    ];
-    const DECODE_ATTENTION: DecodeAttentionFn<Self> = kernels::decode_attention_f16;
-    const SUFFIX: &'static str = "f16";
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::bf16;
 
     /// The emulator's own contract, on the simplest kernel: every thread of every block runs.
     #[test]

@@ -88,7 +88,7 @@ pub struct CudaOptions {
 }
 
 /// Whether an on/off environment variable is set to something other than "" or "0".
-fn env_flag(name: &str) -> bool {
+pub(crate) fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
@@ -433,8 +433,11 @@ impl CudaScorer {
                 )?;
             } else {
                 let (q, k, v) = (q.as_view(), k_cache[l].as_view(), v_cache[l].as_view());
-                let loads = tree_attention::vec_allowed(gpu, att, &q, &k, &v);
-                let variant = AttentionVariant::pick(self.mma_attention, loads);
+                // The WMMA kernel is the launcher's default choice; the mma one needs its loads
+                // picked here.
+                let variant = self.mma_attention.then(|| {
+                    AttentionVariant::pick(true, tree_attention::vec_allowed(gpu, att, &q, &k, &v))
+                });
                 tree_attention::tree_attention(
                     gpu,
                     &q,
@@ -443,7 +446,7 @@ impl CudaScorer {
                     t.tiles,
                     &mut ctx.as_view_mut(),
                     att,
-                    Some(variant),
+                    variant,
                 )?;
             }
             laps.mark(gpu, Stage::Attention)?;

@@ -83,5 +83,5 @@ impl Laps {
 
 /// Whether `TOOLSIFT_CUDA_PROFILE` asks for stage timing.
 pub(crate) fn enabled_by_env() -> bool {
-    std::env::var("TOOLSIFT_CUDA_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0")
+    super::env_flag("TOOLSIFT_CUDA_PROFILE")
 }
