@@ -168,7 +168,8 @@ mod emu {
     use std::path::{Path, PathBuf};
 
     /// kernels/*.cu -> OUT_DIR/emu/<stem>.cpp (cuda_emu.h first, `extern __shared__` rewritten)
-    /// -> one static library with kernels/emu/runtime.cpp.
+    /// -> one static library with kernels/emu/runtime.cpp; then the emulated device
+    /// (`device_libraries`).
     pub fn build() {
         let kernels = Path::new("kernels");
         let emu = kernels.join("emu");
@@ -180,6 +181,10 @@ mod emu {
             "include/cuda_bf16.h",
             "include/cuda_fp16.h",
             "include/mma.h",
+            "include/mma_sync.cuh",
+            "device/registry.h",
+            "device/driver.cpp",
+            "device/cublaslt.cpp",
         ] {
             println!("cargo:rerun-if-changed={}", emu.join(f).display());
         }
@@ -191,18 +196,21 @@ mod emu {
             .filter(|p| p.extension().is_some_and(|e| e == "cu"))
             .collect();
         sources.sort();
-        let mut build = cc::Build::new();
-        build
-            .cpp(true)
+        let mut base = cc::Build::new();
+        base.cpp(true)
             .std("c++17")
             .opt_level(2)
+            .pic(true)
             .flag("-fno-strict-aliasing")
             .warnings(false)
             .include(emu.join("include"))
             .include(&emu)
-            .include(kernels)
+            .include(kernels);
+        let mut build = base.clone();
+        build
             .file(emu.join("runtime.cpp"))
             .file(emu.join("selftest.cpp"));
+        let mut kernel_files = Vec::new();
         for src in &sources {
             println!("cargo:rerun-if-changed={}", src.display());
             let text = std::fs::read_to_string(src)
@@ -217,9 +225,136 @@ mod emu {
             let stem = src.file_stem().expect("file stem").to_string_lossy();
             let dst = out.join(format!("{stem}.cpp"));
             std::fs::write(&dst, cpp).unwrap_or_else(|e| panic!("writing {}: {e}", dst.display()));
-            build.file(dst);
+            build.file(&dst);
+            kernel_files.push((abs, dst));
         }
         build.compile("toolsift_emu");
+        device_libraries(&base, &emu, &out, &kernel_files);
+    }
+
+    /// The emulated device (kernels/emu/device): OUT_DIR/emu/device/libcuda.so, the driver API
+    /// over the emulator with every kernel of kernels/*.cu in its launch table, and
+    /// libcublasLt.so, host matmuls. cudarc finds them by name like the real libraries
+    /// (src/emu/device.rs). `kernel_files`: (kernels/<stem>.cu, its rewritten OUT_DIR copy).
+    fn device_libraries(
+        base: &cc::Build,
+        emu: &Path,
+        out: &Path,
+        kernel_files: &[(PathBuf, PathBuf)],
+    ) {
+        let dir = out.join("device");
+        std::fs::create_dir_all(&dir).expect("creating OUT_DIR/emu/device");
+        let mut driver = base.clone();
+        driver
+            .flag("-fvisibility=hidden")
+            .include(emu.join("device"))
+            .file(emu.join("runtime.cpp"))
+            .file(emu.join("device/driver.cpp"));
+        for (cu, cpp) in kernel_files {
+            // The entry points, read from the preprocessed kernel file, go into the launch
+            // table; the compiler takes each signature from the definition (registry.h).
+            let expanded = base
+                .clone()
+                .file(cpp)
+                .try_expand()
+                .unwrap_or_else(|e| panic!("preprocessing {}: {e}", cpp.display()));
+            let names = entry_points(&String::from_utf8_lossy(&expanded), &cu.to_string_lossy());
+            assert!(
+                !names.is_empty(),
+                "{}: no extern \"C\" kernels",
+                cu.display()
+            );
+            let stem = cpp.file_stem().expect("file stem").to_string_lossy();
+            let entries: Vec<String> = names
+                .iter()
+                .map(|n| format!("TOOLSIFT_EMU_ENTRY({n})"))
+                .collect();
+            let table = dir.join(format!("{stem}_entries.cpp"));
+            let text = format!(
+                "#include \"{}\"\n#include \"registry.h\"\nTOOLSIFT_EMU_ENTRIES({})\n",
+                cpp.display(),
+                entries.join(", ")
+            );
+            std::fs::write(&table, text)
+                .unwrap_or_else(|e| panic!("writing {}: {e}", table.display()));
+            driver.file(table);
+        }
+        link_shared(&driver, &dir, "libcuda.so", &[]);
+        let mut blas = base.clone();
+        blas.flag("-fvisibility=hidden")
+            .file(emu.join("device/cublaslt.cpp"));
+        // Its operand checks call into the emulated libcuda.so, found next to it.
+        link_shared(
+            &blas,
+            &dir,
+            "libcublasLt.so",
+            &[
+                format!("-L{}", dir.display()),
+                "-lcuda".into(),
+                "-Wl,-rpath,$ORIGIN".into(),
+            ],
+        );
+    }
+
+    /// Compiles `build`'s files and links them into `dir/name` (soname `name`).
+    fn link_shared(build: &cc::Build, dir: &Path, name: &str, libs: &[String]) {
+        let objects = build.compile_intermediates();
+        let mut cmd = build.get_compiler().to_command();
+        cmd.arg("-shared")
+            .arg(format!("-Wl,-soname,{name}"))
+            .arg("-Wl,-Bsymbolic")
+            .arg("-o")
+            .arg(dir.join(name))
+            .args(&objects)
+            .args(libs)
+            .arg("-lpthread");
+        let output = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("linking {name}: {e}"));
+        assert!(
+            output.status.success(),
+            "linking {name} ({cmd:?}):\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// The names of the `extern "C"` functions defined in `file` (a .cu), from its preprocessed
+    /// text: only the lines the preprocessor attributes to `file`, so no header's declarations.
+    fn entry_points(expanded: &str, file: &str) -> Vec<String> {
+        let mut own = String::new();
+        let mut in_file = false;
+        for line in expanded.lines() {
+            if let Some(marker) = line.strip_prefix("# ") {
+                // `# <line> "<file>" <flags>`
+                in_file = marker.split('"').nth(1) == Some(file);
+                continue;
+            }
+            if in_file {
+                own += line;
+                own.push('\n');
+            }
+        }
+        let mut names = Vec::new();
+        for (at, _) in own.match_indices("extern \"C\"") {
+            let rest = own[at + "extern \"C\"".len()..].trim_start();
+            if rest.starts_with('{') {
+                continue;
+            }
+            let Some(open) = rest.find('(') else { continue };
+            let name: String = rest[..open]
+                .trim_end()
+                .chars()
+                .rev()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            if !name.is_empty() && !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names
     }
 
     /// `extern __shared__ [__align__(N)] TYPE NAME[];` -> `TYPE* const NAME = reinterpret_cast<

@@ -23,6 +23,8 @@ use bytemuck::Pod;
 use crate::cuda::DeviceFloat;
 use crate::error::{Error, Result};
 
+pub mod device;
+
 mod ffi {
     use std::ffi::{c_char, c_void};
 

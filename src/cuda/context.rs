@@ -174,6 +174,11 @@ impl Gpu {
                     .into(),
             ));
         }
+        // The emulated device (src/emu/device.rs), asked for explicitly.
+        #[cfg(feature = "emu")]
+        if super::env_flag("TOOLSIFT_EMU_DEVICE") {
+            crate::emu::device::install()?;
+        }
         // SAFETY: only tries to dlopen the library by its usual names; no symbol is called.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(Error::Backend(

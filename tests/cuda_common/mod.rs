@@ -6,8 +6,13 @@ use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use toolsift::cuda::Gpu;
 
-/// The GPU, or None after printing why the test is skipped (never a silent pass).
+/// The GPU, or None after printing why the test is skipped (never a silent pass). Built with
+/// `emu` on a machine without a GPU, the emulated device (toolsift::emu::device).
 pub fn gpu() -> Option<Gpu> {
+    #[cfg(feature = "emu")]
+    if let Err(e) = toolsift::emu::device::use_unless_gpu() {
+        panic!("the emulated device does not load: {e}");
+    }
     match Gpu::new(0) {
         Ok(g) => {
             eprintln!("running on {} ({} SMs)", g.name, g.sm_count);
