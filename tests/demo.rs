@@ -207,3 +207,92 @@ fn generate_demo_calls_the_calculator_and_uses_its_result() {
     let completion = line["completion"].as_str().unwrap();
     assert!(completion.contains("-> 20] 20%"), "{completion}");
 }
+
+/// `annotate --demo --device cuda` without a GPU: the emulated device (feature `emu`,
+/// `TOOLSIFT_EMU_DEVICE=1`; docs/kernels.md) runs the CUDA backend's whole annotate path, host
+/// code, cuBLASLt calls and kernels, on a few documents. Its C* covers the same lines as the
+/// CPU engine's, and every call both backends scored has the same losses up to bf16 rounding.
+#[cfg(feature = "emu")]
+#[test]
+fn annotate_demo_runs_on_the_emulated_cuda_device() {
+    let run = |device: &str| {
+        let cwd = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let args = [
+            "annotate",
+            "--demo",
+            "--device",
+            device,
+            "--no-progress",
+            "--demo-docs",
+            "3",
+        ];
+        let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(args)
+            .current_dir(cwd.path())
+            .env("TMPDIR", tmp.path())
+            .env("TOOLSIFT_EMU_DEVICE", "1")
+            .output()
+            .expect("run toolsift");
+        assert!(o.status.success(), "--device {device}: {}", stderr(&o));
+        let dir = cwd.path().join("toolsift-demo");
+        let summary: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("cstar.summary.json")).unwrap())
+                .unwrap();
+        (lines(&dir.join("cstar.jsonl")), summary)
+    };
+    let (cpu, cpu_summary) = run("cpu");
+    let (cuda, cuda_summary) = run("cuda");
+    assert_eq!(cuda.len(), 3);
+    for (a, b) in cuda.iter().zip(&cpu) {
+        assert_eq!(a["id"], b["id"]);
+        assert_eq!(a["text"], b["text"]);
+    }
+    assert!(cuda_summary["candidates_scored"].as_u64().unwrap() > 0);
+    let examples = |s: &Value| -> Vec<Value> {
+        s["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|t| t["best"].as_array().into_iter().flatten().cloned())
+            .chain(
+                s["tools"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|t| t["worst"].as_array().into_iter().flatten().cloned()),
+            )
+            .collect()
+    };
+    let cpu_examples = examples(&cpu_summary);
+    let (mut compared, mut worst) = (0, 0f64);
+    for e in examples(&cuda_summary) {
+        for key in ["l_none", "l_call", "l_call_result"] {
+            assert!(
+                e[key].is_null() || e[key].as_f64().unwrap().is_finite(),
+                "{e}"
+            );
+        }
+        let Some(c) = cpu_examples
+            .iter()
+            .find(|c| c["line"] == e["line"] && c["context"] == e["context"])
+        else {
+            continue;
+        };
+        for key in ["l_none", "l_call", "l_call_result"] {
+            let (Some(g), Some(w)) = (e[key].as_f64(), c[key].as_f64()) else {
+                assert_eq!(e[key], c[key], "{key}: cuda {e} vs cpu {c}");
+                continue;
+            };
+            // bf16 weights and activations: u = 2^-8 per rounding, a few roundings per layer.
+            assert!(
+                (g - w).abs() <= 0.05 + 0.02 * w.abs(),
+                "{key}: cuda {e} vs cpu {c}"
+            );
+            worst = worst.max((g - w).abs());
+        }
+        compared += 1;
+    }
+    assert!(compared > 0, "no call scored by both backends");
+    eprintln!("{compared} calls scored by both backends, largest loss difference {worst:.4}");
+}
