@@ -2,42 +2,21 @@
 
 use super::decode::KvTree;
 use super::CpuScorer;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::plan::Plan;
 use crate::sample::{
-    draw, sample_rng, DecodeSession, Decoder, Sample, SampleOptions, SampleRequest, Sampler,
+    batch, DecodeSession, Decoder, Sample, SampleOptions, SampleRequest, Sampler,
 };
 
 /// Rows of full log-softmax computed at once (bounds the [rows, vocab] buffer).
 const HEAD_CHUNK_ROWS: usize = 64;
 
-impl CpuScorer {
-    fn check_ids(&self, what: &str, ids: &[u32]) -> Result<()> {
-        let c = &self.config;
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(Error::input(format!(
-                "{what}: token id {bad} is outside the vocabulary (vocab_size {})",
-                c.vocab_size
-            )));
-        }
-        Ok(())
-    }
-}
-
 impl Sampler for CpuScorer {
     fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        self.check_ids("sequence", ids)?;
-        self.check_ids("queried tokens", tokens)?;
-        if ids.len() > self.config.n_positions {
-            return Err(Error::input(format!(
-                "sequence of {} tokens is longer than n_positions ({})",
-                ids.len(),
-                self.config.n_positions
-            )));
-        }
-        let d = self.config.n_embd;
-        let vocab = self.config.vocab_size;
-        let mut tree = KvTree::new(self.config.n_layer);
+        let c = &self.config;
+        batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
+        let (d, vocab) = (c.n_embd, c.vocab_size);
+        let mut tree = KvTree::new(c.n_layer);
         let root = tree.root();
         let x = self.extend(&mut tree, &[root], &[ids.to_vec()]);
         let mut out = Vec::with_capacity(ids.len());
@@ -57,20 +36,7 @@ impl Sampler for CpuScorer {
         options: &SampleOptions,
     ) -> Result<Vec<Vec<Sample>>> {
         let c = &self.config;
-        for (r, req) in requests.iter().enumerate() {
-            self.check_ids(&format!("request {r}"), &req.prefix)?;
-            if req.prefix.is_empty() {
-                return Err(Error::input(format!("request {r}: empty prefix")));
-            }
-            if req.prefix.len() + options.max_new_tokens > c.n_positions {
-                return Err(Error::input(format!(
-                    "request {r}: prefix of {} tokens + {} new tokens exceeds n_positions ({})",
-                    req.prefix.len(),
-                    options.max_new_tokens,
-                    c.n_positions
-                )));
-            }
-        }
+        batch::check_requests(requests, options, c.vocab_size, c.n_positions)?;
         let (d, vocab) = (c.n_embd, c.vocab_size);
         // Prefill every prefix once, as a prefix tree.
         let prefixes: Vec<Vec<u32>> = requests.iter().map(|r| r.prefix.clone()).collect();
@@ -86,63 +52,24 @@ impl Sampler for CpuScorer {
             .flat_map(|&row| x[row * d..(row + 1) * d].iter().copied())
             .collect();
         let first = self.log_softmax_rows(&first_rows); // [requests, vocab]
-
-        // One live sample: (request, sample, node, rng, tokens, done).
-        struct Live {
-            r: usize,
-            node: usize,
-            rng: crate::util::rng::Rng,
-            tokens: Vec<u32>,
-            stopped: bool,
-        }
-        let mut live = Vec::new();
-        for (r, req) in requests.iter().enumerate() {
-            let row = last_rows[r] as u32;
-            let seg = plan.token_segment[row as usize] as usize;
-            let ctx_len = (plan.positions[row as usize] + 1) as usize;
-            for s in 0..req.n_samples {
-                let node = tree.fork(seg_nodes[seg], ctx_len);
-                let mut rng = sample_rng(options.seed, r, s);
-                let tok = draw(&first[r * vocab..(r + 1) * vocab], options, &mut rng);
-                live.push(Live {
-                    r,
-                    node,
-                    rng,
-                    stopped: options.stop_tokens.contains(&tok),
-                    tokens: vec![tok],
-                });
-            }
-        }
-        let active = |l: &Live| !l.stopped && l.tokens.len() < options.max_new_tokens;
-        loop {
-            let step: Vec<usize> = (0..live.len()).filter(|&i| active(&live[i])).collect();
-            if step.is_empty() {
-                break;
-            }
-            let nodes: Vec<usize> = step.iter().map(|&i| live[i].node).collect();
-            let toks: Vec<Vec<u32>> = step
-                .iter()
-                .map(|&i| vec![*live[i].tokens.last().expect("one token")])
-                .collect();
-            let x = self.extend(&mut tree, &nodes, &toks);
+        let first: Vec<&[f32]> = first.chunks(vocab).collect();
+        let nodes: Vec<usize> = batch::sample_requests(requests)
+            .map(|r| {
+                let row = last_rows[r];
+                let seg = plan.token_segment[row] as usize;
+                tree.fork(seg_nodes[seg], plan.positions[row] as usize + 1)
+            })
+            .collect();
+        batch::decode(requests, options, &first, nodes, |nodes, tokens, each| {
+            let x = self.extend(&mut tree, nodes, tokens);
             for (chunk_i, chunk) in x.chunks(HEAD_CHUNK_ROWS * d).enumerate() {
                 let lp = self.log_softmax_rows(chunk);
                 for (j, row) in lp.chunks(vocab).enumerate() {
-                    let l = &mut live[step[chunk_i * HEAD_CHUNK_ROWS + j]];
-                    let tok = draw(row, options, &mut l.rng);
-                    l.stopped = options.stop_tokens.contains(&tok);
-                    l.tokens.push(tok);
+                    each(chunk_i * HEAD_CHUNK_ROWS + j, row);
                 }
             }
-        }
-        let mut out: Vec<Vec<Sample>> = requests.iter().map(|_| Vec::new()).collect();
-        for l in live {
-            out[l.r].push(Sample {
-                tokens: l.tokens,
-                stopped: l.stopped,
-            });
-        }
-        Ok(out)
+            Ok(())
+        })
     }
 }
 
@@ -171,36 +98,22 @@ impl DecodeSession for CpuDecodeSession<'_> {
 
     fn extend(&mut self, sequences: &[usize], tokens: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
         let c = &self.engine.config;
-        if sequences.len() != tokens.len() {
-            return Err(Error::input("extend: one token list per sequence"));
-        }
-        let mut nodes = Vec::with_capacity(sequences.len());
-        for (&s, t) in sequences.iter().zip(tokens) {
-            let &node = self
-                .nodes
-                .get(s)
-                .ok_or_else(|| Error::input(format!("extend: no sequence {s}")))?;
-            if t.is_empty() {
-                return Err(Error::input(format!("extend: no tokens for sequence {s}")));
-            }
-            self.engine.check_ids(&format!("sequence {s}"), t)?;
-            if self.tree.len(node) + t.len() > c.n_positions {
-                return Err(Error::input(format!(
-                    "sequence {s} would grow past n_positions ({})",
-                    c.n_positions
-                )));
-            }
-            nodes.push(node);
-        }
+        let tree = &self.tree;
+        let nodes = batch::check_extend(
+            sequences,
+            tokens,
+            &self.nodes,
+            |n| tree.len(n),
+            c.vocab_size,
+            c.n_positions,
+        )?;
         let d = c.n_embd;
         let x = self.engine.extend(&mut self.tree, &nodes, tokens);
         // Only the last new token of each sequence needs the head.
-        let mut last = Vec::with_capacity(sequences.len() * d);
-        let mut row = 0;
-        for t in tokens {
-            row += t.len();
-            last.extend_from_slice(&x[(row - 1) * d..row * d]);
-        }
+        let last: Vec<f32> = batch::last_rows(tokens)
+            .into_iter()
+            .flat_map(|r| x[r as usize * d..(r as usize + 1) * d].iter().copied())
+            .collect();
         let lp = self.engine.log_softmax_rows(&last);
         Ok(lp.chunks(c.vocab_size).map(<[f32]>::to_vec).collect())
     }

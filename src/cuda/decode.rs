@@ -32,7 +32,7 @@ use crate::cpu::decode::Node;
 use crate::error::{Error, Result};
 use crate::plan::Plan;
 use crate::sample::{
-    draw, sample_rng, DecodeSession, Decoder, Sample, SampleOptions, SampleRequest, Sampler,
+    batch, DecodeSession, Decoder, Sample, SampleOptions, SampleRequest, Sampler,
 };
 
 /// Keys and values of every cached token on the device, per layer, and the nodes that read them.
@@ -132,17 +132,6 @@ enum AnyTree {
 type Group = (Vec<std::ops::Range<usize>>, usize, usize);
 
 impl CudaScorer {
-    fn check_ids(&self, what: &str, ids: &[u32]) -> Result<()> {
-        let c = &self.config;
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(Error::input(format!(
-                "{what}: token id {bad} is outside the vocabulary (vocab_size {})",
-                c.vocab_size
-            )));
-        }
-        Ok(())
-    }
-
     /// A tree of the weights' storage type.
     fn any_tree(&self, capacity: usize) -> Result<AnyTree> {
         let c = &self.config;
@@ -439,75 +428,30 @@ impl CudaScorer {
         let head_rows: Vec<u32> = last_rows.iter().map(|&r| r as u32).collect();
         let first = self.head_log_softmax(w, &mut x, plan.n_tokens(), &head_rows)?;
         drop(x);
-
-        struct Live {
-            r: usize,
-            node: usize,
-            rng: crate::util::rng::Rng,
-            tokens: Vec<u32>,
-            stopped: bool,
-        }
-        let mut live = Vec::with_capacity(n_samples);
-        for (r, req) in requests.iter().enumerate() {
-            let row = last_rows[r];
-            let seg = plan.token_segment[row] as usize;
-            let ctx_len = (plan.positions[row] + 1) as usize;
-            for s in 0..req.n_samples {
-                let node = tree.fork(seg_nodes[seg], ctx_len);
-                let mut rng = sample_rng(options.seed, r, s);
-                let tok = draw(&first[r], options, &mut rng);
-                live.push(Live {
-                    r,
-                    node,
-                    rng,
-                    stopped: options.stop_tokens.contains(&tok),
-                    tokens: vec![tok],
-                });
+        let first: Vec<&[f32]> = first.iter().map(Vec::as_slice).collect();
+        let nodes: Vec<usize> = batch::sample_requests(requests)
+            .map(|r| {
+                let row = last_rows[r];
+                let seg = plan.token_segment[row] as usize;
+                tree.fork(seg_nodes[seg], plan.positions[row] as usize + 1)
+            })
+            .collect();
+        batch::decode(requests, options, &first, nodes, |nodes, tokens, each| {
+            let mut x = self.extend_tree(w, &mut tree, nodes, tokens)?;
+            let rows: Vec<u32> = (0..nodes.len() as u32).collect();
+            let lp = self.head_log_softmax(w, &mut x, nodes.len(), &rows)?;
+            for (k, row) in lp.iter().enumerate() {
+                each(k, row);
             }
-        }
-        let active = |l: &Live| !l.stopped && l.tokens.len() < options.max_new_tokens;
-        loop {
-            let step: Vec<usize> = (0..live.len()).filter(|&i| active(&live[i])).collect();
-            if step.is_empty() {
-                break;
-            }
-            let nodes: Vec<usize> = step.iter().map(|&i| live[i].node).collect();
-            let toks: Vec<Vec<u32>> = step
-                .iter()
-                .map(|&i| vec![*live[i].tokens.last().expect("one token")])
-                .collect();
-            let mut x = self.extend_tree(w, &mut tree, &nodes, &toks)?;
-            let rows: Vec<u32> = (0..step.len() as u32).collect();
-            let lp = self.head_log_softmax(w, &mut x, step.len(), &rows)?;
-            for (&i, row) in step.iter().zip(&lp) {
-                let l = &mut live[i];
-                let tok = draw(row, options, &mut l.rng);
-                l.stopped = options.stop_tokens.contains(&tok);
-                l.tokens.push(tok);
-            }
-        }
-        let mut out: Vec<Vec<Sample>> = requests.iter().map(|_| Vec::new()).collect();
-        for l in live {
-            out[l.r].push(Sample {
-                tokens: l.tokens,
-                stopped: l.stopped,
-            });
-        }
-        Ok(out)
+            Ok(())
+        })
     }
 }
 
 impl Sampler for CudaScorer {
     fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        self.check_ids("sequence", ids)?;
-        self.check_ids("queried tokens", tokens)?;
-        if ids.len() > self.config.n_positions {
-            return Err(Error::input(format!(
-                "sequence of {} tokens is longer than n_positions ({})",
-                ids.len(),
-                self.config.n_positions
-            )));
-        }
+        let c = &self.config;
+        batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
         match &self.weights {
             DeviceWeights::Bf16(w) => self.token_log_probs_t(w, ids, tokens),
             DeviceWeights::F16(w) => self.token_log_probs_t(w, ids, tokens),
@@ -520,20 +464,7 @@ impl Sampler for CudaScorer {
         options: &SampleOptions,
     ) -> Result<Vec<Vec<Sample>>> {
         let c = &self.config;
-        for (r, req) in requests.iter().enumerate() {
-            self.check_ids(&format!("request {r}"), &req.prefix)?;
-            if req.prefix.is_empty() {
-                return Err(Error::input(format!("request {r}: empty prefix")));
-            }
-            if req.prefix.len() + options.max_new_tokens > c.n_positions {
-                return Err(Error::input(format!(
-                    "request {r}: prefix of {} tokens + {} new tokens exceeds n_positions ({})",
-                    req.prefix.len(),
-                    options.max_new_tokens,
-                    c.n_positions
-                )));
-            }
-        }
+        batch::check_requests(requests, options, c.vocab_size, c.n_positions)?;
         match &self.weights {
             DeviceWeights::Bf16(w) => self.sample_t(w, requests, options),
             DeviceWeights::F16(w) => self.sample_t(w, requests, options),
@@ -590,27 +521,14 @@ impl DecodeSession for CudaDecodeSession<'_> {
     fn extend(&mut self, sequences: &[usize], tokens: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
         let engine = self.engine;
         let c = &engine.config;
-        if sequences.len() != tokens.len() {
-            return Err(Error::input("extend: one token list per sequence"));
-        }
-        let mut nodes = Vec::with_capacity(sequences.len());
-        for (&s, t) in sequences.iter().zip(tokens) {
-            let &node = self
-                .nodes
-                .get(s)
-                .ok_or_else(|| Error::input(format!("extend: no sequence {s}")))?;
-            if t.is_empty() {
-                return Err(Error::input(format!("extend: no tokens for sequence {s}")));
-            }
-            engine.check_ids(&format!("sequence {s}"), t)?;
-            if self.tree_len(node) + t.len() > c.n_positions {
-                return Err(Error::input(format!(
-                    "sequence {s} would grow past n_positions ({})",
-                    c.n_positions
-                )));
-            }
-            nodes.push(node);
-        }
+        let nodes = batch::check_extend(
+            sequences,
+            tokens,
+            &self.nodes,
+            |n| self.tree_len(n),
+            c.vocab_size,
+            c.n_positions,
+        )?;
         if self.tree.is_none() {
             let mut tree = engine.any_tree(SESSION_CAPACITY)?;
             for _ in 0..self.nodes.len() {
@@ -622,13 +540,8 @@ impl DecodeSession for CudaDecodeSession<'_> {
             self.tree = Some(tree);
         }
         // Only the last new token of each sequence needs the head.
-        let mut last = Vec::with_capacity(sequences.len());
-        let mut row = 0u32;
-        for t in tokens {
-            row += t.len() as u32;
-            last.push(row - 1);
-        }
-        let n = row as usize;
+        let last = batch::last_rows(tokens);
+        let n = tokens.iter().map(Vec::len).sum();
         match (
             &engine.weights,
             self.tree.as_mut().expect("allocated above"),

@@ -7,6 +7,7 @@
 //!   computed once and every sample branching off its cached KV, seeded and deterministic, stopped
 //!   at a stop token ("]") or a length cap.
 
+pub(crate) mod batch;
 pub mod reference;
 
 pub use reference::ReferenceSampler;

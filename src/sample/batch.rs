@@ -1,0 +1,175 @@
+//! What the KV-cached samplers (CPU and CUDA) share: the checks of their inputs, and the decoding
+//! loop that turns log-probability rows into samples. A backend brings only its cache: a node per
+//! sample forked from the request's prefix, and a step that extends nodes by one token each.
+//! Written once, the policy (seeded stream per sample, `draw`, stop tokens, length cap, output
+//! order) cannot differ between backends.
+
+use super::{draw, sample_rng, Sample, SampleOptions, SampleRequest};
+use crate::error::{Error, Result};
+
+/// Fails unless every id is below `vocab_size`, naming `what` and the first bad id.
+pub(crate) fn check_ids(what: &str, ids: &[u32], vocab_size: usize) -> Result<()> {
+    match ids.iter().find(|&&t| t as usize >= vocab_size) {
+        Some(bad) => Err(Error::input(format!(
+            "{what}: token id {bad} is outside the vocabulary (vocab_size {vocab_size})"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `token_log_probs`'s precondition: ids and queried tokens in the vocabulary, the sequence
+/// within `n_positions`.
+pub(crate) fn check_sequence(
+    ids: &[u32],
+    tokens: &[u32],
+    vocab_size: usize,
+    n_positions: usize,
+) -> Result<()> {
+    check_ids("sequence", ids, vocab_size)?;
+    check_ids("queried tokens", tokens, vocab_size)?;
+    if ids.len() > n_positions {
+        return Err(Error::input(format!(
+            "sequence of {} tokens is longer than n_positions ({n_positions})",
+            ids.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `sample`'s precondition: every prefix non-empty, in the vocabulary, with room for
+/// `max_new_tokens` more positions.
+pub(crate) fn check_requests(
+    requests: &[SampleRequest],
+    options: &SampleOptions,
+    vocab_size: usize,
+    n_positions: usize,
+) -> Result<()> {
+    for (r, req) in requests.iter().enumerate() {
+        check_ids(&format!("request {r}"), &req.prefix, vocab_size)?;
+        if req.prefix.is_empty() {
+            return Err(Error::input(format!("request {r}: empty prefix")));
+        }
+        if req.prefix.len() + options.max_new_tokens > n_positions {
+            return Err(Error::input(format!(
+                "request {r}: prefix of {} tokens + {} new tokens exceeds n_positions \
+                 ({n_positions})",
+                req.prefix.len(),
+                options.max_new_tokens
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `DecodeSession::extend`'s precondition. `nodes[s]` is sequence s's node and `len(node)` its
+/// length; returns the nodes of `sequences`, in order.
+pub(crate) fn check_extend(
+    sequences: &[usize],
+    tokens: &[Vec<u32>],
+    nodes: &[usize],
+    len: impl Fn(usize) -> usize,
+    vocab_size: usize,
+    n_positions: usize,
+) -> Result<Vec<usize>> {
+    if sequences.len() != tokens.len() {
+        return Err(Error::input("extend: one token list per sequence"));
+    }
+    let mut out = Vec::with_capacity(sequences.len());
+    for (&s, t) in sequences.iter().zip(tokens) {
+        let &node = nodes
+            .get(s)
+            .ok_or_else(|| Error::input(format!("extend: no sequence {s}")))?;
+        if t.is_empty() {
+            return Err(Error::input(format!("extend: no tokens for sequence {s}")));
+        }
+        check_ids(&format!("sequence {s}"), t, vocab_size)?;
+        if len(node) + t.len() > n_positions {
+            return Err(Error::input(format!(
+                "sequence {s} would grow past n_positions ({n_positions})"
+            )));
+        }
+        out.push(node);
+    }
+    Ok(out)
+}
+
+/// The row of each group's last token when the groups' tokens are laid out one after another.
+pub(crate) fn last_rows(tokens: &[Vec<u32>]) -> Vec<u32> {
+    let mut row = 0u32;
+    tokens
+        .iter()
+        .map(|t| {
+            row += t.len() as u32;
+            row - 1
+        })
+        .collect()
+}
+
+/// Sample i of the batch in request order (request 0's samples first): its request.
+pub(crate) fn sample_requests(requests: &[SampleRequest]) -> impl Iterator<Item = usize> + '_ {
+    requests
+        .iter()
+        .enumerate()
+        .flat_map(|(r, req)| std::iter::repeat_n(r, req.n_samples))
+}
+
+/// The decoding loop. `first[r]`: the log-probabilities after request r's prefix; `nodes[i]`:
+/// the cache node of sample i (in `sample_requests` order), forked from its prefix. Each round,
+/// `step(nodes, tokens, each)` appends one token to each live sample's node and calls
+/// `each(k, row)` with the log-probabilities after `tokens[k]`, for every k (in any order).
+/// Returns `out[r][s]`, sample s of request r.
+pub(crate) fn decode<N: Copy>(
+    requests: &[SampleRequest],
+    options: &SampleOptions,
+    first: &[&[f32]],
+    nodes: Vec<N>,
+    mut step: impl FnMut(&[N], &[Vec<u32>], &mut dyn FnMut(usize, &[f32])) -> Result<()>,
+) -> Result<Vec<Vec<Sample>>> {
+    struct Live<N> {
+        r: usize,
+        node: N,
+        rng: crate::util::rng::Rng,
+        tokens: Vec<u32>,
+        stopped: bool,
+    }
+    let mut live = Vec::with_capacity(nodes.len());
+    let mut sample_of_request = vec![0usize; requests.len()];
+    for (r, node) in sample_requests(requests).zip(nodes) {
+        let mut rng = sample_rng(options.seed, r, sample_of_request[r]);
+        sample_of_request[r] += 1;
+        let tok = draw(first[r], options, &mut rng);
+        live.push(Live {
+            r,
+            node,
+            rng,
+            stopped: options.stop_tokens.contains(&tok),
+            tokens: vec![tok],
+        });
+    }
+    let active = |l: &Live<N>| !l.stopped && l.tokens.len() < options.max_new_tokens;
+    loop {
+        let round: Vec<usize> = (0..live.len()).filter(|&i| active(&live[i])).collect();
+        if round.is_empty() {
+            break;
+        }
+        let nodes: Vec<N> = round.iter().map(|&i| live[i].node).collect();
+        let tokens: Vec<Vec<u32>> = round
+            .iter()
+            .map(|&i| vec![*live[i].tokens.last().expect("one token")])
+            .collect();
+        step(&nodes, &tokens, &mut |k, row| {
+            let l = &mut live[round[k]];
+            let tok = draw(row, options, &mut l.rng);
+            l.stopped = options.stop_tokens.contains(&tok);
+            l.tokens.push(tok);
+        })?;
+    }
+    let mut out: Vec<Vec<Sample>> = requests.iter().map(|_| Vec::new()).collect();
+    for l in live {
+        out[l.r].push(Sample {
+            tokens: l.tokens,
+            stopped: l.stopped,
+        });
+    }
+    Ok(out)
+}
