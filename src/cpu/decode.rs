@@ -3,93 +3,30 @@
 //! is prefilled once as a prefix tree (shared prefixes computed once), then every sample forks
 //! the KV of its prefix and decodes one token per step, all samples of the batch together.
 
-use std::ops::Range;
-
 use rayon::prelude::*;
 
 use super::gemm::{matmul, matmul_wt};
 use super::{ops, CpuScorer, RunStats};
 use crate::plan::Plan;
+use crate::sample::kv_tree::Group;
+pub use crate::sample::kv_tree::NodeId;
 
-/// Keys and values of every cached token, per layer, and the nodes that read them.
+/// The CPU store of a KV tree: per layer, [rows, d] keys (rotary applied) and values.
 #[derive(Default)]
-pub struct KvTree {
-    /// Per layer: [rows, d] keys and values (rotary applied to keys).
+pub struct HostKv {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
-    rows: usize,
-    nodes: Vec<Node>,
 }
 
-/// A sequence in the tree: the store rows of its context, in order (ancestors' rows first).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Node {
-    pub(crate) ranges: Vec<Range<usize>>,
-    pub(crate) len: usize,
-}
-
-impl Node {
-    /// Appends store row `row` to the context.
-    pub(crate) fn push(&mut self, row: usize) {
-        match self.ranges.last_mut() {
-            Some(r) if r.end == row => r.end += 1,
-            _ => self.ranges.push(row..row + 1),
-        }
-        self.len += 1;
-    }
-
-    /// The first `len` rows of this context.
-    pub(crate) fn prefix(&self, len: usize) -> Node {
-        let mut out = Node::default();
-        for r in &self.ranges {
-            if out.len >= len {
-                break;
-            }
-            let take = (r.end - r.start).min(len - out.len);
-            out.ranges.push(r.start..r.start + take);
-            out.len += take;
-        }
-        out
-    }
-}
-
-/// Index of a sequence in a `KvTree`.
-pub type NodeId = usize;
+/// A KV tree on the host (`crate::sample::kv_tree`).
+pub type KvTree = crate::sample::kv_tree::KvTree<HostKv>;
 
 impl KvTree {
     pub fn new(n_layer: usize) -> Self {
-        KvTree {
+        KvTree::with_store(HostKv {
             k: vec![Vec::new(); n_layer],
             v: vec![Vec::new(); n_layer],
-            ..Default::default()
-        }
-    }
-
-    /// A new empty sequence.
-    pub fn root(&mut self) -> NodeId {
-        self.nodes.push(Node::default());
-        self.nodes.len() - 1
-    }
-
-    /// A new sequence that continues the first `len` tokens of `node` (sharing their KV).
-    pub fn fork(&mut self, node: NodeId, len: usize) -> NodeId {
-        let n = self.nodes[node].prefix(len);
-        self.nodes.push(n);
-        self.nodes.len() - 1
-    }
-
-    /// Tokens in the context of `node`.
-    pub fn len(&self, node: NodeId) -> usize {
-        self.nodes[node].len
-    }
-
-    /// Cached tokens in the whole tree.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.rows == 0
+        })
     }
 }
 
@@ -99,18 +36,7 @@ impl CpuScorer {
     /// A group may continue a node that another group of the same call creates tokens for only if
     /// it was forked from it beforehand (prefill of a prefix tree does exactly that).
     pub fn extend(&self, tree: &mut KvTree, nodes: &[NodeId], tokens: &[Vec<u32>]) -> Vec<f32> {
-        let mut ids = Vec::new();
-        let mut positions = Vec::new();
-        let mut groups = Vec::new();
-        for (&node, toks) in nodes.iter().zip(tokens) {
-            let first = ids.len();
-            for &t in toks {
-                positions.push(tree.nodes[node].len as u32);
-                tree.nodes[node].push(tree.rows + ids.len());
-                ids.push(t);
-            }
-            groups.push((tree.nodes[node].ranges.clone(), toks.len(), first));
-        }
+        let (ids, positions, groups) = tree.append(nodes, tokens);
         self.forward_new(tree, &ids, &positions, &groups)
     }
 
@@ -118,52 +44,32 @@ impl CpuScorer {
     /// segment) holding its ancestors' rows and its own; returns the final residual stream of the
     /// plan's tokens ([n_tokens, d]).
     pub fn prefill(&self, tree: &mut KvTree, plan: &Plan) -> (Vec<NodeId>, Vec<f32>) {
-        let base = tree.rows;
-        let seg_range = |s: usize| {
-            let seg = plan.segments[s];
-            base + seg.start as usize..base + (seg.start + seg.len) as usize
-        };
-        let mut groups = Vec::with_capacity(plan.segments.len());
-        let mut ids = Vec::with_capacity(plan.segments.len());
-        for (s, seg) in plan.segments.iter().enumerate() {
-            let mut node = Node::default();
-            for &a in plan.ancestors_of(s) {
-                for row in seg_range(a as usize) {
-                    node.push(row);
-                }
-            }
-            for row in seg_range(s) {
-                node.push(row);
-            }
-            groups.push((node.ranges.clone(), seg.len as usize, seg.start as usize));
-            tree.nodes.push(node);
-            ids.push(tree.nodes.len() - 1);
-        }
+        let (nodes, groups) = tree.add_plan(plan);
         let x = self.forward_new(tree, &plan.tokens, &plan.positions, &groups);
-        (ids, x)
+        (nodes, x)
     }
 
-    /// The layer loop over new tokens whose store rows start at `tree.rows` and whose groups'
+    /// The layer loop over new tokens whose store rows start at `tree.rows()` and whose groups'
     /// contexts are already recorded.
     fn forward_new(
         &self,
         tree: &mut KvTree,
         ids: &[u32],
         positions: &[u32],
-        groups: &[(Vec<Range<usize>>, usize, usize)],
+        groups: &[Group],
     ) -> Vec<f32> {
         let c = &self.config;
         let (d, n_head, head_dim) = (c.n_embd, c.n_head, c.head_dim());
         let n = ids.len();
-        let base = tree.rows;
-        tree.rows += n;
+        let base = tree.rows();
+        tree.commit(n);
         let mut stats = RunStats::default(); // decoding keeps no stage times
         self.trunk(
             ids,
             positions,
             |l, qkv, ctx| {
                 // This layer's new K/V rows go to the store, then attend over cached rows.
-                let (k, v) = (&mut tree.k[l], &mut tree.v[l]);
+                let (k, v) = (&mut tree.store.k[l], &mut tree.store.v[l]);
                 k.resize((base + n) * d, 0.0);
                 v.resize((base + n) * d, 0.0);
                 for (t, row) in qkv.chunks(3 * d).enumerate() {
@@ -216,7 +122,7 @@ impl CpuScorer {
 /// Attention of new tokens over the KV tree: group g's new tokens are the last `n_new` rows of its
 /// context `ctx`, and new token a sees the context up to and including itself.
 fn cached_attention(
-    groups: &[(Vec<Range<usize>>, usize, usize)],
+    groups: &[Group],
     qkv: &[f32],
     k: &[f32],
     v: &[f32],

@@ -4,9 +4,7 @@ use super::decode::KvTree;
 use super::CpuScorer;
 use crate::error::Result;
 use crate::plan::Plan;
-use crate::sample::{
-    batch, DecodeSession, Decoder, Sample, SampleOptions, SampleRequest, Sampler,
-};
+use crate::sample::{batch, DecodeSession, Decoder, Sample, SampleOptions, SampleRequest, Sampler};
 
 /// Rows of full log-softmax computed at once (bounds the [rows, vocab] buffer).
 const HEAD_CHUNK_ROWS: usize = 64;

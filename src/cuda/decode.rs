@@ -2,11 +2,11 @@
 //! twin of `crate::cpu::decode` / `crate::cpu::sampler`, with the same validation, the same
 //! error messages and the same draws.
 //!
-//! - `CudaKvTree`: per layer one K and one V buffer [capacity, stride(n_embd)] of T, rows
-//!   appended as tokens are computed (capacity doubles by reallocate-and-copy when exceeded;
-//!   `sample` sizes it exactly up front), and on the host the nodes: a sequence is the list of
-//!   cache-row ranges of its context (`crate::cpu::decode::Node`), so forks share their prefix
-//!   rows and cost nothing on the device.
+//! - `CudaKvTree`: the KV tree of `crate::sample::kv_tree` (the nodes, on the host, shared with
+//!   the CPU engine) over a device store: per layer one K and one V buffer
+//!   [capacity, stride(n_embd)] of T, rows appended as tokens are computed (capacity doubles by
+//!   reallocate-and-copy when exceeded; `sample` sizes it exactly up front). Forks share their
+//!   prefix rows and cost nothing on the device.
 //! - A forward over new tokens runs the scoring layer loop (`CudaScorer::run_layers`) with the
 //!   K/V rows written at the end of the cache and attention tiles built from the nodes
 //!   (`TreeTiles::from_groups`): the 64-query tile kernel when a group has several new tokens
@@ -28,25 +28,24 @@ use super::lm_head_xent;
 use super::tree_attention::TreeTiles;
 use super::weights::CudaWeights;
 use super::{check, upload, zeros, CudaScorer, DeviceWeights, NewTokens};
-use crate::cpu::decode::Node;
 use crate::error::{Error, Result};
 use crate::plan::Plan;
-use crate::sample::{
-    batch, DecodeSession, Decoder, Sample, SampleOptions, SampleRequest, Sampler,
-};
+use crate::sample::kv_tree::{Group, KvTree};
+use crate::sample::{batch, DecodeSession, Decoder, Sample, SampleOptions, SampleRequest, Sampler};
 
-/// Keys and values of every cached token on the device, per layer, and the nodes that read them.
-pub struct CudaKvTree<T> {
+/// The device store of a KV tree: per layer one K and one V buffer [capacity, stride(n_embd)].
+pub struct DeviceKv<T> {
     k: Vec<CudaSlice<T>>,
     v: Vec<CudaSlice<T>>,
     /// Row stride of the K/V buffers (stride(n_embd)).
     ld: usize,
     capacity: usize,
-    rows: usize,
-    nodes: Vec<Node>,
 }
 
-impl<T: DeviceFloat> CudaKvTree<T> {
+/// A KV tree on the device (`crate::sample::kv_tree`).
+pub type CudaKvTree<T> = KvTree<DeviceKv<T>>;
+
+impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
     /// An empty tree with room for `capacity` rows per layer.
     pub fn new(gpu: &Gpu, n_layer: usize, n_embd: usize, capacity: usize) -> Result<Self> {
         let ld = stride(n_embd);
@@ -57,59 +56,26 @@ impl<T: DeviceFloat> CudaKvTree<T> {
             k.push(zeros::<T>(gpu, capacity * ld)?);
             v.push(zeros::<T>(gpu, capacity * ld)?);
         }
-        Ok(CudaKvTree {
-            k,
-            v,
-            ld,
-            capacity,
-            rows: 0,
-            nodes: Vec::new(),
-        })
-    }
-
-    /// A new empty sequence.
-    pub fn root(&mut self) -> usize {
-        self.nodes.push(Node::default());
-        self.nodes.len() - 1
-    }
-
-    /// A new sequence that continues the first `len` tokens of `node` (sharing their rows).
-    pub fn fork(&mut self, node: usize, len: usize) -> usize {
-        let n = self.nodes[node].prefix(len);
-        self.nodes.push(n);
-        self.nodes.len() - 1
-    }
-
-    /// Tokens in the context of `node`.
-    pub fn len(&self, node: usize) -> usize {
-        self.nodes[node].len
-    }
-
-    /// Cached rows in the whole tree.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.rows == 0
+        Ok(KvTree::with_store(DeviceKv { k, v, ld, capacity }))
     }
 
     /// Rows the buffers hold before they must grow.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.store.capacity
     }
 
     /// Makes room for `extra` more rows: doubles the capacity (at least) and copies the cached
     /// rows over when they do not fit.
     fn reserve(&mut self, gpu: &Gpu, extra: usize) -> Result<()> {
-        let need = self.rows + extra;
-        if need <= self.capacity {
+        let rows = self.rows();
+        let kv = &mut self.store;
+        if rows + extra <= kv.capacity {
             return Ok(());
         }
-        let capacity = need.max(2 * self.capacity);
-        let used = self.rows * self.ld;
-        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-            let mut grown = zeros::<T>(gpu, capacity * self.ld)?;
+        let capacity = (rows + extra).max(2 * kv.capacity);
+        let used = rows * kv.ld;
+        for buf in kv.k.iter_mut().chain(kv.v.iter_mut()) {
+            let mut grown = zeros::<T>(gpu, capacity * kv.ld)?;
             if used > 0 {
                 gpu.stream
                     .memcpy_dtod(&buf.slice(0..used), &mut grown.slice_mut(0..used))
@@ -117,7 +83,7 @@ impl<T: DeviceFloat> CudaKvTree<T> {
             }
             *buf = grown;
         }
-        self.capacity = capacity;
+        kv.capacity = capacity;
         Ok(())
     }
 }
@@ -127,9 +93,6 @@ enum AnyTree {
     Bf16(CudaKvTree<bf16>),
     F16(CudaKvTree<f16>),
 }
-
-/// Context of one group of new tokens: (its node's context rows, new tokens, first query row).
-type Group = (Vec<std::ops::Range<usize>>, usize, usize);
 
 impl CudaScorer {
     /// A tree of the weights' storage type.
@@ -157,18 +120,7 @@ impl CudaScorer {
     ) -> Result<CudaSlice<f32>> {
         let n: usize = tokens.iter().map(Vec::len).sum();
         tree.reserve(&self.gpu, n)?;
-        let mut ids = Vec::with_capacity(n);
-        let mut positions = Vec::with_capacity(n);
-        let mut groups = Vec::with_capacity(nodes.len());
-        for (&node, toks) in nodes.iter().zip(tokens) {
-            let first = ids.len();
-            for &t in toks {
-                positions.push(tree.nodes[node].len as u32);
-                tree.nodes[node].push(tree.rows + ids.len());
-                ids.push(t);
-            }
-            groups.push((tree.nodes[node].ranges.clone(), toks.len(), first));
-        }
+        let (ids, positions, groups) = tree.append(nodes, tokens);
         self.forward_new(w, tree, &ids, &positions, &groups)
     }
 
@@ -181,32 +133,12 @@ impl CudaScorer {
         plan: &Plan,
     ) -> Result<(Vec<usize>, CudaSlice<f32>)> {
         tree.reserve(&self.gpu, plan.n_tokens())?;
-        let base = tree.rows;
-        let seg_range = |s: usize| {
-            let seg = plan.segments[s];
-            base + seg.start as usize..base + (seg.start + seg.len) as usize
-        };
-        let mut groups = Vec::with_capacity(plan.segments.len());
-        let mut ids = Vec::with_capacity(plan.segments.len());
-        for (s, seg) in plan.segments.iter().enumerate() {
-            let mut node = Node::default();
-            for &a in plan.ancestors_of(s) {
-                for row in seg_range(a as usize) {
-                    node.push(row);
-                }
-            }
-            for row in seg_range(s) {
-                node.push(row);
-            }
-            groups.push((node.ranges.clone(), seg.len as usize, seg.start as usize));
-            tree.nodes.push(node);
-            ids.push(tree.nodes.len() - 1);
-        }
+        let (nodes, groups) = tree.add_plan(plan);
         let x = self.forward_new(w, tree, &plan.tokens, &plan.positions, &groups)?;
-        Ok((ids, x))
+        Ok((nodes, x))
     }
 
-    /// The layer loop over new tokens whose cache rows start at `tree.rows` and whose groups'
+    /// The layer loop over new tokens whose cache rows start at `tree.rows()` and whose groups'
     /// contexts are already recorded.
     fn forward_new<T: DeviceFloat>(
         &self,
@@ -222,9 +154,9 @@ impl CudaScorer {
             "a position is beyond n_positions",
         )?;
         let n = ids.len();
-        let base = tree.rows;
+        let base = tree.rows();
         check(
-            base + n <= tree.capacity,
+            base + n <= tree.capacity(),
             "KV tree: rows beyond the capacity",
         )?;
         let host_tiles = TreeTiles::from_groups(groups);
@@ -241,11 +173,11 @@ impl CudaScorer {
                 tiles: &tiles,
                 single_queries,
             },
-            &mut tree.k,
-            &mut tree.v,
+            &mut tree.store.k,
+            &mut tree.store.v,
             base,
         )?;
-        tree.rows += n;
+        tree.commit(n);
         Ok(x)
     }
 

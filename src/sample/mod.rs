@@ -8,6 +8,7 @@
 //!   at a stop token ("]") or a length cap.
 
 pub(crate) mod batch;
+pub mod kv_tree;
 pub mod reference;
 
 pub use reference::ReferenceSampler;

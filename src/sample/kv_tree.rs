@@ -1,0 +1,154 @@
+//! A KV tree: cached keys and values of every computed token, and the sequences (nodes) that read
+//! them. A node is the list of cache-row ranges of its context, so a fork shares its prefix rows
+//! for free and a batch of sequences with common prefixes stores each prefix once.
+//!
+//! The structure is the same on every backend; only where the rows live differs, so the tree is
+//! generic over its store (`cpu::decode::HostKv`: host vectors; `cuda::decode::DeviceKv`: device
+//! buffers). A forward over new tokens goes: `append` (or `add_plan`) records which rows the new
+//! tokens will take and returns the attention groups; the backend computes the tokens, writing
+//! their K/V at rows `rows()..rows() + n` of its store; `commit(n)` counts them as cached.
+
+use std::ops::Range;
+
+use crate::plan::Plan;
+
+/// Index of a sequence in a `KvTree`.
+pub type NodeId = usize;
+
+/// Context of one group of new tokens: (its node's context rows, new tokens, first query row).
+pub(crate) type Group = (Vec<Range<usize>>, usize, usize);
+
+/// A sequence in the tree: the store rows of its context, in order (ancestors' rows first).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Node {
+    pub(crate) ranges: Vec<Range<usize>>,
+    pub(crate) len: usize,
+}
+
+impl Node {
+    /// Appends store row `row` to the context.
+    pub(crate) fn push(&mut self, row: usize) {
+        match self.ranges.last_mut() {
+            Some(r) if r.end == row => r.end += 1,
+            _ => self.ranges.push(row..row + 1),
+        }
+        self.len += 1;
+    }
+
+    /// The first `len` rows of this context.
+    pub(crate) fn prefix(&self, len: usize) -> Node {
+        let mut out = Node::default();
+        for r in &self.ranges {
+            if out.len >= len {
+                break;
+            }
+            let take = (r.end - r.start).min(len - out.len);
+            out.ranges.push(r.start..r.start + take);
+            out.len += take;
+        }
+        out
+    }
+}
+
+/// The nodes, the number of cached rows, and the backend's store of those rows.
+pub struct KvTree<S> {
+    pub(crate) store: S,
+    nodes: Vec<Node>,
+    rows: usize,
+}
+
+impl<S> KvTree<S> {
+    /// An empty tree over `store`.
+    pub(crate) fn with_store(store: S) -> Self {
+        KvTree {
+            store,
+            nodes: Vec::new(),
+            rows: 0,
+        }
+    }
+
+    /// A new empty sequence.
+    pub fn root(&mut self) -> NodeId {
+        self.nodes.push(Node::default());
+        self.nodes.len() - 1
+    }
+
+    /// A new sequence that continues the first `len` tokens of `node` (sharing their rows).
+    pub fn fork(&mut self, node: NodeId, len: usize) -> NodeId {
+        let n = self.nodes[node].prefix(len);
+        self.nodes.push(n);
+        self.nodes.len() - 1
+    }
+
+    /// Tokens in the context of `node`.
+    pub fn len(&self, node: NodeId) -> usize {
+        self.nodes[node].len
+    }
+
+    /// Cached rows in the whole tree.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Records `tokens[g]` at the end of sequence `nodes[g]` for every group g, as the rows after
+    /// the cached ones; returns the new tokens' ids and positions, in order, and the groups. A
+    /// group may continue a node that another group of the same call adds tokens to only if it
+    /// was forked from it beforehand (prefill of a prefix tree does exactly that).
+    pub(crate) fn append(
+        &mut self,
+        nodes: &[NodeId],
+        tokens: &[Vec<u32>],
+    ) -> (Vec<u32>, Vec<u32>, Vec<Group>) {
+        let n: usize = tokens.iter().map(Vec::len).sum();
+        let mut ids = Vec::with_capacity(n);
+        let mut positions = Vec::with_capacity(n);
+        let mut groups = Vec::with_capacity(nodes.len());
+        for (&node, toks) in nodes.iter().zip(tokens) {
+            let first = ids.len();
+            for &t in toks {
+                positions.push(self.nodes[node].len as u32);
+                self.nodes[node].push(self.rows + ids.len());
+                ids.push(t);
+            }
+            groups.push((self.nodes[node].ranges.clone(), toks.len(), first));
+        }
+        (ids, positions, groups)
+    }
+
+    /// Records every segment of `plan` as a node holding its ancestors' rows and its own (the
+    /// plan's tokens taking the rows after the cached ones); returns the node of each segment
+    /// and the groups.
+    pub(crate) fn add_plan(&mut self, plan: &Plan) -> (Vec<NodeId>, Vec<Group>) {
+        let base = self.rows;
+        let seg_range = |s: usize| {
+            let seg = plan.segments[s];
+            base + seg.start as usize..base + (seg.start + seg.len) as usize
+        };
+        let mut groups = Vec::with_capacity(plan.segments.len());
+        let mut ids = Vec::with_capacity(plan.segments.len());
+        for (s, seg) in plan.segments.iter().enumerate() {
+            let mut node = Node::default();
+            for &a in plan.ancestors_of(s) {
+                for row in seg_range(a as usize) {
+                    node.push(row);
+                }
+            }
+            for row in seg_range(s) {
+                node.push(row);
+            }
+            groups.push((node.ranges.clone(), seg.len as usize, seg.start as usize));
+            self.nodes.push(node);
+            ids.push(self.nodes.len() - 1);
+        }
+        (ids, groups)
+    }
+
+    /// Counts the `n` rows after the cached ones as computed.
+    pub(crate) fn commit(&mut self, n: usize) {
+        self.rows += n;
+    }
+}
