@@ -51,13 +51,7 @@ impl Sampler for CpuScorer {
             .collect();
         let first = self.log_softmax_rows(&first_rows); // [requests, vocab]
         let first: Vec<&[f32]> = first.chunks(vocab).collect();
-        let nodes: Vec<usize> = batch::sample_requests(requests)
-            .map(|r| {
-                let row = last_rows[r];
-                let seg = plan.token_segment[row] as usize;
-                tree.fork(seg_nodes[seg], plan.positions[row] as usize + 1)
-            })
-            .collect();
+        let nodes = tree.fork_samples(requests, &plan, &seg_nodes, &last_rows);
         batch::decode(requests, options, &first, nodes, |nodes, tokens, each| {
             let x = self.extend(&mut tree, nodes, tokens);
             for (chunk_i, chunk) in x.chunks(HEAD_CHUNK_ROWS * d).enumerate() {

@@ -88,6 +88,16 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
     }
 }
 
+/// What the head gathers (`lm_head_xent`): head row i yields log p(tokens[j] | row i) into
+/// slot slots[j] of the output, for j in offsets[i]..offsets[i + 1].
+pub(super) struct HeadGather {
+    pub offsets: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub slots: Vec<u32>,
+    /// Output length (slots are below it).
+    pub n_out: usize,
+}
+
 /// A tree of either storage type (the session does not know the weights' type statically).
 enum AnyTree {
     Bf16(CudaKvTree<bf16>),
@@ -195,18 +205,35 @@ impl CudaScorer {
         if nt == 0 || x_rows == 0 {
             return Ok(vec![Vec::new(); x_rows]);
         }
-        let gpu = &self.gpu;
         let rows: Vec<u32> = (0..x_rows as u32).collect();
-        let offsets: Vec<u32> = (0..=x_rows as u32).map(|i| i * nt as u32).collect();
-        let all_tokens: Vec<u32> = (0..x_rows).flat_map(|_| tokens.iter().copied()).collect();
-        let slots: Vec<u32> = (0..(x_rows * nt) as u32).collect();
-        let offsets_d = upload(gpu, &offsets)?;
-        let tokens_d = upload(gpu, &all_tokens)?;
-        let slots_d = upload(gpu, &slots)?;
-        let mut out = zeros::<f32>(gpu, x_rows * nt)?;
+        let gather = HeadGather {
+            offsets: (0..=x_rows as u32).map(|i| i * nt as u32).collect(),
+            tokens: (0..x_rows).flat_map(|_| tokens.iter().copied()).collect(),
+            slots: (0..(x_rows * nt) as u32).collect(),
+            n_out: x_rows * nt,
+        };
+        let out = self.head_gather(w, x, x_rows, &rows, &gather)?;
+        Ok(out.chunks(nt).map(<[f32]>::to_vec).collect())
+    }
+
+    /// ln_f and the LM head at rows `head_rows` of `x` ([x_rows, ds]), chunk by chunk, with the
+    /// fused log-softmax and gather of `lm_head_xent` (`gather`); returns its `n_out` values.
+    pub(super) fn head_gather<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        x: &mut CudaSlice<f32>,
+        x_rows: usize,
+        head_rows: &[u32],
+        gather: &HeadGather,
+    ) -> Result<Vec<f32>> {
+        let gpu = &self.gpu;
+        let offsets_d = upload(gpu, &gather.offsets)?;
+        let tokens_d = upload(gpu, &gather.tokens)?;
+        let slots_d = upload(gpu, &gather.slots)?;
+        let mut out = zeros::<f32>(gpu, gather.n_out)?;
         let vocab = self.config.vocab_size;
         let vs = stride(vocab);
-        self.head_chunks(w, x, x_rows, &rows, |logits, r0, m| {
+        self.head_chunks(w, x, x_rows, head_rows, |logits, r0, m| {
             lm_head_xent::lm_head_xent(
                 gpu,
                 &logits.as_view(),
@@ -216,19 +243,17 @@ impl CudaScorer {
                 &slots_d.as_view(),
                 &mut out.as_view_mut(),
                 [m, vocab, vs],
-                all_tokens.len(),
+                gather.tokens.len(),
                 None,
             )
         })?;
-        let host = gpu
+        let mut host = gpu
             .stream
             .clone_dtoh(&out)
             .map_err(driver_err("downloading log-probs"))?;
         gpu.sync()?;
-        Ok(host[..x_rows * nt]
-            .chunks(nt)
-            .map(<[f32]>::to_vec)
-            .collect())
+        host.truncate(gather.n_out);
+        Ok(host)
     }
 
     /// Full log-softmax rows ([rows.len()][vocab]) at rows `rows` of `x`, copied back.
@@ -361,13 +386,7 @@ impl CudaScorer {
         let first = self.head_log_softmax(w, &mut x, plan.n_tokens(), &head_rows)?;
         drop(x);
         let first: Vec<&[f32]> = first.iter().map(Vec::as_slice).collect();
-        let nodes: Vec<usize> = batch::sample_requests(requests)
-            .map(|r| {
-                let row = last_rows[r];
-                let seg = plan.token_segment[row] as usize;
-                tree.fork(seg_nodes[seg], plan.positions[row] as usize + 1)
-            })
-            .collect();
+        let nodes = tree.fork_samples(requests, &plan, &seg_nodes, &last_rows);
         batch::decode(requests, options, &first, nodes, |nodes, tokens, each| {
             let mut x = self.extend_tree(w, &mut tree, nodes, tokens)?;
             let rows: Vec<u32> = (0..nodes.len() as u32).collect();

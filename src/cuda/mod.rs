@@ -47,6 +47,7 @@ use half::{bf16, f16};
 
 use context::driver_err;
 pub use context::{stride, CudaDType, DeviceFloat, Gpu, KERNELS_BUILT};
+use decode::HeadGather;
 use layer_norm::Rows;
 use profile::{Laps, Stage, StageSecs};
 use rotary::RotaryShape;
@@ -503,8 +504,7 @@ impl CudaScorer {
         if n == 0 || plan.targets.is_empty() {
             return Ok(vec![0.0; plan.targets.len()]);
         }
-        let (d, vocab) = (c.n_embd, c.vocab_size);
-        let (ds, vs) = (stride(d), stride(vocab));
+        let ds = stride(c.n_embd);
         let mut laps = Laps::new(gpu, self.profile)?;
         let ids = upload(gpu, &plan.tokens)?;
         let positions = upload(gpu, &plan.positions)?;
@@ -542,47 +542,26 @@ impl CudaScorer {
         for (k, t) in plan.targets.iter().enumerate() {
             by_row[t.head_row as usize].push(k as u32);
         }
-        let mut offsets = Vec::with_capacity(n_rows + 1);
-        let (mut tokens, mut slots) = (Vec::new(), Vec::new());
-        offsets.push(0u32);
+        let mut gather = HeadGather {
+            offsets: Vec::with_capacity(n_rows + 1),
+            tokens: Vec::with_capacity(plan.targets.len()),
+            slots: Vec::with_capacity(plan.targets.len()),
+            n_out: plan.targets.len(),
+        };
+        gather.offsets.push(0u32);
         for ks in &by_row {
             for &k in ks {
-                tokens.push(plan.targets[k as usize].token);
-                slots.push(k);
+                gather.tokens.push(plan.targets[k as usize].token);
+                gather.slots.push(k);
             }
-            offsets.push(tokens.len() as u32);
+            gather.offsets.push(gather.tokens.len() as u32);
         }
-        let offsets_d = upload(gpu, &offsets)?;
-        let tokens_d = upload(gpu, &tokens)?;
-        let slots_d = upload(gpu, &slots)?;
         // ln_f + lm_head GEMM per chunk of rows (shared with decoding), then the fused
         // log-softmax / gather into each target's slot.
-        let mut log_probs = zeros::<f32>(gpu, plan.targets.len())?; // [n_targets]
-        self.head_chunks(w, &mut x, n, &plan.head_rows, |logits, r0, m| {
-            lm_head_xent::lm_head_xent(
-                gpu,
-                &logits.as_view(),
-                &w.lm_head_b.as_view(),
-                &offsets_d.slice(r0..r0 + m + 1),
-                &tokens_d.as_view(),
-                &slots_d.as_view(),
-                &mut log_probs.as_view_mut(),
-                [m, vocab, vs],
-                tokens.len(),
-                None,
-            )
-        })?;
-        let host = gpu
-            .stream
-            .clone_dtoh(&log_probs)
-            .map_err(driver_err("downloading log-probs"))?;
-        gpu.sync()?;
+        let log_probs = self.head_gather(w, &mut x, n, &plan.head_rows, &gather)?;
         laps.mark(gpu, Stage::Head)?;
         self.add_stage_secs(&laps);
-        Ok(host[..plan.targets.len()]
-            .iter()
-            .map(|&v| v as f64)
-            .collect())
+        Ok(log_probs.iter().map(|&v| v as f64).collect())
     }
 }
 

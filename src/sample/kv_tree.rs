@@ -10,6 +10,7 @@
 
 use std::ops::Range;
 
+use super::{batch, SampleRequest};
 use crate::plan::Plan;
 
 /// Index of a sequence in a `KvTree`.
@@ -145,6 +146,25 @@ impl<S> KvTree<S> {
             ids.push(self.nodes.len() - 1);
         }
         (ids, groups)
+    }
+
+    /// One node per sample of `requests` (in `batch::sample_requests` order), each a fork of its
+    /// request's prefix: prefix r ends at row `last_rows[r]` of `plan`, the prefix tree whose
+    /// segments are the nodes `seg_nodes` (`add_plan`).
+    pub(crate) fn fork_samples(
+        &mut self,
+        requests: &[SampleRequest],
+        plan: &Plan,
+        seg_nodes: &[NodeId],
+        last_rows: &[usize],
+    ) -> Vec<NodeId> {
+        batch::sample_requests(requests)
+            .map(|r| {
+                let row = last_rows[r];
+                let seg = plan.token_segment[row] as usize;
+                self.fork(seg_nodes[seg], plan.positions[row] as usize + 1)
+            })
+            .collect()
     }
 
     /// Counts the `n` rows after the cached ones as computed.
