@@ -3,7 +3,9 @@
 //! first, then its own segment's).
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg,
+};
 
 use super::context::{driver_err, DeviceFloat, Gpu};
 use super::{check, need};
@@ -332,7 +334,6 @@ pub fn tree_attention<T: DeviceFloat>(
     if tiles.n_tiles == 0 {
         return Ok(());
     }
-    let d = s.n_head * s.head_dim;
     let elem = std::mem::size_of::<T>();
     let allowed = vec_allowed(gpu, s, q, k, v);
     let variant = variant.unwrap_or(AttentionVariant::pick(false, allowed));
@@ -341,23 +342,6 @@ pub fn tree_attention<T: DeviceFloat>(
     } else {
         smem_bytes(s.head_dim, elem)
     };
-    check(
-        s.head_dim > 0
-            && s.ld >= d
-            && s.ld_out >= d
-            && q.len() >= need(tiles.q_rows, s.ld, d)
-            && k.len() >= need(tiles.kv_rows, s.ld, d)
-            && v.len() >= need(tiles.kv_rows, s.ld, d)
-            && out.len() >= need(tiles.q_rows, s.ld_out, d),
-        "tree_attention: buffers shorter than the shapes",
-    )?;
-    check(
-        smem <= gpu.max_smem_optin as usize,
-        &format!(
-            "tree_attention: head_dim {} needs {smem} bytes of shared memory, the device allows {}",
-            s.head_dim, gpu.max_smem_optin
-        ),
-    )?;
     check(
         !variant.loads_vectors() || allowed,
         "tree_attention: the vector variants need head_dim % 8 == 0, ld % 8 == 0, aligned buffers",
@@ -376,22 +360,10 @@ pub fn tree_attention<T: DeviceFloat>(
             T::pick(&gpu.kernels.tree_attention_mma[loads][i])
         }
     };
-    gpu.ctx
-        .bind_to_thread()
-        .map_err(driver_err("binding the context"))?;
-    func.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )
-    .map_err(driver_err("raising tree_attention's shared memory limit"))?;
+    let cfg = launch_config(gpu, "tree_attention", func, [q, k, v], out, tiles, s, smem)?;
     let u = |v: usize| v as u32;
     let (hd, hdp, ld, ldo) = (u(s.head_dim), u(hd_pad(s.head_dim)), u(s.ld), u(s.ld_out));
     let scale = 1.0 / (s.head_dim as f32).sqrt();
-    let cfg = LaunchConfig {
-        grid_dim: (u(tiles.n_tiles), u(s.n_head), 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
     // SAFETY: argument types match the C signature above; the checks bound every query, key,
     // value and output row the tiles name (q_rows / kv_rows were computed from the same tiles,
     // whose context maps lie inside ctx_tokens by construction); shared memory is sized by the
@@ -417,6 +389,55 @@ pub fn tree_attention<T: DeviceFloat>(
     .map_err(driver_err("launching tree_attention"))
 }
 
+/// What both attention launchers check and set up: the buffers cover every row the tiles name
+/// (`[q, k, v]` at row stride `s.ld`, `out` at `s.ld_out`), `smem` fits the device (raising the
+/// function's limit past the default 48 KiB), and the grid: one block of THREADS per (tile, head).
+#[allow(clippy::too_many_arguments)]
+fn launch_config<T: DeviceFloat>(
+    gpu: &Gpu,
+    name: &str,
+    func: &CudaFunction,
+    [q, k, v]: [&CudaView<T>; 3],
+    out: &CudaViewMut<T>,
+    tiles: &DeviceTiles,
+    s: AttentionShape,
+    smem: usize,
+) -> Result<LaunchConfig> {
+    let d = s.n_head * s.head_dim;
+    check(
+        s.head_dim > 0
+            && s.ld >= d
+            && s.ld_out >= d
+            && q.len() >= need(tiles.q_rows, s.ld, d)
+            && k.len() >= need(tiles.kv_rows, s.ld, d)
+            && v.len() >= need(tiles.kv_rows, s.ld, d)
+            && out.len() >= need(tiles.q_rows, s.ld_out, d),
+        &format!("{name}: buffers shorter than the shapes"),
+    )?;
+    check(
+        smem <= gpu.max_smem_optin as usize,
+        &format!(
+            "{name}: head_dim {} needs {smem} bytes of shared memory, the device allows {}",
+            s.head_dim, gpu.max_smem_optin
+        ),
+    )?;
+    if smem > 48 * 1024 {
+        gpu.ctx
+            .bind_to_thread()
+            .map_err(driver_err("binding the context"))?;
+        func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(driver_err(&format!("raising {name}'s shared memory limit")))?;
+    }
+    Ok(LaunchConfig {
+        grid_dim: (tiles.n_tiles as u32, s.n_head as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem as u32,
+    })
+}
+
 /// Dynamic shared memory of a `decode_attention` block: q, 4 per-warp accumulators, m and l.
 pub fn decode_smem_bytes(head_dim: usize) -> usize {
     (5 * head_dim + 8) * 4
@@ -439,48 +460,25 @@ pub fn decode_attention<T: DeviceFloat>(
     if tiles.n_tiles == 0 {
         return Ok(());
     }
-    let d = s.n_head * s.head_dim;
-    let smem = decode_smem_bytes(s.head_dim);
-    check(
-        s.head_dim > 0
-            && s.ld >= d
-            && s.ld_out >= d
-            && q.len() >= need(tiles.q_rows, s.ld, d)
-            && k.len() >= need(tiles.kv_rows, s.ld, d)
-            && v.len() >= need(tiles.kv_rows, s.ld, d)
-            && out.len() >= need(tiles.q_rows, s.ld_out, d),
-        "decode_attention: buffers shorter than the shapes",
-    )?;
     check(
         !tiles.packed,
         "decode_attention: packed tiles are tree_attention's alone",
     )?;
-    check(
-        smem <= gpu.max_smem_optin as usize,
-        &format!(
-            "decode_attention: head_dim {} needs {smem} bytes of shared memory, the device allows {}",
-            s.head_dim, gpu.max_smem_optin
-        ),
-    )?;
     let func = T::pick(&gpu.kernels.decode_attention);
-    if smem > 48 * 1024 {
-        gpu.ctx
-            .bind_to_thread()
-            .map_err(driver_err("binding the context"))?;
-        func.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(driver_err("raising decode_attention's shared memory limit"))?;
-    }
+    let smem = decode_smem_bytes(s.head_dim);
+    let cfg = launch_config(
+        gpu,
+        "decode_attention",
+        func,
+        [q, k, v],
+        out,
+        tiles,
+        s,
+        smem,
+    )?;
     let u = |v: usize| v as u32;
     let (hd, ld, ldo) = (u(s.head_dim), u(s.ld), u(s.ld_out));
     let scale = 1.0 / (s.head_dim as f32).sqrt();
-    let cfg = LaunchConfig {
-        grid_dim: (u(tiles.n_tiles), u(s.n_head), 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
     // SAFETY: argument types match the C signature above; as for tree_attention, the checks
     // bound every query, key, value and output row the tiles name; shared memory is sized by
     // the kernel's layout (decode_smem_bytes).
