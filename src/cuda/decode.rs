@@ -1,6 +1,6 @@
 //! The driver's sampling steps on the GPU (`Sampler`, `Decoder`), on a device KV tree: the CUDA
-//! twin of `crate::cpu::decode` / `crate::cpu::sampler`, with the same validation, the same
-//! error messages and the same draws.
+//! side of `crate::cpu::decode` / `crate::cpu::sampler`, sharing their validation and decoding
+//! loop (`crate::sample::batch`), hence the same error messages and the same draws.
 //!
 //! - `CudaKvTree`: the KV tree of `crate::sample::kv_tree` (the nodes, on the host, shared with
 //!   the CPU engine) over a device store: per layer one K and one V buffer
