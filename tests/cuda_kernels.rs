@@ -16,7 +16,7 @@
 mod cuda_common;
 mod kernel_cases;
 
-use cuda_common::{compare, fuzz, gpu, random_vec};
+use cuda_common::{compare, fuzz, gpu, kernel_cases, random_vec};
 use half::{bf16, f16};
 use kernel_cases::*;
 use proptest::prelude::*;
@@ -72,10 +72,15 @@ fn embedding_run<T: DeviceFloat>(gpu: &Gpu, p: &EmbeddingProblem) -> R {
 #[test]
 fn embedding_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    fuzz("embedding", 48, embedding_problems(), |p| match p.dtype {
-        CudaDType::BF16 => embedding_run::<bf16>(&gpu, &p),
-        CudaDType::F16 => embedding_run::<f16>(&gpu, &p),
-    });
+    fuzz(
+        "embedding",
+        kernel_cases(48),
+        embedding_problems(),
+        |p| match p.dtype {
+            CudaDType::BF16 => embedding_run::<bf16>(&gpu, &p),
+            CudaDType::F16 => embedding_run::<f16>(&gpu, &p),
+        },
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -112,9 +117,11 @@ fn layer_norm_run<T: DeviceFloat>(gpu: &Gpu, p: &LayerNormProblem) -> R {
 fn layer_norm_matches_reference() {
     let Some(gpu) = gpu() else { return };
     let strategy = layer_norm_problems(&layer_norm::BLOCK_CHOICES);
-    fuzz("layer_norm", 48, strategy, |p| match p.dtype {
-        CudaDType::BF16 => layer_norm_run::<bf16>(&gpu, &p),
-        CudaDType::F16 => layer_norm_run::<f16>(&gpu, &p),
+    fuzz("layer_norm", kernel_cases(48), strategy, |p| {
+        match p.dtype {
+            CudaDType::BF16 => layer_norm_run::<bf16>(&gpu, &p),
+            CudaDType::F16 => layer_norm_run::<f16>(&gpu, &p),
+        }
     });
     for block in layer_norm::BLOCK_CHOICES {
         layer_norm_run::<bf16>(&gpu, &layer_norm_gptj(block)).unwrap();
@@ -157,9 +164,11 @@ fn rotary_run<T: DeviceFloat>(gpu: &Gpu, p: &RotaryProblem) -> R {
 #[test]
 fn rotary_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    fuzz("rotary", 48, rotary_problems(), |p| match p.dtype {
-        CudaDType::BF16 => rotary_run::<bf16>(&gpu, &p),
-        CudaDType::F16 => rotary_run::<f16>(&gpu, &p),
+    fuzz("rotary", kernel_cases(48), rotary_problems(), |p| {
+        match p.dtype {
+            CudaDType::BF16 => rotary_run::<bf16>(&gpu, &p),
+            CudaDType::F16 => rotary_run::<f16>(&gpu, &p),
+        }
     });
     rotary_run::<bf16>(&gpu, &rotary_gptj()).unwrap();
 }
@@ -184,9 +193,11 @@ fn gelu_run<T: DeviceFloat>(gpu: &Gpu, p: &GeluProblem) -> R {
 #[test]
 fn gelu_matches_reference() {
     let Some(gpu) = gpu() else { return };
-    fuzz("gelu", 48, gelu_problems(), |p| match p.dtype {
-        CudaDType::BF16 => gelu_run::<bf16>(&gpu, &p),
-        CudaDType::F16 => gelu_run::<f16>(&gpu, &p),
+    fuzz("gelu", kernel_cases(48), gelu_problems(), |p| {
+        match p.dtype {
+            CudaDType::BF16 => gelu_run::<bf16>(&gpu, &p),
+            CudaDType::F16 => gelu_run::<f16>(&gpu, &p),
+        }
     });
     gelu_run::<bf16>(&gpu, &gelu_gptj()).unwrap();
 }
@@ -224,7 +235,9 @@ fn xent_run(gpu: &Gpu, p: &XentProblem) -> R {
 fn lm_head_xent_matches_reference() {
     let Some(gpu) = gpu() else { return };
     let strategy = xent_problems(&lm_head_xent::BLOCK_CHOICES);
-    fuzz("lm_head_xent", 48, strategy, |p| xent_run(&gpu, &p));
+    fuzz("lm_head_xent", kernel_cases(48), strategy, |p| {
+        xent_run(&gpu, &p)
+    });
     for block in lm_head_xent::BLOCK_CHOICES {
         xent_run(&gpu, &xent_gptj(block)).unwrap();
     }
@@ -361,7 +374,7 @@ fn gemm_matches_reference() {
                 seed,
             },
         );
-    fuzz("gemm", 32, strategy, |p| match p.dtype {
+    fuzz("gemm", kernel_cases(32), strategy, |p| match p.dtype {
         CudaDType::BF16 => gemm_run::<bf16>(&gpu, &p),
         CudaDType::F16 => gemm_run::<f16>(&gpu, &p),
     });
@@ -443,9 +456,11 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
 fn tree_attention_matches_reference() {
     let Some(gpu) = gpu() else { return };
     let strategy = attention_problems(1..5, vec![8, 40, 150]);
-    fuzz("tree_attention", 32, strategy, |p| match p.dtype {
-        CudaDType::BF16 => attention_run::<bf16>(&gpu, &p),
-        CudaDType::F16 => attention_run::<f16>(&gpu, &p),
+    fuzz("tree_attention", kernel_cases(32), strategy, |p| {
+        match p.dtype {
+            CudaDType::BF16 => attention_run::<bf16>(&gpu, &p),
+            CudaDType::F16 => attention_run::<f16>(&gpu, &p),
+        }
     });
     for inline in [false, true] {
         attention_run::<bf16>(&gpu, &attention_gptj(16, inline)).unwrap();

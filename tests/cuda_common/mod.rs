@@ -33,6 +33,16 @@ pub fn cases(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
+/// A kernel suite's default case count: `default` on a GPU, a quarter of it on the emulated
+/// device, which is slow and whose kernels tests/emu_kernels.rs already fuzzes on that many.
+pub fn kernel_cases(default: u32) -> u32 {
+    #[cfg(feature = "emu")]
+    if toolsift::emu::device::is_active() {
+        return (default / 4).max(4);
+    }
+    default
+}
+
 /// Runs `check` on `cases(default)` values of `strategy`; panics with the minimal failing input.
 pub fn fuzz<S: Strategy>(
     name: &str,
