@@ -296,3 +296,35 @@ fn annotate_demo_runs_on_the_emulated_cuda_device() {
     assert!(compared > 0, "no call scored by both backends");
     eprintln!("{compared} calls scored by both backends, largest loss difference {worst:.4}");
 }
+
+/// `--device cuda` on a machine without a GPU (and without `TOOLSIFT_EMU_DEVICE`) stops with an
+/// error that says what is missing, not a panic. Where a device is present there is nothing to
+/// check.
+#[cfg(feature = "cuda")]
+#[test]
+fn annotate_demo_on_cuda_without_a_gpu_is_a_clear_error() {
+    let cwd = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args([
+            "annotate",
+            "--demo",
+            "--device",
+            "cuda",
+            "--no-progress",
+            "--demo-docs",
+            "1",
+        ])
+        .current_dir(cwd.path())
+        .env("TMPDIR", tmp.path())
+        .env_remove("TOOLSIFT_EMU_DEVICE")
+        .output()
+        .expect("run toolsift");
+    let err = stderr(&o);
+    if o.status.success() {
+        eprintln!("a CUDA device is present; nothing to check");
+        return;
+    }
+    assert!(err.contains("error: cuda: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
