@@ -487,7 +487,7 @@ fn report_run(outcome: toolsift::annotate::RunOutcome) -> Option<toolsift::annot
 /// `annotate --demo`: the embedded model, corpus and settings; the output replaces an earlier
 /// demo output at the same path.
 fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
-    use toolsift::annotate::{run_job, Job, Shard};
+    use toolsift::annotate::{run_job_on, Job, Shard};
     use toolsift::demo::{assets, corpus::DEMO_TOOLS};
     let started = std::time::Instant::now();
     let mut config = assets::demo_config()?;
@@ -507,6 +507,10 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
     let out = args
         .out
         .unwrap_or_else(|| PathBuf::from("toolsift-demo").join("cstar.jsonl"));
+    // The model and the engine first: a device that cannot start (no GPU for `--device cuda`)
+    // fails before the previous output is replaced.
+    let model = Model::load(&dir)?;
+    let engine = toolsift::backend::engine_for(&model, args.device)?;
     prepare_demo_output(&out, false)?;
     let shown = std::path::absolute(&out).unwrap_or_else(|_| out.clone());
     eprintln!(
@@ -527,7 +531,7 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
         shard: Shard::default(),
         progress: !args.no_progress,
     };
-    let outcome = run_job(&job)?;
+    let outcome = run_job_on(&job, &model, engine.as_ref())?;
     report_run(outcome);
     eprintln!("C*: {}", shown.display());
     eprintln!(
@@ -559,6 +563,10 @@ fn eval_demo(args: EvalDemoArgs) -> Result<ExitCode> {
     let started = std::time::Instant::now();
     let config = assets::demo_config()?;
     let dir = assets::materialize().context("writing the demo assets")?;
+    // One model and engine for the annotate run and the generation comparison after it, opened
+    // before anything is written (a device that cannot start replaces nothing).
+    let model = Model::load(&dir)?;
+    let engine = toolsift::backend::engine_for(&model, args.device)?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("{}", args.out.display()))?;
     let docs = corpus::generate(args.seed, args.docs);
     let corpus_path = args.out.join("corpus.jsonl");
@@ -586,9 +594,6 @@ fn eval_demo(args: EvalDemoArgs) -> Result<ExitCode> {
         shard: Shard::default(),
         progress: !args.no_progress,
     };
-    // One model and engine for the annotate run and the generation comparison after it.
-    let model = Model::load(&job.model_dir)?;
-    let engine = toolsift::backend::engine_for(&model, args.device)?;
     let summary = match run_job_on(&job, &model, engine.as_ref())? {
         RunOutcome::Done(summary, _) => summary,
         RunOutcome::Stopped(n) => anyhow::bail!("the annotate run stopped after {n} documents"),

@@ -327,4 +327,6 @@ fn annotate_demo_on_cuda_without_a_gpu_is_a_clear_error() {
     }
     assert!(err.contains("error: cuda: "), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    // Nothing was written: the device is opened before the output is prepared.
+    assert_eq!(std::fs::read_dir(cwd.path()).unwrap().count(), 0);
 }
