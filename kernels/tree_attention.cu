@@ -37,17 +37,12 @@
 #include <mma.h>
 
 #include "common.cuh"
-#include "gather.cuh"
+#include "attention_tile.cuh"
 
 using namespace toolsift;
 using namespace nvcuda;
 
 namespace {
-
-constexpr int BM = 64;
-constexpr int BN = 64;
-constexpr int WARPS = 4;
-constexpr int THREADS = WARPS * 32;
 
 // Shared-memory layout (element strides padded by 16 bytes against bank conflicts; every WMMA
 // pointer stays 32-byte aligned: all row strides are multiples of 16 bytes and tiles start at

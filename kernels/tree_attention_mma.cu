@@ -18,17 +18,12 @@
 // the row gathers load 16-byte vectors (vec: head_dim % 8 == 0, ld % 8 == 0, aligned buffers,
 // as tree_attention's) or elements.
 #include "common.cuh"
-#include "gather.cuh"
+#include "attention_tile.cuh"
 #include "mma_sync.cuh"
 
 using namespace toolsift;
 
 namespace {
-
-constexpr int BM = 64;
-constexpr int BN = 64;
-constexpr int WARPS = 4;
-constexpr int THREADS = WARPS * 32;
 
 template <typename T, bool VEC, int HD_MAX>
 __device__ void tree_attention_mma(const T* __restrict__ q, const T* __restrict__ k,

@@ -12,7 +12,8 @@ use super::{check, need};
 use crate::error::Result;
 use crate::plan::Plan;
 
-/// Query rows per block (4 warps x 16) and keys per step: fixed in the kernel.
+/// Query rows per tile (4 warps x 16) and keys per step: the attention kernels' tile contract
+/// (kernels/attention_tile.cuh).
 pub const BM: usize = 64;
 pub const BN: usize = 64;
 pub const THREADS: u32 = 128;

@@ -1,10 +1,18 @@
-// Gathering K / V / Q rows of one head into a shared-memory tile, shared by the attention
-// kernels (tree_attention.cu, tree_attention_mma.cu).
+// What the attention kernels (tree_attention.cu, tree_attention_mma.cu) share: the tile
+// contract with the host, and gathering K / V / Q rows of one head into a shared-memory tile.
 #pragma once
 
 #include "common.cuh"
 
 namespace toolsift {
+
+// The tile contract, restated on the host as src/cuda/tree_attention.rs's BM, BN and THREADS:
+// a tile holds up to BM query rows, keys and values stream through in blocks of BN rows, and one
+// block of WARPS warps computes a (tile, head).
+constexpr int BM = 64;
+constexpr int BN = 64;
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * 32;
 
 // dst[r, c] = src[tok[r], col0 + c] for r < valid_rows and c < head_dim; 0 elsewhere in
 // [n_rows, hdp) (padding rows and the columns that pad head_dim to hdp). The block's THREADS
