@@ -100,11 +100,13 @@ std::map<uintptr_t, size_t> g_allocations;
 size_t g_allocated = 0;
 uint64_t g_allocation_count = 0;
 uint64_t g_launches = 0;
-// The reason for the last error, returned as the code's error string (cuGetErrorString).
+// The reason for the last error and its code: cuGetErrorString of that code returns it.
 thread_local std::string t_reason;
+thread_local CUresult t_reason_code = CUDA_SUCCESS;
 
 CUresult fail(CUresult code, const std::string& reason) {
     t_reason = reason;
+    t_reason_code = code;
     fprintf(stderr, "toolsift emulated device: %s\n", reason.c_str());
     return code;
 }
@@ -163,8 +165,7 @@ CUresult release(CUdeviceptr dptr) {
     if (it == g_allocations.end()) {
         char msg[120];
         snprintf(msg, sizeof msg, "freeing 0x%llx, which is not the start of an allocation", dptr);
-        t_reason = msg;
-        return CUDA_ERROR_INVALID_VALUE;
+        return fail(CUDA_ERROR_INVALID_VALUE, msg);
     }
     g_allocated -= it->second;
     g_allocations.erase(it);
@@ -205,8 +206,8 @@ const Entry* find_entry(const char* name) {
 EXPORT CUresult cuGetErrorString(CUresult error, const char** str) {
     if (!str) return CUDA_ERROR_INVALID_VALUE;
     static thread_local std::string text;
-    text = t_reason.empty() ? "toolsift emulated device: error " + std::to_string(error)
-                            : "toolsift emulated device: " + t_reason;
+    text = error == t_reason_code ? "toolsift emulated device: " + t_reason
+                                  : "toolsift emulated device: error " + std::to_string(error);
     *str = text.c_str();
     return CUDA_SUCCESS;
 }
