@@ -10,7 +10,7 @@
 # 3. benchmarks at toolsift bench's default size and at GPT-J-6B size: random bf16 weights made
 #    by transformers' GPTJForCausalLM on the GPU (scripts/hf_baseline.py), the transformers naive
 #    and tuned scorers, and toolsift on the same weights and workload (also with the opt-in
-#    packed tiles and mma attention kernel); at 6B also the sampling steps (position log-probs over a 512-token sequence, 5 prefixes x 5 samples of 16 tokens);
+#    packed tiles and mma attention kernel); at 6B also the sampling steps (position log-probs over a 512-token sequence, 5 prefixes x 5 samples of 16 tokens, and both as one propose call);
 # 4. writes logs and one summary.json into OUT_DIR.
 # Every step has its own timeout so the whole run stays under 8 minutes; a failed step is
 # recorded in the summary and the script goes on.

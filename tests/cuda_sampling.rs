@@ -3,7 +3,8 @@
 //! chunks smaller than the sequence), KV-cached decoding (one-token steps through
 //! `decode_attention`, spliced multi-token steps through the tile kernel, cache growth) equal to a
 //! full forward at every step, greedy samples equal to the CPU engine's wherever the top-2 margin
-//! exceeds the tolerance, determinism for a seed, and the CPU's validation messages.
+//! exceeds the tolerance, determinism for a seed, and the CPU's validation messages; `propose`
+//! (both steps over one cached sequence) likewise.
 //! Skipped (with a message) where there is no CUDA device.
 //!
 //! Tolerance per log-prob, as in tests/cuda_scoring.rs: A + R |log p| with A = 16u, R = 4u
@@ -21,7 +22,7 @@ use toolsift::cpu::CpuScorer;
 use toolsift::cuda::{CudaDType, CudaOptions, CudaScorer};
 use toolsift::model::{DType, GptjConfig, GptjWeights};
 use toolsift::reference::ReferenceModel;
-use toolsift::sample::{Decoder, SampleOptions, SampleRequest, Sampler};
+use toolsift::sample::{Branch, Decoder, Sample, SampleOptions, SampleRequest, Sampler};
 use toolsift::util::rng::Rng;
 use toolsift::Model;
 
@@ -214,6 +215,40 @@ fn decode_session_steps_equal_a_full_forward() {
     }
 }
 
+/// Compares greedy samples `got` (CUDA) with `want` (CPU engine) of `requests` token by token,
+/// up to the first step whose top-2 margin (by the oracle) is within twice the tolerance; returns
+/// the number of tokens compared.
+fn greedy_agreement(
+    oracle: &ReferenceModel,
+    dtype: CudaDType,
+    requests: &[SampleRequest],
+    got: &[Vec<Sample>],
+    want: &[Vec<Sample>],
+) -> usize {
+    let mut compared = 0;
+    assert_eq!(got.len(), requests.len());
+    for (r, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), requests[r].n_samples);
+        // Greedy: all samples of a request are the same.
+        assert!(g.iter().all(|s| s == &g[0]), "request {r}: {g:?}");
+        let Some(g0) = g.first() else { continue };
+        let mut seq = requests[r].prefix.clone();
+        for (k, (&gt, &wt)) in g0.tokens.iter().zip(&w[0].tokens).enumerate() {
+            let lp = oracle.log_softmax(&seq);
+            let row = lp.row(seq.len() - 1);
+            let mut sorted: Vec<f64> = row.to_vec();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            if sorted[0] - sorted[1] <= 2.0 * tol(dtype, sorted[0]) {
+                break;
+            }
+            assert_eq!(gt, wt, "{dtype:?} request {r} token {k}");
+            compared += 1;
+            seq.push(wt);
+        }
+    }
+    compared
+}
+
 /// Greedy samples from shared prefixes: the CUDA backend picks the CPU engine's token at every
 /// step whose top-2 margin (by the oracle) exceeds twice the tolerance; after the first step
 /// where it does not, the sample is not compared further (both choices are right within
@@ -249,24 +284,7 @@ fn greedy_samples_equal_the_cpu_engine_where_the_margin_allows() {
         };
         let got = cuda.sample(&requests, &options).unwrap();
         let want = cpu.sample(&requests, &options).unwrap();
-        for (r, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.len(), 3);
-            // Greedy: all samples of a request are the same.
-            assert!(g.iter().all(|s| s == &g[0]), "request {r}: {g:?}");
-            let mut seq = requests[r].prefix.clone();
-            for (k, (&gt, &wt)) in g[0].tokens.iter().zip(&w[0].tokens).enumerate() {
-                let lp = oracle.log_softmax(&seq);
-                let row = lp.row(seq.len() - 1);
-                let mut sorted: Vec<f64> = row.to_vec();
-                sorted.sort_by(|a, b| b.total_cmp(a));
-                if sorted[0] - sorted[1] <= 2.0 * tol(dtype, sorted[0]) {
-                    break;
-                }
-                assert_eq!(gt, wt, "{dtype:?} request {r} token {k}");
-                compared += 1;
-                seq.push(wt);
-            }
-        }
+        compared += greedy_agreement(&oracle, dtype, &requests, &got, &want);
     }
     eprintln!("greedy: {compared} tokens compared");
     assert!(
@@ -362,11 +380,169 @@ fn bad_requests_are_the_cpu_engines_errors() {
     }
 }
 
+/// `propose` on the device: one forward over the sequence (several attention tiles, head chunks
+/// smaller than it), then branches forked off that cache (the tree grows once to fit them) and
+/// decoded. Its log-probs are the oracle's, its greedy samples the CPU engine's `propose`'s where
+/// the margin allows, its seeded samples deterministic, and its errors the CPU engine's.
+#[test]
+fn propose_matches_the_cpu_engine() {
+    if gpu().is_none() {
+        return;
+    }
+    let mut compared = 0usize;
+    for (dtype, seed) in [(CudaDType::BF16, 7u64), (CudaDType::F16, 8)] {
+        let m = model(2, 2, 16, 47, dtype, seed);
+        let cuda = engine(&m, dtype, 13);
+        let cpu = CpuScorer::new(&m);
+        let oracle = ReferenceModel::new(&m.config, &m.weights);
+        let mut rng = Rng::new(seed);
+        let ids = random_ids(&mut rng, 90, 47);
+        let tokens = [3u32, 46];
+        let branches: Vec<Branch> = [0usize, 5, 30, 70, 71, 90]
+            .iter()
+            .map(|&at| Branch {
+                at,
+                token: rng.range(0, 46) as u32,
+                n_samples: 1 + at % 3,
+            })
+            .collect();
+        let options = SampleOptions {
+            max_new_tokens: 12,
+            temperature: 0.0,
+            ..Default::default()
+        };
+        let mut seen = None;
+        let got = cuda
+            .propose(
+                &ids,
+                &tokens,
+                &mut |lp| {
+                    seen = Some(lp.to_vec());
+                    branches.clone()
+                },
+                &options,
+            )
+            .unwrap();
+        assert_eq!(seen.as_ref(), Some(&got.log_probs));
+        assert_eq!(got.branches, branches);
+        let want_lp = oracle.log_softmax(&ids);
+        assert_eq!(got.log_probs.len(), ids.len());
+        for (i, row) in got.log_probs.iter().enumerate() {
+            for (j, &t) in tokens.iter().enumerate() {
+                let w = want_lp.row(i)[t as usize];
+                assert!(
+                    (row[j] as f64 - w).abs() <= tol(dtype, w),
+                    "{dtype:?} position {i} token {t}: cuda {} vs oracle {w}",
+                    row[j]
+                );
+            }
+        }
+        let want = cpu
+            .propose(&ids, &tokens, &mut |_| branches.clone(), &options)
+            .unwrap();
+        let requests: Vec<SampleRequest> = branches
+            .iter()
+            .map(|b| SampleRequest {
+                prefix: [&ids[..b.at], &[b.token]].concat(),
+                n_samples: b.n_samples,
+            })
+            .collect();
+        compared += greedy_agreement(&oracle, dtype, &requests, &got.samples, &want.samples);
+
+        let seeded = SampleOptions {
+            temperature: 1.0,
+            top_k: Some(10),
+            stop_tokens: vec![0, 1],
+            seed: 5,
+            ..options.clone()
+        };
+        let a = cuda
+            .propose(&ids, &tokens, &mut |_| branches.clone(), &seeded)
+            .unwrap();
+        let b = cuda
+            .propose(&ids, &tokens, &mut |_| branches.clone(), &seeded)
+            .unwrap();
+        assert_eq!(a, b);
+    }
+    eprintln!("propose greedy: {compared} tokens compared");
+    assert!(
+        compared >= 10,
+        "only {compared} greedy tokens had a clear margin"
+    );
+}
+
+#[test]
+fn propose_edge_cases_and_errors_are_the_cpu_engines() {
+    if gpu().is_none() {
+        return;
+    }
+    let m = model(1, 2, 8, 61, CudaDType::BF16, 2);
+    let cuda = engine(&m, CudaDType::BF16, 1024);
+    let cpu = CpuScorer::new(&m);
+    let opts = SampleOptions {
+        max_new_tokens: 4,
+        temperature: 0.0,
+        ..Default::default()
+    };
+    // No branches; an empty sequence with a branch at its start.
+    let none = cuda
+        .propose(&[1, 2, 3], &[4], &mut |_| Vec::new(), &opts)
+        .unwrap();
+    assert_eq!(none.log_probs.len(), 3);
+    assert!(none.samples.is_empty());
+    let at0 = |_: &[Vec<f32>]| {
+        vec![Branch {
+            at: 0,
+            token: 5,
+            n_samples: 2,
+        }]
+    };
+    let empty = cuda.propose(&[], &[4], &mut at0.clone(), &opts).unwrap();
+    assert!(empty.log_probs.is_empty());
+    assert_eq!(empty.samples.len(), 1);
+    assert_eq!(empty.samples[0].len(), 2);
+    let bad = [
+        Branch {
+            at: 4,
+            token: 1,
+            n_samples: 1,
+        },
+        Branch {
+            at: 1,
+            token: 61,
+            n_samples: 1,
+        },
+    ];
+    for b in bad {
+        let g = cuda.propose(&[1, 2, 3], &[4], &mut |_| vec![b], &opts);
+        let w = cpu.propose(&[1, 2, 3], &[4], &mut |_| vec![b], &opts);
+        assert_eq!(g.unwrap_err().to_string(), w.unwrap_err().to_string());
+    }
+    let long = SampleOptions {
+        max_new_tokens: 159,
+        ..opts.clone()
+    };
+    let branch = |_: &[Vec<f32>]| {
+        vec![Branch {
+            at: 1,
+            token: 1,
+            n_samples: 1,
+        }]
+    };
+    let g = cuda.propose(&[1, 2], &[4], &mut branch.clone(), &long);
+    let w = cpu.propose(&[1, 2], &[4], &mut branch.clone(), &long);
+    assert_eq!(g.unwrap_err().to_string(), w.unwrap_err().to_string());
+    let g = cuda.propose(&[1, 99], &[4], &mut branch.clone(), &opts);
+    let w = cpu.propose(&[1, 99], &[4], &mut branch.clone(), &opts);
+    assert_eq!(g.unwrap_err().to_string(), w.unwrap_err().to_string());
+}
+
 /// GPU timing of the sampling steps on a real model, for scripts/gpu-check.sh (ignored by
 /// default): TOOLSIFT_BENCH_MODEL (a GPT-J folder), TOOLSIFT_BENCH_OUTPUT (JSON written there),
 /// TOOLSIFT_BENCH_REPS (default 3). Position probabilities over a 512-token sequence (two
 /// queried tokens), then 5 prefixes of it x 5 samples of up to 16 tokens (temperature 1, no stop
-/// token, so every sample runs to the cap). Random token ids: the cost does not depend on them.
+/// token, so every sample runs to the cap), and both as one `propose` call (the driver's way: the
+/// prefixes branch off the cached sequence). Random token ids: the cost does not depend on them.
 /// Median of the reps after a warm-up; each call reads its results back (synchronised).
 #[test]
 #[ignore]
@@ -424,6 +600,19 @@ fn cuda_sampling_bench() {
         let out = cuda.sample(&requests, &options).unwrap();
         new_tokens = out.iter().flatten().map(|s| s.tokens.len()).sum();
     });
+    // Both steps as the driver runs them: the prefixes above are branches of `ids`.
+    let branches: Vec<Branch> = requests
+        .iter()
+        .map(|r| Branch {
+            at: r.prefix.len() - 1,
+            token: 685,
+            n_samples: r.n_samples,
+        })
+        .collect();
+    let propose_secs = time(&mut || {
+        cuda.propose(&ids, &[58, 685], &mut |_| branches.clone(), &options)
+            .unwrap();
+    });
     // One decode session step at the same batch (25 sequences of ~300 tokens), for the per-step
     // cost without the prefill.
     let mut session = cuda.session();
@@ -442,6 +631,10 @@ fn cuda_sampling_bench() {
             "max_new_tokens": 16,
             "new_tokens": new_tokens,
             "secs": sample_secs,
+        },
+        "propose": {
+            "secs": propose_secs,
+            "two_calls_secs": lp_secs + sample_secs,
         },
         "decode_step_25_sequences_secs": step_secs,
         "reps": reps,

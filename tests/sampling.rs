@@ -1,14 +1,16 @@
 //! The CPU sampling steps against the f64 oracle: position log-probs from one forward, KV-cached
 //! decoding equal to a full forward of the same sequence at every step, determinism for a seed
-//! whatever the batching, stop tokens and length caps.
+//! whatever the batching, stop tokens and length caps; `propose` (both steps over one cached
+//! sequence) equal to the two calls on random models and random branches.
 
 mod common;
 
+use proptest::prelude::*;
 use toolsift::cpu::decode::KvTree;
 use toolsift::cpu::CpuScorer;
 use toolsift::model::{DType, GptjConfig, GptjWeights};
 use toolsift::reference::ReferenceModel;
-use toolsift::sample::{SampleOptions, SampleRequest, Sampler};
+use toolsift::sample::{Branch, ReferenceSampler, SampleOptions, SampleRequest, Sampler};
 use toolsift::util::rng::Rng;
 use toolsift::Model;
 
@@ -247,4 +249,227 @@ fn decode_session_matches_the_oracle_with_spliced_tokens() {
     assert_eq!(session.len(b), 2);
     assert!(!lp.is_empty());
     assert!(session.extend(&[9], &[vec![1]]).is_err());
+}
+
+/// A random `propose` problem: model shape, sequence, branches (any point of the sequence, its
+/// start and end included) and sampling options within n_positions.
+#[derive(Debug, Clone)]
+struct ProposeCase {
+    n_layer: usize,
+    n_head: usize,
+    head_dim: usize,
+    vocab: usize,
+    len: usize,
+    /// (at, token, n_samples) as fractions resolved against `len` and `vocab`.
+    branches: Vec<(f64, f64, usize)>,
+    max_new_tokens: usize,
+    greedy: bool,
+    seed: u64,
+}
+
+fn propose_case() -> impl Strategy<Value = ProposeCase> {
+    (
+        (1usize..=2, 1usize..=3, 2usize..=6, 5usize..=40),
+        0usize..=40,
+        prop::collection::vec((0.0..=1.0f64, 0.0..1.0f64, 0usize..=3), 0..=4),
+        1usize..=6,
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |((n_layer, n_head, head_dim, vocab), len, branches, max_new_tokens, greedy, seed)| {
+                ProposeCase {
+                    n_layer,
+                    n_head,
+                    head_dim,
+                    vocab,
+                    len,
+                    branches,
+                    max_new_tokens,
+                    greedy,
+                    seed,
+                }
+            },
+        )
+}
+
+impl ProposeCase {
+    fn model(&self) -> Model {
+        let rotary_dim = (self.head_dim - self.head_dim % 2).min(4);
+        let mut config = GptjConfig::small(
+            self.n_layer,
+            self.n_head * self.head_dim,
+            self.n_head,
+            rotary_dim,
+            self.vocab,
+        );
+        config.n_positions = 48;
+        let w = GptjWeights::random(&config, self.seed, DType::F32);
+        Model::from_parts(config, w, None)
+    }
+
+    fn ids(&self) -> Vec<u32> {
+        random_ids(&mut Rng::new(self.seed ^ 1), self.len, self.vocab)
+    }
+
+    fn branches(&self) -> Vec<Branch> {
+        self.branches
+            .iter()
+            .map(|&(at, token, n_samples)| Branch {
+                at: (at * self.len as f64).round() as usize,
+                token: (token * self.vocab as f64) as u32,
+                n_samples,
+            })
+            .collect()
+    }
+
+    fn options(&self) -> SampleOptions {
+        SampleOptions {
+            max_new_tokens: self.max_new_tokens,
+            stop_tokens: vec![0, 1],
+            temperature: if self.greedy { 0.0 } else { 1.0 },
+            top_k: (!self.greedy).then_some(self.vocab / 2),
+            seed: self.seed,
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// `propose` on the CPU engine (one forward over the sequence, branches forked off its
+    /// cache) is `token_log_probs` then `sample` of the branch requests, exactly: the same rows
+    /// are computed from the same inputs. Its log-probs are also the oracle's.
+    #[test]
+    fn propose_is_token_log_probs_then_sample(case in propose_case()) {
+        let model = case.model();
+        let engine = CpuScorer::new(&model);
+        let ids = case.ids();
+        let tokens = [0u32, (case.vocab - 1) as u32];
+        let options = case.options();
+        let branches = case.branches();
+        let fits = branches
+            .iter()
+            .all(|b| b.at + 1 + options.max_new_tokens <= model.config.n_positions);
+        let mut seen = None;
+        let got = engine.propose(
+            &ids,
+            &tokens,
+            &mut |lp| {
+                seen = Some(lp.to_vec());
+                branches.clone()
+            },
+            &options,
+        );
+        if !fits {
+            let e = got.unwrap_err().to_string();
+            prop_assert!(e.contains("branch") && e.contains("n_positions"), "{e}");
+            return Ok(());
+        }
+        let got = got.unwrap();
+        prop_assert_eq!(&got.branches, &branches);
+        prop_assert_eq!(seen.as_ref(), Some(&got.log_probs));
+        prop_assert_eq!(&got.log_probs, &engine.token_log_probs(&ids, &tokens).unwrap());
+        let requests: Vec<SampleRequest> = branches
+            .iter()
+            .map(|b| SampleRequest {
+                prefix: [&ids[..b.at], &[b.token]].concat(),
+                n_samples: b.n_samples,
+            })
+            .collect();
+        prop_assert_eq!(&got.samples, &engine.sample(&requests, &options).unwrap());
+        let want = ReferenceModel::new(&model.config, &model.weights).log_softmax(&ids);
+        for (i, row) in got.log_probs.iter().enumerate() {
+            for (j, &t) in tokens.iter().enumerate() {
+                let w = want.row(i)[t as usize];
+                prop_assert!((row[j] as f64 - w).abs() < TOL, "position {} token {}", i, t);
+            }
+        }
+    }
+}
+
+/// The oracle's `propose` (the trait's two-call default) and the CPU engine's agree on greedy
+/// samples from the driver's shape of branches: "[" after prefixes of one sequence.
+#[test]
+fn propose_greedy_samples_equal_the_oracles() {
+    let model = random_model(17);
+    let engine = CpuScorer::new(&model);
+    let oracle = ReferenceSampler::new(&model);
+    let ids = random_ids(&mut Rng::new(4), 30, 61);
+    let options = SampleOptions {
+        max_new_tokens: 8,
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let mut choose = |lp: &[Vec<f32>]| {
+        assert_eq!(lp.len(), 30);
+        [3usize, 17, 29, 30]
+            .iter()
+            .map(|&at| Branch {
+                at,
+                token: 9,
+                n_samples: 2,
+            })
+            .collect()
+    };
+    let got = engine.propose(&ids, &[9], &mut choose, &options).unwrap();
+    let want = oracle.propose(&ids, &[9], &mut choose, &options).unwrap();
+    assert_eq!(got.samples, want.samples);
+    for (g, w) in got.log_probs.iter().zip(&want.log_probs) {
+        assert!((g[0] - w[0]).abs() < TOL as f32);
+    }
+}
+
+#[test]
+fn bad_branches_are_errors() {
+    let model = random_model(2);
+    let engine = CpuScorer::new(&model);
+    let opts = SampleOptions::default();
+    let propose = |b: Branch| {
+        engine
+            .propose(&[1, 2, 3], &[4], &mut |_| vec![b], &opts)
+            .unwrap_err()
+            .to_string()
+    };
+    let past = propose(Branch {
+        at: 4,
+        token: 1,
+        n_samples: 1,
+    });
+    assert!(past.contains("branch 0: at 4 is past the end"), "{past}");
+    let oov = propose(Branch {
+        at: 1,
+        token: 61,
+        n_samples: 1,
+    });
+    assert!(
+        oov.contains("branch 0") && oov.contains("outside the vocabulary"),
+        "{oov}"
+    );
+    let long = SampleOptions {
+        max_new_tokens: 95,
+        ..Default::default()
+    };
+    let e = engine
+        .propose(
+            &[1, 2],
+            &[4],
+            &mut |_| {
+                vec![Branch {
+                    at: 1,
+                    token: 1,
+                    n_samples: 1,
+                }]
+            },
+            &long,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("branch 0: prefix of 2 tokens + 95 new tokens"),
+        "{e}"
+    );
+    assert!(engine
+        .propose(&[1, 99], &[4], &mut |_| Vec::new(), &opts)
+        .is_err());
 }

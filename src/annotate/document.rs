@@ -17,7 +17,7 @@ use super::tools::{DocContext, ToolRegistry};
 use super::{heuristics, positions, prompts, splice};
 use crate::error::{Error, Result};
 use crate::model::Tokenizer;
-use crate::sample::{SampleOptions, SampleRequest, Sampler};
+use crate::sample::{Branch, SampleOptions, Sampler};
 use crate::score::{call_text, validate, LossWeights, ScoreOptions, Scorer, TextCandidate};
 use crate::util::rng::Rng;
 
@@ -295,36 +295,6 @@ impl<'a> Annotator<'a> {
             let start = Instant::now();
             let prompt_ids: Vec<u32> = [&prompt.before[..], &x[..t], &prompt.after[..]].concat();
             let seq: Vec<u32> = [&prompt_ids[..], &x[..t]].concat();
-            let probs = positions::call_probabilities(
-                self.sampler,
-                &seq,
-                prompt_ids.len(),
-                t,
-                &self.open_ids(),
-            )?;
-            let chosen = positions::select(
-                &probs,
-                |i| positions::splice_byte(&doc.text, &enc, i).is_some(),
-                params.tau_s,
-                params.k,
-            );
-            st.positions += chosen.len() as u64;
-            if chosen.is_empty() || params.m == 0 {
-                stats.secs.sampling += start.elapsed().as_secs_f64();
-                continue;
-            }
-            let requests: Vec<SampleRequest> = chosen
-                .iter()
-                .map(|&(i, _)| SampleRequest {
-                    prefix: [
-                        &prompt_ids[..],
-                        &x[..i],
-                        &[self.open_for(&doc.text, &enc, i)],
-                    ]
-                    .concat(),
-                    n_samples: params.m,
-                })
-                .collect();
             let options = SampleOptions {
                 max_new_tokens: self.config.max_call_tokens,
                 stop_tokens: self.stop_tokens.clone(),
@@ -332,12 +302,40 @@ impl<'a> Annotator<'a> {
                 top_k: (self.config.top_k_tokens > 0).then_some(self.config.top_k_tokens),
                 seed: Self::doc_seed(self.config.seed, doc.line, tool),
             };
-            let samples = self.sampler.sample(&requests, &options)?;
+            // One forward over P(x) ++ x gives p_i at every position; the chosen positions'
+            // calls are sampled off its cached keys and values.
+            let mut chosen = Vec::new();
+            let proposal = self.sampler.propose(
+                &seq,
+                &self.open_ids(),
+                &mut |log_probs| {
+                    let probs = positions::call_probabilities(log_probs, prompt_ids.len(), t);
+                    chosen = positions::select(
+                        &probs,
+                        |i| positions::splice_byte(&doc.text, &enc, i).is_some(),
+                        params.tau_s,
+                        params.k,
+                    );
+                    if params.m == 0 {
+                        return Vec::new();
+                    }
+                    chosen
+                        .iter()
+                        .map(|&(i, _)| Branch {
+                            at: prompt_ids.len() + i,
+                            token: self.open_for(&doc.text, &enc, i),
+                            n_samples: params.m,
+                        })
+                        .collect()
+                },
+                &options,
+            )?;
+            st.positions += chosen.len() as u64;
             stats.secs.sampling += start.elapsed().as_secs_f64();
 
             let start = Instant::now();
             let mut seen = HashSet::new();
-            for (&(i, _), samples) in chosen.iter().zip(&samples) {
+            for (&(i, _), samples) in chosen.iter().zip(&proposal.samples) {
                 let byte = positions::splice_byte(&doc.text, &enc, i).unwrap_or(0);
                 for sample in samples {
                     st.calls_sampled += 1;

@@ -11,29 +11,22 @@
 //! needs context). A position is eligible only where it maps to a byte offset of the text that is
 //! a character and token boundary (byte-level BPE can split a character across tokens).
 
-use crate::error::Result;
 use crate::model::tokenizer::Encoding;
-use crate::sample::Sampler;
 
-/// p("[") + p(" [") predicting x_i, for i in 0..x_len; `ids` = P(x) ++ x[..x_len], `prompt_len` =
-/// |P(x)|, `open` the ids of "[" and " [". Entry 0 (before x_1, no text context) is 0.
-pub fn call_probabilities(
-    sampler: &dyn Sampler,
-    ids: &[u32],
-    prompt_len: usize,
-    x_len: usize,
-    open: &[u32],
-) -> Result<Vec<f64>> {
-    let lp = sampler.token_log_probs(ids, open)?;
-    Ok((0..x_len)
+/// p("[") + p(" [") predicting x_i, for i in 0..x_len, from `Sampler::token_log_probs` (or
+/// `propose`) over `P(x) ++ x[..x_len]` with the ids of "[" and " [" as the queried tokens;
+/// `prompt_len` = |P(x)|. Entry 0 (before x_1, no text context) is 0.
+pub fn call_probabilities(log_probs: &[Vec<f32>], prompt_len: usize, x_len: usize) -> Vec<f64> {
+    (0..x_len)
         .map(|i| {
             if i == 0 {
                 return 0.0;
             }
-            lp.get(prompt_len + i - 1)
+            log_probs
+                .get(prompt_len + i - 1)
                 .map_or(0.0, |row| row.iter().map(|&l| (l as f64).exp()).sum())
         })
-        .collect())
+        .collect()
 }
 
 /// The byte offset where a call before token `i` goes: the end of token i-1 (before x_i's

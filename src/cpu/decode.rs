@@ -141,6 +141,9 @@ fn cached_attention(
     outs.into_par_iter()
         .zip(groups.par_iter())
         .for_each(|(out, (ranges, n_new, first))| {
+            if *n_new == 0 {
+                return; // a group with no new tokens (an empty sequence) has nothing to attend
+            }
             let rows: Vec<usize> = ranges.iter().flat_map(|r| r.clone()).collect();
             let (n_ctx, n_new) = (rows.len(), *n_new);
             let n_old = n_ctx - n_new;

@@ -4,20 +4,18 @@ use super::decode::KvTree;
 use super::CpuScorer;
 use crate::error::Result;
 use crate::plan::Plan;
-use crate::sample::{batch, DecodeSession, Decoder, Sample, SampleOptions, SampleRequest, Sampler};
+use crate::sample::{
+    batch, Choose, DecodeSession, Decoder, Proposal, Sample, SampleOptions, SampleRequest, Sampler,
+};
 
 /// Rows of full log-softmax computed at once (bounds the [rows, vocab] buffer).
 const HEAD_CHUNK_ROWS: usize = 64;
 
-impl Sampler for CpuScorer {
-    fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        let c = &self.config;
-        batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
-        let (d, vocab) = (c.n_embd, c.vocab_size);
-        let mut tree = KvTree::new(c.n_layer);
-        let root = tree.root();
-        let x = self.extend(&mut tree, &[root], &[ids.to_vec()]);
-        let mut out = Vec::with_capacity(ids.len());
+impl CpuScorer {
+    /// Per row of `x` (final residual stream, [rows, d]), the log-probabilities of `tokens`.
+    fn token_rows(&self, x: &[f32], tokens: &[u32]) -> Vec<Vec<f32>> {
+        let (d, vocab) = (self.config.n_embd, self.config.vocab_size);
+        let mut out = Vec::with_capacity(x.len() / d);
         for chunk in x.chunks(HEAD_CHUNK_ROWS * d) {
             let lp = self.log_softmax_rows(chunk);
             out.extend(
@@ -25,7 +23,42 @@ impl Sampler for CpuScorer {
                     .map(|row| tokens.iter().map(|&t| row[t as usize]).collect()),
             );
         }
-        Ok(out)
+        out
+    }
+
+    /// The decoding loop of `requests` from `first` ([requests, vocab]: the log-softmax after
+    /// each prefix), sample i growing node `nodes[i]` of `tree`.
+    fn decode_samples(
+        &self,
+        tree: &mut KvTree,
+        requests: &[SampleRequest],
+        options: &SampleOptions,
+        first: &[f32],
+        nodes: Vec<usize>,
+    ) -> Result<Vec<Vec<Sample>>> {
+        let (d, vocab) = (self.config.n_embd, self.config.vocab_size);
+        let first: Vec<&[f32]> = first.chunks(vocab).collect();
+        batch::decode(requests, options, &first, nodes, |nodes, tokens, each| {
+            let x = self.extend(tree, nodes, tokens);
+            for (chunk_i, chunk) in x.chunks(HEAD_CHUNK_ROWS * d).enumerate() {
+                let lp = self.log_softmax_rows(chunk);
+                for (j, row) in lp.chunks(vocab).enumerate() {
+                    each(chunk_i * HEAD_CHUNK_ROWS + j, row);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+impl Sampler for CpuScorer {
+    fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let c = &self.config;
+        batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
+        let mut tree = KvTree::new(c.n_layer);
+        let root = tree.root();
+        let x = self.extend(&mut tree, &[root], &[ids.to_vec()]);
+        Ok(self.token_rows(&x, tokens))
     }
 
     fn sample(
@@ -34,8 +67,8 @@ impl Sampler for CpuScorer {
         options: &SampleOptions,
     ) -> Result<Vec<Vec<Sample>>> {
         let c = &self.config;
-        batch::check_requests(requests, options, c.vocab_size, c.n_positions)?;
-        let (d, vocab) = (c.n_embd, c.vocab_size);
+        batch::check_requests("request", requests, options, c.vocab_size, c.n_positions)?;
+        let d = c.n_embd;
         // Prefill every prefix once, as a prefix tree.
         let prefixes: Vec<Vec<u32>> = requests.iter().map(|r| r.prefix.clone()).collect();
         let (plan, last_rows) = Plan::from_sequences(&prefixes);
@@ -50,17 +83,38 @@ impl Sampler for CpuScorer {
             .flat_map(|&row| x[row * d..(row + 1) * d].iter().copied())
             .collect();
         let first = self.log_softmax_rows(&first_rows); // [requests, vocab]
-        let first: Vec<&[f32]> = first.chunks(vocab).collect();
         let nodes = tree.fork_samples(requests, &plan, &seg_nodes, &last_rows);
-        batch::decode(requests, options, &first, nodes, |nodes, tokens, each| {
-            let x = self.extend(&mut tree, nodes, tokens);
-            for (chunk_i, chunk) in x.chunks(HEAD_CHUNK_ROWS * d).enumerate() {
-                let lp = self.log_softmax_rows(chunk);
-                for (j, row) in lp.chunks(vocab).enumerate() {
-                    each(chunk_i * HEAD_CHUNK_ROWS + j, row);
-                }
-            }
-            Ok(())
+        self.decode_samples(&mut tree, requests, options, &first, nodes)
+    }
+
+    fn propose(
+        &self,
+        ids: &[u32],
+        tokens: &[u32],
+        choose: &mut Choose<'_>,
+        options: &SampleOptions,
+    ) -> Result<Proposal> {
+        let c = &self.config;
+        batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
+        let mut tree = KvTree::new(c.n_layer);
+        let root = tree.root();
+        let x = self.extend(&mut tree, &[root], &[ids.to_vec()]);
+        let log_probs = self.token_rows(&x, tokens);
+        drop(x);
+        let branches = choose(&log_probs);
+        let requests = batch::branch_requests(ids, &branches)?;
+        batch::check_requests("branch", &requests, options, c.vocab_size, c.n_positions)?;
+        // Each branch forks the cached sequence and computes only its own token.
+        let prefix_nodes: Vec<usize> = branches.iter().map(|b| tree.fork(root, b.at)).collect();
+        let opens: Vec<Vec<u32>> = branches.iter().map(|b| vec![b.token]).collect();
+        let x = self.extend(&mut tree, &prefix_nodes, &opens);
+        let first = self.log_softmax_rows(&x); // [branches, vocab]
+        let nodes = tree.fork_each(&requests, &prefix_nodes);
+        let samples = self.decode_samples(&mut tree, &requests, options, &first, nodes)?;
+        Ok(Proposal {
+            log_probs,
+            branches,
+            samples,
         })
     }
 }

@@ -5,8 +5,9 @@
 //! - `CudaKvTree`: the KV tree of `crate::sample::kv_tree` (the nodes, on the host, shared with
 //!   the CPU engine) over a device store: per layer one K and one V buffer
 //!   [capacity, stride(n_embd)] of T, rows appended as tokens are computed (capacity doubles by
-//!   reallocate-and-copy when exceeded; `sample` sizes it exactly up front). Forks share their
-//!   prefix rows and cost nothing on the device.
+//!   reallocate-and-copy when exceeded; `sample` sizes it for the whole call up front, `propose`
+//!   grows it once, when the branches are known). Forks share their prefix rows and cost nothing
+//!   on the device.
 //! - A forward over new tokens runs the scoring layer loop (`CudaScorer::run_layers`) with the
 //!   K/V rows written at the end of the cache and attention tiles built from the nodes
 //!   (`TreeTiles::from_groups`): the 64-query tile kernel when a group has several new tokens
@@ -31,7 +32,9 @@ use super::{check, upload, zeros, CudaScorer, DeviceWeights, NewTokens};
 use crate::error::{Error, Result};
 use crate::plan::Plan;
 use crate::sample::kv_tree::{Group, KvTree};
-use crate::sample::{batch, DecodeSession, Decoder, Sample, SampleOptions, SampleRequest, Sampler};
+use crate::sample::{
+    batch, Choose, DecodeSession, Decoder, Proposal, Sample, SampleOptions, SampleRequest, Sampler,
+};
 
 /// The device store of a KV tree: per layer one K and one V buffer [capacity, stride(n_embd)].
 pub struct DeviceKv<T> {
@@ -350,10 +353,10 @@ impl CudaScorer {
         ids: &[u32],
         tokens: &[u32],
     ) -> Result<Vec<Vec<f32>>> {
-        let c = &self.config;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        let c = &self.config;
         let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, ids.len())?;
         let root = tree.root();
         let mut x = self.extend_tree(w, &mut tree, &[root], &[ids.to_vec()])?;
@@ -374,8 +377,7 @@ impl CudaScorer {
         // tokens up front (no growth during decoding).
         let prefixes: Vec<Vec<u32>> = requests.iter().map(|r| r.prefix.clone()).collect();
         let (plan, last_rows) = Plan::from_sequences(&prefixes);
-        let n_samples: usize = requests.iter().map(|r| r.n_samples).sum();
-        let capacity = plan.n_tokens() + n_samples * options.max_new_tokens;
+        let capacity = plan.n_tokens() + decode_rows(requests, options);
         let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, capacity)?;
         let (seg_nodes, mut x) = self.prefill_tree(w, &mut tree, &plan)?;
         let last_rows: Vec<usize> = last_rows
@@ -385,10 +387,69 @@ impl CudaScorer {
         let head_rows: Vec<u32> = last_rows.iter().map(|&r| r as u32).collect();
         let first = self.head_log_softmax(w, &mut x, plan.n_tokens(), &head_rows)?;
         drop(x);
-        let first: Vec<&[f32]> = first.iter().map(Vec::as_slice).collect();
         let nodes = tree.fork_samples(requests, &plan, &seg_nodes, &last_rows);
+        self.decode_samples(w, &mut tree, requests, options, &first, nodes)
+    }
+
+    fn propose_t<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        ids: &[u32],
+        tokens: &[u32],
+        choose: &mut Choose<'_>,
+        options: &SampleOptions,
+    ) -> Result<Proposal> {
+        let c = &self.config;
+        let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, ids.len())?;
+        let root = tree.root();
+        let log_probs = if ids.is_empty() {
+            Vec::new()
+        } else {
+            let mut x = self.extend_tree(w, &mut tree, &[root], &[ids.to_vec()])?;
+            self.head_token_log_probs(w, &mut x, ids.len(), tokens)?
+        };
+        let branches = choose(&log_probs);
+        let requests = batch::branch_requests(ids, &branches)?;
+        batch::check_requests("branch", &requests, options, c.vocab_size, c.n_positions)?;
+        if requests.is_empty() {
+            return Ok(Proposal {
+                log_probs,
+                branches,
+                samples: Vec::new(),
+            });
+        }
+        // One growth to the exact size (the branches' tokens and every sample's), then each
+        // branch forks the cached sequence and computes only its own token.
+        tree.reserve(&self.gpu, requests.len() + decode_rows(&requests, options))?;
+        let prefix_nodes: Vec<usize> = branches.iter().map(|b| tree.fork(root, b.at)).collect();
+        let opens: Vec<Vec<u32>> = branches.iter().map(|b| vec![b.token]).collect();
+        let mut x = self.extend_tree(w, &mut tree, &prefix_nodes, &opens)?;
+        let rows: Vec<u32> = (0..requests.len() as u32).collect();
+        let first = self.head_log_softmax(w, &mut x, requests.len(), &rows)?;
+        drop(x);
+        let nodes = tree.fork_each(&requests, &prefix_nodes);
+        let samples = self.decode_samples(w, &mut tree, &requests, options, &first, nodes)?;
+        Ok(Proposal {
+            log_probs,
+            branches,
+            samples,
+        })
+    }
+
+    /// The decoding loop of `requests` from `first` (the log-softmax after each prefix), sample
+    /// i growing node `nodes[i]` of `tree`.
+    fn decode_samples<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        tree: &mut CudaKvTree<T>,
+        requests: &[SampleRequest],
+        options: &SampleOptions,
+        first: &[Vec<f32>],
+        nodes: Vec<usize>,
+    ) -> Result<Vec<Vec<Sample>>> {
+        let first: Vec<&[f32]> = first.iter().map(Vec::as_slice).collect();
         batch::decode(requests, options, &first, nodes, |nodes, tokens, each| {
-            let mut x = self.extend_tree(w, &mut tree, nodes, tokens)?;
+            let mut x = self.extend_tree(w, tree, nodes, tokens)?;
             let rows: Vec<u32> = (0..nodes.len() as u32).collect();
             let lp = self.head_log_softmax(w, &mut x, nodes.len(), &rows)?;
             for (k, row) in lp.iter().enumerate() {
@@ -397,6 +458,11 @@ impl CudaScorer {
             Ok(())
         })
     }
+}
+
+/// Cache rows the decoding of `requests` can add: at most `max_new_tokens` per sample.
+fn decode_rows(requests: &[SampleRequest], options: &SampleOptions) -> usize {
+    requests.iter().map(|r| r.n_samples).sum::<usize>() * options.max_new_tokens
 }
 
 impl Sampler for CudaScorer {
@@ -415,10 +481,25 @@ impl Sampler for CudaScorer {
         options: &SampleOptions,
     ) -> Result<Vec<Vec<Sample>>> {
         let c = &self.config;
-        batch::check_requests(requests, options, c.vocab_size, c.n_positions)?;
+        batch::check_requests("request", requests, options, c.vocab_size, c.n_positions)?;
         match &self.weights {
             DeviceWeights::Bf16(w) => self.sample_t(w, requests, options),
             DeviceWeights::F16(w) => self.sample_t(w, requests, options),
+        }
+    }
+
+    fn propose(
+        &self,
+        ids: &[u32],
+        tokens: &[u32],
+        choose: &mut Choose<'_>,
+        options: &SampleOptions,
+    ) -> Result<Proposal> {
+        let c = &self.config;
+        batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
+        match &self.weights {
+            DeviceWeights::Bf16(w) => self.propose_t(w, ids, tokens, choose, options),
+            DeviceWeights::F16(w) => self.propose_t(w, ids, tokens, choose, options),
         }
     }
 }

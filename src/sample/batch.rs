@@ -4,7 +4,7 @@
 //! Written once, the policy (seeded stream per sample, `draw`, stop tokens, length cap, output
 //! order) cannot differ between backends.
 
-use super::{draw, sample_rng, Sample, SampleOptions, SampleRequest};
+use super::{draw, sample_rng, Branch, Sample, SampleOptions, SampleRequest};
 use crate::error::{Error, Result};
 
 /// Fails unless every id is below `vocab_size`, naming `what` and the first bad id.
@@ -37,21 +37,23 @@ pub(crate) fn check_sequence(
 }
 
 /// `sample`'s precondition: every prefix non-empty, in the vocabulary, with room for
-/// `max_new_tokens` more positions.
+/// `max_new_tokens` more positions. Errors name the request as "`what` r" (`propose` checks its
+/// branches as requests).
 pub(crate) fn check_requests(
+    what: &str,
     requests: &[SampleRequest],
     options: &SampleOptions,
     vocab_size: usize,
     n_positions: usize,
 ) -> Result<()> {
     for (r, req) in requests.iter().enumerate() {
-        check_ids(&format!("request {r}"), &req.prefix, vocab_size)?;
+        check_ids(&format!("{what} {r}"), &req.prefix, vocab_size)?;
         if req.prefix.is_empty() {
-            return Err(Error::input(format!("request {r}: empty prefix")));
+            return Err(Error::input(format!("{what} {r}: empty prefix")));
         }
         if req.prefix.len() + options.max_new_tokens > n_positions {
             return Err(Error::input(format!(
-                "request {r}: prefix of {} tokens + {} new tokens exceeds n_positions \
+                "{what} {r}: prefix of {} tokens + {} new tokens exceeds n_positions \
                  ({n_positions})",
                 req.prefix.len(),
                 options.max_new_tokens
@@ -59,6 +61,28 @@ pub(crate) fn check_requests(
         }
     }
     Ok(())
+}
+
+/// The `sample` requests equivalent to `propose`'s `branches` of `ids` (prefix `ids[..at] ++
+/// [token]`); fails on a branch past the end of `ids`. `check_requests` checks the rest.
+pub(crate) fn branch_requests(ids: &[u32], branches: &[Branch]) -> Result<Vec<SampleRequest>> {
+    branches
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            let head = ids.get(..b.at).ok_or_else(|| {
+                Error::input(format!(
+                    "branch {r}: at {} is past the end of the {}-token sequence",
+                    b.at,
+                    ids.len()
+                ))
+            })?;
+            Ok(SampleRequest {
+                prefix: [head, &[b.token]].concat(),
+                n_samples: b.n_samples,
+            })
+        })
+        .collect()
 }
 
 /// `DecodeSession::extend`'s precondition. `nodes[s]` is sequence s's node and `len(node)` its

@@ -167,6 +167,21 @@ impl<S> KvTree<S> {
             .collect()
     }
 
+    /// One node per sample of `requests` (in `batch::sample_requests` order), each a fork of the
+    /// whole of `prefix_nodes[r]`, its request's prefix.
+    pub(crate) fn fork_each(
+        &mut self,
+        requests: &[SampleRequest],
+        prefix_nodes: &[NodeId],
+    ) -> Vec<NodeId> {
+        batch::sample_requests(requests)
+            .map(|r| {
+                let node = prefix_nodes[r];
+                self.fork(node, self.len(node))
+            })
+            .collect()
+    }
+
     /// Counts the `n` rows after the cached ones as computed.
     pub(crate) fn commit(&mut self, n: usize) {
         self.rows += n;

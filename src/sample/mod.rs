@@ -5,7 +5,10 @@
 //!   vocabulary — the API-call position probabilities p_i of the paper;
 //! - `sample`: many continuations of a few prefixes (P(x) ++ x_1..x_{i-1} ++ "["), each prefix
 //!   computed once and every sample branching off its cached KV, seeded and deterministic, stopped
-//!   at a stop token ("]") or a length cap.
+//!   at a stop token ("]") or a length cap;
+//! - `propose`: both over one sequence, the branches picked from its log-probs (the driver's
+//!   positions) sampled off the KV that the log-probs were computed with, so P(x) ++ x is
+//!   computed once per document and tool.
 
 pub(crate) mod batch;
 pub mod kv_tree;
@@ -60,6 +63,29 @@ pub struct Sample {
     pub stopped: bool,
 }
 
+/// Where `Sampler::propose` draws samples: after the first `at` tokens of its sequence and then
+/// `token` (the request whose prefix is `ids[..at] ++ [token]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Branch {
+    pub at: usize,
+    pub token: u32,
+    pub n_samples: usize,
+}
+
+/// What `Sampler::propose` returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Proposal {
+    /// `token_log_probs(ids, tokens)`.
+    pub log_probs: Vec<Vec<f32>>,
+    /// The branches `choose` picked, in its order.
+    pub branches: Vec<Branch>,
+    /// `samples[r][s]`: sample s of branch r.
+    pub samples: Vec<Vec<Sample>>,
+}
+
+/// Picks the branches of `Sampler::propose` from the log-probs of its sequence.
+pub type Choose<'a> = dyn FnMut(&[Vec<f32>]) -> Vec<Branch> + 'a;
+
 /// The sampling interface of a backend.
 pub trait Sampler {
     /// `out[i][j] = log p(tokens[j] | ids[0..=i])` for every position i of `ids`.
@@ -71,6 +97,29 @@ pub trait Sampler {
         requests: &[SampleRequest],
         options: &SampleOptions,
     ) -> Result<Vec<Vec<Sample>>>;
+
+    /// Both steps over one sequence: `token_log_probs(ids, tokens)`, then `sample` of the
+    /// branches `choose` picks from those log-probs (request r: `ids[..at_r] ++ [token_r]`, drawing
+    /// from `sample_rng(seed, r, s)` as `sample` does). A KV-cached backend computes `ids` once
+    /// for both, where the two calls would prefill the branches' shared prefix again; the results
+    /// are those of the two calls up to float rounding.
+    fn propose(
+        &self,
+        ids: &[u32],
+        tokens: &[u32],
+        choose: &mut Choose<'_>,
+        options: &SampleOptions,
+    ) -> Result<Proposal> {
+        let log_probs = self.token_log_probs(ids, tokens)?;
+        let branches = choose(&log_probs);
+        let requests = batch::branch_requests(ids, &branches)?;
+        let samples = self.sample(&requests, options)?;
+        Ok(Proposal {
+            log_probs,
+            branches,
+            samples,
+        })
+    }
 }
 
 /// The random stream of sample `s` of request `r`: independent of batching and backend.
