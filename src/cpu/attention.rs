@@ -83,7 +83,7 @@ fn segment_attention(
             }
             srow[visible..].fill(0.0);
         }
-        matmul(&scores, &v, &mut o, [len, head_dim, n_ctx], false);
+        matmul(&scores, &v, &mut o, [len, head_dim, n_ctx], false, false);
         for i in 0..len {
             out[i * d + col..][..head_dim].copy_from_slice(&o[i * head_dim..(i + 1) * head_dim]);
         }

@@ -92,7 +92,7 @@ impl CpuScorer {
             .zip(x.par_chunks(d))
             .for_each(|(o, x)| ops::layer_norm_row(x, &self.weights.ln_f, eps, o));
         let mut logits = vec![0f32; rows * vocab];
-        matmul_wt(
+        matmul(
             &h,
             &self.weights.lm_head,
             &mut logits,
@@ -179,7 +179,7 @@ fn cached_attention(
                     }
                     srow[visible..].fill(0.0);
                 }
-                matmul(&scores, &vh, &mut o, [n_new, head_dim, n_ctx], false);
+                matmul(&scores, &vh, &mut o, [n_new, head_dim, n_ctx], false, false);
                 for a in 0..n_new {
                     out[a * d + col..][..head_dim]
                         .copy_from_slice(&o[a * head_dim..(a + 1) * head_dim]);

@@ -45,8 +45,16 @@ pub fn matmul_wt(
     }
 }
 
-/// `out[m, n] = a[m, k] @ b[k, n]` (both row-major).
-pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], [m, n, k]: [usize; 3], parallel: bool) {
+/// `out[m, n] (+)= a[m, k] @ b[k, n]`, both row-major: the engine's linear layers (weights stored
+/// [in, out], cpu/weights.rs). With `accumulate`, adds into `out`; otherwise overwrites it.
+pub fn matmul(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    [m, n, k]: [usize; 3],
+    accumulate: bool,
+    parallel: bool,
+) {
     assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
     if m == 0 || n == 0 {
         return;
@@ -60,14 +68,14 @@ pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], [m, n, k]: [usize; 3], para
             out.as_mut_ptr(),
             1,
             n as isize,
-            false,
+            accumulate,
             a.as_ptr(),
             1,
             k as isize,
             b.as_ptr(),
             1,
             n as isize,
-            0.0,
+            if accumulate { 1.0 } else { 0.0 },
             1.0,
             false,
             false,
@@ -92,11 +100,11 @@ pub fn measure_peak_gflops(n: usize, reps: usize) -> f64 {
     let a: Vec<f32> = (0..n * n).map(|_| rng.normal()).collect();
     let b: Vec<f32> = (0..n * n).map(|_| rng.normal()).collect();
     let mut c = vec![0f32; n * n];
-    matmul_wt(&a, &b, &mut c, [n, n, n], false, true); // warm-up
+    matmul(&a, &b, &mut c, [n, n, n], false, true); // warm-up
     let mut times: Vec<f64> = (0..reps.max(1))
         .map(|_| {
             let t = std::time::Instant::now();
-            matmul_wt(&a, &b, &mut c, [n, n, n], false, true);
+            matmul(&a, &b, &mut c, [n, n, n], false, true);
             t.elapsed().as_secs_f64()
         })
         .collect();
@@ -109,7 +117,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn matmul_wt_matches_naive() {
+    fn both_layouts_match_naive() {
         let (m, n, k) = (7, 33, 19);
         let mut rng = crate::util::rng::Rng::new(1);
         let a: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
@@ -123,11 +131,18 @@ mod tests {
             }
         }
         let b: Vec<f32> = (0..k * n).map(|_| rng.normal()).collect();
-        matmul(&a, &b, &mut out, [m, n, k], false);
+        matmul(&a, &b, &mut out, [m, n, k], false, true);
+        let product = |i: usize, j: usize| (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum::<f32>();
         for i in 0..m {
             for j in 0..n {
-                let want: f32 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
-                assert!((out[i * n + j] - want).abs() < 1e-4);
+                assert!((out[i * n + j] - product(i, j)).abs() < 1e-4);
+            }
+        }
+        // Accumulating adds the product once more.
+        matmul(&a, &b, &mut out, [m, n, k], true, false);
+        for i in 0..m {
+            for j in 0..n {
+                assert!((out[i * n + j] - 2.0 * product(i, j)).abs() < 1e-4);
             }
         }
     }

@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::gemm::matmul_wt;
+use super::gemm::matmul;
 use super::ops::layer_norm_row;
 use super::weights::CpuWeights;
 use crate::plan::Plan;
@@ -36,7 +36,7 @@ pub fn head_log_probs(
             .for_each(|(h, &r)| {
                 layer_norm_row(&x[r as usize * d..][..d], &w.ln_f, eps, h);
             });
-        matmul_wt(&hidden, &w.lm_head, &mut logits, [m, vocab, d], false, true);
+        matmul(&hidden, &w.lm_head, &mut logits, [m, vocab, d], false, true);
         let lse: Vec<f64> = logits[..m * vocab]
             .par_chunks(vocab)
             .map(|row| log_sum_exp_biased(row, &w.lm_head_b))

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::gemm::matmul_wt;
+use super::gemm::matmul;
 use super::{ops, CpuScorer, RunStats};
 
 impl CpuScorer {
@@ -32,20 +32,20 @@ impl CpuScorer {
         for (l, block) in self.weights.h.iter().enumerate() {
             ops::layer_norm(&x, &block.ln_1, eps, d, &mut h);
             let t = Instant::now();
-            matmul_wt(&h, &block.qkv, &mut qkv, [n, 3 * d, d], false, true);
+            matmul(&h, &block.qkv, &mut qkv, [n, 3 * d, d], false, true);
             stats.trunk_gemm_secs += t.elapsed().as_secs_f64();
             ops::rotary_qk(&mut qkv, positions, &self.rotary, n_head, head_dim);
             let t = Instant::now();
             attend(l, &qkv, &mut ctx);
             stats.attention_secs += t.elapsed().as_secs_f64();
             let t = Instant::now();
-            matmul_wt(&h, &block.fc_in, &mut mlp, [n, f, d], false, true);
+            matmul(&h, &block.fc_in, &mut mlp, [n, f, d], false, true);
             stats.trunk_gemm_secs += t.elapsed().as_secs_f64();
             ops::bias_gelu_new(&mut mlp, &block.fc_in_b);
             // Parallel residual: x += out_proj(ctx) + fc_out(mlp) + b, accumulated in place.
             let t = Instant::now();
-            matmul_wt(&ctx, &block.out_proj, &mut x, [n, d, d], true, true);
-            matmul_wt(&mlp, &block.fc_out, &mut x, [n, d, f], true, true);
+            matmul(&ctx, &block.out_proj, &mut x, [n, d, d], true, true);
+            matmul(&mlp, &block.fc_out, &mut x, [n, d, f], true, true);
             stats.trunk_gemm_secs += t.elapsed().as_secs_f64();
             ops::add_bias(&mut x, &block.fc_out_b);
         }
