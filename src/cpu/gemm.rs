@@ -1,10 +1,12 @@
 //! Matrix products through the `gemm` crate (the one candle uses): runtime-dispatched AVX2/AVX-512
-//! microkernels, rayon-parallel, arbitrary strides, so PyTorch-layout weights ([out, in]) are used
-//! in place as the transposed right-hand side without copying.
+//! microkernels, rayon-parallel, arbitrary strides. The weights are stored [in, out]
+//! (cpu/weights.rs) and multiplied row-major (`matmul`): the crate packs a transposed right-hand
+//! side on every call, which at 25-64 rows costs as much as the product. `matmul_wt` (a times b
+//! transposed) is for attention's q K^T, whose K is gathered per call anyway.
 
 use gemm::Parallelism;
 
-/// `out[m, n] (+)= a[m, k] @ w[n, k]^T`: a linear layer with PyTorch's weight layout.
+/// `out[m, n] (+)= a[m, k] @ w[n, k]^T`.
 /// With `accumulate`, adds into `out`; otherwise overwrites it.
 pub fn matmul_wt(
     a: &[f32],
