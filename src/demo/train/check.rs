@@ -1,0 +1,130 @@
+//! The proof that the trained model is the engine's: the written folder, loaded by
+//! `Model::load` and run by the f64 oracle, gives candle's log-probs.
+
+use std::path::Path;
+
+use anyhow::{ensure, Result};
+use serde::Serialize;
+
+use super::{encode_pieces, TrainModel, TrainOptions};
+
+/// The reference check's result: candle's log-probs against the f64 oracle's.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReferenceCheck {
+    pub sequences: usize,
+    /// Positions compared, each over all vocab_size ids.
+    pub positions: usize,
+    /// max |log p candle - log p f64| over every position and id.
+    pub max_abs_diff: f64,
+    /// Where it is: (sequence, position, id) and the f64 log p there.
+    pub worst: (usize, usize, u32),
+    pub worst_log_p: f64,
+    /// The same maximum over the entries with an f64 log p >= -20 (the ids a sampler can draw):
+    /// f32 rounding grows with |log p|, so the improbable ids carry the largest differences.
+    pub max_abs_diff_likely: f64,
+    /// For scale: max |log p - log p f64| of toolsift's own f32 CPU engine (`cpu::CpuScorer`) on
+    /// the same folder and sequences, and max |log p candle - log p engine|.
+    pub engine_vs_reference: f64,
+    pub candle_vs_engine: f64,
+}
+
+impl ReferenceCheck {
+    /// The gate: candle within 1e-4 of the f64 reference, or (a longer-trained model's larger
+    /// logits carry larger f32 rounding) no farther from it than twice toolsift's own f32 engine
+    /// is. A different architecture is off by orders of magnitude more (0.1 and up).
+    pub fn passes(&self) -> bool {
+        self.max_abs_diff <= 1e-4 || self.max_abs_diff <= 2.0 * self.engine_vs_reference
+    }
+
+    /// One line for the log.
+    pub fn describe(&self, vocab_size: usize) -> String {
+        format!(
+            "reference check: {} sequences ({} positions x {vocab_size} ids): max |log p candle - \
+             log p f64| = {:.3e} (at sequence {} position {} id {}, log p {:.2}); {:.3e} where log p >= \
+             -20; toolsift's f32 CPU engine vs f64: {:.3e}, candle vs the engine: {:.3e}",
+            self.sequences,
+            self.positions,
+            self.max_abs_diff,
+            self.worst.0,
+            self.worst.1,
+            self.worst.2,
+            self.worst_log_p,
+            self.max_abs_diff_likely,
+            self.engine_vs_reference,
+            self.candle_vs_engine
+        )
+    }
+}
+
+/// Loads `dir` with `Model::load` and compares the f64 reference's log-probs with this model's
+/// candle forward, at every position of `seqs` and over every id.
+pub fn check_against_reference(
+    dir: &Path,
+    model: &TrainModel,
+    seqs: &[Vec<u32>],
+) -> Result<ReferenceCheck> {
+    let loaded = crate::Model::load(dir)?;
+    ensure!(
+        &loaded.config == model.config(),
+        "config.json reads back as {:?}, trained {:?}",
+        loaded.config,
+        model.config()
+    );
+    let reference = crate::reference::ReferenceModel::new(&loaded.config, &loaded.weights);
+    let engine = crate::cpu::CpuScorer::new(&loaded);
+    let all_ids: Vec<u32> = (0..loaded.config.vocab_size as u32).collect();
+    let mut check = ReferenceCheck {
+        sequences: seqs.len(),
+        positions: 0,
+        max_abs_diff: 0.0,
+        worst: (0, 0, 0),
+        worst_log_p: 0.0,
+        max_abs_diff_likely: 0.0,
+        engine_vs_reference: 0.0,
+        candle_vs_engine: 0.0,
+    };
+    for (k, s) in seqs.iter().enumerate() {
+        let r = reference.log_softmax(s);
+        let c = model.log_softmax(s)?;
+        let e = crate::sample::Sampler::token_log_probs(&engine, s, &all_ids)?;
+        for (i, (row, erow)) in c.iter().zip(&e).enumerate() {
+            for ((a, b), x) in row.iter().zip(r.row(i)).zip(erow) {
+                let (a, x) = (*a as f64, *x as f64);
+                check.engine_vs_reference = check.engine_vs_reference.max((x - b).abs());
+                check.candle_vs_engine = check.candle_vs_engine.max((a - x).abs());
+            }
+            for (id, (a, b)) in row.iter().zip(r.row(i)).enumerate() {
+                let d = (*a as f64 - b).abs();
+                // NaN counts as the worst difference.
+                if d.is_nan() || d > check.max_abs_diff {
+                    check.max_abs_diff = if d.is_nan() { f64::INFINITY } else { d };
+                    check.worst = (k, i, id as u32);
+                    check.worst_log_p = *b;
+                }
+                if *b >= -20.0 {
+                    check.max_abs_diff_likely = check.max_abs_diff_likely.max(d);
+                }
+            }
+        }
+        check.positions += s.len();
+    }
+    Ok(check)
+}
+
+/// Checks an existing model folder (one `train-demo` wrote, or any GPT-J folder with a
+/// tokenizer) the way `run` checks what it trained: the first `o.check_sequences` training
+/// sequences of `o.data_seed`, tokenized by the folder's tokenizer, through candle and the f64
+/// reference.
+pub fn check_folder(dir: &Path, o: &TrainOptions) -> Result<ReferenceCheck> {
+    let loaded = crate::Model::load(dir)?;
+    let tok = loaded.tokenizer()?;
+    let model = TrainModel::from_weights(&loaded.config, &loaded.weights)?;
+    let mut seqs = Vec::new();
+    for p in crate::demo::corpus::training_sequences(o.data_seed, o.check_sequences.max(1)) {
+        let mut ids = encode_pieces(tok, &p)?;
+        ids.truncate(loaded.config.n_positions);
+        seqs.push(ids);
+    }
+    seqs.truncate(o.check_sequences.max(1));
+    check_against_reference(dir, &model, &seqs)
+}

@@ -1,0 +1,80 @@
+//! Batches: padded id tensors with their predicting rows and targets, and the epoch order
+//! (length buckets, seeded shuffles).
+
+use anyhow::{ensure, Result};
+use candle_core::{Device, Tensor};
+
+use crate::util::rng::Rng;
+
+/// One padded batch: ids [B, T] (u32, right-padded), the flat rows that predict and their targets.
+pub struct Batch {
+    pub ids: Tensor,
+    /// Flat indices into [B * T] of the positions that have a next token: [M] u32.
+    pub rows: Tensor,
+    /// The next token of each of those positions: [M] u32.
+    pub targets: Tensor,
+    pub tokens: usize,
+    pub padded_len: usize,
+}
+
+impl Batch {
+    /// Sequences `seqs[i]` for i in `idx`, inputs `s[..n-1]`, targets `s[1..]`, padded with `pad`.
+    pub fn new(seqs: &[Vec<u32>], idx: &[usize], pad: u32) -> Result<Self> {
+        let t = idx.iter().map(|&i| seqs[i].len() - 1).max().unwrap_or(0);
+        ensure!(t > 0, "a batch needs sequences of at least 2 tokens");
+        let mut ids = Vec::with_capacity(idx.len() * t);
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        for (r, &i) in idx.iter().enumerate() {
+            let s = &seqs[i];
+            let n = s.len() - 1;
+            ids.extend_from_slice(&s[..n]);
+            ids.extend(std::iter::repeat_n(pad, t - n));
+            rows.extend((0..n).map(|p| (r * t + p) as u32));
+            targets.extend_from_slice(&s[1..]);
+        }
+        let m = rows.len();
+        Ok(Batch {
+            ids: Tensor::from_vec(ids, (idx.len(), t), &Device::Cpu)?,
+            rows: Tensor::from_vec(rows, m, &Device::Cpu)?,
+            targets: Tensor::from_vec(targets, m, &Device::Cpu)?,
+            tokens: m,
+            padded_len: t,
+        })
+    }
+}
+
+fn shuffle<T>(v: &mut [T], rng: &mut Rng) {
+    for i in (1..v.len()).rev() {
+        v.swap(i, rng.range(0, i));
+    }
+}
+
+/// One epoch's batches: shuffle, cut into buckets of `batch * bucket_batches`, sort each bucket by
+/// length (stable) and cut it into batches, shuffle the batches.
+pub fn epoch_batches(
+    lens: &[usize],
+    batch: usize,
+    bucket_batches: usize,
+    rng: &mut Rng,
+) -> Vec<Vec<usize>> {
+    let mut idx: Vec<usize> = (0..lens.len()).collect();
+    shuffle(&mut idx, rng);
+    let mut batches = Vec::new();
+    for bucket in idx.chunks(batch * bucket_batches.max(1)) {
+        let mut bucket = bucket.to_vec();
+        bucket.sort_by_key(|&i| lens[i]);
+        batches.extend(bucket.chunks(batch).map(<[usize]>::to_vec));
+    }
+    shuffle(&mut batches, rng);
+    batches
+}
+
+/// Pieces tokenized separately (no special tokens) and concatenated.
+pub fn encode_pieces(tok: &crate::model::Tokenizer, pieces: &[String]) -> Result<Vec<u32>> {
+    let mut ids = Vec::new();
+    for p in pieces {
+        ids.extend(tok.encode_ids(p)?);
+    }
+    Ok(ids)
+}

@@ -1,0 +1,693 @@
+//! Trains the demo model: a small GPT-J (exactly transformers' `GPTJForCausalLM`, the architecture
+//! toolsift runs) with candle's autograd on the CPU, and the byte-level BPE tokenizer it reads.
+//!
+//! Everything that decides the result comes from one seed and toolsift's own SplitMix64
+//! (`util::rng::Rng`): the corpus, the initial weights, the shuffling and batching. candle's CPU
+//! kernels and the ops of `fused` are deterministic (one row per task, fixed reduction order), so
+//! a seed reproduces the losses bit for bit, whatever the thread count.
+//!
+//! Every op is differentiable: candle's matmul, index_select, reshapes and adds, and five custom
+//! ops with explicit backward passes (`fused`: LayerNorm, bias + gelu_new, causal softmax, rotary,
+//! cross-entropy), since candle_nn's `layer_norm`, `softmax_last_dim` and `rope_i` are forward-only
+//! and the same math from primitives is slow under autograd. The test `fused_ops_match_primitives`
+//! checks them against the primitive versions; `check_against_reference` proves after training that
+//! the forward is the engine's: the written folder, loaded by `Model::load` and run by the f64
+//! oracle (`crate::reference`), gives the same log-probs. docs/demo-model.md has the recipe.
+//!
+//! The math, as `crate::reference`: embedding; per layer `h = ln_1(x)`, `x = x + attn(h) + mlp(h)`;
+//! "rotate every two" rotary on the first `rotary_dim` dims of each head (base 10000); causal
+//! softmax attention scaled by 1/sqrt(head_dim), no biases; `gelu_new` MLP with biases; `ln_f`;
+//! `lm_head` with bias (untied).
+//!
+//! Modules: `tokenizer` (the BPE), `fused` (the custom ops), `model` (the parameters, their
+//! initialisation and the forward), `data` (batches, epoch order), `step` (AdamW, one step),
+//! `check` (the f64 reference check); here the options, the report and `run`.
+
+mod check;
+mod data;
+mod fused;
+mod model;
+mod step;
+mod tokenizer;
+
+pub use check::{check_against_reference, check_folder, ReferenceCheck};
+pub use data::{encode_pieces, epoch_batches, Batch};
+pub use model::TrainModel;
+pub use step::{train_step, Optim, PhaseTimes};
+pub use tokenizer::{check_tokenizer, train_tokenizer};
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use serde::Serialize;
+
+use crate::model::checkpoint::write_safetensors;
+use crate::model::GptjConfig;
+use crate::util::rng::Rng;
+
+/// The one special token: end of text, also the padding id (padding is never a target).
+pub const EOT: &str = "<|endoftext|>";
+
+/// Everything a training run depends on. `Default` is the demo model's recipe.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainOptions {
+    /// Seed of the weights and of the batch order.
+    pub seed: u64,
+    /// Seed of the corpus generator (`corpus::training_sequences`).
+    pub data_seed: u64,
+    /// Documents asked of the corpus generator.
+    pub docs: usize,
+    pub steps: usize,
+    pub batch: usize,
+    /// Peak learning rate (AdamW), reached after `warmup` steps, then cosine decay to
+    /// `final_lr_frac * lr` at the last step.
+    pub lr: f64,
+    pub warmup: usize,
+    pub final_lr_frac: f64,
+    /// Decoupled weight decay on matrices and embeddings (not on biases and LayerNorms).
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub adam_eps: f64,
+    /// Clip the global gradient norm to this (0 = no clipping).
+    pub grad_clip: f64,
+    /// Tokenizer size asked of the BPE trainer, `<|endoftext|>` included.
+    pub vocab_size: usize,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub rotary_dim: usize,
+    pub n_positions: usize,
+    /// Documents per bucket of the batcher are `batch * bucket_batches`: a bucket is sorted by
+    /// length and cut into batches, so a batch pads little.
+    pub bucket_batches: usize,
+    pub log_every: usize,
+    /// Training sequences checked against the f64 reference after training.
+    pub check_sequences: usize,
+    /// Threads of candle's GEMMs (recorded; the binary sets them before anything runs).
+    pub threads: usize,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            seed: 1,
+            data_seed: 1,
+            docs: 20_000,
+            steps: 3000,
+            batch: 32,
+            lr: 3e-3,
+            warmup: 100,
+            final_lr_frac: 0.1,
+            weight_decay: 0.01,
+            beta1: 0.9,
+            beta2: 0.98,
+            adam_eps: 1e-8,
+            grad_clip: 1.0,
+            vocab_size: 512,
+            n_layer: 4,
+            n_embd: 128,
+            n_head: 4,
+            rotary_dim: 16,
+            n_positions: 256,
+            bucket_batches: 50,
+            log_every: 50,
+            check_sequences: 4,
+            threads: 1,
+        }
+    }
+}
+
+impl TrainOptions {
+    /// The model's config for a tokenizer of `tokenizer_size` ids (the vocabulary is padded to a
+    /// multiple of 8; the extra rows are never targets).
+    pub fn gptj_config(&self, tokenizer_size: usize) -> GptjConfig {
+        GptjConfig {
+            vocab_size: tokenizer_size.div_ceil(8) * 8,
+            n_positions: self.n_positions,
+            n_embd: self.n_embd,
+            n_layer: self.n_layer,
+            n_head: self.n_head,
+            rotary_dim: Some(self.rotary_dim),
+            n_inner: None,
+            activation_function: "gelu_new".into(),
+            layer_norm_epsilon: 1e-5,
+            tie_word_embeddings: false,
+            model_type: Some("gptj".into()),
+        }
+    }
+
+    /// Learning rate of step `step` (0-based): linear warmup, then cosine to `final_lr_frac`.
+    pub fn lr_at(&self, step: usize) -> f64 {
+        if step < self.warmup {
+            return self.lr * (step + 1) as f64 / self.warmup as f64;
+        }
+        let span = self.steps.saturating_sub(self.warmup).max(1) as f64;
+        let p = ((step - self.warmup) as f64 / span).min(1.0);
+        let floor = self.lr * self.final_lr_frac;
+        floor + (self.lr - floor) * 0.5 * (1.0 + (std::f64::consts::PI * p).cos())
+    }
+}
+
+/// One logged point of training.
+#[derive(Debug, Clone, Serialize)]
+pub struct LogEntry {
+    /// Steps done (1-based).
+    pub step: usize,
+    /// Mean loss of the steps since the previous entry.
+    pub loss: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+    /// Mean wall seconds per step since the previous entry, and by phase.
+    pub step_s: f64,
+    pub phases: PhaseTimes,
+    /// Mean padded length and real tokens per batch since the previous entry.
+    pub padded_len: f64,
+    pub tokens: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DataStats {
+    pub docs: usize,
+    pub sequences: usize,
+    pub dropped_short: usize,
+    pub truncated: usize,
+    pub tokens: usize,
+    pub mean_len: f64,
+    pub max_len: usize,
+    pub tokenizer_size: usize,
+    pub eot_id: u32,
+}
+
+/// training.json: what was run and what came out.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainReport {
+    pub command: String,
+    pub seed: u64,
+    pub steps: usize,
+    pub threads: usize,
+    pub options: TrainOptions,
+    pub config: GptjConfig,
+    pub n_params: usize,
+    pub data: DataStats,
+    pub losses: Vec<LogEntry>,
+    /// The loss of every step, in order (for determinism checks).
+    pub step_losses: Vec<f32>,
+    pub tokenizer_s: f64,
+    pub train_s: f64,
+    pub mean_step_s: f64,
+    pub wall_s: f64,
+    /// candle against the f64 reference on the written folder.
+    pub reference: ReferenceCheck,
+}
+
+/// Writes config.json in Hugging Face's GPTJConfig format (the keys of the tiny fixture).
+pub fn write_config(dir: &Path, c: &GptjConfig, eot: u32) -> Result<()> {
+    let v = serde_json::json!({
+        "activation_function": c.activation_function,
+        "architectures": ["GPTJForCausalLM"],
+        "attn_pdrop": 0.0,
+        "bos_token_id": eot,
+        "embd_pdrop": 0.0,
+        "eos_token_id": eot,
+        "initializer_range": 0.02,
+        "layer_norm_epsilon": c.layer_norm_epsilon,
+        "model_type": "gptj",
+        "n_embd": c.n_embd,
+        "n_head": c.n_head,
+        "n_inner": c.n_inner,
+        "n_layer": c.n_layer,
+        "n_positions": c.n_positions,
+        "pad_token_id": eot,
+        "resid_pdrop": 0.0,
+        "rotary_dim": c.rotary_dim,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "torch_dtype": "float32",
+        "use_cache": true,
+        "vocab_size": c.vocab_size,
+    });
+    let path = dir.join("config.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&v)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Everything the binary does: data, tokenizer, training, the folder, the reference check.
+/// `log` receives the progress lines.
+pub fn run(
+    out: &Path,
+    o: &TrainOptions,
+    command: &str,
+    log: &mut dyn FnMut(&str),
+) -> Result<TrainReport> {
+    let wall = Instant::now();
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+
+    // Corpus and tokenizer.
+    let t = Instant::now();
+    let pieces = crate::demo::corpus::training_sequences(o.data_seed, o.docs);
+    let texts = crate::demo::corpus::tokenizer_texts(o.data_seed, o.docs);
+    let tok = train_tokenizer(&texts, o.vocab_size)?;
+    let tok_path = out.join("tokenizer.json");
+    tok.save(&tok_path, true)
+        .map_err(|e| anyhow!("writing {}: {e}", tok_path.display()))?;
+    let tok = crate::model::Tokenizer::from_file(&tok_path)?;
+    let eot = check_tokenizer(&tok, &texts)?;
+    let tokenizer_size = tok.vocab_size();
+    let mut seqs = Vec::with_capacity(pieces.len());
+    let (mut dropped_short, mut truncated) = (0, 0);
+    for p in &pieces {
+        let mut ids = encode_pieces(&tok, p)?;
+        if ids.len() > o.n_positions {
+            ids.truncate(o.n_positions);
+            truncated += 1;
+        }
+        if ids.len() < 2 {
+            dropped_short += 1;
+            continue;
+        }
+        seqs.push(ids);
+    }
+    ensure!(!seqs.is_empty(), "no training sequence of 2 tokens or more");
+    let tokenizer_s = t.elapsed().as_secs_f64();
+    let lens: Vec<usize> = seqs.iter().map(Vec::len).collect();
+    let n_tokens: usize = lens.iter().sum();
+    let data = DataStats {
+        docs: o.docs,
+        sequences: seqs.len(),
+        dropped_short,
+        truncated,
+        tokens: n_tokens,
+        mean_len: n_tokens as f64 / seqs.len() as f64,
+        max_len: lens.iter().copied().max().unwrap_or(0),
+        tokenizer_size,
+        eot_id: eot,
+    };
+    log(&format!(
+        "data: {} sequences, {} tokens (mean {:.1}, max {}), {} truncated to {}, {} dropped; \
+         tokenizer {} ids, {EOT} = {eot}; {:.1}s",
+        data.sequences,
+        data.tokens,
+        data.mean_len,
+        data.max_len,
+        truncated,
+        o.n_positions,
+        dropped_short,
+        tokenizer_size,
+        tokenizer_s
+    ));
+
+    // Model.
+    let config = o.gptj_config(tokenizer_size);
+    let model = TrainModel::init(&config, o.seed)?;
+    let mut optim = Optim::new(&model, o)?;
+    log(&format!(
+        "model: n_layer {} n_embd {} n_head {} rotary_dim {} vocab {} n_positions {}: {} parameters; \
+         {} steps of batch {}, lr {} (warmup {}), {} threads",
+        config.n_layer,
+        config.n_embd,
+        config.n_head,
+        config.rotary_dim(),
+        config.vocab_size,
+        config.n_positions,
+        config.n_params(),
+        o.steps,
+        o.batch,
+        o.lr,
+        o.warmup,
+        o.threads
+    ));
+
+    // Training.
+    let train_start = Instant::now();
+    let mut rng = Rng::new(o.seed ^ 0x5EED_BA7C_0000_0001);
+    let mut batches = Vec::new().into_iter();
+    let mut epoch = 0;
+    let mut losses = Vec::new();
+    let mut step_losses = Vec::with_capacity(o.steps);
+    let (mut win_loss, mut win_n, mut win_len, mut win_tok) = (0f64, 0usize, 0f64, 0f64);
+    let mut win_times = PhaseTimes::default();
+    let mut win_start = Instant::now();
+    for step in 0..o.steps {
+        let t_batch = Instant::now();
+        let idx = match batches.next() {
+            Some(b) => b,
+            None => {
+                epoch += 1;
+                batches = epoch_batches(&lens, o.batch, o.bucket_batches, &mut rng).into_iter();
+                batches.next().expect("at least one batch")
+            }
+        };
+        let batch = Batch::new(&seqs, &idx, eot)?;
+        let batch_s = t_batch.elapsed().as_secs_f64();
+        let lr = o.lr_at(step);
+        let (loss, norm, mut times) = train_step(&model, &mut optim, &batch, lr)
+            .with_context(|| format!("step {}", step + 1))?;
+        times.batch = batch_s;
+        step_losses.push(loss);
+        win_loss += loss as f64;
+        win_n += 1;
+        win_len += batch.padded_len as f64;
+        win_tok += batch.tokens as f64;
+        win_times.add(&times);
+        if (step + 1) % o.log_every.max(1) == 0 || step + 1 == o.steps {
+            let k = 1.0 / win_n as f64;
+            let entry = LogEntry {
+                step: step + 1,
+                loss: win_loss * k,
+                lr,
+                grad_norm: norm,
+                step_s: win_start.elapsed().as_secs_f64() * k,
+                phases: win_times.scaled(k),
+                padded_len: win_len * k,
+                tokens: win_tok * k,
+            };
+            log(&format!(
+                "step {:>5}/{} epoch {epoch} loss {:.4} lr {:.2e} |g| {:.3} {:.3}s/step \
+                 (fwd {:.3} bwd {:.3} opt {:.3}) T {:.0} tok {:.0} elapsed {:.0}s",
+                entry.step,
+                o.steps,
+                entry.loss,
+                entry.lr,
+                entry.grad_norm,
+                entry.step_s,
+                entry.phases.forward,
+                entry.phases.backward,
+                entry.phases.optimizer,
+                entry.padded_len,
+                entry.tokens,
+                train_start.elapsed().as_secs_f64()
+            ));
+            losses.push(entry);
+            (win_loss, win_n, win_len, win_tok) = (0.0, 0, 0.0, 0.0);
+            win_times = PhaseTimes::default();
+            win_start = Instant::now();
+        }
+    }
+    let train_s = train_start.elapsed().as_secs_f64();
+
+    // The folder, then the proof that the engine computes what was trained.
+    write_config(out, &config, eot)?;
+    write_safetensors(&out.join("model.safetensors"), &model.named_tensors()?)?;
+    let check: Vec<Vec<u32>> = seqs.iter().take(o.check_sequences).cloned().collect();
+    let reference = check_against_reference(out, &model, &check)?;
+    log(&reference.describe(config.vocab_size));
+    let max_diff = reference.max_abs_diff;
+    let report = TrainReport {
+        command: command.to_owned(),
+        seed: o.seed,
+        steps: o.steps,
+        threads: o.threads,
+        options: o.clone(),
+        n_params: config.n_params(),
+        config,
+        data,
+        losses,
+        step_losses,
+        tokenizer_s,
+        train_s,
+        mean_step_s: train_s / o.steps.max(1) as f64,
+        wall_s: wall.elapsed().as_secs_f64(),
+        reference,
+    };
+    let path = out.join("training.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    if !report.reference.passes() {
+        bail!(
+            "the trained model and toolsift's reference disagree: max |log p difference| = \
+             {max_diff:e} > 1e-4 and > twice the engine's own f32 error ({:e})",
+            report.reference.engine_vs_reference
+        );
+    }
+    Ok(report)
+}
+
+/// Times `steps` training steps on random ids [batch, len] at the given sizes (no corpus, no
+/// output): the mean phase times over the steps after the first.
+pub fn profile(o: &TrainOptions, len: usize, steps: usize) -> Result<PhaseTimes> {
+    let config = o.gptj_config(o.vocab_size);
+    let model = TrainModel::init(&config, o.seed)?;
+    let mut optim = Optim::new(&model, o)?;
+    let mut rng = Rng::new(o.seed);
+    let seqs: Vec<Vec<u32>> = (0..o.batch)
+        .map(|_| {
+            (0..len + 1)
+                .map(|_| rng.range(0, o.vocab_size - 2) as u32)
+                .collect()
+        })
+        .collect();
+    let idx: Vec<usize> = (0..o.batch).collect();
+    let mut total = PhaseTimes::default();
+    for step in 0..steps.max(1) + 1 {
+        let t = Instant::now();
+        let batch = Batch::new(&seqs, &idx, 0)?;
+        let batch_s = t.elapsed().as_secs_f64();
+        let (_, _, mut times) = train_step(&model, &mut optim, &batch, o.lr)?;
+        times.batch = batch_s;
+        if step > 0 {
+            total.add(&times);
+        }
+    }
+    Ok(total.scaled(1.0 / steps.max(1) as f64))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use candle_core::{Device, Tensor, Var, D};
+
+    use super::model::log_softmax_last_dim;
+    use super::*;
+    use crate::cpu::ops::RotaryTable;
+
+    fn random(shape: &[usize], rng: &mut Rng, scale: f32) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.normal() * scale).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    /// max |a - b| over two tensors of the same shape.
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
+    }
+
+    /// The value and the gradients (w.r.t. `inputs`) of sum(f(inputs) * probe).
+    fn value_and_grads(
+        inputs: &[Tensor],
+        probe: &Tensor,
+        f: impl Fn(&[Tensor]) -> Tensor,
+    ) -> (Tensor, Vec<Tensor>) {
+        let vars: Vec<Var> = inputs
+            .iter()
+            .map(|t| Var::from_tensor(t).unwrap())
+            .collect();
+        let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        let out = f(&ts);
+        let loss = (&out * probe).unwrap().sum_all().unwrap();
+        let grads = loss.backward().unwrap();
+        let g = vars.iter().map(|v| grads.get(v).unwrap().clone()).collect();
+        (out, g)
+    }
+
+    /// Each fused op against the same math from candle primitives (candle's own autograd):
+    /// forward values and the gradients of every input.
+    #[test]
+    fn fused_ops_match_primitives() {
+        let mut rng = Rng::new(3);
+        let check = |name: &str,
+                     inputs: &[Tensor],
+                     fused: &dyn Fn(&[Tensor]) -> Tensor,
+                     prim: &dyn Fn(&[Tensor]) -> Tensor,
+                     rng: &mut Rng| {
+            let out_shape = prim(inputs).dims().to_vec();
+            let probe = random(&out_shape, rng, 1.0);
+            let (a, ga) = value_and_grads(inputs, &probe, fused);
+            let (b, gb) = value_and_grads(inputs, &probe, prim);
+            let d = max_diff(&a, &b);
+            assert!(d < 1e-5, "{name}: forward differs by {d}");
+            for (i, (x, y)) in ga.iter().zip(&gb).enumerate() {
+                let d = max_diff(x, y);
+                assert!(d < 1e-4, "{name}: gradient of input {i} differs by {d}");
+            }
+        };
+
+        // LayerNorm.
+        let ln = [
+            random(&[6, 16], &mut rng, 2.0),
+            random(&[16], &mut rng, 1.0),
+            random(&[16], &mut rng, 1.0),
+        ];
+        check(
+            "layer norm",
+            &ln,
+            &|t| {
+                t[0].apply_op3(&t[1], &t[2], fused::LayerNorm { eps: 1e-5 })
+                    .unwrap()
+            },
+            &|t| {
+                let mean = t[0].mean_keepdim(1).unwrap();
+                let xc = t[0].broadcast_sub(&mean).unwrap();
+                let var = xc.sqr().unwrap().mean_keepdim(1).unwrap();
+                let xn = xc
+                    .broadcast_div(&(var + 1e-5).unwrap().sqrt().unwrap())
+                    .unwrap();
+                xn.broadcast_mul(&t[1])
+                    .unwrap()
+                    .broadcast_add(&t[2])
+                    .unwrap()
+            },
+            &mut rng,
+        );
+
+        // Bias + gelu_new (candle's `gelu` is the tanh approximation).
+        let gelu = [
+            random(&[5, 24], &mut rng, 2.0),
+            random(&[24], &mut rng, 1.0),
+        ];
+        check(
+            "bias gelu",
+            &gelu,
+            &|t| t[0].apply_op2(&t[1], fused::BiasGelu).unwrap(),
+            &|t| t[0].broadcast_add(&t[1]).unwrap().gelu().unwrap(),
+            &mut rng,
+        );
+
+        // Causal softmax over [.., T, T].
+        let t = 7;
+        let mask: Vec<f32> = (0..t)
+            .flat_map(|i| (0..t).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
+            .collect();
+        let mask = Tensor::from_vec(mask, (t, t), &Device::Cpu).unwrap();
+        check(
+            "causal softmax",
+            &[random(&[2, 3, t, t], &mut rng, 3.0)],
+            &|x| x[0].apply_op1(fused::CausalSoftmax).unwrap(),
+            &|x| {
+                let x = x[0].broadcast_add(&mask).unwrap();
+                let max = x.max_keepdim(D::Minus1).unwrap().detach();
+                let e = x.broadcast_sub(&max).unwrap().exp().unwrap();
+                e.broadcast_div(&e.sum_keepdim(D::Minus1).unwrap()).unwrap()
+            },
+            &mut rng,
+        );
+
+        // Rotary: [B, T, H, hd] with 3 of 4 pairs rotated.
+        let (b, t, h, hd, half, n_pos) = (2, 5, 3, 8, 3, 9);
+        let rt = RotaryTable::new(n_pos, 2 * half);
+        let rotary = fused::Rotary {
+            cos: Arc::new(rt.cos.clone()),
+            sin: Arc::new(rt.sin.clone()),
+            half,
+            inverse: false,
+        };
+        let table = |v: &[f32]| {
+            Tensor::from_vec(v[..t * half].to_vec(), (t, 1, half, 1), &Device::Cpu).unwrap()
+        };
+        let (cos, sin) = (table(&rt.cos), table(&rt.sin));
+        check(
+            "rotary",
+            &[random(&[b, t, h, hd], &mut rng, 1.0)],
+            &|x| x[0].apply_op1(rotary.clone()).unwrap(),
+            &|x| {
+                let pairs = x[0]
+                    .narrow(3, 0, 2 * half)
+                    .unwrap()
+                    .reshape((b, t, h, half, 2))
+                    .unwrap();
+                let (x0, x1) = (
+                    pairs.narrow(4, 0, 1).unwrap(),
+                    pairs.narrow(4, 1, 1).unwrap(),
+                );
+                let r0 =
+                    (x0.broadcast_mul(&cos).unwrap() - x1.broadcast_mul(&sin).unwrap()).unwrap();
+                let r1 =
+                    (x1.broadcast_mul(&cos).unwrap() + x0.broadcast_mul(&sin).unwrap()).unwrap();
+                let r = Tensor::cat(&[r0, r1], 4)
+                    .unwrap()
+                    .reshape((b, t, h, 2 * half))
+                    .unwrap();
+                Tensor::cat(&[r, x[0].narrow(3, 2 * half, hd - 2 * half).unwrap()], 3).unwrap()
+            },
+            &mut rng,
+        );
+
+        // Cross-entropy against log-softmax + gather.
+        let targets = Tensor::new(&[3u32, 0, 9, 9, 4], &Device::Cpu).unwrap();
+        check(
+            "cross-entropy",
+            &[random(&[5, 10], &mut rng, 3.0)],
+            &|x| x[0].apply_op2(&targets, fused::CrossEntropy).unwrap(),
+            &|x| {
+                let lp = log_softmax_last_dim(&x[0]).unwrap();
+                lp.gather(&targets.unsqueeze(1).unwrap(), 1)
+                    .unwrap()
+                    .squeeze(1)
+                    .unwrap()
+                    .neg()
+                    .unwrap()
+            },
+            &mut rng,
+        );
+    }
+
+    #[test]
+    fn forward_matches_reference_and_learns() {
+        let o = TrainOptions {
+            n_layer: 2,
+            n_embd: 32,
+            n_head: 4,
+            rotary_dim: 4,
+            n_positions: 32,
+            ..TrainOptions::default()
+        };
+        let config = o.gptj_config(60);
+        let model = TrainModel::init(&config, 7).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        write_config(dir.path(), &config, 59).unwrap();
+        write_safetensors(
+            &dir.path().join("model.safetensors"),
+            &model.named_tensors().unwrap(),
+        )
+        .unwrap();
+        let seqs = vec![vec![1, 5, 9, 2, 33, 40, 7], vec![3; 20]];
+        let check = check_against_reference(dir.path(), &model, &seqs).unwrap();
+        assert!(check.max_abs_diff < 1e-5, "{check:?}");
+
+        // A padded batch's loss equals the mean over its sequences' own tokens, and steps lower it.
+        let batch = Batch::new(&seqs, &[0, 1], 0).unwrap();
+        assert_eq!(batch.tokens, 6 + 19);
+        let mut optim = Optim::new(&model, &o).unwrap();
+        let first = train_step(&model, &mut optim, &batch, 1e-2).unwrap().0;
+        let mut last = first;
+        for _ in 0..20 {
+            last = train_step(&model, &mut optim, &batch, 1e-2).unwrap().0;
+        }
+        assert!(last < first * 0.8, "{first} -> {last}");
+    }
+
+    #[test]
+    fn tokenizer_splits_digits_and_keeps_brackets() {
+        let texts: Vec<String> = (0..50)
+            .map(|i| format!("Out of {i}00 people [Calculator({i} / 7) -> 0.{i}] passed, see [x]."))
+            .collect();
+        let tok = train_tokenizer(&texts, 300).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        tok.save(&path, false).unwrap();
+        let tok = crate::model::Tokenizer::from_file(&path).unwrap();
+        let eot = check_tokenizer(&tok, &texts).unwrap();
+        assert_eq!(eot as usize, tok.vocab_size() - 1);
+        assert_eq!(tok.encode_ids(" 25").unwrap().len(), 3);
+    }
+}
