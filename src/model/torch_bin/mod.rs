@@ -1,0 +1,550 @@
+//! Reads PyTorch checkpoints (`pytorch_model.bin`) without Python.
+//!
+//! Since PyTorch 1.6, `torch.save` writes a zip archive: `<archive>/data.pkl` is a pickle of the
+//! state dict in which every tensor refers to a storage by key, and `<archive>/data/<key>` holds
+//! that storage's raw little-endian bytes, uncompressed. This module lists the zip entries, runs
+//! a small pickle interpreter over `data.pkl` that only builds data (it never calls or imports
+//! anything), and returns each tensor as a view into the memory-mapped file. `archive` finds the
+//! entries' bytes, `pickle` is the interpreter; here the tensors are checked and mapped.
+
+mod archive;
+mod pickle;
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+use archive::ZipIndex;
+use pickle::{TensorRef, Unpickler, Value};
+
+use crate::error::{Error, Result};
+use crate::model::tensor::{DType, Tensor};
+
+/// Reads every tensor of a torch.save zip checkpoint, memory-mapped.
+///
+/// Returns (name, Tensor) in file order. The buffers that old GPT-J checkpoints carry but that are
+/// not weights (`*.attn.bias`, a bool causal mask, and `*.attn.masked_bias`, a scalar) are left
+/// out here, so their dtypes need no support. Entries of the state dict that are not tensors are
+/// skipped too. Only float16, float32 and bfloat16 tensors with row-major strides are read.
+pub fn read_torch_bin(path: &Path) -> Result<Vec<(String, Tensor)>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: the map is read-only; as with every memory-mapped checkpoint, the file must not be
+    // truncated or rewritten by another process while the returned tensors are alive.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    let map = Arc::new(map);
+
+    let zip = ZipIndex::read(path, &map)?;
+    let archive = zip.archive_name(path)?;
+    let byteorder = format!("{archive}/byteorder");
+    if zip.contains(&byteorder) {
+        let order = &map[zip.data(path, map.len(), &byteorder)?];
+        if order != b"little" {
+            return Err(checkpoint_error(
+                path,
+                format!(
+                    "byte order is `{}`; only little-endian checkpoints are supported",
+                    String::from_utf8_lossy(order)
+                ),
+            ));
+        }
+    }
+
+    let pkl_name = format!("{archive}/data.pkl");
+    let pkl = &map[zip.data(path, map.len(), &pkl_name)?];
+    let mut unpickler = Unpickler::new(pkl);
+    let root = unpickler
+        .run()
+        .map_err(|msg| checkpoint_error(path, format!("{pkl_name}: {msg}")))?;
+    let items = unpickler
+        .state_dict(root)
+        .map_err(|msg| checkpoint_error(path, format!("{pkl_name}: {msg}")))?;
+
+    let mut tensors = Vec::new();
+    let mut seen = HashSet::new();
+    for &(key, value) in items {
+        let Value::Str(name) = &unpickler.values[key] else {
+            return Err(checkpoint_error(
+                path,
+                format!(
+                    "{pkl_name}: a state dict key is {}, not a string",
+                    unpickler.values[key].kind()
+                ),
+            ));
+        };
+        if !seen.insert(Rc::clone(name)) {
+            return Err(checkpoint_error(
+                path,
+                format!("{pkl_name}: tensor name `{name}` appears twice"),
+            ));
+        }
+        if is_gptj_buffer(name) {
+            continue;
+        }
+        let Value::Tensor(tensor) = &unpickler.values[value] else {
+            tracing::debug!(
+                "{}: skipping `{name}`, which is {} rather than a tensor",
+                path.display(),
+                unpickler.values[value].kind()
+            );
+            continue;
+        };
+        let mapped = map_tensor(path, &map, &zip, &archive, name, tensor)?;
+        tensors.push((name.to_string(), mapped));
+    }
+    if tensors.is_empty() {
+        return Err(checkpoint_error(path, "no tensors found in the state dict"));
+    }
+    Ok(tensors)
+}
+
+/// The buffers GPT-J checkpoints saved alongside the weights; no engine reads them.
+fn is_gptj_buffer(name: &str) -> bool {
+    ["attn.bias", "attn.masked_bias"]
+        .iter()
+        .any(|buffer| name == *buffer || name.ends_with(&format!(".{buffer}")))
+}
+
+/// Builds the error every malformed-file case ends in.
+fn checkpoint_error(path: &Path, msg: impl Into<String>) -> Error {
+    Error::Checkpoint {
+        path: path.to_path_buf(),
+        msg: msg.into(),
+    }
+}
+
+/// Builds the error for a problem with one named tensor.
+fn tensor_error(path: &Path, tensor: &str, msg: impl Into<String>) -> Error {
+    Error::Tensor {
+        path: path.to_path_buf(),
+        tensor: tensor.to_string(),
+        msg: msg.into(),
+    }
+}
+
+/// The storage classes whose bytes can be handed out as a `Tensor` without conversion.
+fn storage_dtype(class: &str) -> Option<DType> {
+    match class {
+        "HalfStorage" => Some(DType::F16),
+        "FloatStorage" => Some(DType::F32),
+        "BFloat16Storage" => Some(DType::BF16),
+        _ => None,
+    }
+}
+
+/// Checks one pickled tensor against its storage entry and returns it as a view of the map.
+fn map_tensor(
+    path: &Path,
+    map: &Arc<Mmap>,
+    zip: &ZipIndex,
+    archive: &str,
+    name: &str,
+    tensor: &TensorRef,
+) -> Result<Tensor> {
+    let class = &tensor.storage.class;
+    let dtype = storage_dtype(class).ok_or_else(|| {
+        tensor_error(
+            path,
+            name,
+            format!(
+                "unsupported storage type torch.{class}; only float16, float32 and bfloat16 \
+                 tensors are read"
+            ),
+        )
+    })?;
+    if tensor.size.len() != tensor.stride.len() {
+        return Err(tensor_error(
+            path,
+            name,
+            format!(
+                "size {:?} and stride {:?} have different lengths",
+                tensor.size, tensor.stride
+            ),
+        ));
+    }
+    if !is_contiguous(&tensor.size, &tensor.stride) {
+        return Err(tensor_error(
+            path,
+            name,
+            format!(
+                "not contiguous (size {:?}, stride {:?}); only row-major tensors are supported",
+                tensor.size, tensor.stride
+            ),
+        ));
+    }
+
+    let overflow = || tensor_error(path, name, "size overflows");
+    let numel = tensor
+        .size
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d))
+        .ok_or_else(overflow)?;
+    let elem = dtype.size() as u64;
+    let end_elem = tensor.offset.checked_add(numel).ok_or_else(overflow)?;
+    let start_byte = tensor.offset.checked_mul(elem).ok_or_else(overflow)?;
+    let end_byte = end_elem.checked_mul(elem).ok_or_else(overflow)?;
+    if end_elem > tensor.storage.numel {
+        return Err(tensor_error(
+            path,
+            name,
+            format!(
+                "elements {}..{end_elem} lie past the end of its storage of {} elements",
+                tensor.offset, tensor.storage.numel
+            ),
+        ));
+    }
+
+    let entry_name = format!("{archive}/data/{}", tensor.storage.key);
+    let data = zip.data(path, map.len(), &entry_name)?;
+    if end_byte > data.len() as u64 {
+        return Err(tensor_error(
+            path,
+            name,
+            format!(
+                "truncated: needs bytes {start_byte}..{end_byte} of `{entry_name}`, which holds {}",
+                data.len()
+            ),
+        ));
+    }
+    let shape = tensor
+        .size
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|_| overflow())?;
+    // Both fit in usize: they are at most `data.len()`, a length within the map.
+    let start = data.start + start_byte as usize;
+    let len = (end_byte - start_byte) as usize;
+    Ok(Tensor::mapped(dtype, shape, Arc::clone(map), start, len))
+}
+
+/// Row-major contiguity as torch defines it: strides of dimensions of size 1 do not matter, and
+/// neither does anything about a tensor with no elements.
+fn is_contiguous(size: &[u64], stride: &[u64]) -> bool {
+    if size.contains(&0) {
+        return true;
+    }
+    let mut expected = 1u64;
+    for (&d, &s) in size.iter().zip(stride).rev() {
+        if d != 1 && s != expected {
+            return false;
+        }
+        expected = expected.saturating_mul(d);
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::path::PathBuf;
+
+    use super::*;
+
+    /// The crate's test fixtures.
+    fn fixture_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    }
+
+    /// Writes a zip laid out like torch.save's: `archive/data.pkl` first, then the storages.
+    fn write_checkpoint(dir: &Path, pkl: &[u8], storages: &[(&str, &[u8])]) -> PathBuf {
+        let path = dir.join("model.bin");
+        let file = File::create(&path).unwrap();
+        let mut zip = zip::ZipWriter::new(file);
+        let options = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        zip.start_file("archive/data.pkl", options).unwrap();
+        zip.write_all(pkl).unwrap();
+        for (key, bytes) in storages {
+            zip.start_file(format!("archive/data/{key}"), options)
+                .unwrap();
+            zip.write_all(bytes).unwrap();
+        }
+        zip.finish().unwrap();
+        path
+    }
+
+    /// Protocol-2 opcodes for `_rebuild_tensor_v2` of one storage, as torch.save writes them.
+    fn tensor_ops(
+        class: &str,
+        key: &str,
+        numel: u8,
+        offset: u8,
+        size: &[u8],
+        stride: &[u8],
+    ) -> Vec<u8> {
+        let mut p = b"ctorch._utils\n_rebuild_tensor_v2\n((".to_vec();
+        p.extend(short_str("storage"));
+        p.extend(format!("ctorch\n{class}\n").as_bytes());
+        p.extend(short_str(key));
+        p.extend(short_str("cpu"));
+        p.extend([b'K', numel, b't', b'Q', b'K', offset, b'(']);
+        for &d in size {
+            p.extend([b'K', d]);
+        }
+        p.extend(b"t(");
+        for &s in stride {
+            p.extend([b'K', s]);
+        }
+        // requires_grad=False, backward_hooks=OrderedDict()
+        p.extend(b"t\x89ccollections\nOrderedDict\n)Rt");
+        p.push(b'R');
+        p
+    }
+
+    /// A SHORT_BINUNICODE opcode.
+    fn short_str(s: &str) -> Vec<u8> {
+        let mut p = vec![0x8c, s.len() as u8];
+        p.extend(s.as_bytes());
+        p
+    }
+
+    /// A pickled `{name: tensor}` dict.
+    fn state_dict_pickle(name: &str, tensor: &[u8]) -> Vec<u8> {
+        let mut p = b"\x80\x02}".to_vec();
+        p.extend(short_str(name));
+        p.extend(tensor);
+        p.extend(b"s.");
+        p
+    }
+
+    /// Little-endian storage bytes.
+    fn f32_bytes(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn fixture_matches_safetensors_weights() {
+        let tensors =
+            read_torch_bin(&fixture_dir().join("tiny-gptj-bin/pytorch_model.bin")).unwrap();
+        let st_bytes = std::fs::read(fixture_dir().join("tiny-gptj/model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&st_bytes).unwrap();
+
+        assert_eq!(tensors.len(), st.len(), "every weight and no buffer");
+        assert_eq!(tensors[0].0, "transformer.wte.weight", "file order");
+        for (name, tensor) in &tensors {
+            let expected = st.tensor(name).unwrap();
+            assert_eq!(tensor.dtype(), DType::F16, "{name}");
+            assert_eq!(tensor.shape(), expected.shape(), "{name}");
+            let want: Vec<f32> = expected
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            assert_eq!(tensor.to_f32(), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn truncated_file_is_an_error_naming_it() {
+        let bytes = std::fs::read(fixture_dir().join("tiny-gptj-bin/pytorch_model.bin")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cut.bin");
+        for len in [0, 100, bytes.len() / 2, bytes.len() - 30] {
+            std::fs::write(&path, &bytes[..len]).unwrap();
+            let err = read_torch_bin(&path).unwrap_err();
+            assert!(matches!(err, Error::Checkpoint { .. }), "{len}: {err}");
+            assert!(err.to_string().contains("cut.bin"), "{len}: {err}");
+        }
+    }
+
+    #[test]
+    fn random_bytes_are_an_error() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let bytes: Vec<u8> = (0..4096)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 56) as u8
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("noise.bin");
+        std::fs::write(&path, bytes).unwrap();
+        let err = read_torch_bin(&path).unwrap_err();
+        assert!(matches!(err, Error::Checkpoint { .. }), "{err}");
+    }
+
+    #[test]
+    fn missing_file_is_an_io_error() {
+        let err = read_torch_bin(Path::new("/nonexistent/pytorch_model.bin")).unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{err}");
+    }
+
+    #[test]
+    fn legacy_format_gets_a_hint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.bin");
+        std::fs::write(&path, b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19.").unwrap();
+        let err = read_torch_bin(&path).unwrap_err().to_string();
+        assert!(err.contains("legacy"), "{err}");
+    }
+
+    #[test]
+    fn view_at_an_offset_of_a_shared_storage() {
+        let values: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let pkl = state_dict_pickle(
+            "w",
+            &tensor_ops("FloatStorage", "0", 8, 2, &[2, 3], &[3, 1]),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_checkpoint(dir.path(), &pkl, &[("0", &f32_bytes(&values))]);
+        let tensors = read_torch_bin(&path).unwrap();
+        assert_eq!(tensors.len(), 1);
+        assert_eq!(tensors[0].0, "w");
+        assert_eq!(tensors[0].1.dtype(), DType::F32);
+        assert_eq!(tensors[0].1.shape(), &[2, 3]);
+        assert_eq!(tensors[0].1.to_f32(), &values[2..]);
+    }
+
+    #[test]
+    fn nested_state_dict_is_found() {
+        // {"epoch": 3, "state_dict": {"w": tensor}}
+        let mut pkl = b"\x80\x02}(".to_vec();
+        pkl.extend(short_str("epoch"));
+        pkl.extend(b"K\x03");
+        pkl.extend(short_str("state_dict"));
+        pkl.extend(b"}");
+        pkl.extend(short_str("w"));
+        pkl.extend(tensor_ops("BFloat16Storage", "0", 2, 0, &[2], &[1]));
+        pkl.extend(b"su.");
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0x80, 0x3f, 0x00, 0x40])]);
+        let tensors = read_torch_bin(&path).unwrap();
+        assert_eq!(tensors.len(), 1);
+        assert_eq!(tensors[0].1.dtype(), DType::BF16);
+        assert_eq!(tensors[0].1.to_f32(), vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn non_contiguous_tensor_is_rejected() {
+        let pkl = state_dict_pickle(
+            "w",
+            &tensor_ops("FloatStorage", "0", 6, 0, &[2, 3], &[1, 2]),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 24])]);
+        let err = read_torch_bin(&path).unwrap_err();
+        let Error::Tensor { tensor, msg, .. } = &err else {
+            panic!("{err}");
+        };
+        assert_eq!(tensor, "w");
+        assert!(msg.contains("contiguous"), "{err}");
+    }
+
+    #[test]
+    fn short_storage_is_truncated() {
+        let pkl = state_dict_pickle("w", &tensor_ops("HalfStorage", "0", 4, 0, &[4], &[1]));
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 6])]);
+        let err = read_torch_bin(&path).unwrap_err();
+        let Error::Tensor { tensor, msg, .. } = &err else {
+            panic!("{err}");
+        };
+        assert_eq!(tensor, "w");
+        assert!(msg.contains("truncated"), "{err}");
+    }
+
+    #[test]
+    fn unsupported_dtype_is_a_tensor_error() {
+        let pkl = state_dict_pickle("w", &tensor_ops("DoubleStorage", "0", 1, 0, &[1], &[1]));
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 8])]);
+        let err = read_torch_bin(&path).unwrap_err();
+        assert!(
+            matches!(&err, Error::Tensor { tensor, .. } if tensor == "w"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("DoubleStorage"), "{err}");
+    }
+
+    #[test]
+    fn missing_data_entry_is_an_error() {
+        let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "7", 1, 0, &[1], &[1]));
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 4])]);
+        let err = read_torch_bin(&path).unwrap_err();
+        assert!(matches!(err, Error::Checkpoint { .. }), "{err}");
+        assert!(err.to_string().contains("archive/data/7"), "{err}");
+    }
+
+    #[test]
+    fn missing_data_pkl_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.bin");
+        let mut zip = zip::ZipWriter::new(File::create(&path).unwrap());
+        zip.start_file(
+            "archive/other.pkl",
+            zip::write::SimpleFileOptions::default(),
+        )
+        .unwrap();
+        zip.finish().unwrap();
+        let err = read_torch_bin(&path).unwrap_err();
+        assert!(err.to_string().contains("data.pkl"), "{err}");
+    }
+
+    #[test]
+    fn compressed_entry_is_rejected() {
+        let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 1, 0, &[1], &[1]));
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 4])]);
+        // Mark every entry deflated in both its local and its central-directory header.
+        let mut bytes = std::fs::read(&path).unwrap();
+        for i in 0..bytes.len() - 12 {
+            if bytes[i..i + 4] == *b"PK\x03\x04" {
+                bytes[i + 8] = 8;
+            } else if bytes[i..i + 4] == *b"PK\x01\x02" {
+                bytes[i + 10] = 8;
+            }
+        }
+        std::fs::write(&path, bytes).unwrap();
+        let err = read_torch_bin(&path).unwrap_err();
+        assert!(matches!(err, Error::Checkpoint { .. }), "{err}");
+        assert!(err.to_string().contains("compressed"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_names_are_rejected() {
+        let tensor = tensor_ops("FloatStorage", "0", 1, 0, &[1], &[1]);
+        let mut pkl = b"\x80\x02}(".to_vec();
+        for _ in 0..2 {
+            pkl.extend(short_str("w"));
+            pkl.extend(&tensor);
+        }
+        pkl.extend(b"u.");
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 4])]);
+        let err = read_torch_bin(&path).unwrap_err();
+        assert!(err.to_string().contains("`w` appears twice"), "{err}");
+    }
+
+    #[test]
+    fn malformed_pickles_are_errors() {
+        let cases: [(&[u8], &str); 7] = [
+            (b"\x80\x02\xff", "unsupported pickle opcode 0xff"),
+            (b"\x80\x02s.", "stack underflow"),
+            (b"\x80\x02t.", "no MARK"),
+            (b"\x80\x02}", "without a STOP"),
+            (b"\x80\x02K\x01Q.", "bad persistent id"),
+            (b"\x80\x02h\x05.", "memo entry 5"),
+            (b"\x80\x02X\xff\xff\xff\xff", "truncated"),
+        ];
+        for (pkl, want) in cases {
+            let err = Unpickler::new(pkl).run().unwrap_err();
+            assert!(err.contains(want), "{pkl:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn gptj_buffer_names() {
+        assert!(is_gptj_buffer("transformer.h.0.attn.bias"));
+        assert!(is_gptj_buffer("transformer.h.27.attn.masked_bias"));
+        assert!(!is_gptj_buffer("transformer.h.0.attn.c_attn.bias"));
+        assert!(!is_gptj_buffer("h.0.c_attn.bias"));
+        assert!(!is_gptj_buffer("transformer.h.0.mlp.fc_in.bias"));
+    }
+}
