@@ -49,21 +49,32 @@ fn linear_of(t: crate::model::Tensor) -> Vec<f32> {
     transposed(&w, rows, w.len() / rows.max(1))
 }
 
-/// `src` ([rows, cols], row-major) transposed to [cols, rows]: 64-column blocks of the source
-/// (64 output rows) per task, written row by row of the source.
+/// `src` ([rows, cols], row-major) transposed to [cols, rows]. One task per 256 output rows;
+/// within it, 256-row tiles of the source moved in 32 x 32 pieces, so reads and writes both stay
+/// within a few hundred pages at a time (a plain column walk misses the TLB on every source row,
+/// about half the speed on a 50400 x 4096 head: 0.4 against 0.8-1.1 GB/s on 2 cores).
 pub(crate) fn transposed(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    const BLOCK: usize = 64;
+    const TILE: usize = 256;
+    const PIECE: usize = 32;
     let mut out = vec![0f32; rows * cols];
     if rows == 0 || cols == 0 {
         return out;
     }
-    out.par_chunks_mut(BLOCK * rows)
+    out.par_chunks_mut(TILE * rows)
         .enumerate()
         .for_each(|(b, block)| {
-            let (j0, width) = (b * BLOCK, block.len() / rows);
-            for i in 0..rows {
-                for (dj, &v) in src[i * cols + j0..][..width].iter().enumerate() {
-                    block[dj * rows + i] = v;
+            let (j0, width) = (b * TILE, block.len() / rows);
+            for i0 in (0..rows).step_by(TILE) {
+                let i1 = (i0 + TILE).min(rows);
+                for pi in (i0..i1).step_by(PIECE) {
+                    for pj in (0..width).step_by(PIECE) {
+                        let w = PIECE.min(width - pj);
+                        for i in pi..(pi + PIECE).min(i1) {
+                            for (dj, &v) in src[i * cols + j0 + pj..][..w].iter().enumerate() {
+                                block[(pj + dj) * rows + i] = v;
+                            }
+                        }
+                    }
                 }
             }
         });
@@ -153,7 +164,15 @@ mod tests {
 
     #[test]
     fn transposes_any_shape() {
-        for (rows, cols) in [(1, 1), (3, 5), (64, 64), (65, 130), (130, 7)] {
+        for (rows, cols) in [
+            (1, 1),
+            (3, 5),
+            (64, 64),
+            (65, 130),
+            (130, 7),
+            (300, 290),
+            (257, 513),
+        ] {
             let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
             let t = transposed(&src, rows, cols);
             for i in 0..rows {
