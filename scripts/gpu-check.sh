@@ -150,6 +150,9 @@ if os.path.exists(p):
 p = os.path.join(out, "sampling_6b.json")
 if os.path.exists(p):
     summary["sampling_6b"] = json.load(open(p))
+    pr = summary["sampling_6b"].get("propose", {})
+    if pr.get("secs"):
+        pr["_speedup_vs_two_calls"] = pr["two_calls_secs"] / pr["secs"]
 TAU_F = 1.0  # the decision agreement is counted where |delta - tau_f| > 0.05 (issue 7)
 def delta(l):
     return min(l[0], l[1]) - l[2]
