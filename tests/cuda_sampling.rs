@@ -68,7 +68,10 @@ fn random_ids(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
 /// Budget for one log-prob: 16u + 8u |log p|. Rounding the head's inputs moves a logit by about
 /// u times its own magnitude, and the logits of unlikely tokens track |log p|; the first H200 run
 /// found 4u |log p| too tight at n_embd 6 (a diff of 0.186 = 47u at log p = -5.9, bf16), where
-/// a few large products cancel inside one logit.
+/// a few large products cancel inside one logit. The random shapes keep n_embd >= 6: LayerNorm
+/// over 3 features (n_head 1 x head_dim 3) turns the storage type's rounding of the residual's
+/// inputs into errors past any such budget (about 1 case in 100 at bf16, 0.15 at log p = -1.4;
+/// none in 900 cases with n_embd >= 6), a property of that degenerate shape, not of a kernel.
 fn tol(dtype: CudaDType, want: f64) -> f64 {
     let u = dtype.unit_roundoff();
     16.0 * u + 8.0 * u * want.abs()
@@ -138,6 +141,7 @@ fn token_log_probs_match_the_oracle_at_every_position() {
                 seed,
             },
         );
+    let strategy = strategy.prop_filter("n_embd >= 6 (see tol)", |p| p.n_head * p.head_dim >= 6);
     fuzz("token_log_probs", 12, strategy, |p| token_log_probs_run(&p));
 }
 
@@ -469,6 +473,121 @@ fn propose_matches_the_cpu_engine() {
         compared >= 10,
         "only {compared} greedy tokens had a clear margin"
     );
+}
+
+#[derive(Debug, Clone)]
+struct ProposeProblem {
+    lp: LpProblem,
+    /// (at as a fraction of the sequence, token as a fraction of the vocabulary, samples).
+    branches: Vec<(f64, f64, usize)>,
+    max_new_tokens: usize,
+}
+
+/// `propose` on random models, sequences and branches (greedy): log-probs within the tolerance
+/// of the oracle, every branch's samples present and well-formed, and the CPU engine's greedy
+/// tokens wherever the margin allows.
+#[test]
+fn propose_on_random_models_matches_the_oracle_and_the_cpu_engine() {
+    if gpu().is_none() {
+        return;
+    }
+    let strategy = (
+        prop::sample::select(vec![CudaDType::BF16, CudaDType::F16]),
+        1usize..=2,
+        1usize..=3,
+        prop::sample::select(vec![3usize, 8, 16, 17]),
+        20usize..120,
+        0usize..150,
+        prop::sample::select(vec![1usize, 5, 64, 1024]),
+        any::<u64>(),
+        prop::collection::vec((0.0..=1.0f64, 0.0..1.0f64, 0usize..=3), 0..=4),
+        1usize..=8,
+    )
+        .prop_map(
+            |(dtype, n_layer, n_head, head_dim, vocab, len, head_chunk_rows, seed, b, max_new)| {
+                ProposeProblem {
+                    lp: LpProblem {
+                        dtype,
+                        n_layer,
+                        n_head,
+                        head_dim,
+                        vocab,
+                        len,
+                        head_chunk_rows,
+                        seed,
+                    },
+                    branches: b,
+                    max_new_tokens: max_new,
+                }
+            },
+        );
+    let strategy = strategy.prop_filter("n_embd >= 6 (see tol)", |p| {
+        p.lp.n_head * p.lp.head_dim >= 6
+    });
+    fuzz("propose", 8, strategy, |p| {
+        let q = &p.lp;
+        let m = model(q.n_layer, q.n_head, q.head_dim, q.vocab, q.dtype, q.seed);
+        let cuda = engine(&m, q.dtype, q.head_chunk_rows);
+        let cpu = CpuScorer::new(&m);
+        let oracle = ReferenceModel::new(&m.config, &m.weights);
+        let ids = random_ids(&mut Rng::new(q.seed ^ 7), q.len, q.vocab);
+        let tokens = [0u32, (q.vocab - 1) as u32];
+        let branches: Vec<Branch> = p
+            .branches
+            .iter()
+            .map(|&(at, token, n_samples)| Branch {
+                at: (at * q.len as f64).round() as usize,
+                token: (token * q.vocab as f64) as u32,
+                n_samples,
+            })
+            .collect();
+        let options = SampleOptions {
+            max_new_tokens: p.max_new_tokens,
+            temperature: 0.0,
+            ..Default::default()
+        };
+        let fail = |e: toolsift::Error| TestCaseError::fail(format!("{e}\n{p:?}"));
+        let got = cuda
+            .propose(&ids, &tokens, &mut |_| branches.clone(), &options)
+            .map_err(fail)?;
+        prop_assert_eq!(got.log_probs.len(), ids.len());
+        if !ids.is_empty() {
+            let want = oracle.log_softmax(&ids);
+            for (i, row) in got.log_probs.iter().enumerate() {
+                for (j, &t) in tokens.iter().enumerate() {
+                    let w = want.row(i)[t as usize];
+                    prop_assert!(
+                        (row[j] as f64 - w).abs() <= tol(q.dtype, w),
+                        "position {} token {}: cuda {} vs oracle {}\n{:?}",
+                        i,
+                        t,
+                        row[j],
+                        w,
+                        p
+                    );
+                }
+            }
+        }
+        prop_assert_eq!(got.samples.len(), branches.len());
+        for (b, samples) in branches.iter().zip(&got.samples) {
+            prop_assert_eq!(samples.len(), b.n_samples);
+            for s in samples {
+                prop_assert!(!s.tokens.is_empty() && s.tokens.len() <= p.max_new_tokens);
+            }
+        }
+        let want = cpu
+            .propose(&ids, &tokens, &mut |_| branches.clone(), &options)
+            .map_err(fail)?;
+        let requests: Vec<SampleRequest> = branches
+            .iter()
+            .map(|b| SampleRequest {
+                prefix: [&ids[..b.at], &[b.token]].concat(),
+                n_samples: b.n_samples,
+            })
+            .collect();
+        greedy_agreement(&oracle, q.dtype, &requests, &got.samples, &want.samples);
+        Ok(())
+    });
 }
 
 #[test]
