@@ -92,6 +92,10 @@ fn problem() -> impl Strategy<Value = Problem> {
                 }
             },
         )
+        // LayerNorm over fewer than 6 features turns the storage type's rounding into errors past
+        // the budget (n_embd 2, bf16: 277% of it, about 1 case in 100); tests/cuda_sampling.rs's
+        // `tol` has the measurement.
+        .prop_filter("n_embd >= 6", |p| p.config.n_embd >= 6)
 }
 
 /// Random candidates: several positions per text (first and last scorable ones included),
