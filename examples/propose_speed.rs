@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use toolsift::cpu::CpuScorer;
 use toolsift::model::{DType, GptjConfig, GptjWeights};
-use toolsift::sample::{Branch, SampleOptions, SampleRequest, Sampler};
+use toolsift::sample::{branch_requests, Branch, SampleOptions, Sampler};
 use toolsift::util::rng::Rng;
 
 fn main() -> toolsift::Result<()> {
@@ -66,13 +66,7 @@ fn main() -> toolsift::Result<()> {
     let mut two = None;
     let two_calls = median(&mut || {
         let log_probs = engine.token_log_probs(&ids, &open)?;
-        let requests: Vec<SampleRequest> = branches
-            .iter()
-            .map(|b| SampleRequest {
-                prefix: [&ids[..b.at], &[b.token]].concat(),
-                n_samples: b.n_samples,
-            })
-            .collect();
+        let requests = branch_requests(&ids, &branches)?;
         two = Some((log_probs, engine.sample(&requests, &options)?));
         Ok(())
     })?;

@@ -22,7 +22,9 @@ use toolsift::cpu::CpuScorer;
 use toolsift::cuda::{CudaDType, CudaOptions, CudaScorer};
 use toolsift::model::{DType, GptjConfig, GptjWeights};
 use toolsift::reference::ReferenceModel;
-use toolsift::sample::{Branch, Decoder, Sample, SampleOptions, SampleRequest, Sampler};
+use toolsift::sample::{
+    branch_requests, Branch, Decoder, Sample, SampleOptions, SampleRequest, Sampler,
+};
 use toolsift::util::rng::Rng;
 use toolsift::Model;
 
@@ -89,6 +91,34 @@ struct LpProblem {
     seed: u64,
 }
 
+/// Random models and sequences of `len` tokens for the log-prob proptests. n_embd stays >= 6
+/// (see `tol`).
+fn lp_problem(len: std::ops::Range<usize>) -> impl Strategy<Value = LpProblem> {
+    (
+        prop::sample::select(vec![CudaDType::BF16, CudaDType::F16]),
+        1usize..=2,
+        1usize..=3,
+        prop::sample::select(vec![3usize, 8, 16, 17]),
+        20usize..200,
+        len,
+        prop::sample::select(vec![1usize, 5, 64, 1024]),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(dtype, n_layer, n_head, head_dim, vocab, len, head_chunk_rows, seed)| LpProblem {
+                dtype,
+                n_layer,
+                n_head,
+                head_dim,
+                vocab,
+                len,
+                head_chunk_rows,
+                seed,
+            },
+        )
+        .prop_filter("n_embd >= 6 (see tol)", |p| p.n_head * p.head_dim >= 6)
+}
+
 fn token_log_probs_run(gpu_ok: &LpProblem) -> Result<(), TestCaseError> {
     let p = gpu_ok;
     let m = model(p.n_layer, p.n_head, p.head_dim, p.vocab, p.dtype, p.seed);
@@ -119,30 +149,9 @@ fn token_log_probs_match_the_oracle_at_every_position() {
     if gpu().is_none() {
         return;
     }
-    let strategy = (
-        prop::sample::select(vec![CudaDType::BF16, CudaDType::F16]),
-        1usize..=2,
-        1usize..=3,
-        prop::sample::select(vec![3usize, 8, 16, 17]),
-        20usize..200,
-        1usize..150,
-        prop::sample::select(vec![1usize, 5, 64, 1024]),
-        any::<u64>(),
-    )
-        .prop_map(
-            |(dtype, n_layer, n_head, head_dim, vocab, len, head_chunk_rows, seed)| LpProblem {
-                dtype,
-                n_layer,
-                n_head,
-                head_dim,
-                vocab,
-                len,
-                head_chunk_rows,
-                seed,
-            },
-        );
-    let strategy = strategy.prop_filter("n_embd >= 6 (see tol)", |p| p.n_head * p.head_dim >= 6);
-    fuzz("token_log_probs", 12, strategy, |p| token_log_probs_run(&p));
+    fuzz("token_log_probs", 12, lp_problem(1..150), |p| {
+        token_log_probs_run(&p)
+    });
 }
 
 /// One-token steps (decode_attention), multi-token splices (tile kernel), sequences of different
@@ -444,13 +453,7 @@ fn propose_matches_the_cpu_engine() {
         let want = cpu
             .propose(&ids, &tokens, &mut |_| branches.clone(), &options)
             .unwrap();
-        let requests: Vec<SampleRequest> = branches
-            .iter()
-            .map(|b| SampleRequest {
-                prefix: [&ids[..b.at], &[b.token]].concat(),
-                n_samples: b.n_samples,
-            })
-            .collect();
+        let requests = branch_requests(&ids, &branches).unwrap();
         compared += greedy_agreement(&oracle, dtype, &requests, &got.samples, &want.samples);
 
         let seeded = SampleOptions {
@@ -492,38 +495,15 @@ fn propose_on_random_models_matches_the_oracle_and_the_cpu_engine() {
         return;
     }
     let strategy = (
-        prop::sample::select(vec![CudaDType::BF16, CudaDType::F16]),
-        1usize..=2,
-        1usize..=3,
-        prop::sample::select(vec![3usize, 8, 16, 17]),
-        20usize..120,
-        0usize..150,
-        prop::sample::select(vec![1usize, 5, 64, 1024]),
-        any::<u64>(),
+        lp_problem(0..150),
         prop::collection::vec((0.0..=1.0f64, 0.0..1.0f64, 0usize..=3), 0..=4),
         1usize..=8,
     )
-        .prop_map(
-            |(dtype, n_layer, n_head, head_dim, vocab, len, head_chunk_rows, seed, b, max_new)| {
-                ProposeProblem {
-                    lp: LpProblem {
-                        dtype,
-                        n_layer,
-                        n_head,
-                        head_dim,
-                        vocab,
-                        len,
-                        head_chunk_rows,
-                        seed,
-                    },
-                    branches: b,
-                    max_new_tokens: max_new,
-                }
-            },
-        );
-    let strategy = strategy.prop_filter("n_embd >= 6 (see tol)", |p| {
-        p.lp.n_head * p.lp.head_dim >= 6
-    });
+        .prop_map(|(lp, branches, max_new_tokens)| ProposeProblem {
+            lp,
+            branches,
+            max_new_tokens,
+        });
     fuzz("propose", 8, strategy, |p| {
         let q = &p.lp;
         let m = model(q.n_layer, q.n_head, q.head_dim, q.vocab, q.dtype, q.seed);
@@ -578,13 +558,7 @@ fn propose_on_random_models_matches_the_oracle_and_the_cpu_engine() {
         let want = cpu
             .propose(&ids, &tokens, &mut |_| branches.clone(), &options)
             .map_err(fail)?;
-        let requests: Vec<SampleRequest> = branches
-            .iter()
-            .map(|b| SampleRequest {
-                prefix: [&ids[..b.at], &[b.token]].concat(),
-                n_samples: b.n_samples,
-            })
-            .collect();
+        let requests = branch_requests(&ids, &branches).unwrap();
         greedy_agreement(&oracle, q.dtype, &requests, &got.samples, &want.samples);
         Ok(())
     });

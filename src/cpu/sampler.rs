@@ -101,9 +101,14 @@ impl Sampler for CpuScorer {
         let x = self.extend(&mut tree, &[root], &[ids.to_vec()]);
         let log_probs = self.token_rows(&x, tokens);
         drop(x);
-        let branches = choose(&log_probs);
-        let requests = batch::branch_requests(ids, &branches)?;
-        batch::check_requests("branch", &requests, options, c.vocab_size, c.n_positions)?;
+        let (branches, requests) = batch::choose_branches(
+            ids,
+            &log_probs,
+            choose,
+            options,
+            c.vocab_size,
+            c.n_positions,
+        )?;
         // Each branch forks the cached sequence and computes only its own token.
         let prefix_nodes: Vec<usize> = branches.iter().map(|b| tree.fork(root, b.at)).collect();
         let opens: Vec<Vec<u32>> = branches.iter().map(|b| vec![b.token]).collect();

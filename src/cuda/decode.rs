@@ -408,9 +408,14 @@ impl CudaScorer {
             let mut x = self.extend_tree(w, &mut tree, &[root], &[ids.to_vec()])?;
             self.head_token_log_probs(w, &mut x, ids.len(), tokens)?
         };
-        let branches = choose(&log_probs);
-        let requests = batch::branch_requests(ids, &branches)?;
-        batch::check_requests("branch", &requests, options, c.vocab_size, c.n_positions)?;
+        let (branches, requests) = batch::choose_branches(
+            ids,
+            &log_probs,
+            choose,
+            options,
+            c.vocab_size,
+            c.n_positions,
+        )?;
         if requests.is_empty() {
             return Ok(Proposal {
                 log_probs,

@@ -4,7 +4,9 @@
 //! Written once, the policy (seeded stream per sample, `draw`, stop tokens, length cap, output
 //! order) cannot differ between backends.
 
-use super::{draw, sample_rng, Branch, Sample, SampleOptions, SampleRequest};
+use super::{
+    branch_requests, draw, sample_rng, Branch, Choose, Sample, SampleOptions, SampleRequest,
+};
 use crate::error::{Error, Result};
 
 /// Fails unless every id is below `vocab_size`, naming `what` and the first bad id.
@@ -63,26 +65,20 @@ pub(crate) fn check_requests(
     Ok(())
 }
 
-/// The `sample` requests equivalent to `propose`'s `branches` of `ids` (prefix `ids[..at] ++
-/// [token]`); fails on a branch past the end of `ids`. `check_requests` checks the rest.
-pub(crate) fn branch_requests(ids: &[u32], branches: &[Branch]) -> Result<Vec<SampleRequest>> {
-    branches
-        .iter()
-        .enumerate()
-        .map(|(r, b)| {
-            let head = ids.get(..b.at).ok_or_else(|| {
-                Error::input(format!(
-                    "branch {r}: at {} is past the end of the {}-token sequence",
-                    b.at,
-                    ids.len()
-                ))
-            })?;
-            Ok(SampleRequest {
-                prefix: [head, &[b.token]].concat(),
-                n_samples: b.n_samples,
-            })
-        })
-        .collect()
+/// `propose`'s middle step on a KV-cached backend: the branches `choose` picks from `log_probs`
+/// and their `sample` requests, checked as `sample` checks its own (errors name the branch).
+pub(crate) fn choose_branches(
+    ids: &[u32],
+    log_probs: &[Vec<f32>],
+    choose: &mut Choose<'_>,
+    options: &SampleOptions,
+    vocab_size: usize,
+    n_positions: usize,
+) -> Result<(Vec<Branch>, Vec<SampleRequest>)> {
+    let branches = choose(log_probs);
+    let requests = branch_requests(ids, &branches)?;
+    check_requests("branch", &requests, options, vocab_size, n_positions)?;
+    Ok((branches, requests))
 }
 
 /// `DecodeSession::extend`'s precondition. `nodes[s]` is sequence s's node and `len(node)` its

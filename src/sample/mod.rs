@@ -16,7 +16,7 @@ pub mod reference;
 
 pub use reference::ReferenceSampler;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::util::rng::Rng;
 
 /// How continuations are drawn.
@@ -72,6 +72,29 @@ pub struct Branch {
     pub n_samples: usize,
 }
 
+/// The `sample` requests equivalent to `branches` of `ids` (request r: prefix `ids[..at_r] ++
+/// [token_r]`, `n_samples_r` samples): what `Sampler::propose` must return the samples of. Fails
+/// on a branch past the end of `ids`.
+pub fn branch_requests(ids: &[u32], branches: &[Branch]) -> Result<Vec<SampleRequest>> {
+    branches
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            let head = ids.get(..b.at).ok_or_else(|| {
+                Error::input(format!(
+                    "branch {r}: at {} is past the end of the {}-token sequence",
+                    b.at,
+                    ids.len()
+                ))
+            })?;
+            Ok(SampleRequest {
+                prefix: [head, &[b.token]].concat(),
+                n_samples: b.n_samples,
+            })
+        })
+        .collect()
+}
+
 /// What `Sampler::propose` returns.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Proposal {
@@ -112,7 +135,7 @@ pub trait Sampler {
     ) -> Result<Proposal> {
         let log_probs = self.token_log_probs(ids, tokens)?;
         let branches = choose(&log_probs);
-        let requests = batch::branch_requests(ids, &branches)?;
+        let requests = branch_requests(ids, &branches)?;
         let samples = self.sample(&requests, options)?;
         Ok(Proposal {
             log_probs,
