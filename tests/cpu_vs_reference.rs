@@ -69,6 +69,11 @@ fn problem() -> impl Strategy<Value = Problem> {
                 }
             },
         )
+        // LayerNorm over 2-3 features is ill-conditioned (with 2 its output is +-1 whatever the
+        // input's scale, so a difference of two nearly equal inputs decides it): f32 rounding of
+        // its input then moves the losses past the budget (n_embd 2, f32: 109% of it, once in
+        // 1500 cases; 6000 with n_embd >= 6 passed). Small heads stay covered by n_head >= 2.
+        .prop_filter("n_embd >= 6", |p| p.config.n_embd >= 6)
 }
 
 /// Random candidates: per text several positions (including the first and last scorable ones),
@@ -149,7 +154,7 @@ fn check(p: &Problem) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: common::fuzz_cases(48), ..ProptestConfig::default() })]
 
     #[test]
     fn cpu_matches_reference(p in problem()) {

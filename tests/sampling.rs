@@ -335,7 +335,7 @@ impl ProposeCase {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: common::fuzz_cases(32), ..ProptestConfig::default() })]
 
     /// `propose` on the CPU engine (one forward over the sequence, branches forked off its
     /// cache) is `token_log_probs` then `sample` of the branch requests, exactly: the same rows

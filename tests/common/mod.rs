@@ -5,6 +5,14 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+/// Property-test case count: `default`, or TOOLSIFT_FUZZ_CASES for a longer fuzz run.
+pub fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("TOOLSIFT_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 pub fn fixture_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
