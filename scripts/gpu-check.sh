@@ -6,7 +6,8 @@
 #
 # 1. prints the card and where libcuda / libcublasLt live, sets LD_LIBRARY_PATH for cudarc;
 # 2. runs the kernel fuzz suite, the whole-plan scoring tests and the sampling-step tests with
-#    turned-up case counts, then the embedded demo with --device cuda;
+#    turned-up case counts, then the embedded demo with --device cuda (its C* compared with the
+#    CPU engine's);
 # 3. benchmarks at toolsift bench's default size and at GPT-J-6B size: random bf16 weights made
 #    by transformers' GPTJForCausalLM on the GPU (scripts/hf_baseline.py), the transformers naive
 #    and tuned scorers, and toolsift on the same weights and workload (also with the opt-in
@@ -69,6 +70,13 @@ step demo_annotate_cuda 120 "$BIN/toolsift" annotate --demo --device cuda --no-p
   --out "$OUT/demo/cstar.jsonl"
 step demo_eval_cuda 120 "$BIN/toolsift" eval-demo --device cuda --no-progress --json \
   --out "$OUT/demo-eval"
+# The same demo on the CPU engine, and the two C* compared: the CUDA backend samples and scores in
+# bf16, so some sampled calls differ at near-ties; the kept calls should not (on the emulated
+# device all 163 were the same, docs/demo.md).
+step demo_annotate_cpu 60 "$BIN/toolsift" annotate --demo --device cpu --no-progress \
+  --out "$OUT/demo-cpu/cstar.jsonl"
+step demo_compare 20 python3 scripts/compare-cstar.py "$OUT/demo-cpu/cstar.jsonl" \
+  "$OUT/demo/cstar.jsonl"
 
 # 3. benchmarks: transformers first (it makes the weights and the workload), then toolsift.
 # toolsift on the weights and workload hf_baseline.py made: name size placement reps [VAR=VALUE...]
@@ -144,6 +152,9 @@ for log in ("cuda_kernels", "cuda_scoring", "cuda_sampling"):
         summary[log] = {"result": re.findall(r"test result: .*", text),
                         "skipped": "SKIPPED" in text,
                         "notes": re.findall(r".*(?:cases passed|budget|cached|compared).*", text)}
+p = os.path.join(out, "demo_compare.log")
+if os.path.exists(p):
+    summary["demo_cpu_vs_cuda"] = open(p).read().splitlines()
 p = os.path.join(out, "demo-eval", "eval.json")
 if os.path.exists(p):
     summary["demo_eval_cuda"] = json.load(open(p))
