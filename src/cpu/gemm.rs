@@ -22,29 +22,7 @@ pub fn matmul_wt(
     }
     // SAFETY: the asserts above bound every index gemm touches: dst rows m (stride n), lhs rows m
     // (stride k), rhs is w viewed as [k, n] with row stride 1 and column stride k.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism(parallel),
-        )
-    }
+    unsafe { gemm_f32([m, n, k], out, a, w, [1, k], accumulate, parallel) }
 }
 
 /// `out[m, n] (+)= a[m, k] @ b[k, n]`, both row-major: the engine's linear layers (weights stored
@@ -62,29 +40,44 @@ pub fn matmul(
         return;
     }
     // SAFETY: bounds as asserted; all three matrices are dense row-major.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            1,
-            n as isize,
-            if accumulate { 1.0 } else { 0.0 },
-            1.0,
-            false,
-            false,
-            false,
-            parallelism(parallel),
-        )
-    }
+    unsafe { gemm_f32([m, n, k], out, a, b, [n, 1], accumulate, parallel) }
+}
+
+/// `out[m, n] (+)= a[m, k] @ b[k, n]`, out and a dense row-major, b's element (p, j) at
+/// `p * b_row + j * b_col`. Without `accumulate`, out is not read.
+///
+/// # Safety
+/// Every element of out, a and b so addressed must be in bounds.
+unsafe fn gemm_f32(
+    [m, n, k]: [usize; 3],
+    out: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    [b_row, b_col]: [usize; 2],
+    accumulate: bool,
+    parallel: bool,
+) {
+    gemm::gemm(
+        m,
+        n,
+        k,
+        out.as_mut_ptr(),
+        1,
+        n as isize,
+        accumulate,
+        a.as_ptr(),
+        1,
+        k as isize,
+        b.as_ptr(),
+        b_col as isize,
+        b_row as isize,
+        1.0,
+        1.0,
+        false,
+        false,
+        false,
+        parallelism(parallel),
+    )
 }
 
 fn parallelism(parallel: bool) -> Parallelism {

@@ -267,6 +267,12 @@ mod tests {
         path
     }
 
+    /// `read_torch_bin` of a checkpoint written by [`write_checkpoint`] into a temporary folder.
+    fn read_checkpoint(pkl: &[u8], storages: &[(&str, &[u8])]) -> Result<Vec<(String, Tensor)>> {
+        let dir = tempfile::tempdir().unwrap();
+        read_torch_bin(&write_checkpoint(dir.path(), pkl, storages))
+    }
+
     /// Protocol-2 opcodes for `_rebuild_tensor_v2` of one storage, as torch.save writes them.
     fn tensor_ops(
         class: &str,
@@ -391,9 +397,7 @@ mod tests {
             "w",
             &tensor_ops("FloatStorage", "0", 8, 2, &[2, 3], &[3, 1]),
         );
-        let dir = tempfile::tempdir().unwrap();
-        let path = write_checkpoint(dir.path(), &pkl, &[("0", &f32_bytes(&values))]);
-        let tensors = read_torch_bin(&path).unwrap();
+        let tensors = read_checkpoint(&pkl, &[("0", &f32_bytes(&values))]).unwrap();
         assert_eq!(tensors.len(), 1);
         assert_eq!(tensors[0].0, "w");
         assert_eq!(tensors[0].1.dtype(), DType::F32);
@@ -412,9 +416,7 @@ mod tests {
         pkl.extend(short_str("w"));
         pkl.extend(tensor_ops("BFloat16Storage", "0", 2, 0, &[2], &[1]));
         pkl.extend(b"su.");
-        let dir = tempfile::tempdir().unwrap();
-        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0x80, 0x3f, 0x00, 0x40])]);
-        let tensors = read_torch_bin(&path).unwrap();
+        let tensors = read_checkpoint(&pkl, &[("0", &[0x80, 0x3f, 0x00, 0x40])]).unwrap();
         assert_eq!(tensors.len(), 1);
         assert_eq!(tensors[0].1.dtype(), DType::BF16);
         assert_eq!(tensors[0].1.to_f32(), vec![1.0, 2.0]);
@@ -426,9 +428,7 @@ mod tests {
             "w",
             &tensor_ops("FloatStorage", "0", 6, 0, &[2, 3], &[1, 2]),
         );
-        let dir = tempfile::tempdir().unwrap();
-        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 24])]);
-        let err = read_torch_bin(&path).unwrap_err();
+        let err = read_checkpoint(&pkl, &[("0", &[0; 24])]).unwrap_err();
         let Error::Tensor { tensor, msg, .. } = &err else {
             panic!("{err}");
         };
@@ -439,9 +439,7 @@ mod tests {
     #[test]
     fn short_storage_is_truncated() {
         let pkl = state_dict_pickle("w", &tensor_ops("HalfStorage", "0", 4, 0, &[4], &[1]));
-        let dir = tempfile::tempdir().unwrap();
-        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 6])]);
-        let err = read_torch_bin(&path).unwrap_err();
+        let err = read_checkpoint(&pkl, &[("0", &[0; 6])]).unwrap_err();
         let Error::Tensor { tensor, msg, .. } = &err else {
             panic!("{err}");
         };
@@ -452,9 +450,7 @@ mod tests {
     #[test]
     fn unsupported_dtype_is_a_tensor_error() {
         let pkl = state_dict_pickle("w", &tensor_ops("DoubleStorage", "0", 1, 0, &[1], &[1]));
-        let dir = tempfile::tempdir().unwrap();
-        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 8])]);
-        let err = read_torch_bin(&path).unwrap_err();
+        let err = read_checkpoint(&pkl, &[("0", &[0; 8])]).unwrap_err();
         assert!(
             matches!(&err, Error::Tensor { tensor, .. } if tensor == "w"),
             "{err}"
@@ -465,9 +461,7 @@ mod tests {
     #[test]
     fn missing_data_entry_is_an_error() {
         let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "7", 1, 0, &[1], &[1]));
-        let dir = tempfile::tempdir().unwrap();
-        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 4])]);
-        let err = read_torch_bin(&path).unwrap_err();
+        let err = read_checkpoint(&pkl, &[("0", &[0; 4])]).unwrap_err();
         assert!(matches!(err, Error::Checkpoint { .. }), "{err}");
         assert!(err.to_string().contains("archive/data/7"), "{err}");
     }
@@ -516,9 +510,7 @@ mod tests {
             pkl.extend(&tensor);
         }
         pkl.extend(b"u.");
-        let dir = tempfile::tempdir().unwrap();
-        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 4])]);
-        let err = read_torch_bin(&path).unwrap_err();
+        let err = read_checkpoint(&pkl, &[("0", &[0; 4])]).unwrap_err();
         assert!(err.to_string().contains("`w` appears twice"), "{err}");
     }
 
