@@ -487,52 +487,35 @@ fn report_run(outcome: toolsift::annotate::RunOutcome) -> Option<toolsift::annot
 /// `annotate --demo`: the embedded model, corpus and settings; the output replaces an earlier
 /// demo output at the same path.
 fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
-    use toolsift::annotate::{run_job_on, Job, Shard};
-    use toolsift::demo::{assets, corpus::DEMO_TOOLS};
+    use toolsift::demo::run::{DemoOptions, DemoRun};
     let started = std::time::Instant::now();
-    let mut config = assets::demo_config()?;
-    if let Some(seed) = args.seed {
-        config.seed = seed;
-    }
     if args.print_config {
+        let mut config = toolsift::demo::assets::demo_config()?;
+        if let Some(seed) = args.seed {
+            config.seed = seed;
+        }
         print!("{}", config.to_toml());
         return Ok(ExitCode::SUCCESS);
     }
-    let dir = assets::materialize().context("writing the demo assets")?;
-    let corpus = match args.demo_docs {
-        Some(n) => assets::corpus_prefix(&dir, n)?,
-        None => dir.join(assets::CORPUS_FILE),
-    };
-    let documents = toolsift::annotate::corpus::count_lines(&corpus)?;
-    let out = args
-        .out
-        .unwrap_or_else(|| PathBuf::from("toolsift-demo").join("cstar.jsonl"));
-    // The model and the engine first: a device that cannot start (no GPU for `--device cuda`)
-    // fails before the previous output is replaced.
-    let model = Model::load(&dir)?;
-    let engine = toolsift::backend::engine_for(&model, args.device)?;
-    prepare_demo_output(&out, false)?;
-    let shown = std::path::absolute(&out).unwrap_or_else(|_| out.clone());
+    let demo = DemoRun::prepare(DemoOptions {
+        device: args.device,
+        seed: args.seed,
+        docs: args.demo_docs,
+        tools: args.tools.as_deref().map(parse_tools).transpose()?,
+        out: args
+            .out
+            .unwrap_or_else(|| PathBuf::from("toolsift-demo").join("cstar.jsonl")),
+        progress: !args.no_progress,
+    })?;
+    report_replaced(&demo.replaced);
+    let shown = std::path::absolute(demo.out()).unwrap_or_else(|_| demo.out().to_owned());
     eprintln!(
-        "demo: model, corpus ({documents} documents) and settings from {}",
-        dir.display()
+        "demo: model, corpus ({} documents) and settings from {}",
+        demo.documents,
+        demo.assets_dir.display()
     );
     eprintln!("demo: C* will be written to {}", shown.display());
-    let job = Job {
-        model_dir: dir,
-        corpus,
-        out: out.clone(),
-        config,
-        tools: Some(match &args.tools {
-            Some(keys) => parse_tools(keys)?,
-            None => DEMO_TOOLS.to_vec(),
-        }),
-        device: args.device,
-        shard: Shard::default(),
-        progress: !args.no_progress,
-    };
-    let outcome = run_job_on(&job, &model, engine.as_ref())?;
-    report_run(outcome);
+    report_run(demo.run()?);
     eprintln!("C*: {}", shown.display());
     eprintln!(
         "wall time: {:.2}s (assets, model load, annotate, write)",
@@ -541,100 +524,40 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Makes the parent folder of a demo output and removes an earlier finished output there
-/// (C*, rejects, summary; with `journal_too` an interrupted run's journal as well), saying so.
-fn prepare_demo_output(out: &std::path::Path, journal_too: bool) -> Result<()> {
-    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("{}", parent.display()))?;
-    }
-    let removed = toolsift::demo::remove_previous_output(out, journal_too)?;
+fn report_replaced(removed: &[PathBuf]) {
     if !removed.is_empty() {
         let names: Vec<String> = removed.iter().map(|p| p.display().to_string()).collect();
         eprintln!("demo: replacing the previous output ({})", names.join(", "));
     }
-    Ok(())
 }
 
 /// `eval-demo`: a second demo set from `--seed`, annotated like the demo, measured against its
 /// sites.
 fn eval_demo(args: EvalDemoArgs) -> Result<ExitCode> {
-    use toolsift::annotate::{run_job_on, writer::write_atomic, Job, RunOutcome, Shard};
-    use toolsift::demo::{assets, corpus, eval};
-    let started = std::time::Instant::now();
-    let config = assets::demo_config()?;
-    let dir = assets::materialize().context("writing the demo assets")?;
-    // One model and engine for the annotate run and the generation comparison after it, opened
-    // before anything is written (a device that cannot start replaces nothing).
-    let model = Model::load(&dir)?;
-    let engine = toolsift::backend::engine_for(&model, args.device)?;
-    std::fs::create_dir_all(&args.out).with_context(|| format!("{}", args.out.display()))?;
-    let docs = corpus::generate(args.seed, args.docs);
-    let corpus_path = args.out.join("corpus.jsonl");
-    let text = assets::docs_jsonl(&docs);
-    write_atomic(&corpus_path, |w| {
-        w.write_all(text.as_bytes())
-            .map_err(|e| toolsift::Error::io(&corpus_path, e))
+    use toolsift::demo::run::{EvalOptions, EvalRun};
+    let eval = EvalRun::prepare(EvalOptions {
+        seed: args.seed,
+        docs: args.docs,
+        device: args.device,
+        out_dir: args.out,
+        tool_use: !args.skip_generate,
+        progress: !args.no_progress,
     })?;
-    let cstar = args.out.join("cstar.jsonl");
-    prepare_demo_output(&cstar, true)?;
+    report_replaced(&eval.replaced);
     eprintln!(
         "eval-demo: {} documents from seed {} in {}; model and settings from {}",
-        docs.len(),
-        args.seed,
-        corpus_path.display(),
-        dir.display()
+        eval.documents(),
+        eval.seed(),
+        eval.corpus.display(),
+        eval.assets_dir.display()
     );
-    let job = Job {
-        model_dir: dir,
-        corpus: corpus_path,
-        out: cstar.clone(),
-        config,
-        tools: Some(corpus::DEMO_TOOLS.to_vec()),
-        device: args.device,
-        shard: Shard::default(),
-        progress: !args.no_progress,
-    };
-    let summary = match run_job_on(&job, &model, engine.as_ref())? {
-        RunOutcome::Done(summary, _) => summary,
-        RunOutcome::Stopped(n) => anyhow::bail!("the annotate run stopped after {n} documents"),
-    };
-    if !args.json {
-        eprint!("{}", summary.render());
-    }
-    let records = eval::read_cstar(&cstar)?;
-    let metrics = eval::evaluate(&docs, &records);
-    let tool_use = if args.skip_generate {
-        None
-    } else {
-        use toolsift::demo::tool_use;
-        let tools = toolsift::generate::tools_from_config(None, None)?;
-        let prompts = tool_use::arithmetic_prompts(&docs);
-        Some(tool_use::compare(
-            engine.as_ref(),
-            model.tokenizer()?,
-            &tools,
-            &prompts,
-            model.config.n_positions,
-        )?)
-    };
-    let mut report = eval::EvalReport::new(
-        args.seed,
-        metrics,
-        &summary,
-        started.elapsed().as_secs_f64(),
-        &cstar,
-    );
-    report.tool_use = tool_use;
-    let json = serde_json::to_string(&report)?;
-    let report_path = args.out.join("eval.json");
-    write_atomic(&report_path, |w| {
-        writeln!(w, "{json}").map_err(|e| toolsift::Error::io(&report_path, e))
-    })?;
+    let outcome = eval.run()?;
     if args.json {
-        println!("{json}");
+        println!("{}", serde_json::to_string(&outcome.report)?);
     } else {
-        print!("{}", report.render());
-        eprintln!("wrote {}", report_path.display());
+        eprint!("{}", outcome.summary.render());
+        print!("{}", outcome.report.render());
+        eprintln!("wrote {}", outcome.report_path.display());
     }
     Ok(ExitCode::SUCCESS)
 }

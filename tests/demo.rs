@@ -184,6 +184,56 @@ fn eval_demo_json_parses_and_meets_the_targets() {
     assert!(dir.join("eval.json").exists());
 }
 
+/// Both demo commands as library calls, as an embedding program runs them: prepared (the set
+/// written, an earlier output named for replacement), then run; the returned report is the one
+/// written to eval.json, and the demo run's C* has one line per document.
+#[test]
+fn demo_runs_as_library_calls() {
+    use toolsift::annotate::RunOutcome;
+    use toolsift::demo::run::{DemoOptions, DemoRun, EvalOptions, EvalRun};
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo").join("c.jsonl");
+    let options = DemoOptions {
+        device: toolsift::Device::Cpu,
+        seed: None,
+        docs: Some(3),
+        tools: None,
+        out: out.clone(),
+        progress: false,
+    };
+    for round in 0..2 {
+        let demo = DemoRun::prepare(options.clone()).unwrap();
+        assert_eq!(demo.documents, 3);
+        assert_eq!(demo.replaced.len(), 3 * round, "{:?}", demo.replaced);
+        let RunOutcome::Done(summary, paths) = demo.run().unwrap() else {
+            panic!("stopped")
+        };
+        assert_eq!(summary.documents, 3);
+        assert_eq!(paths.out, out);
+        assert_eq!(lines(&out).len(), 3);
+    }
+
+    let eval_dir = dir.path().join("eval");
+    let eval = EvalRun::prepare(EvalOptions {
+        seed: 7,
+        docs: 6,
+        device: toolsift::Device::Cpu,
+        out_dir: eval_dir.clone(),
+        tool_use: false,
+        progress: false,
+    })
+    .unwrap();
+    assert_eq!((eval.documents(), eval.seed()), (6, 7));
+    assert_eq!(lines(&eval.corpus).len(), 6);
+    let outcome = eval.run().unwrap();
+    assert_eq!(outcome.summary.documents, 6);
+    assert!(outcome.report.tool_use.is_none());
+    let written: toolsift::demo::eval::EvalReport =
+        serde_json::from_str(&std::fs::read_to_string(&outcome.report_path).unwrap()).unwrap();
+    assert_eq!(written, outcome.report);
+    assert_eq!(lines(&eval_dir.join("cstar.jsonl")).len(), 6);
+}
+
 #[test]
 fn generate_demo_calls_the_calculator_and_uses_its_result() {
     let cwd = tempfile::tempdir().unwrap();

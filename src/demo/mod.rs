@@ -1,11 +1,13 @@
 //! The embedded demo: a synthetic corpus where tools help (`corpus`), the small GPT-J that the
 //! project trains on it (`train`, feature `train`), and the assets built into the binary for
-//! `toolsift annotate --demo` (`assets`) and the metrics of `toolsift eval-demo` (`eval`).
+//! `toolsift annotate --demo` (`assets`), the metrics of `toolsift eval-demo` (`eval`), and both
+//! commands as library calls (`run`).
 //! docs/demo.md describes all of it.
 
 pub mod assets;
 pub mod corpus;
 pub mod eval;
+pub mod run;
 pub mod tool_use;
 #[cfg(feature = "train")]
 pub mod train;

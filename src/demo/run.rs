@@ -1,0 +1,238 @@
+//! The two demo commands as library calls: `toolsift annotate --demo` ([`DemoRun`]) and
+//! `toolsift eval-demo` ([`EvalRun`]). Each is prepared first (assets written, model and engine
+//! opened, the earlier output cleared) and then run, so a caller can say where things go before
+//! the long part starts; main.rs only parses flags and prints.
+//!
+//! The model and the engine are opened before anything is removed: a device that cannot start
+//! (`Device::Cuda` without a GPU) fails without touching an earlier output.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::corpus::{DemoDoc, DEMO_TOOLS};
+use super::eval::{self, EvalReport};
+use super::{assets, remove_previous_output, tool_use};
+use crate::annotate::writer::write_atomic;
+use crate::annotate::{run_job_on, Job, RunOutcome, Shard, Summary, ToolKind};
+use crate::backend::{engine_for, Device, Engine};
+use crate::error::{Error, Result};
+use crate::model::Model;
+
+/// What `annotate --demo` takes.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    pub device: Device,
+    /// Base seed; None: the embedded settings' seed.
+    pub seed: Option<u64>,
+    /// Annotate only the first N documents of the embedded corpus.
+    pub docs: Option<usize>,
+    /// None: the demo's tools (calculator, calendar).
+    pub tools: Option<Vec<ToolKind>>,
+    /// The C* file; rejects and summary go next to it. An earlier C* there is replaced.
+    pub out: PathBuf,
+    pub progress: bool,
+}
+
+/// `annotate --demo`, ready to run.
+pub struct DemoRun {
+    /// The materialized assets: model, tokenizer, corpus.jsonl, annotate.toml.
+    pub assets_dir: PathBuf,
+    /// Documents that will be annotated.
+    pub documents: u64,
+    /// Earlier output files removed to make way for this run.
+    pub replaced: Vec<PathBuf>,
+    job: Job,
+    model: Model,
+    engine: Box<dyn Engine>,
+}
+
+impl DemoRun {
+    pub fn prepare(options: DemoOptions) -> Result<Self> {
+        let mut config = assets::demo_config()?;
+        if let Some(seed) = options.seed {
+            config.seed = seed;
+        }
+        let dir = assets::materialize()?;
+        let corpus = match options.docs {
+            Some(n) => assets::corpus_prefix(&dir, n)?,
+            None => dir.join(assets::CORPUS_FILE),
+        };
+        let documents = crate::annotate::corpus::count_lines(&corpus)?;
+        let model = Model::load(&dir)?;
+        let engine = engine_for(&model, options.device)?;
+        let replaced = prepare_output(&options.out, false)?;
+        let job = Job {
+            model_dir: dir.clone(),
+            corpus,
+            out: options.out,
+            config,
+            tools: Some(options.tools.unwrap_or_else(|| DEMO_TOOLS.to_vec())),
+            device: options.device,
+            shard: Shard::default(),
+            progress: options.progress,
+        };
+        Ok(DemoRun {
+            assets_dir: dir,
+            documents,
+            replaced,
+            job,
+            model,
+            engine,
+        })
+    }
+
+    /// The C* file this run writes.
+    pub fn out(&self) -> &Path {
+        &self.job.out
+    }
+
+    pub fn run(self) -> Result<RunOutcome> {
+        run_job_on(&self.job, &self.model, self.engine.as_ref())
+    }
+}
+
+/// What `eval-demo` takes.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    /// Seed of the generated set (the embedded corpus uses another).
+    pub seed: u64,
+    /// Documents in the set.
+    pub docs: usize,
+    pub device: Device,
+    /// Folder for the set (corpus.jsonl), its C* (cstar.jsonl, replaced) and eval.json.
+    pub out_dir: PathBuf,
+    /// Also compare generation with and without tools on the set's arithmetic prompts.
+    pub tool_use: bool,
+    pub progress: bool,
+}
+
+/// `eval-demo`, ready to run: the set generated and written.
+pub struct EvalRun {
+    pub assets_dir: PathBuf,
+    /// The generated set, written as JSONL.
+    pub corpus: PathBuf,
+    pub replaced: Vec<PathBuf>,
+    docs: Vec<DemoDoc>,
+    options: EvalOptions,
+    job: Job,
+    model: Model,
+    engine: Box<dyn Engine>,
+    started: Instant,
+}
+
+/// What an `eval-demo` run produced.
+pub struct EvalOutcome {
+    /// The annotate run's summary.
+    pub summary: Summary,
+    pub report: EvalReport,
+    /// Where the report was written (eval.json).
+    pub report_path: PathBuf,
+}
+
+impl EvalRun {
+    pub fn prepare(options: EvalOptions) -> Result<Self> {
+        let started = Instant::now();
+        let config = assets::demo_config()?;
+        let dir = assets::materialize()?;
+        // One model and engine for the annotate run and the generation comparison after it.
+        let model = Model::load(&dir)?;
+        let engine = engine_for(&model, options.device)?;
+        let out_dir = &options.out_dir;
+        std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
+        let docs = super::corpus::generate(options.seed, options.docs);
+        let corpus = out_dir.join("corpus.jsonl");
+        let text = assets::docs_jsonl(&docs);
+        write_atomic(&corpus, |w| {
+            w.write_all(text.as_bytes())
+                .map_err(|e| Error::io(&corpus, e))
+        })?;
+        let cstar = out_dir.join("cstar.jsonl");
+        // An interrupted earlier run's journal belongs to another set: removed too.
+        let replaced = prepare_output(&cstar, true)?;
+        let job = Job {
+            model_dir: dir.clone(),
+            corpus: corpus.clone(),
+            out: cstar,
+            config,
+            tools: Some(DEMO_TOOLS.to_vec()),
+            device: options.device,
+            shard: Shard::default(),
+            progress: options.progress,
+        };
+        Ok(EvalRun {
+            assets_dir: dir,
+            corpus,
+            replaced,
+            docs,
+            options,
+            job,
+            model,
+            engine,
+            started,
+        })
+    }
+
+    /// Documents in the set.
+    pub fn documents(&self) -> usize {
+        self.docs.len()
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.options.seed
+    }
+
+    /// Annotates the set, measures the C* against the set's sites, optionally compares
+    /// generation with and without tools, and writes eval.json.
+    pub fn run(self) -> Result<EvalOutcome> {
+        let summary = match run_job_on(&self.job, &self.model, self.engine.as_ref())? {
+            RunOutcome::Done(summary, _) => summary,
+            RunOutcome::Stopped(n) => {
+                return Err(Error::input(format!(
+                    "the annotate run stopped after {n} documents"
+                )))
+            }
+        };
+        let cstar = &self.job.out;
+        let metrics = eval::evaluate(&self.docs, &eval::read_cstar(cstar)?);
+        let tool_use = if self.options.tool_use {
+            let tools = crate::generate::tools_from_config(None, None)?;
+            Some(tool_use::compare(
+                self.engine.as_ref(),
+                self.model.tokenizer()?,
+                &tools,
+                &tool_use::arithmetic_prompts(&self.docs),
+                self.model.config.n_positions,
+            )?)
+        } else {
+            None
+        };
+        let mut report = EvalReport::new(
+            self.options.seed,
+            metrics,
+            &summary,
+            self.started.elapsed().as_secs_f64(),
+            cstar,
+        );
+        report.tool_use = tool_use;
+        let json = serde_json::to_string(&report)
+            .map_err(|e| Error::input(format!("serializing the report: {e}")))?;
+        let report_path = self.options.out_dir.join("eval.json");
+        write_atomic(&report_path, |w| {
+            writeln!(w, "{json}").map_err(|e| Error::io(&report_path, e))
+        })?;
+        Ok(EvalOutcome {
+            summary,
+            report,
+            report_path,
+        })
+    }
+}
+
+/// Makes the parent folder of `out` and removes an earlier finished output there (see
+/// [`remove_previous_output`]); returns what was removed.
+fn prepare_output(out: &Path, journal_too: bool) -> Result<Vec<PathBuf>> {
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    remove_previous_output(out, journal_too)
+}
