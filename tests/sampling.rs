@@ -68,13 +68,15 @@ fn kv_cached_steps_equal_a_full_forward_of_the_same_sequence() {
     let root = tree.root();
     let prompt = random_ids(&mut rng, 12, vocab);
     engine.extend(&mut tree, &[root], std::slice::from_ref(&prompt));
-    // Two branches forked at different points, then extended a token (or a few) at a time.
+    // Two branches forked at different points, then extended a token (or a few) at a time:
+    // 1 to 6 new tokens per step, both sides of the decoder's switch from row-by-row attention
+    // to gathered gemm attention.
     let a = tree.fork(root, 12);
     let b = tree.fork(root, 7);
     let mut seqs = [prompt.clone(), prompt[..7].to_vec()];
-    for step in 0..6 {
+    for step in 0..8 {
         let toks: Vec<Vec<u32>> = (0..2)
-            .map(|_| random_ids(&mut rng, 1 + step % 3, vocab))
+            .map(|_| random_ids(&mut rng, 1 + step % 6, vocab))
             .collect();
         let x = engine.extend(&mut tree, &[a, b], &toks);
         let lp = engine.log_softmax_rows(&x);

@@ -37,6 +37,16 @@ pub struct RunStats {
     pub total_secs: f64,
 }
 
+/// Runs `op` on a worker of rayon's global pool (directly when the caller is one already).
+///
+/// Every parallel loop and parallel gemm started from a thread outside the pool is injected
+/// into it and the caller sleeps until it is done: a wake-up and a sleep per operation, dozens per
+/// forward. Small models and decoding steps are made of such short operations; entering the pool
+/// once per forward removes all of those hand-offs but one.
+pub(crate) fn on_pool<R: Send>(op: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| op())
+}
+
 pub struct CpuScorer {
     config: GptjConfig,
     weights: CpuWeights,
@@ -91,17 +101,20 @@ impl CpuScorer {
         if plan.n_tokens() == 0 {
             return Vec::new();
         }
-        let x = self.trunk(
-            &plan.tokens,
-            &plan.positions,
-            |_, qkv, ctx| attention::tree_attention(plan, qkv, n_head, head_dim, ctx),
-            stats,
-        );
-        let t = Instant::now();
-        let eps = c.layer_norm_epsilon as f32;
-        let out = head::head_log_probs(plan, &x, &self.weights, c.n_embd, c.vocab_size, eps, 64);
-        stats.head_secs += t.elapsed().as_secs_f64();
-        out
+        on_pool(|| {
+            let x = self.trunk(
+                &plan.tokens,
+                &plan.positions,
+                |_, qkv, ctx| attention::tree_attention(plan, qkv, n_head, head_dim, ctx),
+                stats,
+            );
+            let t = Instant::now();
+            let eps = c.layer_norm_epsilon as f32;
+            let out =
+                head::head_log_probs(plan, &x, &self.weights, c.n_embd, c.vocab_size, eps, 64);
+            stats.head_secs += t.elapsed().as_secs_f64();
+            out
+        })
     }
 
     /// Plans `candidates`, splitting the batch into chunks whose activations fit the budget.
