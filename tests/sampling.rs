@@ -253,6 +253,40 @@ fn decode_session_matches_the_oracle_with_spliced_tokens() {
     assert!(session.extend(&[9], &[vec![1]]).is_err());
 }
 
+/// One sequence at a time over a vocabulary wider than 2048: each step's LM head is a one-row
+/// product, which the CPU engine computes outside the gemm crate (cpu::gemm::row_times_matrix).
+#[test]
+fn one_sequence_over_a_wide_vocabulary_matches_the_oracle() {
+    use toolsift::sample::Decoder;
+    let mut config = GptjConfig::small(2, 24, 3, 4, 2053);
+    config.n_positions = 32;
+    let model = Model::from_parts(
+        config.clone(),
+        GptjWeights::random(&config, 17, DType::F32),
+        None,
+    );
+    let engine = CpuScorer::new(&model);
+    let oracle = ReferenceModel::new(&model.config, &model.weights);
+    let mut rng = Rng::new(2);
+    let mut session = engine.session();
+    let s = session.new_sequence();
+    let mut seq = Vec::new();
+    for len in [5, 1, 1, 3, 1] {
+        let toks = random_ids(&mut rng, len, config.vocab_size);
+        seq.extend(&toks);
+        let lp = session.extend(&[s], &[toks]).unwrap();
+        let want = oracle.log_softmax(&seq);
+        let want = want.row(seq.len() - 1);
+        for (v, (&got, &want)) in lp[0].iter().zip(want).enumerate() {
+            assert!(
+                (got as f64 - want).abs() < TOL,
+                "len {} token {v}",
+                seq.len()
+            );
+        }
+    }
+}
+
 /// A random `propose` problem: model shape, sequence, branches (any point of the sequence, its
 /// start and end included) and sampling options within n_positions.
 #[derive(Debug, Clone)]

@@ -1,8 +1,9 @@
 //! Matrix products through the `gemm` crate (the one candle uses): runtime-dispatched AVX2/AVX-512
 //! microkernels, rayon-parallel, arbitrary strides. The weights are stored [in, out]
 //! (cpu/weights.rs) and multiplied row-major (`matmul`): the crate packs a transposed right-hand
-//! side on every call, which at 25-64 rows costs as much as the product. `matmul_wt` (a times b
-//! transposed) is for attention's q K^T, whose K is gathered per call anyway.
+//! side on every call, which at 25-64 rows costs as much as the product. One row through a wide
+//! matrix (a batch-1 decoding step) skips the crate: `row_times_matrix` streams the weights once.
+//! `matmul_wt` (a times b transposed) is for attention's q K^T, whose K is gathered per call anyway.
 
 use gemm::Parallelism;
 
@@ -39,8 +40,58 @@ pub fn matmul(
     if m == 0 || n == 0 {
         return;
     }
+    if m == 1 && n >= ROW_MIN_COLS {
+        return row_times_matrix(&a[..k], &b[..k * n], &mut out[..n], accumulate, parallel);
+    }
     // SAFETY: bounds as asserted; all three matrices are dense row-major.
     unsafe { gemm_f32([m, n, k], out, a, b, [n, 1], accumulate, parallel) }
+}
+
+/// Columns of `out` per task of [`row_times_matrix`]: 4 KB of sums, kept in L1 while the rows of
+/// b stream past.
+const ROW_COLS: usize = 1024;
+
+/// From this many columns on, one row goes through [`row_times_matrix`] instead of the crate.
+/// Measured on cold 512-16384 x 512-50400 weights (docs/benchmarks.md): faster from 2048 columns
+/// (1.2-1.6x), a tie at 1536, slower on narrower ones, where a column block per thread is too few.
+const ROW_MIN_COLS: usize = 2048;
+
+/// `out[n] (+)= a[k] @ b[k, n]`: one row through a weight matrix (a decoding step of one
+/// sequence). A bandwidth-bound pass over b, split by blocks of columns across threads: the
+/// crate's gemm packs b for a reuse that one row never gets.
+fn row_times_matrix(a: &[f32], b: &[f32], out: &mut [f32], accumulate: bool, parallel: bool) {
+    use rayon::prelude::*;
+    let n = out.len();
+    let task = |(c, o): (usize, &mut [f32])| {
+        if !accumulate {
+            o.fill(0.0);
+        }
+        add_rows(a, b, n, c * ROW_COLS, o)
+    };
+    if parallel {
+        out.par_chunks_mut(ROW_COLS).enumerate().for_each(task);
+    } else {
+        out.chunks_mut(ROW_COLS).enumerate().for_each(task);
+    }
+}
+
+/// `o += a @ b[.., j0..j0 + o.len()]` (b row-major, row stride n).
+fn add_rows(a: &[f32], b: &[f32], n: usize, j0: usize, o: &mut [f32]) {
+    let w = o.len();
+    // Four rows of b per pass over the sums: a quarter of the loads and stores of `o`.
+    let quads = a.len() / 4;
+    for (q, a4) in a.chunks_exact(4).enumerate() {
+        let r = |i: usize| &b[(4 * q + i) * n + j0..][..w];
+        let (b0, b1, b2, b3) = (r(0), r(1), r(2), r(3));
+        for ((((s, x0), x1), x2), x3) in o.iter_mut().zip(b0).zip(b1).zip(b2).zip(b3) {
+            *s += a4[0] * x0 + a4[1] * x1 + a4[2] * x2 + a4[3] * x3;
+        }
+    }
+    for (p, &ap) in a.iter().enumerate().skip(4 * quads) {
+        for (s, &x) in o.iter_mut().zip(&b[p * n + j0..][..w]) {
+            *s += ap * x;
+        }
+    }
 }
 
 /// `out[m, n] (+)= a[m, k] @ b[k, n]`, out and a dense row-major, b's element (p, j) at
@@ -138,6 +189,42 @@ mod tests {
         for i in 0..m {
             for j in 0..n {
                 assert!((out[i * n + j] - 2.0 * product(i, j)).abs() < 1e-4);
+            }
+        }
+    }
+
+    /// One row through a wide matrix takes the row-by-column path: columns past the last full
+    /// block, rows past the last group of four, serial and parallel, overwrite and accumulate.
+    #[test]
+    fn one_row_through_a_wide_matrix_matches_naive() {
+        let mut rng = crate::util::rng::Rng::new(3);
+        for (n, k) in [
+            (ROW_MIN_COLS, 1),
+            (ROW_MIN_COLS + 7, 6),
+            (3 * ROW_COLS + 333, 19),
+        ] {
+            let a: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| rng.normal()).collect();
+            let product = |j: usize| {
+                (0..k)
+                    .map(|p| a[p] as f64 * b[p * n + j] as f64)
+                    .sum::<f64>()
+            };
+            // f32 sums of at most 19 products of N(0, 1) values against an f64 sum: the rounding
+            // stays near 1e-6, and 1e-4 is far below any indexing mistake.
+            for parallel in [false, true] {
+                let mut out: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+                let before = out.clone();
+                matmul(&a, &b, &mut out, [1, n, k], true, parallel);
+                for (j, (&got, &was)) in out.iter().zip(&before).enumerate() {
+                    let want = was as f64 + product(j);
+                    assert!((got as f64 - want).abs() < 1e-4, "n {n} k {k} col {j}");
+                }
+                matmul(&a, &b, &mut out, [1, n, k], false, parallel);
+                for (j, &got) in out.iter().enumerate() {
+                    let want = product(j);
+                    assert!((got as f64 - want).abs() < 1e-4, "n {n} k {k} col {j}");
+                }
             }
         }
     }
