@@ -1,6 +1,8 @@
-//! Tree (cascade) attention on the CPU: every segment of the plan attends to all tokens of its
-//! ancestor segments and causally to its own. One task per segment (rayon); per head, the keys and
-//! values of the segment's context are gathered once, then two small GEMMs and a masked softmax.
+//! Attention on the CPU. Scoring runs tree (cascade) attention over a plan: every segment attends
+//! to all tokens of its ancestor segments and causally to its own, one task per segment (rayon).
+//! The decoder runs the same step over the rows of its KV tree (cpu/decode.rs). Both come down
+//! to [`attend`]: queries that are the last rows of their context, over keys and values read
+//! in place, row by row for a few queries, gathered per head into two small GEMMs for many.
 
 use rayon::prelude::*;
 
@@ -19,73 +21,179 @@ pub fn tree_attention(plan: &Plan, qkv: &[f32], n_head: usize, head_dim: usize, 
         outs.push(mine);
         rest = tail;
     }
+    // Keys and values are the k and v columns of the same qkv rows.
+    let kv = KeysValues {
+        k: &qkv[d..],
+        v: &qkv[2 * d..],
+        stride: 3 * d,
+        d,
+        head_dim,
+    };
     outs.into_par_iter().enumerate().for_each(|(s, out)| {
-        segment_attention(plan, s, qkv, n_head, head_dim, out);
+        let seg = plan.segments[s];
+        let own = seg.start as usize..(seg.start + seg.len) as usize;
+        // Context token rows: ancestors root first, then the segment itself.
+        let rows: Vec<usize> = plan
+            .ancestors_of(s)
+            .iter()
+            .flat_map(|&a| {
+                let a = plan.segments[a as usize];
+                a.start as usize..(a.start + a.len) as usize
+            })
+            .chain(own.clone())
+            .collect();
+        debug_assert_eq!(rows.len(), seg.depth as usize + own.len());
+        attend(&rows, &qkv[own.start * 3 * d..own.end * 3 * d], kv, out);
     });
 }
 
-fn segment_attention(
-    plan: &Plan,
-    s: usize,
-    qkv: &[f32],
-    n_head: usize,
-    head_dim: usize,
-    out: &mut [f32], // [len, d]
-) {
-    let d = n_head * head_dim;
-    let seg = plan.segments[s];
-    let (len, n_anc) = (seg.len as usize, seg.depth as usize);
-    let n_ctx = n_anc + len;
-    // Context token rows: ancestors root first, then the segment itself.
-    let rows: Vec<usize> = plan
-        .ancestors_of(s)
-        .iter()
-        .flat_map(|&a| {
-            let a = plan.segments[a as usize];
-            a.start as usize..(a.start + a.len) as usize
-        })
-        .chain(seg.start as usize..(seg.start + seg.len) as usize)
-        .collect();
-    debug_assert_eq!(rows.len(), n_ctx);
+/// Keys and values of context rows, read in place: row r's key is `k[r * stride..][..d]` (head h
+/// at columns h * head_dim..), its value likewise in `v`.
+#[derive(Clone, Copy)]
+pub(crate) struct KeysValues<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub stride: usize,
+    /// n_embd: n_head * head_dim.
+    pub d: usize,
+    pub head_dim: usize,
+}
+
+impl KeysValues<'_> {
+    fn key(&self, row: usize) -> &[f32] {
+        &self.k[row * self.stride..][..self.d]
+    }
+
+    fn value(&self, row: usize) -> &[f32] {
+        &self.v[row * self.stride..][..self.d]
+    }
+}
+
+/// Queries with at most this many rows attend row by row ([`attend_direct`]); more gather their
+/// context per head for two gemms ([`attend_gathered`]). A decoding step has one query per
+/// sample: the gather copies the whole context per head for it, and gemm on a 1-row problem
+/// costs more than the products (docs/benchmarks.md).
+const DIRECT_MAX_QUERIES: usize = 4;
+
+/// Attention of queries that are the last rows of their context `rows` (query a sees the
+/// context up to and including itself). q: [n_q, 3d], the qkv rows of the queries (their q
+/// columns are read); out: [n_q, d].
+pub(crate) fn attend(rows: &[usize], q: &[f32], kv: KeysValues, out: &mut [f32]) {
+    let n_q = out.len() / kv.d;
+    debug_assert_eq!(q.len(), n_q * 3 * kv.d);
+    debug_assert!(n_q <= rows.len());
+    if n_q <= DIRECT_MAX_QUERIES {
+        attend_direct(rows, q, kv, out);
+    } else {
+        attend_gathered(rows, q, kv, out);
+    }
+}
+
+/// [`attend`] all heads at once, reading each context row's key and value whole.
+fn attend_direct(rows: &[usize], q: &[f32], kv: KeysValues, out: &mut [f32]) {
+    let (d, head_dim) = (kv.d, kv.head_dim);
+    let n_head = d / head_dim;
+    let n_old = rows.len() - out.len() / d;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let mut q = vec![0f32; len * head_dim]; // [len, head_dim]
+    let mut p = vec![0f32; n_head * rows.len()]; // [n_head, n_visible]
+    for (a, out) in out.chunks_mut(d).enumerate() {
+        let q = &q[a * 3 * d..][..d];
+        let visible = &rows[..n_old + a + 1];
+        let n_vis = visible.len();
+        for (j, &r) in visible.iter().enumerate() {
+            let key = kv.key(r);
+            for (h, (qh, kh)) in q.chunks(head_dim).zip(key.chunks(head_dim)).enumerate() {
+                p[h * n_vis + j] = dot(qh, kh) * scale;
+            }
+        }
+        for ph in p[..n_head * n_vis].chunks_mut(n_vis) {
+            softmax_in_place(ph);
+        }
+        out.fill(0.0);
+        for (j, &r) in visible.iter().enumerate() {
+            let value = kv.value(r);
+            for (h, (oh, vh)) in out
+                .chunks_mut(head_dim)
+                .zip(value.chunks(head_dim))
+                .enumerate()
+            {
+                let w = p[h * n_vis + j];
+                for (o, &x) in oh.iter_mut().zip(vh) {
+                    *o += w * x;
+                }
+            }
+        }
+    }
+}
+
+/// [`attend`] head by head: the context's keys and values gathered into dense [n_ctx, head_dim]
+/// blocks, then q K^T, a masked softmax, and P V.
+fn attend_gathered(rows: &[usize], q_rows: &[f32], kv: KeysValues, out: &mut [f32]) {
+    let (d, head_dim) = (kv.d, kv.head_dim);
+    let n_head = d / head_dim;
+    let (n_q, n_ctx) = (out.len() / d, rows.len());
+    let n_old = n_ctx - n_q;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let mut q = vec![0f32; n_q * head_dim]; // [n_q, head_dim]
     let mut k = vec![0f32; n_ctx * head_dim]; // [n_ctx, head_dim]
     let mut v = vec![0f32; n_ctx * head_dim]; // [n_ctx, head_dim]
-    let mut scores = vec![0f32; len * n_ctx]; // [len, n_ctx]
-    let mut o = vec![0f32; len * head_dim]; // [len, head_dim]
+    let mut scores = vec![0f32; n_q * n_ctx]; // [n_q, n_ctx]
+    let mut o = vec![0f32; n_q * head_dim]; // [n_q, head_dim]
     for h in 0..n_head {
         let col = h * head_dim;
-        for (i, row) in (seg.start as usize..(seg.start + seg.len) as usize).enumerate() {
-            let src = &qkv[row * 3 * d + col..][..head_dim];
-            q[i * head_dim..(i + 1) * head_dim].copy_from_slice(src);
+        for a in 0..n_q {
+            q[a * head_dim..][..head_dim].copy_from_slice(&q_rows[a * 3 * d + col..][..head_dim]);
         }
-        for (j, &row) in rows.iter().enumerate() {
-            k[j * head_dim..(j + 1) * head_dim]
-                .copy_from_slice(&qkv[row * 3 * d + d + col..][..head_dim]);
-            v[j * head_dim..(j + 1) * head_dim]
-                .copy_from_slice(&qkv[row * 3 * d + 2 * d + col..][..head_dim]);
+        for (j, &r) in rows.iter().enumerate() {
+            k[j * head_dim..][..head_dim].copy_from_slice(&kv.key(r)[col..][..head_dim]);
+            v[j * head_dim..][..head_dim].copy_from_slice(&kv.value(r)[col..][..head_dim]);
         }
-        matmul_wt(&q, &k, &mut scores, [len, n_ctx, head_dim], false, false);
-        for (i, srow) in scores.chunks_mut(n_ctx).enumerate() {
-            // Token i of the segment sees every ancestor token and tokens 0..=i of its own.
-            let visible = n_anc + i + 1;
-            let max = srow[..visible]
-                .iter()
-                .fold(f32::NEG_INFINITY, |m, &x| m.max(x * scale));
-            let mut sum = 0f32;
-            for x in &mut srow[..visible] {
-                *x = (*x * scale - max).exp();
-                sum += *x;
+        matmul_wt(&q, &k, &mut scores, [n_q, n_ctx, head_dim], false, false);
+        for (a, srow) in scores.chunks_mut(n_ctx).enumerate() {
+            for x in srow.iter_mut() {
+                *x *= scale;
             }
-            let inv = 1.0 / sum;
-            for x in &mut srow[..visible] {
-                *x *= inv;
-            }
+            // Query a sees every older row and the queries up to itself.
+            let visible = n_old + a + 1;
+            softmax_in_place(&mut srow[..visible]);
             srow[visible..].fill(0.0);
         }
-        matmul(&scores, &v, &mut o, [len, head_dim, n_ctx], false, false);
-        for i in 0..len {
-            out[i * d + col..][..head_dim].copy_from_slice(&o[i * head_dim..(i + 1) * head_dim]);
+        matmul(&scores, &v, &mut o, [n_q, head_dim, n_ctx], false, false);
+        for a in 0..n_q {
+            out[a * d + col..][..head_dim].copy_from_slice(&o[a * head_dim..(a + 1) * head_dim]);
         }
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight partial sums: independent lanes the compiler can vectorize (a single running sum is
+    // a serial dependency it must keep in order).
+    let mut acc = [0f32; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a8.zip(b8) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Softmax of already scaled scores, in place.
+fn softmax_in_place(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let mut sum = 0f32;
+    for s in x.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    let inv = 1.0 / sum;
+    for s in x.iter_mut() {
+        *s *= inv;
     }
 }

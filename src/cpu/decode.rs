@@ -5,7 +5,8 @@
 
 use rayon::prelude::*;
 
-use super::gemm::{matmul, matmul_wt};
+use super::attention::{attend, KeysValues};
+use super::gemm::matmul;
 use super::{ops, CpuScorer, RunStats};
 use crate::plan::Plan;
 use crate::sample::kv_tree::Group;
@@ -121,12 +122,6 @@ impl CpuScorer {
     }
 }
 
-/// Groups with at most this many new tokens attend row by row straight from the store
-/// ([`attend_direct`]); larger ones (prefill) gather their context per head and use gemm.
-/// Decoding steps have one new token per group: there the gather, which copies the whole context
-/// per head for one query, and the gemm call on a 1-row problem cost more than the products.
-const DIRECT_MAX_NEW: usize = 4;
-
 /// Attention of new tokens over the KV tree: group g's new tokens are the last `n_new` rows of its
 /// context `ctx`, and new token a sees the context up to and including itself.
 fn cached_attention(
@@ -154,131 +149,13 @@ fn cached_attention(
             }
             let rows: Vec<usize> = ranges.iter().flat_map(|r| r.clone()).collect();
             let q = &qkv[first * 3 * d..(first + n_new) * 3 * d];
-            let kv = Store { k, v, d, head_dim };
-            if *n_new <= DIRECT_MAX_NEW {
-                attend_direct(&rows, q, kv, out);
-            } else {
-                attend_gathered(&rows, q, kv, out);
-            }
+            let kv = KeysValues {
+                k,
+                v,
+                stride: d,
+                d,
+                head_dim,
+            };
+            attend(&rows, q, kv, out);
         });
-}
-
-/// One layer's cached keys and values, [rows, d] each, with the head size.
-#[derive(Clone, Copy)]
-struct Store<'a> {
-    k: &'a [f32],
-    v: &'a [f32],
-    d: usize,
-    head_dim: usize,
-}
-
-/// Attention for one group whose queries are the last `n_new` rows of its context `rows`, all
-/// heads at once, reading each context row of K and V whole from the store.
-/// q: [n_new, 3d] (the qkv rows of the new tokens); out: [n_new, d].
-fn attend_direct(rows: &[usize], q: &[f32], kv: Store, out: &mut [f32]) {
-    let Store { k, v, d, head_dim } = kv;
-    let n_head = d / head_dim;
-    let n_new = q.len() / (3 * d);
-    let n_old = rows.len() - n_new;
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let mut p = vec![0f32; n_head * rows.len()]; // [n_head, n_ctx]
-    for (a, out) in out.chunks_mut(d).enumerate() {
-        let q = &q[a * 3 * d..][..d];
-        let visible = &rows[..n_old + a + 1];
-        let n_vis = visible.len();
-        for (j, &r) in visible.iter().enumerate() {
-            let key = &k[r * d..][..d];
-            for (h, (qh, kh)) in q.chunks(head_dim).zip(key.chunks(head_dim)).enumerate() {
-                p[h * n_vis + j] = dot(qh, kh) * scale;
-            }
-        }
-        for ph in p[..n_head * n_vis].chunks_mut(n_vis) {
-            softmax_in_place(ph);
-        }
-        out.fill(0.0);
-        for (j, &r) in visible.iter().enumerate() {
-            let value = &v[r * d..][..d];
-            for (h, (oh, vh)) in out
-                .chunks_mut(head_dim)
-                .zip(value.chunks(head_dim))
-                .enumerate()
-            {
-                let w = p[h * n_vis + j];
-                for (o, &x) in oh.iter_mut().zip(vh) {
-                    *o += w * x;
-                }
-            }
-        }
-    }
-}
-
-/// Attention for one group, head by head: its context's K and V gathered into dense [n_ctx,
-/// head_dim] blocks, then two gemms. For groups with many new tokens (prefill).
-fn attend_gathered(rows: &[usize], q_rows: &[f32], kv: Store, out: &mut [f32]) {
-    let Store { k, v, d, head_dim } = kv;
-    let n_head = d / head_dim;
-    let n_new = q_rows.len() / (3 * d);
-    let n_ctx = rows.len();
-    let n_old = n_ctx - n_new;
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let mut q = vec![0f32; n_new * head_dim];
-    let mut kh = vec![0f32; n_ctx * head_dim];
-    let mut vh = vec![0f32; n_ctx * head_dim];
-    let mut scores = vec![0f32; n_new * n_ctx];
-    let mut o = vec![0f32; n_new * head_dim];
-    for hd in 0..n_head {
-        let col = hd * head_dim;
-        for a in 0..n_new {
-            q[a * head_dim..][..head_dim].copy_from_slice(&q_rows[a * 3 * d + col..][..head_dim]);
-        }
-        for (j, &r) in rows.iter().enumerate() {
-            kh[j * head_dim..][..head_dim].copy_from_slice(&k[r * d + col..][..head_dim]);
-            vh[j * head_dim..][..head_dim].copy_from_slice(&v[r * d + col..][..head_dim]);
-        }
-        matmul_wt(&q, &kh, &mut scores, [n_new, n_ctx, head_dim], false, false);
-        for (a, srow) in scores.chunks_mut(n_ctx).enumerate() {
-            for x in srow.iter_mut() {
-                *x *= scale;
-            }
-            let visible = n_old + a + 1;
-            softmax_in_place(&mut srow[..visible]);
-            srow[visible..].fill(0.0);
-        }
-        matmul(&scores, &vh, &mut o, [n_new, head_dim, n_ctx], false, false);
-        for a in 0..n_new {
-            out[a * d + col..][..head_dim].copy_from_slice(&o[a * head_dim..(a + 1) * head_dim]);
-        }
-    }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight partial sums: independent lanes the compiler can vectorize (a single running sum is
-    // a serial dependency it must keep in order).
-    let mut acc = [0f32; 8];
-    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a8
-        .remainder()
-        .iter()
-        .zip(b8.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in a8.zip(b8) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-/// Softmax of already scaled scores, in place.
-fn softmax_in_place(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-    let mut sum = 0f32;
-    for s in x.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    for s in x.iter_mut() {
-        *s /= sum;
-    }
 }
