@@ -6,12 +6,16 @@
 //!   the LM head's 64-row chunks and the decoder's steps (25-32 rows) run 2-3.5x faster, the wide
 //!   trunk GEMMs 1.1-1.4x (docs/benchmarks.md has the measurement);
 //! - q, k and v projections are stacked into one [n_embd, 3 * n_embd] matrix, so a layer starts
-//!   with a single GEMM.
+//!   with a single GEMM;
+//! - the transpose reads the checkpoint's bytes and widens them as it writes, so no f32 copy of a
+//!   source matrix is ever made (half the load time of a bf16 checkpoint; docs/benchmarks.md).
 
 use rayon::prelude::*;
 
+use half::{bf16, f16};
+
 use crate::model::weights::{GptjWeights, LayerNormWeights};
-use crate::model::GptjConfig;
+use crate::model::{DType, GptjConfig, Tensor};
 
 pub struct CpuLayerNorm {
     pub weight: Vec<f32>, // [n_embd]
@@ -38,40 +42,77 @@ pub struct CpuWeights {
 }
 
 /// Consumes a tensor: its storage is freed on return unless shared.
-fn f32_of(t: crate::model::Tensor) -> Vec<f32> {
+fn f32_of(t: Tensor) -> Vec<f32> {
     t.to_f32()
 }
 
-/// A PyTorch linear weight ([out, in], `rows` = out) widened and stored [in, out].
-fn linear_of(t: crate::model::Tensor) -> Vec<f32> {
+/// A PyTorch linear weight ([out, in]) stored [in, out], widened as it is transposed.
+fn linear_of(t: Tensor) -> Vec<f32> {
     let rows = t.shape().first().copied().unwrap_or(0);
-    let w = f32_of(t);
-    transposed(&w, rows, w.len() / rows.max(1))
+    let cols = t.numel() / rows.max(1);
+    transposed_widened(&[&t], rows, cols)
 }
 
-/// `src` ([rows, cols], row-major) transposed to [cols, rows]. One task per 256 output rows;
+/// The matrix stacking `parts` by rows (each [rows, cols], row-major, in its storage type)
+/// transposed to [cols, parts.len() * rows] and widened to f32 in the same pass: no f32 copy of
+/// the source is made (it would be a second fresh allocation as large as the result, and on a
+/// large checkpoint the page faults of fresh memory are a third of the load).
+fn transposed_widened(parts: &[&Tensor], rows: usize, cols: usize) -> Vec<f32> {
+    fn elements<'a, const N: usize>(parts: &[&'a Tensor]) -> Vec<&'a [[u8; N]]> {
+        parts
+            .iter()
+            .map(|t| bytemuck::cast_slice(t.bytes()))
+            .collect()
+    }
+    let dtype = parts.first().map_or(DType::F32, |t| t.dtype());
+    if parts.iter().any(|t| t.dtype() != dtype) {
+        // Mixed storage types: widen each part first.
+        let wide: Vec<Vec<f32>> = parts.iter().map(|t| t.to_f32()).collect();
+        let wide: Vec<&[f32]> = wide.iter().map(Vec::as_slice).collect();
+        return transposed(&wide, rows, cols, |x| x);
+    }
+    match dtype {
+        DType::F32 => transposed(&elements::<4>(parts), rows, cols, f32::from_le_bytes),
+        DType::F16 => transposed(&elements::<2>(parts), rows, cols, |b| {
+            f16::from_le_bytes(b).to_f32()
+        }),
+        DType::BF16 => transposed(&elements::<2>(parts), rows, cols, |b| {
+            bf16::from_le_bytes(b).to_f32()
+        }),
+    }
+}
+
+/// The matrix stacking `parts` by rows (each [rows, cols], row-major) transposed to [cols,
+/// parts.len() * rows], each element passed through `widen`. One task per 256 output rows;
 /// within it, 256-row tiles of the source moved in 32 x 32 pieces, so reads and writes both stay
 /// within a few hundred pages at a time (a plain column walk misses the TLB on every source row,
 /// about half the speed on a 50400 x 4096 head: 0.4 against 0.8-1.1 GB/s on 2 cores).
-pub(crate) fn transposed(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+fn transposed<E: Copy + Sync>(
+    parts: &[&[E]],
+    rows: usize,
+    cols: usize,
+    widen: impl Fn(E) -> f32 + Sync,
+) -> Vec<f32> {
     const TILE: usize = 256;
     const PIECE: usize = 32;
-    let mut out = vec![0f32; rows * cols];
-    if rows == 0 || cols == 0 {
+    let total = parts.len() * rows; // rows of the stacked source = columns of the result
+    let mut out = vec![0f32; total * cols];
+    if total == 0 || cols == 0 {
         return out;
     }
-    out.par_chunks_mut(TILE * rows)
+    let row = |i: usize| &parts[i / rows][(i % rows) * cols..][..cols];
+    out.par_chunks_mut(TILE * total)
         .enumerate()
         .for_each(|(b, block)| {
-            let (j0, width) = (b * TILE, block.len() / rows);
-            for i0 in (0..rows).step_by(TILE) {
-                let i1 = (i0 + TILE).min(rows);
+            let (j0, width) = (b * TILE, block.len() / total);
+            for i0 in (0..total).step_by(TILE) {
+                let i1 = (i0 + TILE).min(total);
                 for pi in (i0..i1).step_by(PIECE) {
                     for pj in (0..width).step_by(PIECE) {
                         let w = PIECE.min(width - pj);
                         for i in pi..(pi + PIECE).min(i1) {
-                            for (dj, &v) in src[i * cols + j0 + pj..][..w].iter().enumerate() {
-                                block[(pj + dj) * rows + i] = v;
+                            for (dj, &v) in row(i)[j0 + pj..][..w].iter().enumerate() {
+                                block[(pj + dj) * total + i] = widen(v);
                             }
                         }
                     }
@@ -107,13 +148,16 @@ impl CpuWeights {
             .into_iter()
             .map(|b| {
                 // [3d, d] (q, k, v rows), stored as its transpose [d, 3d].
-                let mut qkv = f32_of(b.attn.q_proj.weight);
-                qkv.extend(f32_of(b.attn.k_proj.weight));
-                qkv.extend(f32_of(b.attn.v_proj.weight));
+                let attn = &b.attn;
                 let d = config.n_embd;
+                let qkv = [
+                    &attn.q_proj.weight,
+                    &attn.k_proj.weight,
+                    &attn.v_proj.weight,
+                ];
                 CpuBlock {
                     ln_1: ln(&b.ln_1),
-                    qkv: transposed(&qkv, 3 * d, d),
+                    qkv: transposed_widened(&qkv, d, d),
                     out_proj: linear_of(b.attn.out_proj.weight),
                     fc_in: linear_of(b.mlp.fc_in.weight),
                     fc_in_b: b.mlp.fc_in.bias.map(f32_of).expect("fc_in has a bias"),
@@ -160,7 +204,7 @@ impl CpuWeights {
 
 #[cfg(test)]
 mod tests {
-    use super::transposed;
+    use super::*;
 
     #[test]
     fn transposes_any_shape() {
@@ -174,10 +218,42 @@ mod tests {
             (257, 513),
         ] {
             let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
-            let t = transposed(&src, rows, cols);
+            let t = transposed(&[&src[..]], rows, cols, |x| x);
             for i in 0..rows {
                 for j in 0..cols {
                     assert_eq!(t[j * rows + i], src[i * cols + j]);
+                }
+            }
+        }
+    }
+
+    /// Stacked parts in every storage type (and mixed) give the transpose of the widened
+    /// stack: exactly, since widening is exact.
+    #[test]
+    fn transposes_and_widens_stacked_tensors() {
+        let (rows, cols) = (37, 300);
+        let mut rng = crate::util::rng::Rng::new(4);
+        let values: Vec<Vec<f32>> = (0..3)
+            .map(|_| (0..rows * cols).map(|_| rng.normal()).collect())
+            .collect();
+        let mixed = [DType::BF16, DType::F32, DType::F16];
+        for dtypes in [[DType::F32; 3], [DType::F16; 3], [DType::BF16; 3], mixed] {
+            let parts: Vec<Tensor> = values
+                .iter()
+                .zip(dtypes)
+                .map(|(v, dt)| Tensor::from_f32_as(vec![rows, cols], v, dt))
+                .collect();
+            let refs: Vec<&Tensor> = parts.iter().collect();
+            let got = transposed_widened(&refs, rows, cols);
+            let stacked: Vec<f32> = parts.iter().flat_map(|t| t.to_f32()).collect();
+            let total = 3 * rows;
+            for i in 0..total {
+                for j in 0..cols {
+                    assert_eq!(
+                        got[j * total + i],
+                        stacked[i * cols + j],
+                        "{dtypes:?} ({i}, {j})"
+                    );
                 }
             }
         }
