@@ -490,11 +490,7 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
     use toolsift::demo::run::{DemoOptions, DemoRun};
     let started = std::time::Instant::now();
     if args.print_config {
-        let mut config = toolsift::demo::assets::demo_config()?;
-        if let Some(seed) = args.seed {
-            config.seed = seed;
-        }
-        print!("{}", config.to_toml());
+        print!("{}", toolsift::demo::run::settings(args.seed)?.to_toml());
         return Ok(ExitCode::SUCCESS);
     }
     let demo = DemoRun::prepare(DemoOptions {

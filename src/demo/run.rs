@@ -13,7 +13,7 @@ use super::corpus::{DemoDoc, DEMO_TOOLS};
 use super::eval::{self, EvalReport};
 use super::{assets, remove_previous_output, tool_use};
 use crate::annotate::writer::write_atomic;
-use crate::annotate::{run_job_on, Job, RunOutcome, Shard, Summary, ToolKind};
+use crate::annotate::{run_job_on, AnnotateConfig, Job, RunOutcome, Shard, Summary, ToolKind};
 use crate::backend::{engine_for, Device, Engine};
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -42,42 +42,26 @@ pub struct DemoRun {
     /// Earlier output files removed to make way for this run.
     pub replaced: Vec<PathBuf>,
     job: Job,
-    model: Model,
-    engine: Box<dyn Engine>,
+    opened: Opened,
 }
 
 impl DemoRun {
     pub fn prepare(options: DemoOptions) -> Result<Self> {
-        let mut config = assets::demo_config()?;
-        if let Some(seed) = options.seed {
-            config.seed = seed;
-        }
-        let dir = assets::materialize()?;
+        let opened = Opened::new(options.seed, options.device)?;
         let corpus = match options.docs {
-            Some(n) => assets::corpus_prefix(&dir, n)?,
-            None => dir.join(assets::CORPUS_FILE),
+            Some(n) => assets::corpus_prefix(&opened.dir, n)?,
+            None => opened.dir.join(assets::CORPUS_FILE),
         };
         let documents = crate::annotate::corpus::count_lines(&corpus)?;
-        let model = Model::load(&dir)?;
-        let engine = engine_for(&model, options.device)?;
         let replaced = prepare_output(&options.out, false)?;
-        let job = Job {
-            model_dir: dir.clone(),
-            corpus,
-            out: options.out,
-            config,
-            tools: Some(options.tools.unwrap_or_else(|| DEMO_TOOLS.to_vec())),
-            device: options.device,
-            shard: Shard::default(),
-            progress: options.progress,
-        };
+        let tools = options.tools.unwrap_or_else(|| DEMO_TOOLS.to_vec());
+        let job = opened.job(corpus, options.out, tools, options.progress);
         Ok(DemoRun {
-            assets_dir: dir,
+            assets_dir: opened.dir.clone(),
             documents,
             replaced,
             job,
-            model,
-            engine,
+            opened,
         })
     }
 
@@ -87,7 +71,7 @@ impl DemoRun {
     }
 
     pub fn run(self) -> Result<RunOutcome> {
-        run_job_on(&self.job, &self.model, self.engine.as_ref())
+        self.opened.run(&self.job)
     }
 }
 
@@ -115,8 +99,7 @@ pub struct EvalRun {
     docs: Vec<DemoDoc>,
     options: EvalOptions,
     job: Job,
-    model: Model,
-    engine: Box<dyn Engine>,
+    opened: Opened,
     started: Instant,
 }
 
@@ -132,11 +115,8 @@ pub struct EvalOutcome {
 impl EvalRun {
     pub fn prepare(options: EvalOptions) -> Result<Self> {
         let started = Instant::now();
-        let config = assets::demo_config()?;
-        let dir = assets::materialize()?;
         // One model and engine for the annotate run and the generation comparison after it.
-        let model = Model::load(&dir)?;
-        let engine = engine_for(&model, options.device)?;
+        let opened = Opened::new(None, options.device)?;
         let out_dir = &options.out_dir;
         std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
         let docs = super::corpus::generate(options.seed, options.docs);
@@ -149,25 +129,15 @@ impl EvalRun {
         let cstar = out_dir.join("cstar.jsonl");
         // An interrupted earlier run's journal belongs to another set: removed too.
         let replaced = prepare_output(&cstar, true)?;
-        let job = Job {
-            model_dir: dir.clone(),
-            corpus: corpus.clone(),
-            out: cstar,
-            config,
-            tools: Some(DEMO_TOOLS.to_vec()),
-            device: options.device,
-            shard: Shard::default(),
-            progress: options.progress,
-        };
+        let job = opened.job(corpus.clone(), cstar, DEMO_TOOLS.to_vec(), options.progress);
         Ok(EvalRun {
-            assets_dir: dir,
+            assets_dir: opened.dir.clone(),
             corpus,
             replaced,
             docs,
             options,
             job,
-            model,
-            engine,
+            opened,
             started,
         })
     }
@@ -184,7 +154,7 @@ impl EvalRun {
     /// Annotates the set, measures the C* against the set's sites, optionally compares
     /// generation with and without tools, and writes eval.json.
     pub fn run(self) -> Result<EvalOutcome> {
-        let summary = match run_job_on(&self.job, &self.model, self.engine.as_ref())? {
+        let summary = match self.opened.run(&self.job)? {
             RunOutcome::Done(summary, _) => summary,
             RunOutcome::Stopped(n) => {
                 return Err(Error::input(format!(
@@ -196,12 +166,13 @@ impl EvalRun {
         let metrics = eval::evaluate(&self.docs, &eval::read_cstar(cstar)?);
         let tool_use = if self.options.tool_use {
             let tools = crate::generate::tools_from_config(None, None)?;
+            let Opened { model, engine, .. } = &self.opened;
             Some(tool_use::compare(
-                self.engine.as_ref(),
-                self.model.tokenizer()?,
+                engine.as_ref(),
+                model.tokenizer()?,
                 &tools,
                 &tool_use::arithmetic_prompts(&self.docs),
-                self.model.config.n_positions,
+                model.config.n_positions,
             )?)
         } else {
             None
@@ -225,6 +196,59 @@ impl EvalRun {
             report,
             report_path,
         })
+    }
+}
+
+/// The demo's settings (annotate.toml as embedded; `seed` overrides its base seed).
+pub fn settings(seed: Option<u64>) -> Result<AnnotateConfig> {
+    let mut config = assets::demo_config()?;
+    if let Some(seed) = seed {
+        config.seed = seed;
+    }
+    Ok(config)
+}
+
+/// What both commands open before they touch any output: the settings, the materialized
+/// assets, the model and its engine.
+struct Opened {
+    config: AnnotateConfig,
+    dir: PathBuf,
+    device: Device,
+    model: Model,
+    engine: Box<dyn Engine>,
+}
+
+impl Opened {
+    fn new(seed: Option<u64>, device: Device) -> Result<Self> {
+        let config = settings(seed)?;
+        let dir = assets::materialize()?;
+        let model = Model::load(&dir)?;
+        let engine = engine_for(&model, device)?;
+        Ok(Opened {
+            config,
+            dir,
+            device,
+            model,
+            engine,
+        })
+    }
+
+    /// The annotate job over `corpus` into `out` with the demo's model and settings.
+    fn job(&self, corpus: PathBuf, out: PathBuf, tools: Vec<ToolKind>, progress: bool) -> Job {
+        Job {
+            model_dir: self.dir.clone(),
+            corpus,
+            out,
+            config: self.config.clone(),
+            tools: Some(tools),
+            device: self.device,
+            shard: Shard::default(),
+            progress,
+        }
+    }
+
+    fn run(&self, job: &Job) -> Result<RunOutcome> {
+        run_job_on(job, &self.model, self.engine.as_ref())
     }
 }
 
