@@ -18,8 +18,13 @@ use toolsift::Model;
 const TOL: f64 = 2e-3;
 
 fn random_model(seed: u64) -> Model {
-    let mut config = GptjConfig::small(2, 24, 3, 4, 61);
-    config.n_positions = 96;
+    random_model_with(61, 96, seed)
+}
+
+/// 2 layers of 3 heads x 4, random f32 weights.
+fn random_model_with(vocab: usize, n_positions: usize, seed: u64) -> Model {
+    let mut config = GptjConfig::small(2, 24, 3, 4, vocab);
+    config.n_positions = n_positions;
     let w = GptjWeights::random(&config, seed, DType::F32);
     Model::from_parts(config, w, None)
 }
@@ -258,13 +263,8 @@ fn decode_session_matches_the_oracle_with_spliced_tokens() {
 #[test]
 fn one_sequence_over_a_wide_vocabulary_matches_the_oracle() {
     use toolsift::sample::Decoder;
-    let mut config = GptjConfig::small(2, 24, 3, 4, 2053);
-    config.n_positions = 32;
-    let model = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 17, DType::F32),
-        None,
-    );
+    let model = random_model_with(2053, 32, 17);
+    let config = &model.config;
     let engine = CpuScorer::new(&model);
     let oracle = ReferenceModel::new(&model.config, &model.weights);
     let mut rng = Rng::new(2);
