@@ -55,3 +55,16 @@ impl Error {
         Error::Input(msg.into())
     }
 }
+
+/// Maps a CUDA driver error to the crate's error, naming what was being done:
+/// `.map_err(driver_err("launching gelu"))`.
+#[cfg(feature = "cuda")]
+pub(crate) fn driver_err(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> Error + '_ {
+    move |e| {
+        let text = e
+            .error_string()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Error::Backend(format!("cuda: {what}: {e:?} {text}"))
+    }
+}

@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::calls::{clean_result, parse_call, Malformed};
-use super::config::{AnnotateConfig, ToolKind};
+use super::config::AnnotateConfig;
 use super::corpus::Document;
+use super::tool_kind::ToolKind;
 use super::tools::{DocContext, ToolRegistry};
 use super::{heuristics, positions, prompts, splice};
 use crate::error::{Error, Result};

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use super::config::{AnnotateConfig, ToolKind};
+use super::config::AnnotateConfig;
+use super::tool_kind::ToolKind;
 use super::tools::ToolRegistry;
 use super::{annotate, Annotator, RunOptions, RunOutcome, Shard};
 use crate::backend::{engine_for, Device, Engine};

@@ -21,6 +21,7 @@ pub mod prompts;
 pub mod shard;
 pub mod splice;
 pub mod summary;
+pub mod tool_kind;
 pub mod tools;
 pub mod writer;
 
@@ -30,12 +31,13 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-pub use config::{AnnotateConfig, ToolKind, ToolParams};
+pub use config::{AnnotateConfig, ToolParams};
 pub use corpus::{Document, Line};
 pub use document::{Annotator, CStarRecord, CallRecord, DocStats, StageSecs, ToolStats};
 pub use job::{run_job, run_job_on, Job};
 pub use shard::Shard;
 pub use summary::Summary;
+pub use tool_kind::ToolKind;
 pub use writer::OutputPaths;
 
 use crate::error::{Error, Result};

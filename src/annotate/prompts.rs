@@ -6,7 +6,7 @@
 //!
 //! A config may replace any prompt (`[per_tool.<tool>] prompt = "..."`); "{x}" marks the text.
 
-use super::config::ToolKind;
+use super::tool_kind::ToolKind;
 
 const CALCULATOR: &str = "Your task is to add calls to a Calculator API to a piece of text. \
 The calls should help you get information required to complete the text. You can call the API by \

@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::config::ToolKind;
 use super::document::{CStarRecord, DocStats, StageSecs, ToolStats};
+use super::tool_kind::ToolKind;
 
 /// How many best and worst calls are kept per tool.
 pub const EXAMPLES: usize = 3;

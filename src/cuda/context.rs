@@ -14,7 +14,7 @@ use cudarc::driver::{
 use half::{bf16, f16};
 
 use super::gemm::{Blas, BlasType};
-use crate::error::{Error, Result};
+use crate::error::{driver_err, Error, Result};
 
 /// The PTX of every kernel file, compiled by build.rs (empty when nvcc was not found).
 #[cfg(toolsift_ptx)]
@@ -54,17 +54,6 @@ const PTX: &[(&str, &str)] = &[];
 
 /// Whether build.rs compiled the kernels (nvcc was found when this binary was built).
 pub const KERNELS_BUILT: bool = cfg!(toolsift_ptx);
-
-/// Maps a driver error to the crate's error, naming what was being done.
-pub(crate) fn driver_err(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> Error + '_ {
-    move |e| {
-        let text = e
-            .error_string()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        Error::Backend(format!("cuda: {what}: {e:?} {text}"))
-    }
-}
 
 /// The 16-bit storage types of device weights and activations. Kernels are exported per type
 /// (`<stem>_bf16`, `<stem>_f16`); arithmetic is f32 in both.

@@ -23,13 +23,13 @@
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 
-use super::context::{driver_err, stride, DeviceFloat, Gpu};
+use super::context::{stride, DeviceFloat, Gpu};
 use super::layer_norm::{self, Rows};
 use super::lm_head_xent;
 use super::tree_attention::TreeTiles;
 use super::weights::CudaWeights;
 use super::{check, upload, zeros, CudaScorer, DeviceWeights, NewTokens};
-use crate::error::{Error, Result};
+use crate::error::{driver_err, Error, Result};
 use crate::plan::Plan;
 use crate::sample::kv_tree::{Group, KvTree};
 use crate::sample::{

@@ -2,9 +2,9 @@
 
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-use super::context::{driver_err, DeviceFloat, Gpu};
+use super::context::{DeviceFloat, Gpu};
 use super::{check, need};
-use crate::error::Result;
+use crate::error::{driver_err, Result};
 
 pub const BLOCK: u32 = 256;
 

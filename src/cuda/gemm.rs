@@ -22,8 +22,7 @@ use cudarc::cublaslt::sys;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
 
-use super::context::driver_err;
-use crate::error::{Error, Result};
+use crate::error::{driver_err, Error, Result};
 
 /// 32 MiB, NVIDIA's recommendation for Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;

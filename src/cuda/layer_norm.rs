@@ -3,9 +3,9 @@
 
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-use super::context::{driver_err, DeviceFloat, Gpu};
+use super::context::{DeviceFloat, Gpu};
 use super::{check, need};
-use crate::error::Result;
+use crate::error::{driver_err, Result};
 
 /// Block sizes the launcher may pick; the fuzz test runs every one.
 pub const BLOCK_CHOICES: [u32; 5] = [32, 128, 256, 512, 1024];

@@ -45,7 +45,6 @@ pub use cudarc;
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 
-use context::driver_err;
 pub use context::{stride, CudaDType, DeviceFloat, Gpu, KERNELS_BUILT};
 use decode::HeadGather;
 use layer_norm::Rows;
@@ -56,7 +55,7 @@ use weights::CudaWeights;
 
 use crate::cpu::ops::RotaryTable;
 use crate::cpu::RunStats;
-use crate::error::{Error, Result};
+use crate::error::{driver_err, Error, Result};
 use crate::model::{DType, GptjConfig, Model};
 use crate::plan::Plan;
 use crate::score::{ScoreOptions, Scorer, TokenCandidate};

@@ -7,9 +7,9 @@ use cudarc::driver::{
     CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg,
 };
 
-use super::context::{driver_err, DeviceFloat, Gpu};
+use super::context::{DeviceFloat, Gpu};
 use super::{check, need};
-use crate::error::Result;
+use crate::error::{driver_err, Result};
 use crate::plan::Plan;
 
 /// Query rows per tile (4 warps x 16) and keys per step: the attention kernels' tile contract

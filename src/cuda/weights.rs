@@ -6,8 +6,8 @@
 use cudarc::driver::CudaSlice;
 use rayon::prelude::*;
 
-use super::context::{driver_err, stride, DeviceFloat, Gpu};
-use crate::error::Result;
+use super::context::{stride, DeviceFloat, Gpu};
+use crate::error::{driver_err, Result};
 use crate::model::weights::{GptjWeights, LayerNormWeights};
 use crate::model::{DType, GptjConfig, Tensor};
 

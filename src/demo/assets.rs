@@ -17,7 +17,8 @@ use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::annotate::config::{AnnotateConfig, ToolKind};
+use crate::annotate::config::AnnotateConfig;
+use crate::annotate::tool_kind::ToolKind;
 use crate::error::{Error, Result};
 
 use super::corpus::{demo_prompt, generate, DemoDoc};

@@ -23,8 +23,8 @@
 
 use serde_json::{json, Value};
 
-use crate::annotate::config::ToolKind;
 use crate::annotate::splice::splice;
+use crate::annotate::tool_kind::ToolKind;
 use crate::annotate::tools::{evaluate, format_result, Date};
 use crate::util::rng::Rng;
 
@@ -100,6 +100,28 @@ impl Site {
                 .unwrap_or_default(),
         }
     }
+}
+
+/// The number written at `position` of `text` after optional whitespace: ASCII digits with an
+/// optional "." and more digits. None if there is none (or `position` is not in the text).
+pub fn number_after(text: &str, position: usize) -> Option<f64> {
+    let rest = text.get(position..)?.trim_start();
+    let b = rest.as_bytes();
+    let int = b.iter().take_while(|c| c.is_ascii_digit()).count();
+    if int == 0 {
+        return None;
+    }
+    let mut end = int;
+    if b.get(int) == Some(&b'.') {
+        let frac = b[int + 1..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        if frac > 0 {
+            end = int + 1 + frac;
+        }
+    }
+    rest[..end].parse().ok()
 }
 
 /// One generated document.

@@ -14,11 +14,11 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::annotate::config::ToolKind;
+use crate::annotate::tool_kind::ToolKind;
 use crate::annotate::{CStarRecord, CallRecord, Summary};
 use crate::error::{Error, Result};
 
-use super::corpus::{DemoDoc, DocKind, Site};
+use super::corpus::{number_after, DemoDoc, DocKind, Site};
 
 /// Calculator precision target.
 pub const PRECISION_TARGET: f64 = 0.9;
@@ -71,28 +71,6 @@ pub struct Metrics {
     pub unmatched_records: u64,
     pub calculator: CalculatorMetrics,
     pub calendar: CalendarMetrics,
-}
-
-/// The number written at `position` of `text` after optional whitespace: ASCII digits with an
-/// optional "." and more digits. None if there is none (or `position` is not in the text).
-pub fn number_after(text: &str, position: usize) -> Option<f64> {
-    let rest = text.get(position..)?.trim_start();
-    let b = rest.as_bytes();
-    let int = b.iter().take_while(|c| c.is_ascii_digit()).count();
-    if int == 0 {
-        return None;
-    }
-    let mut end = int;
-    if b.get(int) == Some(&b'.') {
-        let frac = b[int + 1..]
-            .iter()
-            .take_while(|c| c.is_ascii_digit())
-            .count();
-        if frac > 0 {
-            end = int + 1 + frac;
-        }
-    }
-    rest[..end].parse().ok()
 }
 
 /// Whether a calculator result equals the number the text writes after `position`.

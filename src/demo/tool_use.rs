@@ -12,15 +12,14 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::annotate::config::ToolKind;
+use crate::annotate::tool_kind::ToolKind;
 use crate::annotate::tools::ToolRegistry;
 use crate::error::Result;
 use crate::generate::{generate, GenerateOptions, Generation, Prompt};
 use crate::model::tokenizer::Tokenizer;
 use crate::sample::Decoder;
 
-use super::corpus::DemoDoc;
-use super::eval::number_after;
+use super::corpus::{number_after, DemoDoc};
 
 /// One prompt and the number that should follow it.
 #[derive(Debug, Clone)]
