@@ -12,8 +12,7 @@
 
 use rayon::prelude::*;
 
-use half::{bf16, f16};
-
+use crate::model::tensor::{bf16_to_f32, f16_to_f32};
 use crate::model::weights::{GptjWeights, LayerNormWeights};
 use crate::model::{DType, GptjConfig, Tensor};
 
@@ -59,10 +58,7 @@ fn linear_of(t: Tensor) -> Vec<f32> {
 /// large checkpoint the page faults of fresh memory are a third of the load).
 fn transposed_widened(parts: &[&Tensor], rows: usize, cols: usize) -> Vec<f32> {
     fn elements<'a, const N: usize>(parts: &[&'a Tensor]) -> Vec<&'a [[u8; N]]> {
-        parts
-            .iter()
-            .map(|t| bytemuck::cast_slice(t.bytes()))
-            .collect()
+        parts.iter().map(|t| t.elements()).collect()
     }
     let dtype = parts.first().map_or(DType::F32, |t| t.dtype());
     if parts.iter().any(|t| t.dtype() != dtype) {
@@ -72,13 +68,9 @@ fn transposed_widened(parts: &[&Tensor], rows: usize, cols: usize) -> Vec<f32> {
         return transposed(&wide, rows, cols, |x| x);
     }
     match dtype {
-        DType::F32 => transposed(&elements::<4>(parts), rows, cols, f32::from_le_bytes),
-        DType::F16 => transposed(&elements::<2>(parts), rows, cols, |b| {
-            f16::from_le_bytes(b).to_f32()
-        }),
-        DType::BF16 => transposed(&elements::<2>(parts), rows, cols, |b| {
-            bf16::from_le_bytes(b).to_f32()
-        }),
+        DType::F32 => transposed(&elements(parts), rows, cols, f32::from_le_bytes),
+        DType::F16 => transposed(&elements(parts), rows, cols, f16_to_f32),
+        DType::BF16 => transposed(&elements(parts), rows, cols, bf16_to_f32),
     }
 }
 

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use super::context::{stride, DeviceFloat, Gpu};
 use crate::error::{driver_err, Result};
 use crate::model::weights::{GptjWeights, LayerNormWeights};
-use crate::model::{DType, GptjConfig, Tensor};
+use crate::model::{GptjConfig, Tensor};
 
 pub struct CudaLayerNorm {
     pub weight: CudaSlice<f32>, // [n_embd]
@@ -36,15 +36,6 @@ pub struct CudaWeights<T> {
     pub bytes: usize,
 }
 
-/// Element `i` of a checkpoint tensor widened to f32 (exact for every storage type).
-fn element(bytes: &[u8], dtype: DType, i: usize) -> f32 {
-    match dtype {
-        DType::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes")),
-        DType::F16 => half::f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
-        DType::BF16 => half::bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
-    }
-}
-
 /// Stacks `tensors` (each [rows_i, cols]) into one [sum rows_i, ld] matrix of T on the host
 /// (rounding to nearest; padding columns are zero), then uploads it.
 fn upload_matrix<T: DeviceFloat>(
@@ -61,12 +52,15 @@ fn upload_matrix<T: DeviceFloat>(
         let r = t.numel() / cols;
         let (mine, tail) = rest.split_at_mut(r * ld);
         rest = tail;
-        let (src, dtype) = (t.bytes(), t.dtype());
-        mine.par_chunks_mut(ld).enumerate().for_each(|(i, row)| {
-            for (c, v) in row[..cols].iter_mut().enumerate() {
-                *v = T::from_f32(element(src, dtype, i * cols + c));
-            }
-        });
+        mine.par_chunks_mut(ld).enumerate().for_each_init(
+            || vec![0f32; cols],
+            |wide, (i, row)| {
+                t.widen_into(i * cols, wide);
+                for (v, &x) in row.iter_mut().zip(wide.iter()) {
+                    *v = T::from_f32(x);
+                }
+            },
+        );
     }
     *bytes += host.len() * std::mem::size_of::<T>();
     gpu.stream

@@ -124,22 +124,37 @@ impl Tensor {
         }
     }
 
+    /// The stored elements, each as its `N` little-endian bytes (`N` is `dtype().size()`).
+    pub fn elements<const N: usize>(&self) -> &[[u8; N]] {
+        assert_eq!(
+            N,
+            self.dtype.size(),
+            "{self:?} has {}-byte elements",
+            self.dtype.size()
+        );
+        bytemuck::cast_slice(self.bytes())
+    }
+
     /// Values widened to f32 (exact for every storage type).
     pub fn to_f32(&self) -> Vec<f32> {
-        let b = self.bytes();
+        let mut out = vec![0f32; self.numel()];
+        self.widen_into(0, &mut out);
+        out
+    }
+
+    /// Elements `start..start + out.len()` widened to f32 into `out` (exact for every storage
+    /// type). Panics if the range is outside the tensor.
+    pub fn widen_into(&self, start: usize, out: &mut [f32]) {
+        fn widen<const N: usize>(src: &[[u8; N]], out: &mut [f32], f: impl Fn([u8; N]) -> f32) {
+            for (o, &e) in out.iter_mut().zip(src) {
+                *o = f(e);
+            }
+        }
+        let range = start..start + out.len();
         match self.dtype {
-            DType::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            DType::F16 => b
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            DType::BF16 => b
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+            DType::F32 => widen(&self.elements()[range], out, f32::from_le_bytes),
+            DType::F16 => widen(&self.elements()[range], out, f16_to_f32),
+            DType::BF16 => widen(&self.elements()[range], out, bf16_to_f32),
         }
     }
 
@@ -147,4 +162,14 @@ impl Tensor {
     pub fn to_f64(&self) -> Vec<f64> {
         self.to_f32().into_iter().map(f64::from).collect()
     }
+}
+
+/// One stored float16 element (little-endian bytes) widened to f32, exactly.
+pub fn f16_to_f32(e: [u8; 2]) -> f32 {
+    f16::from_le_bytes(e).to_f32()
+}
+
+/// One stored bfloat16 element (little-endian bytes) widened to f32, exactly.
+pub fn bf16_to_f32(e: [u8; 2]) -> f32 {
+    bf16::from_le_bytes(e).to_f32()
 }
