@@ -429,7 +429,9 @@ fn binary_annotates_and_survives_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("corpus.jsonl");
     write_corpus(&corpus, 30);
+    let started = std::time::Instant::now();
     let out = run_bin(dir.path(), &corpus, "ref.jsonl").output().unwrap();
+    let run_ms = started.elapsed().as_millis().max(20) as usize;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
@@ -452,58 +454,77 @@ fn binary_annotates_and_survives_kill_9() {
     assert_eq!(summary["rejected"], 6);
     assert!(summary["secs"]["sampling"].as_f64().unwrap() > 0.0);
 
-    // Kill at random points, resume, until a run completes. The uninterrupted run takes a
-    // couple of seconds, so kills land anywhere from model loading to the final write.
-    let journal = dir.path().join("crash.jsonl.partial");
+    // Kill at random points, resume, until a run completes: after 5-120% of the uninterrupted
+    // run's time (seconds in a debug build, tens of milliseconds in a release one), so kills land
+    // anywhere from model loading to the final write. A round that no kill interrupted midway
+    // (a short release run can finish before the first kill) is repeated under a new name.
+    let mut rng = Rng::new(42);
+    for round in 0.. {
+        let name = format!("crash{round}");
+        let (kills, kills_mid_run) = kill_and_resume(dir.path(), &corpus, &name, run_ms, &mut rng);
+        eprintln!("round {round}: killed {kills} times, {kills_mid_run} of them after some documents were done");
+        let crashed = std::fs::read_to_string(dir.path().join(format!("{name}.jsonl"))).unwrap();
+        assert_eq!(
+            crashed, reference,
+            "resumed output differs from the uninterrupted run"
+        );
+        assert_eq!(
+            std::fs::read(dir.path().join(format!("{name}.rejects.jsonl"))).unwrap(),
+            std::fs::read(dir.path().join("ref.rejects.jsonl")).unwrap()
+        );
+        assert!(!dir.path().join(format!("{name}.jsonl.partial")).exists());
+        if kills_mid_run >= 1 {
+            break;
+        }
+        assert!(
+            round < 10,
+            "no kill interrupted the run midway in 10 rounds: make it longer"
+        );
+    }
+}
+
+/// Runs annotate into `{name}.jsonl`, killing it (SIGKILL) after a random share of `run_ms` and
+/// resuming, until a run completes (at most 12 kills, then one run to the end). Returns the kills
+/// and those that landed after some documents were journaled and before the last.
+fn kill_and_resume(
+    dir: &Path,
+    corpus: &Path,
+    name: &str,
+    run_ms: usize,
+    rng: &mut Rng,
+) -> (usize, usize) {
+    let out = format!("{name}.jsonl");
+    let journal = dir.join(format!("{name}.jsonl.partial"));
     let journaled =
         || std::fs::read_to_string(&journal).map_or(0, |j| j.lines().count().saturating_sub(1));
-    let mut rng = Rng::new(42);
     let (mut kills, mut kills_mid_run) = (0, 0);
     loop {
-        let mut child = run_bin(dir.path(), &corpus, "crash.jsonl")
+        let mut child = run_bin(dir, corpus, &out)
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
         let before = journaled();
-        std::thread::sleep(Duration::from_millis(rng.range(20, 600) as u64));
-        match child.try_wait().unwrap() {
-            Some(status) => {
-                assert!(status.success(), "a resumed run failed");
-                break;
-            }
-            None => {
-                child.kill().unwrap(); // SIGKILL: no chance to clean up
-                child.wait().unwrap();
-                kills += 1;
-                let after = journaled();
-                assert!(after >= before, "the journal lost finished documents");
-                kills_mid_run += usize::from(after > before && after < 30);
-                if kills >= 12 {
-                    let status = run_bin(dir.path(), &corpus, "crash.jsonl")
-                        .stderr(std::process::Stdio::null())
-                        .status()
-                        .unwrap();
-                    assert!(status.success());
-                    break;
-                }
-            }
+        let wait_ms = rng.range(run_ms / 20, run_ms * 6 / 5);
+        std::thread::sleep(Duration::from_millis(wait_ms as u64));
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "a resumed run failed");
+            return (kills, kills_mid_run);
+        }
+        child.kill().unwrap(); // SIGKILL: no chance to clean up
+        child.wait().unwrap();
+        kills += 1;
+        let after = journaled();
+        assert!(after >= before, "the journal lost finished documents");
+        kills_mid_run += usize::from(after > before && after < 30);
+        if kills >= 12 {
+            let status = run_bin(dir, corpus, &out)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success());
+            return (kills, kills_mid_run);
         }
     }
-    eprintln!("killed {kills} times, {kills_mid_run} of them after some documents were done");
-    assert!(
-        kills_mid_run >= 1,
-        "no kill interrupted the run midway: make it longer"
-    );
-    let crashed = std::fs::read_to_string(dir.path().join("crash.jsonl")).unwrap();
-    assert_eq!(
-        crashed, reference,
-        "resumed output differs from the uninterrupted run"
-    );
-    assert_eq!(
-        std::fs::read(dir.path().join("crash.rejects.jsonl")).unwrap(),
-        std::fs::read(dir.path().join("ref.rejects.jsonl")).unwrap()
-    );
-    assert!(!dir.path().join("crash.jsonl.partial").exists());
 }
 
 /// A few hundred documents through the whole pipeline (mock sampler, real CPU scorer): the

@@ -47,6 +47,24 @@ pub fn matmul(
     unsafe { gemm_f32([m, n, k], out, a, b, [n, 1], accumulate, parallel) }
 }
 
+/// `out[m, nb] = a[m, k] @ b[.., j0..j0 + nb]`, b row-major [k, n]: a block of a weight
+/// matrix's columns, in the calling thread (the LM head runs one block per task).
+pub fn matmul_cols(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    [m, nb, k]: [usize; 3],
+    n: usize,
+    j0: usize,
+) {
+    assert!(j0 + nb <= n && a.len() >= m * k && b.len() >= k * n && out.len() >= m * nb);
+    if m == 0 || nb == 0 {
+        return;
+    }
+    // SAFETY: bounds as asserted: b's element (p, j) is at j0 + p * n + j < k * n for j < nb.
+    unsafe { gemm_f32([m, nb, k], out, a, &b[j0..], [n, 1], false, false) }
+}
+
 /// Columns of `out` per task of [`row_times_matrix`]: 4 KB of sums, kept in L1 while the rows of
 /// b stream past.
 const ROW_COLS: usize = 1024;

@@ -110,8 +110,7 @@ impl CpuScorer {
             );
             let t = Instant::now();
             let eps = c.layer_norm_epsilon as f32;
-            let out =
-                head::head_log_probs(plan, &x, &self.weights, c.n_embd, c.vocab_size, eps, 64);
+            let out = head::head_log_probs(plan, &x, &self.weights, c.n_embd, c.vocab_size, eps);
             stats.head_secs += t.elapsed().as_secs_f64();
             out
         })
