@@ -33,16 +33,22 @@ fn random_ids(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|_| rng.range(0, vocab - 1) as u32).collect()
 }
 
+/// Also over a vocabulary of several of the CPU head's 1024-column blocks, tokens at their edges.
 #[test]
 fn token_log_probs_match_the_oracle_at_every_position() {
     for (model, seed) in [
         (Model::load(&common::tiny("f32")).unwrap(), 1),
         (random_model(4), 2),
+        (random_model_with(2053, 48, 5), 3),
     ] {
         let vocab = model.config.vocab_size;
         let mut rng = Rng::new(seed);
         let ids = random_ids(&mut rng, 40, vocab);
-        let tokens = [3u32, 7, (vocab - 1) as u32];
+        let tokens: Vec<u32> = [3, 7, 1023, 1024, 2047, 2048, vocab - 1]
+            .into_iter()
+            .filter(|&t| t < vocab)
+            .map(|t| t as u32)
+            .collect();
         let got = CpuScorer::new(&model)
             .token_log_probs(&ids, &tokens)
             .unwrap();

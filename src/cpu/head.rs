@@ -42,25 +42,48 @@ pub fn head_log_probs(
     vocab: usize,
     eps: f32,
 ) -> Vec<f64> {
-    head_log_probs_tiled(plan, x, w, [d, vocab], eps, [HEAD_ROWS, VOCAB_BLOCK])
+    let targets: Vec<(u32, u32)> = plan.targets.iter().map(|t| (t.head_row, t.token)).collect();
+    log_probs_at(x, &plan.head_rows, &targets, w, [d, vocab], eps)
 }
 
-/// [`head_log_probs`] with tiles of `[pass_rows, vocab_block]` (tests use small ones).
-fn head_log_probs_tiled(
-    plan: &Plan,
+/// log p(token | row) for every `(row, token)` of `targets`, where `row` indexes `rows` and
+/// `rows` index the rows of `x` (the final residual stream, [n, d], before ln_f).
+pub fn log_probs_at(
     x: &[f32],
+    rows: &[u32],
+    targets: &[(u32, u32)],
+    w: &CpuWeights,
+    [d, vocab]: [usize; 2],
+    eps: f32,
+) -> Vec<f64> {
+    log_probs_tiled(
+        x,
+        rows,
+        targets,
+        w,
+        [d, vocab],
+        eps,
+        [HEAD_ROWS, VOCAB_BLOCK],
+    )
+}
+
+/// [`log_probs_at`] with tiles of `[pass_rows, vocab_block]` (tests use small ones).
+fn log_probs_tiled(
+    x: &[f32],
+    rows: &[u32],
+    targets: &[(u32, u32)],
     w: &CpuWeights,
     [d, vocab]: [usize; 2],
     eps: f32,
     [pass_rows, vocab_block]: [usize; 2],
 ) -> Vec<f64> {
-    // Targets grouped by head row.
-    let mut by_row: Vec<Vec<usize>> = vec![Vec::new(); plan.head_rows.len()];
-    for (k, t) in plan.targets.iter().enumerate() {
-        by_row[t.head_row as usize].push(k);
+    // Targets grouped by row: (target, token).
+    let mut by_row: Vec<Vec<(usize, u32)>> = vec![Vec::new(); rows.len()];
+    for (k, &(row, token)) in targets.iter().enumerate() {
+        by_row[row as usize].push((k, token));
     }
-    let mut log_probs = vec![0f64; plan.targets.len()];
-    for (c, rows) in plan.head_rows.chunks(pass_rows).enumerate() {
+    let mut log_probs = vec![0f64; targets.len()];
+    for (c, rows) in rows.chunks(pass_rows).enumerate() {
         let m = rows.len();
         let targets = &by_row[c * pass_rows..][..m];
         let mut hidden = vec![0f32; m * d]; // [m, d]
@@ -77,13 +100,13 @@ fn head_log_probs_tiled(
                     let nb = vocab_block.min(vocab - j0);
                     let logits = &mut logits[..m * nb]; // [m, nb]
                     matmul_cols(&hidden, &w.lm_head, logits, [m, nb, d], vocab, j0);
-                    block_sums(logits, &w.lm_head_b[j0..j0 + nb], j0, targets, plan)
+                    block_sums(logits, &w.lm_head_b[j0..j0 + nb], j0, targets)
                 },
             )
             .collect();
         for (i, targets) in targets.iter().enumerate() {
             let lse = log_sum_exp(block_sums.iter().map(|s| s.max_sum[i]));
-            for &k in targets {
+            for &(k, _) in targets {
                 log_probs[k] = -lse;
             }
         }
@@ -100,8 +123,7 @@ fn block_sums(
     logits: &mut [f32],
     bias: &[f32],
     j0: usize,
-    targets: &[Vec<usize>],
-    plan: &Plan,
+    targets: &[Vec<(usize, u32)>],
 ) -> BlockSums {
     let nb = bias.len();
     let mut target_logits = Vec::new();
@@ -114,8 +136,8 @@ fn block_sums(
             }
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
             let sum: f64 = row.iter().map(|&l| (l - max).exp() as f64).sum();
-            for &k in targets {
-                let tok = plan.targets[k].token as usize;
+            for &(k, tok) in targets {
+                let tok = tok as usize;
                 if (j0..j0 + nb).contains(&tok) {
                     target_logits.push((k, row[tok - j0] as f64));
                 }
@@ -194,7 +216,9 @@ mod tests {
             })
             .collect();
         for tiles in [[7, 100], [1000, 5000], [HEAD_ROWS, VOCAB_BLOCK]] {
-            let got = head_log_probs_tiled(&plan, &x, &w, [d, vocab], eps, tiles);
+            let pairs: Vec<(u32, u32)> =
+                plan.targets.iter().map(|t| (t.head_row, t.token)).collect();
+            let got = log_probs_tiled(&x, &plan.head_rows, &pairs, &w, [d, vocab], eps, tiles);
             for (k, (g, e)) in got.iter().zip(&want).enumerate() {
                 // f32 logits (16-term dot products of O(1) values) and f32 exponentials: ~1e-6
                 // off; 1e-4 is far below a wrong block offset or a dropped block (O(0.1-10)).

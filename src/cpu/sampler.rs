@@ -1,6 +1,7 @@
 //! The driver's sampling steps on the CPU engine (`Sampler`), on the KV tree of `decode`.
 
 use super::decode::KvTree;
+use super::head;
 use super::CpuScorer;
 use crate::error::Result;
 use crate::plan::Plan;
@@ -12,18 +13,26 @@ use crate::sample::{
 const HEAD_CHUNK_ROWS: usize = 64;
 
 impl CpuScorer {
-    /// Per row of `x` (final residual stream, [rows, d]), the log-probabilities of `tokens`.
+    /// Per row of `x` (final residual stream, [rows, d]), the log-probabilities of `tokens`:
+    /// the scoring head's tiles (`head::log_probs_at`), no full log-softmax rows.
     fn token_rows(&self, x: &[f32], tokens: &[u32]) -> Vec<Vec<f32>> {
-        let (d, vocab) = (self.config.n_embd, self.config.vocab_size);
-        let mut out = Vec::with_capacity(x.len() / d);
-        for chunk in x.chunks(HEAD_CHUNK_ROWS * d) {
-            let lp = self.log_softmax_rows(chunk);
-            out.extend(
-                lp.chunks(vocab)
-                    .map(|row| tokens.iter().map(|&t| row[t as usize]).collect()),
-            );
+        let c = &self.config;
+        let n = x.len() / c.n_embd;
+        if tokens.is_empty() {
+            return vec![Vec::new(); n];
         }
-        out
+        let rows: Vec<u32> = (0..n as u32).collect();
+        let targets: Vec<(u32, u32)> = rows
+            .iter()
+            .flat_map(|&r| tokens.iter().map(move |&t| (r, t)))
+            .collect();
+        let eps = c.layer_norm_epsilon as f32;
+        let dims = [c.n_embd, c.vocab_size];
+        let lp =
+            super::on_pool(|| head::log_probs_at(x, &rows, &targets, &self.weights, dims, eps));
+        lp.chunks(tokens.len())
+            .map(|row| row.iter().map(|&v| v as f32).collect())
+            .collect()
     }
 
     /// The decoding loop of `requests` from `first` ([requests, vocab]: the log-softmax after
