@@ -455,9 +455,9 @@ fn binary_annotates_and_survives_kill_9() {
     assert!(summary["secs"]["sampling"].as_f64().unwrap() > 0.0);
 
     // Kill at random points, resume, until a run completes: after 5-120% of the uninterrupted
-    // run's time (seconds in a debug build, tens of milliseconds in a release one), so kills land
-    // anywhere from model loading to the final write. A round that no kill interrupted midway
-    // (a short release run can finish before the first kill) is repeated under a new name.
+    // run's time (tens of milliseconds with the tiny model), so kills land anywhere from model
+    // loading to the final write. A round that no kill interrupted midway (a run can finish
+    // before the first kill) is repeated under a new name.
     let mut rng = Rng::new(42);
     for round in 0.. {
         let name = format!("crash{round}");
