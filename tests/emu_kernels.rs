@@ -388,7 +388,7 @@ fn attention_run<T: EmuFloat>(p: &AttentionProblem) -> R {
     let c = AttentionCase::<T>::new(p);
     // The launcher's rule for the vector variant (the emulator's buffers are 16-byte aligned).
     let mut variants = vec![AttentionVariant::Scalar, AttentionVariant::MmaScalar];
-    if p.head_dim % 8 == 0 && c.ld % 8 == 0 {
+    if p.head_dim.is_multiple_of(8) && c.ld.is_multiple_of(8) {
         variants.extend([AttentionVariant::Vec, AttentionVariant::MmaVec]);
     }
     for variant in variants {

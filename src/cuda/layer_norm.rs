@@ -51,7 +51,7 @@ pub fn layer_norm<T: DeviceFloat>(
     }
     let block = block.unwrap_or_else(|| default_block(d));
     check(
-        block % 32 == 0 && (32..=1024).contains(&block),
+        block.is_multiple_of(32) && (32..=1024).contains(&block),
         "layer_norm: bad block size",
     )?;
     check(

@@ -41,7 +41,7 @@ pub fn lm_head_xent(
     }
     let block = block.unwrap_or_else(|| default_block(vocab));
     check(
-        block % 32 == 0 && (32..=1024).contains(&block),
+        block.is_multiple_of(32) && (32..=1024).contains(&block),
         "lm_head_xent: bad block size",
     )?;
     check(
@@ -97,7 +97,7 @@ pub fn log_softmax(
     }
     let block = block.unwrap_or_else(|| default_block(vocab));
     check(
-        block % 32 == 0 && (32..=1024).contains(&block),
+        block.is_multiple_of(32) && (32..=1024).contains(&block),
         "log_softmax: bad block size",
     )?;
     check(

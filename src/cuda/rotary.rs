@@ -49,7 +49,7 @@ pub fn rotary<T: DeviceFloat>(
     let table = s.n_positions * (s.rotary_dim / 2);
     check(
         s.rotary_dim <= s.head_dim
-            && s.rotary_dim % 2 == 0
+            && s.rotary_dim.is_multiple_of(2)
             && s.ld_qkv >= 3 * d
             && s.ld >= d
             && qkv.len() >= need(s.n, s.ld_qkv, 3 * d)

@@ -309,11 +309,15 @@ pub fn vec_allowed<T: DeviceFloat>(
     k: &CudaView<T>,
     v: &CudaView<T>,
 ) -> bool {
-    let aligned = |p: u64| p % 16 == 0;
+    let aligned = |p: u64| p.is_multiple_of(16);
     let (pq, _g1) = q.device_ptr(&gpu.stream);
     let (pk, _g2) = k.device_ptr(&gpu.stream);
     let (pv, _g3) = v.device_ptr(&gpu.stream);
-    s.head_dim % 8 == 0 && s.ld % 8 == 0 && aligned(pq) && aligned(pk) && aligned(pv)
+    s.head_dim.is_multiple_of(8)
+        && s.ld.is_multiple_of(8)
+        && aligned(pq)
+        && aligned(pk)
+        && aligned(pv)
 }
 
 /// `tree_attention_{vec,scalar}_<T>(const T* q /*[n, ld]*/, const T* k, const T* v

@@ -73,7 +73,7 @@ impl GptjConfig {
                 return Err(format!("{name} must be positive"));
             }
         }
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(format!(
                 "n_embd ({}) is not divisible by n_head ({})",
                 self.n_embd, self.n_head
@@ -86,7 +86,7 @@ impl GptjConfig {
                 "rotary_dim ({rotary_dim}) is larger than the head dimension ({head_dim} = n_embd / n_head)"
             ));
         }
-        if rotary_dim % 2 != 0 {
+        if !rotary_dim.is_multiple_of(2) {
             return Err(format!(
                 "rotary_dim ({rotary_dim}) must be even: GPT-J rotates pairs of dims"
             ));

@@ -82,7 +82,7 @@ const MONTHS: [&str; 12] = [
 const URL_YEARS: std::ops::RangeInclusive<u32> = 1900..=2100;
 
 fn is_leap(year: u32) -> bool {
-    (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
+    (year.is_multiple_of(4) && !year.is_multiple_of(100)) || year.is_multiple_of(400)
 }
 
 fn days_in_month(year: u32, month: u32) -> u32 {

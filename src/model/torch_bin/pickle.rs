@@ -556,7 +556,7 @@ impl<'a> Unpickler<'a> {
 
 /// Pairs up the flat key, value, key, value, ... list of DICT and SETITEMS.
 fn into_pairs(items: &[Id]) -> PickleResult<Vec<(Id, Id)>> {
-    if items.len() % 2 != 0 {
+    if !items.len().is_multiple_of(2) {
         return Err("odd number of items for a dict".to_string());
     }
     Ok(items.chunks_exact(2).map(|kv| (kv[0], kv[1])).collect())
