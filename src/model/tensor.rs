@@ -173,3 +173,36 @@ pub fn f16_to_f32(e: [u8; 2]) -> f32 {
 pub fn bf16_to_f32(e: [u8; 2]) -> f32 {
     bf16::from_le_bytes(e).to_f32()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every storage type widens exactly what it stores (values representable in all three come
+    /// back unchanged), whole or from an offset.
+    #[test]
+    fn widens_every_storage_type_whole_and_in_part() {
+        let values = [1.5f32, -2.25, 0.0, 3.0e-3, -65504.0, 0.099_609_375];
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let t = Tensor::from_f32_as(vec![2, 3], &values, dtype);
+            let stored: Vec<f32> = match dtype {
+                DType::F32 => values.to_vec(),
+                DType::F16 => values.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+                DType::BF16 => values.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
+            };
+            assert_eq!(t.to_f32(), stored, "{dtype:?}");
+            let mut part = [0f32; 3];
+            t.widen_into(2, &mut part);
+            assert_eq!(part[..], stored[2..5], "{dtype:?} from offset 2");
+            let wrong_size = std::panic::catch_unwind(|| match dtype {
+                DType::F32 => t.elements::<2>().len(),
+                _ => t.elements::<4>().len(),
+            });
+            assert!(wrong_size.is_err(), "{dtype:?}: elements of the wrong size");
+            match dtype {
+                DType::F32 => assert_eq!(t.elements::<4>().len(), 6),
+                _ => assert_eq!(t.elements::<2>().len(), 6),
+            }
+        }
+    }
+}
