@@ -150,11 +150,11 @@ fn attend_gathered(rows: &[usize], q_rows: &[f32], kv: KeysValues, out: &mut [f3
         }
         matmul_wt(&q, &k, &mut scores, [n_q, n_ctx, head_dim], false, false);
         for (a, srow) in scores.chunks_mut(n_ctx).enumerate() {
-            for x in srow.iter_mut() {
-                *x *= scale;
-            }
             // Query a sees every older row and the queries up to itself.
             let visible = n_old + a + 1;
+            for x in &mut srow[..visible] {
+                *x *= scale;
+            }
             softmax_in_place(&mut srow[..visible]);
             srow[visible..].fill(0.0);
         }

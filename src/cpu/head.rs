@@ -24,6 +24,8 @@ use crate::plan::Plan;
 const HEAD_ROWS: usize = 512;
 /// Columns of lm_head per task: a [HEAD_ROWS, VOCAB_BLOCK] f32 tile of 2 MB.
 const VOCAB_BLOCK: usize = 1024;
+/// The tiles the engine runs [`log_probs_at`] in: `HEAD_ROWS` rows by `VOCAB_BLOCK` columns.
+pub const TILES: [usize; 2] = [HEAD_ROWS, VOCAB_BLOCK];
 
 /// One vocabulary block's share of a pass: per row, the max of the block's biased logits and the
 /// sum of their exponentials relative to it; and (target, logit) for the targets in the block.
@@ -43,32 +45,13 @@ pub fn head_log_probs(
     eps: f32,
 ) -> Vec<f64> {
     let targets: Vec<(u32, u32)> = plan.targets.iter().map(|t| (t.head_row, t.token)).collect();
-    log_probs_at(x, &plan.head_rows, &targets, w, [d, vocab], eps)
+    log_probs_at(x, &plan.head_rows, &targets, w, [d, vocab], eps, TILES)
 }
 
 /// log p(token | row) for every `(row, token)` of `targets`, where `row` indexes `rows` and
-/// `rows` index the rows of `x` (the final residual stream, [n, d], before ln_f).
+/// `rows` index the rows of `x` (the final residual stream, [n, d], before ln_f), in tiles of
+/// `[pass_rows, vocab_block]` ([`TILES`]; tests use small ones).
 pub fn log_probs_at(
-    x: &[f32],
-    rows: &[u32],
-    targets: &[(u32, u32)],
-    w: &CpuWeights,
-    [d, vocab]: [usize; 2],
-    eps: f32,
-) -> Vec<f64> {
-    log_probs_tiled(
-        x,
-        rows,
-        targets,
-        w,
-        [d, vocab],
-        eps,
-        [HEAD_ROWS, VOCAB_BLOCK],
-    )
-}
-
-/// [`log_probs_at`] with tiles of `[pass_rows, vocab_block]` (tests use small ones).
-fn log_probs_tiled(
     x: &[f32],
     rows: &[u32],
     targets: &[(u32, u32)],
@@ -218,7 +201,7 @@ mod tests {
         for tiles in [[7, 100], [1000, 5000], [HEAD_ROWS, VOCAB_BLOCK]] {
             let pairs: Vec<(u32, u32)> =
                 plan.targets.iter().map(|t| (t.head_row, t.token)).collect();
-            let got = log_probs_tiled(&x, &plan.head_rows, &pairs, &w, [d, vocab], eps, tiles);
+            let got = log_probs_at(&x, &plan.head_rows, &pairs, &w, [d, vocab], eps, tiles);
             for (k, (g, e)) in got.iter().zip(&want).enumerate() {
                 // f32 logits (16-term dot products of O(1) values) and f32 exponentials: ~1e-6
                 // off; 1e-4 is far below a wrong block offset or a dropped block (O(0.1-10)).

@@ -28,8 +28,9 @@ impl CpuScorer {
             .collect();
         let eps = c.layer_norm_epsilon as f32;
         let dims = [c.n_embd, c.vocab_size];
-        let lp =
-            super::on_pool(|| head::log_probs_at(x, &rows, &targets, &self.weights, dims, eps));
+        let lp = super::on_pool(|| {
+            head::log_probs_at(x, &rows, &targets, &self.weights, dims, eps, head::TILES)
+        });
         lp.chunks(tokens.len())
             .map(|row| row.iter().map(|&v| v as f32).collect())
             .collect()
