@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one script of a GPU session (GPU.md), run on the GPU machine from the repository root with
+# The one script of a GPU session (docs/gpu.md), run on the GPU machine from the repository root with
 # gpu-bundle/ (made by scripts/gpu-prep.sh) next to it:
 #
 #   scripts/gpu-check.sh OUT_DIR          (or OUT=... scripts/gpu-check.sh)
@@ -223,7 +223,7 @@ for size in ("default", "6b"):
         for base in ("tuned", "naive"):
             if base in h:
                 e[f"speedup_vs_hf_{base}"] = ts["cands_per_s"] / h[base]["cands_per_s"]
-        # FLOP floor at GPU.md's measured 790 TFLOP/s bf16.
+        # FLOP floor at the measured 790 TFLOP/s bf16.
         if "trunk_tflops" in ts:
             e["fraction_of_790_tflops"] = ts["trunk_tflops"] / 790.0
     summary[size] = entry

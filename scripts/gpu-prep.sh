@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepares the GPU run on the development machine (GPU.md): builds the release binary and the
+# Prepares the GPU run on the development machine (docs/gpu.md): builds the release binary and the
 # CUDA test executables with --features cuda, checks the PTX with ptxas, strips everything and
 # copies it into gpu-bundle/ (git-ignored; carried to the GPU machine next to scripts/).
 #

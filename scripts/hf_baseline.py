@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face transformers baselines for the GPU benchmark (scripts/gpu-check.sh, GPU.md).
+"""Hugging Face transformers baselines for the GPU benchmark (scripts/gpu-check.sh, docs/gpu.md).
 
 Builds a GPT-J of the requested size with random bf16 weights directly on the GPU (scaled like
 toolsift's GptjWeights::random so that next-token distributions are peaked, not uniform; the
@@ -67,7 +67,7 @@ def build_model(size, seed):
 
 
 def workload(n_texts, vocab, seed, text_len=256):
-    """The standard workload's shape (DESIGN.md 5): 25 candidates per text at positions in
+    """The standard workload's shape (src/workload.rs): 25 candidates per text at positions in
     [10, 250], e(c, eps) = "[" Tool(2) "(" input(4) ")" " ->" "]" " " (12 tokens), 4 result tokens."""
     g = torch.Generator().manual_seed(seed)
     v = min(vocab, 50257)

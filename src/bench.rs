@@ -1,4 +1,4 @@
-//! `toolsift bench`: the standard workload (DESIGN.md §5) on one random GPT-J, run by toolsift and
+//! `toolsift bench`: the standard workload (docs/benchmarks.md) on one random GPT-J, run by toolsift and
 //! by both candle baselines in the same process, their losses checked against each other, and one
 //! JSON line of figures. Ratios, not absolute times, are what this noisy machine can vouch for.
 
@@ -197,7 +197,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     drop(engine);
     let (gemm_gflops_peak, peak_source) = match args.device {
         Device::Cpu => (crate::cpu::gemm::measure_peak_gflops(1536, 5), "measured"),
-        // GPU.md: the H200's dense bf16 GEMM as measured there.
+        // The H200's dense bf16 GEMM as measured there.
         Device::Cuda => (790_000.0, "h200-bf16-790-tflops"),
     };
 

@@ -1,4 +1,4 @@
-//! The standard scoring workload of the benchmarks (DESIGN.md §5), named and seeded: texts of 256
+//! The standard scoring workload of the benchmarks (docs/benchmarks.md), named and seeded: texts of 256
 //! tokens, 25 candidates per text (5 positions x 5 calls) at positions uniform in [10, 250], calls of
 //! ~12 tokens and results of ~4 tokens, the paper's window of 5.
 //!

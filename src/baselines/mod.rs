@@ -1,4 +1,4 @@
-//! The two candle baselines toolsift's engine is benchmarked against (DESIGN.md §5), behind the
+//! The two candle baselines toolsift's engine is benchmarked against (docs/benchmarks.md), behind the
 //! `baselines` feature so that the default build never compiles candle.
 //!
 //! - `naive`: what most people write first. Every variant of every candidate is its own full

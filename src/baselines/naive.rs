@@ -1,4 +1,4 @@
-//! The "naive" baseline (DESIGN.md §5): scoring as most people first write it. For every
+//! The "naive" baseline (docs/benchmarks.md): scoring as most people first write it. For every
 //! candidate, three independent forward passes (no call, call, call with result) over the whole
 //! sequence, not cut after the last weighted token; full logits [B, T, vocab]; log-softmax over the
 //! whole vocabulary; the loss picked out of that afterwards. Sequences are batched in input order,

@@ -1,4 +1,4 @@
-//! The "tuned" baseline (DESIGN.md §5): what a careful engineer writes with candle and no custom
+//! The "tuned" baseline (docs/benchmarks.md): what a careful engineer writes with candle and no custom
 //! engine. Each call variant is exactly `variant_sequence(..).ids` (cut after the last weighted
 //! token); the no-call pass runs once per text, up to the furthest window of its candidates;
 //! identical sequences run once (a duplicated candidate costs nothing); the distinct sequences are

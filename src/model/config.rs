@@ -190,7 +190,7 @@ mod tests {
         assert_eq!(c.head_dim(), 256);
         let n = c.n_params() as f64;
         assert!((n - 6.05e9).abs() < 0.01e9, "{n}");
-        // DESIGN.md's ~12.1 GFLOP per token is 2 x parameters; the matmuls proper (layers + head,
+        // The usual ~12.1 GFLOP per token is 2 x parameters; the matmuls proper (layers + head,
         // the embedding gather is no FLOP) are 11.7 GFLOP.
         assert!((2.0 * n - 12.1e9).abs() < 0.05e9);
         let flops = c.trunk_flops_per_token() + 2.0 * 4096.0 * 50400.0;
