@@ -225,6 +225,45 @@ fn config_describing_another_model_is_reported() {
 }
 
 #[test]
+fn absurd_n_layer_is_a_missing_tensor_not_an_allocation() {
+    let (_tmp, dir) = copy_fixture();
+    // Listing 13 names per layer up front would need terabytes.
+    edit_config(&dir, |v| v["n_layer"] = (1u64 << 40).into());
+    let err = load_err(&dir);
+    assert_names(&err, &["transformer.h.2.ln_1.weight", "missing"]);
+}
+
+#[test]
+fn n_positions_beyond_the_limit_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    edit_config(&dir, |v| v["n_positions"] = (1u64 << 40).into());
+    let err = load_err(&dir);
+    assert_names(&err, &["config.json", "n_positions (1099511627776)"]);
+}
+
+#[test]
+fn convert_refuses_to_overwrite_its_source() {
+    let (_tmp, dir) = copy_fixture();
+    let before = std::fs::read(dir.join("tokenizer.json")).unwrap();
+    let model = Model::load(&dir).unwrap();
+    // The same folder under another spelling is still the same folder.
+    let err = toolsift::model::checkpoint::convert(&model, &dir.join("."), None)
+        .unwrap_err()
+        .to_string();
+    assert_names(&err, &["is the folder being converted"]);
+    assert_eq!(std::fs::read(dir.join("tokenizer.json")).unwrap(), before);
+    Model::load(&dir).unwrap();
+    // A folder holding a sharded checkpoint would load the shards, not the converted file.
+    let out = dir.parent().unwrap().join("sharded");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("model.safetensors.index.json"), "{}").unwrap();
+    let err = toolsift::model::checkpoint::convert(&model, &out, None)
+        .unwrap_err()
+        .to_string();
+    assert_names(&err, &["sharded", "model.safetensors.index.json"]);
+}
+
+#[test]
 fn sharded_safetensors_load_and_a_missing_shard_is_named() {
     let (_tmp, dir) = copy_fixture();
     let tensors = tensors_of(&dir);
@@ -281,6 +320,11 @@ fn convert_turns_pytorch_bin_into_equal_safetensors() {
         .unwrap();
     assert!(status.success());
     assert!(out.join("tokenizer.json").is_file());
+    // config.json keeps the fields the engine does not read (token ids, architectures).
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["bos_token_id"], 499);
+    assert_eq!(cfg["architectures"][0], "GPTJForCausalLM");
     let converted = Model::load(&out).unwrap();
     let original = Model::load(&tiny("f32")).unwrap();
     let a = converted.weights.named_tensors(&converted.config);

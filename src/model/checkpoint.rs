@@ -18,8 +18,11 @@ use super::torch_bin;
 use crate::error::{Error, Result};
 
 /// Buffers that old GPT-J checkpoints carry (causal mask, masking constant). They are not weights.
+/// Whole name components only: "attn.c_attn.bias" (GPT-2's) is not one.
 pub fn is_ignored_buffer(name: &str) -> bool {
-    name.ends_with("attn.bias") || name.ends_with("attn.masked_bias")
+    ["attn.bias", "attn.masked_bias"]
+        .iter()
+        .any(|buffer| name == *buffer || name.ends_with(&format!(".{buffer}")))
 }
 
 /// Every tensor of a checkpoint by name, with the file it came from (for error messages).
@@ -71,10 +74,9 @@ impl TensorMap {
         } else if single.is_file() {
             map.read_safetensors(&single)?;
         } else if bin.is_file() {
+            // read_torch_bin already leaves out the buffers.
             for (name, tensor) in torch_bin::read_torch_bin(&bin)? {
-                if !is_ignored_buffer(&name) {
-                    map.insert(name, tensor, &bin)?;
-                }
+                map.insert(name, tensor, &bin)?;
             }
         } else {
             return Err(Error::Checkpoint {
@@ -200,10 +202,30 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
 
 /// Writes `model` as a safetensors folder (config.json, model.safetensors, tokenizer.json when the
 /// source has one), optionally casting every tensor to `dtype`. Returns the number of tensors.
+///
+/// config.json keeps every field of the source's (token ids, architectures, ...) with the
+/// engine's fields and `torch_dtype` brought up to date. `out` must be another folder than the
+/// source's, and must not hold a sharded checkpoint, whose index would shadow the new file.
 pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result<usize> {
+    let refuse = |msg: &str| Error::Checkpoint {
+        path: out.to_owned(),
+        msg: msg.into(),
+    };
+    if out.is_dir() && !model.dir.as_os_str().is_empty() && same_dir(out, &model.dir) {
+        return Err(refuse(
+            "is the folder being converted; write to another folder (converting in place would \
+             overwrite the files being read)",
+        ));
+    }
+    if out.join("model.safetensors.index.json").exists() {
+        return Err(refuse(
+            "holds a sharded checkpoint (model.safetensors.index.json), which would be loaded \
+             instead of the converted model.safetensors; write to another folder",
+        ));
+    }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    let cfg = serde_json::to_string_pretty(&model.config).expect("config serializes");
     let cfg_path = out.join("config.json");
+    let cfg = config_json(model, dtype)?;
     std::fs::write(&cfg_path, cfg).map_err(|e| Error::io(&cfg_path, e))?;
     let mut tensors = model.weights.named_tensors(&model.config);
     if let Some(dtype) = dtype {
@@ -219,4 +241,39 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
         std::fs::copy(tok.path(), &dst).map_err(|e| Error::io(&dst, e))?;
     }
     Ok(tensors.len())
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// The source's config.json (when the model was loaded from a folder) with the engine's fields
+/// and `torch_dtype` overwritten; the engine's fields alone otherwise.
+fn config_json(model: &super::Model, dtype: Option<DType>) -> Result<String> {
+    let src = model.dir.join("config.json");
+    let mut cfg = if model.dir.as_os_str().is_empty() || !src.is_file() {
+        serde_json::Map::new()
+    } else {
+        let text = std::fs::read_to_string(&src).map_err(|e| Error::io(&src, e))?;
+        match serde_json::from_str(&text) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => {
+                return Err(Error::Checkpoint {
+                    path: src,
+                    msg: "is no longer a JSON object (changed since the model was loaded?)".into(),
+                })
+            }
+        }
+    };
+    // A struct serializes to an object.
+    if let Ok(serde_json::Value::Object(engine)) = serde_json::to_value(&model.config) {
+        cfg.extend(engine);
+    }
+    if let Some(dtype) = dtype {
+        cfg.insert("torch_dtype".into(), dtype.name().into());
+    }
+    Ok(serde_json::to_string_pretty(&cfg).expect("a JSON map serializes"))
 }

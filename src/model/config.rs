@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// Longest context a config may declare (GPT-J-6B has 2048). The rotary table for every position
+/// is built up front (at rotary_dim 64, 256 MB at this limit).
+pub const MAX_POSITIONS: usize = 1 << 20;
+
 /// The fields of transformers' `GPTJConfig` that change the computation. Unknown fields in
 /// config.json (dropout rates, token ids, ...) are ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,6 +76,13 @@ impl GptjConfig {
             if value == 0 {
                 return Err(format!("{name} must be positive"));
             }
+        }
+        if self.n_positions > MAX_POSITIONS {
+            return Err(format!(
+                "n_positions ({}) is larger than toolsift supports ({MAX_POSITIONS}): the engines \
+                 build a rotary table for every position up front and index tokens with 32 bits",
+                self.n_positions
+            ));
         }
         if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(format!(

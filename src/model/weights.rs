@@ -1,6 +1,7 @@
 //! GPT-J's weights under their Hugging Face names, checked against the config: every expected tensor
 //! present with its exact shape, nothing unexpected, a supported dtype.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use super::checkpoint::TensorMap;
@@ -52,38 +53,46 @@ pub struct GptjWeights {
     pub lm_head: Linear, // [vocab_size, n_embd] + [vocab_size]
 }
 
-/// Every tensor GPT-J needs, with its shape under `config`.
-pub fn expected_tensors(config: &GptjConfig) -> Vec<(String, Vec<usize>)> {
+/// Every tensor GPT-J needs, with its shape under `config`, in checkpoint order. Lazy, so that
+/// checking a checkpoint against a config with an absurd `n_layer` stops at the first missing
+/// tensor instead of first listing billions of names.
+pub fn expected_tensors(config: &GptjConfig) -> impl Iterator<Item = (String, Vec<usize>)> {
     let (d, f, v) = (config.n_embd, config.inner_dim(), config.vocab_size);
-    let mut out = vec![("transformer.wte.weight".to_string(), vec![v, d])];
-    for i in 0..config.n_layer {
+    let layers = (0..config.n_layer).flat_map(move |i| {
         let p = format!("transformer.h.{i}");
-        out.push((format!("{p}.ln_1.weight"), vec![d]));
-        out.push((format!("{p}.ln_1.bias"), vec![d]));
+        let mut block = vec![
+            (format!("{p}.ln_1.weight"), vec![d]),
+            (format!("{p}.ln_1.bias"), vec![d]),
+        ];
         for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-            out.push((format!("{p}.attn.{proj}.weight"), vec![d, d]));
+            block.push((format!("{p}.attn.{proj}.weight"), vec![d, d]));
         }
-        out.push((format!("{p}.mlp.fc_in.weight"), vec![f, d]));
-        out.push((format!("{p}.mlp.fc_in.bias"), vec![f]));
-        out.push((format!("{p}.mlp.fc_out.weight"), vec![d, f]));
-        out.push((format!("{p}.mlp.fc_out.bias"), vec![d]));
-    }
-    out.push(("transformer.ln_f.weight".into(), vec![d]));
-    out.push(("transformer.ln_f.bias".into(), vec![d]));
-    if !config.tie_word_embeddings {
-        out.push(("lm_head.weight".into(), vec![v, d]));
-    }
-    out.push(("lm_head.bias".into(), vec![v]));
-    out
+        block.push((format!("{p}.mlp.fc_in.weight"), vec![f, d]));
+        block.push((format!("{p}.mlp.fc_in.bias"), vec![f]));
+        block.push((format!("{p}.mlp.fc_out.weight"), vec![d, f]));
+        block.push((format!("{p}.mlp.fc_out.bias"), vec![d]));
+        block
+    });
+    let head = [
+        Some(("transformer.ln_f.weight".into(), vec![d])),
+        Some(("transformer.ln_f.bias".into(), vec![d])),
+        (!config.tie_word_embeddings).then(|| ("lm_head.weight".into(), vec![v, d])),
+        Some(("lm_head.bias".into(), vec![v])),
+    ];
+    std::iter::once(("transformer.wte.weight".to_string(), vec![v, d]))
+        .chain(layers)
+        .chain(head.into_iter().flatten())
 }
 
 impl GptjWeights {
     /// Validates `map` against `config` and binds the tensors. `dir` names the checkpoint in errors
     /// about tensors that are missing (no file holds them).
     pub fn from_map(config: &GptjConfig, map: &TensorMap, dir: &Path) -> Result<Self> {
-        let expected = expected_tensors(config);
-        for (name, shape) in &expected {
-            let Some((tensor, path)) = map.get(name) else {
+        // Every expected tensor is checked before the list is kept, so it is never longer than
+        // the checkpoint's own.
+        let mut expected = HashSet::new();
+        for (name, shape) in expected_tensors(config) {
+            let Some((tensor, path)) = map.get(&name) else {
                 return Err(Error::Tensor {
                     path: dir.to_owned(),
                     tensor: name.clone(),
@@ -101,10 +110,11 @@ impl GptjWeights {
                     ),
                 });
             }
+            expected.insert(name);
         }
         let mut unexpected: Vec<&str> = map
             .names()
-            .filter(|n| !expected.iter().any(|(e, _)| e == n))
+            .filter(|n| !expected.contains(*n))
             .filter(|n| !(config.tie_word_embeddings && *n == "lm_head.weight"))
             .collect();
         unexpected.sort_unstable();

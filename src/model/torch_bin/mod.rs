@@ -22,6 +22,7 @@ use archive::ZipIndex;
 use pickle::{TensorRef, Unpickler, Value};
 
 use crate::error::{Error, Result};
+use crate::model::checkpoint::is_ignored_buffer;
 use crate::model::tensor::{DType, Tensor};
 
 /// Reads every tensor of a torch.save zip checkpoint, memory-mapped.
@@ -81,7 +82,7 @@ pub fn read_torch_bin(path: &Path) -> Result<Vec<(String, Tensor)>> {
                 format!("{pkl_name}: tensor name `{name}` appears twice"),
             ));
         }
-        if is_gptj_buffer(name) {
+        if is_ignored_buffer(name) {
             continue;
         }
         let Value::Tensor(tensor) = &unpickler.values[value] else {
@@ -99,13 +100,6 @@ pub fn read_torch_bin(path: &Path) -> Result<Vec<(String, Tensor)>> {
         return Err(checkpoint_error(path, "no tensors found in the state dict"));
     }
     Ok(tensors)
-}
-
-/// The buffers GPT-J checkpoints saved alongside the weights; no engine reads them.
-fn is_gptj_buffer(name: &str) -> bool {
-    ["attn.bias", "attn.masked_bias"]
-        .iter()
-        .any(|buffer| name == *buffer || name.ends_with(&format!(".{buffer}")))
 }
 
 /// Builds the error every malformed-file case ends in.
@@ -533,10 +527,10 @@ mod tests {
 
     #[test]
     fn gptj_buffer_names() {
-        assert!(is_gptj_buffer("transformer.h.0.attn.bias"));
-        assert!(is_gptj_buffer("transformer.h.27.attn.masked_bias"));
-        assert!(!is_gptj_buffer("transformer.h.0.attn.c_attn.bias"));
-        assert!(!is_gptj_buffer("h.0.c_attn.bias"));
-        assert!(!is_gptj_buffer("transformer.h.0.mlp.fc_in.bias"));
+        assert!(is_ignored_buffer("transformer.h.0.attn.bias"));
+        assert!(is_ignored_buffer("transformer.h.27.attn.masked_bias"));
+        assert!(!is_ignored_buffer("transformer.h.0.attn.c_attn.bias"));
+        assert!(!is_ignored_buffer("h.0.c_attn.bias"));
+        assert!(!is_ignored_buffer("transformer.h.0.mlp.fc_in.bias"));
     }
 }
