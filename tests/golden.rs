@@ -56,13 +56,15 @@ fn reference_weighted_loss_cases() {
         let model = Model::load(&tiny(variant)).unwrap();
         let scorer = ReferenceScorer::new(&model);
         for case in &cases.weighted_loss {
-            let got = scorer.weighted_loss(
-                &case.prefix_ids,
-                &case.text_ids,
-                case.position,
-                &case.weights,
-                Placement::Prefix,
-            );
+            let got = scorer
+                .weighted_loss(
+                    &case.prefix_ids,
+                    &case.text_ids,
+                    case.position,
+                    &case.weights,
+                    Placement::Prefix,
+                )
+                .unwrap();
             check(
                 &format!("{variant} {:?}", case.name),
                 got,

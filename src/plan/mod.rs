@@ -73,6 +73,9 @@ impl Plan {
         for (c, cand) in candidates.iter().enumerate() {
             for variant in Variant::ALL {
                 let seq = variant_sequence(cand, variant, options);
+                if seq.targets.is_empty() {
+                    continue; // every weight is zero: the loss is 0 and nothing needs to run
+                }
                 naive_tokens += seq.ids.len();
                 let nodes = trie.insert(&seq.ids);
                 let slot = (c * 3 + variant as usize) as u32;

@@ -195,3 +195,28 @@ fn empty_batch_is_an_empty_plan() {
     assert!(plan.targets.is_empty());
     assert_eq!(plan.reduce(&[]), Vec::<[f64; 3]>::new());
 }
+
+#[test]
+fn zero_weights_are_not_computed() {
+    let x = text(20);
+    let o = opts(Placement::Prefix);
+    let c = cand(&x, 8, &[1, 2, 3, 4], &[1, 2, 3, 5, 6]);
+    let plain = Plan::build(std::slice::from_ref(&c), &o);
+    // Trailing zero weights: the same plan as without them.
+    let mut padded = c.clone();
+    let mut w = o.weights.as_slice().to_vec();
+    w.extend([0.0; 10]);
+    padded.weights = Some(w);
+    let plan = Plan::build(std::slice::from_ref(&padded), &o);
+    check_plan(&plan, std::slice::from_ref(&padded), &o);
+    assert_eq!(plan.tokens, plain.tokens);
+    assert_eq!(plan.targets, plain.targets);
+    assert_eq!(plan.naive_tokens, plain.naive_tokens);
+    // Every weight zero: nothing to run, losses 0.
+    let mut zero = c.clone();
+    zero.weights = Some(vec![0.0; 5]);
+    let plan = Plan::build(std::slice::from_ref(&zero), &o);
+    check_plan(&plan, std::slice::from_ref(&zero), &o);
+    assert_eq!(plan.n_tokens(), 0);
+    assert_eq!(plan.reduce(&[]), vec![[0.0; 3]]);
+}

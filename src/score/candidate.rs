@@ -35,23 +35,31 @@ impl TokenCandidate {
             .unwrap_or(options.weights.as_slice())
     }
 
-    /// The weighted window: (t, w_t) for every t with a weight and a token x_{i+t} in the text.
+    /// The weighted window: (t, w_t) for every t up to the last non-zero weight with a token
+    /// x_{i+t} in the text (zero weights inside the window included, trailing ones not).
     pub fn window<'a>(
         &'a self,
         options: &'a ScoreOptions,
     ) -> impl Iterator<Item = (usize, f64)> + 'a {
         let n = self.text_ids.len();
-        self.weights(options)
+        self.weights(options)[..window_len(self.weights(options))]
             .iter()
             .enumerate()
             .take_while(move |(t, _)| self.position + t < n)
             .map(|(t, &w)| (t, w))
     }
 
-    /// One past the last text token any variant needs: nothing after x_{i+len(w)-1} is computed.
+    /// One past the last text token any variant needs: nothing after x_{i+T-1} is computed, where
+    /// w_{T-1} is the last non-zero weight (trailing zero weights add no token; with every weight
+    /// zero no text token from x_i on is needed).
     pub fn text_end(&self, options: &ScoreOptions) -> usize {
-        (self.position + self.weights(options).len()).min(self.text_ids.len())
+        (self.position + window_len(self.weights(options))).min(self.text_ids.len())
     }
+}
+
+/// T: one past the index of the last non-zero weight (0 when every weight is zero).
+pub fn window_len(weights: &[f64]) -> usize {
+    weights.iter().rposition(|&w| w != 0.0).map_or(0, |t| t + 1)
 }
 
 /// A variant as one causal sequence, and the (row, token, weight) terms of its loss:
@@ -91,11 +99,22 @@ pub fn validate(
     config: &GptjConfig,
     options: &ScoreOptions,
 ) -> std::result::Result<(), String> {
+    validate_at(c, config, options, false)
+}
+
+/// `validate`, allowing position 0 when `position_0` is set (the caller has made sure that every
+/// scored variant has a non-empty prefix to predict x_0 from).
+pub(crate) fn validate_at(
+    c: &TokenCandidate,
+    config: &GptjConfig,
+    options: &ScoreOptions,
+    position_0: bool,
+) -> std::result::Result<(), String> {
     let n = c.text_ids.len();
     if n == 0 {
         return Err("text is empty".into());
     }
-    if c.position == 0 {
+    if c.position == 0 && !position_0 {
         return Err(
             "position 0 cannot be scored: the no-call variant has no context to \
                     predict the first text token from (positions start at 1)"
@@ -173,6 +192,76 @@ mod tests {
         assert!((w - 0.2 / 3.0).abs() < 1e-15);
         let s = variant_sequence(&c, Variant::None, &inline);
         assert_eq!(s.ids, vec![10, 11, 12, 13, 14, 15, 16, 17]);
+    }
+
+    #[test]
+    fn trailing_zero_weights_add_no_tokens() {
+        let o = ScoreOptions::default();
+        let mut c = cand();
+        c.position = 1;
+        let base = c.text_end(&o);
+        assert_eq!(base, 6);
+        let mut padded = o.weights.as_slice().to_vec();
+        padded.extend([0.0; 20]);
+        c.weights = Some(padded);
+        assert_eq!(c.text_end(&o), base);
+        assert_eq!(c.window(&o).count(), 5);
+        for placement in [Placement::Prefix, Placement::Inline] {
+            let o = ScoreOptions {
+                placement,
+                ..Default::default()
+            };
+            let mut plain = c.clone();
+            plain.weights = None;
+            for v in Variant::ALL {
+                assert_eq!(variant_sequence(&c, v, &o), variant_sequence(&plain, v, &o));
+            }
+        }
+        // A zero inside the window keeps its token (a later weight needs it).
+        c.weights = Some(vec![1.0, 0.0, 0.5, 0.0, 0.0]);
+        assert_eq!(c.text_end(&o), 4);
+        assert_eq!(c.window(&o).count(), 3);
+        assert_eq!(variant_sequence(&c, Variant::None, &o).targets.len(), 2);
+        // Every weight zero: no text token from x_i on, no target.
+        c.weights = Some(vec![0.0; 4]);
+        assert_eq!(c.text_end(&o), 1);
+        assert_eq!(c.window(&o).count(), 0);
+        for v in Variant::ALL {
+            let s = variant_sequence(&c, v, &o);
+            assert!(s.targets.is_empty());
+            assert_eq!(s.ids.len(), c.prefix(v).len() + 1);
+        }
+    }
+
+    #[test]
+    fn trailing_zero_weights_do_not_make_a_candidate_too_long() {
+        let config = GptjConfig {
+            n_positions: 256,
+            ..GptjConfig::small(1, 16, 2, 4, 64)
+        };
+        let text: Arc<[u32]> = (0..300).map(|k| k % 7).collect::<Vec<_>>().into();
+        // 6 call tokens + x_1 .. x_241 = 247 tokens with one weight.
+        let mut c = TokenCandidate {
+            text_ids: text,
+            position: 240,
+            call_ids: vec![1; 5],
+            call_result_ids: vec![2; 6],
+            weights: Some(vec![1.0]),
+        };
+        let o = ScoreOptions::default();
+        assert_eq!(validate(&c, &config, &o), Ok(()));
+        let mut w = vec![1.0];
+        w.extend([0.0; 20]);
+        c.weights = Some(w);
+        assert_eq!(validate(&c, &config, &o), Ok(()));
+        // A non-zero weight 15 tokens further does need them: 6 + 256 tokens.
+        let mut w = vec![1.0];
+        w.extend([0.0; 14]);
+        w.push(1.0);
+        c.weights = Some(w);
+        assert!(validate(&c, &config, &o)
+            .unwrap_err()
+            .contains("longer than n_positions (256)"));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! reference forward. Nothing shared, nothing cached: the obviously-correct way.
 
 use super::{variant_sequence, ScoreOptions, Scorer, TokenCandidate, Variant};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{GptjConfig, Model};
 use crate::reference::ReferenceModel;
 
@@ -22,7 +22,9 @@ impl ReferenceScorer {
     }
 
     /// L_i(z) for an explicit prefix z: the paper's weighted loss of text x at position i. Unlike a
-    /// candidate, position 0 is allowed when z is not empty (z provides the context).
+    /// candidate, position 0 is allowed when z is not empty (z provides the context). An error
+    /// when the arguments cannot be scored: an empty text, position 0 with an empty z, a position
+    /// past the text, bad weights, an id outside the vocabulary, z + text longer than n_positions.
     pub fn weighted_loss(
         &self,
         z: &[u32],
@@ -30,7 +32,13 @@ impl ReferenceScorer {
         position: usize,
         weights: &[f64],
         placement: super::Placement,
-    ) -> f64 {
+    ) -> Result<f64> {
+        if position == 0 && z.is_empty() && !text.is_empty() {
+            return Err(Error::input(
+                "position 0 cannot be scored with an empty prefix z: nothing predicts the first \
+                 text token",
+            ));
+        }
         let c = TokenCandidate {
             text_ids: text.into(),
             position,
@@ -42,7 +50,9 @@ impl ReferenceScorer {
             placement,
             ..Default::default()
         };
-        self.variant_loss(&c, Variant::Call, &options)
+        super::candidate::validate_at(&c, self.model.config(), &options, true)
+            .map_err(Error::input)?;
+        Ok(self.variant_loss(&c, Variant::Call, &options))
     }
 
     /// L of one variant of one candidate.
@@ -54,7 +64,11 @@ impl ReferenceScorer {
     ) -> f64 {
         let seq = variant_sequence(c, variant, options);
         let rows: Vec<(usize, u32)> = seq.targets.iter().map(|&(r, t, _)| (r, t)).collect();
-        let log_probs = self.model.log_probs_at(&seq.ids, &rows);
+        let log_probs = if rows.is_empty() {
+            Vec::new() // every weight is zero: nothing to compute
+        } else {
+            self.model.log_probs_at(&seq.ids, &rows)
+        };
         -seq.targets
             .iter()
             .zip(log_probs)
@@ -81,5 +95,111 @@ impl Scorer for ReferenceScorer {
             .iter()
             .map(|c| Variant::ALL.map(|v| self.variant_loss(c, v, options)))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::cpu::CpuScorer;
+    use crate::model::{DType, GptjWeights};
+    use crate::score::{LossWeights, Placement};
+
+    fn model(n_positions: usize) -> Model {
+        let mut config = GptjConfig::small(1, 8, 2, 2, 40);
+        config.n_positions = n_positions;
+        let weights = GptjWeights::random(&config, 7, DType::F32);
+        Model::from_parts(config, weights, None)
+    }
+
+    #[test]
+    fn weighted_loss_refuses_what_it_cannot_score() {
+        let scorer = ReferenceScorer::new(&model(64));
+        let text = [3, 4, 5, 6];
+        let w = [1.0, 0.5];
+        let err = scorer
+            .weighted_loss(&[], &text, 0, &w, Placement::Prefix)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("position 0"), "{err}");
+        for (z, position, weights) in [
+            (&[1u32][..], 4, &w[..]),  // past the text
+            (&[99][..], 1, &w[..]),    // outside the vocabulary
+            (&[1][..], 1, &[][..]),    // no weights
+            (&[1; 70][..], 1, &w[..]), // longer than n_positions
+        ] {
+            assert!(scorer
+                .weighted_loss(z, &text, position, weights, Placement::Inline)
+                .is_err());
+        }
+        assert!(scorer
+            .weighted_loss(&[], &[], 0, &w, Placement::Prefix)
+            .is_err());
+        // Position 0 with a prefix: z gives the context.
+        for placement in [Placement::Prefix, Placement::Inline] {
+            let got = scorer
+                .weighted_loss(&[1, 2], &text, 0, &w, placement)
+                .unwrap();
+            assert!(got.is_finite() && got > 0.0);
+        }
+    }
+
+    #[test]
+    fn trailing_zero_weights_change_no_score() {
+        let m = model(32);
+        let reference = ReferenceScorer::new(&m);
+        let cpu = CpuScorer::new(&m);
+        let text: Arc<[u32]> = (0..30).map(|k| (k * 7 + 3) % 40).collect();
+        let cand = |position: usize, weights: Option<Vec<f64>>| TokenCandidate {
+            text_ids: text.clone(),
+            position,
+            call_ids: vec![1, 5, 9],
+            call_result_ids: vec![1, 5, 9, 2, 11],
+            weights,
+        };
+        let padded = |w: &[f64], zeros: usize| {
+            let mut w = w.to_vec();
+            w.extend(std::iter::repeat_n(0.0, zeros));
+            w
+        };
+        let paper = LossWeights::default().as_slice().to_vec();
+        for placement in [Placement::Prefix, Placement::Inline] {
+            let options = ScoreOptions {
+                placement,
+                ..Default::default()
+            };
+            // Position 26 with [1]: 5 call tokens + 27 text tokens = 32 = n_positions.
+            let plain = vec![
+                cand(3, None),
+                cand(20, Some(paper.clone())),
+                cand(26, Some(vec![1.0])),
+                cand(20, Some(vec![0.5, 0.0, 0.25])),
+            ];
+            let with_zeros = vec![
+                cand(3, Some(padded(&paper, 3))),
+                cand(20, Some(padded(&paper, 20))),
+                cand(26, Some(padded(&[1.0], 20))),
+                cand(20, Some(padded(&[0.5, 0.0, 0.25], 1))),
+            ];
+            for scorer in [&reference as &dyn Scorer, &cpu] {
+                let a = scorer.score(&plain, &options).unwrap();
+                let b = scorer.score(&with_zeros, &options).unwrap();
+                assert_eq!(a, b, "{} {placement:?}", scorer.name());
+            }
+            // Every weight zero: losses 0, with both scorers.
+            let zero = [cand(5, Some(vec![0.0; 3])), cand(25, Some(vec![0.0]))];
+            for scorer in [&reference as &dyn Scorer, &cpu] {
+                for s in scorer.score(&zero, &options).unwrap() {
+                    assert_eq!(
+                        [s.l_none, s.l_call, s.l_call_result, s.delta],
+                        [0.0; 4],
+                        "{}",
+                        scorer.name()
+                    );
+                }
+            }
+        }
     }
 }
