@@ -53,19 +53,13 @@ pub fn generate_jsonl(
 ) -> Result<GenerateSummary> {
     let tokens = CallTokens::from_tokenizer(tokenizer);
     let mut summary = GenerateSummary::default();
-    let out_err = |e: std::io::Error| Error::Io {
-        path: "<output>".into(),
-        source: e,
-    };
+    let out_err = |e: std::io::Error| Error::io("<output>", e);
     let mut lines = input.lines().enumerate().peekable();
     let mut chunk: Vec<(usize, String)> = Vec::new();
     while lines.peek().is_some() {
         chunk.clear();
         for (k, line) in lines.by_ref().take(options.batch_size.max(1)) {
-            let line = line.map_err(|e| Error::Io {
-                path: format!("<input line {}>", k + 1).into(),
-                source: e,
-            })?;
+            let line = line.map_err(|e| Error::io(format!("<input line {}>", k + 1), e))?;
             chunk.push((k, line));
         }
         // (id, prompt or why not)

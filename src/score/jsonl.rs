@@ -87,18 +87,12 @@ pub fn score_jsonl(
 ) -> Result<JsonlSummary> {
     let mut summary = JsonlSummary::default();
     let mut chunk: Vec<(usize, String)> = Vec::new();
-    let out_err = |e: std::io::Error| Error::Io {
-        path: "<output>".into(),
-        source: e,
-    };
+    let out_err = |e: std::io::Error| Error::io("<output>", e);
     let mut lines = input.lines().enumerate().peekable();
     while lines.peek().is_some() {
         chunk.clear();
         for (k, line) in lines.by_ref().take(options.chunk_lines.max(1)) {
-            let line = line.map_err(|e| Error::Io {
-                path: format!("<input line {}>", k + 1).into(),
-                source: e,
-            })?;
+            let line = line.map_err(|e| Error::io(format!("<input line {}>", k + 1), e))?;
             chunk.push((k + 1, line));
         }
         let parsed = parse_chunk(&chunk, scorer, tokenizer, options);
