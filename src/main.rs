@@ -475,7 +475,7 @@ fn report_run(outcome: toolsift::annotate::RunOutcome) -> Option<toolsift::annot
                 paths.rejects.display(),
                 paths.summary.display()
             );
-            Some(summary)
+            Some(*summary)
         }
         RunOutcome::Stopped(n) => {
             eprintln!("stopped after {n} documents");
@@ -572,15 +572,13 @@ fn index(args: IndexArgs) -> Result<ExitCode> {
 fn merge(args: MergeArgs) -> Result<ExitCode> {
     let report = toolsift::annotate::merge(&args.out, &args.inputs)?;
     eprintln!(
-        "merged {} documents and {} rejects from {} files into {}",
+        "merged {} documents and {} rejects ({} corpus lines) from {} shards into {}",
         report.documents,
         report.rejects,
-        args.inputs.len(),
+        report.corpus_lines,
+        report.shards,
         args.out.display()
     );
-    if let Some(missing) = report.missing.filter(|&m| m > 0) {
-        eprintln!("warning: {missing} input lines are in no shard output: is a shard missing?");
-    }
     Ok(ExitCode::SUCCESS)
 }
 

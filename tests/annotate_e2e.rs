@@ -371,21 +371,89 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
         };
         parts.push(paths.out);
     }
-    let report = annotate::merge(&dir.path().join("merged.jsonl"), &parts).unwrap();
+    // A shell glob also matches the rejects and summaries: they are read beside their C*.
+    let mut globbed = parts.clone();
+    for p in &parts {
+        let paths = annotate::OutputPaths::new(p);
+        globbed.extend([paths.rejects, paths.summary]);
+    }
+    let report = annotate::merge(&dir.path().join("merged.jsonl"), &globbed).unwrap();
     assert_eq!(
-        (report.documents, report.rejects, report.missing),
-        (18, 5, Some(0))
+        (
+            report.documents,
+            report.rejects,
+            report.shards,
+            report.corpus_lines
+        ),
+        (18, 5, 3, 23)
     );
     assert_eq!(read("merged.jsonl"), read("full.jsonl"));
     assert_eq!(read("merged.rejects.jsonl"), read("full.rejects.jsonl"));
-    assert!(
-        annotate::merge(
-            &dir.path().join("m2.jsonl"),
-            &[parts[0].clone(), parts[0].clone()]
-        )
-        .is_err(),
-        "a line twice is an error"
-    );
+    let merge_err = |out: &str, inputs: &[PathBuf]| {
+        let err = annotate::merge(&dir.path().join(out), inputs)
+            .expect_err("merge should refuse")
+            .to_string();
+        assert!(
+            !dir.path().join(out).exists(),
+            "{out} written despite: {err}"
+        );
+        err
+    };
+    let err = merge_err("m2.jsonl", &[parts[0].clone(), parts[0].clone()]);
+    assert!(err.contains("given twice"), "{err}");
+    // The last shard lost: its lines are not silently missing from the merge.
+    let err = merge_err("m3.jsonl", &parts[..2]);
+    assert!(err.contains("1 of 3 shards missing"), "{err}");
+    let err = merge_err("m4.jsonl", &[annotate::OutputPaths::new(&parts[0]).rejects]);
+    assert!(err.contains("give merge the C* files"), "{err}");
+    // A shard output that lost a line (edited, truncated) is caught.
+    let cut = dir.path().join("cut.shard-00001-of-00003.jsonl");
+    let src = annotate::OutputPaths::new(&parts[1]);
+    let cut_paths = annotate::OutputPaths::new(&cut);
+    let text = std::fs::read_to_string(&src.out).unwrap();
+    let first_newline = text.find('\n').unwrap();
+    std::fs::write(&cut, &text[first_newline + 1..]).unwrap();
+    std::fs::copy(&src.rejects, &cut_paths.rejects).unwrap();
+    std::fs::copy(&src.summary, &cut_paths.summary).unwrap();
+    let err = merge_err("m5.jsonl", &[parts[0].clone(), cut, parts[2].clone()]);
+    assert!(err.contains("is in no output"), "{err}");
+
+    // Inputs that would lose documents are refused before anything is written.
+    let refused = |o: RunOptions| annotate::annotate(&a, &o).err().unwrap().to_string();
+    let err = refused(RunOptions {
+        out: dir.path().to_owned(),
+        ..opts("unused.jsonl", None)
+    });
+    assert!(err.contains("give a file name for C*"), "{err}");
+    #[cfg(unix)]
+    {
+        // A pipe reads empty the second time (the lines are counted first).
+        let fifo = dir.path().join("fifo");
+        let made = Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let err = refused(RunOptions {
+                corpus: fifo,
+                ..opts("piped.jsonl", None)
+            });
+            assert!(err.contains("must be a regular file"), "{err}");
+        }
+    }
+
+    // A corpus edited between a stop and the resume (same line count) is refused.
+    let edited = dir.path().join("edited.jsonl");
+    std::fs::copy(&corpus, &edited).unwrap();
+    let edited_opts = |stop_after| RunOptions {
+        corpus: edited.clone(),
+        ..opts("from-edited.jsonl", stop_after)
+    };
+    assert!(matches!(
+        annotate::annotate(&a, &edited_opts(Some(4))).unwrap(),
+        RunOutcome::Stopped(4)
+    ));
+    let text = std::fs::read_to_string(&edited).unwrap();
+    std::fs::write(&edited, text.replacen("doc-1", "doc-X", 1)).unwrap();
+    let err = refused(edited_opts(None));
+    assert!(err.contains("differing: corpus_xxh3"), "{err}");
 }
 
 // ---- the binary ----
@@ -500,19 +568,28 @@ fn kill_and_resume(
     let (mut kills, mut kills_mid_run) = (0, 0);
     loop {
         let mut child = run_bin(dir, corpus, &out)
-            .stderr(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         let before = journaled();
         let wait_ms = rng.range(run_ms / 20, run_ms * 6 / 5);
         std::thread::sleep(Duration::from_millis(wait_ms as u64));
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "a resumed run failed");
+        if child.try_wait().unwrap().is_some() {
+            let done = child.wait_with_output().unwrap();
+            assert!(
+                done.status.success(),
+                "a resumed run failed: {}",
+                String::from_utf8_lossy(&done.stderr)
+            );
             return (kills, kills_mid_run);
         }
         child.kill().unwrap(); // SIGKILL: no chance to clean up
         child.wait().unwrap();
         kills += 1;
+        if !journal.exists() && dir.join(&out).exists() {
+            // The kill landed after the final files were written (while the run exited).
+            return (kills, kills_mid_run);
+        }
         let after = journaled();
         assert!(after >= before, "the journal lost finished documents");
         kills_mid_run += usize::from(after > before && after < 30);

@@ -1,7 +1,8 @@
 //! Sampled calls: what the model wrote after "[" up to "]", parsed as "Tool(input)".
 //!
-//! Accepted: optional whitespace, a tool name (letters, digits, "_"), "(", the input, the last
-//! ")" before "]", then nothing or an arrow ("->" or "→" and anything up to "]", which is ignored:
+//! Accepted: optional whitespace, a tool name (letters, digits, "_"), "(", the input, a ")"
+//! (the first one followed by an arrow if there is one, else the last one before "]"), then
+//! nothing or an arrow ("->" or "→" and anything up to "]", which is ignored:
 //! the result always comes from the tool). The input is trimmed and must not contain "[" (a
 //! nested call). Everything else is malformed: no "]" before the length cap, no "(", no ")",
 //! text after ")", an empty or odd tool name.
@@ -28,11 +29,18 @@ pub fn parse_call(continuation: &str) -> Result<(String, String), Malformed> {
     if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || c == '_') {
         return Err(Malformed::Syntax(format!("bad tool name {name:?}")));
     }
-    let Some(close) = rest.rfind(')') else {
+    // The input ends at the first ")" followed by an arrow (a result written by the model may
+    // contain parentheses too), else at the last ")" (an input may contain parentheses).
+    let Some(close) = rest
+        .match_indices(')')
+        .map(|(i, _)| i)
+        .find(|&i| starts_with_arrow(rest[i + 1..].trim_start()))
+        .or_else(|| rest.rfind(')'))
+    else {
         return Err(Malformed::Syntax("no \")\"".into()));
     };
     let after = rest[close + 1..].trim();
-    if !(after.is_empty() || after.starts_with("->") || after.starts_with('→')) {
+    if !(after.is_empty() || starts_with_arrow(after)) {
         return Err(Malformed::Syntax(format!("text after \")\": {after:?}")));
     }
     let input = rest[..close].trim();
@@ -40,6 +48,10 @@ pub fn parse_call(continuation: &str) -> Result<(String, String), Malformed> {
         return Err(Malformed::Syntax("nested call".into()));
     }
     Ok((name.to_string(), input.to_string()))
+}
+
+fn starts_with_arrow(s: &str) -> bool {
+    s.starts_with("->") || s.starts_with('→')
 }
 
 /// A tool's result made safe to splice: whitespace runs become one space, "[" and "]" become
@@ -68,6 +80,30 @@ mod tests {
         assert_eq!(
             ok("QA(What is (a)?) -> x]"),
             ("QA".into(), "What is (a)?".into())
+        );
+        assert_eq!(
+            ok("QA(Who?) -> Paris (France)]"),
+            ("QA".into(), "Who?".into())
+        );
+        assert_eq!(
+            ok("Calculator(400 / 1400) -> 0.29 (29%)]"),
+            ("Calculator".into(), "400 / 1400".into())
+        );
+        assert_eq!(
+            ok("Calculator(400 / 1400)→ 0.29 (29%)]"),
+            ("Calculator".into(), "400 / 1400".into())
+        );
+        assert_eq!(
+            ok("Calculator((2 + 3) * 4)]"),
+            ("Calculator".into(), "(2 + 3) * 4".into())
+        );
+        assert_eq!(
+            ok("Calculator((2 + 3) * 4) -> 20]"),
+            ("Calculator".into(), "(2 + 3) * 4".into())
+        );
+        assert_eq!(
+            ok("Calculator((2 + 3) * 4) -> (20)]"),
+            ("Calculator".into(), "(2 + 3) * 4".into())
         );
         assert_eq!(parse_call("Calculator(1+2"), Err(Malformed::Unterminated));
         for bad in [

@@ -1,6 +1,7 @@
 //! The corpus: JSONL, one document per line (CCNet-like). The text is under a configurable field
-//! (default "text"); "id" (string or integer), "url" and "date" (strings) are optional; other keys
-//! are ignored. Lines are numbered from 1. A line that is not a usable document (invalid UTF-8 or
+//! (default "text"); "id" (string or integer of at most 64 bits, kept exactly), "url" and "date"
+//! (strings) are optional; other keys are ignored. A UTF-8 byte order mark starting line 1 is
+//! skipped. Lines are numbered from 1. A line that is not a usable document (invalid UTF-8 or
 //! JSON, not an object, no text, a field of the wrong type, blank) is a `Line::Reject` with its
 //! reason: the driver writes it to the rejects file, it is never dropped silently.
 
@@ -16,7 +17,7 @@ use crate::error::{Error, Result};
 pub struct Document {
     /// 1-based input line number: the document's identity for ordering, sharding and resuming.
     pub line: u64,
-    /// The "id" field as given (string or integer), or null.
+    /// The "id" field as given (string, or integer within i64/u64), or null.
     pub id: Value,
     pub text: String,
     pub url: Option<String>,
@@ -53,6 +54,11 @@ impl Line {
 /// Parses one line (without its newline).
 pub fn parse_line(line: u64, bytes: &[u8], text_field: &str) -> Line {
     let reject = |reason: String| Line::Reject { line, reason };
+    // A UTF-8 byte order mark can only start the file, i.e. line 1.
+    let bytes = match bytes.strip_prefix(b"\xEF\xBB\xBF") {
+        Some(rest) if line == 1 => rest,
+        _ => bytes,
+    };
     let Ok(s) = std::str::from_utf8(bytes) else {
         return reject("invalid UTF-8".into());
     };
@@ -72,10 +78,18 @@ pub fn parse_line(line: u64, bytes: &[u8], text_field: &str) -> Line {
         Some(_) => return reject(format!("field {text_field:?} is not a string")),
         None => return reject(format!("no field {text_field:?}")),
     };
+    // Only ids that are kept exactly: a float, or an integer beyond 64 bits (which serde_json
+    // reads as a float), would be written back changed and could collide with another id.
     let id = match obj.remove("id") {
         None | Some(Value::Null) => Value::Null,
-        Some(v @ (Value::String(_) | Value::Number(_))) => v,
-        Some(_) => return reject("field \"id\" is not a string or a number".into()),
+        Some(v @ Value::String(_)) => v,
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Value::Number(n),
+        Some(Value::Number(_)) => {
+            return reject(
+                "field \"id\" is not an integer in the 64-bit range (use a string id)".into(),
+            )
+        }
+        Some(_) => return reject("field \"id\" is not a string or an integer".into()),
     };
     let mut opt = |key: &str| match obj.remove(key) {
         None | Some(Value::Null) => Ok(None),
@@ -142,8 +156,23 @@ impl<R: BufRead> Corpus<R> {
 
 /// Number of lines of a file (a last line without newline counts).
 pub fn count_lines(path: &Path) -> Result<u64> {
+    Ok(fingerprint(path)?.lines)
+}
+
+/// What identifies a corpus file's content for resuming: its line count and a hash of its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub lines: u64,
+    /// XXH3-64 of the whole file (a stable, specified hash: a journal written by another build
+    /// compares equal).
+    pub xxh3: u64,
+}
+
+/// Reads `path` once: its line count and the hash of its content.
+pub fn fingerprint(path: &Path) -> Result<Fingerprint> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     let mut n = 0;
     let mut last = b'\n';
     loop {
@@ -152,11 +181,15 @@ pub fn count_lines(path: &Path) -> Result<u64> {
             break;
         }
         n += buf.iter().filter(|&&b| b == b'\n').count() as u64;
+        hasher.update(buf);
         last = buf[buf.len() - 1];
         let len = buf.len();
         reader.consume(len);
     }
-    Ok(n + u64::from(last != b'\n'))
+    Ok(Fingerprint {
+        lines: n + u64::from(last != b'\n'),
+        xxh3: hasher.digest(),
+    })
 }
 
 #[cfg(test)]
@@ -192,6 +225,59 @@ mod tests {
         assert!(reason(parse_line(1, br#"{"text": "a", "date": 5}"#, "text")).contains("date"));
         assert!(reason(parse_line(1, b"  ", "text")).contains("blank"));
         assert!(reason(parse_line(1, b"{\"text\": \"\xff\"}", "text")).contains("UTF-8"));
+    }
+
+    #[test]
+    fn ids_are_kept_exactly() {
+        let id = |s: &[u8]| match parse_line(1, s, "text") {
+            Line::Doc(d) => d.id,
+            Line::Reject { reason, .. } => panic!("rejected: {reason}"),
+        };
+        assert_eq!(id(br#"{"id": "x", "text": "a"}"#), Value::from("x"));
+        assert_eq!(id(br#"{"id": -7, "text": "a"}"#), Value::from(-7i64));
+        assert_eq!(
+            id(br#"{"id": 18446744073709551615, "text": "a"}"#),
+            Value::from(u64::MAX)
+        );
+        assert_eq!(
+            id(br#"{"id": -9223372036854775808, "text": "a"}"#),
+            Value::from(i64::MIN)
+        );
+        let Line::Doc(d) = parse_line(1, br#"{"id": 18446744073709551615, "text": "a"}"#, "text")
+        else {
+            panic!()
+        };
+        assert_eq!(d.id_str(), "18446744073709551615");
+        for bad in [
+            &br#"{"id": 18446744073709551617, "text": "a b"}"#[..],
+            br#"{"id": -9223372036854775809, "text": "a"}"#,
+            br#"{"id": 1e2, "text": "a"}"#,
+            br#"{"id": 1.5, "text": "a"}"#,
+            br#"{"id": 7.0, "text": "a"}"#,
+        ] {
+            let r = reason(parse_line(1, bad, "text"));
+            assert!(r.contains("\"id\"") && r.contains("integer"), "{r}");
+        }
+        let r = reason(parse_line(1, br#"{"id": true, "text": "a"}"#, "text"));
+        assert!(r.contains("\"id\""), "{r}");
+    }
+
+    #[test]
+    fn bom_is_skipped_on_line_1_only() {
+        let line = b"\xEF\xBB\xBF{\"id\": 1, \"text\": \"a\"}";
+        let Line::Doc(d) = parse_line(1, line, "text") else {
+            panic!()
+        };
+        assert_eq!((d.id_str(), d.text.as_str()), ("1".into(), "a"));
+        assert!(reason(parse_line(2, line, "text")).contains("invalid JSON"));
+        let data = b"\xEF\xBB\xBF{\"text\":\"a\"}\n{\"text\":\"b\"}\n";
+        let mut c = Corpus::new(&data[..], Path::new("c.jsonl"), "text");
+        let mut texts = Vec::new();
+        while let Some(Some(l)) = c.next_line(|_| true).unwrap() {
+            let Line::Doc(d) = l else { panic!("{l:?}") };
+            texts.push(d.text);
+        }
+        assert_eq!(texts, ["a", "b"]);
     }
 
     #[test]

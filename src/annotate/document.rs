@@ -240,9 +240,9 @@ impl<'a> Annotator<'a> {
         &self.tools
     }
 
-    /// The ids of the tokens that open a call ("[", " [", those that exist).
+    /// The ids of the tokens that open a call ("[", " [", those that exist, each once).
     fn open_ids(&self) -> Vec<u32> {
-        self.bracket.into_iter().chain(self.space_bracket).collect()
+        open_token_ids(self.bracket, self.space_bracket)
     }
 
     /// The sampling seed of document `line` for `tool`: independent of batching and of which
@@ -497,7 +497,36 @@ pub fn splice_kept(text: &str, calls: &[CallRecord]) -> String {
     splice::splice(text, &inserts)
 }
 
+/// The distinct ids among `bracket` and `space_bracket`, in that order: a tokenizer that encodes
+/// "[" and " [" to one token (e.g. byte-level BPE with add_prefix_space) must count it once, or
+/// p_i = p("[") + p(" [") would count it twice (and could exceed 1).
+fn open_token_ids(bracket: Option<u32>, space_bracket: Option<u32>) -> Vec<u32> {
+    let mut ids = Vec::with_capacity(2);
+    for id in bracket.into_iter().chain(space_bracket) {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
 fn single_token(tokenizer: &Tokenizer, s: &str) -> Result<Option<u32>> {
     let ids = tokenizer.encode_ids(s)?;
     Ok((ids.len() == 1).then(|| ids[0]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_ids_are_distinct() {
+        assert_eq!(open_token_ids(Some(58), Some(685)), vec![58, 685]);
+        assert_eq!(open_token_ids(Some(685), Some(58)), vec![685, 58]);
+        // "[" and " [" encoded to one token (add_prefix_space): counted once.
+        assert_eq!(open_token_ids(Some(291), Some(291)), vec![291]);
+        assert_eq!(open_token_ids(None, Some(291)), vec![291]);
+        assert_eq!(open_token_ids(Some(58), None), vec![58]);
+        assert_eq!(open_token_ids(None, None), Vec::<u32>::new());
+    }
 }

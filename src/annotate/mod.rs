@@ -25,7 +25,7 @@ pub mod tool_kind;
 pub mod tools;
 pub mod writer;
 
-use std::io::BufReader;
+use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -63,7 +63,7 @@ pub struct RunOptions {
 #[derive(Debug)]
 pub enum RunOutcome {
     /// Every line is done; the final files are written.
-    Done(Summary, OutputPaths),
+    Done(Box<Summary>, OutputPaths),
     /// `stop_after` was reached; the journal holds the progress.
     Stopped(u64),
 }
@@ -72,6 +72,23 @@ pub enum RunOutcome {
 pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcome> {
     let started = Instant::now();
     let shard = options.shard;
+    if options.out.is_dir() || options.out.file_name().is_none() {
+        return Err(Error::input(format!(
+            "--out {}: give a file name for C*, e.g. {}",
+            options.out.display(),
+            options.out.join("cstar.jsonl").display()
+        )));
+    }
+    // The corpus is read twice (its lines are counted first, and a resumed run reads it again
+    // from the start): a pipe would give an empty second read.
+    let meta = std::fs::metadata(&options.corpus).map_err(|e| Error::io(&options.corpus, e))?;
+    if !meta.is_file() {
+        return Err(Error::input(format!(
+            "{}: the corpus must be a regular file (it is read more than once); write it to a \
+             file first",
+            options.corpus.display()
+        )));
+    }
     let paths = OutputPaths::new(&shard.output_path(&options.out));
     if paths.out.exists() && !paths.journal.exists() {
         return Err(Error::input(format!(
@@ -81,13 +98,15 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
             paths.journal.display()
         )));
     }
-    let total = corpus::count_lines(&options.corpus)?;
+    let corpus_id = corpus::fingerprint(&options.corpus)?;
+    let total = corpus_id.lines;
     let run = json!({
         "config": annotator.config().to_toml(),
         "tools": annotator.tools().iter().map(|t| t.key()).collect::<Vec<_>>(),
         "shard": format!("{}/{}", shard.index, shard.count),
         "corpus": options.corpus.display().to_string(),
         "corpus_lines": total,
+        "corpus_xxh3": format!("{:016x}", corpus_id.xxh3),
         "info": options.run_info,
     });
     let (mut journal, last_done) = Journal::open(&paths.journal, &run)?;
@@ -102,7 +121,12 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
         &annotator.config().text_field,
     );
     let (mut docs, mut candidates) = (0u64, 0u64);
-    while let Some(line) = corpus.next_line(|n| n > last_done && shard.owns(n))? {
+    let lines_read = std::cell::Cell::new(0u64);
+    let want = |n: u64| {
+        lines_read.set(n);
+        n > last_done && shard.owns(n)
+    };
+    while let Some(line) = corpus.next_line(want)? {
         let Some(line) = line else { continue };
         if options.stop_after.is_some_and(|n| docs >= n) {
             return Ok(RunOutcome::Stopped(docs));
@@ -146,9 +170,32 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
         ));
     }
     bar.finish_and_clear();
+    if lines_read.get() != total {
+        return Err(Error::input(format!(
+            "{}: {} lines when the run started, {} now: the corpus changed during the run; \
+             the journal {} is kept",
+            options.corpus.display(),
+            total,
+            lines_read.get(),
+            paths.journal.display()
+        )));
+    }
+    let run = RunSummary {
+        shard,
+        corpus_lines: total,
+        wall_secs: started.elapsed().as_secs_f64(),
+    };
+    let summary = finish(&paths, annotator.tools(), &run)?;
+    // Unlocked only now: a second run must not start on this output while it is being written.
     drop(journal);
-    let summary = finish(&paths, annotator.tools(), started.elapsed().as_secs_f64())?;
-    Ok(RunOutcome::Done(summary, paths))
+    Ok(RunOutcome::Done(Box::new(summary), paths))
+}
+
+/// What `finish` records about the run besides the journal's entries.
+struct RunSummary {
+    shard: Shard,
+    corpus_lines: u64,
+    wall_secs: f64,
 }
 
 fn progress_bar(enabled: bool, total: u64, done: u64) -> indicatif::ProgressBar {
@@ -166,34 +213,50 @@ fn progress_bar(enabled: bool, total: u64, done: u64) -> indicatif::ProgressBar 
     bar
 }
 
-/// Writes C*, rejects and summary from a complete journal, then removes the journal.
-fn finish(paths: &OutputPaths, tools: &[ToolKind], wall_secs: f64) -> Result<Summary> {
+/// Writes C*, rejects and summary from a complete journal, then removes the journal. The
+/// journal must hold exactly the shard's lines, in order; anything else is an error and leaves
+/// the journal (and any earlier output) as it was.
+fn finish(paths: &OutputPaths, tools: &[ToolKind], run: &RunSummary) -> Result<Summary> {
     let mut builder = summary::SummaryBuilder::new(tools);
-    writer::write_atomic(&paths.rejects, |w| {
-        for entry in writer::read_journal(&paths.journal)? {
-            let entry = entry?;
-            if let Some(reason) = &entry.reject {
-                builder.reject();
-                let line = json!({"line": entry.line, "reason": reason});
-                writeln!(w, "{line}").map_err(|e| Error::io(&paths.rejects, e))?;
-            }
+    let mut out = writer::AtomicFile::create(&paths.out)?;
+    let mut rejects = writer::AtomicFile::create(&paths.rejects)?;
+    let mut expected = (1..=run.corpus_lines).filter(|&n| run.shard.owns(n));
+    for entry in writer::read_journal(&paths.journal)? {
+        let entry = entry?;
+        if expected.next() != Some(entry.line) {
+            return Err(Error::input(format!(
+                "{}: input line {} is not the next line of shard {}/{}; the journal is \
+                 corrupt, delete it to start over",
+                paths.journal.display(),
+                entry.line,
+                run.shard.index,
+                run.shard.count
+            )));
         }
-        Ok(())
-    })?;
-    writer::write_atomic(&paths.out, |w| {
-        for entry in writer::read_journal(&paths.journal)? {
-            let entry = entry?;
-            if let Some(doc) = &entry.doc {
-                builder.document(doc, &entry.stats.clone().unwrap_or_default());
-                let line = serde_json::to_string(doc).map_err(|e| {
-                    Error::input(format!("cannot serialise line {}: {e}", doc.line))
-                })?;
-                writeln!(w, "{line}").map_err(|e| Error::io(&paths.out, e))?;
-            }
+        if let Some(reason) = &entry.reject {
+            builder.reject();
+            let line = json!({"line": entry.line, "reason": reason});
+            writeln!(rejects, "{line}").map_err(|e| Error::io(&paths.rejects, e))?;
         }
-        Ok(())
-    })?;
-    let summary = builder.finish(wall_secs);
+        if let Some(doc) = &entry.doc {
+            builder.document(doc, &entry.stats.clone().unwrap_or_default());
+            let line = serde_json::to_string(doc)
+                .map_err(|e| Error::input(format!("cannot serialise line {}: {e}", doc.line)))?;
+            writeln!(out, "{line}").map_err(|e| Error::io(&paths.out, e))?;
+        }
+    }
+    if let Some(line) = expected.next() {
+        return Err(Error::input(format!(
+            "{}: input line {line} is missing from the journal of a finished run; delete the \
+             journal to start over",
+            paths.journal.display()
+        )));
+    }
+    let mut summary = builder.finish(run.wall_secs);
+    summary.shard = Some(run.shard);
+    summary.corpus_lines = Some(run.corpus_lines);
+    rejects.commit()?;
+    out.commit()?;
     writer::write_atomic(&paths.summary, |w| {
         let text = serde_json::to_string_pretty(&summary)
             .map_err(|e| Error::input(format!("cannot serialise the summary: {e}")))?;
@@ -208,79 +271,279 @@ fn finish(paths: &OutputPaths, tools: &[ToolKind], wall_secs: f64) -> Result<Sum
 pub struct MergeReport {
     pub documents: u64,
     pub rejects: u64,
-    /// Input lines in 1..=max covered by neither a document nor a reject (only counted when
-    /// every input has its rejects file).
-    pub missing: Option<u64>,
+    /// The shards joined (all of them: a missing one is an error).
+    pub shards: u64,
+    /// The corpus's line count; every line is in exactly one output.
+    pub corpus_lines: u64,
 }
 
-/// Joins shard outputs into one C* in input-line order (and their rejects files, where present,
-/// into `<out stem>.rejects.jsonl`). A line that appears twice is an error.
+/// Joins the outputs of every shard of one run into one C* in input-line order, and their
+/// rejects into `<out stem>.rejects.jsonl`. Each input is a C* file (`*.shard-I-of-C.jsonl`);
+/// its rejects and summary are read from beside it (a rejects or summary file given as an input
+/// too, as a shell glob may, is skipped). The summaries say which shard each output is and how
+/// many lines the corpus has: a missing or repeated shard, a line in two outputs or in none is
+/// an error, and nothing is written then. Streams: memory does not grow with the corpus.
 pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
-    #[derive(serde::Deserialize)]
-    struct LineNo {
-        line: u64,
-    }
-    fn read(files: &[PathBuf]) -> Result<Vec<(u64, String, usize)>> {
-        let mut all = Vec::new();
-        for (k, path) in files.iter().enumerate() {
-            let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-            for (n, l) in text.lines().enumerate() {
-                if l.trim().is_empty() {
-                    continue;
-                }
-                let no: LineNo = serde_json::from_str(l).map_err(|e| {
-                    Error::input(format!(
-                        "{}:{}: no input line number: {e}",
-                        path.display(),
-                        n + 1
-                    ))
-                })?;
-                all.push((no.line, l.to_string(), k));
-            }
+    let outputs = merge_inputs(inputs)?;
+    let Some(first) = outputs.first() else {
+        return Err(Error::input("merge: no C* files given"));
+    };
+    let (count, corpus_lines) = (first.shard.count, first.corpus_lines);
+    let mut seen = vec![None; count as usize];
+    for o in &outputs {
+        if o.shard.count != count || o.corpus_lines != corpus_lines {
+            return Err(Error::input(format!(
+                "{} is shard {}/{} of a {}-line corpus, but {} is shard {}/{} of a {}-line \
+                 corpus: not outputs of one run",
+                o.paths.out.display(),
+                o.shard.index,
+                o.shard.count,
+                o.corpus_lines,
+                first.paths.out.display(),
+                first.shard.index,
+                count,
+                corpus_lines
+            )));
         }
-        all.sort_by_key(|(line, _, _)| *line);
-        for w in all.windows(2) {
-            if w[0].0 == w[1].0 {
+        if let Some(other) = seen[o.shard.index as usize].replace(&o.paths.out) {
+            return Err(Error::input(format!(
+                "shard {}/{count} is given twice: {} and {}",
+                o.shard.index,
+                other.display(),
+                o.paths.out.display()
+            )));
+        }
+    }
+    let missing: Vec<String> = (0..count)
+        .filter(|&i| seen[i as usize].is_none())
+        .map(|i| {
+            Shard { index: i, count }
+                .output_path(out)
+                .display()
+                .to_string()
+        })
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::input(format!(
+            "{} of {count} shards missing, e.g. {} (merge needs every shard's output)",
+            missing.len(),
+            missing[0]
+        )));
+    }
+    let out_paths = OutputPaths::new(out);
+    for o in &outputs {
+        if [&o.paths.out, &o.paths.rejects].contains(&&out_paths.out)
+            || [&o.paths.out, &o.paths.rejects].contains(&&out_paths.rejects)
+        {
+            return Err(Error::input(format!(
+                "--out {} would overwrite an input",
+                out.display()
+            )));
+        }
+    }
+
+    // One stream per file; a k-way merge on the input line number.
+    let mut streams = Vec::new();
+    for o in &outputs {
+        streams.push(MergeStream::open(&o.paths.out, o.shard, false)?);
+        streams.push(MergeStream::open(&o.paths.rejects, o.shard, true)?);
+    }
+    let mut heap = std::collections::BinaryHeap::new();
+    for (k, s) in streams.iter_mut().enumerate() {
+        if let Some(line) = s.advance()? {
+            heap.push(std::cmp::Reverse((line, k)));
+        }
+    }
+    let mut docs_file = writer::AtomicFile::create(&out_paths.out)?;
+    let mut rejects_file = writer::AtomicFile::create(&out_paths.rejects)?;
+    let (mut documents, mut rejects, mut next) = (0u64, 0u64, 1u64);
+    while let Some(std::cmp::Reverse((line, k))) = heap.pop() {
+        let s = &mut streams[k];
+        if line != next || line > corpus_lines {
+            let msg = if line < next {
+                format!(
+                    "input line {line} is in two outputs (the second: {})",
+                    s.path.display()
+                )
+            } else if next <= corpus_lines {
+                let owner = (next - 1) % count;
+                format!(
+                    "input line {next} is in no output (it belongs to shard {owner}/{count}, {})",
+                    seen[owner as usize].map_or(String::new(), |p| p.display().to_string())
+                )
+            } else {
+                format!(
+                    "{}: input line {line} is beyond the corpus's {corpus_lines} lines",
+                    s.path.display()
+                )
+            };
+            return Err(Error::input(msg));
+        }
+        let (w, path) = if s.rejects {
+            rejects += 1;
+            (&mut rejects_file, &out_paths.rejects)
+        } else {
+            documents += 1;
+            (&mut docs_file, &out_paths.out)
+        };
+        writeln!(w, "{}", s.current).map_err(|e| Error::io(path, e))?;
+        next += 1;
+        if let Some(line) = s.advance()? {
+            heap.push(std::cmp::Reverse((line, k)));
+        }
+    }
+    if next <= corpus_lines {
+        let owner = (next - 1) % count;
+        return Err(Error::input(format!(
+            "input line {next} is in no output (it belongs to shard {owner}/{count})"
+        )));
+    }
+    rejects_file.commit()?;
+    docs_file.commit()?;
+    Ok(MergeReport {
+        documents,
+        rejects,
+        shards: count,
+        corpus_lines,
+    })
+}
+
+/// One shard's output as `merge` sees it.
+struct MergeInput {
+    paths: OutputPaths,
+    shard: Shard,
+    corpus_lines: u64,
+}
+
+/// The C* files among `inputs` with their summaries; rejects and summary files are skipped
+/// when their C* file is among the inputs too.
+fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
+    let mut outputs = Vec::new();
+    for path in inputs {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let companion_of = [".rejects.jsonl", ".summary.json"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .map(|stem| path.with_file_name(format!("{stem}.jsonl")));
+        if let Some(cstar) = companion_of {
+            if inputs.contains(&cstar) {
+                continue;
+            }
+            return Err(Error::input(format!(
+                "{}: give merge the C* files ({} here); their rejects and summaries are read \
+                 from beside them",
+                path.display(),
+                cstar.display()
+            )));
+        }
+        let paths = OutputPaths::new(path);
+        for companion in [&paths.out, &paths.rejects, &paths.summary] {
+            if !companion.is_file() {
                 return Err(Error::input(format!(
-                    "input line {} is in both {} and {}",
-                    w[0].0,
-                    files[w[0].2].display(),
-                    files[w[1].2].display()
+                    "{}: not found; {} is not the output of a finished run",
+                    companion.display(),
+                    path.display()
                 )));
             }
         }
-        Ok(all)
+        let text =
+            std::fs::read_to_string(&paths.summary).map_err(|e| Error::io(&paths.summary, e))?;
+        let summary: Summary = serde_json::from_str(&text).map_err(|e| {
+            Error::input(format!(
+                "{}: not a toolsift summary: {e}",
+                paths.summary.display()
+            ))
+        })?;
+        let (Some(shard), Some(corpus_lines)) = (summary.shard, summary.corpus_lines) else {
+            return Err(Error::input(format!(
+                "{}: no shard and corpus_lines (written by an older toolsift); rerun that \
+                 shard's annotate to merge it",
+                paths.summary.display()
+            )));
+        };
+        outputs.push(MergeInput {
+            paths,
+            shard,
+            corpus_lines,
+        });
     }
-    let docs = read(inputs)?;
-    let reject_files: Vec<PathBuf> = inputs
-        .iter()
-        .map(|p| OutputPaths::new(p).rejects)
-        .filter(|p| p.exists())
-        .collect();
-    let rejects = read(&reject_files)?;
-    let out_paths = OutputPaths::new(out);
-    let write = |path: &Path, lines: &[(u64, String, usize)]| {
-        writer::write_atomic(path, |w| {
-            for (_, l, _) in lines {
-                writeln!(w, "{l}").map_err(|e| Error::io(path, e))?;
-            }
-            Ok(())
+    Ok(outputs)
+}
+
+/// The lines of one C* or rejects file, each checked to be a record of its kind, in strictly
+/// increasing input-line order and of its shard.
+struct MergeStream {
+    path: PathBuf,
+    shard: Shard,
+    rejects: bool,
+    lines: std::io::Lines<BufReader<std::fs::File>>,
+    file_line: u64,
+    last: u64,
+    current: String,
+}
+
+impl MergeStream {
+    fn open(path: &Path, shard: Shard, rejects: bool) -> Result<Self> {
+        use std::io::BufRead;
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        Ok(MergeStream {
+            path: path.to_owned(),
+            shard,
+            rejects,
+            lines: BufReader::with_capacity(1 << 20, file).lines(),
+            file_line: 0,
+            last: 0,
+            current: String::new(),
         })
-    };
-    if !reject_files.is_empty() {
-        write(&out_paths.rejects, &rejects)?;
     }
-    let missing = (reject_files.len() == inputs.len()).then(|| {
-        let mut lines: Vec<u64> = docs.iter().chain(&rejects).map(|d| d.0).collect();
-        lines.sort_unstable();
-        let max = lines.last().copied().unwrap_or(0);
-        lines.dedup();
-        max - lines.len() as u64
-    });
-    write(out, &docs)?;
-    Ok(MergeReport {
-        documents: docs.len() as u64,
-        rejects: rejects.len() as u64,
-        missing,
-    })
+
+    /// Reads the next record into `current`; returns its input line number.
+    fn advance(&mut self) -> Result<Option<u64>> {
+        #[derive(serde::Deserialize)]
+        struct Doc {
+            line: u64,
+            #[allow(dead_code)]
+            annotated_text: serde::de::IgnoredAny,
+        }
+        #[derive(serde::Deserialize)]
+        struct Reject {
+            line: u64,
+            #[allow(dead_code)]
+            reason: serde::de::IgnoredAny,
+        }
+        let Some(text) = self.lines.next() else {
+            return Ok(None);
+        };
+        self.file_line += 1;
+        let text = text.map_err(|e| Error::io(&self.path, e))?;
+        let at = || format!("{}:{}", self.path.display(), self.file_line);
+        let parsed = if self.rejects {
+            serde_json::from_str::<Reject>(&text).map(|r| r.line)
+        } else {
+            serde_json::from_str::<Doc>(&text).map(|d| d.line)
+        };
+        let line = parsed.map_err(|e| {
+            let kind = if self.rejects { "reject" } else { "C*" };
+            Error::input(format!("{}: not a {kind} record: {e}", at()))
+        })?;
+        if line <= self.last || !self.shard.owns(line) {
+            return Err(Error::input(format!(
+                "{}: input line {line} {} (shard {}/{})",
+                at(),
+                if line <= self.last {
+                    "out of order"
+                } else {
+                    "is not of this shard"
+                },
+                self.shard.index,
+                self.shard.count
+            )));
+        }
+        self.last = line;
+        self.current = text;
+        Ok(Some(line))
+    }
 }

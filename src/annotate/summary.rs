@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::document::{CStarRecord, DocStats, StageSecs, ToolStats};
+use super::shard::Shard;
 use super::tool_kind::ToolKind;
 
 /// How many best and worst calls are kept per tool.
@@ -40,6 +41,12 @@ pub struct ToolSummary {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
+    /// The shard this output covers and the corpus's line count: what `merge` checks that the
+    /// shards cover, every line exactly once (absent in summaries of older versions).
+    #[serde(default)]
+    pub shard: Option<Shard>,
+    #[serde(default)]
+    pub corpus_lines: Option<u64>,
     /// Input lines of this shard.
     pub lines: u64,
     pub documents: u64,
@@ -63,6 +70,8 @@ impl SummaryBuilder {
     pub fn new(tools: &[ToolKind]) -> Self {
         SummaryBuilder {
             summary: Summary {
+                shard: None,
+                corpus_lines: None,
                 lines: 0,
                 documents: 0,
                 rejected: 0,

@@ -12,9 +12,14 @@
 //! newline, or not valid JSON) is truncated away, the lines already done are skipped, and the
 //! run continues. A journal written with other settings is refused. When every line is done,
 //! the final files are written from the journal (C*, rejects, summary; each to a temporary
-//! file, fsync'ed, then renamed into place, C* last) and the journal is removed. A crash at
-//! any point therefore loses at most the document in progress, and a rerun of the same command
-//! produces every line exactly once.
+//! file, fsync'ed, then renamed into place) and the journal is removed. A crash at any point
+//! therefore loses at most the document in progress, and a rerun of the same command produces
+//! every line exactly once.
+//!
+//! The journal is locked (an exclusive advisory lock) from the moment it is opened until the
+//! final files are written, so a second run on the same output (a user running the command
+//! twice, a replacement pod started while the old one is still terminating) fails at once
+//! instead of interleaving its lines with the first run's.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -73,15 +78,15 @@ impl OutputPaths {
     }
 }
 
-/// The journal, open for appending.
+/// The journal, open for appending and locked while this value lives.
 pub struct Journal {
     file: File,
     path: PathBuf,
 }
 
 impl Journal {
-    /// Opens (or creates) the journal at `path` for a run described by `run`. Returns it with
-    /// the last input line already done (0 if none).
+    /// Opens (or creates) the journal at `path` for a run described by `run` and locks it.
+    /// Returns it with the last input line already done (0 if none).
     pub fn open(path: &Path, run: &Value) -> Result<(Journal, u64)> {
         let io = |e| Error::io(path, e);
         let mut file = OpenOptions::new()
@@ -90,6 +95,21 @@ impl Journal {
             .create(true)
             .open(path)
             .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::input(format!(
+                    "{}: another toolsift run is writing this output (its journal is locked); \
+                     wait for it to finish or stop it, then rerun",
+                    path.display()
+                )))
+            }
+            // A file system without locks: go on, as before locking existed.
+            Err(std::fs::TryLockError::Error(e)) => tracing::warn!(
+                "{}: cannot lock the journal ({e}); make sure no other run writes this output",
+                path.display()
+            ),
+        }
         let mut last_line = 0;
         let mut good_end = 0u64;
         {
@@ -129,10 +149,10 @@ impl Journal {
                         if &header.run != run {
                             return Err(Error::input(format!(
                                 "{}: this journal was written by a run with other settings \
-                                 ({}); rerun with the same command, or delete the journal to \
-                                 start over",
+                                 (differing: {}); rerun with the same command and corpus, or \
+                                 delete the journal to start over",
                                 path.display(),
-                                header.run
+                                differing_keys(&header.run, run)
                             )));
                         }
                         true
@@ -201,6 +221,22 @@ impl Journal {
     }
 }
 
+/// The top-level keys whose values differ between two run descriptions, e.g. "corpus_xxh3, seed".
+fn differing_keys(a: &Value, b: &Value) -> String {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return "everything".into();
+    };
+    let mut keys: Vec<&str> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys.join(", ")
+}
+
 fn json_err(e: serde_json::Error) -> Error {
     Error::input(format!("cannot serialise: {e}"))
 }
@@ -222,24 +258,74 @@ pub fn read_journal(path: &Path) -> Result<impl Iterator<Item = Result<JournalEn
 
 /// Writes a file atomically: `write` fills a temporary sibling, which is fsync'ed and renamed.
 pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    let mut w = BufWriter::new(file);
-    write(&mut w)?;
-    let file = w
-        .into_inner()
-        .map_err(|e| Error::io(&tmp, e.into_error()))?;
-    file.sync_all().map_err(|e| Error::io(&tmp, e))?;
-    drop(file);
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
+    let mut file = AtomicFile::create(path)?;
+    write(&mut file)?;
+    file.commit()
+}
+
+/// A file written under a temporary sibling name (`<path>.tmp`) and renamed into place by
+/// `commit`; dropped uncommitted, the temporary file is removed and `path` is untouched.
+pub struct AtomicFile {
+    path: PathBuf,
+    tmp: PathBuf,
+    writer: Option<BufWriter<File>>,
+}
+
+impl AtomicFile {
+    pub fn create(path: &Path) -> Result<Self> {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        Ok(AtomicFile {
+            path: path.to_owned(),
+            tmp,
+            writer: Some(BufWriter::new(file)),
+        })
+    }
+
+    /// Flushes, fsyncs and renames the file into place (and fsyncs its folder).
+    pub fn commit(mut self) -> Result<()> {
+        let Some(w) = self.writer.take() else {
+            return Ok(());
+        };
+        let file = w
+            .into_inner()
+            .map_err(|e| Error::io(&self.tmp, e.into_error()))?;
+        file.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
+        drop(file);
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io(&self.path, e))?;
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match &mut self.writer {
+            Some(w) => w.write(buf),
+            None => Err(std::io::Error::other("written after commit")),
         }
     }
-    Ok(())
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut self.writer {
+            Some(w) => w.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if self.writer.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -279,7 +365,37 @@ mod tests {
             .err()
             .unwrap()
             .to_string();
-        assert!(err.contains("other settings"), "{err}");
+        assert!(err.contains("other settings (differing: seed)"), "{err}");
+    }
+
+    #[test]
+    fn a_journal_in_use_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.jsonl.partial");
+        let run = json!({"seed": 1});
+        let (mut j, _) = Journal::open(&p, &run).unwrap();
+        j.append(&entry(1)).unwrap();
+        let err = Journal::open(&p, &run).err().unwrap().to_string();
+        assert!(err.contains("another toolsift run"), "{err}");
+        drop(j);
+        let (_, last) = Journal::open(&p, &run).unwrap();
+        assert_eq!(last, 1);
+    }
+
+    #[test]
+    fn atomic_file_is_all_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        std::fs::write(&p, "old\n").unwrap();
+        let mut f = AtomicFile::create(&p).unwrap();
+        writeln!(f, "new").unwrap();
+        drop(f);
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "old\n");
+        assert!(!dir.path().join("out.jsonl.tmp").exists());
+        let mut f = AtomicFile::create(&p).unwrap();
+        writeln!(f, "new").unwrap();
+        f.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "new\n");
     }
 
     #[test]

@@ -155,7 +155,7 @@ impl EvalRun {
     /// generation with and without tools, and writes eval.json.
     pub fn run(self) -> Result<EvalOutcome> {
         let summary = match self.opened.run(&self.job)? {
-            RunOutcome::Done(summary, _) => summary,
+            RunOutcome::Done(summary, _) => *summary,
             RunOutcome::Stopped(n) => {
                 return Err(Error::input(format!(
                     "the annotate run stopped after {n} documents"
