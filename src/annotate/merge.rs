@@ -1,0 +1,305 @@
+//! `toolsift merge`: the outputs of every shard of one run joined into one C* and one rejects
+//! file, in input-line order, by a streaming k-way merge (docs/annotate.md, docs/scaling.md).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use super::shard::Shard;
+use super::summary::Summary;
+use super::writer::{self, OutputPaths};
+use crate::error::{Error, Result};
+
+/// What `merge` joined.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MergeReport {
+    pub documents: u64,
+    pub rejects: u64,
+    /// The shards joined (all of them: a missing one is an error).
+    pub shards: u64,
+    /// The corpus's line count; every line is in exactly one output.
+    pub corpus_lines: u64,
+}
+
+/// Joins the outputs of every shard of one run into one C* in input-line order, and their
+/// rejects into `<out stem>.rejects.jsonl`. Each input is a C* file (`*.shard-I-of-C.jsonl`);
+/// its rejects and summary are read from beside it (a rejects or summary file given as an input
+/// too, as a shell glob may, is skipped). The summaries say which shard each output is and how
+/// many lines the corpus has: a missing or repeated shard, a line in two outputs or in none is
+/// an error, and nothing is written then. Streams: memory does not grow with the corpus.
+pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
+    let outputs = merge_inputs(inputs)?;
+    let Some(first) = outputs.first() else {
+        return Err(Error::input("merge: no C* files given"));
+    };
+    let (count, corpus_lines) = (first.shard.count, first.corpus_lines);
+    if count > outputs.len() as u64 {
+        return Err(Error::input(format!(
+            "{} of {count} shards missing (merge needs every shard's output)",
+            count - outputs.len() as u64
+        )));
+    }
+    let mut seen = vec![None; count as usize];
+    for o in &outputs {
+        if o.shard.index >= o.shard.count {
+            return Err(Error::input(format!(
+                "{}: shard {}/{} is not a shard",
+                o.paths.summary.display(),
+                o.shard.index,
+                o.shard.count
+            )));
+        }
+        if o.shard.count != count || o.corpus_lines != corpus_lines {
+            return Err(Error::input(format!(
+                "{} is shard {}/{} of a {}-line corpus, but {} is shard {}/{} of a {}-line \
+                 corpus: not outputs of one run",
+                o.paths.out.display(),
+                o.shard.index,
+                o.shard.count,
+                o.corpus_lines,
+                first.paths.out.display(),
+                first.shard.index,
+                count,
+                corpus_lines
+            )));
+        }
+        if let Some(other) = seen[o.shard.index as usize].replace(&o.paths.out) {
+            return Err(Error::input(format!(
+                "shard {}/{count} is given twice: {} and {}",
+                o.shard.index,
+                other.display(),
+                o.paths.out.display()
+            )));
+        }
+    }
+    let missing: Vec<String> = (0..count)
+        .filter(|&i| seen[i as usize].is_none())
+        .map(|i| {
+            Shard { index: i, count }
+                .output_path(out)
+                .display()
+                .to_string()
+        })
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::input(format!(
+            "{} of {count} shards missing, e.g. {} (merge needs every shard's output)",
+            missing.len(),
+            missing[0]
+        )));
+    }
+    let out_paths = OutputPaths::new(out);
+    for o in &outputs {
+        if [&o.paths.out, &o.paths.rejects].contains(&&out_paths.out)
+            || [&o.paths.out, &o.paths.rejects].contains(&&out_paths.rejects)
+        {
+            return Err(Error::input(format!(
+                "--out {} would overwrite an input",
+                out.display()
+            )));
+        }
+    }
+
+    // One stream per file; a k-way merge on the input line number.
+    let mut streams = Vec::new();
+    for o in &outputs {
+        streams.push(MergeStream::open(&o.paths.out, o.shard, false)?);
+        streams.push(MergeStream::open(&o.paths.rejects, o.shard, true)?);
+    }
+    let mut heap = std::collections::BinaryHeap::new();
+    for (k, s) in streams.iter_mut().enumerate() {
+        if let Some(line) = s.advance()? {
+            heap.push(std::cmp::Reverse((line, k)));
+        }
+    }
+    let mut docs_file = writer::AtomicFile::create(&out_paths.out)?;
+    let mut rejects_file = writer::AtomicFile::create(&out_paths.rejects)?;
+    let (mut documents, mut rejects, mut next) = (0u64, 0u64, 1u64);
+    while let Some(std::cmp::Reverse((line, k))) = heap.pop() {
+        let s = &mut streams[k];
+        if line != next || line > corpus_lines {
+            let msg = if line < next {
+                format!(
+                    "input line {line} is in two outputs (the second: {})",
+                    s.path.display()
+                )
+            } else if next <= corpus_lines {
+                let owner = (next - 1) % count;
+                format!(
+                    "input line {next} is in no output (it belongs to shard {owner}/{count}, {})",
+                    seen[owner as usize].map_or(String::new(), |p| p.display().to_string())
+                )
+            } else {
+                format!(
+                    "{}: input line {line} is beyond the corpus's {corpus_lines} lines",
+                    s.path.display()
+                )
+            };
+            return Err(Error::input(msg));
+        }
+        let (w, path) = if s.rejects {
+            rejects += 1;
+            (&mut rejects_file, &out_paths.rejects)
+        } else {
+            documents += 1;
+            (&mut docs_file, &out_paths.out)
+        };
+        writeln!(w, "{}", s.current).map_err(|e| Error::io(path, e))?;
+        next += 1;
+        if let Some(line) = s.advance()? {
+            heap.push(std::cmp::Reverse((line, k)));
+        }
+    }
+    if next <= corpus_lines {
+        let owner = (next - 1) % count;
+        return Err(Error::input(format!(
+            "input line {next} is in no output (it belongs to shard {owner}/{count})"
+        )));
+    }
+    rejects_file.commit()?;
+    docs_file.commit()?;
+    Ok(MergeReport {
+        documents,
+        rejects,
+        shards: count,
+        corpus_lines,
+    })
+}
+
+/// One shard's output as `merge` sees it.
+struct MergeInput {
+    paths: OutputPaths,
+    shard: Shard,
+    corpus_lines: u64,
+}
+
+/// The C* files among `inputs` with their summaries; rejects and summary files are skipped
+/// when their C* file is among the inputs too.
+fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
+    let mut outputs = Vec::new();
+    for path in inputs {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let companion_of = [".rejects.jsonl", ".summary.json"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .map(|stem| path.with_file_name(format!("{stem}.jsonl")));
+        if let Some(cstar) = companion_of {
+            if inputs.contains(&cstar) {
+                continue;
+            }
+            return Err(Error::input(format!(
+                "{}: give merge the C* files ({} here); their rejects and summaries are read \
+                 from beside them",
+                path.display(),
+                cstar.display()
+            )));
+        }
+        let paths = OutputPaths::new(path);
+        for companion in [&paths.out, &paths.rejects, &paths.summary] {
+            if !companion.is_file() {
+                return Err(Error::input(format!(
+                    "{}: not found; {} is not the output of a finished run",
+                    companion.display(),
+                    path.display()
+                )));
+            }
+        }
+        let text =
+            std::fs::read_to_string(&paths.summary).map_err(|e| Error::io(&paths.summary, e))?;
+        let summary: Summary = serde_json::from_str(&text).map_err(|e| {
+            Error::input(format!(
+                "{}: not a toolsift summary: {e}",
+                paths.summary.display()
+            ))
+        })?;
+        let (Some(shard), Some(corpus_lines)) = (summary.shard, summary.corpus_lines) else {
+            return Err(Error::input(format!(
+                "{}: no shard and corpus_lines (written by an older toolsift); rerun that \
+                 shard's annotate to merge it",
+                paths.summary.display()
+            )));
+        };
+        outputs.push(MergeInput {
+            paths,
+            shard,
+            corpus_lines,
+        });
+    }
+    Ok(outputs)
+}
+
+/// The lines of one C* or rejects file, each checked to be a record of its kind, in strictly
+/// increasing input-line order and of its shard.
+struct MergeStream {
+    path: PathBuf,
+    shard: Shard,
+    rejects: bool,
+    lines: std::io::Lines<BufReader<std::fs::File>>,
+    file_line: u64,
+    last: u64,
+    current: String,
+}
+
+impl MergeStream {
+    fn open(path: &Path, shard: Shard, rejects: bool) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        Ok(MergeStream {
+            path: path.to_owned(),
+            shard,
+            rejects,
+            lines: BufReader::with_capacity(1 << 20, file).lines(),
+            file_line: 0,
+            last: 0,
+            current: String::new(),
+        })
+    }
+
+    /// Reads the next record into `current`; returns its input line number.
+    fn advance(&mut self) -> Result<Option<u64>> {
+        #[derive(serde::Deserialize)]
+        struct Doc {
+            line: u64,
+            #[allow(dead_code)]
+            annotated_text: serde::de::IgnoredAny,
+        }
+        #[derive(serde::Deserialize)]
+        struct Reject {
+            line: u64,
+            #[allow(dead_code)]
+            reason: serde::de::IgnoredAny,
+        }
+        let Some(text) = self.lines.next() else {
+            return Ok(None);
+        };
+        self.file_line += 1;
+        let text = text.map_err(|e| Error::io(&self.path, e))?;
+        let at = || format!("{}:{}", self.path.display(), self.file_line);
+        let parsed = if self.rejects {
+            serde_json::from_str::<Reject>(&text).map(|r| r.line)
+        } else {
+            serde_json::from_str::<Doc>(&text).map(|d| d.line)
+        };
+        let line = parsed.map_err(|e| {
+            let kind = if self.rejects { "reject" } else { "C*" };
+            Error::input(format!("{}: not a {kind} record: {e}", at()))
+        })?;
+        if line <= self.last || !self.shard.owns(line) {
+            return Err(Error::input(format!(
+                "{}: input line {line} {} (shard {}/{})",
+                at(),
+                if line <= self.last {
+                    "out of order"
+                } else {
+                    "is not of this shard"
+                },
+                self.shard.index,
+                self.shard.count
+            )));
+        }
+        self.last = line;
+        self.current = text;
+        Ok(Some(line))
+    }
+}
