@@ -32,13 +32,8 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
         return Err(Error::input("merge: no C* files given"));
     };
     let (count, corpus_lines) = (first.shard.count, first.corpus_lines);
-    if count > outputs.len() as u64 {
-        return Err(Error::input(format!(
-            "{} of {count} shards missing (merge needs every shard's output)",
-            count - outputs.len() as u64
-        )));
-    }
-    let mut seen = vec![None; count as usize];
+    // Shard index -> its output; a map, so that a corrupt count allocates nothing.
+    let mut seen = std::collections::BTreeMap::new();
     for o in &outputs {
         if o.shard.index >= o.shard.count {
             return Err(Error::input(format!(
@@ -62,7 +57,7 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
                 corpus_lines
             )));
         }
-        if let Some(other) = seen[o.shard.index as usize].replace(&o.paths.out) {
+        if let Some(other) = seen.insert(o.shard.index, &o.paths.out) {
             return Err(Error::input(format!(
                 "shard {}/{count} is given twice: {} and {}",
                 o.shard.index,
@@ -71,20 +66,12 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
             )));
         }
     }
-    let missing: Vec<String> = (0..count)
-        .filter(|&i| seen[i as usize].is_none())
-        .map(|i| {
-            Shard { index: i, count }
-                .output_path(out)
-                .display()
-                .to_string()
-        })
-        .collect();
-    if !missing.is_empty() {
+    if seen.len() as u64 != count {
+        let first_missing = (0..count).find(|i| !seen.contains_key(i)).unwrap_or(0);
         return Err(Error::input(format!(
-            "{} of {count} shards missing, e.g. {} (merge needs every shard's output)",
-            missing.len(),
-            missing[0]
+            "{} of {count} shards missing, e.g. shard {first_missing}/{count} (merge needs \
+             every shard's output)",
+            count - seen.len() as u64
         )));
     }
     let out_paths = OutputPaths::new(out);
@@ -126,7 +113,7 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
                 let owner = (next - 1) % count;
                 format!(
                     "input line {next} is in no output (it belongs to shard {owner}/{count}, {})",
-                    seen[owner as usize].map_or(String::new(), |p| p.display().to_string())
+                    seen[&owner].display()
                 )
             } else {
                 format!(
