@@ -194,7 +194,7 @@ struct ScoreArgs {
     #[arg(long, value_enum, default_value_t = Placement::Prefix)]
     placement: Placement,
     /// Keep a call iff L- - L+ >= tau_f (a line's own "tau_f" wins).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = finite_f64)]
     tau_f: f64,
     /// How e(c, eps) is written for text-level lines: "[T(i) ->]" (arrow) or "[T(i)]" (bare).
     #[arg(long, value_enum, default_value_t = CallForm::Arrow)]
@@ -225,7 +225,12 @@ struct GenerateArgs {
     #[arg(long, conflicts_with = "model")]
     demo: bool,
     /// One prompt; prints its completion line.
-    #[arg(long, conflicts_with = "input", required_unless_present = "input")]
+    #[arg(
+        long,
+        conflicts_with = "input",
+        required_unless_present = "input",
+        allow_hyphen_values = true
+    )]
     prompt: Option<String>,
     /// Prompts, JSONL lines {"id", "prompt"}.
     #[arg(long)]
@@ -252,7 +257,7 @@ struct GenerateArgs {
     #[arg(long, default_value_t = 32)]
     max_call_tokens: usize,
     /// 0: greedy; otherwise sample at this temperature.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = temperature)]
     temperature: f32,
     /// When sampling, only among the K most likely tokens.
     #[arg(long)]
@@ -303,6 +308,24 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A float flag that must be a finite number (NaN would compare false everywhere).
+fn finite_f64(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        Ok(_) => Err("must be a finite number".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A sampling temperature: finite and not negative.
+fn temperature(s: &str) -> std::result::Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(_) => Err("must be a finite number >= 0 (0: greedy)".into()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -612,7 +635,9 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
             File::open(path).with_context(|| format!("{}", path.display()))?,
         )),
         (None, prompt) => {
-            let line = serde_json::json!({"id": 0, "prompt": prompt.as_deref().unwrap_or("")});
+            // No id: a prompt given on the command line is no document of the tools' collections
+            // (WikiSearch leaves out the document whose id the prompt has).
+            let line = serde_json::json!({"prompt": prompt.as_deref().unwrap_or("")});
             Box::new(std::io::Cursor::new(line.to_string()))
         }
     };

@@ -152,6 +152,36 @@ fn malformed_json_line() {
 }
 
 #[test]
+fn invalid_utf8_line_fails_alone() {
+    // A byte order mark before line 1, CRLF endings, and a line that is not UTF-8 between two
+    // good ones: every line gets its output line, in order.
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let output = tmp.path().join("out.jsonl");
+    let good = token_lines()[0].to_string();
+    let mut bytes = b"\xef\xbb\xbf".to_vec();
+    bytes.extend(format!("{good}\r\n").bytes());
+    bytes.extend(b"{\"id\": \"\xff\"}\r\n");
+    bytes.extend(format!("{good}\n").bytes());
+    std::fs::write(&input, bytes).unwrap();
+    let (ok, results, _) = run_score_raw(&tiny("f32"), &input, &output, &[]);
+    assert!(!ok);
+    assert_eq!(results.len(), 3);
+    assert!(results[0]["delta"].is_f64() && results[2]["delta"].is_f64());
+    let err = results[1]["error"].as_str().unwrap();
+    assert!(err.contains("line 2") && err.contains("not UTF-8"), "{err}");
+}
+
+#[test]
+fn overflowing_weights_are_an_error_not_null_scores() {
+    let mut bad = token_lines()[0].clone();
+    bad["weights"] = json!([1e308, 1e308]);
+    assert_bad_line(bad, "not finite");
+    let (ok, _, stderr) = run_score(&tiny("f32"), &token_lines(), &["--tau-f", "NaN"]);
+    assert!(!ok && stderr.contains("finite"), "{stderr}");
+}
+
+#[test]
 fn position_off_a_token_boundary() {
     let text = "Out of 1400 participants, 400 (or 29%) passed the test.";
     assert_bad_line(

@@ -477,6 +477,37 @@ impl Tool for Failing {
     }
 }
 
+/// A tool whose result would close the call early if spliced as is.
+struct Bracketed;
+impl Tool for Bracketed {
+    fn name(&self) -> &str {
+        "Calculator"
+    }
+    fn call(&self, _input: &str, _doc: &DocContext<'_>) -> Result<String, ToolError> {
+        Ok("3] [x\n\n  y".into())
+    }
+}
+
+#[test]
+fn results_are_cleaned_as_in_cstar_before_splicing() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
+    let mut tools = ToolRegistry::new();
+    tools.register(Bracketed);
+    let o = GenerateOptions {
+        max_new_tokens: 40,
+        ..Default::default()
+    };
+    let g = generate(&m, tokenizer, &tools, &[Prompt::new("Q")], &o).unwrap();
+    assert_eq!(g[0].calls[0].result, "3) (x y");
+    assert!(
+        g[0].completion.starts_with("[Calculator(1+2) -> 3) (x y]"),
+        "{:?}",
+        g[0].completion
+    );
+}
+
 #[test]
 fn malformed_calls_and_failing_tools_are_closed_and_decoding_goes_on() {
     let model = tiny();
@@ -630,6 +661,9 @@ fn jsonl_answers_every_line_in_order_with_error_lines() {
         r#"{"id": 9, "prompt": "Q", "answer": "3"}"#,
         "\n"
     );
+    // A line that is not UTF-8 fails alone.
+    let mut input = input.as_bytes().to_vec();
+    input.extend(b"{\"id\": 10, \"prompt\": \"\xff\"}\n");
     let mut out = Vec::new();
     let o = GenerateOptions {
         max_new_tokens: 12,
@@ -637,7 +671,7 @@ fn jsonl_answers_every_line_in_order_with_error_lines() {
         ..Default::default()
     };
     let summary =
-        generate_jsonl(input.as_bytes(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
+        generate_jsonl(input.as_slice(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
     assert_eq!(
         (
             summary.lines,
@@ -646,14 +680,15 @@ fn jsonl_answers_every_line_in_order_with_error_lines() {
             summary.calls,
             summary.calls_ok
         ),
-        (5, 2, 3, 2, 2)
+        (6, 2, 4, 2, 2)
     );
     let lines: Vec<Value> = String::from_utf8(out)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 5);
+    assert_eq!(lines.len(), 6);
+    assert!(lines[5]["error"].as_str().unwrap().contains("not UTF-8"));
     assert_eq!(lines[0]["id"], "a");
     assert!(lines[0]["completion"]
         .as_str()
@@ -771,7 +806,7 @@ fn cli_generates_from_a_prompt_and_from_jsonl() {
         String::from_utf8_lossy(&out.stderr)
     );
     let line: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(line["id"], 0);
+    assert_eq!(line["id"], Value::Null);
 
     let out = std::process::Command::new(bin)
         .args([

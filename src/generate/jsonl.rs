@@ -16,6 +16,7 @@ use crate::annotate::tools::ToolRegistry;
 use crate::error::{Error, Result};
 use crate::model::Tokenizer;
 use crate::sample::Decoder;
+use crate::util::jsonl::JsonlLines;
 
 /// What a run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,19 +55,26 @@ pub fn generate_jsonl(
     let tokens = CallTokens::from_tokenizer(tokenizer);
     let mut summary = GenerateSummary::default();
     let out_err = |e: std::io::Error| Error::io("<output>", e);
-    let mut lines = input.lines().enumerate().peekable();
+    let mut lines = JsonlLines::new(input).peekable();
     let mut chunk: Vec<(usize, String)> = Vec::new();
+    let mut parsed: Vec<ParsedLine> = Vec::new();
     while lines.peek().is_some() {
         chunk.clear();
-        for (k, line) in lines.by_ref().take(options.batch_size.max(1)) {
-            let line = line.map_err(|e| Error::io(format!("<input line {}>", k + 1), e))?;
-            chunk.push((k, line));
+        parsed.clear();
+        for line in lines.by_ref().take(options.batch_size.max(1)) {
+            let (line_no, text) = line.map_err(|e| {
+                Error::io(
+                    format!("<input line {}>", summary.lines + chunk.len() + 1),
+                    e,
+                )
+            })?;
+            // (id, prompt or why not)
+            parsed.push(match &text {
+                Ok(text) => parse_line(text, tokenizer, options, line_no),
+                Err(why) => (Value::Null, Err(format!("line {line_no}: {why}"))),
+            });
+            chunk.push((line_no - 1, text.unwrap_or_default()));
         }
-        // (id, prompt or why not)
-        let parsed: Vec<ParsedLine> = chunk
-            .iter()
-            .map(|(k, line)| parse_line(line, tokenizer, options, *k + 1))
-            .collect();
         let jobs: Vec<Job<'_>> = parsed
             .iter()
             .zip(&chunk)

@@ -22,6 +22,7 @@ pub mod jsonl;
 
 use serde::Serialize;
 
+use crate::annotate::calls::clean_result;
 use crate::annotate::tools::{DocContext, ToolRegistry};
 use crate::error::{Error, Result};
 use crate::model::Tokenizer;
@@ -450,7 +451,9 @@ impl Seq<'_> {
                             url: self.prompt.url.as_deref(),
                             date: self.prompt.date.as_deref(),
                         };
-                        match ctx.tools.call(tool, input, &doc) {
+                        // Cleaned as annotate cleans it for C*: a "]" or newline in a result
+                        // must not close the call early or leave the format the model knows.
+                        match ctx.tools.call(tool, input, &doc).map(|r| clean_result(&r)) {
                             Ok(result) => {
                                 record.status = CallStatus::Ok;
                                 // The arrow token may carry the space after it ("-> ").

@@ -17,6 +17,7 @@ use super::{validate, CallForm, ScoreOptions, Scorer, Scores, TextCandidate, Tok
 use crate::error::{Error, Result};
 use crate::model::tokenizer::Encoding;
 use crate::model::Tokenizer;
+use crate::util::jsonl::{JsonlLines, Line};
 
 /// Settings of a `score` run.
 #[derive(Debug, Clone)]
@@ -86,14 +87,19 @@ pub fn score_jsonl(
     options: &JsonlOptions,
 ) -> Result<JsonlSummary> {
     let mut summary = JsonlSummary::default();
-    let mut chunk: Vec<(usize, String)> = Vec::new();
+    let mut chunk: Vec<Line> = Vec::new();
     let out_err = |e: std::io::Error| Error::io("<output>", e);
-    let mut lines = input.lines().enumerate().peekable();
+    let mut lines = JsonlLines::new(input).peekable();
     while lines.peek().is_some() {
         chunk.clear();
-        for (k, line) in lines.by_ref().take(options.chunk_lines.max(1)) {
-            let line = line.map_err(|e| Error::io(format!("<input line {}>", k + 1), e))?;
-            chunk.push((k + 1, line));
+        for line in lines.by_ref().take(options.chunk_lines.max(1)) {
+            let line = line.map_err(|e| {
+                Error::io(
+                    format!("<input line {}>", summary.lines + chunk.len() + 1),
+                    e,
+                )
+            })?;
+            chunk.push(line);
         }
         let parsed = parse_chunk(&chunk, scorer, tokenizer, options);
         let valid: Vec<TokenCandidate> = parsed
@@ -109,6 +115,26 @@ pub fn score_jsonl(
             let value = match p.candidate {
                 Ok(_) => {
                     let s = scores.next().expect("one score per valid line");
+                    if ![s.l_none, s.l_call, s.l_call_result]
+                        .iter()
+                        .all(|l| l.is_finite())
+                    {
+                        // JSON has no NaN or infinity (serde_json would write null): an error
+                        // line, so that no consumer takes it for a score.
+                        summary.failed += 1;
+                        let e = format!(
+                            "line {line_no}: a loss is not finite (l_none {}, l_call {}, \
+                             l_call_result {}): weights too large, or the model overflowed",
+                            s.l_none, s.l_call, s.l_call_result
+                        );
+                        writeln!(
+                            output,
+                            "{}",
+                            json!({"id": p.id, "line": line_no, "error": e})
+                        )
+                        .map_err(out_err)?;
+                        continue;
+                    }
                     let kept = s.kept(p.tau_f);
                     summary.scored += 1;
                     summary.kept += kept as usize;
@@ -131,7 +157,7 @@ pub fn score_jsonl(
 }
 
 fn parse_chunk(
-    chunk: &[(usize, String)],
+    chunk: &[Line],
     scorer: &dyn Scorer,
     tokenizer: Option<&Tokenizer>,
     options: &JsonlOptions,
@@ -146,7 +172,9 @@ fn parse_chunk(
                 tau_f: options.tau_f,
                 candidate: Err(String::new()),
             };
-            parsed.candidate = parse_line(line, tokenizer, options, &mut texts, &mut parsed)
+            parsed.candidate = line
+                .clone()
+                .and_then(|line| parse_line(&line, tokenizer, options, &mut texts, &mut parsed))
                 .and_then(|c| {
                     validate(&c, scorer.config(), &options.score)?;
                     Ok(c)

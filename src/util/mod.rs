@@ -1,3 +1,4 @@
 //! Small helpers shared by several modules.
 
+pub mod jsonl;
 pub mod rng;

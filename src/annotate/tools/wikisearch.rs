@@ -48,12 +48,12 @@ pub struct IndexStats {
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
     /// Reading or writing a file failed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file or directory.
         path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
+        /// The underlying error (in the message, not a `source()`, so it prints once).
+        error: std::io::Error,
     },
     /// A line of the documents file is not a valid document.
     #[error("{}:{line}: {message}", path.display())]
@@ -72,12 +72,12 @@ pub enum IndexError {
     #[error("{}: output directory is not empty; remove it or choose another", .0.display())]
     OutDirNotEmpty(PathBuf),
     /// Tantivy failed on the index at `path`.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Tantivy {
         /// The index directory.
         path: PathBuf,
-        /// The underlying error.
-        source: tantivy::TantivyError,
+        /// The underlying error (in the message, not a `source()`).
+        error: tantivy::TantivyError,
     },
     /// The directory holds an index, but not one made by [`build_index`].
     #[error("{}: not a WikiSearch index: {message}", path.display())]
@@ -119,7 +119,7 @@ pub fn build_index(
 ) -> Result<IndexStats, IndexError> {
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| IndexError::Io { path, source }
+        move |error| IndexError::Io { path, error }
     };
     match fs::read_dir(out_dir) {
         Ok(mut entries) => {
@@ -135,7 +135,7 @@ pub fn build_index(
         .file_name()
         .ok_or_else(|| IndexError::Io {
             path: out_dir.to_path_buf(),
-            source: std::io::Error::new(
+            error: std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 "output directory needs a name (not '.' or '/')",
             ),
@@ -169,9 +169,9 @@ fn index_into(
     dir: &Path,
     text_field: &str,
 ) -> Result<IndexStats, IndexError> {
-    let tantivy_err = |source| IndexError::Tantivy {
+    let tantivy_err = |error| IndexError::Tantivy {
         path: dir.to_path_buf(),
-        source,
+        error,
     };
     let schema = schema();
     let (id_f, title_f, text_f) = fields(&schema, dir)?;
@@ -191,9 +191,9 @@ fn index_into(
         buf.clear();
         let n = reader
             .read_until(b'\n', &mut buf)
-            .map_err(|source| IndexError::Io {
+            .map_err(|error| IndexError::Io {
                 path: docs_path.to_path_buf(),
-                source,
+                error,
             })?;
         if n == 0 {
             break;
@@ -323,9 +323,9 @@ impl std::fmt::Debug for WikiSearch {
 impl WikiSearch {
     /// Opens the index in `dir`.
     pub fn open(dir: &Path) -> Result<Self, IndexError> {
-        let tantivy_err = |source| IndexError::Tantivy {
+        let tantivy_err = |error| IndexError::Tantivy {
             path: dir.to_path_buf(),
-            source,
+            error,
         };
         if !dir.join("meta.json").is_file() {
             return Err(IndexError::WrongSchema {
