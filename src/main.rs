@@ -52,7 +52,7 @@ struct AnnotateArgs {
     #[arg(long)]
     demo: bool,
     /// Demo: annotate only the first N documents of the demo corpus (for quick checks).
-    #[arg(long, hide = true, requires = "demo")]
+    #[arg(long, hide = true, requires = "demo", value_parser = at_least_one)]
     demo_docs: Option<usize>,
     /// Hugging Face GPT-J folder (config.json, weights, tokenizer.json).
     #[arg(long, required_unless_present_any = ["print_config", "demo"], conflicts_with = "demo")]
@@ -100,7 +100,7 @@ struct EvalDemoArgs {
     #[arg(long, default_value_t = toolsift::demo::EVAL_SEED)]
     seed: u64,
     /// Documents in the evaluation set.
-    #[arg(long, default_value_t = toolsift::demo::DEMO_CORPUS_DOCS)]
+    #[arg(long, default_value_t = toolsift::demo::DEMO_CORPUS_DOCS, value_parser = at_least_one)]
     docs: usize,
     /// Backend for sampling and scoring.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
@@ -308,6 +308,15 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A count that must be at least 1.
+fn at_least_one(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -269,8 +269,7 @@ pub fn corpus_prefix(dir: &Path, n: usize) -> Result<PathBuf> {
     if n >= lines.len() {
         return Ok(dir.join(CORPUS_FILE));
     }
-    let mut text = lines[..n].join("\n");
-    text.push('\n');
+    let text: String = lines[..n].iter().map(|l| format!("{l}\n")).collect();
     let path = dir.join(format!("corpus.first-{n}.jsonl"));
     match fs::read(&path) {
         Ok(b) if b == text.as_bytes() => return Ok(path),
