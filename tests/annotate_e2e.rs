@@ -406,6 +406,22 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
     assert!(err.contains("1 of 3 shards missing"), "{err}");
     let err = merge_err("m4.jsonl", &[annotate::OutputPaths::new(&parts[0]).rejects]);
     assert!(err.contains("give merge the C* files"), "{err}");
+    // A shard of a run with other settings does not merge with this run's.
+    let RunOutcome::Done(_, other) = annotate::annotate(
+        &a,
+        &RunOptions {
+            shard: Shard::new(2, 3).unwrap(),
+            run_info: json!({"model": "another"}),
+            ..opts("other.jsonl", None)
+        },
+    )
+    .unwrap() else {
+        panic!()
+    };
+    let err = merge_err("m6.jsonl", &[parts[0].clone(), parts[1].clone(), other.out]);
+    assert!(err.contains("other settings (differing: info)"), "{err}");
+    let err = annotate::merge(dir.path(), &parts).unwrap_err().to_string();
+    assert!(err.contains("give a file name"), "{err}");
     // A shard output that lost a line (edited, truncated) is caught.
     let cut = dir.path().join("cut.shard-00001-of-00003.jsonl");
     let src = annotate::OutputPaths::new(&parts[1]);

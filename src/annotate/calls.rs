@@ -29,14 +29,10 @@ pub fn parse_call(continuation: &str) -> Result<(String, String), Malformed> {
     if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || c == '_') {
         return Err(Malformed::Syntax(format!("bad tool name {name:?}")));
     }
-    // The input ends at the first ")" followed by an arrow (a result written by the model may
-    // contain parentheses too), else at the last ")" (an input may contain parentheses).
-    let Some(close) = rest
-        .match_indices(')')
-        .map(|(i, _)| i)
-        .find(|&i| starts_with_arrow(rest[i + 1..].trim_start()))
-        .or_else(|| rest.rfind(')'))
-    else {
+    // The input ends at the first ")" that closes the call's "(" and is followed by an arrow (a
+    // result written by the model may contain parentheses too), else at the last ")" (an input
+    // may contain parentheses, even ") ->" inside balanced ones).
+    let Some(close) = closing_paren_before_arrow(rest).or_else(|| rest.rfind(')')) else {
         return Err(Malformed::Syntax("no \")\"".into()));
     };
     let after = rest[close + 1..].trim();
@@ -48,6 +44,21 @@ pub fn parse_call(continuation: &str) -> Result<(String, String), Malformed> {
         return Err(Malformed::Syntax("nested call".into()));
     }
     Ok((name.to_string(), input.to_string()))
+}
+
+/// The first ")" of `rest` at nesting depth 0 (it closes the call's "(") followed, after
+/// optional whitespace, by an arrow.
+fn closing_paren_before_arrow(rest: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in rest.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' if depth > 0 => depth -= 1,
+            ')' if starts_with_arrow(rest[i + 1..].trim_start()) => return Some(i),
+            _ => {}
+        }
+    }
+    None
 }
 
 fn starts_with_arrow(s: &str) -> bool {
@@ -104,6 +115,15 @@ mod tests {
         assert_eq!(
             ok("Calculator((2 + 3) * 4) -> (20)]"),
             ("Calculator".into(), "(2 + 3) * 4".into())
+        );
+        // ") ->" inside the input's own parentheses does not end it.
+        assert_eq!(
+            ok("QA(What does f(x) -> y mean?)]"),
+            ("QA".into(), "What does f(x) -> y mean?".into())
+        );
+        assert_eq!(
+            ok("QA(What does f(x) -> y mean?) -> a map (of sorts)]"),
+            ("QA".into(), "What does f(x) -> y mean?".into())
         );
         assert_eq!(parse_call("Calculator(1+2"), Err(Malformed::Unterminated));
         for bad in [

@@ -120,6 +120,8 @@ pub struct Corpus<R> {
     text_field: String,
     line: u64,
     buf: Vec<u8>,
+    /// Of every byte read so far: at the end, the file's `fingerprint` as this pass saw it.
+    hasher: xxhash_rust::xxh3::Xxh3,
 }
 
 impl<R: BufRead> Corpus<R> {
@@ -130,6 +132,16 @@ impl<R: BufRead> Corpus<R> {
             text_field: text_field.to_owned(),
             line: 0,
             buf: Vec::new(),
+            hasher: xxhash_rust::xxh3::Xxh3::new(),
+        }
+    }
+
+    /// The lines read so far and the hash of their bytes: once `next_line` has returned `None`,
+    /// equal to `fingerprint` of the file unless it changed since that was taken.
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint {
+            lines: self.line,
+            xxh3: self.hasher.digest(),
         }
     }
 
@@ -145,6 +157,7 @@ impl<R: BufRead> Corpus<R> {
         if n == 0 {
             return Ok(None);
         }
+        self.hasher.update(&self.buf);
         self.line += 1;
         if !want(self.line) {
             return Ok(Some(None));

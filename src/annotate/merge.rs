@@ -25,8 +25,16 @@ pub struct MergeReport {
 /// its rejects and summary are read from beside it (a rejects or summary file given as an input
 /// too, as a shell glob may, is skipped). The summaries say which shard each output is and how
 /// many lines the corpus has: a missing or repeated shard, a line in two outputs or in none is
-/// an error, and nothing is written then. Streams: memory does not grow with the corpus.
+/// an error, and nothing is written then; so are shards whose runs had other settings (config,
+/// tools, corpus content, model, device). Streams: memory does not grow with the corpus, but
+/// every shard's C* (and its rejects, when not empty) is open at once.
 pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
+    if out.is_dir() || out.file_name().is_none() {
+        return Err(Error::input(format!(
+            "--out {}: give a file name for the merged C*",
+            out.display()
+        )));
+    }
     let outputs = merge_inputs(inputs)?;
     let Some(first) = outputs.first() else {
         return Err(Error::input("merge: no C* files given"));
@@ -41,6 +49,15 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
                 o.paths.summary.display(),
                 o.shard.index,
                 o.shard.count
+            )));
+        }
+        if o.run != first.run {
+            return Err(Error::input(format!(
+                "{} and {} come from runs with other settings (differing: {}): not shards of \
+                 one run",
+                first.paths.out.display(),
+                o.paths.out.display(),
+                writer::differing_keys(&first.run, &o.run)
             )));
         }
         if o.shard.count != count || o.corpus_lines != corpus_lines {
@@ -90,7 +107,12 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     let mut streams = Vec::new();
     for o in &outputs {
         streams.push(MergeStream::open(&o.paths.out, o.shard, false)?);
-        streams.push(MergeStream::open(&o.paths.rejects, o.shard, true)?);
+        let rejects_len = std::fs::metadata(&o.paths.rejects)
+            .map_err(|e| Error::io(&o.paths.rejects, e))?
+            .len();
+        if rejects_len > 0 {
+            streams.push(MergeStream::open(&o.paths.rejects, o.shard, true)?);
+        }
     }
     let mut heap = std::collections::BinaryHeap::new();
     for (k, s) in streams.iter_mut().enumerate() {
@@ -157,11 +179,14 @@ struct MergeInput {
     paths: OutputPaths,
     shard: Shard,
     corpus_lines: u64,
+    /// The run's settings less the shard (`Summary::run`).
+    run: serde_json::Value,
 }
 
 /// The C* files among `inputs` with their summaries; rejects and summary files are skipped
 /// when their C* file is among the inputs too.
 fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
+    let given: std::collections::HashSet<&PathBuf> = inputs.iter().collect();
     let mut outputs = Vec::new();
     for path in inputs {
         let name = path
@@ -173,7 +198,7 @@ fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
             .find_map(|suffix| name.strip_suffix(suffix))
             .map(|stem| path.with_file_name(format!("{stem}.jsonl")));
         if let Some(cstar) = companion_of {
-            if inputs.contains(&cstar) {
+            if given.contains(&cstar) {
                 continue;
             }
             return Err(Error::input(format!(
@@ -201,9 +226,11 @@ fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
                 paths.summary.display()
             ))
         })?;
-        let (Some(shard), Some(corpus_lines)) = (summary.shard, summary.corpus_lines) else {
+        let (Some(shard), Some(corpus_lines), Some(run)) =
+            (summary.shard, summary.corpus_lines, summary.run)
+        else {
             return Err(Error::input(format!(
-                "{}: no shard and corpus_lines (written by an older toolsift); rerun that \
+                "{}: no shard, corpus_lines and run (written by an older toolsift); rerun that \
                  shard's annotate to merge it",
                 paths.summary.display()
             )));
@@ -212,6 +239,7 @@ fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
             paths,
             shard,
             corpus_lines,
+            run,
         });
     }
     Ok(outputs)
@@ -231,12 +259,24 @@ struct MergeStream {
 
 impl MergeStream {
     fn open(path: &Path, shard: Shard, rejects: bool) -> Result<Self> {
-        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let file = std::fs::File::open(path).map_err(|e| {
+            if e.raw_os_error() == Some(24) {
+                // EMFILE: every shard's file is open at once.
+                Error::input(format!(
+                    "{}: too many files open at once (merge keeps every shard's C* open): raise \
+                     the limit with `ulimit -n` and rerun",
+                    path.display()
+                ))
+            } else {
+                Error::io(path, e)
+            }
+        })?;
         Ok(MergeStream {
             path: path.to_owned(),
             shard,
             rejects,
-            lines: BufReader::with_capacity(1 << 20, file).lines(),
+            // Small: one buffer per open shard file.
+            lines: BufReader::with_capacity(64 << 10, file).lines(),
             file_line: 0,
             last: 0,
             current: String::new(),

@@ -112,6 +112,14 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
         "info": options.run_info,
     });
     let (mut journal, last_done) = Journal::open(&paths.journal, &run)?;
+    if journal.created() && paths.out.exists() {
+        // Another run finished this output while this one read the corpus.
+        journal.discard()?;
+        return Err(Error::input(format!(
+            "{}: another run completed this output meanwhile; delete it to annotate again",
+            paths.out.display()
+        )));
+    }
     let shard_total = shard.lines_of(total);
     let already = shard.lines_of(last_done);
 
@@ -123,11 +131,9 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
         &annotator.config().text_field,
     );
     let (mut docs, mut candidates) = (0u64, 0u64);
-    let lines_read = std::cell::Cell::new(0u64);
-    let want = |n: u64| {
-        lines_read.set(n);
-        n > last_done && shard.owns(n)
-    };
+    // Lines past `total` (appended during the run) are never annotated: the journal stays
+    // resumable once the corpus is restored.
+    let want = |n: u64| n > last_done && n <= total && shard.owns(n);
     while let Some(line) = corpus.next_line(want)? {
         let Some(line) = line else { continue };
         if options.stop_after.is_some_and(|n| docs >= n) {
@@ -172,19 +178,28 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
         ));
     }
     bar.finish_and_clear();
-    if lines_read.get() != total {
+    let read = corpus.fingerprint();
+    if read != corpus_id {
         return Err(Error::input(format!(
-            "{}: {} lines when the run started, {} now: the corpus changed during the run; \
-             the journal {} is kept",
+            "{}: the corpus changed during the run ({} lines, XXH3 {:016x} when it started; {} \
+             lines, {:016x} now); the journal {} is kept: restore the corpus and rerun, or \
+             delete the journal to start over",
             options.corpus.display(),
-            total,
-            lines_read.get(),
+            corpus_id.lines,
+            corpus_id.xxh3,
+            read.lines,
+            read.xxh3,
             paths.journal.display()
         )));
+    }
+    let mut settings = run;
+    if let Some(map) = settings.as_object_mut() {
+        map.remove("shard");
     }
     let run = RunSummary {
         shard,
         corpus_lines: total,
+        settings,
         wall_secs: started.elapsed().as_secs_f64(),
     };
     let summary = finish(&paths, annotator.tools(), &run)?;
@@ -197,6 +212,8 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
 struct RunSummary {
     shard: Shard,
     corpus_lines: u64,
+    /// The journal's run description less the shard.
+    settings: Value,
     wall_secs: f64,
 }
 
@@ -257,6 +274,7 @@ fn finish(paths: &OutputPaths, tools: &[ToolKind], run: &RunSummary) -> Result<S
     let mut summary = builder.finish(run.wall_secs);
     summary.shard = Some(run.shard);
     summary.corpus_lines = Some(run.corpus_lines);
+    summary.run = Some(run.settings.clone());
     rejects.commit()?;
     out.commit()?;
     writer::write_atomic(&paths.summary, |w| {

@@ -47,6 +47,11 @@ pub struct Summary {
     pub shard: Option<Shard>,
     #[serde(default)]
     pub corpus_lines: Option<u64>,
+    /// The settings of the run that wrote it, as its journal recorded them (config, tools, corpus
+    /// path, line count and hash, model, device), less the shard: `merge` requires them equal
+    /// across the shards it joins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<serde_json::Value>,
     /// Input lines of this shard.
     pub lines: u64,
     pub documents: u64,
@@ -72,6 +77,7 @@ impl SummaryBuilder {
             summary: Summary {
                 shard: None,
                 corpus_lines: None,
+                run: None,
                 lines: 0,
                 documents: 0,
                 rejected: 0,

@@ -78,10 +78,15 @@ impl OutputPaths {
     }
 }
 
+/// Keys a run description gained in later versions: a journal written before one existed may
+/// lack it and still be resumed (what it guards cannot be checked then).
+const KEYS_ADDED_LATER: [&str; 1] = ["corpus_xxh3"];
+
 /// The journal, open for appending and locked while this value lives.
 pub struct Journal {
     file: File,
     path: PathBuf,
+    created: bool,
 }
 
 impl Journal {
@@ -109,6 +114,15 @@ impl Journal {
                 "{}: cannot lock the journal ({e}); make sure no other run writes this output",
                 path.display()
             ),
+        }
+        // Between opening and locking, another run may have finished and removed this journal:
+        // the lock would then be on a file no one will see again.
+        if !same_file(&file, path) {
+            return Err(Error::input(format!(
+                "{}: another toolsift run finished or removed this journal while this one \
+                 started; rerun to see its state",
+                path.display()
+            )));
         }
         let mut last_line = 0;
         let mut good_end = 0u64;
@@ -146,7 +160,7 @@ impl Journal {
                                 header.journal
                             )));
                         }
-                        if &header.run != run {
+                        if !same_run(&header.run, run) {
                             return Err(Error::input(format!(
                                 "{}: this journal was written by a run with other settings \
                                  (differing: {}); rerun with the same command and corpus, or \
@@ -195,6 +209,7 @@ impl Journal {
         let mut journal = Journal {
             file,
             path: path.to_owned(),
+            created: good_end == 0,
         };
         if good_end == 0 {
             let header = Header {
@@ -204,6 +219,20 @@ impl Journal {
             journal.append_json(&serde_json::to_string(&header).map_err(json_err)?)?;
         }
         Ok((journal, last_line))
+    }
+
+    /// Whether this run started the journal (no earlier run had written its header).
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// Removes a journal this run created and has not written to (for a run that refuses to
+    /// go on after all).
+    pub fn discard(self) -> Result<()> {
+        if self.created {
+            std::fs::remove_file(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        }
+        Ok(())
     }
 
     /// Appends one finished line, durably.
@@ -221,8 +250,39 @@ impl Journal {
     }
 }
 
+/// Whether `file` (open) is the file now at `path`.
+fn same_file(file: &File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (file.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        path.exists()
+    }
+}
+
+/// Whether a journal's run description matches this run's, allowing `KEYS_ADDED_LATER` to be
+/// absent from the journal's.
+fn same_run(journal: &Value, run: &Value) -> bool {
+    match (journal.as_object(), run.as_object()) {
+        (Some(j), Some(r)) => {
+            r.iter().all(|(k, v)| match j.get(k) {
+                Some(jv) => jv == v,
+                None => KEYS_ADDED_LATER.contains(&k.as_str()),
+            }) && j.keys().all(|k| r.contains_key(k))
+        }
+        _ => journal == run,
+    }
+}
+
 /// The top-level keys whose values differ between two run descriptions, e.g. "corpus_xxh3, seed".
-fn differing_keys(a: &Value, b: &Value) -> String {
+pub(crate) fn differing_keys(a: &Value, b: &Value) -> String {
     let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
         return "everything".into();
     };
@@ -284,24 +344,31 @@ impl AtomicFile {
         })
     }
 
-    /// Flushes, fsyncs and renames the file into place (and fsyncs its folder).
+    /// Flushes, fsyncs and renames the file into place (and fsyncs its folder). On failure the
+    /// temporary file is removed and `path` is untouched.
     pub fn commit(mut self) -> Result<()> {
         let Some(w) = self.writer.take() else {
             return Ok(());
         };
-        let file = w
-            .into_inner()
-            .map_err(|e| Error::io(&self.tmp, e.into_error()))?;
-        file.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
-        drop(file);
-        std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io(&self.path, e))?;
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
-            }
+        let result = persist(w, &self.tmp, &self.path);
+        if result.is_err() {
+            let _ = std::fs::remove_file(&self.tmp);
         }
-        Ok(())
+        result
     }
+}
+
+fn persist(w: BufWriter<File>, tmp: &Path, path: &Path) -> Result<()> {
+    let file = w.into_inner().map_err(|e| Error::io(tmp, e.into_error()))?;
+    file.sync_all().map_err(|e| Error::io(tmp, e))?;
+    drop(file);
+    std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
 }
 
 impl Write for AtomicFile {
@@ -366,6 +433,17 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("other settings (differing: seed)"), "{err}");
+    }
+
+    #[test]
+    fn a_journal_from_before_the_corpus_hash_resumes() {
+        let now = json!({"seed": 1, "corpus_xxh3": "00ff"});
+        assert!(same_run(&json!({"seed": 1}), &now));
+        assert!(same_run(&now, &now));
+        assert!(!same_run(&json!({"seed": 1, "corpus_xxh3": "0100"}), &now));
+        assert!(!same_run(&json!({"seed": 2}), &now));
+        assert!(!same_run(&json!({"seed": 1, "extra": 0}), &now));
+        assert!(!same_run(&json!({}), &json!({"seed": 1})));
     }
 
     #[test]
