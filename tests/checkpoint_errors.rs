@@ -352,3 +352,31 @@ fn truncated_pytorch_bin_is_reported() {
     let err = load_err(&dir);
     assert_names(&err, &["pytorch_model.bin"]);
 }
+
+#[test]
+fn flipped_byte_in_pytorch_bin_weights_is_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(tiny("bin").join("config.json"), dir.join("config.json")).unwrap();
+    let mut bytes = std::fs::read(tiny("bin").join("pytorch_model.bin")).unwrap();
+    // One flipped bit in the middle of every storage (some are buffers the loader skips).
+    let starts: Vec<(u64, u64)> = {
+        let mut zip = zip::ZipArchive::new(std::io::Cursor::new(&bytes)).unwrap();
+        let mut starts = Vec::new();
+        for i in 0..zip.len() {
+            let f = zip.by_index_raw(i).unwrap();
+            if f.name().unwrap().contains("/data/") && f.compressed_size() > 0 {
+                starts.push((f.data_start().unwrap(), f.compressed_size()));
+            }
+        }
+        starts
+    };
+    assert!(starts.len() > 20);
+    for (start, size) in starts {
+        bytes[(start + size / 2) as usize] ^= 0x10;
+    }
+    std::fs::write(dir.join("pytorch_model.bin"), &bytes).unwrap();
+    let err = load_err(&dir);
+    assert_names(&err, &["pytorch_model.bin", "is corrupt", "CRC-32"]);
+}

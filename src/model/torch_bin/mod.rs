@@ -42,7 +42,7 @@ pub fn read_torch_bin(path: &Path) -> Result<Vec<(String, Tensor)>> {
     let archive = zip.archive_name(path)?;
     let byteorder = format!("{archive}/byteorder");
     if zip.contains(&byteorder) {
-        let order = &map[zip.data(path, map.len(), &byteorder)?];
+        let order = &map[zip.data(path, &map[..], &byteorder)?];
         if order != b"little" {
             return Err(checkpoint_error(
                 path,
@@ -55,7 +55,7 @@ pub fn read_torch_bin(path: &Path) -> Result<Vec<(String, Tensor)>> {
     }
 
     let pkl_name = format!("{archive}/data.pkl");
-    let pkl = &map[zip.data(path, map.len(), &pkl_name)?];
+    let pkl = &map[zip.data(path, &map[..], &pkl_name)?];
     let mut unpickler = Unpickler::new(pkl);
     let root = unpickler
         .run()
@@ -192,7 +192,7 @@ fn map_tensor(
     }
 
     let entry_name = format!("{archive}/data/{}", tensor.storage.key);
-    let data = zip.data(path, map.len(), &entry_name)?;
+    let data = zip.data(path, &map[..], &entry_name)?;
     if end_byte > data.len() as u64 {
         return Err(tensor_error(
             path,
