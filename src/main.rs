@@ -598,6 +598,13 @@ fn index(args: IndexArgs) -> Result<ExitCode> {
         stats.blank_lines,
         args.out.display()
     );
+    if stats.duplicate_ids > 0 {
+        eprintln!(
+            "warning: {} documents have an id an earlier document has; a WikiSearch call from a \
+             corpus document with that id leaves all of them out",
+            stats.duplicate_ids
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -134,6 +134,16 @@ impl GptjWeights {
                 ),
             });
         }
+        if config.tie_word_embeddings {
+            if let Some((_, path)) = map.get("lm_head.weight") {
+                // transformers ties them too, but a user may expect this tensor to be used.
+                tracing::warn!(
+                    "{}: lm_head.weight is ignored: tie_word_embeddings is set, so the LM head \
+                     uses transformer.wte.weight",
+                    path.display()
+                );
+            }
+        }
         let get = |name: &str| map.get(name).expect("validated above").0.clone();
         Ok(Self::bind(config, get))
     }

@@ -42,6 +42,9 @@ pub struct IndexStats {
     pub documents: u64,
     /// Blank lines passed over in the input.
     pub blank_lines: u64,
+    /// Documents whose id an earlier document already has (`42` and `"42"` are one id). They
+    /// are indexed, but a search from a corpus document with that id leaves all of them out.
+    pub duplicate_ids: u64,
 }
 
 /// Why an index could not be built or opened; always names the path (and line) involved.
@@ -184,7 +187,10 @@ fn index_into(
     let mut stats = IndexStats {
         documents: 0,
         blank_lines: 0,
+        duplicate_ids: 0,
     };
+    // Hashes of the ids seen (8 bytes a document, not the ids themselves).
+    let mut ids = std::collections::HashSet::new();
     let mut buf = Vec::new();
     let mut line_no = 0u64;
     loop {
@@ -211,6 +217,9 @@ fn index_into(
             continue;
         }
         let doc = parse_doc(line, text_field).map_err(malformed)?;
+        if !ids.insert(xxhash_rust::xxh3::xxh3_64(doc.id.as_bytes())) {
+            stats.duplicate_ids += 1;
+        }
         let mut tdoc = TantivyDocument::default();
         tdoc.add_text(id_f, &doc.id);
         if let Some(title) = &doc.title {
@@ -524,6 +533,19 @@ mod tests {
         path
     }
 
+    #[test]
+    fn duplicate_ids_are_counted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = format!("{DOCS}{{\"id\": \"42\", \"text\": \"Another steel text.\"}}\n");
+        let stats = build_index(
+            &write_docs(tmp.path(), docs),
+            &tmp.path().join("ix"),
+            "text",
+        )
+        .unwrap();
+        assert_eq!((stats.documents, stats.duplicate_ids), (5, 1));
+    }
+
     fn small_index() -> (tempfile::TempDir, WikiSearch) {
         let tmp = tempfile::tempdir().unwrap();
         let docs = write_docs(tmp.path(), DOCS);
@@ -533,7 +555,8 @@ mod tests {
             stats,
             IndexStats {
                 documents: 4,
-                blank_lines: 1
+                blank_lines: 1,
+                duplicate_ids: 0
             }
         );
         let wiki = WikiSearch::open(&out).unwrap();
