@@ -146,6 +146,10 @@ fn max_abs_diff(a: &[[f64; 3]], b: &[[f64; 3]]) -> f64 {
 }
 
 pub fn run(args: &BenchArgs) -> Result<BenchReport> {
+    if args.run_baselines && !cfg!(feature = "baselines") {
+        // Before any work: the comparison is the point of the run.
+        return run_baselines_unavailable();
+    }
     let loaded = match &args.model_dir {
         Some(dir) => Some(Model::load(dir)?),
         None => None,
@@ -155,12 +159,25 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         .map_or(args.config.clone(), |m| m.config.clone());
     let c = &config;
     c.validate().map_err(Error::input)?;
+    if loaded.is_none() {
+        check_fits_in_memory(c, args.n_texts)?;
+    }
     let workload = Workload::standard(args.n_texts, args.seed);
     let candidates = workload.generate(c.vocab_size, args.placement);
     let options = ScoreOptions {
         placement: args.placement,
         weights: LossWeights::default(),
     };
+    // The engines' `variant_losses` assume checked candidates (`Scorer::score` checks them); a
+    // real checkpoint's n_positions may be too short for the workload's sequences.
+    for cand in &candidates {
+        crate::score::validate(cand, c, &options).map_err(|e| {
+            Error::input(format!(
+                "the standard workload does not fit this model: {e} (its sequences need up to \
+                 ~272 positions)"
+            ))
+        })?;
+    }
     let model_name = format!(
         "gptj L{} d{} h{} r{} v{}",
         c.n_layer,
@@ -289,9 +306,42 @@ fn run_baselines(
     _: &[[f64; 3]],
     _: &mut BenchReport,
 ) -> Result<()> {
+    run_baselines_unavailable()
+}
+
+fn run_baselines_unavailable<T>() -> Result<T> {
     Err(Error::Backend(
         "the candle baselines are not built in; rebuild with `--features baselines` \
          (or pass --skip-baselines to time toolsift alone)"
             .into(),
     ))
+}
+
+/// Refuses a random model and workload that cannot fit in this machine's memory (f32 weights
+/// and the workload's K/V), before allocating: a typo in a size flag should not end in an
+/// allocation abort or the OOM killer.
+fn check_fits_in_memory(c: &crate::GptjConfig, n_texts: usize) -> Result<()> {
+    // In f64: absurd flags must not overflow the estimate. ~700 unique tokens per text in prefix
+    // placement (docs/benchmarks.md); 1000 is generous.
+    let (d, f, v, l) = (
+        c.n_embd as f64,
+        c.inner_dim() as f64,
+        c.vocab_size as f64,
+        c.n_layer as f64,
+    );
+    let params = 2.0 * v * d + l * (4.0 * d * d + 2.0 * f * d);
+    let bytes = params * 4.0 + (n_texts as f64) * 1000.0 * l * 2.0 * d * 4.0;
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+        line.split_whitespace().nth(1)?.parse::<f64>().ok()
+    });
+    match total {
+        Some(kb) if bytes > kb * 1024.0 => Err(Error::input(format!(
+            "this random model and workload need ~{:.1} GB (weights and K/V, f32), more than \
+             this machine's {:.1} GB: lower --layers/--embd/--vocab or --texts",
+            bytes / 1e9,
+            kb * 1024.0 / 1e9
+        ))),
+        _ => Ok(()),
+    }
 }

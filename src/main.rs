@@ -156,18 +156,18 @@ struct BenchCli {
     #[arg(long, default_value_t = 50400)]
     vocab: usize,
     /// Texts of the standard workload (25 candidates each).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     texts: usize,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Timed runs of toolsift (the median is reported).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = at_least_one)]
     reps: usize,
     /// Timed runs of each baseline.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     baseline_reps: usize,
     /// Sequences per padded batch in the baselines.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     batch_size: usize,
     /// Time toolsift alone (no candle baselines; speedup fields are null).
     #[arg(long)]
@@ -205,11 +205,11 @@ struct ScoreArgs {
     /// Score with the plain f64 reference (the oracle; slow) instead of the fast engine.
     #[arg(long)]
     reference: bool,
-    /// Activation memory per plan chunk, MiB; larger batches are split.
-    #[arg(long, default_value_t = 2048)]
+    /// Activation memory per plan chunk, MiB; larger batches are split (CPU engine).
+    #[arg(long, default_value_t = 2048, value_parser = mebibytes)]
     memory_budget_mb: usize,
     /// Input lines planned and scored together.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = at_least_one)]
     chunk_lines: usize,
     /// Backend for the fast path.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
@@ -309,6 +309,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A size in MiB: at least 1, and small enough to count in bytes.
+fn mebibytes(s: &str) -> std::result::Result<usize, String> {
+    let v = at_least_one(s)?;
+    v.checked_mul(1 << 20)
+        .map(|_| v)
+        .ok_or_else(|| "too large".to_string())
 }
 
 /// A count that must be at least 1.

@@ -294,3 +294,39 @@ fn asking_for_cuda_without_a_cuda_build_or_gpu_is_a_clear_error() {
         );
     }
 }
+
+#[test]
+fn bench_refuses_what_it_cannot_run_before_working() {
+    let bench = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .arg("bench")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "bench {args:?} should fail");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // The fixture's n_positions (256) is shorter than the workload's longest sequences.
+    let model = tiny("f32");
+    let err = bench(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--skip-baselines",
+        "--texts",
+        "3",
+        "--seed",
+        "2",
+    ]);
+    assert!(err.contains("does not fit this model"), "{err}");
+    if cfg!(target_os = "linux") {
+        // The memory check reads /proc/meminfo.
+        let err = bench(&["--vocab", "100000000000", "--skip-baselines"]);
+        assert!(err.contains("more than this machine"), "{err}");
+    }
+    let err = bench(&["--texts", "0", "--skip-baselines"]);
+    assert!(err.contains("at least 1"), "{err}");
+    if !cfg!(feature = "baselines") {
+        let err = bench(&["--layers", "1"]);
+        assert!(err.contains("baselines are not built in"), "{err}");
+    }
+}
