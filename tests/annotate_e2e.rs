@@ -673,3 +673,24 @@ fn print_config_prints_parsable_defaults() {
         AnnotateConfig::default()
     );
 }
+
+#[test]
+fn a_prompt_that_leaves_no_room_for_a_text_is_an_error() {
+    let model = model();
+    let tok = model.tokenizer().unwrap();
+    let sampler = MockSampler::new(tok);
+    let scorer = CpuScorer::new(&model);
+    let mut config = test_config();
+    // The tiny model has n_positions 256.
+    config.per_tool.calendar.prompt = format!("{} {{x}}", "word ".repeat(300));
+    let registry = ToolRegistry::from_config(&config.tools).unwrap();
+    let tools = [ToolKind::Calculator, ToolKind::Calendar];
+    let err = Annotator::new(tok, &sampler, &scorer, &registry, &config, &tools)
+        .err()
+        .expect("a prompt longer than the context is refused")
+        .to_string();
+    assert!(
+        err.contains("[per_tool.calendar] prompt") && err.contains("n_positions (256)"),
+        "{err}"
+    );
+}

@@ -74,9 +74,19 @@ impl ToolParams {
         if self.prompt.matches("{x}").count() != 1 {
             return bad("prompt must contain \"{x}\" exactly once".into());
         }
+        // All k * m samples of a document are decoded as one batch, with a KV cache each.
+        if self.k.checked_mul(self.m).is_none_or(|n| n > MAX_SAMPLES) {
+            return bad(format!(
+                "k * m = {} * {} samples per document; at most {MAX_SAMPLES}",
+                self.k, self.m
+            ));
+        }
         Ok(())
     }
 }
+
+/// Most calls sampled per document and tool (k * m; the paper's largest is 20 * 10).
+pub const MAX_SAMPLES: usize = 10_000;
 
 /// Per-tool settings, one table each. A key left out of a table keeps that tool's default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -240,6 +250,12 @@ impl AnnotateConfig {
             return Err(Error::input("text_field must not be empty"));
         }
         LossWeights::new(self.weights.clone())?;
+        if !self.weights.iter().any(|&w| w > 0.0) {
+            // Every loss would be 0: delta 0 for every call, and the filter would mean nothing.
+            return Err(Error::input(
+                "weights must have at least one positive weight",
+            ));
+        }
         if self.max_call_tokens == 0 {
             return Err(Error::input("max_call_tokens must be at least 1"));
         }
@@ -296,5 +312,12 @@ mod tests {
         assert!(AnnotateConfig::from_toml("sed = 1").is_err());
         let e = AnnotateConfig::from_toml("[per_tool.qa]\ntau_s = 2.0").unwrap_err();
         assert!(e.to_string().contains("per_tool.qa"), "{e}");
+        // k * m bounded (it sizes one decoding batch), overflow included.
+        let e = AnnotateConfig::from_toml("[per_tool.calculator]\nm = 9223372036854775807")
+            .unwrap_err();
+        assert!(e.to_string().contains("per_tool.calculator] k * m"), "{e}");
+        assert!(AnnotateConfig::from_toml("[per_tool.calculator]\nk = 100\nm = 100").is_ok());
+        let e = AnnotateConfig::from_toml("weights = [0.0, 0.0]").unwrap_err();
+        assert!(e.to_string().contains("positive weight"), "{e}");
     }
 }

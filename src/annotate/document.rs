@@ -188,15 +188,27 @@ impl<'a> Annotator<'a> {
         tools.sort();
         tools.dedup();
         let mut prompts = BTreeMap::new();
+        let n_positions = scorer.config().n_positions;
         for &t in &tools {
             let (before, after) = prompts::split(&config.per_tool.get(t).prompt);
-            prompts.insert(
-                t,
-                Prompt {
-                    before: tokenizer.encode_ids(before)?,
-                    after: tokenizer.encode_ids(after)?,
-                },
-            );
+            let prompt = Prompt {
+                before: tokenizer.encode_ids(before)?,
+                after: tokenizer.encode_ids(after)?,
+            };
+            // The sampling prefix holds P(x) with x twice and a call (see annotate_document):
+            // with no room for 2 text tokens, every document would be skipped as too long.
+            let fixed = prompt.before.len() + prompt.after.len() + config.max_call_tokens;
+            if fixed + 4 > n_positions {
+                return Err(Error::input(format!(
+                    "[per_tool.{}] prompt: its {} tokens and max_call_tokens ({}) leave no room \
+                     for a text in n_positions ({}); shorten the prompt or max_call_tokens",
+                    t.key(),
+                    prompt.before.len() + prompt.after.len(),
+                    config.max_call_tokens,
+                    n_positions
+                )));
+            }
+            prompts.insert(t, prompt);
         }
         let bracket = single_token(tokenizer, "[")?;
         let space_bracket = single_token(tokenizer, " [")?;
@@ -281,11 +293,10 @@ impl<'a> Annotator<'a> {
             let t_max = n_positions.saturating_sub(fixed) / 2;
             let t = x.len().min(t_max);
             if t < 2 {
-                // Position 1 needs x_1 and x_2 at least.
+                // Position 1 needs x_1 and x_2 at least: a text of one token has no position
+                // (neither considered nor too long), a longer one did not fit.
                 if x.len() >= 2 {
                     st.texts_too_long += 1;
-                } else {
-                    st.texts_considered += 1;
                 }
                 continue;
             }
