@@ -347,11 +347,13 @@ fn temperature(s: &str) -> std::result::Result<f32, String> {
 }
 
 fn score(args: ScoreArgs) -> Result<ExitCode> {
-    let model = Model::load(&args.model)?;
+    // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
     let weights = match args.weights {
         Some(w) => LossWeights::new(w)?,
         None => LossWeights::default(),
     };
+    let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
+    let model = Model::load(&args.model)?;
     let options = JsonlOptions {
         score: ScoreOptions {
             placement: args.placement,
@@ -378,7 +380,6 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         ),
         (false, device) => toolsift::scorer_for(&Model::from_parts(config, weights, None), device)?,
     };
-    let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
     let output =
         File::create(&args.output).with_context(|| format!("{}", args.output.display()))?;
     let summary = score_jsonl(
