@@ -112,29 +112,26 @@ pub fn score_jsonl(
             .map(Scores::from_losses);
         for ((line_no, _), p) in chunk.iter().zip(parsed) {
             summary.lines += 1;
-            let value = match p.candidate {
-                Ok(_) => {
-                    let s = scores.next().expect("one score per valid line");
-                    if ![s.l_none, s.l_call, s.l_call_result]
-                        .iter()
-                        .all(|l| l.is_finite())
-                    {
-                        // JSON has no NaN or infinity (serde_json would write null): an error
-                        // line, so that no consumer takes it for a score.
-                        summary.failed += 1;
-                        let e = format!(
-                            "line {line_no}: a loss is not finite (l_none {}, l_call {}, \
-                             l_call_result {}): weights too large, or the model overflowed",
-                            s.l_none, s.l_call, s.l_call_result
-                        );
-                        writeln!(
-                            output,
-                            "{}",
-                            json!({"id": p.id, "line": line_no, "error": e})
-                        )
-                        .map_err(out_err)?;
-                        continue;
-                    }
+            // A valid line's scores, or why the line has none. JSON has no NaN or infinity
+            // (serde_json would write null): a non-finite loss is an error line, so that no
+            // consumer takes it for a score.
+            let scored = p.candidate.and_then(|_| {
+                let s = scores.next().expect("one score per valid line");
+                if [s.l_none, s.l_call, s.l_call_result]
+                    .iter()
+                    .all(|l| l.is_finite())
+                {
+                    Ok(s)
+                } else {
+                    Err(format!(
+                        "line {line_no}: a loss is not finite (l_none {}, l_call {}, \
+                         l_call_result {}): weights too large, or the model overflowed",
+                        s.l_none, s.l_call, s.l_call_result
+                    ))
+                }
+            });
+            let value = match scored {
+                Ok(s) => {
                     let kept = s.kept(p.tau_f);
                     summary.scored += 1;
                     summary.kept += kept as usize;
