@@ -1,13 +1,14 @@
 //! `toolsift merge`: the outputs of every shard of one run joined into one C* and one rejects
 //! file, in input-line order, by a streaming k-way merge (docs/annotate.md, docs/scaling.md).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use super::shard::Shard;
 use super::summary::Summary;
 use super::writer::{self, OutputPaths};
 use crate::error::{Error, Result};
+use crate::util::jsonl::JsonlLines;
 
 /// What `merge` joined.
 #[derive(Debug, Clone, PartialEq)]
@@ -251,8 +252,8 @@ struct MergeStream {
     path: PathBuf,
     shard: Shard,
     rejects: bool,
-    lines: std::io::Lines<BufReader<std::fs::File>>,
-    file_line: u64,
+    lines: JsonlLines<BufReader<std::fs::File>>,
+    file_line: usize,
     last: u64,
     current: String,
 }
@@ -276,7 +277,7 @@ impl MergeStream {
             shard,
             rejects,
             // Small: one buffer per open shard file.
-            lines: BufReader::with_capacity(64 << 10, file).lines(),
+            lines: JsonlLines::new(BufReader::with_capacity(64 << 10, file)),
             file_line: 0,
             last: 0,
             current: String::new(),
@@ -300,9 +301,10 @@ impl MergeStream {
         let Some(text) = self.lines.next() else {
             return Ok(None);
         };
-        self.file_line += 1;
-        let text = text.map_err(|e| Error::io(&self.path, e))?;
+        let (file_line, text) = text.map_err(|e| Error::io(&self.path, e))?;
+        self.file_line = file_line;
         let at = || format!("{}:{}", self.path.display(), self.file_line);
+        let text = text.map_err(|e| Error::input(format!("{}: {e}", at())))?;
         let parsed = if self.rejects {
             serde_json::from_str::<Reject>(&text).map(|r| r.line)
         } else {
