@@ -65,9 +65,26 @@ fn cuda_engine(_model: &Model) -> Result<Box<dyn Engine>> {
 
 /// The scorer for `device` over `model`.
 pub fn scorer_for(model: &Model, device: Device) -> Result<Box<dyn Scorer>> {
+    scorer_with_memory_budget(model, device, None)
+}
+
+/// The scorer for `device` over `model`, with the activation memory of one plan chunk capped at
+/// `memory_budget` bytes (larger batches are split). None: the backend's default (2 GiB on the
+/// CPU, 90% of the device memory free after the weights on CUDA).
+pub fn scorer_with_memory_budget(
+    model: &Model,
+    device: Device,
+    memory_budget: Option<usize>,
+) -> Result<Box<dyn Scorer>> {
     match device {
-        Device::Cpu => Ok(Box::new(crate::cpu::CpuScorer::new(model))),
-        Device::Cuda => cuda_scorer(model),
+        Device::Cpu => {
+            let scorer = crate::cpu::CpuScorer::new(model);
+            Ok(Box::new(match memory_budget {
+                Some(bytes) => scorer.with_memory_budget(bytes),
+                None => scorer,
+            }))
+        }
+        Device::Cuda => cuda_scorer(model, memory_budget),
     }
 }
 
@@ -78,8 +95,12 @@ pub fn decoder_for(model: &Model, device: Device) -> Result<Box<dyn Decoder>> {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_scorer(model: &Model) -> Result<Box<dyn Scorer>> {
-    let scorer = crate::cuda::CudaScorer::new(model, &crate::cuda::CudaOptions::default())?;
+fn cuda_scorer(model: &Model, memory_budget: Option<usize>) -> Result<Box<dyn Scorer>> {
+    let options = crate::cuda::CudaOptions {
+        memory_budget,
+        ..Default::default()
+    };
+    let scorer = crate::cuda::CudaScorer::new(model, &options)?;
     Ok(Box::new(scorer))
 }
 
@@ -91,7 +112,7 @@ pub fn cuda_not_built() -> Error {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_scorer(_model: &Model) -> Result<Box<dyn Scorer>> {
+fn cuda_scorer(_model: &Model, _memory_budget: Option<usize>) -> Result<Box<dyn Scorer>> {
     Err(cuda_not_built())
 }
 

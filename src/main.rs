@@ -205,9 +205,11 @@ struct ScoreArgs {
     /// Score with the plain f64 reference (the oracle; slow) instead of the fast engine.
     #[arg(long)]
     reference: bool,
-    /// Activation memory per plan chunk, MiB; larger batches are split (CPU engine).
-    #[arg(long, default_value_t = 2048, value_parser = mebibytes)]
-    memory_budget_mb: usize,
+    /// Activation memory per plan chunk, MiB; larger batches are split (default: 2048 on the
+    /// CPU, 90% of the device memory free after the weights on CUDA). The reference scores one
+    /// sequence at a time and takes none.
+    #[arg(long, value_parser = mebibytes, conflicts_with = "reference")]
+    memory_budget_mb: Option<usize>,
     /// Input lines planned and scored together.
     #[arg(long, default_value_t = 4096, value_parser = at_least_one)]
     chunk_lines: usize,
@@ -370,15 +372,23 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         tokenizer,
         ..
     } = model;
+    let memory_budget = args.memory_budget_mb.map(|mb| mb << 20);
     let scorer: Box<dyn Scorer> = match (args.reference, args.device) {
         (true, _) => Box::new(ReferenceScorer::new(&Model::from_parts(
             config, weights, None,
         ))),
-        (false, Device::Cpu) => Box::new(
-            CpuScorer::from_weights(&config, weights)
-                .with_memory_budget(args.memory_budget_mb << 20),
-        ),
-        (false, device) => toolsift::scorer_for(&Model::from_parts(config, weights, None), device)?,
+        (false, Device::Cpu) => {
+            let scorer = CpuScorer::from_weights(&config, weights);
+            Box::new(match memory_budget {
+                Some(bytes) => scorer.with_memory_budget(bytes),
+                None => scorer,
+            })
+        }
+        (false, device) => toolsift::backend::scorer_with_memory_budget(
+            &Model::from_parts(config, weights, None),
+            device,
+            memory_budget,
+        )?,
     };
     let output =
         File::create(&args.output).with_context(|| format!("{}", args.output.display()))?;

@@ -252,20 +252,27 @@ fn missing_model_folder_is_a_clear_error() {
 
 #[test]
 fn reference_and_fast_engine_agree_through_the_cli() {
-    let (ok, fast, _) = run_score(&tiny("f32"), &token_lines(), &["--placement", "inline"]);
+    // The budget is taken by the fast engine (split batches against the oracle: tests/cpu_vs_reference.rs).
+    let (ok, fast, _) = run_score(
+        &tiny("f32"),
+        &token_lines(),
+        &["--placement", "inline", "--memory-budget-mb", "1"],
+    );
     assert!(ok);
     let (ok, oracle, _) = run_score(
         &tiny("f32"),
         &token_lines(),
-        &[
-            "--placement",
-            "inline",
-            "--reference",
-            "--memory-budget-mb",
-            "1",
-        ],
+        &["--placement", "inline", "--reference"],
     );
     assert!(ok);
+    // The reference scores one sequence at a time: a budget given to it is a mistake, said.
+    let (ok, _, stderr) = run_score(
+        &tiny("f32"),
+        &token_lines(),
+        &["--reference", "--memory-budget-mb", "1"],
+    );
+    assert!(!ok);
+    assert!(stderr.contains("--memory-budget-mb"), "{stderr}");
     for (f, o) in fast.iter().zip(&oracle) {
         for field in ["l_none", "l_call", "l_call_result"] {
             assert_close(
