@@ -189,6 +189,7 @@ impl Tool for ExternalTool {
                             ToolError::Failed(msg) if tries > 1 => {
                                 ToolError::Failed(format!("{msg} (after {tries} tries)"))
                             }
+                            ToolError::Timeout { after, .. } => ToolError::Timeout { after, tries },
                             other => other,
                         });
                     }
@@ -223,7 +224,10 @@ fn retry_err(message: String) -> Attempt {
 
 fn timeout_err(timeout: Duration) -> Attempt {
     Attempt {
-        error: ToolError::Timeout(timeout),
+        error: ToolError::Timeout {
+            after: timeout,
+            tries: 1,
+        },
         retry: true,
     }
 }
@@ -521,7 +525,10 @@ mod tests {
         let start = Instant::now();
         assert_eq!(
             run(&tool, "x"),
-            Err(ToolError::Timeout(Duration::from_millis(200)))
+            Err(ToolError::Timeout {
+                after: Duration::from_millis(200),
+                tries: 1
+            })
         );
         assert!(
             start.elapsed() < Duration::from_secs(2),
@@ -674,11 +681,26 @@ mod tests {
     }
 
     #[test]
+    fn a_retried_timeout_says_how_many_tries() {
+        let tool = ExternalTool::command("QA", argv(&["sleep", "5"]))
+            .with_timeout(Duration::from_millis(100))
+            .with_retries(1);
+        let err = run(&tool, "x").unwrap_err();
+        assert_eq!(err.to_string(), "timed out after 100ms (each of 2 tries)");
+    }
+
+    #[test]
     fn http_that_never_answers_times_out() {
         let (url, _) = server(|_| None);
         let start = Instant::now();
         let got = run(&http_tool(&url, 0), "x");
-        assert_eq!(got, Err(ToolError::Timeout(Duration::from_millis(300))));
+        assert_eq!(
+            got,
+            Err(ToolError::Timeout {
+                after: Duration::from_millis(300),
+                tries: 1
+            })
+        );
         assert!(
             start.elapsed() < Duration::from_secs(2),
             "{:?}",
@@ -696,7 +718,7 @@ mod tests {
             .port();
         let got = run(&http_tool(&format!("http://127.0.0.1:{port}/x"), 1), "x");
         assert!(
-            matches!(got, Err(ToolError::Failed(_)) | Err(ToolError::Timeout(_))),
+            matches!(got, Err(ToolError::Failed(_)) | Err(ToolError::Timeout { .. })),
             "{got:?}"
         );
     }

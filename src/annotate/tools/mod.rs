@@ -51,9 +51,18 @@ pub enum ToolError {
     /// The tool ran but has no result (no hit, division by zero, service error, ...).
     #[error("{0}")]
     Failed(String),
-    /// The tool did not answer within its time limit.
-    #[error("timed out after {0:?}")]
-    Timeout(Duration),
+    /// The tool did not answer within its time limit, on each of `tries` attempts.
+    #[error("timed out after {after:?}{}", after_tries(*.tries))]
+    Timeout { after: Duration, tries: u32 },
+}
+
+/// " (each of N tries)" when a call was retried, else nothing.
+fn after_tries(tries: u32) -> String {
+    if tries > 1 {
+        format!(" (each of {tries} tries)")
+    } else {
+        String::new()
+    }
 }
 
 /// A tool the language model can call, e.g. `[Calculator(400 / 1400) → 0.29]`.
