@@ -222,6 +222,41 @@ fn heuristics_and_too_long_texts_are_counted() {
     assert_eq!(s.tools["calculator"].texts_truncated, 1);
 }
 
+/// A document of megabytes is tokenized only as far as the model reads it: its record is the
+/// one of its first sentences, with the rest of the text after them as it was.
+#[test]
+fn a_long_document_is_annotated_on_its_head() {
+    let model = model();
+    let tok = model.tokenizer().unwrap();
+    let sampler = MockSampler::new(tok);
+    let scorer = CpuScorer::new(&model);
+    let config = test_config();
+    let registry = ToolRegistry::from_config(&config.tools).unwrap();
+    let a = Annotator::new(
+        tok,
+        &sampler,
+        &scorer,
+        &registry,
+        &config,
+        &[ToolKind::Calculator],
+    )
+    .unwrap();
+    let sentence = "Out of 1400 people, 400 (or 29%) said yes. ";
+    let long = sentence.repeat(50_000);
+    // Twenty sentences hold more tokens than the fixture's context (256) has room for.
+    let short = sentence.repeat(20);
+    let (long_record, long_stats) = a.annotate_document(&doc(1, &long)).unwrap();
+    let (short_record, short_stats) = a.annotate_document(&doc(1, &short)).unwrap();
+    assert_eq!(long_stats.tools, short_stats.tools);
+    assert_eq!(long_stats.tools["calculator"].texts_truncated, 1);
+    assert!(long_stats.tools["calculator"].calls_kept > 0);
+    assert_eq!(long_record.calls, short_record.calls);
+    assert_eq!(
+        long_record.annotated_text,
+        short_record.annotated_text + &long[short.len()..]
+    );
+}
+
 /// A QA service that always fails: every call fails, the run goes on.
 #[test]
 fn a_failing_external_tool_fails_its_calls_not_the_run() {

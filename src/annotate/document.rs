@@ -139,6 +139,16 @@ struct Prompt {
     after: Vec<u32>,
 }
 
+impl Prompt {
+    /// The most text tokens the tool's sampling prefix holds: before ++ x' ++ after ++
+    /// x'[..T-1] ++ "[" plus the call, so 2T + |before| + |after| + max_call_tokens <=
+    /// n_positions.
+    fn max_text_tokens(&self, n_positions: usize, max_call_tokens: usize) -> usize {
+        let fixed = self.before.len() + self.after.len() + max_call_tokens;
+        n_positions.saturating_sub(fixed) / 2
+    }
+}
+
 /// The driver's per-document machinery: tokenizer, sampler, scorer, tools and settings.
 pub struct Annotator<'a> {
     tokenizer: &'a Tokenizer,
@@ -152,6 +162,9 @@ pub struct Annotator<'a> {
     space_bracket: Option<u32>,
     stop_tokens: Vec<u32>,
     score_options: ScoreOptions,
+    /// Text tokens any tool reads: its sampling prefix's, plus the loss window after the last
+    /// position; a document's text is tokenized that far (`Tokenizer::encode_head`).
+    head_tokens: usize,
 }
 
 /// A call that reached its tool.
@@ -229,6 +242,12 @@ impl<'a> Annotator<'a> {
             placement: config.placement,
             weights: LossWeights::new(config.weights.clone())?,
         };
+        let head_tokens = prompts
+            .values()
+            .map(|p| p.max_text_tokens(n_positions, config.max_call_tokens))
+            .max()
+            .unwrap_or(0)
+            + score_options.weights.as_slice().len();
         Ok(Annotator {
             tokenizer,
             sampler,
@@ -241,6 +260,7 @@ impl<'a> Annotator<'a> {
             space_bracket,
             stop_tokens,
             score_options,
+            head_tokens,
         })
     }
 
@@ -267,8 +287,10 @@ impl<'a> Annotator<'a> {
     /// Runs every active tool over `doc`.
     pub fn annotate_document(&self, doc: &Document) -> Result<(CStarRecord, DocStats)> {
         let mut stats = DocStats::default();
-        let enc = self.tokenizer.encode(&doc.text)?;
+        // Only the head of a long text is read; the rest passes into C* as it is.
+        let enc = self.tokenizer.encode_head(&doc.text, self.head_tokens)?;
         let x: Arc<[u32]> = enc.ids.clone().into();
+        let head = &doc.text[..enc.spans.last().map_or(0, |s| s.1)];
         let id = doc.id_str();
         let ctx = DocContext {
             id: &id,
@@ -287,10 +309,7 @@ impl<'a> Annotator<'a> {
                 continue;
             }
             let prompt = &self.prompts[&tool];
-            // Longest sampling prefix: before ++ x' ++ after ++ x'[..T-1] ++ "[" plus the call,
-            // so 2T + |before| + |after| + max_call_tokens <= n_positions.
-            let fixed = prompt.before.len() + prompt.after.len() + self.config.max_call_tokens;
-            let t_max = n_positions.saturating_sub(fixed) / 2;
+            let t_max = prompt.max_text_tokens(n_positions, self.config.max_call_tokens);
             let t = x.len().min(t_max);
             if t < 2 {
                 // Position 1 needs x_1 and x_2 at least: a text of one token has no position
@@ -411,7 +430,7 @@ impl<'a> Annotator<'a> {
                 Ok(r) => {
                     record.result = Some(r.clone());
                     let candidate = TextCandidate {
-                        text: doc.text.clone(),
+                        text: head.to_owned(),
                         position: p.byte,
                         tool: record.tool.clone(),
                         input: p.input.clone(),

@@ -5,6 +5,13 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
+/// Tokens dropped from the end of a head's encoding (`Tokenizer::encode_head`): the cut is made
+/// where no pre-token of the tokenizers we know of crosses it, and these tokens guard the rest.
+const HEAD_MARGIN_TOKENS: usize = 8;
+/// Bytes of text first tokenized per token wanted (`Tokenizer::encode_head`); English runs at
+/// about 4, so the first try usually suffices.
+const HEAD_BYTES_PER_TOKEN: usize = 8;
+
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
@@ -40,12 +47,43 @@ impl Tokenizer {
             .encode(text, false)
             .map_err(|e| Error::Tokenizer {
                 path: self.path.clone(),
-                msg: format!("cannot encode {text:?}: {e}"),
+                msg: format!("cannot encode {:?}: {e}", preview(text)),
             })?;
         Ok(Encoding {
             ids: enc.get_ids().to_vec(),
             spans: enc.get_offsets().to_vec(),
         })
+    }
+
+    /// The first tokens of `text`'s encoding: all of them, or at least `n`, tokenizing only a
+    /// head of the text when that is enough. A document of megabytes whose first thousand
+    /// tokens are all a run reads is not tokenized whole (seconds per document).
+    ///
+    /// The head ends just before a whitespace character that follows a non-whitespace one:
+    /// byte-level BPE and Metaspace pre-tokenizers never join a token across that point, so the
+    /// head's tokens are the text's; the last `HEAD_MARGIN_TOKENS` are dropped anyway, and a head
+    /// that yields too few tokens (or has no such point) doubles until it is the whole text.
+    pub fn encode_head(&self, text: &str, n: usize) -> Result<Encoding> {
+        self.encode_head_from(text, n, (n + HEAD_MARGIN_TOKENS) * HEAD_BYTES_PER_TOKEN)
+    }
+
+    fn encode_head_from(&self, text: &str, n: usize, first_bytes: usize) -> Result<Encoding> {
+        let mut bytes = first_bytes.max(1);
+        loop {
+            if bytes >= text.len() {
+                return self.encode(text);
+            }
+            if let Some(cut) = head_cut(text, bytes) {
+                let mut enc = self.encode(&text[..cut])?;
+                if enc.ids.len() >= n + HEAD_MARGIN_TOKENS {
+                    let keep = enc.ids.len() - HEAD_MARGIN_TOKENS;
+                    enc.ids.truncate(keep);
+                    enc.spans.truncate(keep);
+                    return Ok(enc);
+                }
+            }
+            bytes = bytes.saturating_mul(2);
+        }
     }
 
     pub fn encode_ids(&self, text: &str) -> Result<Vec<u32>> {
@@ -73,6 +111,36 @@ impl Tokenizer {
     }
 }
 
+/// The end of a head of `text` of at most `bytes` bytes and more than half that: a character
+/// boundary followed by whitespace and preceded by something else.
+fn head_cut(text: &str, bytes: usize) -> Option<usize> {
+    let mut end = bytes.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut next_is_space = text[end..].starts_with(char::is_whitespace);
+    for (p, c) in text[..end].char_indices().rev() {
+        if p < bytes / 2 {
+            break;
+        }
+        let is_space = c.is_whitespace();
+        if next_is_space && !is_space {
+            return Some(p + c.len_utf8());
+        }
+        next_is_space = is_space;
+    }
+    None
+}
+
+/// The start of a text, for an error message.
+fn preview(text: &str) -> String {
+    const SHOWN: usize = 200;
+    match text.char_indices().nth(SHOWN) {
+        Some((end, _)) => format!("{}… ({} bytes)", &text[..end], text.len()),
+        None => text.to_owned(),
+    }
+}
+
 impl Encoding {
     /// Index of the token that starts at byte `offset`. Byte-level BPE tokens carry their leading
     /// space (" 29"); a tokenizer that trims offsets reports " 29" as starting after the space, so
@@ -93,5 +161,80 @@ impl Encoding {
             "byte offset {offset} has no token after it (the text's tokens end at byte {})",
             self.spans.last().map_or(0, |s| s.1)
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn demo_tokenizer() -> Tokenizer {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo/tokenizer.json");
+        Tokenizer::from_file(&path).unwrap()
+    }
+
+    fn gptj_tokenizer() -> Tokenizer {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj/tokenizer.json");
+        Tokenizer::from_file(&path).unwrap()
+    }
+
+    #[test]
+    fn head_cut_ends_before_whitespace_after_a_word() {
+        let text = "ab  cd\u{e9}f gh";
+        assert_eq!(head_cut(text, 9), Some(9)); // "ab  cd\u{e9}f" | " gh"
+        assert_eq!(head_cut(text, 3), Some(2)); // "ab" | "  cd\u{e9}f gh"
+        // Inside "\u{e9}", and no word ends in bytes 3..6.
+        assert_eq!(head_cut(text, 7), None);
+        assert_eq!(head_cut("abcdefghij kl", 8), None);
+        assert_eq!(head_cut("abcd efgh ij", 8), None);
+        assert_eq!(head_cut("abcd efgh ij", 9), Some(9));
+    }
+
+    #[test]
+    fn a_long_text_is_tokenized_by_its_head() {
+        let tok = demo_tokenizer();
+        let text = "Out of 1400 participants, 400 (or 29%) passed the test. ".repeat(20_000);
+        let head = tok.encode_head(&text, 100).unwrap();
+        assert!((100..1000).contains(&head.ids.len()), "{}", head.ids.len());
+        let full = tok.encode(&text[..4000]).unwrap();
+        assert_eq!(head.ids[..], full.ids[..head.ids.len()]);
+    }
+
+    fn texts() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            "[a-zA-Z]{1,12}",
+            "[0-9]{1,6}",
+            Just(" ".to_string()),
+            Just("  ".to_string()),
+            Just("\n".to_string()),
+            Just("\n\n ".to_string()),
+            Just("\t".to_string()),
+            "[.,;:!?()%$-]{1,3}",
+            Just("caf\u{e9} \u{4e2d}\u{6587}".to_string()),
+            Just("[Calculator(3 * 4) -> 12]".to_string()),
+        ];
+        prop::collection::vec(piece, 0..120).prop_map(|p| p.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// A head's tokens and spans are the whole text's first ones, for any head size.
+        #[test]
+        fn head_tokens_are_the_texts(
+            text in texts(),
+            n in 0usize..40,
+            first_bytes in 1usize..200,
+        ) {
+            for tok in [demo_tokenizer(), gptj_tokenizer()] {
+                let full = tok.encode(&text).unwrap();
+                let head = tok.encode_head_from(&text, n, first_bytes).unwrap();
+                let len = head.ids.len();
+                prop_assert!(len >= n.min(full.ids.len()));
+                prop_assert_eq!(&head.ids[..], &full.ids[..len]);
+                prop_assert_eq!(&head.spans[..], &full.spans[..len]);
+            }
+        }
     }
 }
