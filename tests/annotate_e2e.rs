@@ -512,6 +512,14 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
     std::fs::write(&edited, text.replacen("doc-1", "doc-X", 1)).unwrap();
     let err = refused(edited_opts(None));
     assert!(err.contains("differing: corpus_xxh3"), "{err}");
+
+    // An output folder that does not exist yet is made.
+    let RunOutcome::Done(_, paths) = annotate::annotate(&a, &opts("new/folder/c.jsonl", None))
+        .unwrap()
+    else {
+        panic!("not done")
+    };
+    assert_eq!(std::fs::read(paths.out).unwrap(), read("full.jsonl"));
 }
 
 // ---- the binary ----

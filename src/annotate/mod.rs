@@ -92,6 +92,10 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
         )));
     }
     let paths = OutputPaths::new(&shard.output_path(&options.out));
+    // A fresh output folder (a shard job's, say) is made, not an error about the journal.
+    if let Some(dir) = paths.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
     if paths.out.exists() && !paths.journal.exists() {
         return Err(Error::input(format!(
             "{} exists and no run is in progress (no {}): it is already complete; delete it to \
