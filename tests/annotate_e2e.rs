@@ -466,15 +466,24 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
     std::fs::write(&cut, &text[first_newline + 1..]).unwrap();
     std::fs::copy(&src.rejects, &cut_paths.rejects).unwrap();
     std::fs::copy(&src.summary, &cut_paths.summary).unwrap();
-    let err = merge_err("m5.jsonl", &[parts[0].clone(), cut.clone(), parts[2].clone()]);
+    let err = merge_err(
+        "m5.jsonl",
+        &[parts[0].clone(), cut.clone(), parts[2].clone()],
+    );
     assert!(err.contains("is in no output"), "{err}");
     // A byte that is not UTF-8 is named by file and line.
     let mut bytes = std::fs::read(&src.out).unwrap();
     let second_line = bytes.iter().position(|&b| b == b'\n').unwrap() + 1;
     bytes.insert(second_line + 1, 0xff);
     std::fs::write(&cut, bytes).unwrap();
-    let err = merge_err("m7.jsonl", &[parts[0].clone(), cut.clone(), parts[2].clone()]);
-    assert!(err.contains("cut.shard-00001-of-00003.jsonl:2: not UTF-8"), "{err}");
+    let err = merge_err(
+        "m7.jsonl",
+        &[parts[0].clone(), cut.clone(), parts[2].clone()],
+    );
+    assert!(
+        err.contains("cut.shard-00001-of-00003.jsonl:2: not UTF-8"),
+        "{err}"
+    );
 
     // Inputs that would lose documents are refused before anything is written.
     let refused = |o: RunOptions| annotate::annotate(&a, &o).err().unwrap().to_string();
@@ -514,8 +523,8 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
     assert!(err.contains("differing: corpus_xxh3"), "{err}");
 
     // An output folder that does not exist yet is made.
-    let RunOutcome::Done(_, paths) = annotate::annotate(&a, &opts("new/folder/c.jsonl", None))
-        .unwrap()
+    let RunOutcome::Done(_, paths) =
+        annotate::annotate(&a, &opts("new/folder/c.jsonl", None)).unwrap()
     else {
         panic!("not done")
     };

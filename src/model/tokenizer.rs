@@ -183,8 +183,9 @@ mod tests {
     #[test]
     fn head_cut_ends_before_whitespace_after_a_word() {
         let text = "ab  cd\u{e9}f gh";
-        assert_eq!(head_cut(text, 9), Some(9)); // "ab  cd\u{e9}f" | " gh"
-        assert_eq!(head_cut(text, 3), Some(2)); // "ab" | "  cd\u{e9}f gh"
+        // "ab  cd\u{e9}f" | " gh", and "ab" | "  cd\u{e9}f gh".
+        assert_eq!(head_cut(text, 9), Some(9));
+        assert_eq!(head_cut(text, 3), Some(2));
         // Inside "\u{e9}", and no word ends in bytes 3..6.
         assert_eq!(head_cut(text, 7), None);
         assert_eq!(head_cut("abcdefghij kl", 8), None);

@@ -718,7 +718,10 @@ mod tests {
             .port();
         let got = run(&http_tool(&format!("http://127.0.0.1:{port}/x"), 1), "x");
         assert!(
-            matches!(got, Err(ToolError::Failed(_)) | Err(ToolError::Timeout { .. })),
+            matches!(
+                got,
+                Err(ToolError::Failed(_)) | Err(ToolError::Timeout { .. })
+            ),
             "{got:?}"
         );
     }
