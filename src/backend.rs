@@ -77,13 +77,10 @@ pub fn scorer_with_memory_budget(
     memory_budget: Option<usize>,
 ) -> Result<Box<dyn Scorer>> {
     match device {
-        Device::Cpu => {
-            let scorer = crate::cpu::CpuScorer::new(model);
-            Ok(Box::new(match memory_budget {
-                Some(bytes) => scorer.with_memory_budget(bytes),
-                None => scorer,
-            }))
-        }
+        Device::Cpu => Ok(Box::new(
+            crate::cpu::CpuScorer::new(model)
+                .with_memory_budget(memory_budget.unwrap_or(crate::cpu::DEFAULT_MEMORY_BUDGET)),
+        )),
         Device::Cuda => cuda_scorer(model, memory_budget),
     }
 }

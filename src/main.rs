@@ -377,13 +377,10 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         (true, _) => Box::new(ReferenceScorer::new(&Model::from_parts(
             config, weights, None,
         ))),
-        (false, Device::Cpu) => {
-            let scorer = CpuScorer::from_weights(&config, weights);
-            Box::new(match memory_budget {
-                Some(bytes) => scorer.with_memory_budget(bytes),
-                None => scorer,
-            })
-        }
+        (false, Device::Cpu) => Box::new(
+            CpuScorer::from_weights(&config, weights)
+                .with_memory_budget(memory_budget.unwrap_or(toolsift::cpu::DEFAULT_MEMORY_BUDGET)),
+        ),
         (false, device) => toolsift::backend::scorer_with_memory_budget(
             &Model::from_parts(config, weights, None),
             device,

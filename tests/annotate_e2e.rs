@@ -98,6 +98,39 @@ fn test_config() -> AnnotateConfig {
     c
 }
 
+/// The mock engine and the tools of a config, which an `Annotator` borrows.
+struct Parts {
+    model: Model,
+    sampler: MockSampler,
+    scorer: CpuScorer,
+    registry: ToolRegistry,
+}
+
+impl Parts {
+    fn new(config: &AnnotateConfig) -> Self {
+        let model = model();
+        Parts {
+            sampler: MockSampler::new(model.tokenizer().unwrap()),
+            scorer: CpuScorer::new(&model),
+            registry: ToolRegistry::from_config(&config.tools).unwrap(),
+            model,
+        }
+    }
+
+    fn annotator(&self, config: &AnnotateConfig, tools: &[ToolKind]) -> Annotator<'_> {
+        let tok = self.model.tokenizer().unwrap();
+        Annotator::new(
+            tok,
+            &self.sampler,
+            &self.scorer,
+            &self.registry,
+            config,
+            tools,
+        )
+        .unwrap()
+    }
+}
+
 fn doc(line: u64, text: &str) -> Document {
     Document {
         line,
@@ -110,22 +143,10 @@ fn doc(line: u64, text: &str) -> Document {
 
 #[test]
 fn calls_are_sampled_executed_filtered_and_spliced() {
-    let model = model();
-    let tok = model.tokenizer().unwrap();
-    let sampler = MockSampler::new(tok);
-    let scorer = CpuScorer::new(&model);
-    let registry = ToolRegistry::from_config(&test_config().tools).unwrap();
     let mut config = test_config();
     config.per_tool.calculator.m = 5; // every mock continuation at every position
-    let a = Annotator::new(
-        tok,
-        &sampler,
-        &scorer,
-        &registry,
-        &config,
-        &[ToolKind::Calculator],
-    )
-    .unwrap();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
     let d = doc(5, "Out of 1400 people, 400 (or 29%) said yes.");
     let (record, stats) = a.annotate_document(&d).unwrap();
     let st = stats.tools["calculator"];
@@ -188,23 +209,11 @@ fn calls_are_sampled_executed_filtered_and_spliced() {
 
 #[test]
 fn heuristics_and_too_long_texts_are_counted() {
-    let model = model();
-    let tok = model.tokenizer().unwrap();
-    let sampler = MockSampler::new(tok);
-    let scorer = CpuScorer::new(&model);
     let mut config = test_config();
     config.per_tool.calendar.tau_s = 0.0;
     config.tools.calendar.date = None;
-    let registry = ToolRegistry::from_config(&config.tools).unwrap();
-    let a = Annotator::new(
-        tok,
-        &sampler,
-        &scorer,
-        &registry,
-        &config,
-        &[ToolKind::Calculator, ToolKind::Calendar],
-    )
-    .unwrap();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator, ToolKind::Calendar]);
     let (r, s) = a.annotate_document(&doc(1, "only 2 numbers: 3")).unwrap();
     assert_eq!(s.tools["calculator"].texts_skipped_heuristic, 1);
     assert_eq!(
@@ -226,21 +235,9 @@ fn heuristics_and_too_long_texts_are_counted() {
 /// one of its first sentences, with the rest of the text after them as it was.
 #[test]
 fn a_long_document_is_annotated_on_its_head() {
-    let model = model();
-    let tok = model.tokenizer().unwrap();
-    let sampler = MockSampler::new(tok);
-    let scorer = CpuScorer::new(&model);
     let config = test_config();
-    let registry = ToolRegistry::from_config(&config.tools).unwrap();
-    let a = Annotator::new(
-        tok,
-        &sampler,
-        &scorer,
-        &registry,
-        &config,
-        &[ToolKind::Calculator],
-    )
-    .unwrap();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
     let sentence = "Out of 1400 people, 400 (or 29%) said yes. ";
     let long = sentence.repeat(50_000);
     // Twenty sentences hold more tokens than the fixture's context (256) has room for.
@@ -346,14 +343,9 @@ fn write_corpus(path: &Path, n: usize) {
 
 #[test]
 fn library_run_resumes_after_a_stop_with_identical_output() {
-    let model = model();
-    let tok = model.tokenizer().unwrap();
-    let sampler = MockSampler::new(tok);
-    let scorer = CpuScorer::new(&model);
     let config = test_config();
-    let registry = ToolRegistry::from_config(&config.tools).unwrap();
-    let tools = [ToolKind::Calculator, ToolKind::Calendar];
-    let a = Annotator::new(tok, &sampler, &scorer, &registry, &config, &tools).unwrap();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator, ToolKind::Calendar]);
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("c.jsonl");
     write_corpus(&corpus, 23);
@@ -683,14 +675,9 @@ fn kill_and_resume(
 /// summary splits the time between sampling, tools and scoring.
 #[test]
 fn a_few_hundred_documents_report_the_time_per_stage() {
-    let model = model();
-    let tok = model.tokenizer().unwrap();
-    let sampler = MockSampler::new(tok);
-    let scorer = CpuScorer::new(&model);
     let config = test_config();
-    let registry = ToolRegistry::from_config(&config.tools).unwrap();
-    let tools = [ToolKind::Calculator, ToolKind::Calendar];
-    let a = Annotator::new(tok, &sampler, &scorer, &registry, &config, &tools).unwrap();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator, ToolKind::Calendar]);
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("c.jsonl");
     write_corpus(&corpus, 300);
