@@ -261,9 +261,9 @@ struct GenerateArgs {
     /// 0: greedy; otherwise sample at this temperature.
     #[arg(long, default_value_t = 0.0, value_parser = temperature)]
     temperature: f32,
-    /// When sampling, only among the K most likely tokens.
-    #[arg(long)]
-    top_k: Option<usize>,
+    /// When sampling, only among the K most likely tokens (at least 1; omit it for all).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    top_k: Option<u64>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Prompts decoded together.
@@ -655,7 +655,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         max_calls: args.max_calls,
         max_call_tokens: args.max_call_tokens,
         temperature: args.temperature,
-        top_k: args.top_k,
+        top_k: args.top_k.map(|k| k as usize),
         seed: args.seed,
         batch_size: args.batch_size,
         n_positions: Some(model.config.n_positions),

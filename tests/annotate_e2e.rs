@@ -740,3 +740,26 @@ fn a_prompt_that_leaves_no_room_for_a_text_is_an_error() {
         "{err}"
     );
 }
+
+#[test]
+fn a_huge_max_call_tokens_is_an_error_not_an_overflow() {
+    let model = model();
+    let tok = model.tokenizer().unwrap();
+    let sampler = MockSampler::new(tok);
+    let scorer = CpuScorer::new(&model);
+    let mut config = test_config();
+    config.max_call_tokens = usize::MAX;
+    let registry = ToolRegistry::from_config(&config.tools).unwrap();
+    let err = Annotator::new(
+        tok,
+        &sampler,
+        &scorer,
+        &registry,
+        &config,
+        &[ToolKind::Calculator],
+    )
+    .err()
+    .expect("no room for a text")
+    .to_string();
+    assert!(err.contains("max_call_tokens"), "{err}");
+}

@@ -194,39 +194,102 @@ fn sampling_is_deterministic_for_a_seed_whatever_the_batching() {
     }
 }
 
+/// The fast sampler and the reference refuse the same inputs with the same errors.
 #[test]
 fn bad_requests_are_errors() {
     let model = random_model(2);
     let engine = CpuScorer::new(&model);
+    let reference = ReferenceSampler::new(&model);
+    let samplers: [&dyn Sampler; 2] = [&engine, &reference];
+    let one = |prefix: Vec<u32>| {
+        [SampleRequest {
+            prefix,
+            n_samples: 1,
+        }]
+    };
     let opts = SampleOptions::default();
-    let empty = [SampleRequest {
-        prefix: vec![],
-        n_samples: 1,
+    let cases: Vec<([SampleRequest; 1], SampleOptions, &str)> = vec![
+        (one(vec![]), opts.clone(), "empty prefix"),
+        (one(vec![61]), opts.clone(), "outside the vocabulary"),
+        (one(vec![1; 90]), opts.clone(), "n_positions"),
+        // prefix + max_new_tokens would wrap around usize.
+        (
+            one(vec![1, 2]),
+            SampleOptions {
+                max_new_tokens: usize::MAX,
+                ..opts.clone()
+            },
+            "n_positions",
+        ),
+        (
+            one(vec![1, 2]),
+            SampleOptions {
+                top_k: Some(0),
+                ..opts.clone()
+            },
+            "top_k",
+        ),
+        (
+            one(vec![1, 2]),
+            SampleOptions {
+                temperature: f32::NAN,
+                ..opts.clone()
+            },
+            "temperature",
+        ),
+    ];
+    for sampler in samplers {
+        for (requests, options, want) in &cases {
+            let err = sampler.sample(requests, options).unwrap_err().to_string();
+            assert!(err.contains(want), "{requests:?} {options:?}: {err}");
+        }
+        assert!(sampler.token_log_probs(&[1, 2], &[99]).is_err());
+        assert_eq!(
+            sampler.token_log_probs(&[], &[1]).unwrap(),
+            Vec::<Vec<f32>>::new()
+        );
+    }
+}
+
+#[test]
+fn no_new_tokens_means_empty_samples_on_every_sampler() {
+    let model = random_model(4);
+    let engine = CpuScorer::new(&model);
+    let reference = ReferenceSampler::new(&model);
+    let requests = [SampleRequest {
+        prefix: vec![3, 4, 5],
+        n_samples: 2,
     }];
-    assert!(engine
-        .sample(&empty, &opts)
+    let opts = SampleOptions {
+        max_new_tokens: 0,
+        ..Default::default()
+    };
+    let empty = toolsift::sample::Sample {
+        tokens: vec![],
+        stopped: false,
+    };
+    for sampler in [&engine as &dyn Sampler, &reference] {
+        assert_eq!(
+            sampler.sample(&requests, &opts).unwrap(),
+            vec![vec![empty.clone(), empty.clone()]]
+        );
+    }
+}
+
+#[test]
+fn a_sequence_extended_twice_in_one_call_is_an_error() {
+    use toolsift::sample::Decoder;
+    let model = random_model(5);
+    let engine = CpuScorer::new(&model);
+    let mut session = engine.session();
+    let s = session.new_sequence();
+    // Two lists for one sequence would each pass the length check alone, then overflow together.
+    let err = session
+        .extend(&[s, s], &[vec![1; 40], vec![2; 40]])
         .unwrap_err()
-        .to_string()
-        .contains("empty prefix"));
-    let oov = [SampleRequest {
-        prefix: vec![61],
-        n_samples: 1,
-    }];
-    assert!(engine
-        .sample(&oov, &opts)
-        .unwrap_err()
-        .to_string()
-        .contains("outside the vocabulary"));
-    assert!(engine.token_log_probs(&[1, 2], &[99]).is_err());
-    let long = [SampleRequest {
-        prefix: vec![1; 90],
-        n_samples: 1,
-    }];
-    assert!(engine
-        .sample(&long, &opts)
-        .unwrap_err()
-        .to_string()
-        .contains("n_positions"));
+        .to_string();
+    assert!(err.contains("given twice"), "{err}");
+    assert_eq!(session.len(s), 0, "a refused extend adds nothing");
 }
 
 #[test]

@@ -144,8 +144,13 @@ impl Prompt {
     /// x'[..T-1] ++ "[" plus the call, so 2T + |before| + |after| + max_call_tokens <=
     /// n_positions.
     fn max_text_tokens(&self, n_positions: usize, max_call_tokens: usize) -> usize {
-        let fixed = self.before.len() + self.after.len() + max_call_tokens;
-        n_positions.saturating_sub(fixed) / 2
+        n_positions.saturating_sub(self.fixed_tokens(max_call_tokens)) / 2
+    }
+
+    /// The tokens of a sampling prefix that are not the text: the prompt and the call
+    /// (saturating: a huge `max_call_tokens` from a config must not wrap around).
+    fn fixed_tokens(&self, max_call_tokens: usize) -> usize {
+        (self.before.len() + self.after.len()).saturating_add(max_call_tokens)
     }
 }
 
@@ -210,8 +215,11 @@ impl<'a> Annotator<'a> {
             };
             // The sampling prefix holds P(x) with x twice and a call (see annotate_document):
             // with no room for 2 text tokens, every document would be skipped as too long.
-            let fixed = prompt.before.len() + prompt.after.len() + config.max_call_tokens;
-            if fixed + 4 > n_positions {
+            if prompt
+                .fixed_tokens(config.max_call_tokens)
+                .saturating_add(4)
+                > n_positions
+            {
                 return Err(Error::input(format!(
                     "[per_tool.{}] prompt: its {} tokens and max_call_tokens ({}) leave no room \
                      for a text in n_positions ({}); shorten the prompt or max_call_tokens",
@@ -280,8 +288,7 @@ impl<'a> Annotator<'a> {
     /// The sampling seed of document `line` for `tool`: independent of batching and of which
     /// other tools run.
     pub fn doc_seed(seed: u64, line: u64, tool: ToolKind) -> u64 {
-        let mut r = Rng::new(seed ^ line.wrapping_mul(0xD6E8_FEB8_6659_FD93));
-        r.next_u64() ^ (tool as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        Rng::keyed(seed, &[line, tool as u64]).next_u64()
     }
 
     /// Runs every active tool over `doc`.

@@ -20,7 +20,8 @@ pub(crate) fn check_ids(what: &str, ids: &[u32], vocab_size: usize) -> Result<()
 }
 
 /// `token_log_probs`'s precondition: ids and queried tokens in the vocabulary, the sequence
-/// within `n_positions`.
+/// within `n_positions` (an empty one has no positions, so no rows; `propose` may still branch
+/// at 0).
 pub(crate) fn check_sequence(
     ids: &[u32],
     tokens: &[u32],
@@ -38,9 +39,10 @@ pub(crate) fn check_sequence(
     Ok(())
 }
 
-/// `sample`'s precondition: every prefix non-empty, in the vocabulary, with room for
+/// `sample`'s precondition: options that mean something (a temperature that is finite and not
+/// negative, a `top_k` of at least 1), every prefix non-empty, in the vocabulary, with room for
 /// `max_new_tokens` more positions. Errors name the request as "`what` r" (`propose` checks its
-/// branches as requests).
+/// branches as requests). Every sampler checks this, the reference included, so they fail alike.
 pub(crate) fn check_requests(
     what: &str,
     requests: &[SampleRequest],
@@ -48,12 +50,28 @@ pub(crate) fn check_requests(
     vocab_size: usize,
     n_positions: usize,
 ) -> Result<()> {
+    if !(options.temperature >= 0.0 && options.temperature.is_finite()) {
+        return Err(Error::input(format!(
+            "sampling temperature {} must be finite and >= 0",
+            options.temperature
+        )));
+    }
+    if options.top_k == Some(0) {
+        return Err(Error::input(
+            "top_k must be at least 1 (None samples from the whole vocabulary)",
+        ));
+    }
     for (r, req) in requests.iter().enumerate() {
         check_ids(&format!("{what} {r}"), &req.prefix, vocab_size)?;
         if req.prefix.is_empty() {
             return Err(Error::input(format!("{what} {r}: empty prefix")));
         }
-        if req.prefix.len() + options.max_new_tokens > n_positions {
+        let fits = req
+            .prefix
+            .len()
+            .checked_add(options.max_new_tokens)
+            .is_some_and(|total| total <= n_positions);
+        if !fits {
             return Err(Error::input(format!(
                 "{what} {r}: prefix of {} tokens + {} new tokens exceeds n_positions \
                  ({n_positions})",
@@ -81,8 +99,9 @@ pub(crate) fn choose_branches(
     Ok((branches, requests))
 }
 
-/// `DecodeSession::extend`'s precondition. `nodes[s]` is sequence s's node and `len(node)` its
-/// length; returns the nodes of `sequences`, in order.
+/// `DecodeSession::extend`'s precondition: each sequence at most once (its tokens are one
+/// list), known, given tokens in the vocabulary and room for them. `nodes[s]` is sequence s's node
+/// and `len(node)` its length; returns the nodes of `sequences`, in order.
 pub(crate) fn check_extend(
     sequences: &[usize],
     tokens: &[Vec<u32>],
@@ -95,15 +114,21 @@ pub(crate) fn check_extend(
         return Err(Error::input("extend: one token list per sequence"));
     }
     let mut out = Vec::with_capacity(sequences.len());
+    let mut seen = vec![false; nodes.len()];
     for (&s, t) in sequences.iter().zip(tokens) {
         let &node = nodes
             .get(s)
             .ok_or_else(|| Error::input(format!("extend: no sequence {s}")))?;
+        if std::mem::replace(&mut seen[s], true) {
+            return Err(Error::input(format!(
+                "extend: sequence {s} is given twice (put all its tokens in one list)"
+            )));
+        }
         if t.is_empty() {
             return Err(Error::input(format!("extend: no tokens for sequence {s}")));
         }
         check_ids(&format!("sequence {s}"), t, vocab_size)?;
-        if len(node) + t.len() > n_positions {
+        if len(node).saturating_add(t.len()) > n_positions {
             return Err(Error::input(format!(
                 "sequence {s} would grow past n_positions ({n_positions})"
             )));
@@ -137,7 +162,8 @@ pub(crate) fn sample_requests(requests: &[SampleRequest]) -> impl Iterator<Item 
 /// the cache node of sample i (in `sample_requests` order), forked from its prefix. Each round,
 /// `step(nodes, tokens, each)` appends one token to each live sample's node and calls
 /// `each(k, row)` with the log-probabilities after `tokens[k]`, for every k (in any order).
-/// Returns `out[r][s]`, sample s of request r.
+/// Returns `out[r][s]`, sample s of request r. With `max_new_tokens` 0 every sample is empty
+/// and nothing is drawn or stepped.
 pub(crate) fn decode<N: Copy>(
     requests: &[SampleRequest],
     options: &SampleOptions,
@@ -151,6 +177,16 @@ pub(crate) fn decode<N: Copy>(
         rng: crate::util::rng::Rng,
         tokens: Vec<u32>,
         stopped: bool,
+    }
+    if options.max_new_tokens == 0 {
+        let empty = Sample {
+            tokens: Vec::new(),
+            stopped: false,
+        };
+        return Ok(requests
+            .iter()
+            .map(|req| vec![empty.clone(); req.n_samples])
+            .collect());
     }
     let mut live = Vec::with_capacity(nodes.len());
     let mut sample_of_request = vec![0usize; requests.len()];

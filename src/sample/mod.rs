@@ -147,10 +147,7 @@ pub trait Sampler {
 
 /// The random stream of sample `s` of request `r`: independent of batching and backend.
 pub fn sample_rng(seed: u64, request: usize, sample: usize) -> Rng {
-    Rng::new(
-        seed ^ (request as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ (sample as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F),
-    )
+    Rng::keyed(seed, &[request as u64, sample as u64])
 }
 
 /// Draws the next token from a row of log-probabilities under `options` (greedy when the

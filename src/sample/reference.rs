@@ -5,8 +5,8 @@
 //! Sample `s` of request `r` draws from `sample_rng(seed, r, s)` with the shared `draw`, exactly as
 //! the fast samplers do, so results do not depend on batching, threads or backend.
 
-use super::{draw, sample_rng, Sample, SampleOptions, SampleRequest, Sampler};
-use crate::error::{Error, Result};
+use super::{batch, draw, sample_rng, Sample, SampleOptions, SampleRequest, Sampler};
+use crate::error::Result;
 use crate::model::Model;
 use crate::reference::ReferenceModel;
 
@@ -20,37 +20,14 @@ impl ReferenceSampler {
             model: ReferenceModel::new(&model.config, &model.weights),
         }
     }
-
-    fn check(&self, ids: &[u32]) -> Result<()> {
-        let c = self.model.config();
-        if ids.is_empty() {
-            return Err(Error::input("sampling needs a non-empty prefix"));
-        }
-        if ids.len() > c.n_positions {
-            return Err(Error::input(format!(
-                "sequence of {} tokens is longer than n_positions ({})",
-                ids.len(),
-                c.n_positions
-            )));
-        }
-        if let Some(id) = ids.iter().find(|&&id| id as usize >= c.vocab_size) {
-            return Err(Error::input(format!(
-                "token id {id} is outside the vocabulary (vocab_size {})",
-                c.vocab_size
-            )));
-        }
-        Ok(())
-    }
 }
 
 impl Sampler for ReferenceSampler {
     fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        self.check(ids)?;
-        let vocab = self.model.config().vocab_size;
-        if let Some(t) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::input(format!(
-                "token id {t} is outside the vocabulary"
-            )));
+        let c = self.model.config();
+        batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
         }
         let lp = self.model.log_softmax(ids);
         Ok((0..ids.len())
@@ -68,19 +45,19 @@ impl Sampler for ReferenceSampler {
         requests: &[SampleRequest],
         options: &SampleOptions,
     ) -> Result<Vec<Vec<Sample>>> {
-        let n_positions = self.model.config().n_positions;
+        let c = self.model.config();
+        batch::check_requests("request", requests, options, c.vocab_size, c.n_positions)?;
         requests
             .iter()
             .enumerate()
             .map(|(r, req)| {
-                self.check(&req.prefix)?;
                 (0..req.n_samples)
                     .map(|s| {
                         let mut rng = sample_rng(options.seed, r, s);
                         let mut ids = req.prefix.clone();
                         let mut tokens = Vec::new();
                         let mut stopped = false;
-                        while tokens.len() < options.max_new_tokens && ids.len() < n_positions {
+                        while tokens.len() < options.max_new_tokens {
                             let lp = self.model.log_softmax(&ids);
                             let row: Vec<f32> =
                                 lp.row(ids.len() - 1).iter().map(|&v| v as f32).collect();
