@@ -1,11 +1,12 @@
-//! One CUDA context for the backend: the device, one stream, the PTX modules loaded once, every
-//! kernel's function handle in one struct, and the cuBLASLt handle.
+//! One CUDA context for the backend: the device, one stream, the PTX modules loaded once (the
+//! opt-in mma attention's on first use), every kernel's function handle in one struct, and the
+//! cuBLASLt handle.
 //!
 //! Everything CUDA is loaded at run time (cudarc's dynamic loading): a build needs no CUDA, and
 //! `Gpu::new` says clearly which piece is missing (kernels not built, no libcuda, no libcublasLt,
 //! no device).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
@@ -124,18 +125,22 @@ pub struct PerType {
 
 /// Every kernel's function handle, loaded once per context.
 pub struct Kernels {
+    ctx: Arc<CudaContext>,
     pub embedding: PerType,
     pub layer_norm: PerType,
     pub rotary: PerType,
     pub gelu: PerType,
     pub tree_attention_vec: PerType,
     pub tree_attention_scalar: PerType,
-    /// `tree_attention_mma<HD_MAX>_{vec,scalar}`: [vec, scalar] x HD_MAX 64, 128, 256.
-    pub tree_attention_mma: [[PerType; 3]; 2],
+    /// `tree_attention_mma<HD_MAX>_{vec,scalar}`: [vec, scalar] x HD_MAX 64, 128, 256, loaded
+    /// on first use (`Kernels::tree_attention_mma`): the mma attention is opt-in, so its PTX
+    /// failing to load must not keep the default kernels from starting.
+    tree_attention_mma: OnceLock<MmaKernels>,
     pub decode_attention: PerType,
     pub lm_head_xent_f32: CudaFunction,
     pub log_softmax_f32: CudaFunction,
     // Keep the modules alive as long as the handles (CudaFunction also holds them; explicit here).
+    // The lazily loaded mma module lives in its handles.
     _modules: Vec<Arc<CudaModule>>,
 }
 
@@ -153,7 +158,8 @@ pub struct Gpu {
 
 impl Gpu {
     /// Opens device `ordinal`: checks that the kernels were built and the CUDA libraries load,
-    /// creates the context and stream, loads every PTX module and creates the cuBLASLt handle.
+    /// creates the context and stream, loads the PTX modules of the default path (the opt-in
+    /// mma attention loads on first use) and creates the cuBLASLt handle.
     pub fn new(ordinal: usize) -> Result<Self> {
         if !KERNELS_BUILT {
             return Err(Error::Backend(
@@ -232,62 +238,93 @@ impl Gpu {
     }
 }
 
+/// `tree_attention_mma`'s instantiations: [vec, scalar] x HD_MAX 64, 128, 256.
+pub type MmaKernels = [[PerType; 3]; 2];
+
+/// Loads kernels/`stem`.cu's PTX into `ctx`.
+fn load_module(ctx: &Arc<CudaContext>, stem: &str) -> Result<Arc<CudaModule>> {
+    let (_, src) = PTX
+        .iter()
+        .find(|(s, _)| *s == stem)
+        .expect("every stem is in PTX");
+    ctx.load_module(cudarc::nvrtc::Ptx::from_src(*src))
+        .map_err(driver_err(&format!(
+            "loading kernels/{stem}.cu's PTX (built for {}; is the driver older?)",
+            env!("TOOLSIFT_PTX_ARCH")
+        )))
+}
+
+/// The handle of kernel `name` in `module` (kernels/`stem`.cu).
+fn function(module: &Arc<CudaModule>, stem: &str, name: &str) -> Result<CudaFunction> {
+    module.load_function(name).map_err(driver_err(&format!(
+        "finding kernel {name} in kernels/{stem}.cu"
+    )))
+}
+
+/// The bf16 and f16 instantiations `<name>_bf16`, `<name>_f16`.
+fn per_type(module: &Arc<CudaModule>, stem: &str, name: &str) -> Result<PerType> {
+    Ok(PerType {
+        bf16: function(module, stem, &format!("{name}_bf16"))?,
+        f16: function(module, stem, &format!("{name}_f16"))?,
+    })
+}
+
 impl Kernels {
+    /// Loads every module the default path runs (all but `tree_attention_mma`).
     fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
-        let mut modules = Vec::new();
-        for (stem, src) in PTX {
-            let m = ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(*src))
-                .map_err(driver_err(&format!(
-                    "loading kernels/{stem}.cu's PTX (built for {}; is the driver older?)",
-                    env!("TOOLSIFT_PTX_ARCH")
-                )))?;
-            modules.push(m);
-        }
-        let module = |stem: &str| -> &Arc<CudaModule> {
-            let i = PTX
-                .iter()
-                .position(|(s, _)| *s == stem)
-                .expect("every stem is in PTX");
-            &modules[i]
-        };
-        let f = |stem: &str, name: &str| -> Result<CudaFunction> {
-            module(stem)
-                .load_function(name)
-                .map_err(driver_err(&format!(
-                    "finding kernel {name} in kernels/{stem}.cu"
-                )))
-        };
-        let per = |stem: &str, name: &str| -> Result<PerType> {
-            Ok(PerType {
-                bf16: f(stem, &format!("{name}_bf16"))?,
-                f16: f(stem, &format!("{name}_f16"))?,
-            })
-        };
+        let embedding = load_module(ctx, "embedding")?;
+        let layer_norm = load_module(ctx, "layer_norm")?;
+        let rotary = load_module(ctx, "rotary")?;
+        let gelu = load_module(ctx, "gelu")?;
+        let tree_attention = load_module(ctx, "tree_attention")?;
+        let decode_attention = load_module(ctx, "decode_attention")?;
+        let lm_head_xent = load_module(ctx, "lm_head_xent")?;
         Ok(Kernels {
-            embedding: per("embedding", "embedding")?,
-            layer_norm: per("layer_norm", "layer_norm")?,
-            rotary: per("rotary", "rotary")?,
-            gelu: per("gelu", "gelu")?,
-            tree_attention_vec: per("tree_attention", "tree_attention_vec")?,
-            tree_attention_scalar: per("tree_attention", "tree_attention_scalar")?,
-            tree_attention_mma: [
-                [
-                    per("tree_attention_mma", "tree_attention_mma64_vec")?,
-                    per("tree_attention_mma", "tree_attention_mma128_vec")?,
-                    per("tree_attention_mma", "tree_attention_mma256_vec")?,
-                ],
-                [
-                    per("tree_attention_mma", "tree_attention_mma64_scalar")?,
-                    per("tree_attention_mma", "tree_attention_mma128_scalar")?,
-                    per("tree_attention_mma", "tree_attention_mma256_scalar")?,
-                ],
+            ctx: ctx.clone(),
+            embedding: per_type(&embedding, "embedding", "embedding")?,
+            layer_norm: per_type(&layer_norm, "layer_norm", "layer_norm")?,
+            rotary: per_type(&rotary, "rotary", "rotary")?,
+            gelu: per_type(&gelu, "gelu", "gelu")?,
+            tree_attention_vec: per_type(&tree_attention, "tree_attention", "tree_attention_vec")?,
+            tree_attention_scalar: per_type(
+                &tree_attention,
+                "tree_attention",
+                "tree_attention_scalar",
+            )?,
+            tree_attention_mma: OnceLock::new(),
+            decode_attention: per_type(&decode_attention, "decode_attention", "decode_attention")?,
+            lm_head_xent_f32: function(&lm_head_xent, "lm_head_xent", "lm_head_xent_f32")?,
+            log_softmax_f32: function(&lm_head_xent, "lm_head_xent", "log_softmax_f32")?,
+            _modules: vec![
+                embedding,
+                layer_norm,
+                rotary,
+                gelu,
+                tree_attention,
+                decode_attention,
+                lm_head_xent,
             ],
-            decode_attention: per("decode_attention", "decode_attention")?,
-            lm_head_xent_f32: f("lm_head_xent", "lm_head_xent_f32")?,
-            log_softmax_f32: f("lm_head_xent", "log_softmax_f32")?,
-            _modules: modules,
         })
+    }
+
+    /// `tree_attention_mma`'s kernels, loading their module on the first call. A failed load is
+    /// an error of that call (and tried again on the next), not of `Gpu::new`.
+    pub fn tree_attention_mma(&self) -> Result<&MmaKernels> {
+        if let Some(k) = self.tree_attention_mma.get() {
+            return Ok(k);
+        }
+        let stem = "tree_attention_mma";
+        let m = load_module(&self.ctx, stem)?;
+        let load = |loads: &str| -> Result<[PerType; 3]> {
+            Ok([
+                per_type(&m, stem, &format!("tree_attention_mma64_{loads}"))?,
+                per_type(&m, stem, &format!("tree_attention_mma128_{loads}"))?,
+                per_type(&m, stem, &format!("tree_attention_mma256_{loads}"))?,
+            ])
+        };
+        let kernels = [load("vec")?, load("scalar")?];
+        // Two threads racing here both load; one result is kept, the other dropped.
+        Ok(self.tree_attention_mma.get_or_init(|| kernels))
     }
 }
 

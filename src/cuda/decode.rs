@@ -578,19 +578,32 @@ impl DecodeSession for CudaDecodeSession<'_> {
         }
         // Only the last new token of each sequence needs the head.
         let last = batch::last_rows(tokens);
-        let n = tokens.iter().map(Vec::len).sum();
+        // A failed call adds nothing: the sequences keep their lengths and the next call reuses
+        // the rows (a device error can also be fatal to the context; then every call fails).
+        fn step<T: DeviceFloat>(
+            engine: &CudaScorer,
+            w: &CudaWeights<T>,
+            t: &mut CudaKvTree<T>,
+            nodes: &[usize],
+            tokens: &[Vec<u32>],
+            last: &[u32],
+        ) -> Result<Vec<Vec<f32>>> {
+            let n = tokens.iter().map(Vec::len).sum();
+            let checkpoint = t.checkpoint(nodes);
+            let out = engine
+                .extend_tree(w, t, nodes, tokens)
+                .and_then(|mut x| engine.head_log_softmax(w, &mut x, n, last));
+            if out.is_err() {
+                t.restore(checkpoint);
+            }
+            out
+        }
         match (
             &engine.weights,
             self.tree.as_mut().expect("allocated above"),
         ) {
-            (DeviceWeights::Bf16(w), AnyTree::Bf16(t)) => {
-                let mut x = engine.extend_tree(w, t, &nodes, tokens)?;
-                engine.head_log_softmax(w, &mut x, n, &last)
-            }
-            (DeviceWeights::F16(w), AnyTree::F16(t)) => {
-                let mut x = engine.extend_tree(w, t, &nodes, tokens)?;
-                engine.head_log_softmax(w, &mut x, n, &last)
-            }
+            (DeviceWeights::Bf16(w), AnyTree::Bf16(t)) => step(engine, w, t, &nodes, tokens, &last),
+            (DeviceWeights::F16(w), AnyTree::F16(t)) => step(engine, w, t, &nodes, tokens, &last),
             _ => Err(Error::Backend(
                 "cuda: decode session tree and weights disagree on the storage type".into(),
             )),

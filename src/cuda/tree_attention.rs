@@ -362,7 +362,7 @@ pub fn tree_attention<T: DeviceFloat>(
                 )));
             };
             let loads = if variant.loads_vectors() { 0 } else { 1 };
-            T::pick(&gpu.kernels.tree_attention_mma[loads][i])
+            T::pick(&gpu.kernels.tree_attention_mma()?[loads][i])
         }
     };
     let cfg = launch_config(gpu, "tree_attention", func, [q, k, v], out, tiles, s, smem)?;

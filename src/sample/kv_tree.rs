@@ -51,6 +51,14 @@ impl Node {
     }
 }
 
+/// What `KvTree::restore` puts back: the row count, the node count, and the nodes a call was
+/// about to grow, as they were.
+pub(crate) struct Checkpoint {
+    rows: usize,
+    n_nodes: usize,
+    nodes: Vec<(NodeId, Node)>,
+}
+
 /// The nodes, the number of cached rows, and the backend's store of those rows.
 pub struct KvTree<S> {
     pub(crate) store: S,
@@ -185,5 +193,65 @@ impl<S> KvTree<S> {
     /// Counts the `n` rows after the cached ones as computed.
     pub(crate) fn commit(&mut self, n: usize) {
         self.rows += n;
+    }
+
+    /// The tree as it is, for `restore` to return to if the forward that grows `nodes` fails: a
+    /// node left extended over rows that were never computed (and that the next call would
+    /// compute for other tokens) would read another sequence's keys.
+    pub(crate) fn checkpoint(&self, nodes: &[NodeId]) -> Checkpoint {
+        Checkpoint {
+            rows: self.rows,
+            n_nodes: self.nodes.len(),
+            nodes: nodes.iter().map(|&n| (n, self.nodes[n].clone())).collect(),
+        }
+    }
+
+    /// Undoes everything since `checkpoint`: the nodes it saved get their contexts back, nodes
+    /// added since are dropped and rows counted since are free again.
+    pub(crate) fn restore(&mut self, checkpoint: Checkpoint) {
+        self.rows = checkpoint.rows;
+        self.nodes.truncate(checkpoint.n_nodes);
+        for (id, node) in checkpoint.nodes {
+            self.nodes[id] = node;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restore_undoes_an_append_and_its_commit() {
+        let mut tree = KvTree::with_store(());
+        let a = tree.root();
+        let (ids, _, _) = tree.append(&[a], &[vec![1, 2, 3]]);
+        tree.commit(ids.len());
+        let b = tree.fork(a, 2);
+        let before = (
+            tree.rows(),
+            tree.len(a),
+            tree.len(b),
+            tree.nodes[b].ranges.clone(),
+        );
+
+        let checkpoint = tree.checkpoint(&[a, b]);
+        let (ids, _, _) = tree.append(&[a, b], &[vec![4], vec![5, 6]]);
+        tree.commit(ids.len());
+        tree.fork(b, 1);
+        tree.restore(checkpoint);
+
+        let after = (
+            tree.rows(),
+            tree.len(a),
+            tree.len(b),
+            tree.nodes[b].ranges.clone(),
+        );
+        assert_eq!(before, after);
+        assert_eq!(tree.nodes.len(), 2);
+        // The next append takes the rows the undone one had taken.
+        let (_, positions, groups) = tree.append(&[b], &[vec![7]]);
+        assert_eq!(positions, [2]);
+        assert_eq!(groups[0].0, [0..2, 3..4]);
     }
 }
