@@ -79,21 +79,27 @@ impl Sampler for CpuScorer {
         let c = &self.config;
         batch::check_requests("request", requests, options, c.vocab_size, c.n_positions)?;
         let d = c.n_embd;
-        // Prefill every prefix once, as a prefix tree.
-        let prefixes: Vec<Vec<u32>> = requests.iter().map(|r| r.prefix.clone()).collect();
-        let (plan, last_rows) = Plan::from_sequences(&prefixes);
+        // Prefill every prefix once, as a prefix tree per run of requests that fits the budget.
+        let max_tokens = (self.memory_budget / self.bytes_per_token()).max(1);
         let mut tree = KvTree::new(c.n_layer);
-        let (seg_nodes, x) = self.prefill(&mut tree, &plan);
-        let last_rows: Vec<usize> = last_rows
-            .into_iter()
-            .map(|r| r.expect("non-empty prefix") as usize)
-            .collect();
-        let first_rows: Vec<f32> = last_rows
-            .iter()
-            .flat_map(|&row| x[row * d..(row + 1) * d].iter().copied())
-            .collect();
-        let first = self.log_softmax_rows(&first_rows); // [requests, vocab]
-        let nodes = tree.fork_samples(requests, &plan, &seg_nodes, &last_rows);
+        let mut first = Vec::with_capacity(requests.len() * c.vocab_size); // [requests, vocab]
+        let mut nodes = Vec::new();
+        for run in batch::prefill_runs(requests, max_tokens) {
+            let run = &requests[run];
+            let prefixes: Vec<Vec<u32>> = run.iter().map(|r| r.prefix.clone()).collect();
+            let (plan, last_rows) = Plan::from_sequences(&prefixes);
+            let (seg_nodes, x) = self.prefill(&mut tree, &plan);
+            let last_rows: Vec<usize> = last_rows
+                .into_iter()
+                .map(|r| r.expect("non-empty prefix") as usize)
+                .collect();
+            let first_rows: Vec<f32> = last_rows
+                .iter()
+                .flat_map(|&row| x[row * d..(row + 1) * d].iter().copied())
+                .collect();
+            first.extend(self.log_softmax_rows(&first_rows));
+            nodes.extend(tree.fork_samples(run, &plan, &seg_nodes, &last_rows));
+        }
         self.decode_samples(&mut tree, requests, options, &first, nodes)
     }
 

@@ -373,21 +373,36 @@ impl CudaScorer {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        // Prefill every prefix once, as a prefix tree; the cache is sized for every sample's
-        // tokens up front (no growth during decoding).
-        let prefixes: Vec<Vec<u32>> = requests.iter().map(|r| r.prefix.clone()).collect();
-        let (plan, last_rows) = Plan::from_sequences(&prefixes);
-        let capacity = plan.n_tokens() + decode_rows(requests, options);
-        let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, capacity)?;
-        let (seg_nodes, mut x) = self.prefill_tree(w, &mut tree, &plan)?;
-        let last_rows: Vec<usize> = last_rows
+        // Prefill every prefix once, as a prefix tree per run of requests whose activations fit
+        // the memory budget; the cache is sized for every run's and every sample's tokens up
+        // front (no growth during decoding).
+        let max_tokens = (self.memory_budget / self.bytes_per_token()).max(1);
+        let runs: Vec<_> = batch::prefill_runs(requests, max_tokens)
             .into_iter()
-            .map(|r| r.expect("non-empty prefix") as usize)
+            .map(|run| {
+                let prefixes: Vec<Vec<u32>> = requests[run.clone()]
+                    .iter()
+                    .map(|r| r.prefix.clone())
+                    .collect();
+                (run, Plan::from_sequences(&prefixes))
+            })
             .collect();
-        let head_rows: Vec<u32> = last_rows.iter().map(|&r| r as u32).collect();
-        let first = self.head_log_softmax(w, &mut x, plan.n_tokens(), &head_rows)?;
-        drop(x);
-        let nodes = tree.fork_samples(requests, &plan, &seg_nodes, &last_rows);
+        let prefill_rows: usize = runs.iter().map(|(_, (plan, _))| plan.n_tokens()).sum();
+        let capacity = prefill_rows + decode_rows(requests, options);
+        let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, capacity)?;
+        let mut first = Vec::with_capacity(requests.len());
+        let mut nodes = Vec::new();
+        for (run, (plan, last_rows)) in runs {
+            let (seg_nodes, mut x) = self.prefill_tree(w, &mut tree, &plan)?;
+            let last_rows: Vec<usize> = last_rows
+                .into_iter()
+                .map(|r| r.expect("non-empty prefix") as usize)
+                .collect();
+            let head_rows: Vec<u32> = last_rows.iter().map(|&r| r as u32).collect();
+            first.extend(self.head_log_softmax(w, &mut x, plan.n_tokens(), &head_rows)?);
+            drop(x);
+            nodes.extend(tree.fork_samples(&requests[run], &plan, &seg_nodes, &last_rows));
+        }
         self.decode_samples(w, &mut tree, requests, options, &first, nodes)
     }
 

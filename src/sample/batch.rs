@@ -8,6 +8,7 @@ use super::{
     branch_requests, draw, sample_rng, Branch, Choose, Sample, SampleOptions, SampleRequest,
 };
 use crate::error::{Error, Result};
+use std::ops::Range;
 
 /// Fails unless every id is below `vocab_size`, naming `what` and the first bad id.
 pub(crate) fn check_ids(what: &str, ids: &[u32], vocab_size: usize) -> Result<()> {
@@ -138,6 +139,26 @@ pub(crate) fn check_extend(
     Ok(out)
 }
 
+/// `requests` split into consecutive runs whose prefixes hold at most `max_tokens` tokens
+/// together (a longer prefix is a run of its own): `sample` prefills one run at a time into its
+/// KV tree, so the prefill's activations stay within the backend's memory budget. A prefix
+/// shared by two runs is computed in each.
+pub(crate) fn prefill_runs(requests: &[SampleRequest], max_tokens: usize) -> Vec<Range<usize>> {
+    let mut runs = Vec::new();
+    let (mut start, mut tokens) = (0, 0usize);
+    for (r, req) in requests.iter().enumerate() {
+        if r > start && tokens + req.prefix.len() > max_tokens {
+            runs.push(start..r);
+            (start, tokens) = (r, 0);
+        }
+        tokens += req.prefix.len();
+    }
+    if start < requests.len() {
+        runs.push(start..requests.len());
+    }
+    runs
+}
+
 /// The row of each group's last token when the groups' tokens are laid out one after another.
 pub(crate) fn last_rows(tokens: &[Vec<u32>]) -> Vec<u32> {
     let mut row = 0u32;
@@ -228,4 +249,23 @@ pub(crate) fn decode<N: Copy>(
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_runs_fill_up_to_the_budget_in_order() {
+        let req = |n: usize| SampleRequest {
+            prefix: vec![1; n],
+            n_samples: 1,
+        };
+        let requests = [req(3), req(4), req(9), req(2), req(2), req(1)];
+        assert_eq!(prefill_runs(&requests, 7), [0..2, 2..3, 3..6]);
+        let all = prefill_runs(&requests, 100);
+        assert_eq!((all.len(), &all[0]), (1, &(0..6)));
+        assert_eq!(prefill_runs(&requests, 1).len(), 6);
+        assert!(prefill_runs(&[], 5).is_empty());
+    }
 }
