@@ -321,16 +321,11 @@ fn run_baselines_unavailable<T>() -> Result<T> {
 /// and the workload's K/V), before allocating: a typo in a size flag should not end in an
 /// allocation abort or the OOM killer.
 fn check_fits_in_memory(c: &crate::GptjConfig, n_texts: usize) -> Result<()> {
-    // In f64: absurd flags must not overflow the estimate. ~700 unique tokens per text in prefix
-    // placement (docs/benchmarks.md); 1000 is generous.
-    let (d, f, v, l) = (
-        c.n_embd as f64,
-        c.inner_dim() as f64,
-        c.vocab_size as f64,
-        c.n_layer as f64,
-    );
-    let params = 2.0 * v * d + l * (4.0 * d * d + 2.0 * f * d);
-    let bytes = params * 4.0 + (n_texts as f64) * 1000.0 * l * 2.0 * d * 4.0;
+    // The K/V in f64, so that absurd flags cannot overflow the estimate: ~700 unique tokens per
+    // text in prefix placement (docs/benchmarks.md); 1000 is generous.
+    let params = c.checked_n_params().map_or(f64::INFINITY, |n| n as f64);
+    let kv = (n_texts as f64) * 1000.0 * c.n_layer as f64 * 2.0 * c.n_embd as f64;
+    let bytes = (params + kv) * 4.0;
     let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
         line.split_whitespace().nth(1)?.parse::<f64>().ok()

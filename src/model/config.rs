@@ -134,14 +134,29 @@ impl GptjConfig {
 
     /// Parameter count (embedding, blocks, final norm, LM head with bias).
     pub fn n_params(&self) -> usize {
+        self.checked_n_params()
+            .expect("parameter count overflows usize")
+    }
+
+    /// `n_params`, or None when it overflows usize (absurd sizes from a flag or a config file).
+    pub fn checked_n_params(&self) -> Option<usize> {
         let (d, f, v) = (self.n_embd, self.inner_dim(), self.vocab_size);
-        let block = 2 * d + 4 * d * d + f * d + f + d * f + d;
+        let mul = usize::checked_mul;
+        let dd = mul(d, d)?;
+        let fd = mul(f, d)?;
+        // 2d (ln_1) + 4d^2 (q, k, v, out) + fd + f (fc_in) + df + d (fc_out).
+        let block = mul(4, dd)?
+            .checked_add(mul(2, fd)?)?
+            .checked_add(3 * d + f)?;
+        let vd = mul(v, d)?;
         let head = if self.tie_word_embeddings {
             v
         } else {
-            v * d + v
+            vd.checked_add(v)?
         };
-        v * d + self.n_layer * block + 2 * d + head
+        vd.checked_add(mul(self.n_layer, block)?)?
+            .checked_add(2 * d)?
+            .checked_add(head)
     }
 
     /// Forward FLOPs per token through the trunk (the layer GEMMs; attention scores excluded).
@@ -194,6 +209,13 @@ impl GptjConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_absurd_size_has_no_parameter_count() {
+        let mut c = GptjConfig::gptj_6b();
+        c.n_embd = 1 << 40;
+        assert_eq!(c.checked_n_params(), None);
+    }
 
     #[test]
     fn gptj_6b_has_six_billion_parameters() {

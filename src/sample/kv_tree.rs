@@ -52,7 +52,8 @@ impl Node {
 }
 
 /// What `KvTree::restore` puts back: the row count, the node count, and the nodes a call was
-/// about to grow, as they were.
+/// about to grow, as they were. (Only a fallible forward needs it: CUDA's.)
+#[cfg(any(feature = "cuda", test))]
 pub(crate) struct Checkpoint {
     rows: usize,
     n_nodes: usize,
@@ -198,6 +199,7 @@ impl<S> KvTree<S> {
     /// The tree as it is, for `restore` to return to if the forward that grows `nodes` fails: a
     /// node left extended over rows that were never computed (and that the next call would
     /// compute for other tokens) would read another sequence's keys.
+    #[cfg(any(feature = "cuda", test))]
     pub(crate) fn checkpoint(&self, nodes: &[NodeId]) -> Checkpoint {
         Checkpoint {
             rows: self.rows,
@@ -208,6 +210,7 @@ impl<S> KvTree<S> {
 
     /// Undoes everything since `checkpoint`: the nodes it saved get their contexts back, nodes
     /// added since are dropped and rows counted since are free again.
+    #[cfg(any(feature = "cuda", test))]
     pub(crate) fn restore(&mut self, checkpoint: Checkpoint) {
         self.rows = checkpoint.rows;
         self.nodes.truncate(checkpoint.n_nodes);
