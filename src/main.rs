@@ -348,6 +348,20 @@ fn temperature(s: &str) -> std::result::Result<f32, String> {
     }
 }
 
+/// Refuses an output file that is the input file (through any path): creating it would empty
+/// the input before a line is read.
+fn refuse_overwriting(input: &std::path::Path, output: &std::path::Path) -> Result<()> {
+    if let (Ok(a), Ok(b)) = (input.canonicalize(), output.canonicalize()) {
+        if a == b {
+            anyhow::bail!(
+                "{}: the output is the input file; writing it would destroy the input",
+                output.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 fn score(args: ScoreArgs) -> Result<ExitCode> {
     // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
     let weights = match args.weights {
@@ -355,6 +369,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         None => LossWeights::default(),
     };
     let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
+    refuse_overwriting(&args.input, &args.output)?;
     let model = Model::load(&args.model)?;
     let options = JsonlOptions {
         score: ScoreOptions {
@@ -639,6 +654,36 @@ fn merge(args: MergeArgs) -> Result<ExitCode> {
 
 fn generate(args: GenerateArgs) -> Result<ExitCode> {
     use toolsift::generate::{self, jsonl::generate_jsonl, GenerateOptions};
+    // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
+    let tools = generate::tools_from_config(args.config.as_deref(), args.tools.as_deref())?;
+    let input: Box<dyn std::io::BufRead> = match (&args.input, &args.prompt) {
+        (Some(path), _) => {
+            let file = File::open(path).with_context(|| format!("{}", path.display()))?;
+            if let Some(out) = &args.output {
+                refuse_overwriting(path, out)?;
+            }
+            Box::new(BufReader::new(file))
+        }
+        (None, prompt) => {
+            // No id: a prompt given on the command line is no document of the tools' collections
+            // (WikiSearch leaves out the document whose id the prompt has).
+            let line = serde_json::json!({"prompt": prompt.as_deref().unwrap_or("")});
+            Box::new(std::io::Cursor::new(line.to_string()))
+        }
+    };
+    let mut options = GenerateOptions {
+        max_new_tokens: args.max_new_tokens,
+        top_k_call: args.top_k_call,
+        max_calls: args.max_calls,
+        max_call_tokens: args.max_call_tokens,
+        temperature: args.temperature,
+        top_k: args.top_k.map(|k| k as usize),
+        seed: args.seed,
+        batch_size: args.batch_size,
+        n_positions: None,
+        stop_at_eos: true,
+    };
+    options.check()?;
     let model_dir = match &args.model {
         Some(dir) => dir.clone(),
         None => toolsift::demo::assets::materialize().context("writing the demo assets")?,
@@ -648,38 +693,26 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         .tokenizer
         .as_ref()
         .with_context(|| format!("{}: no tokenizer.json", model_dir.display()))?;
-    let tools = generate::tools_from_config(args.config.as_deref(), args.tools.as_deref())?;
-    let options = GenerateOptions {
-        max_new_tokens: args.max_new_tokens,
-        top_k_call: args.top_k_call,
-        max_calls: args.max_calls,
-        max_call_tokens: args.max_call_tokens,
-        temperature: args.temperature,
-        top_k: args.top_k.map(|k| k as usize),
-        seed: args.seed,
-        batch_size: args.batch_size,
-        n_positions: Some(model.config.n_positions),
-        stop_at_eos: true,
-    };
+    options.n_positions = Some(model.config.n_positions);
     let decoder = toolsift::backend::decoder_for(&model, args.device)?;
-    let input: Box<dyn std::io::BufRead> = match (&args.input, &args.prompt) {
-        (Some(path), _) => Box::new(BufReader::new(
-            File::open(path).with_context(|| format!("{}", path.display()))?,
-        )),
-        (None, prompt) => {
-            // No id: a prompt given on the command line is no document of the tools' collections
-            // (WikiSearch leaves out the document whose id the prompt has).
-            let line = serde_json::json!({"prompt": prompt.as_deref().unwrap_or("")});
-            Box::new(std::io::Cursor::new(line.to_string()))
-        }
-    };
     let output: Box<dyn std::io::Write> = match &args.output {
         Some(path) => Box::new(BufWriter::new(
             File::create(path).with_context(|| format!("{}", path.display()))?,
         )),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
-    let summary = generate_jsonl(input, output, decoder.as_ref(), tokenizer, &tools, &options)?;
+    let name = |p: &Option<PathBuf>, none: &str| {
+        p.as_ref()
+            .map_or(none.to_string(), |p| p.display().to_string())
+    };
+    let summary = generate_jsonl(input, output, decoder.as_ref(), tokenizer, &tools, &options)
+        .with_context(|| {
+            format!(
+                "generating from {} into {}",
+                name(&args.input, "--prompt"),
+                name(&args.output, "<stdout>")
+            )
+        })?;
     eprintln!(
         "{} prompts: {} generated ({} calls, {} with a result), {} failed",
         summary.lines, summary.generated, summary.calls, summary.calls_ok, summary.failed

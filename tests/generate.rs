@@ -747,6 +747,156 @@ fn sampling_is_deterministic_for_a_seed_whatever_the_batching() {
     assert_ne!(a, choices(run(6, 8)), "another seed, other samples");
 }
 
+/// A tool that counts its calls (Calculator's results).
+struct Counting(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+impl Tool for Counting {
+    fn name(&self) -> &str {
+        "Calculator"
+    }
+    fn call(&self, input: &str, doc: &DocContext<'_>) -> Result<String, ToolError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Calculator::new().call(input, doc)
+    }
+}
+
+#[test]
+fn a_call_the_length_cap_cuts_is_unfinished() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let call = "Calculator(1+2) ->";
+    let n = tokenizer.encode_ids(call).unwrap().len();
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tools = ToolRegistry::new();
+    tools.register(Counting(runs.clone()));
+    let m = scripted(tokenizer, 1, call, |_| 0);
+    // "[" + the call: the arrow is the last token the cap allows. No room for a result, so the
+    // tool is not run.
+    let o = GenerateOptions {
+        max_new_tokens: 1 + n,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &tools, &o);
+    assert_eq!(g.completion, "[Calculator(1+2) ->");
+    assert_eq!(g.calls[0].status, CallStatus::Unfinished);
+    assert_eq!(g.calls[0].input, "1+2");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // One more token: the result is spliced and cut before its "]".
+    let o = GenerateOptions {
+        max_new_tokens: 2 + n,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &tools, &o);
+    assert!(!g.completion.ends_with(']'), "{:?}", g.completion);
+    assert_eq!(g.calls[0].status, CallStatus::Unfinished);
+    assert_eq!(g.calls[0].result, "3");
+    assert!(g.calls[0].error.as_deref().unwrap().contains("cut"));
+    // Room for all of it: ok.
+    let o = GenerateOptions {
+        max_new_tokens: 40,
+        ..Default::default()
+    };
+    assert_eq!(
+        run(&m, tokenizer, &tools, &o).calls[0].status,
+        CallStatus::Ok
+    );
+}
+
+/// A tool whose result holds the end-of-text token's text.
+struct EndOfText;
+impl Tool for EndOfText {
+    fn name(&self) -> &str {
+        "Calculator"
+    }
+    fn call(&self, _input: &str, _doc: &DocContext<'_>) -> Result<String, ToolError> {
+        Ok("3 <|endoftext|> 4".into())
+    }
+}
+
+#[test]
+fn a_special_tokens_text_in_a_result_is_not_spliced_as_that_token() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let eos = tokenizer.token_id("<|endoftext|>").unwrap();
+    let mut tools = ToolRegistry::new();
+    tools.register(EndOfText);
+    let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
+    let o = GenerateOptions {
+        max_new_tokens: 30,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &tools, &o);
+    assert!(!g.tokens.contains(&eos), "{:?}", g.completion);
+    assert_eq!(g.calls[0].result, "3 4");
+}
+
+#[test]
+fn options_that_would_mean_something_else_are_errors() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
+    for (o, want) in [
+        (
+            GenerateOptions {
+                max_call_tokens: 0,
+                ..Default::default()
+            },
+            "max_call_tokens",
+        ),
+        (
+            GenerateOptions {
+                top_k: Some(0),
+                ..Default::default()
+            },
+            "top_k",
+        ),
+    ] {
+        let err = generate(&m, tokenizer, &calculator(), &[Prompt::new("Q")], &o)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{err}");
+    }
+    // "none" in any case: no tools.
+    let none = toolsift::generate::tools_from_config(None, Some(&["None".to_string()])).unwrap();
+    assert!(none.get("Calculator").is_none());
+}
+
+#[test]
+fn cli_refuses_to_overwrite_its_input_and_names_files_in_io_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_toolsift");
+    let model = common::tiny("f32");
+    let prompts = tmp.path().join("p.jsonl");
+    let text = "{\"id\": 1, \"prompt\": \"The sum\"}\n";
+    std::fs::write(&prompts, text).unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["generate", "--max-new-tokens", "3", "--model"])
+        .arg(&model)
+        .arg("--input")
+        .arg(&prompts)
+        .arg("--output")
+        .arg(tmp.path().join(".").join("p.jsonl"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the output is the input"));
+    assert_eq!(std::fs::read_to_string(&prompts).unwrap(), text);
+
+    let folder = tmp.path().join("prompts_dir");
+    std::fs::create_dir(&folder).unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["generate", "--model"])
+        .arg(&model)
+        .arg("--input")
+        .arg(&folder)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("prompts_dir"),
+        "{err}"
+    );
+}
+
 #[test]
 fn cli_generates_from_a_prompt_and_from_jsonl() {
     let tmp = tempfile::tempdir().unwrap();

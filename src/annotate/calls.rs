@@ -65,9 +65,20 @@ fn starts_with_arrow(s: &str) -> bool {
     s.starts_with("->") || s.starts_with('→')
 }
 
-/// A tool's result made safe to splice: whitespace runs become one space, "[" and "]" become
-/// "(" and ")" so that the call stays parsable, and it is trimmed.
-pub fn clean_result(result: &str) -> String {
+/// A tool's result made safe to splice: the text of the tokenizer's special tokens (`special`,
+/// e.g. "<|endoftext|>") is removed, since it would be tokenized as that token (an end of text
+/// in the middle of the sequence); whitespace runs become one space; "[" and "]" become "(" and
+/// ")" so that the call stays parsable; and it is trimmed.
+pub fn clean_result(result: &str, special: &[String]) -> String {
+    let mut result = result.to_string();
+    // Until none is left: removing one can join the halves of another.
+    while let Some((at, len)) = special
+        .iter()
+        .filter(|s| !s.is_empty())
+        .find_map(|s| result.find(s.as_str()).map(|at| (at, s.len())))
+    {
+        result.replace_range(at..at + len, " ");
+    }
     result
         .split_whitespace()
         .collect::<Vec<_>>()
@@ -143,6 +154,9 @@ mod tests {
 
     #[test]
     fn results_are_cleaned() {
-        assert_eq!(clean_result(" a\n b [c] "), "a b (c)");
+        assert_eq!(clean_result(" a\n b [c] ", &[]), "a b (c)");
+        let eos = ["<|endoftext|>".to_string()];
+        assert_eq!(clean_result("a<|endoftext|>b", &eos), "a b");
+        assert_eq!(clean_result("<|endo<|endoftext|>ftext|> x", &eos), "x");
     }
 }

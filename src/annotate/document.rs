@@ -170,6 +170,8 @@ pub struct Annotator<'a> {
     /// Text tokens any tool reads: its sampling prefix's, plus the loss window after the last
     /// position; a document's text is tokenized that far (`Tokenizer::encode_head`).
     head_tokens: usize,
+    /// The tokenizer's special tokens, removed from results (`clean_result`).
+    special_tokens: Vec<String>,
 }
 
 /// A call that reached its tool.
@@ -269,6 +271,7 @@ impl<'a> Annotator<'a> {
             stop_tokens,
             score_options,
             head_tokens,
+            special_tokens: tokenizer.special_tokens(),
         })
     }
 
@@ -397,7 +400,7 @@ impl<'a> Annotator<'a> {
                     let result = self
                         .registry
                         .call(tool.call_name(), &input, &ctx)
-                        .map(|r| clean_result(&r))
+                        .map(|r| clean_result(&r, &self.special_tokens))
                         .map_err(|e| e.to_string());
                     if result.is_err() {
                         st.calls_failed += 1;

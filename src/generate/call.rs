@@ -14,6 +14,8 @@ pub struct CallTokens {
     pub openers: Vec<u32>,
     /// The end-of-text token ("<|endoftext|>"), if the vocabulary has one.
     pub eos: Option<u32>,
+    /// The special tokens' texts, removed from tool results before they are spliced.
+    pub special: Vec<String>,
 }
 
 impl CallTokens {
@@ -32,6 +34,7 @@ impl CallTokens {
         CallTokens {
             openers,
             eos: tokenizer.token_id("<|endoftext|>"),
+            special: tokenizer.special_tokens(),
         }
     }
 

@@ -52,6 +52,7 @@ pub fn generate_jsonl(
     tools: &ToolRegistry,
     options: &GenerateOptions,
 ) -> Result<GenerateSummary> {
+    options.check()?;
     let tokens = CallTokens::from_tokenizer(tokenizer);
     let mut summary = GenerateSummary::default();
     let out_err = |e: std::io::Error| Error::io("<output>", e);

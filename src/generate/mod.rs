@@ -75,6 +75,29 @@ impl Default for GenerateOptions {
     }
 }
 
+impl GenerateOptions {
+    /// Refuses settings that would silently mean something else: `max_call_tokens` 0 (a call
+    /// needs a token to name its tool), `top_k` 0 (None means the whole vocabulary), a
+    /// temperature that is negative or not finite.
+    pub fn check(&self) -> Result<()> {
+        if self.max_call_tokens == 0 {
+            return Err(Error::input("max_call_tokens must be at least 1"));
+        }
+        if self.top_k == Some(0) {
+            return Err(Error::input(
+                "top_k must be at least 1 (None samples from the whole vocabulary)",
+            ));
+        }
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(Error::input(format!(
+                "temperature {} must be finite and >= 0",
+                self.temperature
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// One prompt and the document context its tool calls see.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Prompt {
@@ -182,6 +205,7 @@ pub fn generate(
     prompts: &[Prompt],
     options: &GenerateOptions,
 ) -> Result<Vec<Generation>> {
+    options.check()?;
     let jobs = prompts
         .iter()
         .enumerate()
@@ -426,6 +450,11 @@ impl Seq<'_> {
     /// malformed call, or go on.
     fn advance_call(&mut self, start: usize, ctx: &Ctx<'_>) -> Result<()> {
         let body = ctx.tokenizer.decode(&self.tokens[start + 1..])?;
+        if body.contains("->") && self.tokens.len() >= self.cap {
+            // No room left for a result: the cap ends the completion inside the call
+            // (`unfinished`), and the tool is not run for nothing.
+            return Ok(());
+        }
         let record = self.calls.last_mut().expect("a call is open");
         if let Some(arrow) = body.find("->") {
             let tail = &body[arrow + 2..];
@@ -453,7 +482,11 @@ impl Seq<'_> {
                         };
                         // Cleaned as annotate cleans it for C*: a "]" or newline in a result
                         // must not close the call early or leave the format the model knows.
-                        match ctx.tools.call(tool, input, &doc).map(|r| clean_result(&r)) {
+                        match ctx
+                            .tools
+                            .call(tool, input, &doc)
+                            .map(|r| clean_result(&r, &ctx.tokens.special))
+                        {
                             Ok(result) => {
                                 record.status = CallStatus::Ok;
                                 // The arrow token may carry the space after it ("-> ").
@@ -475,8 +508,15 @@ impl Seq<'_> {
                     }
                 }
             };
+            let executed = record.status == CallStatus::Ok;
             self.splice(&splice, ctx)?;
             self.mode = Mode::Normal;
+            if executed && self.tokens.len() > self.cap {
+                // The completion will end inside the result: the call did not finish in it.
+                let record = self.calls.last_mut().expect("a call is open");
+                record.status = CallStatus::Unfinished;
+                record.error = Some("the length cap cut the spliced result".into());
+            }
         } else if body.contains(']') {
             record.status = CallStatus::ClosedWithoutArrow;
             record.error = Some("the call was closed before any arrow".into());
@@ -497,7 +537,9 @@ impl Seq<'_> {
 
     /// Fills in the tool and input of the open call from its text so far, when it parses.
     fn fill_tool(&mut self, body: &str) {
+        // Up to the first "]" or arrow, as `advance_call` reads it.
         let head = body.split(']').next().unwrap_or("");
+        let head = head.split("->").next().unwrap_or(head);
         if let Some((tool, input)) = call::parse_call(head) {
             let record = self.calls.last_mut().expect("a call is open");
             record.tool = tool.to_string();
@@ -556,7 +598,7 @@ pub fn tools_from_config(
         let names: Vec<&str> = only
             .iter()
             .map(|s| s.trim())
-            .filter(|s| !s.is_empty() && *s != "none")
+            .filter(|s| !s.is_empty() && !s.eq_ignore_ascii_case("none"))
             .collect();
         let mut available = Vec::new();
         if config.calculator.enabled {

@@ -40,6 +40,20 @@ impl Tokenizer {
         &self.path
     }
 
+    /// The text of every special added token (GPT-J: "<|endoftext|>"): `encode` turns such text
+    /// into that token wherever it appears.
+    pub fn special_tokens(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special)
+            .map(|t| t.content)
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Tokenizes `text` as is: no special tokens added.
     pub fn encode(&self, text: &str) -> Result<Encoding> {
         let enc = self
