@@ -71,7 +71,7 @@ fn starts_with_arrow(s: &str) -> bool {
 /// ")" so that the call stays parsable; and it is trimmed.
 pub fn clean_result(result: &str, special: &[String]) -> String {
     let mut result = result.to_string();
-    // Until none is left: removing one can join the halves of another.
+    // Each becomes a space (the halves around it cannot join into another one).
     while let Some((at, len)) = special
         .iter()
         .filter(|s| !s.is_empty())
@@ -157,6 +157,10 @@ mod tests {
         assert_eq!(clean_result(" a\n b [c] ", &[]), "a b (c)");
         let eos = ["<|endoftext|>".to_string()];
         assert_eq!(clean_result("a<|endoftext|>b", &eos), "a b");
-        assert_eq!(clean_result("<|endo<|endoftext|>ftext|> x", &eos), "x");
+        // Replaced by a space, so the halves around it cannot join into another.
+        assert_eq!(
+            clean_result("<|endo<|endoftext|>ftext|> <|endoftext|>", &eos),
+            "<|endo ftext|>"
+        );
     }
 }
