@@ -351,13 +351,11 @@ fn temperature(s: &str) -> std::result::Result<f32, String> {
 /// Refuses an output file that is the input file (through any path): creating it would empty
 /// the input before a line is read.
 fn refuse_overwriting(input: &std::path::Path, output: &std::path::Path) -> Result<()> {
-    if let (Ok(a), Ok(b)) = (input.canonicalize(), output.canonicalize()) {
-        if a == b {
-            anyhow::bail!(
-                "{}: the output is the input file; writing it would destroy the input",
-                output.display()
-            );
-        }
+    if toolsift::annotate::writer::is_same_file(input, output) {
+        anyhow::bail!(
+            "{}: the output is the input file; writing it would destroy the input",
+            output.display()
+        );
     }
     Ok(())
 }

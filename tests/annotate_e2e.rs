@@ -763,3 +763,119 @@ fn a_huge_max_call_tokens_is_an_error_not_an_overflow() {
     .to_string();
     assert!(err.contains("max_call_tokens"), "{err}");
 }
+
+#[test]
+fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let dir = tempfile::tempdir().unwrap();
+    let opts = |corpus: &Path, out: PathBuf, shard: Shard, stop_after| RunOptions {
+        corpus: corpus.to_owned(),
+        out,
+        shard,
+        run_info: json!(null),
+        progress: false,
+        stop_after,
+    };
+    let out = dir.path().join("c.jsonl");
+
+    // A corpus that is one of the files the run writes (C*, rejects, summary, journal, or a
+    // temporary name renamed onto C*) is refused, and left as it was.
+    for name in [
+        "c.jsonl",
+        "c.rejects.jsonl",
+        "c.summary.json",
+        "c.jsonl.tmp",
+        "c.jsonl.partial",
+    ] {
+        let corpus = dir.path().join(name);
+        write_corpus(&corpus, 6);
+        let before = std::fs::read(&corpus).unwrap();
+        let err = annotate::annotate(&a, &opts(&corpus, out.clone(), Shard::default(), None))
+            .err()
+            .unwrap_or_else(|| panic!("--corpus {name} accepted"))
+            .to_string();
+        assert!(err.contains("a file this run writes"), "{name}: {err}");
+        assert_eq!(std::fs::read(&corpus).unwrap(), before, "{name}");
+        std::fs::remove_file(&corpus).unwrap();
+    }
+
+    // A journal whose lines were made from other text than the corpus now holds (edited during
+    // that run, then restored: the header's hash matches again) is not resumed.
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 12);
+    let partial = opts(
+        &corpus,
+        dir.path().join("p.jsonl"),
+        Shard::default(),
+        Some(4),
+    );
+    assert!(matches!(
+        annotate::annotate(&a, &partial).unwrap(),
+        RunOutcome::Stopped(4)
+    ));
+    let journal = dir.path().join("p.jsonl.partial");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let mut lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let last = lines.last_mut().unwrap();
+    assert!(last["corpus_xxh3"].is_string(), "{last}");
+    last["corpus_xxh3"] = json!("0123456789abcdef");
+    let tampered: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&journal, tampered).unwrap();
+    let err = annotate::annotate(
+        &a,
+        &RunOptions {
+            stop_after: None,
+            ..partial
+        },
+    )
+    .expect_err("a stale journal is refused")
+    .to_string();
+    assert!(err.contains("are not the text the journal"), "{err}");
+
+    // Shards whose merge output is an input under another spelling, or whose run did not
+    // finish (a journal beside them), are refused; outputs named without ".jsonl" merge
+    // from a glob.
+    let shards: Vec<annotate::OutputPaths> = (0..2)
+        .map(|i| {
+            let o = opts(
+                &corpus,
+                dir.path().join("sh"),
+                Shard::new(i, 2).unwrap(),
+                None,
+            );
+            let RunOutcome::Done(_, paths) = annotate::annotate(&a, &o).unwrap() else {
+                panic!("not done")
+            };
+            paths
+        })
+        .collect();
+    assert!(!shards[0].out.to_string_lossy().ends_with(".jsonl"));
+    let globbed: Vec<PathBuf> = shards
+        .iter()
+        .flat_map(|p| [p.out.clone(), p.rejects.clone(), p.summary.clone()])
+        .collect();
+    let merged = dir.path().join("all");
+    annotate::merge(&merged, &globbed).unwrap();
+    let cstars: Vec<PathBuf> = shards.iter().map(|p| p.out.clone()).collect();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let respelled = dir
+        .path()
+        .join("sub/..")
+        .join(shards[0].out.file_name().unwrap());
+    let before = std::fs::read(&shards[0].out).unwrap();
+    let err = annotate::merge(&respelled, &cstars)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("would overwrite the input"), "{err}");
+    assert_eq!(std::fs::read(&shards[0].out).unwrap(), before);
+    std::fs::write(&shards[1].journal, "").unwrap();
+    let err = annotate::merge(&dir.path().join("m.jsonl"), &cstars)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("in progress or did not finish"), "{err}");
+}

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::shard::Shard;
 use super::summary::Summary;
-use super::writer::{self, OutputPaths};
+use super::writer::{self, is_same_file, AtomicFile, OutputPaths};
 use crate::error::{Error, Result};
 use crate::util::jsonl::JsonlLines;
 
@@ -93,14 +93,23 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
         )));
     }
     let out_paths = OutputPaths::new(out);
+    let written = [
+        out_paths.out.clone(),
+        out_paths.rejects.clone(),
+        AtomicFile::tmp_path(&out_paths.out),
+        AtomicFile::tmp_path(&out_paths.rejects),
+    ];
     for o in &outputs {
-        if [&o.paths.out, &o.paths.rejects].contains(&&out_paths.out)
-            || [&o.paths.out, &o.paths.rejects].contains(&&out_paths.rejects)
-        {
-            return Err(Error::input(format!(
-                "--out {} would overwrite an input",
-                out.display()
-            )));
+        for input in [&o.paths.out, &o.paths.rejects, &o.paths.summary] {
+            // Compared as files, not spellings: "dir/../x" and a symlink are the same input.
+            if let Some(w) = written.iter().find(|w| is_same_file(input, w)) {
+                return Err(Error::input(format!(
+                    "--out {}: writing {} would overwrite the input {}",
+                    out.display(),
+                    w.display(),
+                    input.display()
+                )));
+            }
         }
     }
 
@@ -194,14 +203,19 @@ fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
+        // A rejects or summary file belongs to "<stem>.jsonl", or to "<stem>" when C*'s name
+        // had no ".jsonl" (`OutputPaths::new`).
         let companion_of = [".rejects.jsonl", ".summary.json"]
             .iter()
             .find_map(|suffix| name.strip_suffix(suffix))
-            .map(|stem| path.with_file_name(format!("{stem}.jsonl")));
-        if let Some(cstar) = companion_of {
-            if given.contains(&cstar) {
+            .map(|stem| {
+                [format!("{stem}.jsonl"), stem.to_string()].map(|n| path.with_file_name(n))
+            });
+        if let Some(cstars) = companion_of {
+            if cstars.iter().any(|c| given.contains(c)) {
                 continue;
             }
+            let cstar = cstars.iter().find(|c| c.is_file()).unwrap_or(&cstars[0]);
             return Err(Error::input(format!(
                 "{}: give merge the C* files ({} here); their rejects and summaries are read \
                  from beside them",
@@ -210,6 +224,16 @@ fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
             )));
         }
         let paths = OutputPaths::new(path);
+        // A journal beside it: that shard's run is going on, or died after writing some of
+        // its outputs, so they (and the summary describing them) may be of different runs.
+        if paths.journal.exists() {
+            return Err(Error::input(format!(
+                "{}: {} exists, so a run of this shard is in progress or did not finish; rerun \
+                 that shard's annotate to completion, then merge",
+                path.display(),
+                paths.journal.display()
+            )));
+        }
         for companion in [&paths.out, &paths.rejects, &paths.summary] {
             if !companion.is_file() {
                 return Err(Error::input(format!(

@@ -92,6 +92,18 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
         )));
     }
     let paths = OutputPaths::new(&shard.output_path(&options.out));
+    // Writing any of them would replace the corpus (C*'s temporary name is renamed onto C*).
+    if let Some(clash) = paths
+        .written()
+        .into_iter()
+        .find(|p| writer::is_same_file(&options.corpus, p))
+    {
+        return Err(Error::input(format!(
+            "--corpus {} is {}, a file this run writes; give another --out",
+            options.corpus.display(),
+            clash.display()
+        )));
+    }
     // A fresh output folder (a shard job's, say) is made, not an error about the journal.
     if let Some(dir) = paths.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -138,14 +150,30 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     // Lines past `total` (appended during the run) are never annotated: the journal stays
     // resumable once the corpus is restored.
     let want = |n: u64| n > last_done && n <= total && shard.owns(n);
+    let journaled_xxh3 = journal.last_corpus_xxh3().map(str::to_owned);
     while let Some(line) = corpus.next_line(want)? {
+        let read = corpus.fingerprint();
+        // The lines done are trusted only if they are the text the journal was made from: a
+        // corpus edited during an earlier run and then restored has the header's hash again.
+        if let Some(journaled) = journaled_xxh3.as_deref() {
+            let now = format!("{:016x}", read.xxh3);
+            if read.lines == last_done && now != journaled {
+                return Err(Error::input(format!(
+                    "{}: lines 1-{last_done} are not the text the journal {} was made from                      (XXH3 {journaled} then, {now} now; the corpus changed during an earlier                      run); delete the journal to start over",
+                    options.corpus.display(),
+                    paths.journal.display()
+                )));
+            }
+        }
         let Some(line) = line else { continue };
+        let corpus_xxh3 = Some(format!("{:016x}", read.xxh3));
         if options.stop_after.is_some_and(|n| docs >= n) {
             return Ok(RunOutcome::Stopped(docs));
         }
         let entry = match line {
             Line::Reject { line, reason } => JournalEntry {
                 line,
+                corpus_xxh3,
                 doc: None,
                 reject: Some(reason),
                 stats: None,
@@ -155,6 +183,7 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
                     candidates += stats.candidates;
                     JournalEntry {
                         line: doc.line,
+                        corpus_xxh3,
                         doc: Some(record),
                         reject: None,
                         stats: Some(stats),
@@ -164,6 +193,7 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
                 // it, with the reason, and go on. Backend and I/O errors stop the run (resumable).
                 Err(Error::Input(msg)) => JournalEntry {
                     line: doc.line,
+                    corpus_xxh3,
                     doc: None,
                     reject: Some(format!("annotation failed: {msg}")),
                     stats: None,

@@ -37,6 +37,11 @@ const MAGIC: &str = "toolsift-annotate/1";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JournalEntry {
     pub line: u64,
+    /// XXH3 of the corpus's bytes up to and including this line, as the run that wrote the
+    /// entry read them (hex). A resumed run compares it with the corpus it reads, so entries made
+    /// from text that has changed since are never trusted. (Absent in older journals.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corpus_xxh3: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub doc: Option<CStarRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -61,6 +66,17 @@ pub struct OutputPaths {
 }
 
 impl OutputPaths {
+    /// Every file a run writes or may write: the four paths and the temporary names
+    /// (`AtomicFile`) that the outputs are written under.
+    pub fn written(&self) -> Vec<PathBuf> {
+        let mut out = vec![self.journal.clone()];
+        for p in [&self.out, &self.rejects, &self.summary] {
+            out.push(p.clone());
+            out.push(AtomicFile::tmp_path(p));
+        }
+        out
+    }
+
     /// For "cstar.jsonl": "cstar.rejects.jsonl", "cstar.summary.json", "cstar.jsonl.partial".
     pub fn new(out: &Path) -> Self {
         let name = out
@@ -87,6 +103,8 @@ pub struct Journal {
     file: File,
     path: PathBuf,
     created: bool,
+    /// The last entry's `corpus_xxh3`.
+    last_corpus_xxh3: Option<String>,
 }
 
 impl Journal {
@@ -125,6 +143,7 @@ impl Journal {
             )));
         }
         let mut last_line = 0;
+        let mut last_corpus_xxh3 = None;
         let mut good_end = 0u64;
         {
             let mut reader = BufReader::new(&mut file);
@@ -174,6 +193,7 @@ impl Journal {
                     (_, Some(bytes)) => match serde_json::from_slice::<JournalEntry>(bytes) {
                         Ok(e) if e.line > last_line => {
                             last_line = e.line;
+                            last_corpus_xxh3 = e.corpus_xxh3;
                             true
                         }
                         Ok(e) => {
@@ -210,6 +230,7 @@ impl Journal {
             file,
             path: path.to_owned(),
             created: good_end == 0,
+            last_corpus_xxh3,
         };
         if good_end == 0 {
             let header = Header {
@@ -219,6 +240,12 @@ impl Journal {
             journal.append_json(&serde_json::to_string(&header).map_err(json_err)?)?;
         }
         Ok((journal, last_line))
+    }
+
+    /// The hash of the corpus up to the last line done, as the run that did it read the corpus
+    /// (`JournalEntry::corpus_xxh3`; None without entries, or from an older journal).
+    pub fn last_corpus_xxh3(&self) -> Option<&str> {
+        self.last_corpus_xxh3.as_deref()
     }
 
     /// Whether this run started the journal (no earlier run had written its header).
@@ -247,6 +274,23 @@ impl Journal {
         let io = |e| Error::io(&self.path, e);
         self.file.write_all(line.as_bytes()).map_err(io)?;
         self.file.sync_data().map_err(io)
+    }
+}
+
+/// Whether `a` and `b` are one existing file, however spelled (`..`, symlinks, hard links):
+/// what a command checks before writing `b` while it reads `a`.
+pub fn is_same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
     }
 }
 
@@ -332,10 +376,15 @@ pub struct AtomicFile {
 }
 
 impl AtomicFile {
-    pub fn create(path: &Path) -> Result<Self> {
+    /// The temporary sibling `path` is written under: `<path>.tmp`.
+    pub fn tmp_path(path: &Path) -> PathBuf {
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
+        PathBuf::from(tmp)
+    }
+
+    pub fn create(path: &Path) -> Result<Self> {
+        let tmp = Self::tmp_path(path);
         let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
         Ok(AtomicFile {
             path: path.to_owned(),
@@ -402,6 +451,7 @@ mod tests {
 
     fn entry(line: u64) -> JournalEntry {
         JournalEntry {
+            corpus_xxh3: None,
             line,
             doc: None,
             reject: Some(format!("r{line}")),
