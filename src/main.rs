@@ -86,8 +86,9 @@ struct AnnotateArgs {
     /// This process's shard, INDEX/COUNT (0-based); line L goes to shard (L-1) % COUNT.
     #[arg(long, conflicts_with = "demo")]
     shard: Option<String>,
-    /// Shard count for JOB_COMPLETION_INDEX (Kubernetes Indexed Jobs) or Slurm arrays.
-    #[arg(long, conflicts_with = "demo")]
+    /// Shard count for JOB_COMPLETION_INDEX (Kubernetes Indexed Jobs) or Slurm arrays (--shard
+    /// already holds its count).
+    #[arg(long, conflicts_with_all = ["demo", "shard"], value_parser = clap::value_parser!(u64).range(1..))]
     shards: Option<u64>,
     /// No progress bar.
     #[arg(long)]

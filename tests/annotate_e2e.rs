@@ -879,3 +879,26 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
         .to_string();
     assert!(err.contains("in progress or did not finish"), "{err}");
 }
+
+#[test]
+fn shard_flags_that_contradict_each_other_are_refused() {
+    let bin = env!("CARGO_BIN_EXE_toolsift");
+    for (args, want) in [
+        (
+            &["--shard", "1/4", "--shards", "8"][..],
+            "cannot be used with",
+        ),
+        (&["--shards", "0"][..], "0 is not in 1.."),
+    ] {
+        let out = Command::new(bin)
+            .args(["annotate", "--model", "m", "--corpus", "c", "--out", "o"])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(want),
+            "{args:?}: {err}"
+        );
+    }
+}
