@@ -118,6 +118,14 @@ impl Parts {
     }
 
     fn annotator(&self, config: &AnnotateConfig, tools: &[ToolKind]) -> Annotator<'_> {
+        self.try_annotator(config, tools).unwrap()
+    }
+
+    fn try_annotator(
+        &self,
+        config: &AnnotateConfig,
+        tools: &[ToolKind],
+    ) -> toolsift::Result<Annotator<'_>> {
         let tok = self.model.tokenizer().unwrap();
         Annotator::new(
             tok,
@@ -127,7 +135,6 @@ impl Parts {
             config,
             tools,
         )
-        .unwrap()
     }
 }
 
@@ -722,16 +729,12 @@ fn print_config_prints_parsable_defaults() {
 
 #[test]
 fn a_prompt_that_leaves_no_room_for_a_text_is_an_error() {
-    let model = model();
-    let tok = model.tokenizer().unwrap();
-    let sampler = MockSampler::new(tok);
-    let scorer = CpuScorer::new(&model);
     let mut config = test_config();
     // The tiny model has n_positions 256.
     config.per_tool.calendar.prompt = format!("{} {{x}}", "word ".repeat(300));
-    let registry = ToolRegistry::from_config(&config.tools).unwrap();
     let tools = [ToolKind::Calculator, ToolKind::Calendar];
-    let err = Annotator::new(tok, &sampler, &scorer, &registry, &config, &tools)
+    let err = Parts::new(&config)
+        .try_annotator(&config, &tools)
         .err()
         .expect("a prompt longer than the context is refused")
         .to_string();
@@ -743,24 +746,13 @@ fn a_prompt_that_leaves_no_room_for_a_text_is_an_error() {
 
 #[test]
 fn a_huge_max_call_tokens_is_an_error_not_an_overflow() {
-    let model = model();
-    let tok = model.tokenizer().unwrap();
-    let sampler = MockSampler::new(tok);
-    let scorer = CpuScorer::new(&model);
     let mut config = test_config();
     config.max_call_tokens = usize::MAX;
-    let registry = ToolRegistry::from_config(&config.tools).unwrap();
-    let err = Annotator::new(
-        tok,
-        &sampler,
-        &scorer,
-        &registry,
-        &config,
-        &[ToolKind::Calculator],
-    )
-    .err()
-    .expect("no room for a text")
-    .to_string();
+    let err = Parts::new(&config)
+        .try_annotator(&config, &[ToolKind::Calculator])
+        .err()
+        .expect("no room for a text")
+        .to_string();
     assert!(err.contains("max_call_tokens"), "{err}");
 }
 

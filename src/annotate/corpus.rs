@@ -136,6 +136,11 @@ impl<R: BufRead> Corpus<R> {
         }
     }
 
+    /// The number of lines read so far.
+    pub fn lines_read(&self) -> u64 {
+        self.line
+    }
+
     /// The lines read so far and the hash of their bytes: once `next_line` has returned `None`,
     /// equal to `fingerprint` of the file unless it changed since that was taken.
     pub fn fingerprint(&self) -> Fingerprint {

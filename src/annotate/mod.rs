@@ -152,12 +152,12 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     let want = |n: u64| n > last_done && n <= total && shard.owns(n);
     let journaled_xxh3 = journal.last_corpus_xxh3().map(str::to_owned);
     while let Some(line) = corpus.next_line(want)? {
-        let read = corpus.fingerprint();
         // The lines done are trusted only if they are the text the journal was made from: a
         // corpus edited during an earlier run and then restored has the header's hash again.
-        if let Some(journaled) = journaled_xxh3.as_deref() {
-            let now = format!("{:016x}", read.xxh3);
-            if read.lines == last_done && now != journaled {
+        // (Hashed only at that line and at lines journaled, not at every line skipped.)
+        if let (Some(journaled), true) = (&journaled_xxh3, corpus.lines_read() == last_done) {
+            let now = format!("{:016x}", corpus.fingerprint().xxh3);
+            if &now != journaled {
                 return Err(Error::input(format!(
                     "{}: lines 1-{last_done} are not the text the journal {} was made from                      (XXH3 {journaled} then, {now} now; the corpus changed during an earlier                      run); delete the journal to start over",
                     options.corpus.display(),
@@ -166,7 +166,7 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
             }
         }
         let Some(line) = line else { continue };
-        let corpus_xxh3 = Some(format!("{:016x}", read.xxh3));
+        let corpus_xxh3 = Some(format!("{:016x}", corpus.fingerprint().xxh3));
         if options.stop_after.is_some_and(|n| docs >= n) {
             return Ok(RunOutcome::Stopped(docs));
         }

@@ -77,24 +77,12 @@ impl Default for GenerateOptions {
 
 impl GenerateOptions {
     /// Refuses settings that would silently mean something else: `max_call_tokens` 0 (a call
-    /// needs a token to name its tool), `top_k` 0 (None means the whole vocabulary), a
-    /// temperature that is negative or not finite.
+    /// needs a token to name its tool), and what `sample::check_draw_options` refuses.
     pub fn check(&self) -> Result<()> {
         if self.max_call_tokens == 0 {
             return Err(Error::input("max_call_tokens must be at least 1"));
         }
-        if self.top_k == Some(0) {
-            return Err(Error::input(
-                "top_k must be at least 1 (None samples from the whole vocabulary)",
-            ));
-        }
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(Error::input(format!(
-                "temperature {} must be finite and >= 0",
-                self.temperature
-            )));
-        }
-        Ok(())
+        crate::sample::check_draw_options(self.temperature, self.top_k)
     }
 }
 

@@ -51,17 +51,7 @@ pub(crate) fn check_requests(
     vocab_size: usize,
     n_positions: usize,
 ) -> Result<()> {
-    if !(options.temperature >= 0.0 && options.temperature.is_finite()) {
-        return Err(Error::input(format!(
-            "sampling temperature {} must be finite and >= 0",
-            options.temperature
-        )));
-    }
-    if options.top_k == Some(0) {
-        return Err(Error::input(
-            "top_k must be at least 1 (None samples from the whole vocabulary)",
-        ));
-    }
+    super::check_draw_options(options.temperature, options.top_k)?;
     for (r, req) in requests.iter().enumerate() {
         check_ids(&format!("{what} {r}"), &req.prefix, vocab_size)?;
         if req.prefix.is_empty() {

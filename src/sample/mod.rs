@@ -145,6 +145,23 @@ pub trait Sampler {
     }
 }
 
+/// Refuses draw settings that would silently mean something else: a temperature that is negative
+/// or not finite, a `top_k` of 0 (None means the whole vocabulary). Shared by `sample`'s checks
+/// and `generate`'s options.
+pub fn check_draw_options(temperature: f32, top_k: Option<usize>) -> Result<()> {
+    if !(temperature >= 0.0 && temperature.is_finite()) {
+        return Err(Error::input(format!(
+            "sampling temperature {temperature} must be finite and >= 0"
+        )));
+    }
+    if top_k == Some(0) {
+        return Err(Error::input(
+            "top_k must be at least 1 (None samples from the whole vocabulary)",
+        ));
+    }
+    Ok(())
+}
+
 /// The random stream of sample `s` of request `r`: independent of batching and backend.
 pub fn sample_rng(seed: u64, request: usize, sample: usize) -> Rng {
     Rng::keyed(seed, &[request as u64, sample as u64])
