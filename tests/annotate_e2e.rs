@@ -852,6 +852,20 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
         .flat_map(|p| [p.out.clone(), p.rejects.clone(), p.summary.clone()])
         .collect();
     let merged = dir.path().join("all");
+    // Another merge into the same --out, in progress (it holds its temporary file's lock):
+    // this one is refused and leaves that file alone.
+    let busy = dir.path().join("all.tmp");
+    std::fs::write(&busy, "another merge's lines\n").unwrap();
+    let holder = std::fs::File::open(&busy).unwrap();
+    holder.lock().unwrap();
+    let err = annotate::merge(&merged, &globbed).unwrap_err().to_string();
+    assert!(err.contains("another toolsift process is writing"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&busy).unwrap(),
+        "another merge's lines\n"
+    );
+    assert!(!merged.exists());
+    drop(holder);
     annotate::merge(&merged, &globbed).unwrap();
     let cstars: Vec<PathBuf> = shards.iter().map(|p| p.out.clone()).collect();
     std::fs::create_dir(dir.path().join("sub")).unwrap();

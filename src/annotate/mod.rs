@@ -159,7 +159,9 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
             let now = format!("{:016x}", corpus.fingerprint().xxh3);
             if &now != journaled {
                 return Err(Error::input(format!(
-                    "{}: lines 1-{last_done} are not the text the journal {} was made from                      (XXH3 {journaled} then, {now} now; the corpus changed during an earlier                      run); delete the journal to start over",
+                    "{}: lines 1-{last_done} are not the text the journal {} was made from \
+                     (XXH3 {journaled} then, {now} now; the corpus changed during an earlier \
+                     run); delete the journal to start over",
                     options.corpus.display(),
                     paths.journal.display()
                 )));

@@ -369,6 +369,10 @@ pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()
 
 /// A file written under a temporary sibling name (`<path>.tmp`) and renamed into place by
 /// `commit`; dropped uncommitted, the temporary file is removed and `path` is untouched.
+///
+/// The temporary file is locked (an exclusive advisory lock) from its creation until it has
+/// been renamed, so two writers of one path (two `merge` runs into one `--out`, say) cannot
+/// write into the same temporary file: the second fails at once with a clear error.
 pub struct AtomicFile {
     path: PathBuf,
     tmp: PathBuf,
@@ -385,7 +389,40 @@ impl AtomicFile {
 
     pub fn create(path: &Path) -> Result<Self> {
         let tmp = Self::tmp_path(path);
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let io = |e| Error::io(&tmp, e);
+        // Not truncated before it is locked: the file may be another writer's, in progress.
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&tmp)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::input(format!(
+                    "{}: another toolsift process is writing {} (its temporary file is \
+                     locked); wait for it to finish or stop it, then rerun",
+                    tmp.display(),
+                    path.display()
+                )))
+            }
+            Err(std::fs::TryLockError::Error(e)) => tracing::warn!(
+                "{}: cannot lock the temporary file ({e}); make sure no other process writes {}",
+                tmp.display(),
+                path.display()
+            ),
+        }
+        // Between opening and locking, another writer may have renamed this file into place:
+        // truncating it now would empty that writer's finished output.
+        if !same_file(&file, &tmp) {
+            return Err(Error::input(format!(
+                "{}: another toolsift process wrote it while this one started; rerun to see \
+                 its result",
+                path.display()
+            )));
+        }
+        file.set_len(0).map_err(io)?;
         Ok(AtomicFile {
             path: path.to_owned(),
             tmp,
@@ -410,8 +447,9 @@ impl AtomicFile {
 fn persist(w: BufWriter<File>, tmp: &Path, path: &Path) -> Result<()> {
     let file = w.into_inner().map_err(|e| Error::io(tmp, e.into_error()))?;
     file.sync_all().map_err(|e| Error::io(tmp, e))?;
-    drop(file);
     std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
+    // Unlocked only once renamed (see `AtomicFile`).
+    drop(file);
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if let Ok(d) = File::open(dir) {
             let _ = d.sync_all();
@@ -520,6 +558,45 @@ mod tests {
         drop(f);
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "old\n");
         assert!(!dir.path().join("out.jsonl.tmp").exists());
+        let mut f = AtomicFile::create(&p).unwrap();
+        writeln!(f, "new").unwrap();
+        f.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "new\n");
+    }
+
+    #[test]
+    fn a_second_writer_of_one_path_is_refused_while_the_first_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        let mut first = AtomicFile::create(&p).unwrap();
+        writeln!(first, "first").unwrap();
+        first.flush().unwrap();
+        let err = AtomicFile::create(&p)
+            .err()
+            .expect("the temporary file is locked");
+        assert!(
+            err.to_string().contains("another toolsift process"),
+            "{err}"
+        );
+        // The refused writer neither truncated nor removed the first one's file.
+        first.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "first\n");
+        // Once the first is done, a second write of the same path goes ahead.
+        let mut second = AtomicFile::create(&p).unwrap();
+        writeln!(second, "second").unwrap();
+        second.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "second\n");
+    }
+
+    #[test]
+    fn a_stale_temporary_file_is_overwritten_not_appended_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        std::fs::write(
+            AtomicFile::tmp_path(&p),
+            "left by a crash, longer than the output\n",
+        )
+        .unwrap();
         let mut f = AtomicFile::create(&p).unwrap();
         writeln!(f, "new").unwrap();
         f.commit().unwrap();
