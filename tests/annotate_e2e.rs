@@ -348,6 +348,40 @@ fn write_corpus(path: &Path, n: usize) {
     std::fs::write(path, text).unwrap();
 }
 
+/// A line over the limit is a reject with its reason, and the lines after it are annotated.
+#[test]
+fn a_line_over_64_mib_is_a_reject_not_an_out_of_memory() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    let huge = json!({"text": "7 ".repeat(toolsift::util::jsonl::MAX_LINE_BYTES / 2)}).to_string();
+    let small = json!({"text": "Out of 1400 people, 400 said yes."}).to_string();
+    std::fs::write(&corpus, format!("{small}\n{huge}\n{small}\n")).unwrap();
+    let options = RunOptions {
+        corpus: corpus.clone(),
+        out: dir.path().join("out.jsonl"),
+        shard: Shard::default(),
+        run_info: json!(null),
+        progress: false,
+        stop_after: None,
+    };
+    let RunOutcome::Done(summary, paths) = annotate::annotate(&a, &options).unwrap() else {
+        panic!("not done")
+    };
+    assert_eq!((summary.lines, summary.rejected), (3, 1));
+    let rejects = std::fs::read_to_string(&paths.rejects).unwrap();
+    assert!(
+        rejects.contains("\"line\":2,") && rejects.contains("over the limit of 67108864 bytes"),
+        "{rejects}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&paths.out).unwrap().lines().count(),
+        2
+    );
+}
+
 #[test]
 fn library_run_resumes_after_a_stop_with_identical_output() {
     let config = test_config();

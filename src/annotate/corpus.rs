@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::util::jsonl::{over_limit, read_line_capped, MAX_LINE_BYTES};
 
 /// One document of the corpus.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,6 +121,7 @@ pub struct Corpus<R> {
     text_field: String,
     line: u64,
     buf: Vec<u8>,
+    max_line_bytes: usize,
     /// Of every byte read so far: at the end, the file's `fingerprint` as this pass saw it.
     hasher: xxhash_rust::xxh3::Xxh3,
 }
@@ -132,8 +134,15 @@ impl<R: BufRead> Corpus<R> {
             text_field: text_field.to_owned(),
             line: 0,
             buf: Vec::new(),
+            max_line_bytes: MAX_LINE_BYTES,
             hasher: xxhash_rust::xxh3::Xxh3::new(),
         }
+    }
+
+    /// Another line limit than [`MAX_LINE_BYTES`] (tests use a small one).
+    pub fn with_max_line_bytes(mut self, max: usize) -> Self {
+        self.max_line_bytes = max;
+        self
     }
 
     /// The number of lines read so far.
@@ -150,25 +159,43 @@ impl<R: BufRead> Corpus<R> {
         }
     }
 
-    /// The next line, with only its number when `want(number)` is false (not parsed).
+    /// The next line, with only its number when `want(number)` is false (not parsed, nor held
+    /// in memory).
     pub fn next_line(&mut self, want: impl Fn(u64) -> bool) -> Result<Option<Option<Line>>> {
+        let number = self.line + 1;
+        let keep = want(number);
         self.buf.clear();
-        let n = self.reader.read_until(b'\n', &mut self.buf).map_err(|e| {
+        // Only enough of the line is kept to know it is too long; every byte is hashed.
+        let room = if keep {
+            self.max_line_bytes.saturating_add(1)
+        } else {
+            0
+        };
+        let hasher = &mut self.hasher;
+        let (len, ended) = read_line_capped(&mut self.reader, &mut self.buf, room, |bytes| {
+            hasher.update(bytes)
+        })
+        .map_err(|e| {
             Error::io(
                 &self.path,
-                std::io::Error::new(e.kind(), format!("line {}: {e}", self.line + 1)),
+                std::io::Error::new(e.kind(), format!("line {number}: {e}")),
             )
         })?;
-        if n == 0 {
+        if len == 0 {
             return Ok(None);
         }
-        self.hasher.update(&self.buf);
-        self.line += 1;
-        if !want(self.line) {
+        self.line = number;
+        if !keep {
             return Ok(Some(None));
         }
+        if let Some(why) = over_limit(len, ended, self.max_line_bytes) {
+            return Ok(Some(Some(Line::Reject {
+                line: number,
+                reason: format!("{why} for a corpus line"),
+            })));
+        }
         let bytes = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
-        Ok(Some(Some(parse_line(self.line, bytes, &self.text_field))))
+        Ok(Some(Some(parse_line(number, bytes, &self.text_field))))
     }
 }
 
@@ -307,5 +334,40 @@ mod tests {
             got.push(l.map(|l| l.number()));
         }
         assert_eq!(got, vec![None, Some(2), Some(3)]);
+    }
+
+    #[test]
+    fn a_line_over_the_limit_is_a_reject_and_the_next_lines_follow() {
+        let long = format!("{{\"text\":\"{}\"}}", "x".repeat(40));
+        let data = format!("{{\"text\":\"a\"}}\n{long}\n{long}\n{{\"text\":\"b\"}}\n{long}");
+        // Small reads: lines span several of the reader's chunks.
+        for capacity in [3, 7, 64, 1 << 16] {
+            let reader = std::io::BufReader::with_capacity(capacity, data.as_bytes());
+            let mut c = Corpus::new(reader, Path::new("c.jsonl"), "text").with_max_line_bytes(30);
+            let mut got = Vec::new();
+            // Line 3 is not wanted (another shard's): skipped, not judged.
+            while let Some(l) = c.next_line(|n| n != 3).unwrap() {
+                got.push(l.map(|l| match l {
+                    Line::Doc(d) => d.text,
+                    Line::Reject { line, reason } => format!("{line}: {reason}"),
+                }));
+            }
+            let over = |n| {
+                Some(format!(
+                    "{n}: line of 51 bytes, over the limit of 30 bytes for a corpus line"
+                ))
+            };
+            assert_eq!(
+                got,
+                vec![Some("a".into()), over(2), None, Some("b".into()), over(5)],
+                "capacity {capacity}"
+            );
+            // Every byte is hashed, kept or not.
+            let whole = Fingerprint {
+                lines: 5,
+                xxh3: xxhash_rust::xxh3::xxh3_64(data.as_bytes()),
+            };
+            assert_eq!(c.fingerprint(), whole);
+        }
     }
 }

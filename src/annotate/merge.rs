@@ -301,7 +301,9 @@ impl MergeStream {
             shard,
             rejects,
             // Small: one buffer per open shard file.
-            lines: JsonlLines::new(BufReader::with_capacity(64 << 10, file)),
+            // Lines this program wrote: a C* line can be longer than its corpus line.
+            lines: JsonlLines::new(BufReader::with_capacity(64 << 10, file))
+                .with_max_line_bytes(usize::MAX),
             file_line: 0,
             last: 0,
             current: String::new(),

@@ -4,15 +4,64 @@
 
 use std::io::BufRead;
 
+/// The longest input line accepted (corpus, `score` and `generate` inputs), in bytes, newline
+/// excluded: 64 MiB, far beyond any document the paper's pipeline annotates (a long document is
+/// annotated on its head). A longer line is that line's error, read through without being held
+/// in memory, so one runaway line (a file without newlines, say) cannot exhaust memory.
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+
+/// Reads one line, through its "\n" if it has one, passing every byte to `seen` and appending
+/// at most `keep` of them to `buf`. Returns the line's length in bytes, newline included (0 at
+/// the end of the input), and whether it ended in a newline.
+pub fn read_line_capped<R: BufRead>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    keep: usize,
+    mut seen: impl FnMut(&[u8]),
+) -> std::io::Result<(usize, bool)> {
+    let (mut len, mut ended) = (0usize, false);
+    while !ended {
+        let chunk = match reader.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            break;
+        }
+        let take = match memchr::memchr(b'\n', chunk) {
+            Some(i) => {
+                ended = true;
+                i + 1
+            }
+            None => chunk.len(),
+        };
+        seen(&chunk[..take]);
+        let room = keep.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..take.min(room)]);
+        len += take;
+        reader.consume(take);
+    }
+    Ok((len, ended))
+}
+
+/// Why a line of `len` bytes (newline included when `ended`) is refused, if it is over `max`.
+pub fn over_limit(len: usize, ended: bool, max: usize) -> Option<String> {
+    let text_len = len - usize::from(ended);
+    (text_len > max).then(|| format!("line of {text_len} bytes, over the limit of {max} bytes"))
+}
+
 /// One input line: its 1-based number and its text, or why it has none.
 pub type Line = (usize, Result<String, String>);
 
 /// The lines of `reader`, without their "\n" or "\r\n", and without a UTF-8 byte order mark
-/// before line 1. Only an I/O error ends the iteration with an error.
+/// before line 1. Only an I/O error ends the iteration with an error; a line longer than the
+/// limit (`MAX_LINE_BYTES` unless set) is that line's error.
 pub struct JsonlLines<R> {
     reader: R,
     line: usize,
     buf: Vec<u8>,
+    max_line_bytes: usize,
 }
 
 impl<R: BufRead> JsonlLines<R> {
@@ -21,7 +70,14 @@ impl<R: BufRead> JsonlLines<R> {
             reader,
             line: 0,
             buf: Vec::new(),
+            max_line_bytes: MAX_LINE_BYTES,
         }
+    }
+
+    /// Another line limit (`usize::MAX`: none, for files this program wrote itself).
+    pub fn with_max_line_bytes(mut self, max: usize) -> Self {
+        self.max_line_bytes = max;
+        self
     }
 }
 
@@ -30,22 +86,25 @@ impl<R: BufRead> Iterator for JsonlLines<R> {
 
     fn next(&mut self) -> Option<Self::Item> {
         self.buf.clear();
-        match self.reader.read_until(b'\n', &mut self.buf) {
-            Err(e) => Some(Err(e)),
-            Ok(0) => None,
-            Ok(_) => {
-                self.line += 1;
-                let mut bytes = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
-                bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
-                if self.line == 1 {
-                    bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
-                }
-                let text = std::str::from_utf8(bytes)
-                    .map(str::to_owned)
-                    .map_err(|e| format!("not UTF-8 (invalid byte at offset {})", e.valid_up_to()));
-                Some(Ok((self.line, text)))
-            }
+        let keep = self.max_line_bytes.saturating_add(1);
+        let (len, ended) = match read_line_capped(&mut self.reader, &mut self.buf, keep, |_| {}) {
+            Err(e) => return Some(Err(e)),
+            Ok((0, _)) => return None,
+            Ok(read) => read,
+        };
+        self.line += 1;
+        if let Some(why) = over_limit(len, ended, self.max_line_bytes) {
+            return Some(Ok((self.line, Err(why))));
         }
+        let mut bytes = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
+        bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
+        if self.line == 1 {
+            bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
+        }
+        let text = std::str::from_utf8(bytes)
+            .map(str::to_owned)
+            .map_err(|e| format!("not UTF-8 (invalid byte at offset {})", e.valid_up_to()));
+        Some(Ok((self.line, text)))
     }
 }
 
@@ -64,5 +123,33 @@ mod tests {
         assert!(lines[2].1.as_ref().unwrap_err().contains("not UTF-8"));
         // A byte order mark is only skipped before line 1.
         assert_eq!(lines[3], (4, Ok("\u{feff}last".into())));
+    }
+
+    #[test]
+    fn a_line_over_the_limit_is_that_lines_error() {
+        let input = format!("short\n{}\r\nnext\n{}", "y".repeat(20), "z".repeat(11));
+        for capacity in [2, 5, 1 << 12] {
+            let reader = std::io::BufReader::with_capacity(capacity, input.as_bytes());
+            let lines: Vec<Line> = JsonlLines::new(reader)
+                .with_max_line_bytes(10)
+                .map(Result::unwrap)
+                .collect();
+            assert_eq!(
+                lines,
+                vec![
+                    (1, Ok("short".into())),
+                    (
+                        2,
+                        Err("line of 21 bytes, over the limit of 10 bytes".into())
+                    ),
+                    (3, Ok("next".into())),
+                    (
+                        4,
+                        Err("line of 11 bytes, over the limit of 10 bytes".into())
+                    ),
+                ],
+                "capacity {capacity}"
+            );
+        }
     }
 }
