@@ -659,6 +659,62 @@ fn binary_annotates_and_survives_kill_9() {
     }
 }
 
+/// The journal records the model's content hash, not only its folder: a journal from a run on
+/// other weights (a checkpoint swapped in the same folder) is refused; the same hash resumes.
+#[test]
+fn a_journal_from_other_weights_in_the_same_folder_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 6);
+    let out = run_bin(dir.path(), &corpus, "ref.jsonl").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("ref.summary.json")).unwrap(),
+    )
+    .unwrap();
+    let hash = summary["run"]["info"]["model_xxh3"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(hash.len(), 16, "{summary}");
+    // A journal as a run with `model_xxh3` would have left it, with no line done yet.
+    let journal_with = |model_xxh3: &str| {
+        let mut run = summary["run"].clone();
+        run["shard"] = json!("0/1");
+        run["info"]["model_xxh3"] = json!(model_xxh3);
+        format!(
+            "{}\n",
+            json!({"journal": "toolsift-annotate/1", "run": run})
+        )
+    };
+    std::fs::write(
+        dir.path().join("other.jsonl.partial"),
+        journal_with("0123456789abcdef"),
+    )
+    .unwrap();
+    let out = run_bin(dir.path(), &corpus, "other.jsonl")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("differing: info"), "{stderr}");
+    std::fs::write(dir.path().join("same.jsonl.partial"), journal_with(&hash)).unwrap();
+    let out = run_bin(dir.path(), &corpus, "same.jsonl").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("same.jsonl")).unwrap(),
+        std::fs::read(dir.path().join("ref.jsonl")).unwrap()
+    );
+}
+
 /// Runs annotate into `{name}.jsonl`, killing it (SIGKILL) after a random share of `run_ms` and
 /// resuming, until a run completes (at most 12 kills, then one run to the end). Returns the kills
 /// and those that landed after some documents were journaled and before the last.

@@ -58,6 +58,8 @@ pub fn run_job_on(job: &Job, model: &Model, engine: &dyn Engine) -> Result<RunOu
         shard: job.shard,
         run_info: json!({
             "model": job.model_dir.display().to_string(),
+            // The path alone would let a resume go on with another checkpoint in that folder.
+            "model_xxh3": format!("{:016x}", model.content_xxh3()?),
             "device": format!("{:?}", job.device),
         }),
         progress: job.progress,

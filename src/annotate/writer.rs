@@ -94,9 +94,10 @@ impl OutputPaths {
     }
 }
 
-/// Keys a run description gained in later versions: a journal written before one existed may
-/// lack it and still be resumed (what it guards cannot be checked then).
-const KEYS_ADDED_LATER: [&str; 1] = ["corpus_xxh3"];
+/// Keys a run description gained in later versions (at any depth: "model_xxh3" is under
+/// "info"): a journal written before one existed may lack it and still be resumed (what it
+/// guards cannot be checked then).
+const KEYS_ADDED_LATER: [&str; 2] = ["corpus_xxh3", "model_xxh3"];
 
 /// The journal, open for appending and locked while this value lives.
 pub struct Journal {
@@ -312,12 +313,12 @@ fn same_file(file: &File, path: &Path) -> bool {
 }
 
 /// Whether a journal's run description matches this run's, allowing `KEYS_ADDED_LATER` to be
-/// absent from the journal's.
+/// absent from the journal's (objects are compared key by key, at every depth).
 fn same_run(journal: &Value, run: &Value) -> bool {
     match (journal.as_object(), run.as_object()) {
         (Some(j), Some(r)) => {
             r.iter().all(|(k, v)| match j.get(k) {
-                Some(jv) => jv == v,
+                Some(jv) => same_run(jv, v),
                 None => KEYS_ADDED_LATER.contains(&k.as_str()),
             }) && j.keys().all(|k| r.contains_key(k))
         }
@@ -325,7 +326,6 @@ fn same_run(journal: &Value, run: &Value) -> bool {
     }
 }
 
-/// The top-level keys whose values differ between two run descriptions, e.g. "corpus_xxh3, seed".
 pub(crate) fn differing_keys(a: &Value, b: &Value) -> String {
     let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
         return "everything".into();
@@ -532,6 +532,15 @@ mod tests {
         assert!(!same_run(&json!({"seed": 2}), &now));
         assert!(!same_run(&json!({"seed": 1, "extra": 0}), &now));
         assert!(!same_run(&json!({}), &json!({"seed": 1})));
+        // Nested: a journal from before the model hash (under "info") resumes; another model
+        // hash does not.
+        let now = json!({"info": {"model": "m", "model_xxh3": "01"}});
+        assert!(same_run(&json!({"info": {"model": "m"}}), &now));
+        assert!(!same_run(
+            &json!({"info": {"model": "m", "model_xxh3": "02"}}),
+            &now
+        ));
+        assert!(!same_run(&json!({"info": {"model": "n"}}), &now));
     }
 
     #[test]

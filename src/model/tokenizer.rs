@@ -15,6 +15,8 @@ const HEAD_BYTES_PER_TOKEN: usize = 8;
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
+    /// XXH3-64 of the file's bytes (part of `Model::content_xxh3`).
+    source_xxh3: u64,
 }
 
 /// A tokenized text: ids and, per id, the byte range of the text it covers.
@@ -26,18 +28,25 @@ pub struct Encoding {
 
 impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::Tokenizer {
             path: path.to_owned(),
             msg: e.to_string(),
         })?;
         Ok(Tokenizer {
             inner,
             path: path.to_owned(),
+            source_xxh3: xxhash_rust::xxh3::xxh3_64(&bytes),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// XXH3-64 of the tokenizer.json bytes this was read from.
+    pub fn source_xxh3(&self) -> u64 {
+        self.source_xxh3
     }
 
     /// The text of every special added token (GPT-J: "<|endoftext|>"): `encode` turns such text
