@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::shard::Shard;
 use super::summary::Summary;
-use super::writer::{self, is_same_file, AtomicFile, OutputPaths};
+use super::writer::{self, is_same_file, strip_ext, with_suffix, AtomicFile, OutputPaths};
 use crate::error::{Error, Result};
 use crate::util::jsonl::JsonlLines;
 
@@ -199,17 +199,14 @@ fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
     let given: std::collections::HashSet<&PathBuf> = inputs.iter().collect();
     let mut outputs = Vec::new();
     for path in inputs {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = path.file_name().unwrap_or_default();
         // A rejects or summary file belongs to "<stem>.jsonl", or to "<stem>" when C*'s name
         // had no ".jsonl" (`OutputPaths::new`).
-        let companion_of = [".rejects.jsonl", ".summary.json"]
+        let companion_of = [("jsonl", "rejects"), ("json", "summary")]
             .iter()
-            .find_map(|suffix| name.strip_suffix(suffix))
+            .find_map(|(ext, kind)| strip_ext(strip_ext(name, ext)?, kind))
             .map(|stem| {
-                [format!("{stem}.jsonl"), stem.to_string()].map(|n| path.with_file_name(n))
+                [with_suffix(stem, ".jsonl"), stem.to_owned()].map(|n| path.with_file_name(n))
             });
         if let Some(cstars) = companion_of {
             if cstars.iter().any(|c| given.contains(c)) {

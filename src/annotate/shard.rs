@@ -6,8 +6,10 @@
 //! A sharded run writes `<stem>.shard-INDEX-of-COUNT.jsonl` next to `--out`, so every task of
 //! an array can be given the same command; `toolsift merge` joins them.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
+use super::writer::{strip_ext, with_suffix};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -62,18 +64,13 @@ impl Shard {
         if self.count == 1 {
             return out.to_owned();
         }
-        let name = out
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "out.jsonl".into());
-        let (stem, ext) = match name.strip_suffix(".jsonl") {
-            Some(stem) => (stem.to_string(), ".jsonl"),
-            None => (name.clone(), ""),
+        let name = out.file_name().unwrap_or(OsStr::new("out.jsonl"));
+        let (stem, ext) = match strip_ext(name, "jsonl") {
+            Some(stem) => (stem, ".jsonl"),
+            None => (name, ""),
         };
-        out.with_file_name(format!(
-            "{stem}.shard-{:05}-of-{:05}{ext}",
-            self.index, self.count
-        ))
+        let shard = format!(".shard-{:05}-of-{:05}{ext}", self.index, self.count);
+        out.with_file_name(with_suffix(stem, &shard))
     }
 
     /// The shard from flags, then the environment (`env` reads a variable).
@@ -154,6 +151,33 @@ mod tests {
                 .unwrap()
                 .output_path(Path::new("o/c.jsonl")),
             Path::new("o/c.shard-00003-of-00008.jsonl")
+        );
+        assert_eq!(
+            Shard::new(0, 2).unwrap().output_path(Path::new("cstar")),
+            Path::new("cstar.shard-00000-of-00002")
+        );
+    }
+
+    /// A file name that is not UTF-8 keeps its bytes (it used to be mapped lossily, so two
+    /// such names could share their shards' files).
+    #[cfg(unix)]
+    #[test]
+    fn names_that_are_not_utf8_keep_their_bytes() {
+        use std::os::unix::ffi::OsStrExt;
+        let out = Path::new(std::ffi::OsStr::from_bytes(b"o/c\xff.jsonl"));
+        let shard = Shard::new(1, 2).unwrap().output_path(out);
+        assert_eq!(
+            shard.as_os_str().as_bytes(),
+            b"o/c\xff.shard-00001-of-00002.jsonl"
+        );
+        let paths = super::super::writer::OutputPaths::new(&shard);
+        assert_eq!(
+            paths.rejects.as_os_str().as_bytes(),
+            b"o/c\xff.shard-00001-of-00002.rejects.jsonl"
+        );
+        assert_eq!(
+            paths.journal.as_os_str().as_bytes(),
+            b"o/c\xff.shard-00001-of-00002.jsonl.partial"
         );
     }
 

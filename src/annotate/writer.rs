@@ -21,6 +21,7 @@
 //! twice, a replacement pod started while the old one is still terminating) fails at once
 //! instead of interleaving its lines with the first run's.
 
+use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -78,20 +79,35 @@ impl OutputPaths {
     }
 
     /// For "cstar.jsonl": "cstar.rejects.jsonl", "cstar.summary.json", "cstar.jsonl.partial".
+    /// Names are handled as OS strings: one that is not UTF-8 keeps its bytes.
     pub fn new(out: &Path) -> Self {
-        let name = out
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "out".into());
-        let stem = name.strip_suffix(".jsonl").unwrap_or(&name).to_string();
-        let sibling = |s: String| out.with_file_name(s);
+        let name = out.file_name().unwrap_or(OsStr::new("out"));
+        let stem = strip_ext(name, "jsonl").unwrap_or(name);
+        let sibling = |base: &OsStr, suffix: &str| out.with_file_name(with_suffix(base, suffix));
         OutputPaths {
             out: out.to_owned(),
-            rejects: sibling(format!("{stem}.rejects.jsonl")),
-            summary: sibling(format!("{stem}.summary.json")),
-            journal: sibling(format!("{name}.partial")),
+            rejects: sibling(stem, ".rejects.jsonl"),
+            summary: sibling(stem, ".summary.json"),
+            journal: sibling(name, ".partial"),
         }
     }
+}
+
+/// `name` less its extension when that is exactly `ext` ("cstar.jsonl", "jsonl" -> "cstar").
+pub(crate) fn strip_ext<'a>(name: &'a OsStr, ext: &str) -> Option<&'a OsStr> {
+    let p = Path::new(name);
+    if p.extension()? == ext {
+        p.file_stem()
+    } else {
+        None
+    }
+}
+
+/// `base` followed by `suffix`.
+pub(crate) fn with_suffix(base: &OsStr, suffix: &str) -> OsString {
+    let mut s = base.to_owned();
+    s.push(suffix);
+    s
 }
 
 /// Keys a run description gained in later versions (at any depth: "model_xxh3" is under
@@ -618,5 +634,10 @@ mod tests {
         assert_eq!(p.rejects, Path::new("d/cstar.rejects.jsonl"));
         assert_eq!(p.summary, Path::new("d/cstar.summary.json"));
         assert_eq!(p.journal, Path::new("d/cstar.jsonl.partial"));
+        let p = OutputPaths::new(Path::new("a.b.jsonl"));
+        assert_eq!(p.summary, Path::new("a.b.summary.json"));
+        let p = OutputPaths::new(Path::new("cstar"));
+        assert_eq!(p.rejects, Path::new("cstar.rejects.jsonl"));
+        assert_eq!(p.journal, Path::new("cstar.partial"));
     }
 }

@@ -139,6 +139,10 @@ mod tests {
                 .join("tokenizer.json"),
         )
         .unwrap();
-        assert_ne!(base, hash(model(&config, 3, Some(tokenizer))), "a tokenizer");
+        assert_ne!(
+            base,
+            hash(model(&config, 3, Some(tokenizer))),
+            "a tokenizer"
+        );
     }
 }
