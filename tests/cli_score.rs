@@ -337,3 +337,34 @@ fn bench_refuses_what_it_cannot_run_before_working() {
         assert!(err.contains("baselines are not built in"), "{err}");
     }
 }
+
+/// An input that fails to read partway through a chunk: the lines read before the failure are
+/// still scored and written, then the run stops with an error naming the line.
+#[test]
+fn lines_read_before_an_input_error_are_still_scored() {
+    use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
+    let model = toolsift::Model::load(&tiny("f32")).unwrap();
+    let scorer = toolsift::cpu::CpuScorer::new(&model);
+    let lines = token_lines();
+    assert!(lines.len() >= 2);
+    let input: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let reader = std::io::BufReader::new(common::FailsAfter::new(input));
+    let mut out = Vec::new();
+    let err = score_jsonl(reader, &mut out, &scorer, None, &JsonlOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("<input line {}>", lines.len() + 1)) && err.contains("went away"),
+        "{err}"
+    );
+    let scored: Vec<Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(scored.len(), lines.len());
+    for (s, l) in scored.iter().zip(&lines) {
+        assert_eq!(s["id"], l["id"]);
+        assert!(s["l_none"].is_f64(), "{s}");
+    }
+}

@@ -713,6 +713,44 @@ fn jsonl_answers_every_line_in_order_with_error_lines() {
     assert_eq!(lines[4]["completion"], lines[0]["completion"]);
 }
 
+/// An input that fails to read partway through a batch: the lines read before the failure are
+/// still answered, then the run stops with an error naming the line.
+#[test]
+fn lines_read_before_an_input_error_are_still_answered() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
+    let input = (0..3)
+        .map(|k| format!("{{\"id\": {k}, \"prompt\": \"Q\"}}\n"))
+        .collect::<String>();
+    let o = GenerateOptions {
+        max_new_tokens: 12,
+        batch_size: 2,
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    let reader = std::io::BufReader::new(common::FailsAfter::new(input));
+    let err = generate_jsonl(reader, &mut out, &m, tokenizer, &calculator(), &o)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("<input line 4>") && err.contains("went away"),
+        "{err}"
+    );
+    let lines: Vec<Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for (k, l) in lines.iter().enumerate() {
+        assert_eq!(
+            (l["id"].as_u64(), l["finish"].as_str()),
+            (Some(k as u64), Some("length"))
+        );
+    }
+}
+
 #[test]
 fn sampling_is_deterministic_for_a_seed_whatever_the_batching() {
     let model = tiny();

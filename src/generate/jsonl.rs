@@ -62,13 +62,18 @@ pub fn generate_jsonl(
     while lines.peek().is_some() {
         chunk.clear();
         parsed.clear();
+        // An input that fails to read mid-batch: the lines read before it are still generated
+        // and written (the output stays the input's prefix), then the run stops.
+        let mut read_error = None;
         for line in lines.by_ref().take(options.batch_size.max(1)) {
-            let (line_no, text) = line.map_err(|e| {
-                Error::io(
-                    format!("<input line {}>", summary.lines + chunk.len() + 1),
-                    e,
-                )
-            })?;
+            let (line_no, text) = match line {
+                Ok(line) => line,
+                Err(e) => {
+                    let at = format!("<input line {}>", summary.lines + chunk.len() + 1);
+                    read_error = Some(Error::io(at, e));
+                    break;
+                }
+            };
             // (id, prompt or why not)
             parsed.push(match &text {
                 Ok(text) => parse_line(text, tokenizer, options, line_no),
@@ -118,6 +123,10 @@ pub fn generate_jsonl(
                 (Ok(_), None, Ok(_)) => unreachable!("generations exist when generation succeeded"),
             };
             writeln!(output, "{value}").map_err(out_err)?;
+        }
+        if let Some(e) = read_error {
+            output.flush().map_err(out_err)?;
+            return Err(e);
         }
     }
     output.flush().map_err(out_err)?;

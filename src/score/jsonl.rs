@@ -92,14 +92,18 @@ pub fn score_jsonl(
     let mut lines = JsonlLines::new(input).peekable();
     while lines.peek().is_some() {
         chunk.clear();
+        // An input that fails to read mid-chunk: the lines read before it are still scored and
+        // written (the output stays the input's prefix), then the run stops.
+        let mut read_error = None;
         for line in lines.by_ref().take(options.chunk_lines.max(1)) {
-            let line = line.map_err(|e| {
-                Error::io(
-                    format!("<input line {}>", summary.lines + chunk.len() + 1),
-                    e,
-                )
-            })?;
-            chunk.push(line);
+            match line {
+                Ok(line) => chunk.push(line),
+                Err(e) => {
+                    let at = format!("<input line {}>", summary.lines + chunk.len() + 1);
+                    read_error = Some(Error::io(at, e));
+                    break;
+                }
+            }
         }
         let parsed = parse_chunk(&chunk, scorer, tokenizer, options);
         let valid: Vec<TokenCandidate> = parsed
@@ -147,6 +151,10 @@ pub fn score_jsonl(
                 }
             };
             writeln!(output, "{value}").map_err(out_err)?;
+        }
+        if let Some(e) = read_error {
+            output.flush().map_err(out_err)?;
+            return Err(e);
         }
     }
     output.flush().map_err(out_err)?;

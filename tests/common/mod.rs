@@ -91,3 +91,30 @@ pub fn assert_close(what: &str, got: f64, want: f64, tol: f64) {
         err / tol
     );
 }
+
+/// An input that yields `data`, then fails (a disk or network error partway through a file).
+pub struct FailsAfter {
+    data: Vec<u8>,
+    pos: usize,
+}
+
+impl FailsAfter {
+    pub fn new(data: impl Into<Vec<u8>>) -> Self {
+        FailsAfter {
+            data: data.into(),
+            pos: 0,
+        }
+    }
+}
+
+impl std::io::Read for FailsAfter {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos == self.data.len() {
+            return Err(std::io::Error::other("the device went away"));
+        }
+        let n = buf.len().min(self.data.len() - self.pos);
+        buf[..n].copy_from_slice(&self.data[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
