@@ -402,6 +402,71 @@ fn a_call_starts_exactly_when_the_opener_is_within_the_top_k() {
     assert_eq!(call::opener_in_top_k(&row, &[open], 2), Some(open));
 }
 
+/// The fixture's tokenizer with extra tokens that carry text past an arrow (" ->3", " ->]"), as
+/// real vocabularies can.
+fn tokenizer_with_arrow_tokens(dir: &std::path::Path) -> Tokenizer {
+    let path = common::tiny("f32").join("tokenizer.json");
+    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let model = &mut json["model"];
+    // In the vocabulary as in GPT-2's own file, or `tokenizers` would give it an id of the new
+    // tokens'.
+    model["vocab"]["<|endoftext|>"] = serde_json::json!(499);
+    for (id, (merge, token)) in [
+        (["\u{120}->", "3"], "\u{120}->3"),
+        (["\u{120}->", "]"], "\u{120}->]"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        model["vocab"][token] = serde_json::json!(500 + id);
+        model["merges"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!(merge));
+    }
+    let file = dir.join("tokenizer.json");
+    std::fs::write(&file, json.to_string()).unwrap();
+    Tokenizer::from_file(&file).unwrap()
+}
+
+/// A token that completes the arrow and carries text after it (a guess at the result, or the
+/// closing bracket) is cut at the arrow: the result is spliced right after "->", and the text
+/// the model wrote past the arrow is not in the completion.
+#[test]
+fn text_after_the_arrow_in_the_arrow_token_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = &tokenizer_with_arrow_tokens(dir.path());
+    assert_eq!(tokenizer.token_id("<|endoftext|>"), Some(499));
+    for (written, token) in [
+        ("Calculator(1+2) ->3", " ->3"),
+        ("Calculator(1+2) ->]", " ->]"),
+    ] {
+        let ids = tokenizer.encode_ids(written).unwrap();
+        assert_eq!(
+            ids.last(),
+            tokenizer.encode_ids(token).unwrap().last(),
+            "{token:?} is one token"
+        );
+        let m = scripted(tokenizer, 1, written, |_| 0);
+        let o = GenerateOptions {
+            max_new_tokens: 20,
+            ..Default::default()
+        };
+        let g = run(&m, tokenizer, &calculator(), &o);
+        assert!(
+            g.completion.starts_with("[Calculator(1+2) -> 3] a"),
+            "{written:?}: {:?}",
+            g.completion
+        );
+        assert_eq!(g.calls[0].status, CallStatus::Ok);
+        assert_eq!(g.calls[0].result, "3");
+        // The decoder was fed the cut token, never the one drawn.
+        let drawn = *ids.last().unwrap();
+        assert!(m.seen.borrow().iter().all(|s| !s.contains(&drawn)));
+        assert_eq!(g.tokens.len(), g.token_log_probs.len());
+    }
+}
+
 #[test]
 fn results_are_spliced_and_decoding_resumes_after_them() {
     let model = tiny();

@@ -437,7 +437,14 @@ impl Seq<'_> {
     /// After a token inside the call whose opener is at `start`: execute at the arrow, close a
     /// malformed call, or go on.
     fn advance_call(&mut self, start: usize, ctx: &Ctx<'_>) -> Result<()> {
-        let body = ctx.tokenizer.decode(&self.tokens[start + 1..])?;
+        let mut body = ctx.tokenizer.decode(&self.tokens[start + 1..])?;
+        if let Some(arrow) = body.find("->") {
+            if !body[arrow + 2..].trim().is_empty()
+                && self.cut_at_arrow(start, &body, arrow, ctx)?
+            {
+                body = ctx.tokenizer.decode(&self.tokens[start + 1..])?;
+            }
+        }
         if body.contains("->") && self.tokens.len() >= self.cap {
             // No room left for a result: the cap ends the completion inside the call
             // (`unfinished`), and the tool is not run for nothing.
@@ -521,6 +528,37 @@ impl Seq<'_> {
             self.mode = Mode::Normal;
         }
         Ok(())
+    }
+
+    /// The token that completed the arrow of the call at `start` also carries text after it
+    /// ("->3": a guess at the result, or "-> ]"): that text is not the model's to write, so the
+    /// token (drawn, not yet fed) is replaced by its text up to the arrow's end, re-tokenized.
+    /// `body` is the call's text, `arrow` where its "->" starts. False when the token's text
+    /// cannot be told apart (a decode that is not a prefix, as in a split UTF-8 character): the
+    /// call then goes on as written.
+    fn cut_at_arrow(
+        &mut self,
+        start: usize,
+        body: &str,
+        arrow: usize,
+        ctx: &Ctx<'_>,
+    ) -> Result<bool> {
+        let last = self.tokens.len() - 1;
+        let before = ctx.tokenizer.decode(&self.tokens[start + 1..last])?;
+        let kept = match body.get(before.len()..arrow + 2) {
+            Some(kept) if body.starts_with(&before) && !kept.is_empty() => kept,
+            _ => return Ok(false),
+        };
+        let ids = ctx.tokenizer.encode_ids(kept)?;
+        self.tokens.truncate(last);
+        self.log_probs.truncate(last);
+        self.pending.clear();
+        for t in ids {
+            self.tokens.push(t);
+            self.log_probs.push(None);
+            self.pending.push(t);
+        }
+        Ok(true)
     }
 
     /// Fills in the tool and input of the open call from its text so far, when it parses.
