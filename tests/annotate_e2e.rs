@@ -261,6 +261,76 @@ fn a_long_document_is_annotated_on_its_head() {
     );
 }
 
+/// A model that overflows on some candidates: those calls get an error and no scores (not
+/// nulls in place of numbers, not kept), the others are scored as usual.
+#[test]
+fn calls_whose_losses_are_not_finite_are_unscorable() {
+    struct Overflowing<'a>(&'a CpuScorer);
+    impl toolsift::score::Scorer for Overflowing<'_> {
+        fn name(&self) -> &str {
+            "overflowing"
+        }
+        fn config(&self) -> &toolsift::GptjConfig {
+            self.0.config()
+        }
+        fn variant_losses(
+            &self,
+            candidates: &[toolsift::score::TokenCandidate],
+            options: &toolsift::score::ScoreOptions,
+        ) -> toolsift::Result<Vec<[f64; 3]>> {
+            let mut losses = self.0.variant_losses(candidates, options)?;
+            losses[0][2] = f64::NAN;
+            if let Some(l) = losses.get_mut(1) {
+                l[0] = f64::INFINITY;
+            }
+            Ok(losses)
+        }
+    }
+    let mut config = test_config();
+    config.per_tool.calculator.m = 5;
+    let parts = Parts::new(&config);
+    let overflowing = Overflowing(&parts.scorer);
+    let tok = parts.model.tokenizer().unwrap();
+    let a = Annotator::new(
+        tok,
+        &parts.sampler,
+        &overflowing,
+        &parts.registry,
+        &config,
+        &[ToolKind::Calculator],
+    )
+    .unwrap();
+    let d = doc(5, "Out of 1400 people, 400 (or 29%) said yes.");
+    let (record, stats) = a.annotate_document(&d).unwrap();
+    let (reference, reference_stats) = parts
+        .annotator(&config, &[ToolKind::Calculator])
+        .annotate_document(&d)
+        .unwrap();
+    let (st, want) = (
+        stats.tools["calculator"],
+        reference_stats.tools["calculator"],
+    );
+    assert!(want.calls_scored >= 3, "{want:?}");
+    assert_eq!(st.calls_scored, want.calls_scored - 2);
+    assert_eq!(st.calls_unscorable, want.calls_unscorable + 2);
+    assert_eq!(
+        st.calls_kept,
+        want.calls_kept - 2,
+        "tau_f keeps every scored call"
+    );
+    let bad: Vec<_> = record
+        .calls
+        .iter()
+        .filter(|c| c.error.as_deref().is_some_and(|e| e.contains("not finite")))
+        .collect();
+    assert_eq!(bad.len(), 2, "{:?}", record.calls);
+    for c in bad {
+        assert!(!c.kept && c.delta.is_none() && c.l_none.is_none(), "{c:?}");
+        assert!(c.result.is_some());
+    }
+    assert_ne!(record.annotated_text, reference.annotated_text);
+}
+
 /// A QA service that always fails: every call fails, the run goes on.
 #[test]
 fn a_failing_external_tool_fails_its_calls_not_the_run() {

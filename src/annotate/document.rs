@@ -77,7 +77,8 @@ pub struct ToolStats {
     pub calls_executed: u64,
     /// Executed calls the tool returned no result for.
     pub calls_failed: u64,
-    /// Calls with a result that cannot be scored (too long for n_positions).
+    /// Calls with a result that cannot be scored (too long for n_positions), or whose scores are
+    /// not finite (the call's `error` says which).
     pub calls_unscorable: u64,
     pub calls_scored: u64,
     pub calls_kept: u64,
@@ -478,12 +479,18 @@ impl<'a> Annotator<'a> {
             for (&k, s) in score_index.iter().zip(&scores) {
                 let tool = pending[k].tool;
                 let c = &mut calls[k];
+                let st = stats.tools.entry(tool.key().to_string()).or_default();
+                if let Some(why) = s.not_finite() {
+                    // No scores rather than nulls a reader could take for "not scored yet".
+                    st.calls_unscorable += 1;
+                    c.error = Some(why);
+                    continue;
+                }
                 c.l_none = Some(s.l_none);
                 c.l_call = Some(s.l_call);
                 c.l_call_result = Some(s.l_call_result);
                 c.delta = Some(s.delta);
                 c.kept = s.kept(self.config.per_tool.get(tool).tau_f);
-                let st = stats.tools.entry(tool.key().to_string()).or_default();
                 st.calls_scored += 1;
                 st.calls_kept += u64::from(c.kept);
             }

@@ -116,22 +116,12 @@ pub fn score_jsonl(
             .map(Scores::from_losses);
         for ((line_no, _), p) in chunk.iter().zip(parsed) {
             summary.lines += 1;
-            // A valid line's scores, or why the line has none. JSON has no NaN or infinity
-            // (serde_json would write null): a non-finite loss is an error line, so that no
-            // consumer takes it for a score.
+            // A valid line's scores, or why the line has none (a non-finite loss too).
             let scored = p.candidate.and_then(|_| {
                 let s = scores.next().expect("one score per valid line");
-                if [s.l_none, s.l_call, s.l_call_result]
-                    .iter()
-                    .all(|l| l.is_finite())
-                {
-                    Ok(s)
-                } else {
-                    Err(format!(
-                        "line {line_no}: a loss is not finite (l_none {}, l_call {}, \
-                         l_call_result {}): weights too large, or the model overflowed",
-                        s.l_none, s.l_call, s.l_call_result
-                    ))
+                match s.not_finite() {
+                    None => Ok(s),
+                    Some(why) => Err(format!("line {line_no}: {why}")),
                 }
             });
             let value = match scored {

@@ -102,6 +102,20 @@ impl Scores {
     pub fn kept(&self, tau_f: f64) -> bool {
         self.delta >= tau_f
     }
+
+    /// Why these scores are unusable, when a loss is not finite (weights too large, or the model
+    /// overflowed). JSON has no NaN or infinity (serde_json would write null), so such scores
+    /// are reported as an error, never written as numbers a consumer could take for scores.
+    pub fn not_finite(&self) -> Option<String> {
+        let losses = [self.l_none, self.l_call, self.l_call_result];
+        (!losses.iter().all(|l| l.is_finite())).then(|| {
+            format!(
+                "a loss is not finite (l_none {}, l_call {}, l_call_result {}): weights too \
+                 large, or the model overflowed",
+                self.l_none, self.l_call, self.l_call_result
+            )
+        })
+    }
 }
 
 /// A scoring backend: the three variant losses of every candidate.
