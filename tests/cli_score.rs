@@ -368,3 +368,64 @@ fn lines_read_before_an_input_error_are_still_scored() {
         assert!(s["l_none"].is_f64(), "{s}");
     }
 }
+
+/// Text-level lines tokenize only the head of the text their window reads: the scores of a
+/// candidate in a long text are those of the same candidate tokenized whole (as a token-level
+/// line), early in the text or deep into it.
+#[test]
+fn long_texts_score_as_if_tokenized_whole() {
+    use toolsift::score::{CallForm, Placement, TextCandidate};
+    let model = toolsift::Model::load(&tiny("f32")).unwrap();
+    let tok = model.tokenizer().unwrap();
+    let base = "Out of 1400 participants, 400 (or 29%) passed the test.";
+    let long = format!(
+        "{base}{}",
+        " Then 12 more people came in and sat down.".repeat(3000)
+    );
+    let boundary = |text: &str, at: usize| {
+        let enc = tok.encode(text).unwrap();
+        enc.spans.iter().map(|s| s.0).find(|&b| b >= at).unwrap()
+    };
+    let early = boundary(base, 26);
+    // As deep as a prefix-placed call still fits n_positions.
+    let deep = tok.encode(&long).unwrap().spans[model.config.n_positions - 40].0;
+    let text_line = |text: &str, position: usize| {
+        json!({"id": position, "text": text, "position": position, "tool": "Calculator",
+               "input": "400 / 1400", "result": "0.29"})
+    };
+    let token_line = |text: &str, position: usize| {
+        let c = TextCandidate {
+            text: text.into(),
+            position,
+            tool: "Calculator".into(),
+            input: "400 / 1400".into(),
+            result: "0.29".into(),
+        }
+        .to_tokens(tok, Placement::Prefix, CallForm::Arrow, None)
+        .unwrap();
+        json!({"id": position, "text_ids": c.text_ids.to_vec(), "position": c.position,
+               "call_ids": c.call_ids, "call_result_ids": c.call_result_ids})
+    };
+    let lines = [
+        text_line(&long, early),
+        token_line(&long, early),
+        text_line(&long, deep),
+        token_line(&long, deep),
+        text_line(base, early),
+    ];
+    let (ok, results, stderr) = run_score(&tiny("f32"), &lines, &[]);
+    assert!(ok, "{stderr}");
+    for (what, a, b) in [
+        ("early, head vs whole", 0, 1),
+        ("deep, head vs whole", 2, 3),
+        ("early, long text vs short", 0, 4),
+    ] {
+        for key in ["l_none", "l_call", "l_call_result"] {
+            let (x, y) = (
+                results[a][key].as_f64().unwrap(),
+                results[b][key].as_f64().unwrap(),
+            );
+            assert_close(&format!("{what}: {key}"), x, y, 1e-5);
+        }
+    }
+}

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::candidate::window_len;
 use super::{validate, CallForm, ScoreOptions, Scorer, Scores, TextCandidate, TokenCandidate};
 use crate::error::{Error, Result};
 use crate::model::tokenizer::Encoding;
@@ -69,6 +70,14 @@ struct TextLine {
     result: String,
     #[serde(default)]
     weights: Option<Vec<f64>>,
+}
+
+/// The head of a text as tokenized for its candidates: at least `tokens_asked` tokens of the
+/// text's encoding, or all of them (`Tokenizer::encode_head`).
+struct TextHead {
+    encoding: Encoding,
+    ids: Arc<[u32]>,
+    tokens_asked: usize,
 }
 
 /// A parsed line: its id (echoed back as given), threshold, and the candidate or why there is none.
@@ -158,7 +167,7 @@ fn parse_chunk(
     options: &JsonlOptions,
 ) -> Vec<Parsed> {
     // Candidates of one text share its tokenization.
-    let mut texts: HashMap<String, (Encoding, Arc<[u32]>)> = HashMap::new();
+    let mut texts: HashMap<String, TextHead> = HashMap::new();
     chunk
         .iter()
         .map(|(line_no, line)| {
@@ -184,7 +193,7 @@ fn parse_line(
     line: &str,
     tokenizer: Option<&Tokenizer>,
     options: &JsonlOptions,
-    texts: &mut HashMap<String, (Encoding, Arc<[u32]>)>,
+    texts: &mut HashMap<String, TextHead>,
     parsed: &mut Parsed,
 ) -> std::result::Result<TokenCandidate, String> {
     let value: Value = serde_json::from_str(line).map_err(|e| format!("malformed JSON: {e}"))?;
@@ -212,12 +221,33 @@ fn parse_line(
             serde_json::from_value(value).map_err(|e| format!("bad text-level line: {e}"))?;
         let tokenizer =
             tokenizer.ok_or("text-level line, but the model folder has no tokenizer.json")?;
-        if !texts.contains_key(&t.text) {
-            let enc = tokenizer.encode(&t.text).map_err(|e| e.to_string())?;
+        // Only the head of the text the candidate reads is tokenized: each token covers at least
+        // one byte, so x_i (at byte `position`) and the window after it are within the first
+        // position + window + 1 tokens. A later candidate of the same text that reads further
+        // tokenizes a longer head.
+        let weights = t
+            .weights
+            .as_deref()
+            .unwrap_or(options.score.weights.as_slice());
+        let needed = t
+            .position
+            .saturating_add(window_len(weights))
+            .saturating_add(1);
+        if texts.get(&t.text).is_none_or(|h| h.tokens_asked < needed) {
+            let enc = tokenizer
+                .encode_head(&t.text, needed)
+                .map_err(|e| e.to_string())?;
             let ids: Arc<[u32]> = enc.ids.clone().into();
-            texts.insert(t.text.clone(), (enc, ids));
+            let head = TextHead {
+                encoding: enc,
+                ids,
+                tokens_asked: needed,
+            };
+            texts.insert(t.text.clone(), head);
         }
-        let (enc, ids) = &texts[&t.text];
+        let TextHead {
+            encoding: enc, ids, ..
+        } = &texts[&t.text];
         let text = TextCandidate {
             text: t.text.clone(),
             position: t.position,
