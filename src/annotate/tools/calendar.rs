@@ -2,7 +2,8 @@
 //!
 //! The date is, in order: the document's "date" field, else a date in its URL's path,
 //! else the configured date; with none of them the call fails. `Calendar()` takes no
-//! argument, so the call's input is ignored. Dates are proleptic Gregorian, computed by
+//! argument: a call with one ("Calendar(tomorrow)") is invalid input, since splicing
+//! "[Calendar(tomorrow) -> Today is ...]" would teach that the argument is answered. Dates are proleptic Gregorian, computed by
 //! hand (no date crate is available to this build).
 
 use std::fmt;
@@ -345,7 +346,12 @@ impl Tool for Calendar {
         "Calendar"
     }
 
-    fn call(&self, _input: &str, doc: &DocContext<'_>) -> Result<String, ToolError> {
+    fn call(&self, input: &str, doc: &DocContext<'_>) -> Result<String, ToolError> {
+        if !input.trim().is_empty() {
+            return Err(ToolError::InvalidInput(format!(
+                "Calendar takes no argument (it answers with the document's date), got {input:?}"
+            )));
+        }
         self.date_for(doc).map(Date::render).ok_or_else(|| {
             ToolError::Failed(format!(
                 "document {:?} has no usable date field or URL date, and no date is configured",
@@ -480,7 +486,7 @@ mod tests {
         let url = Some("https://e.com/2021/07/04/x");
         let call = |date, url| {
             cal.call(
-                "ignored",
+                "",
                 &DocContext {
                     id: "d1",
                     url,
@@ -505,6 +511,14 @@ mod tests {
             .call("", &DocContext::default())
             .unwrap_err();
         assert!(matches!(err, ToolError::Failed(_)));
+        // An argument is not answered; spaces are no argument.
+        let dated = Calendar::new(Some(d(2023, 1, 30)));
+        let err = dated.call("tomorrow", &DocContext::default()).unwrap_err();
+        assert!(matches!(err, ToolError::InvalidInput(_)), "{err}");
+        assert_eq!(
+            dated.call(" ", &DocContext::default()).unwrap(),
+            "Today is Monday, January 30, 2023."
+        );
     }
 
     #[test]
