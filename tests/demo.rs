@@ -102,6 +102,62 @@ fn annotate_demo_runs_anywhere_and_replaces_its_output() {
     assert!(second.status.success(), "{err}");
     assert!(err.contains("replacing the previous output"), "{err}");
     assert_eq!(lines(&out), cstar);
+
+    // A run that cannot start (a tool the demo has not configured) replaces nothing.
+    let mut bad = args.to_vec();
+    bad.extend(["--tools", "wikisearch"]);
+    let third = toolsift(cwd.path(), tmp.path(), &bad);
+    let err = stderr(&third);
+    assert!(!third.status.success(), "{err}");
+    assert!(err.contains("tool wikisearch is not available"), "{err}");
+    assert!(!err.contains("replacing"), "{err}");
+    assert_eq!(lines(&out), cstar);
+    assert!(out_dir.path().join("c.summary.json").exists());
+}
+
+/// eval-demo checks every file it would replace before it writes or removes any: someone's
+/// corpus.jsonl or cstar.jsonl in --out is refused and left as it was.
+#[test]
+fn eval_demo_replaces_only_its_own_files() {
+    let cwd = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let ev = cwd.path().join("ev");
+    std::fs::create_dir(&ev).unwrap();
+    let args = [
+        "eval-demo",
+        "--out",
+        "ev",
+        "--docs",
+        "1",
+        "--skip-generate",
+        "--no-progress",
+    ];
+    std::fs::write(ev.join("corpus.jsonl"), "my precious corpus\n").unwrap();
+    let o = toolsift(cwd.path(), tmp.path(), &args);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("is not an eval-demo set"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(ev.join("corpus.jsonl")).unwrap(),
+        "my precious corpus\n"
+    );
+    std::fs::remove_file(ev.join("corpus.jsonl")).unwrap();
+    std::fs::write(ev.join("cstar.jsonl"), "\nnot a cstar\n").unwrap();
+    let o = toolsift(cwd.path(), tmp.path(), &args);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("is not a toolsift C* file"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!ev.join("corpus.jsonl").exists(), "nothing written");
+    assert_eq!(
+        std::fs::read_to_string(ev.join("cstar.jsonl")).unwrap(),
+        "\nnot a cstar\n"
+    );
 }
 
 #[test]

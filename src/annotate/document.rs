@@ -184,6 +184,20 @@ struct Pending {
     result: std::result::Result<String, String>,
 }
 
+/// Every tool of `tools` is registered in `registry` (else an error naming the first missing one
+/// and what is registered).
+pub fn check_tools(registry: &ToolRegistry, tools: &[ToolKind]) -> Result<()> {
+    match tools.iter().find(|t| registry.get(t.call_name()).is_none()) {
+        Some(t) => Err(Error::input(format!(
+            "tool {} is not available: configure it under [tools.{}] (registered: {})",
+            t.key(),
+            t.key(),
+            registry.names().join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl<'a> Annotator<'a> {
     /// `tools`: the active tools, each of which must be registered in `registry`.
     pub fn new(
@@ -195,16 +209,7 @@ impl<'a> Annotator<'a> {
         tools: &[ToolKind],
     ) -> Result<Self> {
         config.validate()?;
-        for t in tools {
-            if registry.get(t.call_name()).is_none() {
-                return Err(Error::input(format!(
-                    "tool {} is not available: configure it under [tools.{}] (registered: {})",
-                    t.key(),
-                    t.key(),
-                    registry.names().join(", ")
-                )));
-            }
-        }
+        check_tools(registry, tools)?;
         let mut tools = tools.to_vec();
         tools.sort();
         tools.dedup();

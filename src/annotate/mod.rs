@@ -34,7 +34,9 @@ use serde_json::{json, Value};
 
 pub use config::{AnnotateConfig, ToolParams};
 pub use corpus::{Document, Line};
-pub use document::{Annotator, CStarRecord, CallRecord, DocStats, StageSecs, ToolStats};
+pub use document::{
+    check_tools, Annotator, CStarRecord, CallRecord, DocStats, StageSecs, ToolStats,
+};
 pub use job::{run_job, run_job_on, Job};
 pub use merge::{merge, MergeReport};
 pub use shard::Shard;

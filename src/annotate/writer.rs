@@ -110,6 +110,11 @@ pub(crate) fn with_suffix(base: &OsStr, suffix: &str) -> OsString {
     s
 }
 
+/// Whether `line` (without its newline) is a journal's first line.
+pub fn is_journal_header(line: &[u8]) -> bool {
+    serde_json::from_slice::<Header>(line).is_ok_and(|h| h.journal == MAGIC)
+}
+
 /// Keys a run description gained in later versions (at any depth: "model_xxh3" is under
 /// "info"): a journal written before one existed may lack it and still be resumed (what it
 /// guards cannot be checked then).

@@ -22,53 +22,117 @@ pub const DEMO_CORPUS_DOCS: usize = 240;
 /// `toolsift eval-demo`'s default seed: a second set, generated at run time.
 pub const EVAL_SEED: u64 = 2;
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
-use crate::annotate::{CStarRecord, OutputPaths};
+use crate::annotate::{CStarRecord, OutputPaths, Summary};
 use crate::error::{Error, Result};
 
 /// Removes a finished earlier output at `out` (C*, its rejects and summary files) so that a demo
 /// run can write it again, and with `journal_too` also an interrupted run's journal. Returns
-/// what was removed. A file at `out` that is not a C* (its first line is not a C* record) is
-/// left alone and is an error: the demo replaces only its own kind of output.
+/// what was removed. Every one of those files that exists is checked first, and if any is not
+/// the kind toolsift writes there (a C* whose first line is not a C* record, a summary that is
+/// not a summary, ...), nothing is removed and it is an error: the demo replaces only its own
+/// kind of output.
 pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathBuf>> {
     let paths = OutputPaths::new(out);
-    let mut removed = Vec::new();
-    let mut remove = |p: &Path| -> Result<()> {
-        match std::fs::remove_file(p) {
-            Ok(()) => {
-                removed.push(p.to_owned());
-                Ok(())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io(p, e)),
-        }
-    };
-    match std::fs::File::open(out) {
-        Ok(file) => {
-            let mut first = String::new();
-            BufReader::new(file)
-                .read_line(&mut first)
-                .map_err(|e| Error::io(out, e))?;
-            if !first.trim().is_empty() && serde_json::from_str::<CStarRecord>(&first).is_err() {
-                return Err(Error::input(format!(
-                    "{} exists and is not a toolsift C* file; not replacing it (choose another \
-                     --out)",
-                    out.display()
-                )));
-            }
-            remove(&paths.rejects)?;
-            remove(&paths.summary)?;
-            remove(out)?;
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(out, e)),
-    }
+    let mut files = vec![
+        (&paths.out, OutputKind::CStar),
+        (&paths.rejects, OutputKind::Rejects),
+        (&paths.summary, OutputKind::Summary),
+    ];
     if journal_too {
-        remove(&paths.journal)?;
+        files.push((&paths.journal, OutputKind::Journal));
+    }
+    let mut doomed = Vec::new();
+    for (path, kind) in files {
+        let bytes = match read_head(path)? {
+            Some(bytes) => bytes,
+            None => continue,
+        };
+        if !kind.accepts(&bytes) {
+            return Err(Error::input(format!(
+                "{} exists and is not a toolsift {}; not replacing it (choose another --out)",
+                path.display(),
+                kind.name()
+            )));
+        }
+        doomed.push(path.clone());
+    }
+    let mut removed = Vec::new();
+    for p in doomed {
+        match std::fs::remove_file(&p) {
+            Ok(()) => removed.push(p),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&p, e)),
+        }
     }
     Ok(removed)
+}
+
+/// The files of an earlier output, as `remove_previous_output` recognises them.
+#[derive(Clone, Copy)]
+enum OutputKind {
+    CStar,
+    Rejects,
+    Summary,
+    Journal,
+}
+
+impl OutputKind {
+    fn name(self) -> &'static str {
+        match self {
+            OutputKind::CStar => "C* file",
+            OutputKind::Rejects => "rejects file",
+            OutputKind::Summary => "summary",
+            OutputKind::Journal => "journal",
+        }
+    }
+
+    /// Whether `head` (the whole file, or at least its first line) is this kind's: an empty
+    /// C*, rejects file or journal is one (an empty corpus, a run killed at once).
+    fn accepts(self, head: &[u8]) -> bool {
+        #[derive(serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Reject {
+            line: u64,
+            reason: String,
+        }
+        let first = head.split(|&b| b == b'\n').next().unwrap_or(&[]);
+        match self {
+            OutputKind::Summary => serde_json::from_slice::<Summary>(head).is_ok(),
+            _ if head.is_empty() => true,
+            OutputKind::CStar => serde_json::from_slice::<CStarRecord>(first).is_ok(),
+            OutputKind::Rejects => serde_json::from_slice::<Reject>(first).is_ok(),
+            OutputKind::Journal => crate::annotate::writer::is_journal_header(first),
+        }
+    }
+}
+
+/// A file's bytes up to and including its first newline (a summary: all of it, it is one JSON
+/// value), or None when there is no such file. Reads at most 256 MiB, so a huge file without
+/// newlines cannot exhaust memory (such a file is no C* line anyway).
+fn read_head(path: &Path) -> Result<Option<Vec<u8>>> {
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let summary = path.to_string_lossy().ends_with(".summary.json");
+    let limit = 256 << 20;
+    let mut head = Vec::new();
+    let mut reader = BufReader::new(file);
+    if summary {
+        use std::io::Read;
+        reader
+            .take(limit as u64)
+            .read_to_end(&mut head)
+            .map_err(|e| Error::io(path, e))?;
+    } else {
+        crate::util::jsonl::read_line_capped(&mut reader, &mut head, limit, |_| {})
+            .map_err(|e| Error::io(path, e))?;
+    }
+    Ok(Some(head))
 }
 
 #[cfg(test)]
@@ -92,7 +156,12 @@ mod tests {
             format!("{}\n", serde_json::to_string(&record).unwrap()),
         )
         .unwrap();
-        std::fs::write(dir.path().join("c.summary.json"), "{}").unwrap();
+        let summary = crate::annotate::summary::SummaryBuilder::new(&[]).finish(0.0);
+        std::fs::write(
+            dir.path().join("c.summary.json"),
+            serde_json::to_string(&summary).unwrap(),
+        )
+        .unwrap();
         std::fs::write(dir.path().join("c.rejects.jsonl"), "").unwrap();
         std::fs::write(dir.path().join("c.jsonl.partial"), "").unwrap();
         let removed = remove_previous_output(&out, false).unwrap();
@@ -102,10 +171,28 @@ mod tests {
         // An empty C* (an empty corpus) is one too.
         std::fs::write(&out, "").unwrap();
         assert_eq!(remove_previous_output(&out, false).unwrap().len(), 1);
-        // Anything else is not touched.
-        std::fs::write(&out, "precious data\n").unwrap();
-        let err = remove_previous_output(&out, false).unwrap_err().to_string();
-        assert!(err.contains("not a toolsift C*"), "{err}");
-        assert!(out.exists());
+        // Anything else is not touched: a C* whose first line is blank or not a record, and any
+        // companion that is not the kind toolsift writes there (nothing is removed then).
+        for precious in ["precious data\n", "\nprecious data\n"] {
+            std::fs::write(&out, precious).unwrap();
+            let err = remove_previous_output(&out, false).unwrap_err().to_string();
+            assert!(err.contains("not a toolsift C* file"), "{err}");
+            assert_eq!(std::fs::read_to_string(&out).unwrap(), precious);
+        }
+        let cstar = format!("{}\n", serde_json::to_string(&record).unwrap());
+        for (companion, what) in [
+            ("c.rejects.jsonl", "rejects file"),
+            ("c.summary.json", "summary"),
+            ("c.jsonl.partial", "journal"),
+        ] {
+            std::fs::write(&out, &cstar).unwrap();
+            let path = dir.path().join(companion);
+            std::fs::write(&path, "my notes\n").unwrap();
+            let err = remove_previous_output(&out, true).unwrap_err().to_string();
+            assert!(err.contains(&format!("not a toolsift {what}")), "{err}");
+            assert!(out.exists(), "nothing is removed when one file is not ours");
+            std::fs::remove_file(&path).unwrap();
+        }
+        assert_eq!(remove_previous_output(&out, true).unwrap().len(), 1);
     }
 }

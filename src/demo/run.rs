@@ -53,8 +53,19 @@ impl DemoRun {
             None => opened.dir.join(assets::CORPUS_FILE),
         };
         let documents = crate::annotate::corpus::count_lines(&corpus)?;
-        let replaced = prepare_output(&options.out, false)?;
         let tools = options.tools.unwrap_or_else(|| DEMO_TOOLS.to_vec());
+        // Checked before an earlier output is removed, as everything else that can fail early.
+        let registry = crate::annotate::tools::ToolRegistry::from_config(&opened.config.tools)
+            .map_err(|e| Error::input(e.to_string()))?;
+        crate::annotate::check_tools(&registry, &tools)?;
+        if options.out.is_dir() || options.out.file_name().is_none() {
+            return Err(Error::input(format!(
+                "--out {}: give a file name for C*, e.g. {}",
+                options.out.display(),
+                options.out.join("cstar.jsonl").display()
+            )));
+        }
+        let replaced = prepare_output(&options.out, false)?;
         let job = opened.job(corpus, options.out, tools, options.progress);
         Ok(DemoRun {
             assets_dir: opened.dir.clone(),
@@ -121,14 +132,16 @@ impl EvalRun {
         std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
         let docs = super::corpus::generate(options.seed, options.docs);
         let corpus = out_dir.join("corpus.jsonl");
+        // Every file this replaces is checked before any is written or removed.
+        refuse_foreign_corpus(&corpus)?;
+        let cstar = out_dir.join("cstar.jsonl");
+        // An interrupted earlier run's journal belongs to another set: removed too.
+        let replaced = prepare_output(&cstar, true)?;
         let text = assets::docs_jsonl(&docs);
         write_atomic(&corpus, |w| {
             w.write_all(text.as_bytes())
                 .map_err(|e| Error::io(&corpus, e))
         })?;
-        let cstar = out_dir.join("cstar.jsonl");
-        // An interrupted earlier run's journal belongs to another set: removed too.
-        let replaced = prepare_output(&cstar, true)?;
         let job = opened.job(corpus.clone(), cstar, DEMO_TOOLS.to_vec(), options.progress);
         Ok(EvalRun {
             assets_dir: opened.dir.clone(),
@@ -249,6 +262,34 @@ impl Opened {
 
     fn run(&self, job: &Job) -> Result<RunOutcome> {
         run_job_on(job, &self.model, self.engine.as_ref())
+    }
+}
+
+/// An existing `corpus` that is not an earlier evaluation set (its first line has no "kind" and
+/// "sites", as `DemoDoc::to_json` writes) is an error: `eval-demo --out .` in a data folder must
+/// not replace someone's corpus.jsonl.
+fn refuse_foreign_corpus(corpus: &Path) -> Result<()> {
+    use std::io::{BufRead, Read};
+    let file = match std::fs::File::open(corpus) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(corpus, e)),
+    };
+    let mut first = Vec::new();
+    std::io::BufReader::new(file)
+        .take(64 << 20)
+        .read_until(b'\n', &mut first)
+        .map_err(|e| Error::io(corpus, e))?;
+    let ours = first.is_empty()
+        || serde_json::from_slice::<serde_json::Value>(&first)
+            .is_ok_and(|v| v.get("kind").is_some() && v["sites"].is_array());
+    if ours {
+        Ok(())
+    } else {
+        Err(Error::input(format!(
+            "{} exists and is not an eval-demo set; not replacing it (choose another --out)",
+            corpus.display()
+        )))
     }
 }
 
