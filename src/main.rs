@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -14,6 +14,34 @@ use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
 use toolsift::score::LossWeights;
 use toolsift::Device;
 use toolsift::{CallForm, Model, Placement, ReferenceScorer, ScoreOptions, Scorer};
+
+/// `eprintln!` that cannot panic: progress and summaries go to stderr, and a stderr that cannot be
+/// written (closed, full) must not turn a finished run into a failure that a scheduler reruns.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// [`note!`] without the newline.
+macro_rules! note_part {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Writes a command's result to stdout. A reader that has gone (`| head -1`) ends the output
+/// quietly, as a closed pipe ends any Unix tool's; other write errors are errors.
+fn emit(text: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(()),
+    }
+}
 
 #[derive(Parser)]
 #[command(
@@ -101,7 +129,7 @@ struct EvalDemoArgs {
     #[arg(long, default_value_t = toolsift::demo::EVAL_SEED)]
     seed: u64,
     /// Documents in the evaluation set.
-    #[arg(long, default_value_t = toolsift::demo::DEMO_CORPUS_DOCS, value_parser = at_least_one)]
+    #[arg(long, default_value_t = toolsift::demo::DEMO_CORPUS_DOCS, value_parser = eval_docs)]
     docs: usize,
     /// Backend for sampling and scoring.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
@@ -195,7 +223,7 @@ struct ScoreArgs {
     #[arg(long, value_enum, default_value_t = Placement::Prefix)]
     placement: Placement,
     /// Keep a call iff L- - L+ >= tau_f (a line's own "tau_f" wins).
-    #[arg(long, default_value_t = 1.0, value_parser = finite_f64)]
+    #[arg(long, default_value_t = 1.0, value_parser = finite_f64, allow_negative_numbers = true)]
     tau_f: f64,
     /// How e(c, eps) is written for text-level lines: "[T(i) ->]" (arrow) or "[T(i)]" (bare).
     #[arg(long, value_enum, default_value_t = CallForm::Arrow)]
@@ -268,7 +296,7 @@ struct GenerateArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Prompts decoded together.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     batch_size: usize,
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
@@ -308,7 +336,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            note!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -331,6 +359,15 @@ fn at_least_one(s: &str) -> std::result::Result<usize, String> {
     }
 }
 
+/// eval-demo's set size: 1 to 100,000 documents (the set is generated in memory; 100,000 take a
+/// few hours to annotate on a CPU).
+fn eval_docs(s: &str) -> std::result::Result<usize, String> {
+    match at_least_one(s)? {
+        v if v <= 100_000 => Ok(v),
+        _ => Err("must be at most 100000".into()),
+    }
+}
+
 /// A float flag that must be a finite number (NaN would compare false everywhere).
 fn finite_f64(s: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {
@@ -349,14 +386,47 @@ fn temperature(s: &str) -> std::result::Result<f32, String> {
     }
 }
 
-/// Refuses an output file that is the input file (through any path): creating it would empty
-/// the input before a line is read.
-fn refuse_overwriting(input: &std::path::Path, output: &std::path::Path) -> Result<()> {
-    if toolsift::annotate::writer::is_same_file(input, output) {
-        anyhow::bail!(
-            "{}: the output is the input file; writing it would destroy the input",
-            output.display()
-        );
+/// Checks `--input` and `--output` before the model is loaded (minutes for a 6B checkpoint) and
+/// before the output is created (which empties it): the input must not be a folder (it would
+/// open, then fail on the first read), the output must be neither the input file nor a file of
+/// the model folder (through any path), and its folder must exist.
+fn check_io(input: Option<&Path>, output: Option<&Path>, model_dir: Option<&Path>) -> Result<()> {
+    use toolsift::annotate::writer::is_same_file;
+    if let Some(input) = input {
+        let meta = std::fs::metadata(input).with_context(|| format!("{}", input.display()))?;
+        if meta.is_dir() {
+            anyhow::bail!("{}: is a folder; give a JSONL file", input.display());
+        }
+        if output.is_some_and(|output| is_same_file(input, output)) {
+            anyhow::bail!(
+                "{}: the output is the input file; writing it would destroy the input",
+                input.display()
+            );
+        }
+    }
+    let Some(output) = output else {
+        return Ok(());
+    };
+    if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            anyhow::bail!(
+                "{}: the output's folder {} does not exist",
+                output.display(),
+                dir.display()
+            );
+        }
+    }
+    if let Some(model_dir) = model_dir {
+        // Not an error here if the folder cannot be listed: the model load says why.
+        for entry in std::fs::read_dir(model_dir).into_iter().flatten().flatten() {
+            if is_same_file(&entry.path(), output) {
+                anyhow::bail!(
+                    "{}: is {}, a file of the model folder; writing it would destroy the model",
+                    output.display(),
+                    entry.path().display()
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -367,8 +437,8 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         Some(w) => LossWeights::new(w)?,
         None => LossWeights::default(),
     };
+    check_io(Some(&args.input), Some(&args.output), Some(&args.model))?;
     let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
-    refuse_overwriting(&args.input, &args.output)?;
     let model = Model::load(&args.model)?;
     let options = JsonlOptions {
         score: ScoreOptions {
@@ -410,8 +480,14 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         tokenizer.as_ref(),
         &options,
     )
-    .with_context(|| format!("scoring {}", args.input.display()))?;
-    eprintln!(
+    .with_context(|| {
+        format!(
+            "scoring {} into {}",
+            args.input.display(),
+            args.output.display()
+        )
+    })?;
+    note!(
         "{} lines: {} scored ({} kept), {} failed -> {}",
         summary.lines,
         summary.scored,
@@ -434,7 +510,7 @@ fn convert(args: ConvertArgs) -> Result<ExitCode> {
         _ => DType::BF16,
     });
     let n = toolsift::model::checkpoint::convert(&model, &args.out, dtype)?;
-    eprintln!(
+    note!(
         "wrote {n} tensors to {}",
         args.out.join("model.safetensors").display()
     );
@@ -456,7 +532,7 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
         device: args.device,
         model_dir: args.model,
     })?;
-    eprintln!(
+    note!(
         "{}: {} candidates, {} unique tokens ({:.0}/candidate); toolsift {:.2} cand/s, trunk {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s GEMM peak",
         report.model,
         report.candidates,
@@ -468,14 +544,14 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
         report.gemm_gflops_peak
     );
     if let (Some(s), Some(t)) = (report.speedup, report.speedup_vs_tuned) {
-        eprintln!(
+        note!(
             "speedup {s:.2}x over naive ({} tokens), {t:.2}x over tuned ({} tokens); max |diff| {:.2e}",
             report.baseline_tokens,
             report.tuned_tokens,
             report.max_abs_diff.unwrap_or(f64::NAN)
         );
     }
-    println!("{}", serde_json::to_string(&report)?);
+    emit(&format!("{}\n", serde_json::to_string(&report)?))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -496,7 +572,7 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     }
     config.validate()?;
     if args.print_config {
-        print!("{}", config.to_toml());
+        emit(&config.to_toml())?;
         return Ok(ExitCode::SUCCESS);
     }
     let (Some(model_dir), Some(corpus), Some(out)) = (args.model, args.corpus, args.out) else {
@@ -529,8 +605,8 @@ fn report_run(outcome: toolsift::annotate::RunOutcome) -> Option<toolsift::annot
     use toolsift::annotate::RunOutcome;
     match outcome {
         RunOutcome::Done(summary, paths) => {
-            eprint!("{}", summary.render());
-            eprintln!(
+            note_part!("{}", summary.render());
+            note!(
                 "wrote {} ({} rejects in {}, summary in {})",
                 paths.out.display(),
                 summary.rejected,
@@ -540,7 +616,7 @@ fn report_run(outcome: toolsift::annotate::RunOutcome) -> Option<toolsift::annot
             Some(*summary)
         }
         RunOutcome::Stopped(n) => {
-            eprintln!("stopped after {n} documents");
+            note!("stopped after {n} documents");
             None
         }
     }
@@ -552,7 +628,7 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
     use toolsift::demo::run::{DemoOptions, DemoRun};
     let started = std::time::Instant::now();
     if args.print_config {
-        print!("{}", toolsift::demo::run::settings(args.seed)?.to_toml());
+        emit(&toolsift::demo::run::settings(args.seed)?.to_toml())?;
         return Ok(ExitCode::SUCCESS);
     }
     let demo = DemoRun::prepare(DemoOptions {
@@ -567,15 +643,15 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
     })?;
     report_replaced(&demo.replaced);
     let shown = std::path::absolute(demo.out()).unwrap_or_else(|_| demo.out().to_owned());
-    eprintln!(
+    note!(
         "demo: model, corpus ({} documents) and settings from {}",
         demo.documents,
         demo.assets_dir.display()
     );
-    eprintln!("demo: C* will be written to {}", shown.display());
+    note!("demo: C* will be written to {}", shown.display());
     report_run(demo.run()?);
-    eprintln!("C*: {}", shown.display());
-    eprintln!(
+    note!("C*: {}", shown.display());
+    note!(
         "wall time: {:.2}s (assets, model load, annotate, write)",
         started.elapsed().as_secs_f64()
     );
@@ -585,7 +661,7 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
 fn report_replaced(removed: &[PathBuf]) {
     if !removed.is_empty() {
         let names: Vec<String> = removed.iter().map(|p| p.display().to_string()).collect();
-        eprintln!("demo: replacing the previous output ({})", names.join(", "));
+        note!("demo: replacing the previous output ({})", names.join(", "));
     }
 }
 
@@ -602,7 +678,7 @@ fn eval_demo(args: EvalDemoArgs) -> Result<ExitCode> {
         progress: !args.no_progress,
     })?;
     report_replaced(&eval.replaced);
-    eprintln!(
+    note!(
         "eval-demo: {} documents from seed {} in {}; model and settings from {}",
         eval.documents(),
         eval.seed(),
@@ -611,25 +687,25 @@ fn eval_demo(args: EvalDemoArgs) -> Result<ExitCode> {
     );
     let outcome = eval.run()?;
     if args.json {
-        println!("{}", serde_json::to_string(&outcome.report)?);
+        emit(&format!("{}\n", serde_json::to_string(&outcome.report)?))?;
     } else {
-        eprint!("{}", outcome.summary.render());
-        print!("{}", outcome.report.render());
-        eprintln!("wrote {}", outcome.report_path.display());
+        note_part!("{}", outcome.summary.render());
+        emit(&outcome.report.render())?;
+        note!("wrote {}", outcome.report_path.display());
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn index(args: IndexArgs) -> Result<ExitCode> {
     let stats = toolsift::annotate::tools::build_index(&args.docs, &args.out, &args.text_field)?;
-    eprintln!(
+    note!(
         "indexed {} documents ({} blank lines skipped) into {}",
         stats.documents,
         stats.blank_lines,
         args.out.display()
     );
     if stats.duplicate_ids > 0 {
-        eprintln!(
+        note!(
             "warning: {} documents have an id an earlier document has; a WikiSearch call from a \
              corpus document with that id leaves all of them out",
             stats.duplicate_ids
@@ -640,7 +716,7 @@ fn index(args: IndexArgs) -> Result<ExitCode> {
 
 fn merge(args: MergeArgs) -> Result<ExitCode> {
     let report = toolsift::annotate::merge(&args.out, &args.inputs)?;
-    eprintln!(
+    note!(
         "merged {} documents and {} rejects ({} corpus lines) from {} shards into {}",
         report.documents,
         report.rejects,
@@ -657,10 +733,8 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let tools = generate::tools_from_config(args.config.as_deref(), args.tools.as_deref())?;
     let input: Box<dyn std::io::BufRead> = match (&args.input, &args.prompt) {
         (Some(path), _) => {
+            check_io(Some(path), args.output.as_deref(), None)?;
             let file = File::open(path).with_context(|| format!("{}", path.display()))?;
-            if let Some(out) = &args.output {
-                refuse_overwriting(path, out)?;
-            }
             Box::new(BufReader::new(file))
         }
         (None, prompt) => {
@@ -687,6 +761,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         Some(dir) => dir.clone(),
         None => toolsift::demo::assets::materialize().context("writing the demo assets")?,
     };
+    check_io(None, args.output.as_deref(), Some(&model_dir))?;
     let model = Model::load(&model_dir)?;
     let tokenizer = model
         .tokenizer
@@ -712,9 +787,13 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
                 name(&args.output, "<stdout>")
             )
         })?;
-    eprintln!(
+    note!(
         "{} prompts: {} generated ({} calls, {} with a result), {} failed",
-        summary.lines, summary.generated, summary.calls, summary.calls_ok, summary.failed
+        summary.lines,
+        summary.generated,
+        summary.calls,
+        summary.calls_ok,
+        summary.failed
     );
     Ok(if summary.failed > 0 {
         ExitCode::FAILURE

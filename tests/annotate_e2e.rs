@@ -1027,6 +1027,13 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
     assert!(!merged.exists());
     drop(holder);
     annotate::merge(&merged, &globbed).unwrap();
+    // Into a folder that does not exist yet: made, as annotate makes its --out folder.
+    let fresh = dir.path().join("new/sub/m.jsonl");
+    annotate::merge(&fresh, &globbed).unwrap();
+    assert_eq!(
+        std::fs::read(&fresh).unwrap(),
+        std::fs::read(&merged).unwrap()
+    );
     let cstars: Vec<PathBuf> = shards.iter().map(|p| p.out.clone()).collect();
     std::fs::create_dir(dir.path().join("sub")).unwrap();
     let respelled = dir

@@ -429,3 +429,100 @@ fn long_texts_score_as_if_tokenized_whole() {
         }
     }
 }
+
+/// What is wrong with --input or --output is found before the output is created (which would
+/// empty it) and before the model is loaded: an input that is a folder, an output that is a
+/// file of the model folder, an output folder that does not exist.
+#[test]
+fn bad_input_or_output_paths_touch_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(tiny("f32").join(f), model.join(f)).unwrap();
+    }
+    let input = tmp.path().join("in.jsonl");
+    let text: String = token_lines().iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, text).unwrap();
+    let keep = tmp.path().join("keep.jsonl");
+    std::fs::write(&keep, "keep\n").unwrap();
+    let weights = std::fs::read(model.join("model.safetensors")).unwrap();
+    for (input, output, needle) in [
+        (tmp.path().to_owned(), keep.clone(), "is a folder"),
+        (
+            input.clone(),
+            model.join("model.safetensors"),
+            "a file of the model folder",
+        ),
+        (
+            input.clone(),
+            tmp.path().join("no/such/out.jsonl"),
+            "does not exist",
+        ),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["score", "--model"])
+            .arg(&model)
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(&output)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && stderr.contains(needle),
+            "{needle}: {stderr}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&keep).unwrap(), "keep\n");
+    assert_eq!(
+        std::fs::read(model.join("model.safetensors")).unwrap(),
+        weights
+    );
+    // A negative threshold in the documented `--tau-f X` form (keep every call).
+    let out = tmp.path().join("out.jsonl");
+    let (ok, results, stderr) = run_score_raw(&model, &input, &out, &["--tau-f", "-1e9"]);
+    assert!(ok, "{stderr}");
+    assert!(results.iter().all(|r| r["kept"] == true));
+}
+
+/// A stderr that cannot be written does not turn a finished run into a failure; an output
+/// that cannot be written is an error naming it.
+#[cfg(target_os = "linux")]
+#[test]
+fn unwritable_stderr_or_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let text: String = token_lines().iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, text).unwrap();
+    let run = |output: &Path, stderr: std::process::Stdio| {
+        Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["score", "--model"])
+            .arg(tiny("f32"))
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(output)
+            .stderr(stderr)
+            .output()
+            .unwrap()
+    };
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    let out = tmp.path().join("out.jsonl");
+    let o = run(&out, full().into());
+    assert!(o.status.success(), "{:?}", o.status);
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap().lines().count(),
+        token_lines().len()
+    );
+    let o = run(Path::new("/dev/full"), std::process::Stdio::piped());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(stderr.contains("into /dev/full"), "{stderr}");
+}

@@ -436,3 +436,24 @@ fn annotate_demo_on_cuda_without_a_gpu_is_a_clear_error() {
     // Nothing was written: the device is opened before the output is prepared.
     assert_eq!(std::fs::read_dir(cwd.path()).unwrap().count(), 0);
 }
+
+/// Sizes that cannot be met are clap errors, not a panic or an out-of-memory.
+#[test]
+fn absurd_sizes_are_flag_errors() {
+    let cwd = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    for (args, want) in [
+        (
+            &["eval-demo", "--docs", "18446744073709551615"][..],
+            "at most 100000",
+        ),
+        (
+            &["generate", "--demo", "--prompt", "x", "--batch-size", "0"][..],
+            "at least 1",
+        ),
+    ] {
+        let o = toolsift(cwd.path(), tmp.path(), args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+}

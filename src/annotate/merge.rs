@@ -130,6 +130,10 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
             heap.push(std::cmp::Reverse((line, k)));
         }
     }
+    // As annotate does: a fresh output folder is made.
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
     let mut docs_file = writer::AtomicFile::create(&out_paths.out)?;
     let mut rejects_file = writer::AtomicFile::create(&out_paths.rejects)?;
     let (mut documents, mut rejects, mut next) = (0u64, 0u64, 1u64);
