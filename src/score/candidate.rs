@@ -148,7 +148,10 @@ pub(crate) fn validate_at(
         }
     }
     let longest = c.call_ids.len().max(c.call_result_ids.len()) + c.text_end(options);
-    if longest > config.n_positions {
+    // A candidate with no weighted token left (every weight zero, or the non-zero ones past the
+    // end of the text) runs nothing, so no sequence of it has to fit.
+    let runs = c.window(options).any(|(_, w)| w != 0.0);
+    if runs && longest > config.n_positions {
         return Err(format!(
             "sequence of {longest} tokens (call + text up to the last weighted token) is longer \
              than n_positions ({})",
@@ -262,6 +265,26 @@ mod tests {
         assert!(validate(&c, &config, &o)
             .unwrap_err()
             .contains("longer than n_positions (256)"));
+
+        // No weighted token at all (every weight zero): nothing runs, so nothing must fit, even
+        // with 251 + 6 tokens before the position.
+        c.position = 251;
+        c.weights = Some(vec![0.0]);
+        assert_eq!(validate(&c, &config, &o), Ok(()));
+        // ... and the scorers give 0 without running it.
+        let model = crate::model::Model::from_parts(
+            config.clone(),
+            crate::model::GptjWeights::random(&config, 1, crate::model::DType::F32),
+            None,
+        );
+        let cpu = crate::cpu::CpuScorer::new(&model);
+        let reference = super::super::ReferenceScorer::new(&model);
+        for scorer in [&cpu as &dyn super::super::Scorer, &reference] {
+            assert_eq!(
+                scorer.variant_losses(std::slice::from_ref(&c), &o).unwrap(),
+                vec![[0.0; 3]]
+            );
+        }
     }
 
     #[test]
