@@ -36,19 +36,36 @@ impl CpuScorer {
             .collect()
     }
 
-    /// The decoding loop of `requests` from `first` ([requests, vocab]: the log-softmax after
-    /// each prefix), sample i growing node `nodes[i]` of `tree`.
+    /// Draws the first tokens of requests `r0..` from the rows of `x` (final residual stream,
+    /// one row per request), the full log-softmax computed `HEAD_CHUNK_ROWS` rows at a time.
+    fn draw_first(
+        &self,
+        x: &[f32],
+        r0: usize,
+        requests: &[SampleRequest],
+        draws: &mut batch::FirstDraws<'_>,
+    ) {
+        let (d, vocab) = (self.config.n_embd, self.config.vocab_size);
+        for (chunk_i, chunk) in x.chunks(HEAD_CHUNK_ROWS * d).enumerate() {
+            let lp = self.log_softmax_rows(chunk);
+            for (j, row) in lp.chunks(vocab).enumerate() {
+                let r = r0 + chunk_i * HEAD_CHUNK_ROWS + j;
+                draws.push(r, &requests[r], row);
+            }
+        }
+    }
+
+    /// The decoding loop of `requests` from their first draws, sample i growing node
+    /// `nodes[i]` of `tree`.
     fn decode_samples(
         &self,
         tree: &mut KvTree,
         requests: &[SampleRequest],
-        options: &SampleOptions,
-        first: &[f32],
+        first: batch::FirstDraws<'_>,
         nodes: Vec<usize>,
     ) -> Result<Vec<Vec<Sample>>> {
         let (d, vocab) = (self.config.n_embd, self.config.vocab_size);
-        let first: Vec<&[f32]> = first.chunks(vocab).collect();
-        batch::decode(requests, options, &first, nodes, |nodes, tokens, each| {
+        batch::decode(requests, first, nodes, |nodes, tokens, each| {
             let x = self.extend(tree, nodes, tokens);
             for (chunk_i, chunk) in x.chunks(HEAD_CHUNK_ROWS * d).enumerate() {
                 let lp = self.log_softmax_rows(chunk);
@@ -78,13 +95,18 @@ impl Sampler for CpuScorer {
     ) -> Result<Vec<Vec<Sample>>> {
         let c = &self.config;
         batch::check_requests("request", requests, options, c.vocab_size, c.n_positions)?;
+        if let Some(empty) = batch::nothing_to_draw(requests, options) {
+            return Ok(empty);
+        }
         let d = c.n_embd;
-        // Prefill every prefix once, as a prefix tree per run of requests that fits the budget.
+        // Prefill every prefix once, as a prefix tree per run of requests that fits the budget;
+        // each request's first tokens are drawn from its row as soon as the row exists.
         let max_tokens = (self.memory_budget / self.bytes_per_token()).max(1);
         let mut tree = KvTree::new(c.n_layer);
-        let mut first = Vec::with_capacity(requests.len() * c.vocab_size); // [requests, vocab]
+        let mut first = batch::FirstDraws::new(options);
         let mut nodes = Vec::new();
         for run in batch::prefill_runs(requests, max_tokens) {
+            let r0 = run.start;
             let run = &requests[run];
             let prefixes: Vec<Vec<u32>> = run.iter().map(|r| r.prefix.clone()).collect();
             let (plan, last_rows) = Plan::from_sequences(&prefixes);
@@ -97,10 +119,11 @@ impl Sampler for CpuScorer {
                 .iter()
                 .flat_map(|&row| x[row * d..(row + 1) * d].iter().copied())
                 .collect();
-            first.extend(self.log_softmax_rows(&first_rows));
+            drop(x);
+            self.draw_first(&first_rows, r0, requests, &mut first);
             nodes.extend(tree.fork_samples(run, &plan, &seg_nodes, &last_rows));
         }
-        self.decode_samples(&mut tree, requests, options, &first, nodes)
+        self.decode_samples(&mut tree, requests, first, nodes)
     }
 
     fn propose(
@@ -128,10 +151,17 @@ impl Sampler for CpuScorer {
         // Each branch forks the cached sequence and computes only its own token.
         let prefix_nodes: Vec<usize> = branches.iter().map(|b| tree.fork(root, b.at)).collect();
         let opens: Vec<Vec<u32>> = branches.iter().map(|b| vec![b.token]).collect();
-        let x = self.extend(&mut tree, &prefix_nodes, &opens);
-        let first = self.log_softmax_rows(&x); // [branches, vocab]
-        let nodes = tree.fork_each(&requests, &prefix_nodes);
-        let samples = self.decode_samples(&mut tree, &requests, options, &first, nodes)?;
+        let samples = match batch::nothing_to_draw(&requests, options) {
+            Some(empty) => empty,
+            None => {
+                let x = self.extend(&mut tree, &prefix_nodes, &opens);
+                let mut first = batch::FirstDraws::new(options);
+                self.draw_first(&x, 0, &requests, &mut first);
+                drop(x);
+                let nodes = tree.fork_each(&requests, &prefix_nodes);
+                self.decode_samples(&mut tree, &requests, first, nodes)?
+            }
+        };
         Ok(Proposal {
             log_probs,
             branches,

@@ -267,12 +267,26 @@ impl CudaScorer {
         x_rows: usize,
         rows: &[u32],
     ) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(rows.len());
+        self.head_log_softmax_each(w, x, x_rows, rows, |_, row| out.push(row.to_vec()))?;
+        Ok(out)
+    }
+
+    /// As `head_log_softmax`, handing each row to `each(k, row)` (k: its index in `rows`, in
+    /// order) instead of keeping them: the host holds one chunk of rows at a time.
+    fn head_log_softmax_each<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        x: &mut CudaSlice<f32>,
+        x_rows: usize,
+        rows: &[u32],
+        mut each: impl FnMut(usize, &[f32]),
+    ) -> Result<()> {
         let gpu = &self.gpu;
         let vocab = self.config.vocab_size;
         let vs = stride(vocab);
-        let mut out = Vec::with_capacity(rows.len());
         let mut lp = zeros::<f32>(gpu, self.head_chunk_rows.min(rows.len()) * vs)?;
-        self.head_chunks(w, x, x_rows, rows, |logits, _, m| {
+        self.head_chunks(w, x, x_rows, rows, |logits, r0, m| {
             lm_head_xent::log_softmax(
                 gpu,
                 &logits.as_view(),
@@ -286,10 +300,11 @@ impl CudaScorer {
                 .clone_dtoh(&lp.slice(0..m * vs))
                 .map_err(driver_err("downloading log-softmax rows"))?;
             gpu.sync()?;
-            out.extend(host.chunks(vs).map(|r| r[..vocab].to_vec()));
+            for (j, row) in host.chunks(vs).enumerate() {
+                each(r0 + j, &row[..vocab]);
+            }
             Ok(())
-        })?;
-        Ok(out)
+        })
     }
 
     /// ln_f and the lm_head GEMM over `rows` of `x` in chunks of at most `head_chunk_rows`;
@@ -370,8 +385,8 @@ impl CudaScorer {
         options: &SampleOptions,
     ) -> Result<Vec<Vec<Sample>>> {
         let c = &self.config;
-        if requests.is_empty() {
-            return Ok(Vec::new());
+        if let Some(empty) = batch::nothing_to_draw(requests, options) {
+            return Ok(empty);
         }
         // Prefill every prefix once, as a prefix tree per run of requests whose activations fit
         // the memory budget; the cache is sized for every run's and every sample's tokens up
@@ -390,7 +405,8 @@ impl CudaScorer {
         let prefill_rows: usize = runs.iter().map(|(_, (plan, _))| plan.n_tokens()).sum();
         let capacity = prefill_rows + decode_rows(requests, options);
         let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, capacity)?;
-        let mut first = Vec::with_capacity(requests.len());
+        // Each request's first tokens are drawn from its row as soon as the row exists.
+        let mut first = batch::FirstDraws::new(options);
         let mut nodes = Vec::new();
         for (run, (plan, last_rows)) in runs {
             let (seg_nodes, mut x) = self.prefill_tree(w, &mut tree, &plan)?;
@@ -399,11 +415,14 @@ impl CudaScorer {
                 .map(|r| r.expect("non-empty prefix") as usize)
                 .collect();
             let head_rows: Vec<u32> = last_rows.iter().map(|&r| r as u32).collect();
-            first.extend(self.head_log_softmax(w, &mut x, plan.n_tokens(), &head_rows)?);
+            self.head_log_softmax_each(w, &mut x, plan.n_tokens(), &head_rows, |k, row| {
+                let r = run.start + k;
+                first.push(r, &requests[r], row);
+            })?;
             drop(x);
             nodes.extend(tree.fork_samples(&requests[run], &plan, &seg_nodes, &last_rows));
         }
-        self.decode_samples(w, &mut tree, requests, options, &first, nodes)
+        self.decode_samples(w, &mut tree, requests, first, nodes)
     }
 
     fn propose_t<T: DeviceFloat>(
@@ -431,11 +450,11 @@ impl CudaScorer {
             c.vocab_size,
             c.n_positions,
         )?;
-        if requests.is_empty() {
+        if let Some(samples) = batch::nothing_to_draw(&requests, options) {
             return Ok(Proposal {
                 log_probs,
                 branches,
-                samples: Vec::new(),
+                samples,
             });
         }
         // One growth to the exact size (the branches' tokens and every sample's), then each
@@ -445,10 +464,13 @@ impl CudaScorer {
         let opens: Vec<Vec<u32>> = branches.iter().map(|b| vec![b.token]).collect();
         let mut x = self.extend_tree(w, &mut tree, &prefix_nodes, &opens)?;
         let rows: Vec<u32> = (0..requests.len() as u32).collect();
-        let first = self.head_log_softmax(w, &mut x, requests.len(), &rows)?;
+        let mut first = batch::FirstDraws::new(options);
+        self.head_log_softmax_each(w, &mut x, requests.len(), &rows, |r, row| {
+            first.push(r, &requests[r], row)
+        })?;
         drop(x);
         let nodes = tree.fork_each(&requests, &prefix_nodes);
-        let samples = self.decode_samples(w, &mut tree, &requests, options, &first, nodes)?;
+        let samples = self.decode_samples(w, &mut tree, &requests, first, nodes)?;
         Ok(Proposal {
             log_probs,
             branches,
@@ -456,26 +478,20 @@ impl CudaScorer {
         })
     }
 
-    /// The decoding loop of `requests` from `first` (the log-softmax after each prefix), sample
-    /// i growing node `nodes[i]` of `tree`.
+    /// The decoding loop of `requests` from their first draws, sample i growing node
+    /// `nodes[i]` of `tree`.
     fn decode_samples<T: DeviceFloat>(
         &self,
         w: &CudaWeights<T>,
         tree: &mut CudaKvTree<T>,
         requests: &[SampleRequest],
-        options: &SampleOptions,
-        first: &[Vec<f32>],
+        first: batch::FirstDraws<'_>,
         nodes: Vec<usize>,
     ) -> Result<Vec<Vec<Sample>>> {
-        let first: Vec<&[f32]> = first.iter().map(Vec::as_slice).collect();
-        batch::decode(requests, options, &first, nodes, |nodes, tokens, each| {
+        batch::decode(requests, first, nodes, |nodes, tokens, each| {
             let mut x = self.extend_tree(w, tree, nodes, tokens)?;
             let rows: Vec<u32> = (0..nodes.len() as u32).collect();
-            let lp = self.head_log_softmax(w, &mut x, nodes.len(), &rows)?;
-            for (k, row) in lp.iter().enumerate() {
-                each(k, row);
-            }
-            Ok(())
+            self.head_log_softmax_each(w, &mut x, nodes.len(), &rows, each)
         })
     }
 }

@@ -169,16 +169,66 @@ pub(crate) fn sample_requests(requests: &[SampleRequest]) -> impl Iterator<Item 
         .flat_map(|(r, req)| std::iter::repeat_n(r, req.n_samples))
 }
 
-/// The decoding loop. `first[r]`: the log-probabilities after request r's prefix; `nodes[i]`:
-/// the cache node of sample i (in `sample_requests` order), forked from its prefix. Each round,
-/// `step(nodes, tokens, each)` appends one token to each live sample's node and calls
-/// `each(k, row)` with the log-probabilities after `tokens[k]`, for every k (in any order).
-/// Returns `out[r][s]`, sample s of request r. With `max_new_tokens` 0 every sample is empty
-/// and nothing is drawn or stepped.
-pub(crate) fn decode<N: Copy>(
+/// Every sample empty when nothing is to be drawn (`max_new_tokens` 0, or no request asks for a
+/// sample): a sampler returns this before it computes anything.
+pub(crate) fn nothing_to_draw(
     requests: &[SampleRequest],
     options: &SampleOptions,
-    first: &[&[f32]],
+) -> Option<Vec<Vec<Sample>>> {
+    let none = options.max_new_tokens == 0 || requests.iter().all(|r| r.n_samples == 0);
+    none.then(|| {
+        let empty = Sample {
+            tokens: Vec::new(),
+            stopped: false,
+        };
+        requests
+            .iter()
+            .map(|req| vec![empty.clone(); req.n_samples])
+            .collect()
+    })
+}
+
+/// The first token of every sample, drawn as soon as its request's row (the log-probabilities
+/// after the prefix) exists, so that a sampler keeps one chunk of [rows, vocab] at a time
+/// instead of a row per request until decoding starts.
+pub(crate) struct FirstDraws<'o> {
+    options: &'o SampleOptions,
+    /// (request, the sample's stream after its first draw, the token), in sample order.
+    draws: Vec<(usize, crate::util::rng::Rng, u32)>,
+    next_request: usize,
+}
+
+impl<'o> FirstDraws<'o> {
+    pub(crate) fn new(options: &'o SampleOptions) -> Self {
+        FirstDraws {
+            options,
+            draws: Vec::new(),
+            next_request: 0,
+        }
+    }
+
+    /// Draws the first token of each of request `r`'s samples from `row`. Requests come in
+    /// order, each once.
+    pub(crate) fn push(&mut self, r: usize, req: &SampleRequest, row: &[f32]) {
+        debug_assert_eq!(r, self.next_request, "requests in order");
+        self.next_request = r + 1;
+        for s in 0..req.n_samples {
+            let mut rng = sample_rng(self.options.seed, r, s);
+            let tok = draw(row, self.options, &mut rng);
+            self.draws.push((r, rng, tok));
+        }
+    }
+}
+
+/// The decoding loop, from each sample's first token (`first`, every request pushed) and its
+/// cache node `nodes[i]` (in `sample_requests` order), forked from its prefix. Each round,
+/// `step(nodes, tokens, each)` appends one token to each live sample's node and calls
+/// `each(k, row)` with the log-probabilities after `tokens[k]`, for every k (in any order).
+/// Returns `out[r][s]`, sample s of request r. Samplers return [`nothing_to_draw`] first, so
+/// `max_new_tokens` is at least 1 here.
+pub(crate) fn decode<N: Copy>(
+    requests: &[SampleRequest],
+    first: FirstDraws<'_>,
     nodes: Vec<N>,
     mut step: impl FnMut(&[N], &[Vec<u32>], &mut dyn FnMut(usize, &[f32])) -> Result<()>,
 ) -> Result<Vec<Vec<Sample>>> {
@@ -189,30 +239,21 @@ pub(crate) fn decode<N: Copy>(
         tokens: Vec<u32>,
         stopped: bool,
     }
-    if options.max_new_tokens == 0 {
-        let empty = Sample {
-            tokens: Vec::new(),
-            stopped: false,
-        };
-        return Ok(requests
-            .iter()
-            .map(|req| vec![empty.clone(); req.n_samples])
-            .collect());
-    }
-    let mut live = Vec::with_capacity(nodes.len());
-    let mut sample_of_request = vec![0usize; requests.len()];
-    for (r, node) in sample_requests(requests).zip(nodes) {
-        let mut rng = sample_rng(options.seed, r, sample_of_request[r]);
-        sample_of_request[r] += 1;
-        let tok = draw(first[r], options, &mut rng);
-        live.push(Live {
+    let options = first.options;
+    debug_assert_eq!(first.next_request, requests.len(), "every request drawn");
+    debug_assert_eq!(first.draws.len(), nodes.len());
+    let mut live: Vec<Live<N>> = first
+        .draws
+        .into_iter()
+        .zip(nodes)
+        .map(|((r, rng, tok), node)| Live {
             r,
             node,
             rng,
             stopped: options.stop_tokens.contains(&tok),
             tokens: vec![tok],
-        });
-    }
+        })
+        .collect();
     let active = |l: &Live<N>| !l.stopped && l.tokens.len() < options.max_new_tokens;
     loop {
         let round: Vec<usize> = (0..live.len()).filter(|&i| active(&live[i])).collect();
