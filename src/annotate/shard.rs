@@ -105,12 +105,20 @@ impl Shard {
                     Error::input("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not")
                 })?,
             };
-            let index = id.checked_sub(min).ok_or_else(|| {
+            let offset = id.checked_sub(min).ok_or_else(|| {
                 Error::input(format!(
                     "SLURM_ARRAY_TASK_ID {id} is below SLURM_ARRAY_TASK_MIN {min}"
                 ))
             })?;
-            return Shard::new(index, count);
+            // `--array=0-15:2`: tasks 0, 2, ..., 14 are shards 0 to 7.
+            let step = num("SLURM_ARRAY_TASK_STEP")?.unwrap_or(1).max(1);
+            if offset % step != 0 {
+                return Err(Error::input(format!(
+                    "SLURM_ARRAY_TASK_ID {id} is not SLURM_ARRAY_TASK_MIN {min} plus a multiple \
+                     of SLURM_ARRAY_TASK_STEP {step}; give --shard INDEX/COUNT"
+                )));
+            }
+            return Shard::new(offset / step, count);
         }
         match shards {
             Some(c) if c > 1 => Err(Error::input(
@@ -188,6 +196,22 @@ mod tests {
         let k8s = Shard::resolve(None, Some(4), env(&[("JOB_COMPLETION_INDEX", "2")])).unwrap();
         assert_eq!(k8s, Shard { index: 2, count: 4 });
         assert!(Shard::resolve(None, None, env(&[("JOB_COMPLETION_INDEX", "2")])).is_err());
+        // A stepped Slurm array (--array=1-15:2): tasks 1, 3, ..., 15 are shards 0 to 7.
+        let stepped = |id: &'static str| {
+            Shard::resolve(
+                None,
+                None,
+                env(&[
+                    ("SLURM_ARRAY_TASK_ID", id),
+                    ("SLURM_ARRAY_TASK_COUNT", "8"),
+                    ("SLURM_ARRAY_TASK_MIN", "1"),
+                    ("SLURM_ARRAY_TASK_STEP", "2"),
+                ]),
+            )
+        };
+        assert_eq!(stepped("15").unwrap(), Shard { index: 7, count: 8 });
+        assert_eq!(stepped("1").unwrap(), Shard { index: 0, count: 8 });
+        assert!(stepped("4").is_err());
         let slurm = Shard::resolve(
             None,
             None,

@@ -44,14 +44,32 @@ impl ToolKind {
         }
     }
 
+    /// The tool named by its key ("wikisearch") or its call name ("WikiSearch"), in any case,
+    /// as `generate --tools` accepts them.
     pub fn from_key(key: &str) -> Result<Self> {
+        let key = key.trim();
         ToolKind::ALL
             .into_iter()
-            .find(|t| t.key() == key.trim())
+            .find(|t| t.key().eq_ignore_ascii_case(key) || t.call_name().eq_ignore_ascii_case(key))
             .ok_or_else(|| {
                 Error::input(format!(
                     "unknown tool {key:?}: expected one of calculator, calendar, wikisearch, qa, mt"
                 ))
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_are_named_by_key_or_call_name_in_any_case() {
+        for t in ToolKind::ALL {
+            assert_eq!(ToolKind::from_key(t.key()).unwrap(), t);
+            assert_eq!(ToolKind::from_key(t.call_name()).unwrap(), t);
+            assert_eq!(ToolKind::from_key(&t.key().to_uppercase()).unwrap(), t);
+        }
+        assert!(ToolKind::from_key("search").is_err());
     }
 }
