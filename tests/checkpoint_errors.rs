@@ -282,7 +282,6 @@ fn sharded_safetensors_load_and_a_missing_shard_is_named() {
         serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
     )
     .unwrap();
-    drop(tensors);
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
     let sharded = Model::load(&dir).unwrap();
     let whole = Model::load(&tiny("f32")).unwrap();
@@ -290,9 +289,100 @@ fn sharded_safetensors_load_and_a_missing_shard_is_named() {
         sharded.weights.lm_head.weight.to_f32(),
         whole.weights.lm_head.weight.to_f32()
     );
+    // An index that does not describe its shards: a tensor listed in the wrong shard, a
+    // tensor listed that no shard holds.
+    let index = dir.join("model.safetensors.index.json");
+    let good = std::fs::read_to_string(&index).unwrap();
+    let first = a[0].0.clone();
+    drop(tensors);
+    let mut wrong = map.clone();
+    wrong.insert(first.clone(), "model-00002-of-00002.safetensors".into());
+    std::fs::write(&index, serde_json::json!({"weight_map": wrong}).to_string()).unwrap();
+    assert_names(
+        &load_err(&dir),
+        &["model.safetensors.index.json", &first, "is in"],
+    );
+    let mut extra = map.clone();
+    extra.insert(
+        "transformer.h.99.attn.q_proj.weight".into(),
+        "model-00001-of-00002.safetensors".into(),
+    );
+    std::fs::write(&index, serde_json::json!({"weight_map": extra}).to_string()).unwrap();
+    assert_names(
+        &load_err(&dir),
+        &["transformer.h.99.attn.q_proj.weight", "lacks it"],
+    );
+    std::fs::write(&index, good).unwrap();
+    Model::load(&dir).unwrap();
     std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
     let err = load_err(&dir);
     assert_names(&err, &["model-00002-of-00002.safetensors"]);
+}
+
+/// convert never writes through a link into the source, removes a stale tokenizer.json, and a
+/// conversion that fails leaves the earlier output as it was.
+#[cfg(unix)]
+#[test]
+fn convert_leaves_sources_and_earlier_outputs_whole() {
+    let (tmp, dir) = copy_fixture();
+    let model = Model::load(&dir).unwrap();
+    let tokenizer = std::fs::read(dir.join("tokenizer.json")).unwrap();
+    let config = std::fs::read(dir.join("config.json")).unwrap();
+    // A destination that is a hard link or a symlink to a source file.
+    let hard = |a: &Path, b: &Path| std::fs::hard_link(a, b);
+    let soft = |a: &Path, b: &Path| std::os::unix::fs::symlink(a, b);
+    type Link<'a> = &'a dyn Fn(&Path, &Path) -> std::io::Result<()>;
+    let links: [Link; 2] = [&hard, &soft];
+    for (k, link) in links.into_iter().enumerate() {
+        let out = tmp.path().join(format!("linked{k}"));
+        std::fs::create_dir(&out).unwrap();
+        link(&dir.join("tokenizer.json"), &out.join("tokenizer.json")).unwrap();
+        let err = toolsift::model::checkpoint::convert(&model, &out, None)
+            .unwrap_err()
+            .to_string();
+        assert_names(&err, &["tokenizer.json is the source's"]);
+        assert_eq!(
+            std::fs::read(dir.join("tokenizer.json")).unwrap(),
+            tokenizer
+        );
+        assert_eq!(std::fs::read(dir.join("config.json")).unwrap(), config);
+    }
+    // A conversion that fails midway (its config.json cannot be written) leaves the earlier
+    // output: no new file, no temporary file.
+    let out = tmp.path().join("out");
+    toolsift::model::checkpoint::convert(&model, &out, None).unwrap();
+    let before: Vec<_> = ["config.json", "model.safetensors", "tokenizer.json"]
+        .iter()
+        .map(|f| std::fs::read(out.join(f)).unwrap())
+        .collect();
+    std::fs::create_dir(out.join("config.json.tmp")).unwrap();
+    toolsift::model::checkpoint::convert(&model, &out, Some(toolsift::model::DType::BF16))
+        .unwrap_err();
+    std::fs::remove_dir(out.join("config.json.tmp")).unwrap();
+    let after: Vec<_> = ["config.json", "model.safetensors", "tokenizer.json"]
+        .iter()
+        .map(|f| std::fs::read(out.join(f)).unwrap())
+        .collect();
+    assert!(before == after, "the earlier output changed");
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 3);
+    // A source without a tokenizer: the earlier output's tokenizer.json is not kept beside
+    // weights it does not belong to.
+    let bare = Model::from_parts(model.config.clone(), model.weights.clone(), None);
+    toolsift::model::checkpoint::convert(&bare, &out, None).unwrap();
+    assert!(!out.join("tokenizer.json").exists());
+    Model::load(&out).unwrap();
+}
+
+/// Sizes whose parameter count overflows are a config error, not an overflow.
+#[test]
+fn sizes_that_overflow_are_reported() {
+    let (_tmp, dir) = copy_fixture();
+    edit_config(&dir, |v| {
+        v["n_embd"] = (1u64 << 62).into();
+        v["n_head"] = 1.into();
+        v["rotary_dim"] = 2.into();
+    });
+    assert_names(&load_err(&dir), &["config.json", "overflows"]);
 }
 
 #[test]

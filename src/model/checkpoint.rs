@@ -68,9 +68,12 @@ impl TensorMap {
             tensors: HashMap::new(),
         };
         if index.is_file() {
-            for shard in shard_files(&index)? {
-                map.read_safetensors(&dir.join(&shard))?;
+            let weight_map = read_index(&index)?;
+            let shards: std::collections::BTreeSet<&String> = weight_map.values().collect();
+            for shard in shards {
+                map.read_safetensors(&dir.join(shard))?;
             }
+            map.check_index(&index, dir, &weight_map)?;
         } else if single.is_file() {
             map.read_safetensors(&single)?;
         } else if bin.is_file() {
@@ -128,8 +131,52 @@ impl TensorMap {
     }
 }
 
-/// Shard file names of a `model.safetensors.index.json`, in a stable order.
-fn shard_files(index: &Path) -> Result<Vec<String>> {
+impl TensorMap {
+    /// The tensors read from the shards are exactly those `weight_map` lists, each from the
+    /// shard it names (buffers the loader ignores aside): an index that does not describe its
+    /// shards is a corrupt or mixed-up checkpoint, not something to load around.
+    fn check_index(
+        &self,
+        index: &Path,
+        dir: &Path,
+        weight_map: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let bad = |tensor: &str, msg: String| Error::Tensor {
+            path: index.to_owned(),
+            tensor: tensor.to_owned(),
+            msg,
+        };
+        for (tensor, file) in weight_map {
+            if is_ignored_buffer(tensor) {
+                continue;
+            }
+            match self.tensors.get(tensor) {
+                None => return Err(bad(tensor, format!("is listed in {file}, which lacks it"))),
+                Some((_, path)) if path != &dir.join(file) => {
+                    return Err(bad(
+                        tensor,
+                        format!("is listed in {file} but is in {}", path.display()),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some((tensor, (_, path))) = self
+            .tensors
+            .iter()
+            .find(|(name, _)| !weight_map.contains_key(*name))
+        {
+            return Err(bad(
+                tensor,
+                format!("is in {} but not in the index's weight_map", path.display()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The `weight_map` (tensor -> shard file name) of a `model.safetensors.index.json`.
+fn read_index(index: &Path) -> Result<BTreeMap<String, String>> {
     let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
     let bad = |msg: String| Error::Checkpoint {
         path: index.to_owned(),
@@ -141,7 +188,7 @@ fn shard_files(index: &Path) -> Result<Vec<String>> {
         .get("weight_map")
         .and_then(|m| m.as_object())
         .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
-    let mut shards = BTreeMap::new();
+    let mut map = BTreeMap::new();
     for (tensor, file) in weight_map {
         let file = file
             .as_str()
@@ -151,9 +198,9 @@ fn shard_files(index: &Path) -> Result<Vec<String>> {
                 "shard name {file:?} must be a plain file name"
             )));
         }
-        shards.insert(file.to_owned(), ());
+        map.insert(tensor.clone(), file.to_owned());
     }
-    Ok(shards.into_keys().collect())
+    Ok(map)
 }
 
 fn map_file(path: &Path) -> Result<Mmap> {
@@ -205,28 +252,61 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
 ///
 /// config.json keeps every field of the source's (token ids, architectures, ...) with the
 /// engine's fields and `torch_dtype` brought up to date. `out` must be another folder than the
-/// source's, and must not hold a sharded checkpoint, whose index would shadow the new file.
+/// source's, hold none of the source's files under its names (a hard link or symlink to them),
+/// and not hold a sharded checkpoint, whose index would shadow the new file. Every file is
+/// written under a temporary name and renamed into place only once all are written, so a
+/// failed conversion leaves an earlier output as it was; an earlier tokenizer.json that the new
+/// model lacks is removed.
 pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result<usize> {
-    let refuse = |msg: &str| Error::Checkpoint {
+    use crate::annotate::writer::{is_same_file, AtomicFile};
+    use std::io::Write;
+    let refuse = |msg: String| Error::Checkpoint {
         path: out.to_owned(),
-        msg: msg.into(),
+        msg,
     };
-    if out.is_dir() && !model.dir.as_os_str().is_empty() && same_dir(out, &model.dir) {
+    let loaded = !model.dir.as_os_str().is_empty();
+    if out.is_dir() && loaded && same_dir(out, &model.dir) {
         return Err(refuse(
             "is the folder being converted; write to another folder (converting in place would \
-             overwrite the files being read)",
+             overwrite the files being read)"
+                .into(),
         ));
     }
     if out.join("model.safetensors.index.json").exists() {
         return Err(refuse(
             "holds a sharded checkpoint (model.safetensors.index.json), which would be loaded \
-             instead of the converted model.safetensors; write to another folder",
+             instead of the converted model.safetensors; write to another folder"
+                .into(),
         ));
     }
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    let cfg_path = out.join("config.json");
+    let names = ["config.json", "model.safetensors", "tokenizer.json"];
+    // The source's files: a destination that is one of them (a hard link, a symlink) would be
+    // truncated while, or before, it is read.
+    let mut sources: Vec<PathBuf> = model
+        .tokenizer
+        .iter()
+        .map(|t| t.path().to_owned())
+        .collect();
+    if loaded {
+        if let Ok(entries) = std::fs::read_dir(&model.dir) {
+            sources.extend(entries.flatten().map(|e| e.path()));
+        }
+    }
+    for name in names {
+        let dst = out.join(name);
+        if let Some(src) = sources.iter().find(|src| is_same_file(src, &dst)) {
+            return Err(refuse(format!(
+                "{name} is the source's {} (a link to it); write to another folder",
+                src.display()
+            )));
+        }
+    }
+    // Read everything from the source before anything is written.
     let cfg = config_json(model, dtype)?;
-    std::fs::write(&cfg_path, cfg).map_err(|e| Error::io(&cfg_path, e))?;
+    let tokenizer = match &model.tokenizer {
+        Some(tok) => Some(std::fs::read(tok.path()).map_err(|e| Error::io(tok.path(), e))?),
+        None => None,
+    };
     let mut tensors = model.weights.named_tensors(&model.config);
     if let Some(dtype) = dtype {
         for (_, t) in tensors.iter_mut() {
@@ -235,12 +315,44 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
             }
         }
     }
-    write_safetensors(&out.join("model.safetensors"), &tensors)?;
-    if let Some(tok) = &model.tokenizer {
-        let dst = out.join("tokenizer.json");
-        std::fs::copy(tok.path(), &dst).map_err(|e| Error::io(&dst, e))?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    // Weights under a temporary name of ours (safetensors writes its own temporary file, then
+    // renames it to the name given), then the small files; renamed into place together.
+    let weights_path = out.join("model.safetensors");
+    let weights_tmp = AtomicFile::tmp_path(&weights_path);
+    let written = write_safetensors(&weights_tmp, &tensors).and_then(|()| {
+        let cfg_path = out.join("config.json");
+        let mut cfg_file = AtomicFile::create(&cfg_path)?;
+        cfg_file
+            .write_all(cfg.as_bytes())
+            .map_err(|e| Error::io(&cfg_path, e))?;
+        let tok_file = match &tokenizer {
+            Some(bytes) => {
+                let dst = out.join("tokenizer.json");
+                let mut f = AtomicFile::create(&dst)?;
+                f.write_all(bytes).map_err(|e| Error::io(&dst, e))?;
+                Some(f)
+            }
+            None => None,
+        };
+        std::fs::rename(&weights_tmp, &weights_path).map_err(|e| Error::io(&weights_path, e))?;
+        if let Some(f) = tok_file {
+            f.commit()?;
+        } else {
+            let stale = out.join("tokenizer.json");
+            match std::fs::remove_file(&stale) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::io(&stale, e))
+                }
+                _ => {}
+            }
+        }
+        cfg_file.commit()
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&weights_tmp);
     }
-    Ok(tensors.len())
+    written.map(|()| tensors.len())
 }
 
 fn same_dir(a: &Path, b: &Path) -> bool {

@@ -111,6 +111,16 @@ impl GptjConfig {
                 self.activation_function
             ));
         }
+        if self.checked_n_params().is_none() {
+            return Err(format!(
+                "sizes too large: the parameter count of n_embd {}, n_layer {}, vocab_size {} \
+                 and an MLP of {} overflows 64 bits",
+                self.n_embd,
+                self.n_layer,
+                self.vocab_size,
+                self.inner_dim()
+            ));
+        }
         if !(self.layer_norm_epsilon > 0.0 && self.layer_norm_epsilon.is_finite()) {
             return Err(format!(
                 "layer_norm_epsilon ({}) must be positive and finite",
@@ -129,7 +139,8 @@ impl GptjConfig {
     }
 
     pub fn inner_dim(&self) -> usize {
-        self.n_inner.unwrap_or(4 * self.n_embd)
+        self.n_inner
+            .unwrap_or_else(|| self.n_embd.saturating_mul(4))
     }
 
     /// Parameter count (embedding, blocks, final norm, LM head with bias).
@@ -147,7 +158,7 @@ impl GptjConfig {
         // 2d (ln_1) + 4d^2 (q, k, v, out) + fd + f (fc_in) + df + d (fc_out).
         let block = mul(4, dd)?
             .checked_add(mul(2, fd)?)?
-            .checked_add(3 * d + f)?;
+            .checked_add(mul(3, d)?.checked_add(f)?)?;
         let vd = mul(v, d)?;
         let head = if self.tie_word_embeddings {
             v
@@ -155,7 +166,7 @@ impl GptjConfig {
             vd.checked_add(v)?
         };
         vd.checked_add(mul(self.n_layer, block)?)?
-            .checked_add(2 * d)?
+            .checked_add(mul(2, d)?)?
             .checked_add(head)
     }
 

@@ -29,6 +29,13 @@ impl Model {
     /// Loads and validates a Hugging Face GPT-J folder. Every problem is reported with the file and
     /// tensor it concerns before any computation starts.
     pub fn load(dir: &Path) -> Result<Self> {
+        // "" is the working directory; kept as "." so that `dir` always says where the files
+        // are (`convert` tells a loaded model from one built in memory by it).
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
         let _span = tracing::info_span!("load_model", dir = %dir.display()).entered();
         let config = GptjConfig::from_file(&dir.join("config.json"))?;
         let map = checkpoint::TensorMap::open_dir(dir)?;
