@@ -27,7 +27,7 @@ pub mod tools;
 pub mod writer;
 
 use std::io::{BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::{json, Value};
@@ -76,13 +76,7 @@ pub enum RunOutcome {
 pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcome> {
     let started = Instant::now();
     let shard = options.shard;
-    if options.out.is_dir() || options.out.file_name().is_none() {
-        return Err(Error::input(format!(
-            "--out {}: give a file name for C*, e.g. {}",
-            options.out.display(),
-            options.out.join("cstar.jsonl").display()
-        )));
-    }
+    check_out(&options.out)?;
     // The corpus is read twice (its lines are counted first, and a resumed run reads it again
     // from the start): a pipe would give an empty second read.
     let meta = std::fs::metadata(&options.corpus).map_err(|e| Error::io(&options.corpus, e))?;
@@ -244,6 +238,18 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     // Unlocked only now: a second run must not start on this output while it is being written.
     drop(journal);
     Ok(RunOutcome::Done(Box::new(summary), paths))
+}
+
+/// `--out` must name a file for C* (not a folder).
+pub fn check_out(out: &Path) -> Result<()> {
+    if out.is_dir() || out.file_name().is_none() {
+        return Err(Error::input(format!(
+            "--out {}: give a file name for C*, e.g. {}",
+            out.display(),
+            out.join("cstar.jsonl").display()
+        )));
+    }
+    Ok(())
 }
 
 /// What `finish` records about the run besides the journal's entries.

@@ -140,30 +140,25 @@ impl Journal {
             .create(true)
             .open(path)
             .map_err(io)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::input(format!(
+        lock_in_place(
+            &file,
+            path,
+            || {
+                format!(
                     "{}: another toolsift run is writing this output (its journal is locked); \
                      wait for it to finish or stop it, then rerun",
                     path.display()
-                )))
-            }
-            // A file system without locks: go on, as before locking existed.
-            Err(std::fs::TryLockError::Error(e)) => tracing::warn!(
-                "{}: cannot lock the journal ({e}); make sure no other run writes this output",
-                path.display()
-            ),
-        }
-        // Between opening and locking, another run may have finished and removed this journal:
-        // the lock would then be on a file no one will see again.
-        if !same_file(&file, path) {
-            return Err(Error::input(format!(
-                "{}: another toolsift run finished or removed this journal while this one \
-                 started; rerun to see its state",
-                path.display()
-            )));
-        }
+                )
+            },
+            // Finished and removed by another run: a lock on a file no one will see again.
+            || {
+                format!(
+                    "{}: another toolsift run finished or removed this journal while this one \
+                     started; rerun to see its state",
+                    path.display()
+                )
+            },
+        )?;
         let mut last_line = 0;
         let mut last_corpus_xxh3 = None;
         let mut good_end = 0u64;
@@ -316,6 +311,31 @@ pub fn is_same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// Takes `file`'s exclusive advisory lock without waiting, then checks that `file` is still the
+/// one at `path`: between the open and the lock, another process may have renamed or removed
+/// it. `busy` and `moved` say what to report in either case. A file system without locks gets a
+/// warning, and the caller goes on as before locking existed.
+fn lock_in_place(
+    file: &File,
+    path: &Path,
+    busy: impl FnOnce() -> String,
+    moved: impl FnOnce() -> String,
+) -> Result<()> {
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Err(Error::input(busy())),
+        Err(std::fs::TryLockError::Error(e)) => tracing::warn!(
+            "{}: cannot lock it ({e}); make sure no other toolsift process writes it",
+            path.display()
+        ),
+    }
+    if same_file(file, path) {
+        Ok(())
+    } else {
+        Err(Error::input(moved()))
+    }
+}
+
 /// Whether `file` (open) is the file now at `path`.
 fn same_file(file: &File, path: &Path) -> bool {
     #[cfg(unix)]
@@ -418,31 +438,26 @@ impl AtomicFile {
             .truncate(false)
             .open(&tmp)
             .map_err(io)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::input(format!(
+        lock_in_place(
+            &file,
+            &tmp,
+            || {
+                format!(
                     "{}: another toolsift process is writing {} (its temporary file is \
                      locked); wait for it to finish or stop it, then rerun",
                     tmp.display(),
                     path.display()
-                )))
-            }
-            Err(std::fs::TryLockError::Error(e)) => tracing::warn!(
-                "{}: cannot lock the temporary file ({e}); make sure no other process writes {}",
-                tmp.display(),
-                path.display()
-            ),
-        }
-        // Between opening and locking, another writer may have renamed this file into place:
-        // truncating it now would empty that writer's finished output.
-        if !same_file(&file, &tmp) {
-            return Err(Error::input(format!(
-                "{}: another toolsift process wrote it while this one started; rerun to see \
-                 its result",
-                path.display()
-            )));
-        }
+                )
+            },
+            // Renamed into place by another writer: truncating it would empty that output.
+            || {
+                format!(
+                    "{}: another toolsift process wrote it while this one started; rerun to \
+                     see its result",
+                    path.display()
+                )
+            },
+        )?;
         file.set_len(0).map_err(io)?;
         Ok(AtomicFile {
             path: path.to_owned(),

@@ -36,8 +36,19 @@ impl CpuScorer {
             .collect()
     }
 
-    /// Draws the first tokens of requests `r0..` from the rows of `x` (final residual stream,
-    /// one row per request), the full log-softmax computed `HEAD_CHUNK_ROWS` rows at a time.
+    /// The full log-softmax after each row of `x` (final residual stream), handed to
+    /// `each(row index, row)` in order and computed `HEAD_CHUNK_ROWS` rows at a time.
+    fn each_log_softmax_row(&self, x: &[f32], mut each: impl FnMut(usize, &[f32])) {
+        let (d, vocab) = (self.config.n_embd, self.config.vocab_size);
+        for (chunk_i, chunk) in x.chunks(HEAD_CHUNK_ROWS * d).enumerate() {
+            let lp = self.log_softmax_rows(chunk);
+            for (j, row) in lp.chunks(vocab).enumerate() {
+                each(chunk_i * HEAD_CHUNK_ROWS + j, row);
+            }
+        }
+    }
+
+    /// Draws the first tokens of requests `r0..` from the rows of `x`, one row per request.
     fn draw_first(
         &self,
         x: &[f32],
@@ -45,14 +56,7 @@ impl CpuScorer {
         requests: &[SampleRequest],
         draws: &mut batch::FirstDraws<'_>,
     ) {
-        let (d, vocab) = (self.config.n_embd, self.config.vocab_size);
-        for (chunk_i, chunk) in x.chunks(HEAD_CHUNK_ROWS * d).enumerate() {
-            let lp = self.log_softmax_rows(chunk);
-            for (j, row) in lp.chunks(vocab).enumerate() {
-                let r = r0 + chunk_i * HEAD_CHUNK_ROWS + j;
-                draws.push(r, &requests[r], row);
-            }
-        }
+        self.each_log_softmax_row(x, |k, row| draws.push(r0 + k, &requests[r0 + k], row));
     }
 
     /// The decoding loop of `requests` from their first draws, sample i growing node
@@ -64,15 +68,9 @@ impl CpuScorer {
         first: batch::FirstDraws<'_>,
         nodes: Vec<usize>,
     ) -> Result<Vec<Vec<Sample>>> {
-        let (d, vocab) = (self.config.n_embd, self.config.vocab_size);
         batch::decode(requests, first, nodes, |nodes, tokens, each| {
             let x = self.extend(tree, nodes, tokens);
-            for (chunk_i, chunk) in x.chunks(HEAD_CHUNK_ROWS * d).enumerate() {
-                let lp = self.log_softmax_rows(chunk);
-                for (j, row) in lp.chunks(vocab).enumerate() {
-                    each(chunk_i * HEAD_CHUNK_ROWS + j, row);
-                }
-            }
+            self.each_log_softmax_row(&x, each);
             Ok(())
         })
     }

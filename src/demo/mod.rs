@@ -46,7 +46,7 @@ pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathB
     }
     let mut doomed = Vec::new();
     for (path, kind) in files {
-        let bytes = match read_head(path)? {
+        let bytes = match read_head(path, matches!(kind, OutputKind::Summary))? {
             Some(bytes) => bytes,
             None => continue,
         };
@@ -109,29 +109,25 @@ impl OutputKind {
     }
 }
 
-/// A file's bytes up to and including its first newline (a summary: all of it, it is one JSON
-/// value), or None when there is no such file. Reads at most 256 MiB, so a huge file without
-/// newlines cannot exhaust memory (such a file is no C* line anyway).
-fn read_head(path: &Path) -> Result<Option<Vec<u8>>> {
+/// A file's bytes up to and including its first newline (`whole`: all of it, as for a summary,
+/// which is one JSON value), or None when there is no such file. Reads at most 256 MiB, so a
+/// huge file without newlines cannot exhaust memory (such a file is no C* line anyway).
+pub(crate) fn read_head(path: &Path, whole: bool) -> Result<Option<Vec<u8>>> {
+    use std::io::Read;
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(path, e)),
     };
-    let summary = path.to_string_lossy().ends_with(".summary.json");
     let limit = 256 << 20;
     let mut head = Vec::new();
     let mut reader = BufReader::new(file);
-    if summary {
-        use std::io::Read;
-        reader
-            .take(limit as u64)
-            .read_to_end(&mut head)
-            .map_err(|e| Error::io(path, e))?;
+    let read = if whole {
+        reader.take(limit as u64).read_to_end(&mut head).map(drop)
     } else {
-        crate::util::jsonl::read_line_capped(&mut reader, &mut head, limit, |_| {})
-            .map_err(|e| Error::io(path, e))?;
-    }
+        crate::util::jsonl::read_line_capped(&mut reader, &mut head, limit, |_| {}).map(drop)
+    };
+    read.map_err(|e| Error::io(path, e))?;
     Ok(Some(head))
 }
 

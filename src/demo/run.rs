@@ -58,13 +58,7 @@ impl DemoRun {
         let registry = crate::annotate::tools::ToolRegistry::from_config(&opened.config.tools)
             .map_err(|e| Error::input(e.to_string()))?;
         crate::annotate::check_tools(&registry, &tools)?;
-        if options.out.is_dir() || options.out.file_name().is_none() {
-            return Err(Error::input(format!(
-                "--out {}: give a file name for C*, e.g. {}",
-                options.out.display(),
-                options.out.join("cstar.jsonl").display()
-            )));
-        }
+        crate::annotate::check_out(&options.out)?;
         let replaced = prepare_output(&options.out, false)?;
         let job = opened.job(corpus, options.out, tools, options.progress);
         Ok(DemoRun {
@@ -269,17 +263,9 @@ impl Opened {
 /// "sites", as `DemoDoc::to_json` writes) is an error: `eval-demo --out .` in a data folder must
 /// not replace someone's corpus.jsonl.
 fn refuse_foreign_corpus(corpus: &Path) -> Result<()> {
-    use std::io::{BufRead, Read};
-    let file = match std::fs::File::open(corpus) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(corpus, e)),
+    let Some(first) = super::read_head(corpus, false)? else {
+        return Ok(());
     };
-    let mut first = Vec::new();
-    std::io::BufReader::new(file)
-        .take(64 << 20)
-        .read_until(b'\n', &mut first)
-        .map_err(|e| Error::io(corpus, e))?;
     let ours = first.is_empty()
         || serde_json::from_slice::<serde_json::Value>(&first)
             .is_ok_and(|v| v.get("kind").is_some() && v["sites"].is_array());

@@ -56,24 +56,20 @@ pub fn generate_jsonl(
     let tokens = CallTokens::from_tokenizer(tokenizer);
     let mut summary = GenerateSummary::default();
     let out_err = |e: std::io::Error| Error::io("<output>", e);
-    let mut lines = JsonlLines::new(input).peekable();
+    let mut lines = JsonlLines::new(input);
+    let mut read = Vec::new();
     let mut chunk: Vec<(usize, String)> = Vec::new();
     let mut parsed: Vec<ParsedLine> = Vec::new();
-    while lines.peek().is_some() {
+    loop {
+        // An input that fails to read mid-batch: the lines read before it are still generated
+        // and written, then the run stops.
+        let read_error = lines.next_chunk(options.batch_size, &mut read);
+        if read.is_empty() && read_error.is_none() {
+            break;
+        }
         chunk.clear();
         parsed.clear();
-        // An input that fails to read mid-batch: the lines read before it are still generated
-        // and written (the output stays the input's prefix), then the run stops.
-        let mut read_error = None;
-        for line in lines.by_ref().take(options.batch_size.max(1)) {
-            let (line_no, text) = match line {
-                Ok(line) => line,
-                Err(e) => {
-                    let at = format!("<input line {}>", summary.lines + chunk.len() + 1);
-                    read_error = Some(Error::io(at, e));
-                    break;
-                }
-            };
+        for (line_no, text) in read.drain(..) {
             // (id, prompt or why not)
             parsed.push(match &text {
                 Ok(text) => parse_line(text, tokenizer, options, line_no),

@@ -425,6 +425,8 @@ impl Seq<'_> {
         self.log_probs.push(row.get(token as usize).copied());
     }
 
+    /// Appends the tokens of `text`, tokenized on its own, as tokens the model did not draw (no
+    /// log-prob) and feeds them at the next step.
     fn splice(&mut self, text: &str, ctx: &Ctx<'_>) -> Result<()> {
         for t in ctx.tokenizer.encode_ids(text)? {
             self.tokens.push(t);
@@ -549,15 +551,10 @@ impl Seq<'_> {
             Some(kept) if body.starts_with(&before) && !kept.is_empty() => kept,
             _ => return Ok(false),
         };
-        let ids = ctx.tokenizer.encode_ids(kept)?;
         self.tokens.truncate(last);
         self.log_probs.truncate(last);
         self.pending.clear();
-        for t in ids {
-            self.tokens.push(t);
-            self.log_probs.push(None);
-            self.pending.push(t);
-        }
+        self.splice(kept, ctx)?;
         Ok(true)
     }
 

@@ -98,21 +98,13 @@ pub fn score_jsonl(
     let mut summary = JsonlSummary::default();
     let mut chunk: Vec<Line> = Vec::new();
     let out_err = |e: std::io::Error| Error::io("<output>", e);
-    let mut lines = JsonlLines::new(input).peekable();
-    while lines.peek().is_some() {
-        chunk.clear();
+    let mut lines = JsonlLines::new(input);
+    loop {
         // An input that fails to read mid-chunk: the lines read before it are still scored and
-        // written (the output stays the input's prefix), then the run stops.
-        let mut read_error = None;
-        for line in lines.by_ref().take(options.chunk_lines.max(1)) {
-            match line {
-                Ok(line) => chunk.push(line),
-                Err(e) => {
-                    let at = format!("<input line {}>", summary.lines + chunk.len() + 1);
-                    read_error = Some(Error::io(at, e));
-                    break;
-                }
-            }
+        // written, then the run stops.
+        let read_error = lines.next_chunk(options.chunk_lines, &mut chunk);
+        if chunk.is_empty() && read_error.is_none() {
+            break;
         }
         let parsed = parse_chunk(&chunk, scorer, tokenizer, options);
         let valid: Vec<TokenCandidate> = parsed

@@ -81,6 +81,26 @@ impl<R: BufRead> JsonlLines<R> {
     }
 }
 
+impl<R: BufRead> JsonlLines<R> {
+    /// The next `n` lines (at least one) into `chunk`, which is cleared first. An I/O error
+    /// ends the chunk early and is returned naming the line ("<input line N>"), so that a
+    /// caller can answer the lines read before it and then stop: its output stays a prefix of
+    /// the input, line for line. An empty chunk and no error: the end of the input.
+    pub fn next_chunk(&mut self, n: usize, chunk: &mut Vec<Line>) -> Option<crate::error::Error> {
+        chunk.clear();
+        while chunk.len() < n.max(1) {
+            match self.next()? {
+                Ok(line) => chunk.push(line),
+                Err(e) => {
+                    let at = format!("<input line {}>", self.line + 1);
+                    return Some(crate::error::Error::io(at, e));
+                }
+            }
+        }
+        None
+    }
+}
+
 impl<R: BufRead> Iterator for JsonlLines<R> {
     type Item = std::io::Result<Line>;
 

@@ -3,8 +3,8 @@
 //! The date is, in order: the document's "date" field, else a date in its URL's path,
 //! else the configured date; with none of them the call fails. `Calendar()` takes no
 //! argument: a call with one ("Calendar(tomorrow)") is invalid input, since splicing
-//! "[Calendar(tomorrow) -> Today is ...]" would teach that the argument is answered. Dates are proleptic Gregorian, computed by
-//! hand (no date crate is available to this build).
+//! "[Calendar(tomorrow) -> Today is ...]" would teach that the argument is answered. Dates are
+//! proleptic Gregorian, computed by hand (no date crate is available to this build).
 
 use std::fmt;
 
