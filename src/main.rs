@@ -613,6 +613,17 @@ fn report_run(outcome: toolsift::annotate::RunOutcome) -> Option<toolsift::annot
                 paths.rejects.display(),
                 paths.summary.display()
             );
+            if summary.lines > 0 && summary.rejected == summary.lines {
+                // Rejects are data, so the run succeeded; but a whole corpus rejected is more
+                // often a wrong --text-field or input file than a corpus of bad lines.
+                let first = first_reject_reason(&paths.rejects)
+                    .map(|r| format!("; the first: {r}"))
+                    .unwrap_or_default();
+                note!(
+                    "warning: every one of the {} corpus lines was rejected{first}",
+                    summary.lines
+                );
+            }
             Some(*summary)
         }
         RunOutcome::Stopped(n) => {
@@ -620,6 +631,20 @@ fn report_run(outcome: toolsift::annotate::RunOutcome) -> Option<toolsift::annot
             None
         }
     }
+}
+
+/// The reason of the first record in a rejects file, for the warning above (none if it cannot be
+/// read: the warning is a hint, the file is the record).
+fn first_reject_reason(path: &std::path::Path) -> Option<String> {
+    let mut reader = std::io::BufReader::new(std::fs::File::open(path).ok()?);
+    let mut line = Vec::new();
+    toolsift::util::jsonl::read_line_capped(&mut reader, &mut line, 1 << 16, |_| {}).ok()?;
+    let record: serde_json::Value = serde_json::from_slice(&line).ok()?;
+    Some(format!(
+        "line {}: {}",
+        record.get("line")?,
+        record.get("reason")?.as_str()?
+    ))
 }
 
 /// `annotate --demo`: the embedded model, corpus and settings; the output replaces an earlier

@@ -1075,3 +1075,34 @@ fn shard_flags_that_contradict_each_other_are_refused() {
         );
     }
 }
+
+/// Rejects are data and the run succeeds, but a corpus whose every line is rejected (most often
+/// a wrong --text-field) is called out on stderr with the first reason.
+#[test]
+fn a_run_that_rejects_every_line_warns() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    std::fs::write(
+        &corpus,
+        "{\"text\": \"the cat sat on 3 mats\"}\n{\"text\": \"2 dogs\"}\n",
+    )
+    .unwrap();
+    let out = run_bin(dir.path(), &corpus, "all.jsonl")
+        .args(["--text-field", "body"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: every one of the 2 corpus lines was rejected; the first: line 1:")
+            && err.contains("no field \"body\""),
+        "{err}"
+    );
+
+    let fine = run_bin(dir.path(), &corpus, "fine.jsonl").output().unwrap();
+    let err = String::from_utf8_lossy(&fine.stderr);
+    assert!(
+        fine.status.success() && !err.contains("warning: every"),
+        "{err}"
+    );
+}
