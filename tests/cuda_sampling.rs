@@ -342,7 +342,8 @@ fn sampling_is_deterministic_for_a_seed() {
         alone[0],
         all[0]
     );
-    // A memory budget too small for two prefixes prefills them one run each: same streams.
+    // A memory budget too small for two prefixes runs each request as a group of its own
+    // (prefill and decoding): same streams.
     let budget = cuda.bytes_per_token() * requests[0].prefix.len();
     let small = engine(&m, CudaDType::BF16, 1024).with_memory_budget(budget);
     let runs = small.sample(&requests, &options).unwrap();

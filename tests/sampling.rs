@@ -173,7 +173,8 @@ fn sampling_is_deterministic_for_a_seed_whatever_the_batching() {
     // Request 1 alone draws from the stream of request 0 — so compare request 0 alone.
     let alone = engine.sample(&requests[..1], &options).unwrap();
     assert_eq!(alone[0], all[0]);
-    // A memory budget of 6 tokens prefills the prefixes (5, 6, 7 tokens) one run each.
+    // A memory budget of 6 tokens' activations runs each request (5, 6, 7 prefix tokens) as a
+    // group of its own: prefill and decoding.
     let budget = engine.bytes_per_token() * 6;
     let small = CpuScorer::new(&model).with_memory_budget(budget);
     assert_eq!(small.sample(&requests, &options).unwrap(), all);

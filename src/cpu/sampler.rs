@@ -48,15 +48,47 @@ impl CpuScorer {
         }
     }
 
-    /// Draws the first tokens of requests `r0..` from the rows of `x`, one row per request.
-    fn draw_first(
+    /// Draws the first tokens of `requests` from the rows of `x`, one row per request.
+    fn draw_first(&self, x: &[f32], requests: &[SampleRequest], draws: &mut batch::FirstDraws<'_>) {
+        self.each_log_softmax_row(x, |k, row| draws.push(k, &requests[k], row));
+    }
+
+    /// A sampled token's memory: its activations, and its K/V (f32, every layer) in the cache.
+    fn sample_token_bytes(&self) -> batch::TokenBytes {
+        let c = &self.config;
+        batch::TokenBytes {
+            activations: self.bytes_per_token(),
+            kv: 2 * 4 * c.n_embd * c.n_layer,
+        }
+    }
+
+    /// One group of `sample`'s requests (`first_request`: the first one's batch index) in a KV
+    /// tree of its own: every prefix prefilled once as a prefix tree, each request's first
+    /// tokens drawn from its row, then the decoding loop.
+    fn sample_group(
         &self,
-        x: &[f32],
-        r0: usize,
         requests: &[SampleRequest],
-        draws: &mut batch::FirstDraws<'_>,
-    ) {
-        self.each_log_softmax_row(x, |k, row| draws.push(r0 + k, &requests[r0 + k], row));
+        first_request: usize,
+        options: &SampleOptions,
+    ) -> Result<Vec<Vec<Sample>>> {
+        let d = self.config.n_embd;
+        let mut tree = KvTree::new(self.config.n_layer);
+        let prefixes: Vec<Vec<u32>> = requests.iter().map(|r| r.prefix.clone()).collect();
+        let (plan, last_rows) = Plan::from_sequences(&prefixes);
+        let (seg_nodes, x) = self.prefill(&mut tree, &plan);
+        let last_rows: Vec<usize> = last_rows
+            .into_iter()
+            .map(|r| r.expect("non-empty prefix") as usize)
+            .collect();
+        let first_rows: Vec<f32> = last_rows
+            .iter()
+            .flat_map(|&row| x[row * d..(row + 1) * d].iter().copied())
+            .collect();
+        drop(x);
+        let mut first = batch::FirstDraws::new(options, first_request);
+        self.draw_first(&first_rows, requests, &mut first);
+        let nodes = tree.fork_samples(requests, &plan, &seg_nodes, &last_rows);
+        self.decode_samples(&mut tree, requests, first, nodes)
     }
 
     /// The decoding loop of `requests` from their first draws, sample i growing node
@@ -96,32 +128,13 @@ impl Sampler for CpuScorer {
         if let Some(empty) = batch::nothing_to_draw(requests, options) {
             return Ok(empty);
         }
-        let d = c.n_embd;
-        // Prefill every prefix once, as a prefix tree per run of requests that fits the budget;
-        // each request's first tokens are drawn from its row as soon as the row exists.
-        let max_tokens = (self.memory_budget / self.bytes_per_token()).max(1);
-        let mut tree = KvTree::new(c.n_layer);
-        let mut first = batch::FirstDraws::new(options);
-        let mut nodes = Vec::new();
-        for run in batch::prefill_runs(requests, max_tokens) {
-            let r0 = run.start;
-            let run = &requests[run];
-            let prefixes: Vec<Vec<u32>> = run.iter().map(|r| r.prefix.clone()).collect();
-            let (plan, last_rows) = Plan::from_sequences(&prefixes);
-            let (seg_nodes, x) = self.prefill(&mut tree, &plan);
-            let last_rows: Vec<usize> = last_rows
-                .into_iter()
-                .map(|r| r.expect("non-empty prefix") as usize)
-                .collect();
-            let first_rows: Vec<f32> = last_rows
-                .iter()
-                .flat_map(|&row| x[row * d..(row + 1) * d].iter().copied())
-                .collect();
-            drop(x);
-            self.draw_first(&first_rows, r0, requests, &mut first);
-            nodes.extend(tree.fork_samples(run, &plan, &seg_nodes, &last_rows));
+        // Groups of requests run one after another, each within the memory budget.
+        let bytes = self.sample_token_bytes();
+        let mut out = Vec::with_capacity(requests.len());
+        for group in batch::sample_groups(requests, options, self.memory_budget, bytes) {
+            out.extend(self.sample_group(&requests[group.clone()], group.start, options)?);
         }
-        self.decode_samples(&mut tree, requests, first, nodes)
+        Ok(out)
     }
 
     fn propose(
@@ -153,8 +166,8 @@ impl Sampler for CpuScorer {
             Some(empty) => empty,
             None => {
                 let x = self.extend(&mut tree, &prefix_nodes, &opens);
-                let mut first = batch::FirstDraws::new(options);
-                self.draw_first(&x, 0, &requests, &mut first);
+                let mut first = batch::FirstDraws::new(options, 0);
+                self.draw_first(&x, &requests, &mut first);
                 drop(x);
                 let nodes = tree.fork_each(&requests, &prefix_nodes);
                 self.decode_samples(&mut tree, &requests, first, nodes)?

@@ -384,44 +384,52 @@ impl CudaScorer {
         requests: &[SampleRequest],
         options: &SampleOptions,
     ) -> Result<Vec<Vec<Sample>>> {
-        let c = &self.config;
         if let Some(empty) = batch::nothing_to_draw(requests, options) {
             return Ok(empty);
         }
-        // Prefill every prefix once, as a prefix tree per run of requests whose activations fit
-        // the memory budget; the cache is sized for every run's and every sample's tokens up
-        // front (no growth during decoding).
-        let max_tokens = (self.memory_budget / self.bytes_per_token()).max(1);
-        let runs: Vec<_> = batch::prefill_runs(requests, max_tokens)
-            .into_iter()
-            .map(|run| {
-                let prefixes: Vec<Vec<u32>> = requests[run.clone()]
-                    .iter()
-                    .map(|r| r.prefix.clone())
-                    .collect();
-                (run, Plan::from_sequences(&prefixes))
-            })
-            .collect();
-        let prefill_rows: usize = runs.iter().map(|(_, (plan, _))| plan.n_tokens()).sum();
-        let capacity = prefill_rows + decode_rows(requests, options);
-        let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, capacity)?;
-        // Each request's first tokens are drawn from its row as soon as the row exists.
-        let mut first = batch::FirstDraws::new(options);
-        let mut nodes = Vec::new();
-        for (run, (plan, last_rows)) in runs {
-            let (seg_nodes, mut x) = self.prefill_tree(w, &mut tree, &plan)?;
-            let last_rows: Vec<usize> = last_rows
-                .into_iter()
-                .map(|r| r.expect("non-empty prefix") as usize)
-                .collect();
-            let head_rows: Vec<u32> = last_rows.iter().map(|&r| r as u32).collect();
-            self.head_log_softmax_each(w, &mut x, plan.n_tokens(), &head_rows, |k, row| {
-                let r = run.start + k;
-                first.push(r, &requests[r], row);
-            })?;
-            drop(x);
-            nodes.extend(tree.fork_samples(&requests[run], &plan, &seg_nodes, &last_rows));
+        // Groups of requests run one after another, each within the memory budget (and the
+        // operand cap of `max_chunk_tokens`).
+        let kv = self.kv_bytes_per_token();
+        let bytes = batch::TokenBytes {
+            activations: self.bytes_per_token() - kv,
+            kv,
+        };
+        let budget = self.max_chunk_tokens() * self.bytes_per_token();
+        let mut out = Vec::with_capacity(requests.len());
+        for group in batch::sample_groups(requests, options, budget, bytes) {
+            out.extend(self.sample_group(w, &requests[group.clone()], group.start, options)?);
         }
+        Ok(out)
+    }
+
+    /// One group of `sample`'s requests (`first_request`: the first one's batch index) in a KV
+    /// tree of its own, sized up front for its prefixes and every sample's tokens: every prefix
+    /// prefilled once as a prefix tree, each request's first tokens drawn from its row as soon
+    /// as the row exists, then the decoding loop.
+    fn sample_group<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        requests: &[SampleRequest],
+        first_request: usize,
+        options: &SampleOptions,
+    ) -> Result<Vec<Vec<Sample>>> {
+        let c = &self.config;
+        let prefixes: Vec<Vec<u32>> = requests.iter().map(|r| r.prefix.clone()).collect();
+        let (plan, last_rows) = Plan::from_sequences(&prefixes);
+        let capacity = plan.n_tokens() + decode_rows(requests, options);
+        let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, capacity)?;
+        let (seg_nodes, mut x) = self.prefill_tree(w, &mut tree, &plan)?;
+        let last_rows: Vec<usize> = last_rows
+            .into_iter()
+            .map(|r| r.expect("non-empty prefix") as usize)
+            .collect();
+        let head_rows: Vec<u32> = last_rows.iter().map(|&r| r as u32).collect();
+        let mut first = batch::FirstDraws::new(options, first_request);
+        self.head_log_softmax_each(w, &mut x, plan.n_tokens(), &head_rows, |k, row| {
+            first.push(k, &requests[k], row);
+        })?;
+        drop(x);
+        let nodes = tree.fork_samples(requests, &plan, &seg_nodes, &last_rows);
         self.decode_samples(w, &mut tree, requests, first, nodes)
     }
 
@@ -464,7 +472,7 @@ impl CudaScorer {
         let opens: Vec<Vec<u32>> = branches.iter().map(|b| vec![b.token]).collect();
         let mut x = self.extend_tree(w, &mut tree, &prefix_nodes, &opens)?;
         let rows: Vec<u32> = (0..requests.len() as u32).collect();
-        let mut first = batch::FirstDraws::new(options);
+        let mut first = batch::FirstDraws::new(options, 0);
         self.head_log_softmax_each(w, &mut x, requests.len(), &rows, |r, row| {
             first.push(r, &requests[r], row)
         })?;

@@ -65,6 +65,8 @@ use crate::score::{ScoreOptions, Scorer, TokenCandidate};
 pub const DEFAULT_HEAD_CHUNK_ROWS: usize = 1024;
 /// Device memory left free beyond the computed needs (cuBLASLt workspace, allocator slack).
 const RESERVE_BYTES: usize = 1 << 30;
+/// Elements of the widest per-token operand of one forward, at most (`max_chunk_tokens`).
+const MAX_OPERAND_ELEMENTS: usize = i32::MAX as usize;
 
 /// How to open the CUDA backend.
 #[derive(Debug, Clone)]
@@ -261,13 +263,31 @@ impl CudaScorer {
             stride(3 * c.n_embd),
         );
         let e = 2;
-        4 * ds + 3 * e * ds + 4 * l3 + e * fs + 2 * e * ds * c.n_layer + 8 + 64
+        4 * ds + 3 * e * ds + 4 * l3 + e * fs + self.kv_bytes_per_token() + 8 + 64
     }
 
-    /// Bytes of the LM head's scratch (hidden rows and the bounded logits buffer).
+    /// The part of `bytes_per_token` that is one token's K/V cache (T, every layer): what a
+    /// sampler keeps for as long as the sequence decodes.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * 2 * stride(self.config.n_embd) * self.config.n_layer
+    }
+
+    /// Unique tokens one forward may run: the budget's, and no more than keeps every
+    /// per-token operand (qkv, the MLP hidden) under 2^31 elements. Kernels index in 64 bits and
+    /// cuBLASLt takes 64-bit shapes, but no GPU run has gone past 1.05e9 elements (an 85k-token
+    /// chunk at 6B) and the cap costs nothing: 131k tokens at 6B already fill the card.
+    pub fn max_chunk_tokens(&self) -> usize {
+        let c = &self.config;
+        let widest = stride(c.inner_dim()).max(stride(3 * c.n_embd)).max(1);
+        let by_budget = (self.memory_budget / self.bytes_per_token()).max(1);
+        by_budget.min((MAX_OPERAND_ELEMENTS / widest).max(1))
+    }
+
+    /// Bytes of the LM head's scratch: hidden rows, the bounded logits buffer and the sampler's
+    /// log-softmax rows of the same size.
     fn head_bytes(&self) -> usize {
         let c = &self.config;
-        self.head_chunk_rows * (2 * stride(c.n_embd) + 4 * stride(c.vocab_size))
+        self.head_chunk_rows * (2 * stride(c.n_embd) + 2 * 4 * stride(c.vocab_size))
     }
 
     pub fn last_stats(&self) -> RunStats {
@@ -292,8 +312,7 @@ impl CudaScorer {
         candidates: &[TokenCandidate],
         options: &ScoreOptions,
     ) -> Vec<(std::ops::Range<usize>, Plan)> {
-        let max_tokens = (self.memory_budget / self.bytes_per_token()).max(1);
-        crate::plan::chunked(candidates, options, max_tokens)
+        crate::plan::chunked(candidates, options, self.max_chunk_tokens())
     }
 
     /// Runs one plan: log p(target | row) for every target, in `plan.targets` order.

@@ -129,24 +129,51 @@ pub(crate) fn check_extend(
     Ok(out)
 }
 
-/// `requests` split into consecutive runs whose prefixes hold at most `max_tokens` tokens
-/// together (a longer prefix is a run of its own): `sample` prefills one run at a time into its
-/// KV tree, so the prefill's activations stay within the backend's memory budget. A prefix
-/// shared by two runs is computed in each.
-pub(crate) fn prefill_runs(requests: &[SampleRequest], max_tokens: usize) -> Vec<Range<usize>> {
-    let mut runs = Vec::new();
-    let (mut start, mut tokens) = (0, 0usize);
+/// What one token costs a sampler's memory: its activations while a forward computes it, and its
+/// K/V in the cache for as long as the cache lives.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TokenBytes {
+    pub activations: usize,
+    pub kv: usize,
+}
+
+/// `requests` split into consecutive groups that `sample` runs one after another, each in a KV
+/// tree of its own (prefill, first draws, decoding) dropped before the next, so that a group's
+/// cache (its prefixes and every sample's new tokens) and its activations fit `budget` together.
+/// A request that alone does not fit is a group of its own (the cache allocation then says
+/// whether the device can hold it). Prefixes are counted whole, so a prefix shared within a group
+/// is counted once per request: groups are smaller than they need be, never larger. Every
+/// sample keeps its stream (keyed by request and sample) in any grouping.
+pub(crate) fn sample_groups(
+    requests: &[SampleRequest],
+    options: &SampleOptions,
+    budget: usize,
+    bytes: TokenBytes,
+) -> Vec<Range<usize>> {
+    let per_token = bytes.activations.saturating_add(bytes.kv);
+    // A decoding step holds one token's activations per live sample, its K/V for good.
+    let cost = |req: &SampleRequest| {
+        let new_tokens = req.n_samples.saturating_mul(options.max_new_tokens);
+        req.prefix
+            .len()
+            .saturating_mul(per_token)
+            .saturating_add(new_tokens.saturating_mul(bytes.kv))
+            .saturating_add(req.n_samples.saturating_mul(bytes.activations))
+    };
+    let mut groups = Vec::new();
+    let (mut start, mut bytes) = (0, 0usize);
     for (r, req) in requests.iter().enumerate() {
-        if r > start && tokens + req.prefix.len() > max_tokens {
-            runs.push(start..r);
-            (start, tokens) = (r, 0);
+        let c = cost(req);
+        if r > start && bytes.saturating_add(c) > budget {
+            groups.push(start..r);
+            (start, bytes) = (r, 0);
         }
-        tokens += req.prefix.len();
+        bytes = bytes.saturating_add(c);
     }
     if start < requests.len() {
-        runs.push(start..requests.len());
+        groups.push(start..requests.len());
     }
-    runs
+    groups
 }
 
 /// The row of each group's last token when the groups' tokens are laid out one after another.
@@ -188,32 +215,37 @@ pub(crate) fn nothing_to_draw(
     })
 }
 
-/// The first token of every sample, drawn as soon as its request's row (the log-probabilities
-/// after the prefix) exists, so that a sampler keeps one chunk of [rows, vocab] at a time
-/// instead of a row per request until decoding starts.
+/// The first token of every sample of a group of requests, drawn as soon as its request's row
+/// (the log-probabilities after the prefix) exists, so that a sampler keeps one chunk of
+/// [rows, vocab] at a time instead of a row per request until decoding starts.
 pub(crate) struct FirstDraws<'o> {
     options: &'o SampleOptions,
-    /// (request, the sample's stream after its first draw, the token), in sample order.
+    /// The batch index of the group's first request: streams are keyed by batch index.
+    first_request: usize,
+    /// (request within the group, the sample's stream after its first draw, the token), in
+    /// sample order.
     draws: Vec<(usize, crate::util::rng::Rng, u32)>,
     next_request: usize,
 }
 
 impl<'o> FirstDraws<'o> {
-    pub(crate) fn new(options: &'o SampleOptions) -> Self {
+    /// First draws for the requests `first_request..` of the batch.
+    pub(crate) fn new(options: &'o SampleOptions, first_request: usize) -> Self {
         FirstDraws {
             options,
+            first_request,
             draws: Vec::new(),
             next_request: 0,
         }
     }
 
-    /// Draws the first token of each of request `r`'s samples from `row`. Requests come in
-    /// order, each once.
+    /// Draws the first token of each of the group's request `r`'s samples from `row`. Requests
+    /// come in order, each once.
     pub(crate) fn push(&mut self, r: usize, req: &SampleRequest, row: &[f32]) {
         debug_assert_eq!(r, self.next_request, "requests in order");
         self.next_request = r + 1;
         for s in 0..req.n_samples {
-            let mut rng = sample_rng(self.options.seed, r, s);
+            let mut rng = sample_rng(self.options.seed, self.first_request + r, s);
             let tok = draw(row, self.options, &mut rng);
             self.draws.push((r, rng, tok));
         }
@@ -287,16 +319,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn prefill_runs_fill_up_to_the_budget_in_order() {
-        let req = |n: usize| SampleRequest {
+    fn sample_groups_fill_up_to_the_budget_in_order() {
+        let req = |n: usize, n_samples: usize| SampleRequest {
             prefix: vec![1; n],
-            n_samples: 1,
+            n_samples,
         };
-        let requests = [req(3), req(4), req(9), req(2), req(2), req(1)];
-        assert_eq!(prefill_runs(&requests, 7), [0..2, 2..3, 3..6]);
-        let all = prefill_runs(&requests, 100);
+        let options = SampleOptions {
+            max_new_tokens: 2,
+            ..Default::default()
+        };
+        let bytes = TokenBytes {
+            activations: 3,
+            kv: 1,
+        };
+        // cost = 4 * prefix + 2 * n_samples (new tokens' K/V) + 3 * n_samples (a step's
+        // activations): 17, 26, 41, 8, 13, 9.
+        let requests = [
+            req(3, 1),
+            req(4, 2),
+            req(9, 1),
+            req(2, 0),
+            req(2, 1),
+            req(1, 1),
+        ];
+        assert_eq!(
+            sample_groups(&requests, &options, 45, bytes),
+            [0..2, 2..3, 3..6]
+        );
+        let all = sample_groups(&requests, &options, 1000, bytes);
         assert_eq!((all.len(), &all[0]), (1, &(0..6)));
-        assert_eq!(prefill_runs(&requests, 1).len(), 6);
-        assert!(prefill_runs(&[], 5).is_empty());
+        assert_eq!(sample_groups(&requests, &options, 1, bytes).len(), 6);
+        assert!(sample_groups(&[], &options, 5, bytes).is_empty());
+        let huge = TokenBytes {
+            activations: usize::MAX,
+            kv: usize::MAX,
+        };
+        assert_eq!(sample_groups(&requests, &options, 1000, huge).len(), 6);
     }
 }
