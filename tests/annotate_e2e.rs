@@ -388,6 +388,70 @@ fn a_failing_external_tool_fails_its_calls_not_the_run() {
     assert_eq!(r.annotated_text, r.text);
 }
 
+/// A call whose input a line-oriented tool would answer only in part (a line break) or that
+/// carries a special token's text is malformed, not executed; an answer that cleaning empties
+/// (special tokens only) is a failure, not a "[QA(x) -> ]" in C*.
+#[test]
+fn inputs_a_tool_cannot_take_whole_and_answers_that_clean_to_nothing_are_not_spliced() {
+    struct Scripted(Vec<u32>);
+    impl Sampler for Scripted {
+        fn token_log_probs(&self, ids: &[u32], t: &[u32]) -> toolsift::Result<Vec<Vec<f32>>> {
+            Ok(ids.iter().map(|_| vec![-0.5; t.len()]).collect())
+        }
+        fn sample(
+            &self,
+            requests: &[SampleRequest],
+            _: &SampleOptions,
+        ) -> toolsift::Result<Vec<Vec<Sample>>> {
+            let sample = Sample {
+                tokens: self.0.clone(),
+                stopped: true,
+            };
+            Ok(requests
+                .iter()
+                .map(|r| vec![sample.clone(); r.n_samples])
+                .collect())
+        }
+    }
+    let model = model();
+    let tok = model.tokenizer().unwrap();
+    let scorer = CpuScorer::new(&model);
+    let text = "The capital of Kenya is Nairobi.";
+    let run = |sample: &str, script: &str| {
+        let mut config = test_config();
+        config.per_tool.qa.tau_f = -1e9;
+        config.tools.qa = Some(toolsift::annotate::tools::ExternalToolConfig {
+            command: Some(vec!["sh".into(), "-c".into(), script.into()]),
+            retries: 0,
+            timeout_ms: 5000,
+            ..Default::default()
+        });
+        let registry = ToolRegistry::from_config(&config.tools).unwrap();
+        let sampler = Scripted(tok.encode_ids(sample).unwrap());
+        let a =
+            Annotator::new(tok, &sampler, &scorer, &registry, &config, &[ToolKind::Qa]).unwrap();
+        a.annotate_document(&doc(1, text)).unwrap()
+    };
+    for sample in ["QA(Who is\nthe president?)]", "QA(Who<|endoftext|>rules)]"] {
+        let (r, s) = run(sample, "read l; echo \"ans $l\"");
+        let st = s.tools["qa"];
+        assert_eq!((st.calls_sampled, st.calls_malformed), (6, 6), "{sample:?}");
+        assert_eq!(st.calls_executed, 0, "{sample:?}");
+        assert!(r.calls.is_empty() && r.annotated_text == text, "{r:?}");
+    }
+    let (r, s) = run("QA(x)]", "echo ' <|endoftext|> '");
+    let st = s.tools["qa"];
+    assert_eq!(
+        (st.calls_executed, st.calls_failed, st.calls_kept),
+        (2, 2, 0)
+    );
+    assert!(r
+        .calls
+        .iter()
+        .all(|c| c.result.is_none() && c.error.as_deref().is_some_and(|e| e.contains("empty"))));
+    assert_eq!(r.annotated_text, text);
+}
+
 fn write_corpus(path: &Path, n: usize) {
     let mut rng = Rng::new(7);
     let words = [

@@ -573,12 +573,24 @@ fn results_are_cleaned_as_in_cstar_before_splicing() {
     );
 }
 
+/// A tool whose answer is only special tokens and whitespace: no answer once cleaned.
+struct Blank;
+impl Tool for Blank {
+    fn name(&self) -> &str {
+        "Blank"
+    }
+    fn call(&self, _input: &str, _doc: &DocContext<'_>) -> Result<String, ToolError> {
+        Ok(" <|endoftext|>\n".into())
+    }
+}
+
 #[test]
 fn malformed_calls_and_failing_tools_are_closed_and_decoding_goes_on() {
     let model = tiny();
     let tokenizer = tok(&model);
     let mut tools = calculator();
     tools.register(Failing);
+    tools.register(Blank);
     let cases = [
         // (what the model writes after "[", status, completion's call part)
         (
@@ -591,7 +603,14 @@ fn malformed_calls_and_failing_tools_are_closed_and_decoding_goes_on() {
             CallStatus::ToolError,
             "[Calculator(1/0) ->]",
         ),
+        ("Blank(x) ->", CallStatus::ToolError, "[Blank(x) ->]"),
         ("Nope(1) ->", CallStatus::UnknownTool, "[Nope(1) ->]"),
+        // A line-oriented tool would read "1+" only.
+        (
+            "Calculator(1+\n2) ->",
+            CallStatus::Unparsable,
+            "[Calculator(1+\n2) ->]",
+        ),
         (
             "what is this ->",
             CallStatus::Unparsable,

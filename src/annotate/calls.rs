@@ -5,7 +5,10 @@
 //! nothing or an arrow ("->" or "→" and anything up to "]", which is ignored:
 //! the result always comes from the tool). The input is trimmed and must not contain "[" (a
 //! nested call). Everything else is malformed: no "]" before the length cap, no "(", no ")",
-//! text after ")", an empty or odd tool name.
+//! text after ")", an empty or odd tool name; and (`input_problem`) an input with a line break or
+//! a special token's text.
+
+use super::tools::ToolError;
 
 /// Why a sample is not a call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,26 +68,67 @@ fn starts_with_arrow(s: &str) -> bool {
     s.starts_with("->") || s.starts_with('→')
 }
 
+/// Why a call's input cannot go to a tool as written, if it cannot: a line break (a
+/// line-oriented tool reads only the first line, while C* would show the whole input before its
+/// answer) or the text of one of the tokenizer's special tokens (`special`: it would be
+/// tokenized as that token inside the call, an end of text in the middle of C*).
+pub fn input_problem(input: &str, special: &[String]) -> Option<String> {
+    if input.contains(['\n', '\r']) {
+        return Some("a line break in the input".into());
+    }
+    special
+        .iter()
+        .find(|s| !s.is_empty() && input.contains(s.as_str()))
+        .map(|s| format!("the special token {s:?} in the input"))
+}
+
 /// A tool's result made safe to splice: the text of the tokenizer's special tokens (`special`,
 /// e.g. "<|endoftext|>") is removed, since it would be tokenized as that token (an end of text
 /// in the middle of the sequence); whitespace runs become one space; "[" and "]" become "(" and
 /// ")" so that the call stays parsable; and it is trimmed.
 pub fn clean_result(result: &str, special: &[String]) -> String {
-    let mut result = result.to_string();
-    // Each becomes a space (the halves around it cannot join into another one).
-    while let Some((at, len)) = special
-        .iter()
-        .filter(|s| !s.is_empty())
-        .find_map(|s| result.find(s.as_str()).map(|at| (at, s.len())))
-    {
-        result.replace_range(at..at + len, " ");
+    // One pass, the longest special token at each place first; each becomes a space (the
+    // halves around it cannot join into another one).
+    let mut spaced = String::with_capacity(result.len());
+    let mut rest = result;
+    while let Some(c) = rest.chars().next() {
+        let token = special
+            .iter()
+            .filter(|s| !s.is_empty() && rest.starts_with(s.as_str()))
+            .max_by_key(|s| s.len());
+        let skip = match token {
+            Some(s) => {
+                spaced.push(' ');
+                s.len()
+            }
+            None => {
+                spaced.push(c);
+                c.len_utf8()
+            }
+        };
+        rest = &rest[skip..];
     }
-    result
+    spaced
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ")
         .replace('[', "(")
         .replace(']', ")")
+}
+
+/// A tool's answer as it is spliced: `clean_result`'s text, or a failure when cleaning leaves
+/// nothing (special tokens and whitespace are no answer, as empty output is none).
+pub fn cleaned_answer(
+    answer: Result<String, ToolError>,
+    special: &[String],
+) -> Result<String, ToolError> {
+    let text = clean_result(&answer?, special);
+    if text.is_empty() {
+        return Err(ToolError::Failed(
+            "the answer is empty once special tokens and whitespace are removed".into(),
+        ));
+    }
+    Ok(text)
 }
 
 #[cfg(test)]
@@ -162,5 +206,36 @@ mod tests {
             clean_result("<|endo<|endoftext|>ftext|> <|endoftext|>", &eos),
             "<|endo ftext|>"
         );
+        // The longest special token at a place wins; a token that is a space cannot loop.
+        let nested = ["<|a|>".to_string(), "<|a|>b".to_string(), " ".to_string()];
+        assert_eq!(clean_result("x<|a|>by<|a|>z", &nested), "x y z");
+        // Linear in the result's length (it used to rescan from the start per token).
+        let many = "<|endoftext|>".repeat(200_000);
+        assert_eq!(clean_result(&many, &eos), "");
+    }
+
+    #[test]
+    fn answers_that_cleaning_empties_are_failures() {
+        let eos = ["<|endoftext|>".to_string()];
+        assert_eq!(cleaned_answer(Ok(" 4 ".into()), &eos), Ok("4".into()));
+        assert!(matches!(
+            cleaned_answer(Ok(" <|endoftext|>\n".into()), &eos),
+            Err(ToolError::Failed(e)) if e.contains("empty")
+        ));
+        let failed = Err(ToolError::Failed("no hit".into()));
+        assert_eq!(cleaned_answer(failed.clone(), &eos), failed);
+    }
+
+    #[test]
+    fn inputs_with_line_breaks_or_special_tokens_are_refused() {
+        let eos = ["<|endoftext|>".to_string()];
+        assert_eq!(input_problem("Who is the president?", &eos), None);
+        assert!(input_problem("Who is\nthe president?", &eos)
+            .unwrap()
+            .contains("line break"));
+        assert!(input_problem("a\rb", &eos).unwrap().contains("line break"));
+        assert!(input_problem("Who<|endoftext|>rules", &eos)
+            .unwrap()
+            .contains("<|endoftext|>"));
     }
 }

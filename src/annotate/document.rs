@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::calls::{clean_result, parse_call, Malformed};
+use super::calls::{cleaned_answer, input_problem, parse_call, Malformed};
 use super::config::AnnotateConfig;
 use super::corpus::Document;
 use super::tool_kind::ToolKind;
@@ -171,7 +171,7 @@ pub struct Annotator<'a> {
     /// Text tokens any tool reads: its sampling prefix's, plus the loss window after the last
     /// position; a document's text is tokenized that far (`Tokenizer::encode_head`).
     head_tokens: usize,
-    /// The tokenizer's special tokens, removed from results (`clean_result`).
+    /// The tokenizer's special tokens: removed from results (`clean_result`), refused in inputs.
     special_tokens: Vec<String>,
 }
 
@@ -394,6 +394,10 @@ impl<'a> Annotator<'a> {
                             continue;
                         }
                     };
+                    if input_problem(&input, &self.special_tokens).is_some() {
+                        st.calls_malformed += 1;
+                        continue;
+                    }
                     if name != tool.call_name() {
                         st.calls_unknown_tool += 1;
                         continue;
@@ -403,11 +407,9 @@ impl<'a> Annotator<'a> {
                         continue;
                     }
                     st.calls_executed += 1;
-                    let result = self
-                        .registry
-                        .call(tool.call_name(), &input, &ctx)
-                        .map(|r| clean_result(&r, &self.special_tokens))
-                        .map_err(|e| e.to_string());
+                    let answer = self.registry.call(tool.call_name(), &input, &ctx);
+                    let result =
+                        cleaned_answer(answer, &self.special_tokens).map_err(|e| e.to_string());
                     if result.is_err() {
                         st.calls_failed += 1;
                     }

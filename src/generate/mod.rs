@@ -22,7 +22,7 @@ pub mod jsonl;
 
 use serde::Serialize;
 
-use crate::annotate::calls::clean_result;
+use crate::annotate::calls::{cleaned_answer, input_problem};
 use crate::annotate::tools::{DocContext, ToolRegistry};
 use crate::error::{Error, Result};
 use crate::model::Tokenizer;
@@ -467,7 +467,11 @@ impl Seq<'_> {
                 Some((tool, input)) => {
                     record.tool = tool.to_string();
                     record.input = input.to_string();
-                    if ctx.tools.get(tool).is_none() {
+                    if let Some(problem) = input_problem(input, &ctx.tokens.special) {
+                        record.status = CallStatus::Unparsable;
+                        record.error = Some(problem);
+                        "]".to_string()
+                    } else if ctx.tools.get(tool).is_none() {
                         record.status = CallStatus::UnknownTool;
                         record.error = Some(format!("no tool named {tool:?} is registered"));
                         "]".to_string()
@@ -479,11 +483,8 @@ impl Seq<'_> {
                         };
                         // Cleaned as annotate cleans it for C*: a "]" or newline in a result
                         // must not close the call early or leave the format the model knows.
-                        match ctx
-                            .tools
-                            .call(tool, input, &doc)
-                            .map(|r| clean_result(&r, &ctx.tokens.special))
-                        {
+                        let answer = ctx.tools.call(tool, input, &doc);
+                        match cleaned_answer(answer, &ctx.tokens.special) {
                             Ok(result) => {
                                 record.status = CallStatus::Ok;
                                 // The arrow token may carry the space after it ("-> ").
