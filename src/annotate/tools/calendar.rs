@@ -235,8 +235,13 @@ fn url_date(year: u32, month: u32, day: u32) -> Option<Date> {
 }
 
 fn date_from_segments(y: &str, m: &str, d: &str) -> Option<Date> {
-    // The day segment may carry a suffix such as "30.html" only if it is not digits.
-    let d = d.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("");
+    // The day segment is digits, with at most a file extension ("30.html"): in
+    // "/2019/12/10-best-movies" the 10 is a slug's, not a day.
+    let (d, rest) = d.split_at(d.find(|c: char| !c.is_ascii_digit()).unwrap_or(d.len()));
+    let extension = |e: &str| !e.is_empty() && e.chars().all(|c| c.is_ascii_alphanumeric());
+    if !(rest.is_empty() || rest.strip_prefix('.').is_some_and(extension)) {
+        return None;
+    }
     if y.len() != 4 || !(1..=2).contains(&m.len()) || !(1..=2).contains(&d.len()) {
         return None;
     }
@@ -463,6 +468,10 @@ mod tests {
             "https://example.com/#/2023/01/30",
             "https://example.com/2023/01/",
             "https://example.com/2023-01-300",
+            // A slug that starts with a number is not a day.
+            "https://example.com/2023/01/10-best-movies",
+            "https://example.com/2023/01/4th-of-july-parade",
+            "https://example.com/2023/01/30.",
             "",
             "::::",
             "https://例え.jp/日本/2023年",
