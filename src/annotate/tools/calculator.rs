@@ -5,7 +5,8 @@
 //! Accepted input (anything else is [`ToolError::InvalidInput`]):
 //! - numbers: `12`, `0.5`, `.5`, and thousands separators in well-formed groups (`1,400`,
 //!   `12,345,678.9`) because numbers copied from text carry them; a comma anywhere else
-//!   (`1,40`, `1234,567`, `1,`) is an error. No exponents (`1e5`), no `5.`.
+//!   (`1,40`, `1234,567`, `1,`, and `0,400`, a decimal comma) is an error. No exponents
+//!   (`1e5`), no `5.`.
 //! - binary `+ - * /` (usual precedence, left-associative), unary `-` and `+`, parentheses;
 //! - any Unicode whitespace between tokens.
 //!
@@ -13,7 +14,8 @@
 //! [`MAX_DEPTH`] deep. Arithmetic is f64; division by zero and a non-finite intermediate
 //! or final value are [`ToolError::Failed`].
 //!
-//! The result is rounded to two decimals, half away from zero, then trailing zeros and a
+//! The result is rounded to two decimals, half away from zero (exactly, on the f64 value),
+//! then trailing zeros and a
 //! trailing dot are dropped, as in the paper's examples: 400/1400 → "0.29", 1400 → "1400",
 //! 27/2 → "13.5"; negative zero prints as "0". See [`format_result`].
 
@@ -48,26 +50,42 @@ impl Tool for Calculator {
 
 /// Formats `value` rounded to two decimals with trailing zeros removed; None if not finite.
 ///
-/// Rounding is `(value * 100).round() / 100` (half away from zero, on the f64 value); values
-/// of magnitude 1e15 or more have no fractional digits left in f64 and print as integers.
+/// The rounding is exact, half away from zero, on the f64's own value (0.125 is "0.13", and
+/// 123456789012345.67, stored as ...345.671875, is "123456789012345.67"): integer arithmetic on
+/// its mantissa, since `(value * 100).round()` loses the cents above ~4.5e13 (value * 100 past
+/// 2^53) and `{:.2}` rounds ties to even.
 pub fn format_result(value: f64) -> Option<String> {
     if !value.is_finite() {
         return None;
     }
-    let rounded = if value.abs() < 1e15 {
-        (value * 100.0).round() / 100.0
-    } else {
-        value
+    if value.fract() == 0.0 {
+        // Every f64 from 2^52 up is an integer: printed whole, exactly.
+        let text = format!("{value:.0}");
+        return Some(if text == "-0" { "0".into() } else { text });
+    }
+    // |value| < 2^52 here, value = m * 2^-shift with 0 < shift <= 1074.
+    let bits = value.abs().to_bits();
+    let (biased, fraction) = ((bits >> 52) as i32 & 0x7ff, bits & ((1 << 52) - 1));
+    let (m, exp) = match biased {
+        0 => (fraction, -1074),
+        _ => (fraction | 1 << 52, biased - 1075),
     };
-    let mut text = format!("{rounded:.2}");
+    let shift = exp.unsigned_abs();
+    let scaled = u128::from(m) * 100; // < 2^60
+    let cents = if shift >= 120 {
+        0 // scaled / 2^shift < 2^-60: nowhere near half a cent
+    } else {
+        let whole = scaled >> shift;
+        let rest = scaled - (whole << shift);
+        whole + u128::from(rest >= 1 << (shift - 1))
+    };
+    let sign = if value < 0.0 && cents > 0 { "-" } else { "" };
+    let mut text = format!("{sign}{}.{:02}", cents / 100, cents % 100);
     while text.ends_with('0') {
         text.pop();
     }
     if text.ends_with('.') {
         text.pop();
-    }
-    if text == "-0" {
-        text = "0".into();
     }
     Some(text)
 }
@@ -192,10 +210,12 @@ fn lex_number(input: &str, start: usize) -> Result<(f64, usize), ToolError> {
     // Thousands groups: ",ddd" not followed by another digit.
     while i < bytes.len() && bytes[i] == b',' {
         let group_end = digits_from(i + 1);
-        if first_group == 0 || first_group > 3 || group_end - (i + 1) != 3 {
+        // "0,400" is a decimal comma (0.4), never a thousands group.
+        let leading_zero = bytes[start] == b'0';
+        if first_group == 0 || first_group > 3 || leading_zero || group_end - (i + 1) != 3 {
             return Err(invalid(format!(
-                "malformed thousands separator at byte {i} (groups must be 1-3 digits, \
-                 then exactly 3)"
+                "malformed thousands separator at byte {i} (groups must be 1-3 digits not \
+                 starting with 0, then exactly 3)"
             )));
         }
         plain.push_str(&input[i + 1..group_end]);
@@ -402,6 +422,60 @@ mod tests {
         );
         assert_eq!(format_result(f64::INFINITY), None);
         assert_eq!(format_result(f64::NAN), None);
+        // Exact on the stored value where value * 100 has lost the cents.
+        assert_eq!(
+            format_result(123456789012345.67).as_deref(),
+            Some("123456789012345.67") // stored as ...345.671875
+        );
+        assert_eq!(
+            format_result(734141393493265.37).as_deref(),
+            Some("734141393493265.38") // stored as ...265.375: a tie, away from zero
+        );
+        assert_eq!(
+            format_result(-999999999999999.9).as_deref(),
+            Some("-999999999999999.88") // stored as ...999.875
+        );
+        assert_eq!(
+            format_result(1000000000000000.125).as_deref(),
+            Some("1000000000000000.13")
+        );
+        assert_eq!(
+            format_result(4503599627370495.5).as_deref(),
+            Some("4503599627370495.5")
+        );
+        assert_eq!(format_result(0.005).as_deref(), Some("0.01")); // stored above 0.005
+        assert_eq!(format_result(1.005).as_deref(), Some("1")); // stored below 1.005
+        assert_eq!(format_result(5e-324).as_deref(), Some("0"));
+        assert_eq!(format_result(-1e-300).as_deref(), Some("0"));
+    }
+
+    proptest::proptest! {
+        /// Against exact decimal arithmetic: the stored value's decimal expansion (Rust prints
+        /// it exactly) rounded half away from zero by hand.
+        #[test]
+        fn rounding_is_exact_half_away_from_zero(value in proptest::prop_oneof![
+            -1e3..1e3f64,
+            -1e16..1e16f64,
+            // Three decimals, many of them near a tie ("x.xx5").
+            (-10_000_000_000i64..10_000_000_000).prop_map(|m| m as f64 / 1000.0),
+            proptest::num::f64::NORMAL.prop_map(|v| v % 1e17),
+        ]) {
+            let exact = format!("{:.1100}", value.abs());
+            let (int, frac) = exact.split_once('.').unwrap();
+            let mut cents: u128 = format!("{int}{}", &frac[..2]).parse().unwrap();
+            if frac.as_bytes()[2] >= b'5' {
+                cents += 1;
+            }
+            let sign = if value < 0.0 && cents > 0 { "-" } else { "" };
+            let mut want = format!("{sign}{}.{:02}", cents / 100, cents % 100);
+            while want.ends_with('0') {
+                want.pop();
+            }
+            if want.ends_with('.') {
+                want.pop();
+            }
+            proptest::prop_assert_eq!(format_result(value), Some(want));
+        }
     }
 
     #[test]
@@ -436,6 +510,8 @@ mod tests {
             "5.",
             "1,40",
             "1234,567",
+            "0,400",
+            "00,400",
             "1,",
             ",5",
             "1..2",
