@@ -4,7 +4,10 @@
 //! In: {"id", "prompt"}, optionally "date" and "url" (passed to the tools as the document's).
 //! Out: {"id", "completion", "calls": [{"position", "tool", "input", "result", "status"}],
 //! "finish"}, or {"id", "line", "error"} for a line that cannot be generated from. "id" is echoed
-//! as given (any JSON value; null when absent).
+//! as given: a string or an integer of at most 64 bits (null when absent or null). A line is a
+//! JSON object; any other id (a float, an integer beyond 64 bits, which would come back as a
+//! float, a boolean, an array or an object) makes that line an error line with id null, as
+//! annotate rejects such a document.
 
 use std::io::{BufRead, Write};
 
@@ -137,35 +140,139 @@ fn parse_line(
     options: &GenerateOptions,
     line_no: usize,
 ) -> ParsedLine {
+    let (id, fields) = read_fields(line, line_no);
+    let parsed = fields.and_then(|l| {
+        let ids =
+            prepare(tokenizer, &l.prompt, options).map_err(|e| format!("line {line_no}: {e}"))?;
+        let doc_id = match &l.id {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        };
+        Ok((
+            Prompt {
+                text: l.prompt,
+                id: doc_id,
+                url: l.url,
+                date: l.date,
+            },
+            ids,
+        ))
+    });
+    (id, parsed)
+}
+
+/// The id to echo and the line's fields, or why the line has none. The id is null unless it is
+/// one that is echoed exactly (a string, or an integer within i64/u64).
+fn read_fields(line: &str, line_no: usize) -> (Value, std::result::Result<Line, String>) {
+    let fail = |message: String| (Value::Null, Err(format!("line {line_no}: {message}")));
     let value: Value = match serde_json::from_str(line) {
         Ok(v) => v,
-        Err(e) => {
-            return (
-                Value::Null,
-                Err(format!("line {line_no}: malformed JSON: {e}")),
+        Err(e) => return fail(format!("malformed JSON: {e}")),
+    };
+    // serde would fill the struct from an array by position ("[1, 2]": "invalid type: integer
+    // `2`, expected a string"), which says nothing useful.
+    if !value.is_object() {
+        return fail(format!("expected a JSON object, got {}", json_kind(&value)));
+    }
+    // Only ids that are echoed exactly: an integer beyond 64 bits is read as a float
+    // (18446744073709551616 would come back as 1.8446744073709552e19), as annotate refuses.
+    let id = match value.get("id") {
+        None | Some(Value::Null) => Value::Null,
+        Some(v @ Value::String(_)) => v.clone(),
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Value::Number(n.clone()),
+        Some(Value::Number(_)) => {
+            return fail(
+                "field \"id\" is not an integer in the 64-bit range (use a string id)".into(),
             )
         }
+        Some(_) => return fail("field \"id\" is not a string or an integer".into()),
     };
-    let id = value.get("id").cloned().unwrap_or(Value::Null);
-    let parsed = serde_json::from_value::<Line>(value)
-        .map_err(|e| format!("line {line_no}: {e}"))
-        .and_then(|l| {
-            let ids = prepare(tokenizer, &l.prompt, options)
-                .map_err(|e| format!("line {line_no}: {e}"))?;
-            let doc_id = match &l.id {
-                Value::String(s) => s.clone(),
-                Value::Null => String::new(),
-                other => other.to_string(),
-            };
-            Ok((
-                Prompt {
-                    text: l.prompt,
-                    id: doc_id,
-                    url: l.url,
-                    date: l.date,
-                },
-                ids,
-            ))
-        });
-    (id, parsed)
+    let fields = serde_json::from_value::<Line>(value).map_err(|e| format!("line {line_no}: {e}"));
+    (id, fields)
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(line: &str) -> (Value, String) {
+        let (id, fields) = read_fields(line, 3);
+        (id, fields.err().expect("an error line"))
+    }
+
+    #[test]
+    fn a_line_must_be_an_object() {
+        for (line, kind) in [
+            ("[1,2]", "an array"),
+            (r#"["a", "b"]"#, "an array"),
+            ("7", "a number"),
+            (r#""prompt""#, "a string"),
+            ("null", "null"),
+        ] {
+            let (id, e) = error(line);
+            assert_eq!(id, Value::Null);
+            assert_eq!(
+                e,
+                format!("line 3: expected a JSON object, got {kind}"),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn ids_are_echoed_exactly_or_refused() {
+        let id = |line: &str| {
+            let (id, fields) = read_fields(line, 1);
+            if let Err(e) = &fields {
+                panic!("{line}: {e}");
+            }
+            id
+        };
+        assert_eq!(id(r#"{"id": "x", "prompt": "p"}"#), Value::from("x"));
+        assert_eq!(id(r#"{"prompt": "p"}"#), Value::Null);
+        assert_eq!(id(r#"{"id": null, "prompt": "p"}"#), Value::Null);
+        assert_eq!(id(r#"{"id": -7, "prompt": "p"}"#), Value::from(-7i64));
+        let max = id(r#"{"id": 18446744073709551615, "prompt": "p"}"#);
+        assert_eq!(max.to_string(), "18446744073709551615");
+        let min = id(r#"{"id": -9223372036854775808, "prompt": "p"}"#);
+        assert_eq!(min.to_string(), "-9223372036854775808");
+        for line in [
+            r#"{"id": 18446744073709551616, "prompt": "p"}"#,
+            r#"{"id": -9223372036854775809, "prompt": "p"}"#,
+            r#"{"id": 1.5, "prompt": "p"}"#,
+            r#"{"id": 1e2, "prompt": "p"}"#,
+        ] {
+            let (id, e) = error(line);
+            assert_eq!(id, Value::Null, "{line}");
+            assert!(
+                e.starts_with("line 3: ") && e.contains("\"id\"") && e.contains("64-bit"),
+                "{line}: {e}"
+            );
+        }
+        for line in [
+            r#"{"id": true, "prompt": "p"}"#,
+            r#"{"id": [1], "prompt": "p"}"#,
+            r#"{"id": {"a": 1}, "prompt": "p"}"#,
+        ] {
+            let (id, e) = error(line);
+            assert_eq!(id, Value::Null, "{line}");
+            assert!(e.contains("not a string or an integer"), "{line}: {e}");
+        }
+        // Other errors still echo a valid id.
+        let (id, fields) = read_fields(r#"{"id": 8}"#, 1);
+        assert_eq!(id, Value::from(8));
+        assert!(fields.err().unwrap().contains("prompt"));
+    }
 }

@@ -7,18 +7,23 @@
 //!   interpreted); the input plus a newline is written to its stdin, and its stdout,
 //!   trimmed, is the result (invalid UTF-8 replaced). Non-zero exit, empty output, more than
 //!   [`MAX_OUTPUT_BYTES`] of output, or running past the timeout (the child is killed) is
-//!   an error. A child's own children that keep stdout open are not waited for past the
-//!   timeout, but they are not killed either: wrappers should `exec` the real program.
+//!   an error. A program that exits while a process it left in the background still holds
+//!   its stdout open fails once the timeout has passed, with an error saying so (not a
+//!   timeout, and not retried); that process is not waited for, nor killed: wrappers should
+//!   `exec` the real program.
 //! - HTTP: `POST url` with JSON `{"input": ..., "tool": name}`; the reply must be a 2xx
-//!   with JSON `{"result": "..."}` (an `{"error": "..."}` reply is reported). The timeout
-//!   covers the whole exchange. Only `http://` URLs: the client is built without TLS, as
-//!   these services are expected on the local machine or network; the `HTTP(S)_PROXY` and
+//!   with JSON `{"result": "..."}` (an `{"error": "..."}` reply is reported). The body is
+//!   read as bytes whatever its Content-Type, invalid UTF-8 replaced, and a failed status
+//!   stays in the error even when its body cannot be read. The timeout covers the whole
+//!   exchange. Only `http://` URLs, checked when the tool is configured (a URI with a host
+//!   and a port from 1 to 65535, if any): the client is built without TLS, as these
+//!   services are expected on the local machine or network; the `HTTP(S)_PROXY` and
 //!   `NO_PROXY` variables are honoured.
 //!
 //! Retried: timeouts, non-zero exits, connection failures, HTTP 5xx, 408 and 429. Not
 //! retried, as another try would fail the same way: a command that cannot be spawned, empty
-//! or oversized output, other HTTP 4xx, a reply that is not the expected JSON. Between
-//! tries the tool waits 50 ms, doubling, at most 1 s.
+//! or oversized output, stdout held open after the program exited, other HTTP 4xx, a reply
+//! that is not the expected JSON. Between tries the tool waits 50 ms, doubling, at most 1 s.
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -34,6 +39,8 @@ use super::{DocContext, Tool, ToolConfigError, ToolError};
 pub const MAX_OUTPUT_BYTES: usize = 1 << 20;
 /// Most stderr bytes kept for an error message.
 const STDERR_KEEP: usize = 4096;
+/// How long stdout may stay open after the program exited when its timeout is (almost) spent.
+const EXIT_GRACE: Duration = Duration::from_millis(100);
 /// Most retries a configuration may ask for.
 const MAX_RETRIES: u32 = 10;
 
@@ -142,6 +149,8 @@ impl ExternalTool {
                         "url {url:?} must start with http:// (https is not built in)"
                     )));
                 }
+                check_url(url)
+                    .map_err(|why| invalid(format!("url {url:?} is not valid: {why}")))?;
                 ExternalBackend::Http { url: url.clone() }
             }
             _ => return Err(invalid("set exactly one of `command` and `url`".into())),
@@ -199,6 +208,34 @@ impl Tool for ExternalTool {
             backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
+}
+
+/// Why `url` (which starts with "http://") cannot be POSTed to, if it cannot: it must parse as
+/// a URI (no spaces or other invalid characters) and name a host, and a port must be a number
+/// up to 65535. Checked when the tool is configured, so that a typo is not a failure of every
+/// call at run time.
+fn check_url(url: &str) -> Result<(), String> {
+    let uri: ureq::http::Uri = url.parse().map_err(|e| format!("{e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err("the scheme must be http".into());
+    }
+    let authority = uri.authority().ok_or("no host")?;
+    if authority.host().is_empty() {
+        return Err("no host".into());
+    }
+    // "host:" and "host:99999" parse, but name no port a connection can use.
+    let host_port = authority.as_str().rsplit('@').next().unwrap_or_default();
+    let port_text = host_port
+        .rsplit_once(':')
+        .filter(|(_, after)| !after.contains(']'))
+        .map(|(_, port)| port);
+    if let Some(port) = port_text {
+        match port.parse::<u16>() {
+            Ok(p) if p > 0 => {}
+            _ => return Err(format!("port {port:?} is not a number from 1 to 65535")),
+        }
+    }
+    Ok(())
 }
 
 /// One failed attempt, and whether another could go differently.
@@ -313,12 +350,15 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
     let status = wait_until(&mut child.0, deadline)
         .map_err(|e| retry_err(format!("waiting for {program:?} failed: {e}")))?
         .ok_or_else(|| timeout_err(timeout))?;
-    let remaining = deadline.saturating_duration_since(Instant::now());
-    let (out, out_dropped) = match stdout {
-        Some(rx) => rx
-            .recv_timeout(remaining)
-            .map_err(|_| timeout_err(timeout))?,
-        None => (Vec::new(), false),
+    // The program has exited: what it printed is in the pipe, so stdout ends at once unless
+    // another process (a child it left in the background) still holds it open. A program that
+    // exits just at the deadline gets a moment for the reader to see the end of its output.
+    let remaining = deadline
+        .saturating_duration_since(Instant::now())
+        .max(EXIT_GRACE);
+    let output = match stdout {
+        Some(rx) => rx.recv_timeout(remaining).ok(),
+        None => Some((Vec::new(), false)),
     };
     let err_text = stderr
         .and_then(|rx| rx.recv_timeout(Duration::from_millis(50)).ok())
@@ -333,6 +373,13 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
         };
         return Err(retry_err(format!("{program:?} {status}{detail}")));
     }
+    // Not retried: every try would leave one more such process behind, and wait as long.
+    let Some((out, out_dropped)) = output else {
+        return Err(final_err(format!(
+            "{program:?} exited but its stdout stayed open for the rest of the {timeout:?} \
+             timeout (a background process still holds it; wrappers should exec)"
+        )));
+    };
     if out_dropped {
         return Err(final_err(format!(
             "{program:?} printed more than {MAX_OUTPUT_BYTES} bytes"
@@ -406,26 +453,43 @@ fn post_json(url: &str, tool: &str, input: &str, timeout: Duration) -> Result<St
         .send_json(&HttpRequest { input, tool })
         .map_err(transport)?;
     let status = response.status().as_u16();
-    let body = response
-        .body_mut()
-        .with_config()
-        .limit(MAX_OUTPUT_BYTES as u64)
-        .lossy_utf8(true)
-        .read_to_string()
-        .map_err(|e| match e {
-            ureq::Error::BodyExceedsLimit(_) => final_err(format!(
-                "POST {url}: reply is larger than {MAX_OUTPUT_BYTES} bytes"
-            )),
-            other => transport(other),
-        })?;
-    if !(200..300).contains(&status) {
-        let message = format!("POST {url}: HTTP {status}: {}", shorten(body.trim(), 300));
-        let retry = status >= 500 || status == 408 || status == 429;
-        return Err(if retry {
+    let success = (200..300).contains(&status);
+    let retry_status = status >= 500 || status == 408 || status == 429;
+    let by_status = |message: String| {
+        if retry_status {
             retry_err(message)
         } else {
             final_err(message)
-        });
+        }
+    };
+    // Bytes, whatever the Content-Type says (ureq decodes only text/* leniently): invalid
+    // UTF-8 is replaced, as in a command's output.
+    let body = match response
+        .body_mut()
+        .with_config()
+        .limit(MAX_OUTPUT_BYTES as u64)
+        .read_to_vec()
+    {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        // A failed reply whose body cannot be read still fails for its status.
+        Err(e) if !success => {
+            return Err(by_status(format!(
+                "POST {url}: HTTP {status} (its body could not be read: {})",
+                body_error(e)
+            )))
+        }
+        Err(ureq::Error::BodyExceedsLimit(_)) => {
+            return Err(final_err(format!(
+                "POST {url}: reply is larger than {MAX_OUTPUT_BYTES} bytes"
+            )))
+        }
+        Err(other) => return Err(transport(other)),
+    };
+    if !success {
+        return Err(by_status(format!(
+            "POST {url}: HTTP {status}: {}",
+            shorten(body.trim(), 300)
+        )));
     }
     let reply: HttpReply = serde_json::from_str(&body).map_err(|e| {
         final_err(format!(
@@ -446,6 +510,13 @@ fn post_json(url: &str, tool: &str, input: &str, timeout: Duration) -> Result<St
         _ => Err(final_err(format!(
             "POST {url}: reply has no string \"result\""
         ))),
+    }
+}
+
+fn body_error(e: ureq::Error) -> String {
+    match e {
+        ureq::Error::BodyExceedsLimit(_) => format!("larger than {MAX_OUTPUT_BYTES} bytes"),
+        other => other.to_string(),
     }
 }
 
@@ -547,6 +618,34 @@ mod tests {
     }
 
     #[test]
+    fn stdout_held_open_after_exit_is_named_and_not_retried() {
+        let tool = sh("sleep 2 & echo hi")
+            .with_timeout(Duration::from_millis(500))
+            .with_retries(2);
+        let start = Instant::now();
+        let err = run(&tool, "x").unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, ToolError::Failed(_)), "{err:?}");
+        assert!(
+            msg.contains("exited but its stdout stayed open") && msg.contains("exec"),
+            "{msg}"
+        );
+        assert!(!msg.contains("tries"), "not retried: {msg}");
+        assert!(
+            start.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            start.elapsed()
+        );
+        // A wrapper that execs its program is fine; a background process that closes its
+        // stdout is too.
+        assert_eq!(run(&sh("exec echo hi"), "x"), Ok("hi".into()));
+        assert_eq!(
+            run(&sh("sleep 2 >/dev/null & echo hi"), "x"),
+            Ok("hi".into())
+        );
+    }
+
+    #[test]
     fn retries_are_bounded_and_can_recover() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("tries");
@@ -605,6 +704,94 @@ mod tests {
             }
         });
         (url, count)
+    }
+
+    /// Answers each connection with the raw bytes `respond(request_body)` (status line,
+    /// headers and body), then closes it; counts the connections.
+    fn raw_server(
+        respond: impl Fn(&str) -> Vec<u8> + Send + 'static,
+    ) -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/tool", listener.local_addr().unwrap());
+        let count = Arc::new(AtomicUsize::new(0));
+        let seen = count.clone();
+        thread::spawn(move || {
+            for stream in listener.incoming().take(10) {
+                let Ok(mut stream) = stream else { return };
+                seen.fetch_add(1, Ordering::SeqCst);
+                let Some(body) = read_request(&stream) else {
+                    continue;
+                };
+                let _ = stream.write_all(&respond(&body));
+            }
+        });
+        (url, count)
+    }
+
+    fn reply(status: u16, content_type: &str, body: &[u8]) -> Vec<u8> {
+        let mut out = format!(
+            "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        out.extend_from_slice(body);
+        out
+    }
+
+    #[test]
+    fn http_invalid_utf8_is_replaced_whatever_the_content_type() {
+        for content_type in ["application/json", "text/plain", "application/octet-stream"] {
+            let (url, count) =
+                raw_server(move |_| reply(200, content_type, b"{\"result\": \"a\xff b\"}"));
+            assert_eq!(
+                run(&http_tool(&url, 2), "x"),
+                Ok("a\u{FFFD} b".into()),
+                "{content_type}"
+            );
+            assert_eq!(count.load(Ordering::SeqCst), 1, "fetched once");
+        }
+        // A failed reply with such a body keeps its status.
+        let (url, count) =
+            raw_server(|_| reply(503, "application/json", b"{\"error\": \"busy \xff\"}"));
+        let msg = run(&http_tool(&url, 1), "x").unwrap_err().to_string();
+        assert!(
+            msg.contains("HTTP 503") && msg.contains("busy \u{FFFD}"),
+            "{msg}"
+        );
+        assert_eq!(count.load(Ordering::SeqCst), 2, "a 503 is retried");
+    }
+
+    #[test]
+    fn http_status_survives_an_unreadable_body() {
+        // The body is cut short: Content-Length promises more than is sent.
+        let cut = |status: u16| {
+            move |_: &str| {
+                format!(
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n\
+                     Content-Length: 100\r\nConnection: close\r\n\r\n{{\"err"
+                )
+                .into_bytes()
+            }
+        };
+        let (url, count) = raw_server(cut(500));
+        let msg = run(&http_tool(&url, 1), "x").unwrap_err().to_string();
+        assert!(msg.contains("HTTP 500"), "{msg}");
+        assert_eq!(count.load(Ordering::SeqCst), 2, "a 500 is retried");
+        let (url, count) = raw_server(cut(404));
+        let msg = run(&http_tool(&url, 2), "x").unwrap_err().to_string();
+        assert!(msg.contains("HTTP 404"), "{msg}");
+        assert_eq!(count.load(Ordering::SeqCst), 1, "a 404 is not retried");
+        // An oversized failed reply keeps its status too.
+        let (url, _) = raw_server(|_| reply(500, "text/plain", &vec![b'a'; MAX_OUTPUT_BYTES + 1]));
+        let msg = run(&http_tool(&url, 0), "x").unwrap_err().to_string();
+        assert!(
+            msg.contains("HTTP 500") && msg.contains("larger than"),
+            "{msg}"
+        );
+        let (url, _) = raw_server(|_| reply(200, "text/plain", &vec![b'a'; MAX_OUTPUT_BYTES + 1]));
+        let msg = run(&http_tool(&url, 0), "x").unwrap_err().to_string();
+        assert!(msg.contains("larger than"), "{msg}");
     }
 
     fn read_request(stream: &TcpStream) -> Option<String> {
@@ -726,6 +913,35 @@ mod tests {
         );
     }
 
+    fn url(url: &str) -> ExternalToolConfig {
+        ExternalToolConfig {
+            url: Some(url.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn urls_are_checked_when_configured() {
+        for good in [
+            "http://x",
+            "http://127.0.0.1:8080/qa",
+            "http://localhost:65535/a/b?c=d",
+            "http://[::1]:8080/qa",
+            "http://[::1]/qa",
+            "http://user:pw@host:80/qa",
+        ] {
+            let tool = ExternalTool::from_config("QA", &url(good));
+            assert!(tool.is_ok(), "{good}: {:?}", tool.err());
+        }
+        let err = ExternalTool::from_config("MT", &url("http://127.0.0.1:99999/x")).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("tool MT:") && msg.contains("http://127.0.0.1:99999/x"),
+            "{msg}"
+        );
+        assert!(msg.contains("99999"), "{msg}");
+    }
+
     #[test]
     fn config_validation() {
         let ok = ExternalToolConfig {
@@ -750,6 +966,13 @@ mod tests {
                 url: Some("https://example.com".into()),
                 ..Default::default()
             },
+            url("http://"),
+            url("http:// spaces/x"),
+            url("http://127.0.0.1:99999/x"),
+            url("http://127.0.0.1:0/x"),
+            url("http://127.0.0.1:8o80/x"),
+            url("http://:8080/x"),
+            url("http://user@:8080/x"),
             ExternalToolConfig {
                 timeout_ms: 0,
                 ..ok.clone()

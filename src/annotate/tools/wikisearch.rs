@@ -20,14 +20,25 @@ use tantivy::schema::{
     Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value, STORED, STRING,
 };
 use tantivy::snippet::SnippetGenerator;
-use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
+use tantivy::{
+    DocAddress, Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument, Term,
+};
 
 use super::{DocContext, Tool, ToolConfigError, ToolError};
+use crate::util::jsonl::JsonlLines;
 
 /// Default longest snippet, in characters (a few sentences, like the paper's examples).
 pub const DEFAULT_SNIPPET_CHARS: usize = 300;
 /// At most this many distinct query words are searched; longer inputs are cut, not refused.
 const MAX_QUERY_TERMS: usize = 32;
+/// Longest document id accepted by [`build_index`], in bytes. The id is indexed as one term
+/// for the exclusion, and tantivy drops a term longer than its `MAX_TOKEN_LEN` (65,530 bytes)
+/// without an error: such a document could never be left out of its own searches.
+pub const MAX_ID_BYTES: usize = 65_000;
+const _: () = assert!(MAX_ID_BYTES <= tantivy::tokenizer::MAX_TOKEN_LEN);
+/// Hits [`WikiSearch`]'s `call` looks through for one with text to quote (a document matched
+/// on its title alone may have none).
+const CALL_CANDIDATES: usize = 16;
 /// Indexing memory per writer thread.
 const WRITER_BYTES_PER_THREAD: usize = 64 << 20;
 
@@ -109,12 +120,14 @@ fn schema() -> Schema {
 
 /// Indexes the documents in `docs_jsonl` into the new directory `out_dir`.
 ///
-/// Each non-blank line must be a JSON object with a non-empty `"id"` (string or integer),
-/// an optional `"title"` (string or null) and the text under key `text_field` (usually
-/// "text"); other keys are ignored. The first malformed line stops the build with an error
-/// naming the file and line: a silently skipped document would make retrieval quietly
-/// worse. `out_dir` must not exist or be empty; the index is built next to it and moved
-/// into place only when complete, so a failed build leaves nothing behind.
+/// Each non-blank line must be a JSON object with a non-empty `"id"` (string or integer, at
+/// most [`MAX_ID_BYTES`] bytes), an optional `"title"` (string or null) and the text under key
+/// `text_field` (usually "text"); other keys are ignored. A UTF-8 byte order mark before line 1
+/// is skipped, and a line may end in "\r\n"; a line over 64 MiB is malformed. The first
+/// malformed line stops the build with an error naming the file and line: a silently skipped
+/// document would make retrieval quietly worse. `out_dir` must not exist or be empty; the
+/// index is built next to it and moved into place only when complete, so a failed build
+/// leaves nothing behind.
 pub fn build_index(
     docs_jsonl: &Path,
     out_dir: &Path,
@@ -167,7 +180,7 @@ pub fn build_index(
 }
 
 fn index_into(
-    mut reader: impl BufRead,
+    reader: impl BufRead,
     docs_path: &Path,
     dir: &Path,
     text_field: &str,
@@ -191,32 +204,22 @@ fn index_into(
     };
     // Hashes of the ids seen (8 bytes a document, not the ids themselves).
     let mut ids = std::collections::HashSet::new();
-    let mut buf = Vec::new();
-    let mut line_no = 0u64;
-    loop {
-        buf.clear();
-        let n = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|error| IndexError::Io {
-                path: docs_path.to_path_buf(),
-                error,
-            })?;
-        if n == 0 {
-            break;
-        }
-        line_no += 1;
+    for line in JsonlLines::new(reader) {
+        let (line_no, line) = line.map_err(|error| IndexError::Io {
+            path: docs_path.to_path_buf(),
+            error,
+        })?;
         let malformed = |message: String| IndexError::Malformed {
             path: docs_path.to_path_buf(),
-            line: line_no,
+            line: line_no as u64,
             message,
         };
-        let line =
-            std::str::from_utf8(&buf).map_err(|e| malformed(format!("not UTF-8 text ({e})")))?;
+        let line = line.map_err(malformed)?;
         if line.trim().is_empty() {
             stats.blank_lines += 1;
             continue;
         }
-        let doc = parse_doc(line, text_field).map_err(malformed)?;
+        let doc = parse_doc(&line, text_field).map_err(malformed)?;
         if !ids.insert(xxhash_rust::xxh3::xxh3_64(doc.id.as_bytes())) {
             stats.duplicate_ids += 1;
         }
@@ -259,6 +262,12 @@ fn parse_doc(line: &str, text_field: &str) -> Result<JsonDoc, String> {
         }
         None => return Err("missing \"id\"".into()),
     };
+    if id.len() > MAX_ID_BYTES {
+        return Err(format!(
+            "\"id\" is {} bytes long, over the limit of {MAX_ID_BYTES} bytes",
+            id.len()
+        ));
+    }
     let title = match obj.get(TITLE) {
         None | Some(serde_json::Value::Null) => None,
         Some(serde_json::Value::String(s)) => Some(s.clone()),
@@ -392,6 +401,22 @@ impl WikiSearch {
         exclude_id: Option<&str>,
         limit: usize,
     ) -> Result<Vec<SearchHit>, ToolError> {
+        let ranked = self.rank(query, exclude_id, limit)?;
+        ranked
+            .top
+            .iter()
+            .map(|&(score, address)| self.hit(&ranked, score, address))
+            .collect()
+    }
+
+    /// The addresses of the best `limit` documents, best first, as [`Self::search`] ranks
+    /// them, and what it takes to read them and make their snippets.
+    fn rank(
+        &self,
+        query: &str,
+        exclude_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Ranked, ToolError> {
         let failed = |what: &str, e: tantivy::TantivyError| {
             ToolError::Failed(format!("WikiSearch {what} failed: {e}"))
         };
@@ -431,32 +456,42 @@ impl WikiSearch {
         let mut snippets = SnippetGenerator::create(&searcher, matching.as_ref(), self.text)
             .map_err(|e| failed("snippet", e))?;
         snippets.set_max_num_chars(self.max_snippet_chars);
+        Ok(Ranked {
+            searcher,
+            top: top.into_iter().take(limit).collect(),
+            snippets,
+        })
+    }
 
-        let mut hits = Vec::with_capacity(top.len());
-        for (score, address) in top.into_iter().take(limit) {
-            let doc: TantivyDocument = searcher
-                .doc(address)
-                .map_err(|e| failed("reading a document", e))?;
-            let first = |field| {
-                doc.get_first(field)
-                    .and_then(|v| v.as_str().map(str::to_string))
-            };
-            let text = first(self.text).unwrap_or_default();
-            let fragment = snippets.snippet(&text).fragment().to_string();
-            let snippet = if fragment.trim().is_empty() {
-                // Only the title matched: the start of the text says what the page is.
-                truncate_words(&text, self.max_snippet_chars)
-            } else {
-                truncate_words(&fragment, self.max_snippet_chars)
-            };
-            hits.push(SearchHit {
-                id: first(self.id).unwrap_or_default(),
-                title: first(self.title),
-                score,
-                snippet,
-            });
-        }
-        Ok(hits)
+    /// The search hit at `address`, with its snippet.
+    fn hit(
+        &self,
+        ranked: &Ranked,
+        score: f32,
+        address: DocAddress,
+    ) -> Result<SearchHit, ToolError> {
+        let doc: TantivyDocument = ranked
+            .searcher
+            .doc(address)
+            .map_err(|e| ToolError::Failed(format!("WikiSearch reading a document failed: {e}")))?;
+        let first = |field| {
+            doc.get_first(field)
+                .and_then(|v| v.as_str().map(str::to_string))
+        };
+        let text = first(self.text).unwrap_or_default();
+        let fragment = ranked.snippets.snippet(&text).fragment().to_string();
+        let snippet = if fragment.trim().is_empty() {
+            // Only the title matched: the start of the text says what the page is.
+            truncate_words(&text, self.max_snippet_chars)
+        } else {
+            truncate_words(&fragment, self.max_snippet_chars)
+        };
+        Ok(SearchHit {
+            id: first(self.id).unwrap_or_default(),
+            title: first(self.title),
+            score,
+            snippet,
+        })
     }
 
     /// The distinct words of `query` as the index tokenized its text, in order, at most
@@ -499,18 +534,36 @@ fn truncate_words(text: &str, max_chars: usize) -> String {
     out
 }
 
+/// The ranked result of a search, before its documents are read.
+struct Ranked {
+    searcher: Searcher,
+    top: Vec<(f32, DocAddress)>,
+    snippets: SnippetGenerator,
+}
+
 impl Tool for WikiSearch {
     fn name(&self) -> &str {
         "WikiSearch"
     }
 
+    /// The snippet of the best hit that has text to quote: a document that matched on its
+    /// title alone and has an empty text is passed over for the next one.
     fn call(&self, input: &str, doc: &DocContext<'_>) -> Result<String, ToolError> {
-        let hits = self.search(input, Some(doc.id), 1)?;
-        hits.into_iter()
-            .next()
-            .map(|hit| hit.snippet)
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| ToolError::Failed(format!("no document matches {input:?}")))
+        let ranked = self.rank(input, Some(doc.id), CALL_CANDIDATES)?;
+        for &(score, address) in &ranked.top {
+            let hit = self.hit(&ranked, score, address)?;
+            if !hit.snippet.is_empty() {
+                return Ok(hit.snippet);
+            }
+        }
+        Err(ToolError::Failed(if ranked.top.is_empty() {
+            format!("no document matches {input:?}")
+        } else {
+            format!(
+                "no document with text matches {input:?} (the best {} have an empty text)",
+                ranked.top.len()
+            )
+        }))
     }
 }
 
@@ -703,6 +756,100 @@ mod tests {
             assert!(msg.contains("docs.jsonl") && msg.contains(needle), "{msg}");
             assert!(!out.exists(), "a failed build leaves nothing behind");
         }
+    }
+
+    #[test]
+    fn a_byte_order_mark_and_crlf_are_accepted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(
+            tmp.path(),
+            "\u{feff}{\"id\":\"a\",\"text\":\"first zebra\"}\r\n{\"id\":\"b\",\"text\":\"second\"}\r\n",
+        );
+        let out = tmp.path().join("idx");
+        let stats = build_index(&docs, &out, "text").unwrap();
+        assert_eq!(stats.documents, 2);
+        let wiki = WikiSearch::open(&out).unwrap();
+        let hits = wiki.search("zebra", None, 2).unwrap();
+        assert_eq!(hits[0].id, "a", "the BOM is not part of the id");
+        // Only before line 1: elsewhere it is not JSON.
+        let docs = write_docs(
+            tmp.path(),
+            "{\"id\":\"a\",\"text\":\"x\"}\n\u{feff}{\"id\":\"b\",\"text\":\"y\"}\n",
+        );
+        let err = build_index(&docs, &tmp.path().join("never"), "text").unwrap_err();
+        assert!(
+            matches!(err, IndexError::Malformed { line: 2, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn ids_too_long_to_exclude_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        // The longest id accepted is excluded like any other.
+        let longest = "i".repeat(MAX_ID_BYTES);
+        let line = |id: &str, text: &str| serde_json::json!({"id": id, "text": text}).to_string();
+        let docs = write_docs(
+            tmp.path(),
+            format!(
+                "{}\n{}\n",
+                line(&longest, "quokka marsupial"),
+                line("other", "wombat")
+            ),
+        );
+        let out = tmp.path().join("idx");
+        build_index(&docs, &out, "text").unwrap();
+        let wiki = WikiSearch::open(&out).unwrap();
+        assert_eq!(wiki.search("quokka", None, 5).unwrap().len(), 1);
+        assert!(wiki.search("quokka", Some(&longest), 5).unwrap().is_empty());
+        assert!(wiki.call("quokka", &doc(&longest)).is_err());
+
+        // One byte more (tantivy would drop the term, so the document would find itself).
+        let too_long = "i".repeat(MAX_ID_BYTES + 1);
+        let docs = write_docs(
+            tmp.path(),
+            format!(
+                "{}\n{}\n",
+                line("other", "wombat"),
+                line(&too_long, "quokka")
+            ),
+        );
+        let err = build_index(&docs, &tmp.path().join("never"), "text").unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, IndexError::Malformed { line: 2, .. }),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("docs.jsonl:2:") && msg.contains("\"id\"") && msg.contains("65000"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_hit_without_text_gives_way_to_the_next() {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(
+            tmp.path(),
+            concat!(
+                r#"{"id": "t", "title": "Zebra Zebra", "text": ""}"#,
+                "\n",
+                r#"{"id": "w", "title": "Zebra crossing", "text": "  \n "}"#,
+                "\n",
+                r#"{"id": "z", "text": "A zebra is an African equine."}"#,
+                "\n"
+            ),
+        );
+        let out = tmp.path().join("idx");
+        build_index(&docs, &out, "text").unwrap();
+        let wiki = WikiSearch::open(&out).unwrap();
+        assert_eq!(wiki.search("zebra", None, 1).unwrap()[0].id, "t");
+        let got = wiki.call("zebra", &doc("x")).unwrap();
+        assert!(got.contains("African equine"), "{got}");
+        let err = wiki.call("zebra", &doc("z")).unwrap_err().to_string();
+        assert!(err.contains("no document with text matches"), "{err}");
+        let err = wiki.call("okapi", &doc("x")).unwrap_err().to_string();
+        assert!(err.contains("no document matches"), "{err}");
     }
 
     #[test]
