@@ -1,6 +1,9 @@
 //! `toolsift bench`: the standard workload (docs/benchmarks.md) on one random GPT-J, run by toolsift and
 //! by both candle baselines in the same process, their losses checked against each other, and one
-//! JSON line of figures. Ratios, not absolute times, are what this noisy machine can vouch for.
+//! JSON line of figures. Ratios, not absolute times, are what this noisy machine can vouch for:
+//! every engine is warmed up first, then the timed runs go in rounds (toolsift, the GEMM peak,
+//! tuned, naive), and each ratio is the median of its rounds' ratios, so that a change in the
+//! machine's load moves both sides of a ratio together.
 
 use std::time::Instant;
 
@@ -20,7 +23,8 @@ pub struct BenchArgs {
     pub config: GptjConfig,
     pub n_texts: usize,
     pub seed: u64,
-    /// Timed repetitions of toolsift (median reported); the baselines run `baseline_reps` times.
+    /// Timed rounds: toolsift runs in each of max(reps, baseline_reps), the baselines in the
+    /// first `baseline_reps`.
     pub reps: usize,
     pub baseline_reps: usize,
     /// Sequences per padded batch in the baselines.
@@ -54,6 +58,39 @@ impl Engine for crate::cuda::CudaScorer {
     fn weights_bytes(&self) -> usize {
         crate::cuda::CudaScorer::weights_bytes(self)
     }
+}
+
+/// A baseline as the benchmark drives it: scores, and says how many tokens it pushed through
+/// the trunk (padding included).
+trait Baseline: Scorer {
+    fn tokens(&self, candidates: &[TokenCandidate], options: &ScoreOptions) -> usize;
+}
+
+#[cfg(feature = "baselines")]
+impl Baseline for crate::baselines::BaselineScorer {
+    fn tokens(&self, candidates: &[TokenCandidate], options: &ScoreOptions) -> usize {
+        crate::baselines::BaselineScorer::tokens(self, candidates, options)
+    }
+}
+
+/// The candle baselines on the bench's weights: tuned, then naive.
+#[cfg(feature = "baselines")]
+fn open_baselines(args: &BenchArgs, config: &GptjConfig) -> Result<[Box<dyn Baseline>; 2]> {
+    use crate::baselines::{Baseline as Which, BaselineScorer, CandleGptj};
+    let weights = match &args.model_dir {
+        Some(dir) => Model::load(dir)?.weights,
+        None => GptjWeights::random(config, args.seed, DType::F32),
+    };
+    let model =
+        CandleGptj::new(config, &weights).map_err(|e| Error::Backend(format!("candle: {e}")))?;
+    drop(weights);
+    let open = |which| Box::new(BaselineScorer::new(model.clone(), which, args.batch_size));
+    Ok([open(Which::Tuned), open(Which::Naive)])
+}
+
+#[cfg(not(feature = "baselines"))]
+fn open_baselines(_: &BenchArgs, _: &GptjConfig) -> Result<[Box<dyn Baseline>; 2]> {
+    run_baselines_unavailable()
 }
 
 /// The engine under test. Random CPU weights are converted and released tensor by tensor.
@@ -109,12 +146,31 @@ pub struct BenchReport {
     pub device: Device,
     /// "measured" (this machine's f32 GEMM, same run) or the H200's measured bf16 rate.
     pub peak_source: String,
+    /// The layer GEMMs' FLOP rate over the peak: how well the GEMM calls run (the CPU times
+    /// them; on CUDA, without `TOOLSIFT_CUDA_PROFILE`, it is the whole run's, as below).
     pub trunk_fraction_of_peak: f64,
+    /// The trunk's FLOPs over the whole run's time, over the peak: what the run as a whole
+    /// reaches (attention, norms, the head and everything else count as time), comparable with
+    /// the baselines' figures below and with the GPU runs'.
+    pub whole_run_fraction_of_peak: f64,
+    /// The same for each baseline, its tokens (padding included) over its time.
+    pub baseline_fraction_of_peak: Option<f64>,
+    pub tuned_fraction_of_peak: Option<f64>,
+    /// Medians over the rounds (`rounds`; the baselines' over their rounds).
     pub toolsift_secs: f64,
     pub baseline_secs: Option<f64>,
     pub tuned_secs: Option<f64>,
+    /// Timed rounds, and each baseline round's ratio (baseline s / toolsift s of the same
+    /// round): `speedup` and `speedup_vs_tuned` are their medians.
+    pub rounds: usize,
+    pub speedup_rounds: Vec<f64>,
+    pub speedup_vs_tuned_rounds: Vec<f64>,
     pub attention_secs: f64,
     pub head_secs: f64,
+    /// Rows through the LM head (weighted rows, deduplicated: fewer than the targets) and its
+    /// FLOP rate (2 d vocab per row).
+    pub head_rows: usize,
+    pub head_gflops: f64,
     pub peak_rss_bytes: Option<u64>,
     pub weights_bytes: usize,
     pub kv_bytes: usize,
@@ -122,10 +178,15 @@ pub struct BenchReport {
     pub threads: usize,
 }
 
-#[cfg(feature = "baselines")]
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median (the mean of the middle two of an even count); NaN for none.
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// Peak resident set size of this process so far (Linux), in bytes.
@@ -136,7 +197,6 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-#[cfg(feature = "baselines")]
 fn max_abs_diff(a: &[[f64; 3]], b: &[[f64; 3]]) -> f64 {
     a.iter()
         .flatten()
@@ -188,35 +248,84 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     );
     tracing::info!(%model_name, candidates = candidates.len(), "bench");
 
-    // toolsift first, so that the peak RSS below is its own (weights converted and released
-    // tensor by tensor, then the plan's activations).
+    // Warm-ups first: toolsift's full run gives the losses the baselines are checked against,
+    // and the peak RSS is its own (weights converted and released tensor by tensor, then the
+    // plan's activations) since the baselines' model is not loaded yet. The baselines warm up
+    // on one padded batch each (candle's allocations, the thread pool).
     let engine = open_engine(args, loaded)?;
-    let mut ours = Vec::new();
-    let mut runs = Vec::new();
-    for _ in 0..args.reps.max(1) {
-        let t = Instant::now();
-        ours = engine.variant_losses(&candidates, &options)?;
-        runs.push((t.elapsed().as_secs_f64(), engine.last_stats()));
-    }
-    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let (toolsift_secs, stats) = runs[runs.len() / 2];
+    let ours = engine.variant_losses(&candidates, &options)?;
     let peak = peak_rss_bytes();
     let weights_bytes = engine.weights_bytes();
-    let kv_bytes = stats.unique_tokens * c.n_layer * 2 * c.n_embd * 4;
-    // Trunk GEMM time when the backend measures it, else the whole run (a lower bound).
-    let gemm_secs = if stats.trunk_gemm_secs > 0.0 {
-        stats.trunk_gemm_secs
+    let baselines = if args.run_baselines {
+        let baselines = open_baselines(args, &config)?;
+        let warm_up = &candidates[..candidates.len().min(args.batch_size.max(1))];
+        for b in &baselines {
+            b.variant_losses(warm_up, &options)?;
+        }
+        Some(baselines)
     } else {
-        toolsift_secs
+        None
     };
-    let trunk_gflops =
-        stats.unique_tokens as f64 * c.trunk_flops_per_token() / gemm_secs.max(1e-12) / 1e9;
+
+    // Timed rounds: toolsift, the peak, then the baselines (in the first baseline_reps).
+    let flops_per_token = c.trunk_flops_per_token();
+    let rounds = args.reps.max(1).max(if baselines.is_some() {
+        args.baseline_reps
+    } else {
+        0
+    });
+    let mut toolsift = Vec::new(); // (secs, stats, GEMM peak GFLOP/s) per round
+    let mut timed: [Vec<f64>; 2] = Default::default(); // tuned, naive secs per round
+    let mut outputs: [Vec<[f64; 3]>; 2] = Default::default();
+    for round in 0..rounds {
+        let t = Instant::now();
+        engine.variant_losses(&candidates, &options)?;
+        let secs = t.elapsed().as_secs_f64();
+        let peak_gflops = match args.device {
+            Device::Cpu => crate::cpu::gemm::measure_peak_gflops(1536, 5),
+            // The H200's dense bf16 GEMM as measured there.
+            Device::Cuda => 790_000.0,
+        };
+        toolsift.push((secs, engine.last_stats(), peak_gflops));
+        for (i, b) in baselines.iter().flatten().enumerate() {
+            if round < args.baseline_reps {
+                let t = Instant::now();
+                outputs[i] = b.variant_losses(&candidates, &options)?;
+                timed[i].push(t.elapsed().as_secs_f64());
+            }
+        }
+    }
     drop(engine);
-    let (gemm_gflops_peak, peak_source) = match args.device {
-        Device::Cpu => (crate::cpu::gemm::measure_peak_gflops(1536, 5), "measured"),
-        // The H200's dense bf16 GEMM as measured there.
-        Device::Cuda => (790_000.0, "h200-bf16-790-tflops"),
+    let secs_of = |r: &(f64, RunStats, f64)| r.0;
+    let toolsift_secs = median(&toolsift.iter().map(secs_of).collect::<Vec<_>>());
+    let gemm_gflops_peak = median(&toolsift.iter().map(|r| r.2).collect::<Vec<_>>());
+    // The stats of the median round (the upper one of an even count).
+    let mut by_time: Vec<&(f64, RunStats, f64)> = toolsift.iter().collect();
+    by_time.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let stats = by_time[by_time.len() / 2].1;
+    // Trunk GEMM time when the backend measures it, else the whole run (a lower bound); each
+    // round's rate over that round's peak.
+    let gemm_secs = |r: &(f64, RunStats, f64)| {
+        if r.1.trunk_gemm_secs > 0.0 {
+            r.1.trunk_gemm_secs
+        } else {
+            r.0
+        }
     };
+    let trunk_gflops_of =
+        |r: &(f64, RunStats, f64)| r.1.unique_tokens as f64 * flops_per_token / gemm_secs(r) / 1e9;
+    let trunk_gflops = median(&toolsift.iter().map(trunk_gflops_of).collect::<Vec<_>>());
+    let trunk_fraction_of_peak = median(
+        &toolsift
+            .iter()
+            .map(|r| trunk_gflops_of(r) / r.2)
+            .collect::<Vec<_>>(),
+    );
+    let fraction = |tokens: usize, secs: f64| {
+        tokens as f64 * flops_per_token / secs.max(1e-12) / 1e9 / gemm_gflops_peak
+    };
+    let kv_bytes = stats.unique_tokens * c.n_layer * 2 * c.n_embd * 4;
+    let head_flops = stats.head_rows as f64 * 2.0 * c.n_embd as f64 * c.vocab_size as f64;
 
     let n = candidates.len() as f64;
     let mut report = BenchReport {
@@ -236,77 +345,52 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         trunk_gflops,
         max_abs_diff: None,
         device: args.device,
-        peak_source: peak_source.into(),
-        trunk_fraction_of_peak: trunk_gflops / gemm_gflops_peak,
+        peak_source: match args.device {
+            Device::Cpu => "measured",
+            Device::Cuda => "h200-bf16-790-tflops",
+        }
+        .into(),
+        trunk_fraction_of_peak,
+        whole_run_fraction_of_peak: fraction(stats.unique_tokens, toolsift_secs),
+        baseline_fraction_of_peak: None,
+        tuned_fraction_of_peak: None,
         toolsift_secs,
         baseline_secs: None,
         tuned_secs: None,
+        rounds,
+        speedup_rounds: Vec::new(),
+        speedup_vs_tuned_rounds: Vec::new(),
         attention_secs: stats.attention_secs,
         head_secs: stats.head_secs,
+        head_rows: stats.head_rows,
+        head_gflops: head_flops / stats.head_secs.max(1e-12) / 1e9,
         peak_rss_bytes: peak,
         weights_bytes,
         kv_bytes,
         memory_ratio: peak.map(|p| p as f64 / (weights_bytes + kv_bytes) as f64),
         threads: rayon::current_num_threads(),
     };
-    if args.run_baselines {
-        let mut args = args.clone();
-        args.config = config.clone();
-        run_baselines(&args, &candidates, &options, &ours, &mut report)?;
+    if let Some([tuned, naive]) = &baselines {
+        let ratios = |secs: &[f64]| -> Vec<f64> {
+            secs.iter().zip(&toolsift).map(|(b, t)| b / t.0).collect()
+        };
+        let [tuned_secs, naive_secs] = [median(&timed[0]), median(&timed[1])];
+        report.tuned_tokens = tuned.tokens(&candidates, &options);
+        report.baseline_tokens = naive.tokens(&candidates, &options);
+        report.tuned_cands_per_s = Some(n / tuned_secs);
+        report.baseline_cands_per_s = Some(n / naive_secs);
+        report.tuned_secs = Some(tuned_secs);
+        report.baseline_secs = Some(naive_secs);
+        report.speedup_vs_tuned_rounds = ratios(&timed[0]);
+        report.speedup_rounds = ratios(&timed[1]);
+        report.speedup_vs_tuned = Some(median(&report.speedup_vs_tuned_rounds));
+        report.speedup = Some(median(&report.speedup_rounds));
+        report.tuned_fraction_of_peak = Some(fraction(report.tuned_tokens, tuned_secs));
+        report.baseline_fraction_of_peak = Some(fraction(report.baseline_tokens, naive_secs));
+        report.max_abs_diff =
+            Some(max_abs_diff(&ours, &outputs[1]).max(max_abs_diff(&ours, &outputs[0])));
     }
     Ok(report)
-}
-
-#[cfg(feature = "baselines")]
-fn run_baselines(
-    args: &BenchArgs,
-    candidates: &[TokenCandidate],
-    options: &ScoreOptions,
-    ours: &[[f64; 3]],
-    report: &mut BenchReport,
-) -> Result<()> {
-    use crate::baselines::{naive_losses, naive_tokens, tuned_losses, tuned_tokens, CandleGptj};
-    let weights = match &args.model_dir {
-        Some(dir) => Model::load(dir)?.weights,
-        None => GptjWeights::random(&args.config, args.seed, DType::F32),
-    };
-    let model = CandleGptj::new(&args.config, &weights)
-        .map_err(|e| Error::Backend(format!("candle: {e}")))?;
-    drop(weights);
-    let n = candidates.len() as f64;
-    let time = |f: &dyn Fn() -> Result<Vec<[f64; 3]>>| -> Result<(f64, Vec<[f64; 3]>)> {
-        let mut out = Vec::new();
-        let mut secs = Vec::new();
-        for _ in 0..args.baseline_reps.max(1) {
-            let t = Instant::now();
-            out = f()?;
-            secs.push(t.elapsed().as_secs_f64());
-        }
-        Ok((median(secs), out))
-    };
-    let (tuned_secs, tuned) = time(&|| tuned_losses(&model, candidates, options, args.batch_size))?;
-    let (naive_secs, naive) = time(&|| naive_losses(&model, candidates, options, args.batch_size))?;
-    report.baseline_tokens = naive_tokens(candidates, options, args.batch_size);
-    report.tuned_tokens = tuned_tokens(candidates, options, args.batch_size);
-    report.baseline_cands_per_s = Some(n / naive_secs);
-    report.tuned_cands_per_s = Some(n / tuned_secs);
-    report.speedup = Some(naive_secs / report.toolsift_secs);
-    report.speedup_vs_tuned = Some(tuned_secs / report.toolsift_secs);
-    report.baseline_secs = Some(naive_secs);
-    report.tuned_secs = Some(tuned_secs);
-    report.max_abs_diff = Some(max_abs_diff(ours, &naive).max(max_abs_diff(ours, &tuned)));
-    Ok(())
-}
-
-#[cfg(not(feature = "baselines"))]
-fn run_baselines(
-    _: &BenchArgs,
-    _: &[TokenCandidate],
-    _: &ScoreOptions,
-    _: &[[f64; 3]],
-    _: &mut BenchReport,
-) -> Result<()> {
-    run_baselines_unavailable()
 }
 
 fn run_baselines_unavailable<T>() -> Result<T> {

@@ -189,10 +189,11 @@ struct BenchCli {
     texts: usize,
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Timed runs of toolsift (the median is reported).
+    /// Timed rounds of toolsift (after one warm-up run; the median is reported).
     #[arg(long, default_value_t = 3, value_parser = at_least_one)]
     reps: usize,
-    /// Timed runs of each baseline.
+    /// Of those rounds (more if needed), how many also time each baseline; ratios are the
+    /// median of the rounds' ratios.
     #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     baseline_reps: usize,
     /// Sequences per padded batch in the baselines.
@@ -533,7 +534,7 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
         model_dir: args.model,
     })?;
     note!(
-        "{}: {} candidates, {} unique tokens ({:.0}/candidate); toolsift {:.2} cand/s, trunk {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s GEMM peak",
+        "{}: {} candidates, {} unique tokens ({:.0}/candidate); toolsift {:.2} cand/s, trunk GEMMs {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s GEMM peak ({:.0}% over the whole run)",
         report.model,
         report.candidates,
         report.unique_tokens,
@@ -541,13 +542,28 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
         report.toolsift_cands_per_s,
         report.trunk_gflops,
         100.0 * report.trunk_fraction_of_peak,
-        report.gemm_gflops_peak
+        report.gemm_gflops_peak,
+        100.0 * report.whole_run_fraction_of_peak
     );
     if let (Some(s), Some(t)) = (report.speedup, report.speedup_vs_tuned) {
+        let spread = |r: &[f64]| {
+            let (lo, hi) = r.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| {
+                (lo.min(x), hi.max(x))
+            });
+            if r.len() > 1 {
+                format!(" (rounds {lo:.2}-{hi:.2})")
+            } else {
+                String::new()
+            }
+        };
         note!(
-            "speedup {s:.2}x over naive ({} tokens), {t:.2}x over tuned ({} tokens); max |diff| {:.2e}",
+            "speedup {s:.2}x over naive{} ({} tokens, {:.0}% of peak over its run), {t:.2}x over tuned{} ({} tokens, {:.0}%); max |diff| {:.2e}",
+            spread(&report.speedup_rounds),
             report.baseline_tokens,
+            100.0 * report.baseline_fraction_of_peak.unwrap_or(f64::NAN),
+            spread(&report.speedup_vs_tuned_rounds),
             report.tuned_tokens,
+            100.0 * report.tuned_fraction_of_peak.unwrap_or(f64::NAN),
             report.max_abs_diff.unwrap_or(f64::NAN)
         );
     }

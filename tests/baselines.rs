@@ -303,3 +303,54 @@ fn bad_input_is_refused_with_a_message() {
     let err = tuned_losses(&candle, &[ok], &options, 0).unwrap_err();
     assert!(err.to_string().contains("batch_size"), "{err}");
 }
+
+/// `toolsift bench` end to end on a small model: warm-ups, rounds, and figures that agree with
+/// each other (each ratio the median of its rounds', the rounds' count, the work counted).
+#[test]
+fn bench_reports_per_round_ratios_that_agree_with_its_figures() {
+    use toolsift::backend::Device;
+    use toolsift::bench::{run, BenchArgs};
+    let config = GptjConfig::small(2, 64, 4, 16, 512);
+    let report = run(&BenchArgs {
+        placement: Placement::Inline,
+        config: config.clone(),
+        n_texts: 1,
+        seed: 3,
+        reps: 2,
+        baseline_reps: 3,
+        batch_size: 8,
+        run_baselines: true,
+        device: Device::Cpu,
+        model_dir: None,
+    })
+    .unwrap();
+    assert_eq!(report.candidates, 25);
+    assert_eq!(report.rounds, 3, "max(reps, baseline_reps)");
+    assert_eq!(report.speedup_rounds.len(), 3);
+    assert_eq!(report.speedup_vs_tuned_rounds.len(), 3);
+    let median = |r: &[f64]| {
+        let mut r = r.to_vec();
+        r.sort_by(f64::total_cmp);
+        r[1]
+    };
+    assert_eq!(report.speedup, Some(median(&report.speedup_rounds)));
+    assert_eq!(
+        report.speedup_vs_tuned,
+        Some(median(&report.speedup_vs_tuned_rounds))
+    );
+    assert!(report.max_abs_diff.unwrap() < LOSS_TOL);
+    let per_token = config.trunk_flops_per_token();
+    let whole = report.unique_tokens as f64 * per_token
+        / report.toolsift_secs
+        / 1e9
+        / report.gemm_gflops_peak;
+    assert!((report.whole_run_fraction_of_peak - whole).abs() <= 1e-9 * whole);
+    let tuned = report.tuned_tokens as f64 * per_token
+        / report.tuned_secs.unwrap()
+        / 1e9
+        / report.gemm_gflops_peak;
+    assert!((report.tuned_fraction_of_peak.unwrap() - tuned).abs() <= 1e-9 * tuned);
+    // The head runs on deduplicated weighted rows: fewer than the 25 x 3 x 5 targets.
+    assert!(report.head_rows > 0 && report.head_rows < 25 * 15);
+    assert!(report.head_gflops > 0.0);
+}
