@@ -115,6 +115,50 @@ fn text_level_lines_with_bare_calls_reproduce_the_fixture() {
     }
 }
 
+/// A line's own "tau_f" wins over --tau-f, and a delta equal to tau_f is kept (`>=`, as in the
+/// paper): the fixture's deltas given back as thresholds keep every call, and a hair above
+/// drops it.
+#[test]
+fn a_lines_tau_f_wins_and_a_delta_equal_to_it_is_kept() {
+    let cases = cases();
+    let (ok, first, stderr) = run_score(&tiny("f32"), &token_lines(), &["--reference"]);
+    assert!(ok, "{stderr}");
+    let lines: Vec<Value> = token_lines()
+        .into_iter()
+        .zip(&first)
+        .flat_map(|(line, r)| {
+            let delta = r["delta"].as_f64().unwrap();
+            let above = delta + delta.abs().max(1.0) * 1e-12;
+            [delta, above].map(|tau| {
+                let mut l = line.clone();
+                l["tau_f"] = json!(tau);
+                l
+            })
+        })
+        .collect();
+    // --tau-f says keep everything; each line says otherwise.
+    let (ok, results, stderr) =
+        run_score(&tiny("f32"), &lines, &["--reference", "--tau-f", "-1e9"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(results.len(), 2 * cases.filter.len());
+    for (k, pair) in results.chunks(2).enumerate() {
+        assert_eq!(pair[0]["delta"], first[k]["delta"], "case {k}: same scores");
+        assert_eq!(
+            pair[0]["kept"],
+            json!(true),
+            "case {k}: delta == tau_f is kept"
+        );
+        assert_eq!(pair[1]["kept"], json!(false), "case {k}: tau_f above delta");
+    }
+}
+
+#[test]
+fn a_line_both_token_and_text_level_is_an_error() {
+    let mut both = token_lines()[1].clone();
+    both["text"] = json!("Out of 1400 participants");
+    assert_bad_line(both, "not both");
+}
+
 /// Runs one good line and one bad line; the bad one must get an error line naming `needle`, the
 /// good one its scores, and the process must exit non-zero.
 fn assert_bad_line(bad: Value, needle: &str) {

@@ -167,10 +167,14 @@ fn preview(text: &str) -> String {
 impl Encoding {
     /// Index of the token that starts at byte `offset`. Byte-level BPE tokens carry their leading
     /// space (" 29"); a tokenizer that trims offsets reports " 29" as starting after the space, so
-    /// the end of the previous token counts as a boundary too.
+    /// the end of the previous token counts as a boundary too, when the token's reported start
+    /// is not before it. A token that begins inside a character (the second byte of "é" merged
+    /// with "t") reports the whole character, so its start is before the previous token's end:
+    /// that offset falls inside it.
     pub fn token_at_byte(&self, offset: usize) -> std::result::Result<usize, String> {
         for (k, &(start, end)) in self.spans.iter().enumerate() {
-            if start == offset || (k > 0 && self.spans[k - 1].1 == offset && offset < end) {
+            let after_previous = k > 0 && self.spans[k - 1].1 == offset && start >= offset;
+            if start == offset || (after_previous && offset < end) {
                 return Ok(k);
             }
             if start < offset && offset < end {
@@ -201,6 +205,39 @@ mod tests {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj/tokenizer.json");
         Tokenizer::from_file(&path).unwrap()
+    }
+
+    #[test]
+    fn token_boundaries_of_leading_space_trimmed_and_cross_character_tokens() {
+        // "x été y" as byte-level BPE reports it with a merge of the second byte of "é" and
+        // "t": "x", " ", "Ã" (bytes 2..4), "©t" (really 3..5, reported 2..5), "Ã", "©", " ", "y".
+        let enc = Encoding {
+            ids: (0..8).collect(),
+            spans: vec![
+                (0, 1),
+                (1, 2),
+                (2, 4),
+                (2, 5),
+                (5, 7),
+                (5, 7),
+                (7, 8),
+                (8, 9),
+            ],
+        };
+        for (offset, token) in [(0, 0), (1, 1), (2, 2), (5, 4), (7, 6), (8, 7)] {
+            assert_eq!(enc.token_at_byte(offset), Ok(token), "byte {offset}");
+        }
+        // Byte 4 starts "t", inside "©t": no token starts there.
+        let err = enc.token_at_byte(4).unwrap_err();
+        assert!(err.contains("inside token 3"), "{err}");
+        assert!(enc.token_at_byte(3).is_err() && enc.token_at_byte(9).is_err());
+        // A tokenizer that trims offsets: " 29" reported as 3..5 after "or" (0..2).
+        let trimmed = Encoding {
+            ids: vec![0, 1],
+            spans: vec![(0, 2), (3, 5)],
+        };
+        assert_eq!(trimmed.token_at_byte(2), Ok(1));
+        assert_eq!(trimmed.token_at_byte(3), Ok(1));
     }
 
     #[test]

@@ -198,6 +198,12 @@ fn parse_line(
             .as_f64()
             .ok_or_else(|| format!("tau_f must be a number, got {t}"))?;
     }
+    if obj.contains_key("text_ids") && obj.contains_key("text") {
+        // Scoring one would silently ignore the other's fields.
+        return Err(
+            "a line is token-level (\"text_ids\") or text-level (\"text\"), not both".into(),
+        );
+    }
     if obj.contains_key("text_ids") {
         let t: TokenLine =
             serde_json::from_value(value).map_err(|e| format!("bad token-level line: {e}"))?;

@@ -7,8 +7,10 @@
 //!   or "[Tool(input)]" (bare form);
 //! - prefix placement scores z = e(c) + " " before the text (a single space separates the call
 //!   from the text, and "[" is the sequence's first token, without a leading space);
-//! - inline placement scores z = " " + e(c) spliced before x_i, which in byte-level BPE carries its
-//!   own leading space: "... (or [Calculator(400 / 1400) -> 0.29] 29%)".
+//! - inline placement scores z spliced before x_i as C* writes it (`annotate::splice`): " " + e(c)
+//!   where the text continues with whitespace (x_i carries its own leading space in byte-level
+//!   BPE): "... (or [Calculator(400 / 1400) -> 0.29] 29%)"; e(c) alone where it does not:
+//!   "29[Calculator(...) -> 0.29]%)".
 //! - the byte offset must fall on a token boundary of the text; otherwise it is an error.
 
 use std::sync::Arc;
@@ -38,11 +40,13 @@ pub fn call_text(tool: &str, input: &str, result: Option<&str>, form: CallForm) 
     }
 }
 
-/// The call as it is inserted for scoring under `placement`, separator included.
-pub fn call_insert(call: &str, placement: Placement) -> String {
+/// The call as it is inserted for scoring under `placement`, separator included; `spaced`:
+/// whether the text continues with whitespace where an inline call goes.
+pub fn call_insert(call: &str, placement: Placement, spaced: bool) -> String {
     match placement {
         Placement::Prefix => format!("{call} "),
-        Placement::Inline => format!(" {call}"),
+        Placement::Inline if spaced => format!(" {call}"),
+        Placement::Inline => call.to_string(),
     }
 }
 
@@ -77,11 +81,13 @@ impl TextCandidate {
             .map_err(Error::input)?;
         let call = call_text(&self.tool, &self.input, None, form);
         let call_result = call_text(&self.tool, &self.input, Some(&self.result), form);
+        let spaced = self.text[self.position..].starts_with(char::is_whitespace);
+        let insert = |call: &str| tokenizer.encode_ids(&call_insert(call, placement, spaced));
         Ok(TokenCandidate {
             text_ids,
             position,
-            call_ids: tokenizer.encode_ids(&call_insert(&call, placement))?,
-            call_result_ids: tokenizer.encode_ids(&call_insert(&call_result, placement))?,
+            call_ids: insert(&call)?,
+            call_result_ids: insert(&call_result)?,
             weights: None,
         })
     }
@@ -105,5 +111,45 @@ mod tests {
             call_text("Calculator", "400 / 1400", None, CallForm::Bare),
             "[Calculator(400 / 1400)]"
         );
+    }
+
+    /// Inline, the scored call is what C* splices in: with a space only where the text
+    /// continues with whitespace.
+    #[test]
+    fn inline_calls_are_scored_as_they_are_spliced() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny-gptj/tokenizer.json");
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let text = "Out of 1400 participants, 400 (or 29%) passed.";
+        for at in [text.find(" 29%").unwrap(), text.find("%)").unwrap()] {
+            let c = TextCandidate {
+                text: text.into(),
+                position: at,
+                tool: "Calculator".into(),
+                input: "400 / 1400".into(),
+                result: "0.29".into(),
+            };
+            let t = c
+                .to_tokens(&tok, Placement::Inline, CallForm::Arrow, None)
+                .unwrap();
+            let spliced = crate::annotate::splice::splice(
+                text,
+                &[(
+                    at,
+                    call_text(&c.tool, &c.input, Some(&c.result), CallForm::Arrow),
+                )],
+            );
+            let scored = tok
+                .decode(
+                    &[
+                        &t.text_ids[..t.position],
+                        &t.call_result_ids,
+                        &t.text_ids[t.position..],
+                    ]
+                    .concat(),
+                )
+                .unwrap();
+            assert_eq!(scored, spliced);
+        }
     }
 }
