@@ -109,6 +109,70 @@ fn reference_filter_cases_token_level() {
     }
 }
 
+/// The fixture's cases carry their weights cut at the end of the text; the default five-weight
+/// vector, cut by the scorer itself, must give the same losses (not renormalised).
+#[test]
+fn the_default_weights_are_cut_at_the_end_of_the_text_as_the_fixture_cuts_them() {
+    let cases = cases();
+    let model = Model::load(&tiny("f32")).unwrap();
+    let scorer = ReferenceScorer::new(&model);
+    let default = LossWeights::default();
+    let candidates: Vec<TokenCandidate> = cases
+        .filter
+        .iter()
+        .map(|f| {
+            // Every filter case uses a prefix of the default vector.
+            assert!(f
+                .weights
+                .iter()
+                .zip(default.as_slice())
+                .all(|(a, b)| (a - b).abs() < 1e-15));
+            TokenCandidate {
+                text_ids: f.text_ids.clone().into(),
+                position: f.position,
+                call_ids: f.call_ids.clone(),
+                call_result_ids: f.call_result_ids.clone(),
+                weights: None,
+            }
+        })
+        .collect();
+    let scores = scorer.score(&candidates, &ScoreOptions::default()).unwrap();
+    let mut cut = 0;
+    for (f, s) in cases.filter.iter().zip(&scores) {
+        cut += usize::from(f.weights.len() < 5);
+        check(&format!("{:?} delta", f.text), s.delta, f.delta);
+        check(&format!("{:?} L_none", f.text), s.l_none, f.l_none);
+    }
+    assert!(cut >= 3, "the fixture has cases cut short: {cut}");
+    let mut checked = 0;
+    for case in &cases.weighted_loss {
+        let is_cut_default = case.weights.len() < 5
+            && case.position + case.weights.len() == case.text_ids.len()
+            && case
+                .weights
+                .iter()
+                .zip(default.as_slice())
+                .all(|(a, b)| (a - b).abs() < 1e-15);
+        if is_cut_default {
+            let got = scorer
+                .weighted_loss(
+                    &case.prefix_ids,
+                    &case.text_ids,
+                    case.position,
+                    default.as_slice(),
+                    Placement::Prefix,
+                )
+                .unwrap();
+            check(&format!("{:?}", case.name), got, case.expected_loss);
+            checked += 1;
+        }
+    }
+    assert_eq!(
+        checked, 3,
+        "the fixture's three cut cases of the default vector"
+    );
+}
+
 /// Splits a fixture call string "[Tool(input)] " / "[Tool(input) -> result] " into its parts.
 fn parse_call(call: &str) -> (String, String, Option<String>) {
     let call = call.trim().trim_start_matches('[').trim_end_matches(']');
