@@ -1,7 +1,8 @@
 //! The annotation prompts P(x), one per tool, in the paper's format (Schick et al. 2023, App. A.2):
 //! an instruction, a few "Input: ... / Output: ..." examples where the output is the input with
 //! calls written "[Tool(input)]", and "Input: {x}\nOutput: " for the text to annotate. The
-//! examples are our own. They are deliberately short: P(x) contains x twice (once as the input, once
+//! examples are our own but for the first Calendar one, which is the paper's. They are
+//! deliberately short and two per tool: P(x) contains x twice (once as the input, once
 //! as the continuation being scored), and it all has to fit in n_positions.
 //!
 //! A config may replace any prompt (`[per_tool.<tool>] prompt = "..."`); "{x}" marks the text.
