@@ -30,6 +30,12 @@ pub struct ToolParams {
     /// Heuristic: only texts with at least this many numbers (0: off). Paper: calculator, 3.
     #[serde(default)]
     pub min_numbers: usize,
+    /// Heuristic, opt-in: the paper's Calculator filter (`heuristics::shows_arithmetic`): a text
+    /// is tried if its searched head shows arithmetic, and one that passes `min_numbers` only
+    /// with a probability of 1%. Left out of the serialized settings when off, so journals of
+    /// runs that predate it still resume.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_arithmetic: bool,
     /// Heuristic: only documents with a date (their "date" field, a date in their URL, or
     /// `[tools.calendar] date`). Paper: calendar.
     #[serde(default)]
@@ -57,6 +63,7 @@ impl ToolParams {
             m,
             tau_f,
             min_numbers: if tool == ToolKind::Calculator { 3 } else { 0 },
+            require_arithmetic: false,
             require_date: tool == ToolKind::Calendar,
             min_foreign_words: if tool == ToolKind::Mt { 1 } else { 0 },
             prompt: prompts::default_prompt(tool).to_string(),
@@ -108,6 +115,7 @@ struct ParamsPartial {
     m: Option<usize>,
     tau_f: Option<f64>,
     min_numbers: Option<usize>,
+    require_arithmetic: Option<bool>,
     require_date: Option<bool>,
     min_foreign_words: Option<usize>,
     prompt: Option<String>,
@@ -131,6 +139,7 @@ fn merge(tool: ToolKind, p: ParamsPartial) -> ToolParams {
         m: p.m.unwrap_or(d.m),
         tau_f: p.tau_f.unwrap_or(d.tau_f),
         min_numbers: p.min_numbers.unwrap_or(d.min_numbers),
+        require_arithmetic: p.require_arithmetic.unwrap_or(d.require_arithmetic),
         require_date: p.require_date.unwrap_or(d.require_date),
         min_foreign_words: p.min_foreign_words.unwrap_or(d.min_foreign_words),
         prompt: p.prompt.unwrap_or(d.prompt),
@@ -286,6 +295,22 @@ mod tests {
             assert_eq!((p.tau_s, p.k, p.m, p.tau_f), (0.05, 5, 5, 1.0));
         }
         assert!(c.per_tool.calendar.require_date);
+    }
+
+    /// The opt-in paper filter parses, prints when on and round-trips; off, it is left out of
+    /// the settings (journals written before it existed still describe the same run).
+    #[test]
+    fn require_arithmetic_is_opt_in_and_printed_only_when_on() {
+        let c = AnnotateConfig::default();
+        assert!(!c.per_tool.calculator.require_arithmetic);
+        assert!(!c.to_toml().contains("require_arithmetic"));
+        let on = AnnotateConfig::from_toml("[per_tool.calculator]\nrequire_arithmetic = true\n")
+            .unwrap();
+        assert!(on.per_tool.calculator.require_arithmetic);
+        assert!(!on.per_tool.calendar.require_arithmetic);
+        let text = on.to_toml();
+        assert!(text.contains("require_arithmetic = true"), "{text}");
+        assert_eq!(AnnotateConfig::from_toml(&text).unwrap(), on);
     }
 
     #[test]

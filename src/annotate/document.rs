@@ -22,6 +22,10 @@ use crate::sample::{Branch, SampleOptions, Sampler};
 use crate::score::{call_text, validate, LossWeights, ScoreOptions, Scorer, TextCandidate};
 use crate::util::rng::Rng;
 
+/// Keys a document's heuristic draw (`heuristics::applies`) apart from its sampling seed
+/// (`doc_seed`, keyed by line and tool alone).
+const HEURISTIC_KEY: u64 = 0x6865_7572_6973_7469;
+
 /// One call of a C* line: every executed candidate, kept or not, with its scores for audit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallRecord {
@@ -320,7 +324,9 @@ impl<'a> Annotator<'a> {
         for &tool in &self.tools {
             let params = self.config.per_tool.get(tool);
             let st = stats.tools.entry(tool.key().to_string()).or_default();
-            if !heuristics::applies(params, doc, fallback_date) {
+            let draw =
+                Rng::keyed(self.config.seed, &[doc.line, tool as u64, HEURISTIC_KEY]).uniform();
+            if !heuristics::applies(params, doc, head, fallback_date, draw) {
                 st.texts_skipped_heuristic += 1;
                 continue;
             }

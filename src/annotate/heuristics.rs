@@ -2,6 +2,9 @@
 //! worth trying on. Each is a knob of `[per_tool.<tool>]`, so any tool may use any of them:
 //!
 //! - `min_numbers` (calculator: 3): the text has at least that many numbers;
+//! - `require_arithmetic` (opt-in, off by default): the paper's Calculator filter in full: the
+//!   text's searched head shows arithmetic (`shows_arithmetic`), or, with a probability of 1%
+//!   (`NUMBERS_ONLY_RATE`, a draw keyed by seed, line and tool), it merely passes `min_numbers`;
 //! - `require_date` (calendar): the document has a date: its "date" field, a date in its URL, or
 //!   a configured fallback date (`[tools.calendar] date`);
 //! - `min_foreign_words` (MT: 1): at least that many words containing a non-ASCII letter, a cheap
@@ -49,9 +52,130 @@ pub fn has_date(doc: &Document, fallback_date: Option<&str>) -> bool {
         || fallback_date.and_then(Date::parse_iso).is_some()
 }
 
-/// Whether `params`' heuristics let the tool try `doc`.
-pub fn applies(params: &ToolParams, doc: &Document, fallback_date: Option<&str>) -> bool {
-    (params.min_numbers == 0 || count_numbers(&doc.text) >= params.min_numbers)
+/// With `require_arithmetic`, the share of texts that only pass `min_numbers` that are tried
+/// anyway: the paper's 1%.
+pub const NUMBERS_ONLY_RATE: f64 = 0.01;
+/// Numbers farther apart than this many words are not related by `shows_arithmetic` (the
+/// paper's window is 100 tokens; words are what is known before tokenizing).
+const ARITHMETIC_WINDOW_WORDS: usize = 100;
+
+/// A number of a text, as `shows_arithmetic` reads it.
+#[derive(Debug, Clone, Copy)]
+struct Number {
+    value: f64,
+    /// Digits after its ".": a result is compared at this precision.
+    decimals: i32,
+    /// Followed by "%": a result is also compared as a percentage.
+    percent: bool,
+    /// The index of the whitespace-separated word it is in.
+    word: usize,
+}
+
+/// The numbers of `text` (as `count_numbers` finds them; "," between digits is a thousands
+/// separator).
+fn numbers(text: &str) -> Vec<Number> {
+    let b = text.as_bytes();
+    let (mut out, mut word, mut i) = (Vec::new(), 0usize, 0usize);
+    let mut in_space = true;
+    while i < b.len() {
+        if b[i].is_ascii_whitespace() {
+            in_space = true;
+            i += 1;
+            continue;
+        }
+        if in_space {
+            word += 1;
+            in_space = false;
+        }
+        if !b[i].is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len()
+            && (b[i].is_ascii_digit()
+                || ((b[i] == b'.' || b[i] == b',') && i + 1 < b.len() && b[i + 1].is_ascii_digit()))
+        {
+            i += 1;
+        }
+        let digits: String = text[start..i].chars().filter(|&c| c != ',').collect();
+        if let Ok(value) = digits.parse::<f64>() {
+            let decimals = digits
+                .split_once('.')
+                .map_or(0, |(_, f)| f.len().min(9) as i32);
+            out.push(Number {
+                value,
+                decimals,
+                percent: b.get(i) == Some(&b'%'),
+                word,
+            });
+        }
+    }
+    out
+}
+
+/// The paper's Calculator filter, conditions (i) and (ii) (App. A.1): three numbers within
+/// `ARITHMETIC_WINDOW_WORDS` words of which one is the result of +, -, *, / on the other two
+/// (compared at the result's written precision; a number followed by "%" also as a
+/// percentage: "400 (or 29%)" of 1400), or "=", "equals", "equal to", "total of" or
+/// "average of" followed by a number.
+pub fn shows_arithmetic(text: &str) -> bool {
+    let lower = text.to_lowercase();
+    for key in ["=", "equals", "equal to", "total of", "average of"] {
+        for (at, _) in lower.match_indices(key) {
+            let after = lower[at + key.len()..].trim_start_matches([' ', '$', '\t']);
+            if after.starts_with(|c: char| c.is_ascii_digit()) {
+                return true;
+            }
+        }
+    }
+    let nums = numbers(text);
+    let matches = |result: f64, c: &Number| {
+        let scale = 10f64.powi(c.decimals);
+        let same = |r: f64| r.is_finite() && (r * scale).round() == (c.value * scale).round();
+        same(result) || (c.percent && same(result * 100.0))
+    };
+    for (ci, c) in nums.iter().enumerate() {
+        let near = |n: &Number| n.word.abs_diff(c.word) <= ARITHMETIC_WINDOW_WORDS;
+        let others: Vec<&Number> = nums
+            .iter()
+            .enumerate()
+            .filter(|&(k, n)| k != ci && near(n))
+            .map(|(_, n)| n)
+            .collect();
+        for (x, a) in others.iter().enumerate() {
+            for b in &others[x + 1..] {
+                if a.word.abs_diff(b.word) > ARITHMETIC_WINDOW_WORDS {
+                    continue;
+                }
+                let (a, b) = (a.value, b.value);
+                let results = [a + b, a - b, b - a, a * b, a / b, b / a];
+                if results.iter().any(|&r| matches(r, c)) {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+/// Whether `params`' heuristics let the tool try `doc`. `head` is the part of the text whose
+/// positions are searched; `draw`, uniform in [0, 1) and keyed by the document and tool, decides
+/// the 1% of `require_arithmetic`.
+pub fn applies(
+    params: &ToolParams,
+    doc: &Document,
+    head: &str,
+    fallback_date: Option<&str>,
+    draw: f64,
+) -> bool {
+    let enough_numbers = params.min_numbers == 0 || count_numbers(&doc.text) >= params.min_numbers;
+    let numbers_pass = if params.require_arithmetic {
+        shows_arithmetic(head) || (enough_numbers && draw < NUMBERS_ONLY_RATE)
+    } else {
+        enough_numbers
+    };
+    numbers_pass
         && (params.min_foreign_words == 0
             || count_foreign_words(&doc.text) >= params.min_foreign_words)
         && (!params.require_date || has_date(doc, fallback_date))
@@ -71,5 +195,61 @@ mod tests {
         assert_eq!(count_numbers("3.5, 4 and 5."), 3);
         assert_eq!(count_foreign_words("He said merci, très bien, Straße."), 2);
         assert_eq!(count_foreign_words("plain English"), 0);
+    }
+
+    #[test]
+    fn arithmetic_is_seen_as_the_paper_describes_it() {
+        for yes in [
+            "Out of 1,400 participants, 400 (or 29%) passed the test.",
+            "He had 12 apples and bought 30 more, 42 in all.",
+            "From 734 to 791, an increase of 57.",
+            "Each box costs 2.50 dollars, so 4 of them cost 10 dollars.",
+            "They paid 1/3 of 9 dollars: 3.",
+            "The result equals 7.",
+            "A total of 120 people came.",
+            "x = 5",
+            "an average of $30 per night",
+        ] {
+            assert!(shows_arithmetic(yes), "{yes:?}");
+        }
+        for no in [
+            "In 2019, 17 teams and 240 players took part.",
+            "Room 12 on floor 5, call 481.",
+            "The total was large.",
+            "no numbers at all",
+            "7 and 9",
+        ] {
+            assert!(!shows_arithmetic(no), "{no:?}");
+        }
+        // Related numbers more than 100 words apart are not.
+        let far = format!(
+            "He had 12 apples{} and 30 more, 42 in all.",
+            " word".repeat(120)
+        );
+        assert!(!shows_arithmetic(&far));
+    }
+
+    #[test]
+    fn require_arithmetic_lets_numbers_only_texts_through_one_time_in_a_hundred() {
+        let mut params = ToolParams::paper(crate::annotate::ToolKind::Calculator);
+        let doc = |text: &str| Document {
+            line: 1,
+            id: serde_json::Value::Null,
+            text: text.into(),
+            url: None,
+            date: None,
+        };
+        let plain = doc("In 2019, 17 teams and 240 players took part.");
+        let sums = doc("He had 12 apples and bought 30 more, 42 in all.");
+        let few = doc("Only 2 numbers, 3 here.");
+        let ok = |p: &ToolParams, d: &Document, draw: f64| applies(p, d, &d.text, None, draw);
+        assert!(ok(&params, &plain, 0.5), "off: min_numbers alone");
+        params.require_arithmetic = true;
+        assert!(ok(&params, &sums, 0.5));
+        assert!(!ok(&params, &plain, 0.5));
+        assert!(ok(&params, &plain, 0.009));
+        assert!(!ok(&params, &few, 0.009), "still needs min_numbers");
+        // The head, not the whole text, must show the arithmetic.
+        assert!(!applies(&params, &sums, "He had 12 apples", None, 0.5));
     }
 }
