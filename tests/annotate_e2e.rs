@@ -331,35 +331,36 @@ fn calls_whose_losses_are_not_finite_are_unscorable() {
     assert_ne!(record.annotated_text, reference.annotated_text);
 }
 
+/// A sampler whose every sample is the same call (its tokens), with flat log-probs.
+struct OneCall(Vec<u32>);
+
+impl Sampler for OneCall {
+    fn token_log_probs(&self, ids: &[u32], t: &[u32]) -> toolsift::Result<Vec<Vec<f32>>> {
+        Ok(ids.iter().map(|_| vec![-0.5; t.len()]).collect())
+    }
+
+    fn sample(
+        &self,
+        requests: &[SampleRequest],
+        _: &SampleOptions,
+    ) -> toolsift::Result<Vec<Vec<Sample>>> {
+        let sample = Sample {
+            tokens: self.0.clone(),
+            stopped: true,
+        };
+        Ok(requests
+            .iter()
+            .map(|r| vec![sample.clone(); r.n_samples])
+            .collect())
+    }
+}
+
 /// A QA service that always fails: every call fails, the run goes on.
 #[test]
 fn a_failing_external_tool_fails_its_calls_not_the_run() {
-    struct QaSampler(Vec<u32>);
-    impl Sampler for QaSampler {
-        fn token_log_probs(&self, ids: &[u32], t: &[u32]) -> toolsift::Result<Vec<Vec<f32>>> {
-            Ok(ids.iter().map(|_| vec![-0.5; t.len()]).collect())
-        }
-        fn sample(
-            &self,
-            requests: &[SampleRequest],
-            _: &SampleOptions,
-        ) -> toolsift::Result<Vec<Vec<Sample>>> {
-            Ok(requests
-                .iter()
-                .map(|r| {
-                    (0..r.n_samples)
-                        .map(|_| Sample {
-                            tokens: self.0.clone(),
-                            stopped: true,
-                        })
-                        .collect()
-                })
-                .collect())
-        }
-    }
     let model = model();
     let tok = model.tokenizer().unwrap();
-    let sampler = QaSampler(tok.encode_ids("QA(Who?)]").unwrap());
+    let sampler = OneCall(tok.encode_ids("QA(Who?)]").unwrap());
     let scorer = CpuScorer::new(&model);
     let mut config = test_config();
     config.tools.qa = Some(toolsift::annotate::tools::ExternalToolConfig {
@@ -393,26 +394,6 @@ fn a_failing_external_tool_fails_its_calls_not_the_run() {
 /// (special tokens only) is a failure, not a "[QA(x) -> ]" in C*.
 #[test]
 fn inputs_a_tool_cannot_take_whole_and_answers_that_clean_to_nothing_are_not_spliced() {
-    struct Scripted(Vec<u32>);
-    impl Sampler for Scripted {
-        fn token_log_probs(&self, ids: &[u32], t: &[u32]) -> toolsift::Result<Vec<Vec<f32>>> {
-            Ok(ids.iter().map(|_| vec![-0.5; t.len()]).collect())
-        }
-        fn sample(
-            &self,
-            requests: &[SampleRequest],
-            _: &SampleOptions,
-        ) -> toolsift::Result<Vec<Vec<Sample>>> {
-            let sample = Sample {
-                tokens: self.0.clone(),
-                stopped: true,
-            };
-            Ok(requests
-                .iter()
-                .map(|r| vec![sample.clone(); r.n_samples])
-                .collect())
-        }
-    }
     let model = model();
     let tok = model.tokenizer().unwrap();
     let scorer = CpuScorer::new(&model);
@@ -427,7 +408,7 @@ fn inputs_a_tool_cannot_take_whole_and_answers_that_clean_to_nothing_are_not_spl
             ..Default::default()
         });
         let registry = ToolRegistry::from_config(&config.tools).unwrap();
-        let sampler = Scripted(tok.encode_ids(sample).unwrap());
+        let sampler = OneCall(tok.encode_ids(sample).unwrap());
         let a =
             Annotator::new(tok, &sampler, &scorer, &registry, &config, &[ToolKind::Qa]).unwrap();
         a.annotate_document(&doc(1, text)).unwrap()

@@ -673,43 +673,28 @@ mod tests {
         assert!(err.to_string().contains("more than"), "{err}");
     }
 
-    /// Serves each connection with `respond(request_body)` -> (status, body); counts them.
+    /// Serves each connection with `respond(request_body)` -> (status, JSON body), or never
+    /// answers it (None: the connection is held past the client's timeout); counts them.
     fn server(
         respond: impl Fn(&str) -> Option<(u16, String)> + Send + 'static,
     ) -> (String, Arc<AtomicUsize>) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}/tool", listener.local_addr().unwrap());
-        let count = Arc::new(AtomicUsize::new(0));
-        let seen = count.clone();
-        thread::spawn(move || {
-            for stream in listener.incoming().take(10) {
-                let Ok(stream) = stream else { return };
-                seen.fetch_add(1, Ordering::SeqCst);
-                let Some(body) = read_request(&stream) else {
-                    continue;
-                };
-                match respond(&body) {
-                    Some((status, reply)) => {
-                        let mut stream = stream;
-                        let _ = write!(
-                            stream,
-                            "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n\
-                             Content-Length: {}\r\nConnection: close\r\n\r\n{reply}",
-                            reply.len()
-                        );
-                    }
-                    // Never answer: hold the connection open past the client's timeout.
-                    None => thread::sleep(Duration::from_secs(2)),
-                }
-            }
-        });
-        (url, count)
+        serve(move |body| {
+            respond(body).map(|(status, json)| reply(status, "application/json", json.as_bytes()))
+        })
     }
 
     /// Answers each connection with the raw bytes `respond(request_body)` (status line,
     /// headers and body), then closes it; counts the connections.
     fn raw_server(
         respond: impl Fn(&str) -> Vec<u8> + Send + 'static,
+    ) -> (String, Arc<AtomicUsize>) {
+        serve(move |body| Some(respond(body)))
+    }
+
+    /// The loop of `server` and `raw_server`: up to 10 connections, each answered with
+    /// `respond(request_body)`'s bytes, or held open for 2 s when it gives none.
+    fn serve(
+        respond: impl Fn(&str) -> Option<Vec<u8>> + Send + 'static,
     ) -> (String, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/tool", listener.local_addr().unwrap());
@@ -722,7 +707,12 @@ mod tests {
                 let Some(body) = read_request(&stream) else {
                     continue;
                 };
-                let _ = stream.write_all(&respond(&body));
+                match respond(&body) {
+                    Some(bytes) => {
+                        let _ = stream.write_all(&bytes);
+                    }
+                    None => thread::sleep(Duration::from_secs(2)),
+                }
             }
         });
         (url, count)
