@@ -416,7 +416,7 @@ fn bad_requests_are_the_cpu_engines_errors() {
 
 /// `propose` on the device: one forward over the sequence (several attention tiles, head chunks
 /// smaller than it), then branches forked off that cache (the tree grows once to fit them) and
-/// decoded. Its log-probs are the oracle's, its greedy samples the CPU engine's `propose`'s where
+/// decoded, all at once or in groups under a small budget. Its log-probs are the oracle's, its greedy samples the CPU engine's `propose`'s where
 /// the margin allows, its seeded samples deterministic, and its errors the CPU engine's.
 #[test]
 fn propose_matches_the_cpu_engine() {
@@ -476,6 +476,15 @@ fn propose_matches_the_cpu_engine() {
             .unwrap();
         let requests = branch_requests(&ids, &branches).unwrap();
         compared += greedy_agreement(&oracle, dtype, &requests, &got.samples, &want.samples);
+        // A budget that holds the sequence's K/V and little more runs the branches in groups,
+        // each group's rows freed before the next: the same samples where the margin allows.
+        let budget = cuda.kv_bytes_per_token() * ids.len() + cuda.bytes_per_token() * 20;
+        let tight = engine(&m, dtype, 13).with_memory_budget(budget);
+        let grouped = tight
+            .propose(&ids, &tokens, &mut |_| branches.clone(), &options)
+            .unwrap();
+        assert_eq!(grouped.log_probs, got.log_probs);
+        compared += greedy_agreement(&oracle, dtype, &requests, &grouped.samples, &want.samples);
 
         let seeded = SampleOptions {
             temperature: 1.0,

@@ -375,6 +375,8 @@ struct ProposeCase {
     max_new_tokens: usize,
     greedy: bool,
     seed: u64,
+    /// A memory budget of this many tokens' activations, to run the branches in groups.
+    budget_tokens: usize,
 }
 
 fn propose_case() -> impl Strategy<Value = ProposeCase> {
@@ -385,9 +387,18 @@ fn propose_case() -> impl Strategy<Value = ProposeCase> {
         1usize..=6,
         any::<bool>(),
         any::<u64>(),
+        0usize..=12,
     )
         .prop_map(
-            |((n_layer, n_head, head_dim, vocab), len, branches, max_new_tokens, greedy, seed)| {
+            |(
+                (n_layer, n_head, head_dim, vocab),
+                len,
+                branches,
+                max_new_tokens,
+                greedy,
+                seed,
+                budget_tokens,
+            )| {
                 ProposeCase {
                     n_layer,
                     n_head,
@@ -398,6 +409,7 @@ fn propose_case() -> impl Strategy<Value = ProposeCase> {
                     max_new_tokens,
                     greedy,
                     seed,
+                    budget_tokens,
                 }
             },
         )
@@ -449,7 +461,8 @@ proptest! {
 
     /// `propose` on the CPU engine (one forward over the sequence, branches forked off its
     /// cache) is `token_log_probs` then `sample` of the branch requests, exactly: the same rows
-    /// are computed from the same inputs. Its log-probs are also the oracle's.
+    /// are computed from the same inputs, under any memory budget (the branches then run in
+    /// groups). Its log-probs are also the oracle's.
     #[test]
     fn propose_is_token_log_probs_then_sample(case in propose_case()) {
         let model = case.model();
@@ -488,6 +501,10 @@ proptest! {
             })
             .collect();
         prop_assert_eq!(&got.samples, &engine.sample(&requests, &options).unwrap());
+        let tight = CpuScorer::new(&model)
+            .with_memory_budget(engine.bytes_per_token() * case.budget_tokens);
+        let grouped = tight.propose(&ids, &tokens, &mut |_| branches.clone(), &options).unwrap();
+        prop_assert_eq!(&grouped, &got);
         let want = ReferenceModel::new(&model.config, &model.weights).log_softmax(&ids);
         for (i, row) in got.log_probs.iter().enumerate() {
             for (j, &t) in tokens.iter().enumerate() {

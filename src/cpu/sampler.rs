@@ -6,7 +6,8 @@ use super::CpuScorer;
 use crate::error::Result;
 use crate::plan::Plan;
 use crate::sample::{
-    batch, Choose, DecodeSession, Decoder, Proposal, Sample, SampleOptions, SampleRequest, Sampler,
+    batch, Branch, Choose, DecodeSession, Decoder, Proposal, Sample, SampleOptions, SampleRequest,
+    Sampler,
 };
 
 /// Rows of full log-softmax computed at once (bounds the [rows, vocab] buffer).
@@ -91,6 +92,28 @@ impl CpuScorer {
         self.decode_samples(&mut tree, requests, first, nodes)
     }
 
+    /// One group of `propose`'s branches (`first_request`: the first one's index), with
+    /// `requests` their sample requests: each branch forks the sequence cached at `root` and
+    /// computes only its own token, then its samples are drawn and decoded.
+    fn propose_group(
+        &self,
+        tree: &mut KvTree,
+        root: usize,
+        branches: &[Branch],
+        requests: &[SampleRequest],
+        first_request: usize,
+        options: &SampleOptions,
+    ) -> Result<Vec<Vec<Sample>>> {
+        let prefix_nodes: Vec<usize> = branches.iter().map(|b| tree.fork(root, b.at)).collect();
+        let opens: Vec<Vec<u32>> = branches.iter().map(|b| vec![b.token]).collect();
+        let x = self.extend(tree, &prefix_nodes, &opens);
+        let mut first = batch::FirstDraws::new(options, first_request);
+        self.draw_first(&x, requests, &mut first);
+        drop(x);
+        let nodes = tree.fork_each(requests, &prefix_nodes);
+        self.decode_samples(tree, requests, first, nodes)
+    }
+
     /// The decoding loop of `requests` from their first draws, sample i growing node
     /// `nodes[i]` of `tree`.
     fn decode_samples(
@@ -131,7 +154,8 @@ impl Sampler for CpuScorer {
         // Groups of requests run one after another, each within the memory budget.
         let bytes = self.sample_token_bytes();
         let mut out = Vec::with_capacity(requests.len());
-        for group in batch::sample_groups(requests, options, self.memory_budget, bytes) {
+        let whole = |r: &SampleRequest| r.prefix.len();
+        for group in batch::sample_groups(requests, options, self.memory_budget, bytes, whole) {
             out.extend(self.sample_group(&requests[group.clone()], group.start, options)?);
         }
         Ok(out)
@@ -159,18 +183,27 @@ impl Sampler for CpuScorer {
             c.vocab_size,
             c.n_positions,
         )?;
-        // Each branch forks the cached sequence and computes only its own token.
-        let prefix_nodes: Vec<usize> = branches.iter().map(|b| tree.fork(root, b.at)).collect();
-        let opens: Vec<Vec<u32>> = branches.iter().map(|b| vec![b.token]).collect();
         let samples = match batch::nothing_to_draw(&requests, options) {
             Some(empty) => empty,
             None => {
-                let x = self.extend(&mut tree, &prefix_nodes, &opens);
-                let mut first = batch::FirstDraws::new(options, 0);
-                self.draw_first(&x, &requests, &mut first);
-                drop(x);
-                let nodes = tree.fork_each(&requests, &prefix_nodes);
-                self.decode_samples(&mut tree, &requests, first, nodes)?
+                // Branches run in groups within the budget (less the sequence's cached K/V),
+                // each group's rows freed before the next: the same samples in any grouping.
+                let bytes = self.sample_token_bytes();
+                let budget = self.memory_budget.saturating_sub(ids.len() * bytes.kv);
+                let mut samples = Vec::with_capacity(requests.len());
+                for group in batch::sample_groups(&requests, options, budget, bytes, |_| 1) {
+                    let checkpoint = tree.checkpoint(&[]);
+                    samples.extend(self.propose_group(
+                        &mut tree,
+                        root,
+                        &branches[group.clone()],
+                        &requests[group.clone()],
+                        group.start,
+                        options,
+                    )?);
+                    tree.restore(checkpoint);
+                }
+                samples
             }
         };
         Ok(Proposal {

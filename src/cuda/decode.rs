@@ -33,7 +33,8 @@ use crate::error::{driver_err, Error, Result};
 use crate::plan::Plan;
 use crate::sample::kv_tree::{Group, KvTree};
 use crate::sample::{
-    batch, Choose, DecodeSession, Decoder, Proposal, Sample, SampleOptions, SampleRequest, Sampler,
+    batch, Branch, Choose, DecodeSession, Decoder, Proposal, Sample, SampleOptions, SampleRequest,
+    Sampler,
 };
 
 /// The device store of a KV tree: per layer one K and one V buffer [capacity, stride(n_embd)].
@@ -389,14 +390,10 @@ impl CudaScorer {
         }
         // Groups of requests run one after another, each within the memory budget (and the
         // operand cap of `max_chunk_tokens`).
-        let kv = self.kv_bytes_per_token();
-        let bytes = batch::TokenBytes {
-            activations: self.bytes_per_token() - kv,
-            kv,
-        };
-        let budget = self.max_chunk_tokens() * self.bytes_per_token();
+        let (bytes, budget) = self.sample_budget();
         let mut out = Vec::with_capacity(requests.len());
-        for group in batch::sample_groups(requests, options, budget, bytes) {
+        let whole = |r: &SampleRequest| r.prefix.len();
+        for group in batch::sample_groups(requests, options, budget, bytes, whole) {
             out.extend(self.sample_group(w, &requests[group.clone()], group.start, options)?);
         }
         Ok(out)
@@ -465,25 +462,75 @@ impl CudaScorer {
                 samples,
             });
         }
-        // One growth to the exact size (the branches' tokens and every sample's), then each
-        // branch forks the cached sequence and computes only its own token.
-        tree.reserve(&self.gpu, requests.len() + decode_rows(&requests, options))?;
-        let prefix_nodes: Vec<usize> = branches.iter().map(|b| tree.fork(root, b.at)).collect();
-        let opens: Vec<Vec<u32>> = branches.iter().map(|b| vec![b.token]).collect();
-        let mut x = self.extend_tree(w, &mut tree, &prefix_nodes, &opens)?;
-        let rows: Vec<u32> = (0..requests.len() as u32).collect();
-        let mut first = batch::FirstDraws::new(options, 0);
-        self.head_log_softmax_each(w, &mut x, requests.len(), &rows, |r, row| {
-            first.push(r, &requests[r], row)
-        })?;
-        drop(x);
-        let nodes = tree.fork_each(&requests, &prefix_nodes);
-        let samples = self.decode_samples(w, &mut tree, &requests, first, nodes)?;
+        // Branches run in groups within the budget (less the sequence's cached K/V), each
+        // group's rows freed before the next. One growth to the largest group's size (its
+        // branches' tokens and every sample's) serves them all.
+        let (bytes, budget) = self.sample_budget();
+        let budget = budget.saturating_sub(ids.len() * bytes.kv);
+        let groups = batch::sample_groups(&requests, options, budget, bytes, |_| 1);
+        let most = groups
+            .iter()
+            .map(|g| g.len() + decode_rows(&requests[g.clone()], options))
+            .max()
+            .unwrap_or(0);
+        tree.reserve(&self.gpu, most)?;
+        let mut samples = Vec::with_capacity(requests.len());
+        for group in groups {
+            let checkpoint = tree.checkpoint(&[]);
+            samples.extend(self.propose_group(
+                w,
+                &mut tree,
+                root,
+                &branches[group.clone()],
+                &requests[group.clone()],
+                group.start,
+                options,
+            )?);
+            tree.restore(checkpoint);
+        }
         Ok(Proposal {
             log_probs,
             branches,
             samples,
         })
+    }
+
+    /// One group of `propose`'s branches (`first_request`: the first one's index), with
+    /// `requests` their sample requests: each branch forks the sequence cached at `root` and
+    /// computes only its own token, then its samples are drawn and decoded.
+    #[allow(clippy::too_many_arguments)]
+    fn propose_group<T: DeviceFloat>(
+        &self,
+        w: &CudaWeights<T>,
+        tree: &mut CudaKvTree<T>,
+        root: usize,
+        branches: &[Branch],
+        requests: &[SampleRequest],
+        first_request: usize,
+        options: &SampleOptions,
+    ) -> Result<Vec<Vec<Sample>>> {
+        let prefix_nodes: Vec<usize> = branches.iter().map(|b| tree.fork(root, b.at)).collect();
+        let opens: Vec<Vec<u32>> = branches.iter().map(|b| vec![b.token]).collect();
+        let mut x = self.extend_tree(w, tree, &prefix_nodes, &opens)?;
+        let rows: Vec<u32> = (0..requests.len() as u32).collect();
+        let mut first = batch::FirstDraws::new(options, first_request);
+        self.head_log_softmax_each(w, &mut x, requests.len(), &rows, |r, row| {
+            first.push(r, &requests[r], row)
+        })?;
+        drop(x);
+        let nodes = tree.fork_each(requests, &prefix_nodes);
+        self.decode_samples(w, tree, requests, first, nodes)
+    }
+
+    /// What a sampled token costs (activations, K/V) and the bytes a group of samples may use:
+    /// the memory budget, within the operand cap of `max_chunk_tokens`.
+    fn sample_budget(&self) -> (batch::TokenBytes, usize) {
+        let kv = self.kv_bytes_per_token();
+        let bytes = batch::TokenBytes {
+            activations: self.bytes_per_token() - kv,
+            kv,
+        };
+        (bytes, self.max_chunk_tokens() * self.bytes_per_token())
     }
 
     /// The decoding loop of `requests` from their first draws, sample i growing node

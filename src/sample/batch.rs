@@ -137,25 +137,28 @@ pub(crate) struct TokenBytes {
     pub kv: usize,
 }
 
-/// `requests` split into consecutive groups that `sample` runs one after another, each in a KV
-/// tree of its own (prefill, first draws, decoding) dropped before the next, so that a group's
-/// cache (its prefixes and every sample's new tokens) and its activations fit `budget` together.
-/// A request that alone does not fit is a group of its own (the cache allocation then says
-/// whether the device can hold it). Prefixes are counted whole, so a prefix shared within a group
-/// is counted once per request: groups are smaller than they need be, never larger. Every
-/// sample keeps its stream (keyed by request and sample) in any grouping.
+/// `requests` split into consecutive groups that a sampler runs one after another, each grown in
+/// a KV cache of its own (prefill, first draws, decoding) that is freed before the next, so that a
+/// group's cache (its prefixes and every sample's new tokens) and its activations fit `budget`
+/// together. A request that alone does not fit is a group of its own (the cache allocation then
+/// says whether the device can hold it). `computed(req)` is how many of a request's prefix tokens
+/// the group computes: the whole prefix for `sample`; one for `propose`, whose branches fork a
+/// sequence cached beforehand (its K/V is not the group's: take it out of `budget`). Prefixes
+/// are counted whole, so a prefix shared within a group is counted once per request: groups are
+/// smaller than they need be, never larger. Every sample keeps its stream (keyed by request and
+/// sample) in any grouping.
 pub(crate) fn sample_groups(
     requests: &[SampleRequest],
     options: &SampleOptions,
     budget: usize,
     bytes: TokenBytes,
+    computed: impl Fn(&SampleRequest) -> usize,
 ) -> Vec<Range<usize>> {
     let per_token = bytes.activations.saturating_add(bytes.kv);
     // A decoding step holds one token's activations per live sample, its K/V for good.
     let cost = |req: &SampleRequest| {
         let new_tokens = req.n_samples.saturating_mul(options.max_new_tokens);
-        req.prefix
-            .len()
+        computed(req)
             .saturating_mul(per_token)
             .saturating_add(new_tokens.saturating_mul(bytes.kv))
             .saturating_add(req.n_samples.saturating_mul(bytes.activations))
@@ -332,6 +335,7 @@ mod tests {
             activations: 3,
             kv: 1,
         };
+        let whole = |r: &SampleRequest| r.prefix.len();
         // cost = 4 * prefix + 2 * n_samples (new tokens' K/V) + 3 * n_samples (a step's
         // activations): 17, 26, 41, 8, 13, 9.
         let requests = [
@@ -343,17 +347,26 @@ mod tests {
             req(1, 1),
         ];
         assert_eq!(
-            sample_groups(&requests, &options, 45, bytes),
+            sample_groups(&requests, &options, 45, bytes, whole),
             [0..2, 2..3, 3..6]
         );
-        let all = sample_groups(&requests, &options, 1000, bytes);
+        let all = sample_groups(&requests, &options, 1000, bytes, whole);
         assert_eq!((all.len(), &all[0]), (1, &(0..6)));
-        assert_eq!(sample_groups(&requests, &options, 1, bytes).len(), 6);
-        assert!(sample_groups(&[], &options, 5, bytes).is_empty());
+        assert_eq!(sample_groups(&requests, &options, 1, bytes, whole).len(), 6);
+        assert!(sample_groups(&[], &options, 5, bytes, whole).is_empty());
         let huge = TokenBytes {
             activations: usize::MAX,
             kv: usize::MAX,
         };
-        assert_eq!(sample_groups(&requests, &options, 1000, huge).len(), 6);
+        assert_eq!(
+            sample_groups(&requests, &options, 1000, huge, whole).len(),
+            6
+        );
+        // `propose`'s branches compute one prefix token each: 4 + 5 * n_samples = 9, 14, 9, 4,
+        // 9, 9.
+        assert_eq!(
+            sample_groups(&requests, &options, 23, bytes, |_| 1),
+            [0..2, 2..5, 5..6]
+        );
     }
 }

@@ -52,8 +52,8 @@ impl Node {
 }
 
 /// What `KvTree::restore` puts back: the row count, the node count, and the nodes a call was
-/// about to grow, as they were. (Only a fallible forward needs it: CUDA's.)
-#[cfg(any(feature = "cuda", test))]
+/// about to grow, as they were: a failed forward is undone (CUDA's), and a group of `propose`'s
+/// branches frees its rows for the next.
 pub(crate) struct Checkpoint {
     rows: usize,
     n_nodes: usize,
@@ -196,10 +196,10 @@ impl<S> KvTree<S> {
         self.rows += n;
     }
 
-    /// The tree as it is, for `restore` to return to if the forward that grows `nodes` fails: a
-    /// node left extended over rows that were never computed (and that the next call would
-    /// compute for other tokens) would read another sequence's keys.
-    #[cfg(any(feature = "cuda", test))]
+    /// The tree as it is, for `restore` to return to: after a group of work whose rows are no
+    /// longer needed, or if the forward that grows `nodes` fails (a node left extended over rows
+    /// that were never computed, and that the next call would compute for other tokens, would
+    /// read another sequence's keys).
     pub(crate) fn checkpoint(&self, nodes: &[NodeId]) -> Checkpoint {
         Checkpoint {
             rows: self.rows,
@@ -210,7 +210,6 @@ impl<S> KvTree<S> {
 
     /// Undoes everything since `checkpoint`: the nodes it saved get their contexts back, nodes
     /// added since are dropped and rows counted since are free again.
-    #[cfg(any(feature = "cuda", test))]
     pub(crate) fn restore(&mut self, checkpoint: Checkpoint) {
         self.rows = checkpoint.rows;
         self.nodes.truncate(checkpoint.n_nodes);
