@@ -9,8 +9,10 @@
 //!   [`MAX_OUTPUT_BYTES`] of output, or running past the timeout (the child is killed) is
 //!   an error. A program that exits while a process it left in the background still holds
 //!   its stdout open fails once the timeout has passed, with an error saying so (not a
-//!   timeout, and not retried); that process is not waited for, nor killed: wrappers should
-//!   `exec` the real program.
+//!   timeout, and not retried): wrappers should `exec` the real program. On Unix the command
+//!   runs in a process group of its own, and both failures kill the whole group, so nothing a
+//!   failed call started outlives it. A background process whose program succeeded (it closed
+//!   its stdout) is left alone: a daemon a tool starts on purpose keeps running.
 //! - HTTP: `POST url` with JSON `{"input": ..., "tool": name}`; the reply must be a 2xx
 //!   with JSON `{"result": "..."}` (an `{"error": "..."}` reply is reported). The body is
 //!   read as bytes whatever its Content-Type, invalid UTF-8 replaced, and a failed status
@@ -281,6 +283,33 @@ impl Drop for Reaper {
     }
 }
 
+/// Starts the command in a process group of its own (whose id is the child's pid), so that
+/// `kill_group` reaches what it leaves behind and nothing else.
+fn own_group(command: &mut Command) -> &mut Command {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        command.process_group(0);
+    }
+    command
+}
+
+/// Kills every process left in the group `own_group` gave `child`. Called only while the group
+/// has a live member (the child itself, or the process that holds its stdout), so its id cannot
+/// have been reused for another group.
+fn kill_group(child: &Child) {
+    #[cfg(unix)]
+    if let Ok(pgid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours; a negative pid
+        // names the process group.
+        unsafe {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = child;
+}
+
 /// Runs `work` on a new thread; failing to start one (OS limits) fails the attempt
 /// instead of panicking as `thread::spawn` would.
 fn spawn(work: impl FnOnce() + Send + 'static) -> Result<(), Attempt> {
@@ -317,7 +346,7 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
     let deadline = now
         .checked_add(timeout)
         .unwrap_or(now + Duration::from_secs(365 * 24 * 3600));
-    let child = Command::new(program)
+    let child = own_group(&mut Command::new(program))
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -348,8 +377,12 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
         .transpose()?;
 
     let status = wait_until(&mut child.0, deadline)
-        .map_err(|e| retry_err(format!("waiting for {program:?} failed: {e}")))?
-        .ok_or_else(|| timeout_err(timeout))?;
+        .map_err(|e| retry_err(format!("waiting for {program:?} failed: {e}")))?;
+    let Some(status) = status else {
+        // Still running, so the group exists: it goes with everything it started.
+        kill_group(&child.0);
+        return Err(timeout_err(timeout));
+    };
     // The program has exited: what it printed is in the pipe, so stdout ends at once unless
     // another process (a child it left in the background) still holds it open. A program that
     // exits just at the deadline gets a moment for the reader to see the end of its output.
@@ -373,11 +406,13 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
         };
         return Err(retry_err(format!("{program:?} {status}{detail}")));
     }
-    // Not retried: every try would leave one more such process behind, and wait as long.
+    // Not retried: every try would wait as long again.
     let Some((out, out_dropped)) = output else {
+        // The holder keeps the group alive; it is killed with the rest.
+        kill_group(&child.0);
         return Err(final_err(format!(
             "{program:?} exited but its stdout stayed open for the rest of the {timeout:?} \
-             timeout (a background process still holds it; wrappers should exec)"
+             timeout (a background process held it and was killed; wrappers should exec)"
         )));
     };
     if out_dropped {
@@ -643,6 +678,65 @@ mod tests {
             run(&sh("sleep 2 >/dev/null & echo hi"), "x"),
             Ok("hi".into())
         );
+    }
+
+    /// Whether `pid` is gone (or a zombie waiting for init) within `wait`.
+    #[cfg(target_os = "linux")]
+    fn ends_within(pid: &str, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        loop {
+            let gone = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                Err(_) => true,
+                // The state follows the parenthesised command name.
+                Ok(stat) => stat
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|s| s.trim_start().starts_with('Z')),
+            };
+            if gone || Instant::now() > deadline {
+                return gone;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A timed-out command and one whose background process holds its stdout take what they
+    /// started with them; a background process that let go of stdout is left running.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_failed_call_kills_what_it_left_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = |name: &str| dir.path().join(name).display().to_string();
+        let read_pid = |path: &str| std::fs::read_to_string(path).unwrap().trim().to_string();
+        let (held, slow, detached) = (pid_file("held"), pid_file("slow"), pid_file("detached"));
+
+        let tool = sh(&format!("sleep 30 & echo $! > {held}; echo hi"))
+            .with_timeout(Duration::from_millis(400));
+        assert!(matches!(run(&tool, "x"), Err(ToolError::Failed(_))));
+        assert!(
+            ends_within(&read_pid(&held), Duration::from_secs(2)),
+            "the stdout holder survived"
+        );
+
+        let tool = sh(&format!("sleep 30 >/dev/null & echo $! > {slow}; sleep 30"))
+            .with_timeout(Duration::from_millis(400))
+            .with_retries(0);
+        assert!(matches!(run(&tool, "x"), Err(ToolError::Timeout { .. })));
+        assert!(
+            ends_within(&read_pid(&slow), Duration::from_secs(2)),
+            "the timed-out call's child survived"
+        );
+
+        let tool = sh(&format!(
+            "sleep 30 >/dev/null & echo $! > {detached}; echo hi"
+        ));
+        assert_eq!(run(&tool, "x"), Ok("hi".into()));
+        let pid = read_pid(&detached);
+        assert!(
+            !ends_within(&pid, Duration::from_millis(200)),
+            "a success kills nothing"
+        );
+        let _ = Command::new("kill").arg(&pid).status();
     }
 
     #[test]
