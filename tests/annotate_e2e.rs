@@ -930,6 +930,21 @@ fn print_config_prints_parsable_defaults() {
         AnnotateConfig::from_toml(&text).unwrap(),
         AnnotateConfig::default()
     );
+    // A config the run would refuse (a service URL with no usable port) is refused here too.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[tools.qa]\nurl = \"http://127.0.0.1:99999/qa\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["annotate", "--print-config", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && out.stdout.is_empty(), "{stderr}");
+    assert!(
+        stderr.contains("tool QA") && stderr.contains("99999"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -254,6 +254,8 @@ impl AnnotateConfig {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
     }
 
+    /// Refuses settings a run could not use or that would mean nothing: the weights, the draw
+    /// options, every tool's thresholds and the tools' own settings (`ToolsConfig::check`).
     pub fn validate(&self) -> Result<()> {
         if self.text_field.is_empty() {
             return Err(Error::input("text_field must not be empty"));
@@ -274,7 +276,7 @@ impl AnnotateConfig {
         for tool in ToolKind::ALL {
             self.per_tool.get(tool).validate(tool)?;
         }
-        Ok(())
+        self.tools.check().map_err(|e| Error::input(e.to_string()))
     }
 }
 

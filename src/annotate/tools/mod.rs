@@ -221,6 +221,23 @@ pub struct ToolsConfig {
     pub mt: Option<ExternalToolConfig>,
 }
 
+impl ToolsConfig {
+    /// Checks every setting that can be checked without opening anything: the Calendar's date,
+    /// the QA and MT services' command, URL, timeout and retries (`ToolRegistry::from_config`
+    /// checks them the same way, and opens WikiSearch's index). So that `--print-config` does
+    /// not print a config the run would refuse.
+    pub fn check(&self) -> Result<(), ToolConfigError> {
+        Calendar::from_config(&self.calendar)?;
+        if let Some(qa) = &self.qa {
+            ExternalTool::from_config("QA", qa)?;
+        }
+        if let Some(mt) = &self.mt {
+            ExternalTool::from_config("MT", mt)?;
+        }
+        Ok(())
+    }
+}
+
 /// A tool setting that cannot be used; names the tool and what is wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolConfigError {
@@ -327,9 +344,17 @@ mod tests {
             "{err}"
         );
 
+        assert_eq!(cfg.check().unwrap_err().to_string(), err);
+
         let cfg: ToolsConfig = serde_json::from_str(r#"{"qa":{}}"#).unwrap();
         let err = ToolRegistry::from_config(&cfg).unwrap_err().to_string();
         assert!(err.contains("QA"), "{err}");
+        assert_eq!(cfg.check().unwrap_err().to_string(), err);
+
+        let cfg: ToolsConfig =
+            serde_json::from_str(r#"{"mt":{"url":"http://localhost:99999/mt"}}"#).unwrap();
+        let err = cfg.check().unwrap_err().to_string();
+        assert!(err.contains("MT") && err.contains("99999"), "{err}");
 
         assert!(serde_json::from_str::<ToolsConfig>(r#"{"calculater":{}}"#).is_err());
     }
