@@ -389,6 +389,64 @@ fn a_failing_external_tool_fails_its_calls_not_the_run() {
     assert_eq!(r.annotated_text, r.text);
 }
 
+/// The paper's MT post-filter, opt-in: a call whose input the text says only after the call's
+/// position is dropped before it is executed; off, the same calls are executed.
+#[test]
+fn lookahead_inputs_are_dropped_when_asked() {
+    let model = model();
+    let sampler = OneCall(
+        model
+            .tokenizer()
+            .unwrap()
+            .encode_ids("MT(the coffee is hot)]")
+            .unwrap(),
+    );
+    let scorer = CpuScorer::new(&model);
+    let text = "Le café est chaud: the coffee is hot.";
+    let phrase = text.find(" the coffee").unwrap();
+    let run = |drop: bool| {
+        let mut config = test_config();
+        config.per_tool.mt.k = 100; // every position
+        config.per_tool.mt.drop_lookahead_inputs = drop;
+        config.tools.mt = Some(toolsift::annotate::tools::ExternalToolConfig {
+            command: Some(vec!["cat".into()]),
+            ..Default::default()
+        });
+        let registry = ToolRegistry::from_config(&config.tools).unwrap();
+        let tok = model.tokenizer().unwrap();
+        let a =
+            Annotator::new(tok, &sampler, &scorer, &registry, &config, &[ToolKind::Mt]).unwrap();
+        a.annotate_document(&doc(1, text)).unwrap()
+    };
+    let (all, all_stats) = run(false);
+    let (kept, stats) = run(true);
+    let (all_st, st) = (all_stats.tools["mt"], stats.tools["mt"]);
+    assert_eq!(all_st.calls_lookahead, 0);
+    assert_eq!(all_st.calls_executed, all_st.positions);
+    assert!(all
+        .calls
+        .iter()
+        .all(|c| c.result.as_deref() == Some("the coffee is hot")));
+    // Positions up to the phrase's space see it only ahead; later ones do not.
+    let ahead = all.calls.iter().filter(|c| c.position <= phrase).count() as u64;
+    assert!(
+        ahead >= 3 && ahead < all_st.positions,
+        "{ahead} of {all_st:?}"
+    );
+    assert_eq!(st.positions, all_st.positions);
+    assert_eq!(st.calls_lookahead, ahead);
+    assert_eq!(st.calls_executed, all_st.calls_executed - ahead);
+    assert_eq!(
+        st.calls_sampled,
+        st.calls_malformed
+            + st.calls_unknown_tool
+            + st.calls_duplicate
+            + st.calls_lookahead
+            + st.calls_executed
+    );
+    assert!(kept.calls.iter().all(|c| c.position > phrase));
+}
+
 /// A call whose input a line-oriented tool would answer only in part (a line break) or that
 /// carries a special token's text is malformed, not executed; an answer that cleaning empties
 /// (special tokens only) is a failure, not a "[QA(x) -> ]" in C*.

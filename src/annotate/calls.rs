@@ -82,6 +82,21 @@ pub fn input_problem(input: &str, special: &[String]) -> Option<String> {
         .map(|s| format!("the special token {s:?} in the input"))
 }
 
+/// Whether a call at byte `at` of `text` only copies what the text says later: its input is
+/// found after `at` and not before (`[per_tool.<tool>] drop_lookahead_inputs`, the paper's
+/// post-filter for MT). Such a call "translates" the very words that follow it, so its result
+/// lowers their loss by leaking them, not by helping. An empty input, or an `at` that is not a
+/// character boundary of `text`, is never lookahead.
+pub fn input_only_ahead(text: &str, at: usize, input: &str) -> bool {
+    let input = input.trim();
+    match (text.get(..at), text.get(at..)) {
+        (Some(before), Some(after)) if !input.is_empty() => {
+            after.contains(input) && !before.contains(input)
+        }
+        _ => false,
+    }
+}
+
 /// A tool's result made safe to splice: the text of the tokenizer's special tokens (`special`,
 /// e.g. "<|endoftext|>") is removed, since it would be tokenized as that token (an end of text
 /// in the middle of the sequence); whitespace runs become one space; "[" and "]" become "(" and
@@ -134,6 +149,30 @@ pub fn cleaned_answer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lookahead_inputs_are_found_after_the_call_and_not_before() {
+        let text = "Le chien dort. The dog sleeps, the dog dreams.";
+        let at = text.find(" The").unwrap();
+        assert!(input_only_ahead(text, at, "The dog sleeps"));
+        assert!(input_only_ahead(text, at, " the dog "), "trimmed");
+        // Seen before the call too, or not in the text at all: a real translation.
+        assert!(!input_only_ahead(text, at, "Le chien"));
+        assert!(
+            !input_only_ahead(text, at, "chien dort. The"),
+            "spans the call"
+        );
+        assert!(!input_only_ahead(text, at, "Der Hund"));
+        let later = text.find(" the dog dreams").unwrap();
+        assert!(!input_only_ahead(text, later, "dog"), "also before");
+        assert!(!input_only_ahead(text, at, "  "));
+        assert!(
+            !input_only_ahead("café au lait", 4, "lait"),
+            "not a boundary"
+        );
+        assert!(input_only_ahead("café au lait", 5, "lait"));
+        assert!(!input_only_ahead(text, text.len() + 1, "dog"));
+    }
 
     #[test]
     fn parses_calls() {

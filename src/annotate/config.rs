@@ -44,6 +44,12 @@ pub struct ToolParams {
     /// stand-in for the paper's "contains non-English text" (0: off). MT: 1.
     #[serde(default)]
     pub min_foreign_words: usize,
+    /// Opt-in: drop a call whose input appears in the text after its position but not before it
+    /// (`calls::input_only_ahead`; the paper's post-filter for MT), before it is executed. Left
+    /// out of the serialized settings when off, so journals of runs that predate it still
+    /// resume.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drop_lookahead_inputs: bool,
     /// The annotation prompt P(x): must contain "{x}" exactly once (the text), and should end
     /// with "Output: " (the model continues with the annotated text).
     pub prompt: String,
@@ -66,6 +72,7 @@ impl ToolParams {
             require_arithmetic: false,
             require_date: tool == ToolKind::Calendar,
             min_foreign_words: if tool == ToolKind::Mt { 1 } else { 0 },
+            drop_lookahead_inputs: false,
             prompt: prompts::default_prompt(tool).to_string(),
         }
     }
@@ -81,7 +88,8 @@ impl ToolParams {
         if self.prompt.matches("{x}").count() != 1 {
             return bad("prompt must contain \"{x}\" exactly once".into());
         }
-        // All k * m samples of a document are decoded as one batch, with a KV cache each.
+        // A bound on one document's samples: they decode in groups within the memory budget,
+        // but every sample's tokens are held until the document is done.
         if self.k.checked_mul(self.m).is_none_or(|n| n > MAX_SAMPLES) {
             return bad(format!(
                 "k * m = {} * {} samples per document; at most {MAX_SAMPLES}",
@@ -118,6 +126,7 @@ struct ParamsPartial {
     require_arithmetic: Option<bool>,
     require_date: Option<bool>,
     min_foreign_words: Option<usize>,
+    drop_lookahead_inputs: Option<bool>,
     prompt: Option<String>,
 }
 
@@ -142,6 +151,7 @@ fn merge(tool: ToolKind, p: ParamsPartial) -> ToolParams {
         require_arithmetic: p.require_arithmetic.unwrap_or(d.require_arithmetic),
         require_date: p.require_date.unwrap_or(d.require_date),
         min_foreign_words: p.min_foreign_words.unwrap_or(d.min_foreign_words),
+        drop_lookahead_inputs: p.drop_lookahead_inputs.unwrap_or(d.drop_lookahead_inputs),
         prompt: p.prompt.unwrap_or(d.prompt),
     }
 }
@@ -312,6 +322,22 @@ mod tests {
         assert!(!on.per_tool.calendar.require_arithmetic);
         let text = on.to_toml();
         assert!(text.contains("require_arithmetic = true"), "{text}");
+        assert_eq!(AnnotateConfig::from_toml(&text).unwrap(), on);
+    }
+
+    /// The MT post-filter likewise: opt-in, printed only when on.
+    #[test]
+    fn drop_lookahead_inputs_is_opt_in_and_printed_only_when_on() {
+        let c = AnnotateConfig::default();
+        assert!(ToolKind::ALL
+            .iter()
+            .all(|&t| !c.per_tool.get(t).drop_lookahead_inputs));
+        assert!(!c.to_toml().contains("drop_lookahead_inputs"));
+        let on =
+            AnnotateConfig::from_toml("[per_tool.mt]\ndrop_lookahead_inputs = true\n").unwrap();
+        assert!(on.per_tool.mt.drop_lookahead_inputs && !on.per_tool.qa.drop_lookahead_inputs);
+        let text = on.to_toml();
+        assert!(text.contains("drop_lookahead_inputs = true"), "{text}");
         assert_eq!(AnnotateConfig::from_toml(&text).unwrap(), on);
     }
 

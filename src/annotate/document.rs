@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::calls::{cleaned_answer, input_problem, parse_call, Malformed};
+use super::calls::{cleaned_answer, input_only_ahead, input_problem, parse_call, Malformed};
 use super::config::AnnotateConfig;
 use super::corpus::Document;
 use super::tool_kind::ToolKind;
@@ -77,6 +77,9 @@ pub struct ToolStats {
     pub calls_unknown_tool: u64,
     /// Repeats of a call already sampled at the same position (executed and scored once).
     pub calls_duplicate: u64,
+    /// Calls whose input appears in the text after their position but not before it, dropped
+    /// before execution (`drop_lookahead_inputs`, opt-in).
+    pub calls_lookahead: u64,
     /// Calls handed to the tool.
     pub calls_executed: u64,
     /// Executed calls the tool returned no result for.
@@ -99,6 +102,7 @@ impl ToolStats {
         self.calls_malformed += o.calls_malformed;
         self.calls_unknown_tool += o.calls_unknown_tool;
         self.calls_duplicate += o.calls_duplicate;
+        self.calls_lookahead += o.calls_lookahead;
         self.calls_executed += o.calls_executed;
         self.calls_failed += o.calls_failed;
         self.calls_unscorable += o.calls_unscorable;
@@ -410,6 +414,10 @@ impl<'a> Annotator<'a> {
                     }
                     if !seen.insert((i, input.clone())) {
                         st.calls_duplicate += 1;
+                        continue;
+                    }
+                    if params.drop_lookahead_inputs && input_only_ahead(&doc.text, byte, &input) {
+                        st.calls_lookahead += 1;
                         continue;
                     }
                     st.calls_executed += 1;
