@@ -861,7 +861,7 @@ fn a_journal_from_other_weights_in_the_same_folder_is_refused() {
         run["info"]["model_xxh3"] = json!(model_xxh3);
         format!(
             "{}\n",
-            json!({"journal": "toolsift-annotate/1", "run": run})
+            json!({"journal": "toolsift-annotate/2", "run": run})
         )
     };
     std::fs::write(
@@ -1087,14 +1087,11 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
     ));
     let journal = dir.path().join("p.jsonl.partial");
     let text = std::fs::read_to_string(&journal).unwrap();
-    let mut lines: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let last = lines.last_mut().unwrap();
-    assert!(last["corpus_xxh3"].is_string(), "{last}");
-    last["corpus_xxh3"] = json!("0123456789abcdef");
-    let tampered: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let (head, last) = text.trim_end().rsplit_once('\n').unwrap();
+    let mut last = annotate::JournalEntry::from_line(last.as_bytes()).unwrap();
+    assert!(last.corpus_xxh3.is_some(), "{last:?}");
+    last.corpus_xxh3 = Some("0123456789abcdef".into());
+    let tampered = format!("{head}\n{}\n", last.to_line().unwrap());
     std::fs::write(&journal, tampered).unwrap();
     let err = annotate::annotate(
         &a,

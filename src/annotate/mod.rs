@@ -42,10 +42,10 @@ pub use merge::{merge, MergeReport};
 pub use shard::Shard;
 pub use summary::Summary;
 pub use tool_kind::ToolKind;
-pub use writer::OutputPaths;
+pub use writer::{JournalEntry, OutputPaths};
 
 use crate::error::{Error, Result};
-use writer::{Journal, JournalEntry};
+use writer::Journal;
 
 /// What to annotate and where to write it.
 #[derive(Debug, Clone)]

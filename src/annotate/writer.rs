@@ -2,15 +2,22 @@
 //! `<out>.partial`, as one JSON line, and fsync'ed before the next document starts:
 //!
 //! ```text
-//! {"journal": "toolsift-annotate/1", "run": {...the settings that decide the output...}}
-//! {"line": 1, "doc": {C* line}, "stats": {...}}
-//! {"line": 2, "reject": "invalid JSON: ..."}
+//! {"journal": "toolsift-annotate/2", "run": {...the settings that decide the output...}}
+//! {"line": 1, "doc": {C* line}, "stats": {...}, "crc32": "1c291ca3"}
+//! {"line": 2, "reject": "invalid JSON: ...", "crc32": "0b4e5a87"}
 //! ```
+//!
+//! Every entry ends with the CRC-32 of its line without that key, and must hold exactly one of a
+//! document (of its own line, its calls at character boundaries of its text) and a reject, with
+//! no other keys: an entry that was altered, or that another build wrote differently, is never
+//! taken for a document that is done. (The format's number changes whenever a run would write
+//! something else for the same settings, so a journal of an older build is refused.)
 //!
 //! Documents are processed strictly in input order, so the journal is always a prefix of the
 //! shard's lines. On restart the journal is read back: a last line cut short by a crash (no
-//! newline, or not valid JSON) is truncated away, the lines already done are skipped, and the
-//! run continues. A journal written with other settings is refused. When every line is done,
+//! newline, or not a valid entry) is truncated away and done again, the lines already done are
+//! skipped, and the run continues; an invalid line before the last is corruption, an error. A
+//! journal written with other settings is refused. When every line is done,
 //! the final files are written from the journal (C*, rejects, summary; each to a temporary
 //! file, fsync'ed, then renamed into place) and the journal is removed. A crash at any point
 //! therefore loses at most the document in progress, and a rerun of the same command produces
@@ -32,10 +39,17 @@ use serde_json::Value;
 use super::document::{CStarRecord, DocStats};
 use crate::error::{Error, Result};
 
-const MAGIC: &str = "toolsift-annotate/1";
+/// The journal format. /2: entries carry a checksum and are checked; sampling streams keyed
+/// through `Rng::keyed` (a /1 journal may hold samples drawn from the streams before).
+const MAGIC: &str = "toolsift-annotate/2";
+
+/// The key an entry line ends with, then 8 hex digits and `"}`.
+const CHECK_KEY: &str = ",\"crc32\":\"";
+const CHECK_LEN: usize = CHECK_KEY.len() + 8 + 2;
 
 /// One finished input line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct JournalEntry {
     pub line: u64,
     /// XXH3 of the corpus's bytes up to and including this line, as the run that wrote the
@@ -49,6 +63,71 @@ pub struct JournalEntry {
     pub reject: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats: Option<DocStats>,
+}
+
+impl JournalEntry {
+    /// The entry as a journal line (no newline): its JSON, ending with the key "crc32", the
+    /// CRC-32 of that JSON without the key.
+    pub fn to_line(&self) -> Result<String> {
+        let json = serde_json::to_string(self).map_err(json_err)?;
+        let body = json
+            .strip_suffix('}')
+            .ok_or_else(|| Error::input("a journal entry is not a JSON object"))?;
+        Ok(format!(
+            "{body}{CHECK_KEY}{:08x}\"}}",
+            crc32fast::hash(json.as_bytes())
+        ))
+    }
+
+    /// A journal line (no newline) read back: its checksum verified, then parsed and checked
+    /// (`check`). Errors say what is wrong.
+    pub fn from_line(line: &[u8]) -> std::result::Result<JournalEntry, String> {
+        let split = line
+            .len()
+            .checked_sub(CHECK_LEN)
+            .filter(|&at| line[at..].starts_with(CHECK_KEY.as_bytes()) && line.ends_with(b"\"}"))
+            .ok_or("no \"crc32\" key at its end")?;
+        let digits = &line[split + CHECK_KEY.len()..line.len() - 2];
+        let want = std::str::from_utf8(digits)
+            .ok()
+            .filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|d| u32::from_str_radix(d, 16).ok())
+            .ok_or("its \"crc32\" is not 8 hex digits")?;
+        let mut json = line[..split].to_vec();
+        json.push(b'}');
+        if crc32fast::hash(&json) != want {
+            return Err("its checksum does not match (the line was altered)".into());
+        }
+        let entry: JournalEntry = serde_json::from_slice(&json).map_err(|e| e.to_string())?;
+        entry.check()?;
+        Ok(entry)
+    }
+
+    /// Exactly one of a document and a reject; the document is this line's, and each of its
+    /// calls is at a character boundary of its text (where C* splices it).
+    fn check(&self) -> std::result::Result<(), String> {
+        match (&self.doc, &self.reject) {
+            (Some(doc), None) => {
+                if doc.line != self.line {
+                    return Err(format!("its document is line {}", doc.line));
+                }
+                match doc
+                    .calls
+                    .iter()
+                    .find(|c| !doc.text.is_char_boundary(c.position))
+                {
+                    Some(c) => Err(format!(
+                        "a call at byte {} is not at a character boundary of its {}-byte text",
+                        c.position,
+                        doc.text.len()
+                    )),
+                    None => Ok(()),
+                }
+            }
+            (None, Some(_)) => Ok(()),
+            _ => Err("an entry holds exactly one of \"doc\" and \"reject\"".into()),
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -162,6 +241,8 @@ impl Journal {
         let mut last_line = 0;
         let mut last_corpus_xxh3 = None;
         let mut good_end = 0u64;
+        // Why the line that ended the reading could not be used.
+        let mut bad = String::from("cut short");
         {
             let mut reader = BufReader::new(&mut file);
             let mut buf = Vec::new();
@@ -191,7 +272,8 @@ impl Journal {
                         })?;
                         if header.journal != MAGIC {
                             return Err(Error::input(format!(
-                                "{}: journal format {:?}, expected {MAGIC:?}",
+                                "{}: journal format {:?}, expected {MAGIC:?} (written by \
+                                 another toolsift build); delete it to start over",
                                 path.display(),
                                 header.journal
                             )));
@@ -207,7 +289,7 @@ impl Journal {
                         }
                         true
                     }
-                    (_, Some(bytes)) => match serde_json::from_slice::<JournalEntry>(bytes) {
+                    (_, Some(bytes)) => match JournalEntry::from_line(bytes) {
                         Ok(e) if e.line > last_line => {
                             last_line = e.line;
                             last_corpus_xxh3 = e.corpus_xxh3;
@@ -221,7 +303,10 @@ impl Journal {
                                 e.line
                             )))
                         }
-                        Err(_) => false,
+                        Err(why) => {
+                            bad = why;
+                            false
+                        }
                     },
                 };
                 if !ok {
@@ -230,8 +315,8 @@ impl Journal {
                     reader.read_to_end(&mut rest).map_err(io)?;
                     if !rest.is_empty() {
                         return Err(Error::input(format!(
-                            "{}:{n}: unreadable journal line before the end; the journal is \
-                             corrupt, delete it to start over",
+                            "{}:{n}: unreadable journal line before the end ({bad}); the \
+                             journal is corrupt, delete it to start over",
                             path.display()
                         )));
                     }
@@ -281,7 +366,7 @@ impl Journal {
 
     /// Appends one finished line, durably.
     pub fn append(&mut self, entry: &JournalEntry) -> Result<()> {
-        self.append_json(&serde_json::to_string(entry).map_err(json_err)?)
+        self.append_json(&entry.to_line()?)
     }
 
     fn append_json(&mut self, json: &str) -> Result<()> {
@@ -396,8 +481,13 @@ pub fn read_journal(path: &Path) -> Result<impl Iterator<Item = Result<JournalEn
         .skip(1)
         .map(move |(k, l)| {
             let l = l.map_err(|e| Error::io(&path, e))?;
-            serde_json::from_str(&l)
-                .map_err(|e| Error::input(format!("{}:{}: {e}", path.display(), k + 1)))
+            JournalEntry::from_line(l.as_bytes()).map_err(|why| {
+                Error::input(format!(
+                    "{}:{}: {why}; the journal is corrupt, delete it to start over",
+                    path.display(),
+                    k + 1
+                ))
+            })
         }))
 }
 
@@ -522,6 +612,7 @@ impl Drop for AtomicFile {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::io::Write;
 
     fn entry(line: u64) -> JournalEntry {
         JournalEntry {
@@ -557,6 +648,106 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("other settings (differing: seed)"), "{err}");
+    }
+
+    /// A line that was altered, or that holds other than one document of its own line or one
+    /// reject, is never taken for a line done: before the last it is corruption, as the last
+    /// it is done again.
+    #[test]
+    fn entries_are_checksummed_and_checked() {
+        let doc = |line: u64, position: usize| CStarRecord {
+            line,
+            id: json!(line),
+            text: "café au lait".into(),
+            annotated_text: "café au lait".into(),
+            calls: vec![crate::annotate::document::CallRecord {
+                position,
+                tool: "Calculator".into(),
+                input: "1 + 1".into(),
+                result: Some("2".into()),
+                l_none: None,
+                l_call: None,
+                l_call_result: None,
+                delta: None,
+                kept: false,
+                error: None,
+            }],
+        };
+        let with_doc = |line: u64, d: CStarRecord| JournalEntry {
+            doc: Some(d),
+            reject: None,
+            ..entry(line)
+        };
+        let good = with_doc(2, doc(2, 5));
+        let line = good.to_line().unwrap();
+        assert!(
+            line.ends_with("\"}") && line.contains("\"crc32\":\""),
+            "{line}"
+        );
+        assert_eq!(JournalEntry::from_line(line.as_bytes()), Ok(good.clone()));
+        let why = |e: &JournalEntry| JournalEntry::from_line(e.to_line().unwrap().as_bytes());
+        assert!(why(&with_doc(3, doc(2, 5))).unwrap_err().contains("line 2"));
+        assert!(why(&with_doc(2, doc(2, 4)))
+            .unwrap_err()
+            .contains("character boundary"));
+        let both = JournalEntry {
+            reject: Some("r".into()),
+            ..good.clone()
+        };
+        assert!(why(&both).unwrap_err().contains("exactly one"));
+        let neither = JournalEntry {
+            doc: None,
+            reject: None,
+            ..entry(2)
+        };
+        assert!(why(&neither).unwrap_err().contains("exactly one"));
+        let altered = line.replace("lait", "laid");
+        assert!(JournalEntry::from_line(altered.as_bytes())
+            .unwrap_err()
+            .contains("checksum"));
+        // A key this build does not know, even correctly summed, is not skipped over.
+        let json = serde_json::to_string(&good)
+            .unwrap()
+            .replace("\"doc\"", "\"dod\"");
+        let body = json.strip_suffix('}').unwrap();
+        let summed = format!(
+            "{body},\"crc32\":\"{:08x}\"}}",
+            crc32fast::hash(json.as_bytes())
+        );
+        assert!(JournalEntry::from_line(summed.as_bytes())
+            .unwrap_err()
+            .contains("dod"));
+        assert!(JournalEntry::from_line(json.as_bytes())
+            .unwrap_err()
+            .contains("crc32"));
+
+        // In a journal: an altered last line is done again, an altered earlier line is an error.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.jsonl.partial");
+        let run = json!({"seed": 1});
+        let (mut j, _) = Journal::open(&p, &run).unwrap();
+        j.append(&entry(1)).unwrap();
+        j.append(&good).unwrap();
+        drop(j);
+        let text = std::fs::read_to_string(&p).unwrap();
+        std::fs::write(&p, text.replace("lait", "laid")).unwrap();
+        let (_, last) = Journal::open(&p, &run).unwrap();
+        assert_eq!(last, 1, "the altered last entry is truncated away");
+        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        writeln!(f, "{}", altered).unwrap();
+        writeln!(f, "{}", entry(3).to_line().unwrap()).unwrap();
+        drop(f);
+        let err = Journal::open(&p, &run).err().unwrap().to_string();
+        assert!(
+            err.contains(":3: unreadable journal line before the end") && err.contains("checksum"),
+            "{err}"
+        );
+        let err = read_journal(&p)
+            .unwrap()
+            .find_map(|e| e.err())
+            .unwrap()
+            .to_string();
+        assert!(err.contains(":3: its checksum"), "{err}");
     }
 
     #[test]
