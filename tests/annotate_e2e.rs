@@ -1071,6 +1071,34 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
         std::fs::remove_file(&corpus).unwrap();
     }
 
+    // A finished run's outputs are not written over, even through another --out that shares
+    // their rejects and summary names ("f.jsonl" and "f"), nor when only C* was deleted.
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 6);
+    let done = dir.path().join("f.jsonl");
+    annotate::annotate(&a, &opts(&corpus, done.clone(), Shard::default(), None)).unwrap();
+    let finished = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
+    let before = [
+        finished("f.jsonl"),
+        finished("f.rejects.jsonl"),
+        finished("f.summary.json"),
+    ];
+    for out in [dir.path().join("f"), done.clone()] {
+        let err = annotate::annotate(&a, &opts(&corpus, out.clone(), Shard::default(), None))
+            .err()
+            .unwrap_or_else(|| panic!("--out {} written over a finished run", out.display()))
+            .to_string();
+        assert!(err.contains("is a finished run's output"), "{err}");
+    }
+    std::fs::remove_file(&done).unwrap();
+    assert!(annotate::annotate(&a, &opts(&corpus, done.clone(), Shard::default(), None)).is_err());
+    assert_eq!(
+        [finished("f.rejects.jsonl"), finished("f.summary.json")],
+        [before[1].clone(), before[2].clone()]
+    );
+    assert!(!dir.path().join("f").exists());
+    std::fs::remove_file(&corpus).unwrap();
+
     // A journal whose lines were made from other text than the corpus now holds (edited during
     // that run, then restored: the header's hash matches again) is not resumed.
     let corpus = dir.path().join("corpus.jsonl");

@@ -104,13 +104,23 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     if let Some(dir) = paths.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
-    if paths.out.exists() && !paths.journal.exists() {
-        return Err(Error::input(format!(
-            "{} exists and no run is in progress (no {}): it is already complete; delete it to \
-             annotate again",
-            paths.out.display(),
-            paths.journal.display()
-        )));
+    // Without a journal, any of the three outputs is a finished run's: "--out x" and "--out
+    // x.jsonl" share their rejects and summary names, so C* alone is not enough to look at.
+    if !paths.journal.exists() {
+        if let Some(done) = [&paths.out, &paths.rejects, &paths.summary]
+            .into_iter()
+            .find(|p| p.exists())
+        {
+            return Err(Error::input(format!(
+                "{} exists and no run is in progress (no {}): it is a finished run's output; \
+                 delete {}, {} and {} to annotate again, or give another --out",
+                done.display(),
+                paths.journal.display(),
+                paths.out.display(),
+                paths.rejects.display(),
+                paths.summary.display()
+            )));
+        }
     }
     let corpus_id = corpus::fingerprint(&options.corpus)?;
     let total = corpus_id.lines;
