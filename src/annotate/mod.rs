@@ -337,5 +337,6 @@ fn finish(paths: &OutputPaths, tools: &[ToolKind], run: &RunSummary) -> Result<S
         writeln!(w, "{text}").map_err(|e| Error::io(&paths.summary, e))
     })?;
     std::fs::remove_file(&paths.journal).map_err(|e| Error::io(&paths.journal, e))?;
+    writer::sync_dir(&paths.journal)?;
     Ok(summary)
 }

@@ -576,11 +576,34 @@ fn persist(w: BufWriter<File>, tmp: &Path, path: &Path) -> Result<()> {
     std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
     // Unlocked only once renamed (see `AtomicFile`).
     drop(file);
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
+    sync_dir(path)
+}
+
+/// Makes the renames and removals of `path`'s folder durable (fsync of the folder), so that a
+/// power loss cannot undo them after the caller has gone on (removed the journal, say). A
+/// file system that cannot sync a folder is let be; any other failure is an error.
+pub(crate) fn sync_dir(path: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let synced = File::open(dir).and_then(|d| d.sync_all());
+        match synced {
+            Err(e)
+                if !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Unsupported | std::io::ErrorKind::InvalidInput
+                ) =>
+            {
+                return Err(Error::io(dir, e));
+            }
+            _ => {}
         }
     }
+    #[cfg(not(unix))]
+    let _ = path;
     Ok(())
 }
 
