@@ -888,6 +888,59 @@ fn a_journal_from_other_weights_in_the_same_folder_is_refused() {
     );
 }
 
+/// A run with WikiSearch records its index's hash among the settings a resume must match, so a
+/// journal is not resumed on an index rebuilt in place.
+#[test]
+fn a_run_with_wikisearch_records_its_index() {
+    use toolsift::annotate::tools::{build_index, WikiSearch};
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 4);
+    let docs = dir.path().join("wiki.jsonl");
+    std::fs::write(
+        &docs,
+        "{\"id\": \"a\", \"text\": \"The cat sat on the mat.\"}\n",
+    )
+    .unwrap();
+    let index = dir.path().join("idx");
+    build_index(&docs, &index, "text").unwrap();
+    let mut text = std::fs::read_to_string(bin_config(dir.path())).unwrap();
+    text.push_str(&format!(
+        "[tools.wikisearch]\nindex = {:?}\n[per_tool.wikisearch]\nk = 1\nm = 1\n\
+         prompt = \"[WikiSearch(x)] x\\nInput: {{x}}\\nOutput: \"\n",
+        index.display().to_string()
+    ));
+    let wiki_config = dir.path().join("wiki.toml");
+    std::fs::write(&wiki_config, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args([
+            "annotate",
+            "--no-progress",
+            "--tools",
+            "calculator,wikisearch",
+            "--model",
+        ])
+        .arg(common::tiny("f32"))
+        .arg("--corpus")
+        .arg(&corpus)
+        .arg("--out")
+        .arg(dir.path().join("w.jsonl"))
+        .arg("--config")
+        .arg(&wiki_config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("w.summary.json")).unwrap())
+            .unwrap();
+    let want = format!("{:016x}", WikiSearch::index_xxh3(&index).unwrap());
+    assert_eq!(summary["run"]["info"]["wikisearch_index_xxh3"], json!(want));
+}
+
 /// Runs annotate into `{name}.jsonl`, killing it (SIGKILL) after a random share of `run_ms` and
 /// resuming, until a run completes (at most 12 kills, then one run to the end). Returns the kills
 /// and those that landed after some documents were journaled and before the last.

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::config::AnnotateConfig;
 use super::tool_kind::ToolKind;
-use super::tools::ToolRegistry;
+use super::tools::{ToolRegistry, WikiSearch};
 use super::{annotate, Annotator, RunOptions, RunOutcome, Shard};
 use crate::backend::{engine_for, Device, Engine};
 use crate::error::{Error, Result};
@@ -52,16 +52,28 @@ pub fn run_job_on(job: &Job, model: &Model, engine: &dyn Engine) -> Result<RunOu
     };
     let tokenizer = model.tokenizer()?;
     let annotator = Annotator::new(tokenizer, engine, engine, &registry, &job.config, &tools)?;
+    let mut run_info = json!({
+        "model": job.model_dir.display().to_string(),
+        // The path alone would let a resume go on with another checkpoint in that folder.
+        "model_xxh3": format!("{:016x}", model.content_xxh3()?),
+        "device": format!("{:?}", job.device),
+    });
+    // Likewise an index rebuilt in place. (QA and MT services cannot be told apart this way.)
+    if let Some(wiki) = job
+        .config
+        .tools
+        .wikisearch
+        .as_ref()
+        .filter(|_| tools.contains(&ToolKind::WikiSearch))
+    {
+        let hash = WikiSearch::index_xxh3(&wiki.index).map_err(|e| Error::io(&wiki.index, e))?;
+        run_info["wikisearch_index_xxh3"] = json!(format!("{hash:016x}"));
+    }
     let options = RunOptions {
         corpus: job.corpus.clone(),
         out: job.out.clone(),
         shard: job.shard,
-        run_info: json!({
-            "model": job.model_dir.display().to_string(),
-            // The path alone would let a resume go on with another checkpoint in that folder.
-            "model_xxh3": format!("{:016x}", model.content_xxh3()?),
-            "device": format!("{:?}", job.device),
-        }),
+        run_info,
         progress: job.progress,
         stop_after: None,
     };

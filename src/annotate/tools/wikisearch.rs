@@ -369,6 +369,12 @@ impl WikiSearch {
         })
     }
 
+    /// XXH3-64 of the index's meta.json, which lists its segments by id: a rebuilt index (even
+    /// from the same documents) has another, so a resumed run can tell that its index changed.
+    pub fn index_xxh3(dir: &Path) -> std::io::Result<u64> {
+        Ok(xxhash_rust::xxh3::xxh3_64(&std::fs::read(dir.join("meta.json"))?))
+    }
+
     /// The tool `config` describes.
     pub fn from_config(config: &WikiSearchConfig) -> Result<Self, ToolConfigError> {
         let tool = Self::open(&config.index)?;
@@ -706,6 +712,23 @@ mod tests {
         assert_eq!(truncate_words("a  b\tc", 3), "a b");
         assert_eq!(truncate_words("abcdef", 3), "abc");
         assert_eq!(truncate_words("", 3), "");
+    }
+
+    /// A rebuilt index, even from the same documents, has another meta.json hash (what a
+    /// resumed annotate run compares); reading it does not change it.
+    #[test]
+    fn a_rebuilt_index_has_another_hash() {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(tmp.path(), DOCS);
+        let out = tmp.path().join("idx");
+        build_index(&docs, &out, "text").unwrap();
+        let first = WikiSearch::index_xxh3(&out).unwrap();
+        WikiSearch::open(&out).unwrap().call("steel", &doc("x")).ok();
+        assert_eq!(WikiSearch::index_xxh3(&out).unwrap(), first);
+        fs::remove_dir_all(&out).unwrap();
+        build_index(&docs, &out, "text").unwrap();
+        assert_ne!(WikiSearch::index_xxh3(&out).unwrap(), first);
+        assert!(WikiSearch::index_xxh3(&tmp.path().join("none")).is_err());
     }
 
     #[test]
