@@ -282,6 +282,55 @@ fn line_of_neither_kind_and_bad_fields() {
     let mut bad = token_lines()[0].clone();
     bad["weights"] = json!([0.5, -1.0]);
     assert_bad_line(bad, "weights[1] = -1");
+    // Every weight zero would score every call 0 and keep it at tau_f <= 0.
+    let mut bad = token_lines()[0].clone();
+    bad["weights"] = json!([0.0, 0.0]);
+    assert_bad_line(bad, "at least one positive weight");
+    // A misspelled optional key is not ignored (the line would get the default weights).
+    let mut bad = token_lines()[0].clone();
+    bad["wieghts"] = bad["weights"].take();
+    assert_bad_line(bad, "unknown field `wieghts`");
+    let text = json!({"id": "x", "text": "Out of 1400 participants.", "position": 6,
+                      "tool": "Calculator", "input": "1", "result": "1", "tau-f": 0});
+    assert_bad_line(text, "unknown field `tau-f`");
+}
+
+/// An integer id past 64 bits would come back as a float (and two such ids could collide).
+#[test]
+fn an_id_that_cannot_come_back_exactly_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in.jsonl"), tmp.path().join("out.jsonl"));
+    let mut line = token_lines()[0].clone();
+    line["id"] = json!(0);
+    let text = line
+        .to_string()
+        .replace("\"id\":0", "\"id\":18446744073709551617");
+    assert!(text.contains("18446744073709551617"), "{text}");
+    std::fs::write(&input, format!("{line}\n{text}\n")).unwrap();
+    let (ok, results, _) = run_score_raw(&tiny("f32"), &input, &output, &[]);
+    assert!(!ok && results.len() == 2 && results[0]["delta"].is_f64());
+    let err = results[1]["error"].as_str().unwrap();
+    assert!(err.contains("64-bit range"), "{err}");
+}
+
+/// A text-level line whose position is far past its text is its own error, and leaves nothing
+/// behind for the lines of the same text after it: their scores are those they get alone.
+#[test]
+fn a_bad_position_does_not_change_the_scores_of_lines_with_the_same_text() {
+    let text = "Out of 1400 participants, 400 (or 29%) passed the test. ".repeat(4);
+    let line = |id: &str, position: u64| {
+        json!({"id": id, "text": text, "position": position, "tool": "Calculator",
+               "input": "400 / 1400", "result": "0.29"})
+    };
+    let good = [line("a", 11), line("b", 25), line("c", 56)];
+    let (_, alone, _) = run_score(&tiny("f32"), &good, &[]);
+    let mut all = vec![line("bad", u64::MAX)];
+    all.extend(good.iter().cloned());
+    let (ok, after, _) = run_score(&tiny("f32"), &all, &[]);
+    assert!(!ok);
+    let err = after[0]["error"].as_str().unwrap();
+    assert!(err.contains("past the end of the"), "{err}");
+    assert_eq!(&after[1..], &alone[..]);
 }
 
 #[test]

@@ -312,7 +312,14 @@ impl<'a> Annotator<'a> {
     pub fn annotate_document(&self, doc: &Document) -> Result<(CStarRecord, DocStats)> {
         let mut stats = DocStats::default();
         // Only the head of a long text is read; the rest passes into C* as it is.
-        let enc = self.tokenizer.encode_head(&doc.text, self.head_tokens)?;
+        // A text the tokenizer refuses is this document's problem (a reject), not the run's.
+        let enc = self
+            .tokenizer
+            .encode_head(&doc.text, self.head_tokens)
+            .map_err(|e| match e {
+                Error::Tokenizer { msg, .. } => Error::input(format!("cannot tokenize: {msg}")),
+                other => other,
+            })?;
         let x: Arc<[u32]> = enc.ids.clone().into();
         let head = &doc.text[..enc.spans.last().map_or(0, |s| s.1)];
         let id = doc.id_str();

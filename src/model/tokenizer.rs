@@ -11,6 +11,10 @@ const HEAD_MARGIN_TOKENS: usize = 8;
 /// Bytes of text first tokenized per token wanted (`Tokenizer::encode_head`); English runs at
 /// about 4, so the first try usually suffices.
 const HEAD_BYTES_PER_TOKEN: usize = 8;
+/// The longest text `Tokenizer::encode_head` tokenizes whole when it has no place to cut a head
+/// (no whitespace after a word): the tokenizers crate takes ~165 bytes of memory per byte of a
+/// single unbroken word (1.3 GB here), and a 64 MiB line would take 10 GB.
+pub const MAX_UNCUT_BYTES: usize = 8 << 20;
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -86,19 +90,36 @@ impl Tokenizer {
     /// byte-level BPE and Metaspace pre-tokenizers never join a token across that point, so the
     /// head's tokens are the text's; the last `HEAD_MARGIN_TOKENS` are dropped anyway, and a head
     /// that yields too few tokens (or has no such point) doubles until it is the whole text.
+    /// A text longer than [`MAX_UNCUT_BYTES`] with no such point at all past its first
+    /// `first_bytes / 2` bytes is refused (`Error::Input`) rather than tokenized whole.
     pub fn encode_head(&self, text: &str, n: usize) -> Result<Encoding> {
-        self.encode_head_from(text, n, (n + HEAD_MARGIN_TOKENS) * HEAD_BYTES_PER_TOKEN)
+        let first_bytes = n
+            .saturating_add(HEAD_MARGIN_TOKENS)
+            .saturating_mul(HEAD_BYTES_PER_TOKEN);
+        self.encode_head_from(text, n, first_bytes)
     }
 
     fn encode_head_from(&self, text: &str, n: usize, first_bytes: usize) -> Result<Encoding> {
         let mut bytes = first_bytes.max(1);
+        let mut cut_found = false;
         loop {
             if bytes >= text.len() {
+                if !cut_found && text.len() > MAX_UNCUT_BYTES && bytes > first_bytes {
+                    return Err(Error::input(format!(
+                        "a text of {} bytes has no whitespace after a word past byte {}, so no \
+                         head of it can be tokenized alone, and it is longer than the {} MiB \
+                         tokenized whole",
+                        text.len(),
+                        first_bytes / 2,
+                        MAX_UNCUT_BYTES >> 20
+                    )));
+                }
                 return self.encode(text);
             }
             if let Some(cut) = head_cut(text, bytes) {
+                cut_found = true;
                 let mut enc = self.encode(&text[..cut])?;
-                if enc.ids.len() >= n + HEAD_MARGIN_TOKENS {
+                if enc.ids.len() >= n.saturating_add(HEAD_MARGIN_TOKENS) {
                     let keep = enc.ids.len() - HEAD_MARGIN_TOKENS;
                     enc.ids.truncate(keep);
                     enc.spans.truncate(keep);
@@ -251,6 +272,33 @@ mod tests {
         assert_eq!(head_cut("abcdefghij kl", 8), None);
         assert_eq!(head_cut("abcd efgh ij", 8), None);
         assert_eq!(head_cut("abcd efgh ij", 9), Some(9));
+    }
+
+    /// Asking for every token reads the whole text (no overflow); a huge text with nowhere to
+    /// cut the head asked for is refused, one with places to cut is not, and a short one is
+    /// tokenized whole.
+    #[test]
+    fn encode_head_bounds() {
+        let tok = demo_tokenizer();
+        let text = "Out of 1400 participants, 400 passed. ".repeat(40);
+        assert_eq!(
+            tok.encode_head(&text, usize::MAX).unwrap().ids,
+            tok.encode(&text).unwrap().ids
+        );
+        let word = "a".repeat(MAX_UNCUT_BYTES + 1);
+        let err = tok.encode_head(&word, 10).unwrap_err();
+        assert!(matches!(err, Error::Input(_)), "{err}");
+        assert!(
+            err.to_string().contains("no whitespace after a word"),
+            "{err}"
+        );
+        // A word before the huge one does not help: its tokens are needed too.
+        let after_a_word = format!("word {word}");
+        assert!(tok.encode_head(&after_a_word, 10).is_err());
+        let spaced = "word ".repeat(MAX_UNCUT_BYTES / 5 + 1);
+        assert!((10..200).contains(&tok.encode_head(&spaced, 10).unwrap().ids.len()));
+        let short = "a".repeat(1000);
+        assert!(!tok.encode_head(&short, 10).unwrap().ids.is_empty());
     }
 
     #[test]

@@ -266,11 +266,20 @@ mod tests {
             .unwrap_err()
             .contains("longer than n_positions (256)"));
 
-        // No weighted token at all (every weight zero): nothing runs, so nothing must fit, even
-        // with 251 + 6 tokens before the position.
+        // No weighted token at all (the only positive weight falls past the end of the text):
+        // nothing runs, so nothing must fit, even with 251 + 6 tokens before the position.
         c.position = 251;
-        c.weights = Some(vec![0.0]);
+        let mut w = vec![0.0; 59];
+        w.push(1.0);
+        c.weights = Some(w);
         assert_eq!(validate(&c, &config, &o), Ok(()));
+        let all_zero = TokenCandidate {
+            weights: Some(vec![0.0]),
+            ..c.clone()
+        };
+        assert!(validate(&all_zero, &config, &o)
+            .unwrap_err()
+            .contains("at least one positive weight"));
         // ... and the scorers give 0 without running it.
         let model = crate::model::Model::from_parts(
             config.clone(),

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
 
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -51,7 +52,10 @@ pub struct JsonlSummary {
     pub kept: usize,
 }
 
+/// A token-level line. Keys other than these (and "id", "tau_f", read before) are refused: a
+/// misspelled "weights" would otherwise be scored with the default weights, silently.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TokenLine {
     text_ids: Vec<u32>,
     position: usize,
@@ -59,9 +63,15 @@ struct TokenLine {
     call_result_ids: Vec<u32>,
     #[serde(default)]
     weights: Option<Vec<f64>>,
+    #[serde(default, rename = "id")]
+    _id: IgnoredAny,
+    #[serde(default, rename = "tau_f")]
+    _tau_f: IgnoredAny,
 }
 
+/// A text-level line; other keys are refused as for `TokenLine`.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TextLine {
     text: String,
     position: usize,
@@ -70,6 +80,10 @@ struct TextLine {
     result: String,
     #[serde(default)]
     weights: Option<Vec<f64>>,
+    #[serde(default, rename = "id")]
+    _id: IgnoredAny,
+    #[serde(default, rename = "tau_f")]
+    _tau_f: IgnoredAny,
 }
 
 /// The head of a text as tokenized for its candidates: at least `tokens_asked` tokens of the
@@ -193,6 +207,18 @@ fn parse_line(
         .as_object()
         .ok_or_else(|| "expected a JSON object".to_string())?;
     parsed.id = obj.get("id").cloned().unwrap_or(Value::Null);
+    if parsed
+        .id
+        .as_number()
+        .is_some_and(|n| !n.is_i64() && !n.is_u64())
+    {
+        // An integer past 64 bits is read as a float and would come back as another number
+        // (18446744073709551617 as 1.8446744073709552e19), so two ids could collide.
+        let id = std::mem::take(&mut parsed.id);
+        return Err(format!(
+            "\"id\" {id} is not an integer in the 64-bit range (use a string id)"
+        ));
+    }
     if let Some(t) = obj.get("tau_f") {
         parsed.tau_f = t
             .as_f64()
@@ -223,6 +249,14 @@ fn parse_line(
         // one byte, so x_i (at byte `position`) and the window after it are within the first
         // position + window + 1 tokens. A later candidate of the same text that reads further
         // tokenizes a longer head.
+        if t.position > t.text.len() {
+            // Checked before the text is tokenized (and its head kept for later lines).
+            return Err(format!(
+                "position {} is past the end of the {}-byte text",
+                t.position,
+                t.text.len()
+            ));
+        }
         let weights = t
             .weights
             .as_deref()

@@ -188,8 +188,22 @@ mod tests {
                 let b = scorer.score(&with_zeros, &options).unwrap();
                 assert_eq!(a, b, "{} {placement:?}", scorer.name());
             }
-            // Every weight zero: losses 0, with both scorers.
-            let zero = [cand(5, Some(vec![0.0; 3])), cand(25, Some(vec![0.0]))];
+            // No positive weight before the end of the 30-token text: losses 0, with both
+            // scorers (an all-zero vector is refused).
+            let late = |zeros: usize, w: f64| {
+                let mut v = vec![0.0; zeros];
+                v.push(w);
+                v
+            };
+            let zero = [cand(5, Some(late(25, 1.0))), cand(25, Some(late(5, 0.5)))];
+            let all_zero = cpu
+                .score(&[cand(5, Some(vec![0.0; 3]))], &options)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                all_zero.contains("at least one positive weight"),
+                "{all_zero}"
+            );
             for scorer in [&reference as &dyn Scorer, &cpu] {
                 for s in scorer.score(&zero, &options).unwrap() {
                     assert_eq!(

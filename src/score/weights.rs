@@ -41,6 +41,10 @@ pub fn check(weights: &[f64]) -> std::result::Result<(), String> {
             "weights[{t}] = {w} must be finite and non-negative"
         ));
     }
+    if !weights.iter().any(|&w| w > 0.0) {
+        // Every loss would be 0 and every delta 0: "kept" at tau_f <= 0 with nothing measured.
+        return Err("weights must have at least one positive weight".into());
+    }
     Ok(())
 }
 
@@ -63,5 +67,8 @@ mod tests {
         assert!(LossWeights::new(vec![]).is_err());
         assert!(LossWeights::new(vec![1.0, f64::NAN]).is_err());
         assert!(LossWeights::new(vec![-0.1]).is_err());
+        let zero = LossWeights::new(vec![0.0, 0.0]).unwrap_err().to_string();
+        assert!(zero.contains("at least one positive weight"), "{zero}");
+        assert!(LossWeights::new(vec![0.0, 0.5]).is_ok());
     }
 }
