@@ -85,7 +85,8 @@ pub(crate) fn attend(rows: &[usize], q: &[f32], kv: KeysValues, out: &mut [f32])
     if n_q <= DIRECT_MAX_QUERIES {
         attend_direct(rows, q, kv, out);
     } else {
-        attend_gathered(rows, q, kv, out);
+        let block = SCORE_BYTES / (4 * rows.len().max(1));
+        attend_gathered(rows, q, kv, out, block);
     }
 }
 
@@ -126,41 +127,68 @@ fn attend_direct(rows: &[usize], q: &[f32], kv: KeysValues, out: &mut [f32]) {
     }
 }
 
+/// Bytes of scores [`attend_gathered`] holds at once: queries go in blocks of
+/// `SCORE_BYTES / (4 * n_ctx)` rows, so the [queries, n_ctx] block stays linear in the context
+/// (a 32k-token group would need 4 GB for all its queries at once, a 2^20-position model 4 TB).
+/// 16 MiB is 2048 x 2048 scores: at GPT-J's 2048 positions every group is one block.
+const SCORE_BYTES: usize = 16 << 20;
+
 /// [`attend`] head by head: the context's keys and values gathered into dense [n_ctx, head_dim]
-/// blocks, then q K^T, a masked softmax, and P V.
-fn attend_gathered(rows: &[usize], q_rows: &[f32], kv: KeysValues, out: &mut [f32]) {
+/// blocks, then, `query_block` queries at a time, q K^T, a masked softmax, and P V.
+fn attend_gathered(
+    rows: &[usize],
+    q_rows: &[f32],
+    kv: KeysValues,
+    out: &mut [f32],
+    query_block: usize,
+) {
     let (d, head_dim) = (kv.d, kv.head_dim);
     let n_head = d / head_dim;
     let (n_q, n_ctx) = (out.len() / d, rows.len());
     let n_old = n_ctx - n_q;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let mut q = vec![0f32; n_q * head_dim]; // [n_q, head_dim]
+    let block = n_q.min(query_block).max(1);
+    let mut q = vec![0f32; block * head_dim]; // [block, head_dim]
     let mut k = vec![0f32; n_ctx * head_dim]; // [n_ctx, head_dim]
     let mut v = vec![0f32; n_ctx * head_dim]; // [n_ctx, head_dim]
-    let mut scores = vec![0f32; n_q * n_ctx]; // [n_q, n_ctx]
-    let mut o = vec![0f32; n_q * head_dim]; // [n_q, head_dim]
+    let mut scores = vec![0f32; block * n_ctx]; // [block, n_ctx]
+    let mut o = vec![0f32; block * head_dim]; // [block, head_dim]
     for h in 0..n_head {
         let col = h * head_dim;
-        for a in 0..n_q {
-            q[a * head_dim..][..head_dim].copy_from_slice(&q_rows[a * 3 * d + col..][..head_dim]);
-        }
         for (j, &r) in rows.iter().enumerate() {
             k[j * head_dim..][..head_dim].copy_from_slice(&kv.key(r)[col..][..head_dim]);
             v[j * head_dim..][..head_dim].copy_from_slice(&kv.value(r)[col..][..head_dim]);
         }
-        matmul_wt(&q, &k, &mut scores, [n_q, n_ctx, head_dim], false, false);
-        for (a, srow) in scores.chunks_mut(n_ctx).enumerate() {
-            // Query a sees every older row and the queries up to itself.
-            let visible = n_old + a + 1;
-            for x in &mut srow[..visible] {
-                *x *= scale;
+        for a0 in (0..n_q).step_by(block) {
+            let m = block.min(n_q - a0);
+            for a in 0..m {
+                q[a * head_dim..][..head_dim]
+                    .copy_from_slice(&q_rows[(a0 + a) * 3 * d + col..][..head_dim]);
             }
-            softmax_in_place(&mut srow[..visible]);
-            srow[visible..].fill(0.0);
-        }
-        matmul(&scores, &v, &mut o, [n_q, head_dim, n_ctx], false, false);
-        for a in 0..n_q {
-            out[a * d + col..][..head_dim].copy_from_slice(&o[a * head_dim..(a + 1) * head_dim]);
+            let scores = &mut scores[..m * n_ctx];
+            matmul_wt(
+                &q[..m * head_dim],
+                &k,
+                scores,
+                [m, n_ctx, head_dim],
+                false,
+                false,
+            );
+            for (a, srow) in scores.chunks_mut(n_ctx).enumerate() {
+                // Query a0 + a sees every older row and the queries up to itself.
+                let visible = n_old + a0 + a + 1;
+                for x in &mut srow[..visible] {
+                    *x *= scale;
+                }
+                softmax_in_place(&mut srow[..visible]);
+                srow[visible..].fill(0.0);
+            }
+            let o = &mut o[..m * head_dim];
+            matmul(scores, &v, o, [m, head_dim, n_ctx], false, false);
+            for a in 0..m {
+                out[(a0 + a) * d + col..][..head_dim]
+                    .copy_from_slice(&o[a * head_dim..(a + 1) * head_dim]);
+            }
         }
     }
 }
@@ -195,5 +223,50 @@ fn softmax_in_place(x: &mut [f32]) {
     let inv = 1.0 / sum;
     for s in x.iter_mut() {
         *s *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::rng::Rng;
+
+    /// Queries in blocks give what all at once gives, and what row by row gives.
+    #[test]
+    fn query_blocks_do_not_change_attention() {
+        let (n_head, head_dim, n_old, n_q) = (3, 8, 5, 11);
+        let d = n_head * head_dim;
+        let n_ctx = n_old + n_q;
+        let mut rng = Rng::new(9);
+        let qkv: Vec<f32> = (0..n_ctx * 3 * d)
+            .map(|_| rng.uniform() as f32 * 2.0 - 1.0)
+            .collect();
+        let kv = KeysValues {
+            k: &qkv[d..],
+            v: &qkv[2 * d..],
+            stride: 3 * d,
+            d,
+            head_dim,
+        };
+        // The context's rows out of order, as a tree's ancestors can be.
+        let rows: Vec<usize> = (0..n_ctx).rev().collect();
+        let q: Vec<f32> = rows[n_old..]
+            .iter()
+            .flat_map(|&r| qkv[r * 3 * d..(r + 1) * 3 * d].iter().copied())
+            .collect();
+        let run = |block: Option<usize>| {
+            let mut out = vec![0f32; n_q * d];
+            match block {
+                Some(b) => attend_gathered(&rows, &q, kv, &mut out, b),
+                None => attend_direct(&rows, &q, kv, &mut out),
+            }
+            out
+        };
+        let whole = run(Some(n_q));
+        for reference in [run(Some(1)), run(Some(4)), run(None)] {
+            for (a, b) in whole.iter().zip(&reference) {
+                assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+            }
+        }
     }
 }
