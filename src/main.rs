@@ -795,6 +795,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         seed: args.seed,
         batch_size: args.batch_size,
         n_positions: None,
+        vocab_size: None,
         stop_at_eos: true,
     };
     options.check()?;
@@ -809,6 +810,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         .as_ref()
         .with_context(|| format!("{}: no tokenizer.json", model_dir.display()))?;
     options.n_positions = Some(model.config.n_positions);
+    options.vocab_size = Some(model.config.vocab_size);
     let decoder = toolsift::backend::decoder_for(&model, args.device)?;
     let output: Box<dyn std::io::Write> = match &args.output {
         Some(path) => Box::new(BufWriter::new(

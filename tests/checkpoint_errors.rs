@@ -470,3 +470,180 @@ fn flipped_byte_in_pytorch_bin_weights_is_reported() {
     let err = load_err(&dir);
     assert_names(&err, &["pytorch_model.bin", "is corrupt", "CRC-32"]);
 }
+
+/// A NaN or an infinity in a weight is refused at load, naming the tensor, the file, how many
+/// values and where the first is (generate would write garbage, score a loss that is not finite).
+#[test]
+fn non_finite_weights_are_named() {
+    for dtype in [
+        toolsift::model::DType::F32,
+        toolsift::model::DType::F16,
+        toolsift::model::DType::BF16,
+    ] {
+        // A NaN in fc_in.weight (when `nan`), +inf and -inf in lm_head.bias.
+        let corrupt = |nan: bool| {
+            let (tmp, dir) = copy_fixture();
+            rewrite(&dir, |t| {
+                for (name, w) in t.iter_mut() {
+                    let mut v = w.to_f32();
+                    if name == "transformer.h.0.mlp.fc_in.weight" && nan {
+                        v[1234] = f32::NAN;
+                    }
+                    if name == "lm_head.bias" {
+                        v[7] = f32::INFINITY;
+                        v[9] = f32::NEG_INFINITY;
+                    }
+                    *w = Tensor::from_f32_as(w.shape().to_vec(), &v, dtype);
+                }
+            });
+            (tmp, dir)
+        };
+        let (_tmp, dir) = corrupt(true);
+        let err = load_err(&dir);
+        assert_names(
+            &err,
+            &[
+                "model.safetensors",
+                "transformer.h.0.mlp.fc_in.weight",
+                "1 non-finite value (NaN at element 1234)",
+                "1 more tensor",
+            ],
+        );
+        // The other one alone: the count and the first, with its sign.
+        let (_tmp, dir) = corrupt(false);
+        let err = load_err(&dir);
+        assert_names(
+            &err,
+            &[
+                "model.safetensors",
+                "lm_head.bias",
+                "2 non-finite values (first: +inf at element 7)",
+            ],
+        );
+        assert!(!err.contains("more tensor"), "{err}");
+    }
+}
+
+/// The same check on a pytorch_model.bin (float16), whose bytes are read through another path.
+#[test]
+fn non_finite_weights_in_a_pytorch_bin_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(tiny("bin").join("config.json"), dir.join("config.json")).unwrap();
+    let model = Model::load(&tiny("bin")).unwrap();
+    // A float16 NaN written over the first element of ln_f.weight's storage: find its bytes.
+    let t = &model.weights.ln_f.weight;
+    let needle = &t.bytes()[..16];
+    let mut bytes = std::fs::read(tiny("bin").join("pytorch_model.bin")).unwrap();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("ln_f.weight's bytes in the file");
+    bytes[at..at + 2].copy_from_slice(&[0x00, 0x7e]);
+    // Keep the zip's CRC-32 right, so that only the value is wrong.
+    let crc_fix = {
+        let mut zip = zip::ZipArchive::new(std::io::Cursor::new(&bytes)).unwrap();
+        let mut fix = None;
+        for i in 0..zip.len() {
+            let f = zip.by_index_raw(i).unwrap();
+            let (start, size) = (
+                f.data_start().unwrap() as usize,
+                f.compressed_size() as usize,
+            );
+            if (start..start + size).contains(&at) {
+                fix = Some((f.crc32(), crc32fast::hash(&bytes[start..start + size])));
+            }
+        }
+        fix.unwrap()
+    };
+    let (old, new) = (crc_fix.0.to_le_bytes(), crc_fix.1.to_le_bytes());
+    let mut k = 0;
+    while let Some(p) = bytes[k..].windows(4).position(|w| w == old) {
+        bytes[k + p..k + p + 4].copy_from_slice(&new);
+        k += p + 4;
+    }
+    std::fs::write(dir.join("pytorch_model.bin"), &bytes).unwrap();
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &[
+            "pytorch_model.bin",
+            "transformer.ln_f.weight",
+            "1 non-finite value (NaN at element 0)",
+        ],
+    );
+}
+
+/// A shard named "." or "" (or anything but a plain file name) in the index, or one that is
+/// missing or a folder, is reported naming the index and the tensor, not as an OS error.
+#[test]
+fn bad_shard_names_in_the_index_are_named() {
+    let (_tmp, dir) = copy_fixture();
+    let tensors = tensors_of(&dir);
+    let first = tensors[0].0.clone();
+    std::fs::rename(
+        dir.join("model.safetensors"),
+        dir.join("model-00001-of-00001.safetensors"),
+    )
+    .unwrap();
+    let index = dir.join("model.safetensors.index.json");
+    let write_index = |first_shard: &str| {
+        let mut map = serde_json::Map::new();
+        for (n, _) in &tensors {
+            map.insert(n.clone(), "model-00001-of-00001.safetensors".into());
+        }
+        map.insert(first.clone(), first_shard.into());
+        std::fs::write(&index, serde_json::json!({"weight_map": map}).to_string()).unwrap();
+    };
+    for bad in [".", "", "..", "sub/x.safetensors", "sub\\x.safetensors"] {
+        write_index(bad);
+        let err = load_err(&dir);
+        assert_names(
+            &err,
+            &[
+                "model.safetensors.index.json",
+                &first,
+                &format!("{bad:?}"),
+                "plain file name",
+            ],
+        );
+    }
+    write_index("model-00002-of-00002.safetensors");
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &[
+            "model.safetensors.index.json",
+            &first,
+            "model-00002-of-00002.safetensors",
+            "does not exist",
+        ],
+    );
+    std::fs::create_dir(dir.join("model-00002-of-00002.safetensors")).unwrap();
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &[
+            "model.safetensors.index.json",
+            &first,
+            "model-00002-of-00002.safetensors",
+            "not a regular file",
+        ],
+    );
+    write_index("model-00001-of-00001.safetensors");
+    drop(tensors);
+    Model::load(&dir).unwrap();
+}
+
+/// A tokenizer.json that is a folder is not "no tokenizer.json".
+#[test]
+fn tokenizer_json_that_is_a_folder_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    std::fs::create_dir(dir.join("tokenizer.json")).unwrap();
+    let err = load_err(&dir);
+    assert_names(&err, &["tokenizer.json", "not a file"]);
+    std::fs::remove_dir(dir.join("tokenizer.json")).unwrap();
+    assert!(Model::load(&dir).unwrap().tokenizer.is_none());
+}

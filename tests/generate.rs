@@ -1031,7 +1031,7 @@ fn cli_generates_from_a_prompt_and_from_jsonl() {
     let config = tmp.path().join("config.toml");
     std::fs::write(
         &config,
-        "[annotate]\nk = 5\n[tools.calendar]\ndate = \"2023-01-30\"\n",
+        "seed = 5\n[per_tool.calendar]\nk = 5\n[tools.calendar]\ndate = \"2023-01-30\"\n",
     )
     .unwrap();
     let output = tmp.path().join("out.jsonl");
@@ -1094,6 +1094,171 @@ fn cli_generates_from_a_prompt_and_from_jsonl() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("WikiSearch"));
+}
+
+/// A model with fewer rows (256) than its tokenizer has ids (the tiny fixture's 500), and a
+/// prompt whose tokens are all below 256 and one with a token above.
+fn small_vocab_model() -> (Model, String, String, u32) {
+    use toolsift::model::{DType, GptjConfig, GptjWeights};
+    let tokenizer = Tokenizer::from_file(&common::tiny("f32").join("tokenizer.json")).unwrap();
+    let config = GptjConfig::small(1, 32, 2, 4, 256);
+    let weights = GptjWeights::random(&config, 7, DType::F32);
+    let words = ["Q", "a b", "The sum", "participants", "Out of 1400"];
+    let max_id = |w: &str| *tokenizer.encode_ids(w).unwrap().iter().max().unwrap();
+    let inside = words.iter().find(|w| max_id(w) < 256).unwrap().to_string();
+    let outside = words.iter().find(|w| max_id(w) >= 256).unwrap().to_string();
+    let bad = tokenizer
+        .encode_ids(&outside)
+        .unwrap()
+        .into_iter()
+        .find(|&t| t >= 256)
+        .unwrap();
+    (
+        Model::from_parts(config, weights, Some(tokenizer)),
+        inside,
+        outside,
+        bad,
+    )
+}
+
+/// A prompt with a token the model has no row for (a tokenizer with more ids than vocab_size)
+/// is, with `vocab_size` given, an error of its own line, naming the token; the other lines of
+/// its batch, and of later batches, are generated.
+#[test]
+fn a_prompt_outside_the_vocabulary_fails_alone() {
+    let (model, inside, outside, bad) = small_vocab_model();
+    let tokenizer = tok(&model);
+    let engine = CpuScorer::new(&model);
+    let o = GenerateOptions {
+        max_new_tokens: 3,
+        max_calls: 0,
+        batch_size: 3,
+        vocab_size: Some(model.config.vocab_size),
+        ..Default::default()
+    };
+    let prompts = [&inside, &outside, &inside, &inside, &outside];
+    let input: String = prompts
+        .iter()
+        .enumerate()
+        .map(|(k, p)| format!("{}\n", serde_json::json!({"id": k, "prompt": p})))
+        .collect();
+    let mut out = Vec::new();
+    let summary = generate_jsonl(
+        input.as_bytes(),
+        &mut out,
+        &engine,
+        tokenizer,
+        &ToolRegistry::new(),
+        &o,
+    )
+    .unwrap();
+    assert_eq!((summary.generated, summary.failed), (3, 2));
+    let lines: Vec<Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (k, line) in lines.iter().enumerate() {
+        assert_eq!(line["id"], k);
+        if prompts[k] == &outside {
+            let want = format!(
+                "line {}: token id {bad} is outside the vocabulary (vocab_size 256)",
+                k + 1
+            );
+            let err = line["error"].as_str().unwrap();
+            assert!(err.starts_with(&want), "{err}");
+        } else {
+            assert!(line["completion"].is_string(), "{line}");
+        }
+    }
+    // The library call names the prompt by its index.
+    let err = generate(
+        &engine,
+        tokenizer,
+        &ToolRegistry::new(),
+        &[Prompt::new(inside.as_str()), Prompt::new(outside.as_str())],
+        &o,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with(&format!("prompt 1: token id {bad} is outside")),
+        "{err}"
+    );
+}
+
+/// The CLI warns when a model's tokenizer has more ids than its vocab_size, and fails only the
+/// line that has one.
+#[test]
+fn cli_warns_about_a_tokenizer_larger_than_the_vocabulary() {
+    let (model, inside, outside, bad) = small_vocab_model();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    model.save(&dir).unwrap();
+    let input = tmp.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        format!(
+            "{}\n{}\n",
+            serde_json::json!({"id": 1, "prompt": outside}),
+            serde_json::json!({"id": 2, "prompt": inside})
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args([
+            "generate",
+            "--max-new-tokens",
+            "2",
+            "--tools",
+            "none",
+            "--model",
+        ])
+        .arg(&dir)
+        .arg("--input")
+        .arg(&input)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("tokenizer.json") && stderr.contains("vocab_size is 256"),
+        "{stderr}"
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("line 1: token id {bad} is outside")),
+        "{lines:?}"
+    );
+    assert!(lines[1]["completion"].is_string(), "{lines:?}");
+}
+
+/// `--config` is read as annotate's config: a misspelled table is an error naming it, before
+/// the model is loaded.
+#[test]
+fn cli_refuses_a_config_with_an_unknown_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("config.toml");
+    std::fs::write(&config, "[tool.calculator]\nenabled = false\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["generate", "--prompt", "Hi", "--model"])
+        .arg(tmp.path().join("no-model-here"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("config.toml") && stderr.contains("`tool`"),
+        "{stderr}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -54,6 +54,10 @@ pub struct GenerateOptions {
     /// The model's sequence length limit (`n_positions`): completions stop there. None: no limit
     /// (the decoder's own checks still apply).
     pub n_positions: Option<usize>,
+    /// The model's vocabulary size: a prompt with an id at or above it (a tokenizer with more ids
+    /// than the model has rows) is that prompt's error. None: not checked here, and the decoder
+    /// fails the prompt's whole batch.
+    pub vocab_size: Option<usize>,
     /// Stop at the tokenizer's "<|endoftext|>" (not part of the completion).
     pub stop_at_eos: bool,
 }
@@ -70,6 +74,7 @@ impl Default for GenerateOptions {
             seed: 0,
             batch_size: 32,
             n_positions: None,
+            vocab_size: None,
             stop_at_eos: true,
         }
     }
@@ -217,7 +222,8 @@ pub fn generate(
     Ok(out)
 }
 
-/// Tokenizes a prompt and checks that generation can start from it.
+/// Tokenizes a prompt and checks that generation can start from it: not empty, room left within
+/// `n_positions`, and every id within `vocab_size` (each when known).
 pub(crate) fn prepare(
     tokenizer: &Tokenizer,
     text: &str,
@@ -226,6 +232,9 @@ pub(crate) fn prepare(
     let ids = tokenizer.encode_ids(text).map_err(|e| e.to_string())?;
     if ids.is_empty() {
         return Err("empty prompt: generation needs at least one token of context".into());
+    }
+    if let Some(vocab_size) = options.vocab_size {
+        check_vocab(&ids, vocab_size)?;
     }
     if let Some(n) = options.n_positions {
         if ids.len() >= n {
@@ -236,6 +245,18 @@ pub(crate) fn prepare(
         }
     }
     Ok(ids)
+}
+
+/// Fails on the first id the model has no row for (a tokenizer with more ids than the model's
+/// `vocab_size`, which `Model::load` warns about).
+pub(crate) fn check_vocab(ids: &[u32], vocab_size: usize) -> std::result::Result<(), String> {
+    match ids.iter().find(|&&t| t as usize >= vocab_size) {
+        Some(bad) => Err(format!(
+            "token id {bad} is outside the vocabulary (vocab_size {vocab_size}); the tokenizer \
+             has more ids than the model"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Where a sequence stands.
@@ -589,14 +610,18 @@ impl Seq<'_> {
 }
 
 /// The tools of a `generate` run: the `tools` table of a TOML or JSON config file (a `.json`
-/// file is read as JSON, anything else as TOML; other top-level keys are ignored, so annotate's
-/// config file serves as is), or the defaults (Calculator and Calendar) without a file; then only
+/// file is read as JSON, anything else as TOML), or the defaults (Calculator and Calendar)
+/// without a file; then only
 /// the tools named in `only` (call names or annotate's keys, case-insensitive; "none" or an empty
-/// list: no tools). Naming a tool that is not configured is an error.
+/// list: no tools). Naming a tool that is not configured is an error. The file is read as an
+/// annotate config (`AnnotateConfig`), so annotate's config file serves as is and a key annotate
+/// does not know (`[tool.calculator]` for `[tools.calculator]`, at any level) is an error naming
+/// it, as annotate's; the other keys' values are annotate's to check, not generate's.
 pub fn tools_from_config(
     path: Option<&std::path::Path>,
     only: Option<&[String]>,
 ) -> Result<ToolRegistry> {
+    use crate::annotate::config::AnnotateConfig;
     use crate::annotate::tools::ToolsConfig;
     let config_err = |path: &std::path::Path, msg: String| Error::Config {
         path: path.to_owned(),
@@ -606,16 +631,12 @@ pub fn tools_from_config(
         None => ToolsConfig::default(),
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-            let value: serde_json::Value = if path.extension().is_some_and(|e| e == "json") {
+            let annotate: AnnotateConfig = if path.extension().is_some_and(|e| e == "json") {
                 serde_json::from_str(&text).map_err(|e| config_err(path, e.to_string()))?
             } else {
                 toml::from_str(&text).map_err(|e| config_err(path, e.to_string()))?
             };
-            match value.get("tools") {
-                None => ToolsConfig::default(),
-                Some(tools) => serde_json::from_value(tools.clone())
-                    .map_err(|e| config_err(path, format!("[tools]: {e}")))?,
-            }
+            annotate.tools
         }
     };
     if let Some(only) = only {
@@ -667,6 +688,7 @@ pub fn tools_from_config(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::annotate::config::AnnotateConfig;
 
     #[test]
     fn tools_come_from_the_tools_table_of_a_toml_or_json_file() {
@@ -674,7 +696,7 @@ mod tests {
         let toml_path = dir.path().join("c.toml");
         std::fs::write(
             &toml_path,
-            "[annotate]\nk = 5\n[tools.calculator]\nenabled = false\n[tools.qa]\ncommand = [\"cat\"]\n",
+            "seed = 3\n[per_tool.qa]\nk = 5\n[tools.calculator]\nenabled = false\n[tools.qa]\ncommand = [\"cat\"]\n",
         )
         .unwrap();
         let reg = tools_from_config(Some(&toml_path), None).unwrap();
@@ -692,7 +714,7 @@ mod tests {
         assert!(err.contains("Calculator") && err.contains("QA"), "{err}");
 
         let json_path = dir.path().join("c.json");
-        std::fs::write(&json_path, r#"{"other": 1}"#).unwrap();
+        std::fs::write(&json_path, r#"{"seed": 1}"#).unwrap();
         let reg = tools_from_config(Some(&json_path), None).unwrap();
         assert_eq!(reg.names(), vec!["Calculator", "Calendar"]);
         let none = ["none".to_string()];
@@ -706,5 +728,41 @@ mod tests {
             err.contains("c.json") && err.contains("calculater"),
             "{err}"
         );
+    }
+
+    /// A top-level key annotate does not know is an error naming it (annotate refuses the same
+    /// file), in TOML and JSON; annotate's own keys are accepted.
+    #[test]
+    fn unknown_top_level_keys_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let toml_path = dir.path().join("c.toml");
+        for (text, key) in [
+            ("[tool.calculator]\nenabled = false\n", "tool"),
+            ("[annotate]\nk = 5\n", "annotate"),
+            ("[per_tool.calculater]\nk = 5\n", "calculater"),
+        ] {
+            std::fs::write(&toml_path, text).unwrap();
+            let err = tools_from_config(Some(&toml_path), None)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("c.toml") && err.contains(&format!("`{key}`")),
+                "{text:?}: {err}"
+            );
+        }
+        let json_path = dir.path().join("c.json");
+        std::fs::write(
+            &json_path,
+            r#"{"tool": {"calculator": {"enabled": false}}}"#,
+        )
+        .unwrap();
+        let err = tools_from_config(Some(&json_path), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("c.json") && err.contains("`tool`"), "{err}");
+        // Annotate's printed defaults serve as is.
+        std::fs::write(&toml_path, AnnotateConfig::default().to_toml()).unwrap();
+        let reg = tools_from_config(Some(&toml_path), None).unwrap();
+        assert_eq!(reg.names(), vec!["Calculator", "Calendar"]);
     }
 }

@@ -69,9 +69,35 @@ impl TensorMap {
         };
         if index.is_file() {
             let weight_map = read_index(&index)?;
-            let shards: std::collections::BTreeSet<&String> = weight_map.values().collect();
-            for shard in shards {
-                map.read_safetensors(&dir.join(shard))?;
+            // Each shard with the first tensor listed in it (for errors about the shard).
+            let mut shards: BTreeMap<&String, &String> = BTreeMap::new();
+            for (tensor, shard) in &weight_map {
+                shards.entry(shard).or_insert(tensor);
+            }
+            for (shard, tensor) in shards {
+                let path = dir.join(shard);
+                let bad = |msg: String| Error::Tensor {
+                    path: index.clone(),
+                    tensor: tensor.clone(),
+                    msg,
+                };
+                match std::fs::metadata(&path) {
+                    Ok(m) if m.is_file() => {}
+                    Ok(_) => {
+                        return Err(bad(format!(
+                            "is listed in shard {shard:?}, but {} is not a regular file",
+                            path.display()
+                        )))
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        return Err(bad(format!(
+                            "is listed in shard {shard:?}, but {} does not exist",
+                            path.display()
+                        )))
+                    }
+                    Err(e) => return Err(Error::io(&path, e)),
+                }
+                map.read_safetensors(&path)?;
             }
             map.check_index(&index, dir, &weight_map)?;
         } else if single.is_file() {
@@ -193,14 +219,31 @@ fn read_index(index: &Path) -> Result<BTreeMap<String, String>> {
         let file = file
             .as_str()
             .ok_or_else(|| bad(format!("weight_map entry {tensor:?} is not a file name")))?;
-        if file.contains('/') || file.contains('\\') || file == ".." {
-            return Err(bad(format!(
-                "shard name {file:?} must be a plain file name"
-            )));
+        if !is_plain_file_name(file) {
+            return Err(Error::Tensor {
+                path: index.to_owned(),
+                tensor: tensor.clone(),
+                msg: format!(
+                    "shard {file:?} is not a plain file name (a name in the index's folder: \
+                     not empty, no path separator, not \".\" or \"..\")"
+                ),
+            });
         }
         map.insert(tensor.clone(), file.to_owned());
     }
     Ok(map)
+}
+
+/// A name of a file in the folder itself: not empty, "." or "..", no separator, no prefix.
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\'])
+        && matches!(
+            Path::new(name).components().collect::<Vec<_>>().as_slice(),
+            [std::path::Component::Normal(_)]
+        )
 }
 
 fn map_file(path: &Path) -> Result<Mmap> {

@@ -40,12 +40,10 @@ impl Model {
         let config = GptjConfig::from_file(&dir.join("config.json"))?;
         let map = checkpoint::TensorMap::open_dir(dir)?;
         let weights = GptjWeights::from_map(&config, &map, dir)?;
-        let tok_path = dir.join("tokenizer.json");
-        let tokenizer = if tok_path.is_file() {
-            Some(Tokenizer::from_file(&tok_path)?)
-        } else {
-            None
-        };
+        let tokenizer = load_tokenizer(&dir.join("tokenizer.json"))?;
+        if let Some(tok) = &tokenizer {
+            warn_if_tokenizer_exceeds_vocab(tok, config.vocab_size);
+        }
         Ok(Model {
             config,
             weights,
@@ -119,6 +117,56 @@ impl Model {
     }
 }
 
+/// The folder's tokenizer.json: None when there is none; an error when the name is there but is
+/// not a file (a folder, a link to nothing), which is a broken folder, not one without a tokenizer.
+fn load_tokenizer(path: &Path) -> Result<Option<Tokenizer>> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Tokenizer::from_file(path).map(Some),
+        Ok(_) => Err(crate::error::Error::Tokenizer {
+            path: path.to_owned(),
+            msg: "exists but is not a file (a folder?)".into(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if std::fs::symlink_metadata(path).is_ok() {
+                Err(crate::error::Error::Tokenizer {
+                    path: path.to_owned(),
+                    msg: "is a symbolic link to a file that does not exist".into(),
+                })
+            } else {
+                Ok(None)
+            }
+        }
+        Err(e) => Err(crate::error::Error::io(path, e)),
+    }
+}
+
+/// The highest id `tokenizer` can produce, plus one (its vocabulary and added tokens).
+pub fn tokenizer_id_count(tokenizer: &Tokenizer) -> usize {
+    tokenizer
+        .inner()
+        .get_vocab(true)
+        .values()
+        .max()
+        .map_or(0, |&id| id as usize + 1)
+}
+
+/// Warns when the tokenizer has ids the model has no rows for: a prompt or a tool result with
+/// one of them cannot be computed (generate and annotate then fail that line). Fewer ids than
+/// rows is normal (GPT-J's 50257 tokens, 50400 rows).
+fn warn_if_tokenizer_exceeds_vocab(tokenizer: &Tokenizer, vocab_size: usize) -> bool {
+    let ids = tokenizer_id_count(tokenizer);
+    if ids > vocab_size {
+        tracing::warn!(
+            "{}: the tokenizer has ids up to {}, but config.json's vocab_size is {vocab_size}: \
+             a text with a token id of {vocab_size} or more cannot be computed (is this the \
+             model's tokenizer?)",
+            tokenizer.path().display(),
+            ids - 1
+        );
+    }
+    ids > vocab_size
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +177,21 @@ mod tests {
             GptjWeights::random(config, seed, DType::F32),
             tokenizer,
         )
+    }
+
+    #[test]
+    fn a_tokenizer_with_more_ids_than_the_vocabulary_is_flagged() {
+        let tokenizer = Tokenizer::from_file(
+            &crate::demo::assets::materialize()
+                .unwrap()
+                .join("tokenizer.json"),
+        )
+        .unwrap();
+        let ids = tokenizer_id_count(&tokenizer);
+        assert!(ids > 256, "{ids}");
+        assert!(warn_if_tokenizer_exceeds_vocab(&tokenizer, ids - 1));
+        assert!(!warn_if_tokenizer_exceeds_vocab(&tokenizer, ids));
+        assert!(!warn_if_tokenizer_exceeds_vocab(&tokenizer, ids + 143));
     }
 
     #[test]

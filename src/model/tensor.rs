@@ -162,6 +162,57 @@ impl Tensor {
     pub fn to_f64(&self) -> Vec<f64> {
         self.to_f32().into_iter().map(f64::from).collect()
     }
+
+    /// How many of elements `range` are NaN or infinite. Reads only the exponent bits (a value
+    /// is non-finite exactly when they are all ones), in a loop the compiler vectorizes: 10-12
+    /// GB/s on one core in memory, as fast as xxh3 reads (docs/architecture.md, Checkpoints).
+    /// Panics if the range is outside the tensor.
+    pub fn count_non_finite(&self, range: std::ops::Range<usize>) -> usize {
+        // Counters as wide as the elements (so that a vector holds as many of each), summed per
+        // block of fewer elements than a counter can count.
+        fn count32(src: &[[u8; 4]]) -> usize {
+            const MASK: u32 = 0x7f80_0000;
+            src.chunks(1 << 16)
+                .map(|block| {
+                    block
+                        .iter()
+                        .map(|&e| u32::from(u32::from_le_bytes(e) & MASK == MASK))
+                        .sum::<u32>() as usize
+                })
+                .sum()
+        }
+        fn count16(src: &[[u8; 2]], mask: u16) -> usize {
+            src.chunks(u16::MAX as usize)
+                .map(|block| {
+                    block
+                        .iter()
+                        .map(|&e| u16::from(u16::from_le_bytes(e) & mask == mask))
+                        .sum::<u16>() as usize
+                })
+                .sum()
+        }
+        match self.dtype {
+            DType::F32 => count32(&self.elements()[range]),
+            DType::F16 => count16(&self.elements()[range], 0x7c00),
+            DType::BF16 => count16(&self.elements()[range], 0x7f80),
+        }
+    }
+
+    /// The first NaN or infinite element, with its value widened to f32; None when every
+    /// element is finite.
+    pub fn first_non_finite(&self) -> Option<(usize, f32)> {
+        let mut buf = vec![0f32; self.numel().min(1 << 16)];
+        let mut start = 0;
+        while start < self.numel() {
+            let n = buf.len().min(self.numel() - start);
+            self.widen_into(start, &mut buf[..n]);
+            if let Some(k) = buf[..n].iter().position(|v| !v.is_finite()) {
+                return Some((start + k, buf[k]));
+            }
+            start += n;
+        }
+        None
+    }
 }
 
 /// One stored float16 element (little-endian bytes) widened to f32, exactly.
