@@ -33,9 +33,24 @@ use crate::error::{Error, Result};
 /// what was removed. Every one of those files that exists is checked first, and if any is not
 /// the kind toolsift writes there (a C* whose first line is not a C* record, a summary that is
 /// not a summary, ...), nothing is removed and it is an error: the demo replaces only its own
-/// kind of output.
+/// kind of output. Nothing is removed while another run holds the journal's lock (it is
+/// writing this output), and the lock is held here until the removals are done.
 pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathBuf>> {
     let paths = OutputPaths::new(out);
+    let _lock = match std::fs::File::open(&paths.journal) {
+        Ok(journal) => match journal.try_lock() {
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::input(format!(
+                    "{}: another toolsift run is writing this output (its journal is locked); \
+                     wait for it to finish or stop it, then rerun",
+                    paths.journal.display()
+                )))
+            }
+            // A file system without locks: as `Journal::open`, go on.
+            Ok(()) | Err(std::fs::TryLockError::Error(_)) => Some(journal),
+        },
+        Err(_) => None,
+    };
     let mut files = vec![
         (&paths.out, OutputKind::CStar),
         (&paths.rejects, OutputKind::Rejects),
@@ -190,5 +205,21 @@ mod tests {
             std::fs::remove_file(&path).unwrap();
         }
         assert_eq!(remove_previous_output(&out, true).unwrap().len(), 1);
+
+        // While a run holds the journal's lock, nothing is removed.
+        std::fs::write(&out, &cstar).unwrap();
+        let journal = dir.path().join("c.jsonl.partial");
+        std::fs::write(&journal, "").unwrap();
+        let held = std::fs::File::open(&journal).unwrap();
+        held.try_lock().unwrap();
+        for journal_too in [false, true] {
+            let err = remove_previous_output(&out, journal_too)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("another toolsift run"), "{err}");
+            assert!(out.exists() && journal.exists());
+        }
+        drop(held);
+        assert_eq!(remove_previous_output(&out, true).unwrap().len(), 2);
     }
 }
