@@ -249,7 +249,7 @@ pub(crate) fn prepare(
 
 /// Fails on the first id the model has no row for (a tokenizer with more ids than the model's
 /// `vocab_size`, which `Model::load` warns about).
-pub(crate) fn check_vocab(ids: &[u32], vocab_size: usize) -> std::result::Result<(), String> {
+fn check_vocab(ids: &[u32], vocab_size: usize) -> std::result::Result<(), String> {
     match ids.iter().find(|&&t| t as usize >= vocab_size) {
         Some(bad) => Err(format!(
             "token id {bad} is outside the vocabulary (vocab_size {vocab_size}); the tokenizer \
@@ -611,12 +611,12 @@ impl Seq<'_> {
 
 /// The tools of a `generate` run: the `tools` table of a TOML or JSON config file (a `.json`
 /// file is read as JSON, anything else as TOML), or the defaults (Calculator and Calendar)
-/// without a file; then only
-/// the tools named in `only` (call names or annotate's keys, case-insensitive; "none" or an empty
-/// list: no tools). Naming a tool that is not configured is an error. The file is read as an
-/// annotate config (`AnnotateConfig`), so annotate's config file serves as is and a key annotate
-/// does not know (`[tool.calculator]` for `[tools.calculator]`, at any level) is an error naming
-/// it, as annotate's; the other keys' values are annotate's to check, not generate's.
+/// without a file; then only the tools named in `only` (call names or annotate's keys,
+/// case-insensitive; "none" or an empty list: no tools). Naming a tool that is not configured is
+/// an error. The file is read as an annotate config (`AnnotateConfig`), so annotate's config file
+/// serves as is and a key annotate does not know (`[tool.calculator]` for `[tools.calculator]`,
+/// at any level) is an error naming it, as annotate's; the other keys' values are annotate's to
+/// check, not generate's.
 pub fn tools_from_config(
     path: Option<&std::path::Path>,
     only: Option<&[String]>,

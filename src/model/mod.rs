@@ -14,7 +14,7 @@ pub use tensor::{DType, Tensor};
 pub use tokenizer::Tokenizer;
 pub use weights::GptjWeights;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A loaded checkpoint folder: validated config and weights (memory-mapped), and the tokenizer when
 /// the folder has a tokenizer.json.
@@ -75,8 +75,8 @@ impl Model {
     pub fn content_xxh3(&self) -> Result<u64> {
         use rayon::prelude::*;
         use xxhash_rust::xxh3::{xxh3_64, Xxh3};
-        let config = serde_json::to_vec(&self.config)
-            .map_err(|e| crate::error::Error::input(format!("config: {e}")))?;
+        let config =
+            serde_json::to_vec(&self.config).map_err(|e| Error::input(format!("config: {e}")))?;
         let tensors = self.weights.named_tensors(&self.config);
         let tensor_hashes: Vec<u64> = tensors
             .par_iter()
@@ -103,7 +103,7 @@ impl Model {
 
     pub fn tokenizer(&self) -> Result<&Tokenizer> {
         self.tokenizer.as_ref().ok_or_else(|| {
-            crate::error::Error::input(format!(
+            Error::input(format!(
                 "{}: no tokenizer.json, so text-level input cannot be tokenized; \
                  give token-level input instead",
                 self.dir.display()
@@ -122,13 +122,13 @@ impl Model {
 fn load_tokenizer(path: &Path) -> Result<Option<Tokenizer>> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => Tokenizer::from_file(path).map(Some),
-        Ok(_) => Err(crate::error::Error::Tokenizer {
+        Ok(_) => Err(Error::Tokenizer {
             path: path.to_owned(),
             msg: "exists but is not a file (a folder?)".into(),
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if std::fs::symlink_metadata(path).is_ok() {
-                Err(crate::error::Error::Tokenizer {
+                Err(Error::Tokenizer {
                     path: path.to_owned(),
                     msg: "is a symbolic link to a file that does not exist".into(),
                 })
@@ -136,25 +136,15 @@ fn load_tokenizer(path: &Path) -> Result<Option<Tokenizer>> {
                 Ok(None)
             }
         }
-        Err(e) => Err(crate::error::Error::io(path, e)),
+        Err(e) => Err(Error::io(path, e)),
     }
-}
-
-/// The highest id `tokenizer` can produce, plus one (its vocabulary and added tokens).
-pub fn tokenizer_id_count(tokenizer: &Tokenizer) -> usize {
-    tokenizer
-        .inner()
-        .get_vocab(true)
-        .values()
-        .max()
-        .map_or(0, |&id| id as usize + 1)
 }
 
 /// Warns when the tokenizer has ids the model has no rows for: a prompt or a tool result with
 /// one of them cannot be computed (generate and annotate then fail that line). Fewer ids than
 /// rows is normal (GPT-J's 50257 tokens, 50400 rows).
 fn warn_if_tokenizer_exceeds_vocab(tokenizer: &Tokenizer, vocab_size: usize) -> bool {
-    let ids = tokenizer_id_count(tokenizer);
+    let ids = tokenizer.id_count();
     if ids > vocab_size {
         tracing::warn!(
             "{}: the tokenizer has ids up to {}, but config.json's vocab_size is {vocab_size}: \
@@ -187,7 +177,7 @@ mod tests {
                 .join("tokenizer.json"),
         )
         .unwrap();
-        let ids = tokenizer_id_count(&tokenizer);
+        let ids = tokenizer.id_count();
         assert!(ids > 256, "{ids}");
         assert!(warn_if_tokenizer_exceeds_vocab(&tokenizer, ids - 1));
         assert!(!warn_if_tokenizer_exceeds_vocab(&tokenizer, ids));

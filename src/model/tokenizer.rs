@@ -150,6 +150,16 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// The highest id this tokenizer can produce, plus one (its vocabulary and added tokens):
+    /// what a model needs rows for, which `vocab_size` undercounts when ids have gaps.
+    pub fn id_count(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&id| id as usize + 1)
+    }
+
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
