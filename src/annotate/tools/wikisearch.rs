@@ -372,7 +372,9 @@ impl WikiSearch {
     /// XXH3-64 of the index's meta.json, which lists its segments by id: a rebuilt index (even
     /// from the same documents) has another, so a resumed run can tell that its index changed.
     pub fn index_xxh3(dir: &Path) -> std::io::Result<u64> {
-        Ok(xxhash_rust::xxh3::xxh3_64(&std::fs::read(dir.join("meta.json"))?))
+        Ok(xxhash_rust::xxh3::xxh3_64(&std::fs::read(
+            dir.join("meta.json"),
+        )?))
     }
 
     /// The tool `config` describes.
@@ -723,7 +725,10 @@ mod tests {
         let out = tmp.path().join("idx");
         build_index(&docs, &out, "text").unwrap();
         let first = WikiSearch::index_xxh3(&out).unwrap();
-        WikiSearch::open(&out).unwrap().call("steel", &doc("x")).ok();
+        WikiSearch::open(&out)
+            .unwrap()
+            .call("steel", &doc("x"))
+            .ok();
         assert_eq!(WikiSearch::index_xxh3(&out).unwrap(), first);
         fs::remove_dir_all(&out).unwrap();
         build_index(&docs, &out, "text").unwrap();
