@@ -360,6 +360,61 @@ fn run(m: &Mock, tokenizer: &Tokenizer, tools: &ToolRegistry, o: &GenerateOption
         .remove(0)
 }
 
+/// A result with a token the model has no row for (a tokenizer larger than the model) fails
+/// that call, closed with "]", instead of the whole batch at the next step.
+#[test]
+fn a_result_outside_the_vocabulary_fails_its_call_only() {
+    /// A "Calculator" that answers with a fixed text.
+    struct Answers(String);
+    impl Tool for Answers {
+        fn name(&self) -> &str {
+            "Calculator"
+        }
+        fn call(&self, _: &str, _: &DocContext<'_>) -> Result<String, ToolError> {
+            Ok(self.0.clone())
+        }
+    }
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let m = scripted(tokenizer, 1, "Calculator(400 / 1400) ->", |_| 0);
+    // The model has rows for every token the prompt and the call use, and not for a word the
+    // tool answers with.
+    let written = tokenizer
+        .encode_ids("Q [Calculator(400 / 1400) -> 1]")
+        .unwrap();
+    let vocab_size = *written.iter().max().unwrap() as usize + 1;
+    let word = (vocab_size..tokenizer.id_count())
+        .rev()
+        .filter_map(|id| tokenizer.decode(&[id as u32]).ok())
+        .map(|w| w.trim().to_string())
+        .find(|w| !w.is_empty() && w.chars().all(char::is_alphanumeric))
+        .expect("a word the small model has no row for");
+    let mut tools = ToolRegistry::new();
+    tools.register(Answers(word.clone()));
+    let o = GenerateOptions {
+        max_new_tokens: 40,
+        vocab_size: Some(vocab_size),
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &tools, &o);
+    let call = &g.calls[0];
+    assert_eq!(call.status, CallStatus::ToolError, "{:?}", g.completion);
+    let err = call.error.as_deref().unwrap();
+    assert!(err.contains("the result's token id"), "{err}");
+    assert!(
+        g.completion.starts_with("[Calculator(400 / 1400) ->]"),
+        "{:?}",
+        g.completion
+    );
+    // Without the model's size the result is spliced (and a real decoder would fail the batch).
+    let o = GenerateOptions {
+        vocab_size: None,
+        ..o
+    };
+    let g = run(&m, tokenizer, &tools, &o);
+    assert_eq!(g.calls[0].status, CallStatus::Ok, "{word}");
+}
+
 #[test]
 fn a_call_starts_exactly_when_the_opener_is_within_the_top_k() {
     let model = tiny();

@@ -507,7 +507,6 @@ impl Seq<'_> {
                         let answer = ctx.tools.call(tool, input, &doc);
                         match cleaned_answer(answer, &ctx.tokens.special) {
                             Ok(result) => {
-                                record.status = CallStatus::Ok;
                                 // The arrow token may carry the space after it ("-> ").
                                 let sep = if tail.is_empty() || !tail.trim().is_empty() {
                                     " "
@@ -515,8 +514,21 @@ impl Seq<'_> {
                                     ""
                                 };
                                 let splice = format!("{sep}{result}]");
-                                record.result = result;
-                                splice
+                                let ids = ctx.tokenizer.encode_ids(&splice)?;
+                                match ctx.options.vocab_size.map(|v| check_vocab(&ids, v)) {
+                                    // A token the model has no row for would fail the whole
+                                    // batch at the next step: this call's failure instead.
+                                    Some(Err(e)) => {
+                                        record.status = CallStatus::ToolError;
+                                        record.error = Some(format!("the result's {e}"));
+                                        "]".to_string()
+                                    }
+                                    _ => {
+                                        record.status = CallStatus::Ok;
+                                        record.result = result;
+                                        splice
+                                    }
+                                }
                             }
                             Err(e) => {
                                 record.status = CallStatus::ToolError;
