@@ -192,16 +192,16 @@ impl Sampler for CpuScorer {
                 let budget = self.memory_budget.saturating_sub(ids.len() * bytes.kv);
                 let mut samples = Vec::with_capacity(requests.len());
                 for group in batch::sample_groups(&requests, options, budget, bytes, |_| 1) {
-                    let checkpoint = tree.checkpoint(&[]);
-                    samples.extend(self.propose_group(
-                        &mut tree,
-                        root,
-                        &branches[group.clone()],
-                        &requests[group.clone()],
-                        group.start,
-                        options,
-                    )?);
-                    tree.restore(checkpoint);
+                    samples.extend(tree.scoped(|tree| {
+                        self.propose_group(
+                            tree,
+                            root,
+                            &branches[group.clone()],
+                            &requests[group.clone()],
+                            group.start,
+                            options,
+                        )
+                    })?);
                 }
                 samples
             }

@@ -476,17 +476,17 @@ impl CudaScorer {
         tree.reserve(&self.gpu, most)?;
         let mut samples = Vec::with_capacity(requests.len());
         for group in groups {
-            let checkpoint = tree.checkpoint(&[]);
-            samples.extend(self.propose_group(
-                w,
-                &mut tree,
-                root,
-                &branches[group.clone()],
-                &requests[group.clone()],
-                group.start,
-                options,
-            )?);
-            tree.restore(checkpoint);
+            samples.extend(tree.scoped(|tree| {
+                self.propose_group(
+                    w,
+                    tree,
+                    root,
+                    &branches[group.clone()],
+                    &requests[group.clone()],
+                    group.start,
+                    options,
+                )
+            })?);
         }
         Ok(Proposal {
             log_probs,

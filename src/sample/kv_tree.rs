@@ -208,6 +208,18 @@ impl<S> KvTree<S> {
         }
     }
 
+    /// Runs `work` on the tree, then frees the rows and nodes it added (`checkpoint` /
+    /// `restore`): a group of work whose cache is not needed afterwards.
+    pub(crate) fn scoped<R, E>(
+        &mut self,
+        work: impl FnOnce(&mut Self) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E> {
+        let checkpoint = self.checkpoint(&[]);
+        let out = work(self);
+        self.restore(checkpoint);
+        out
+    }
+
     /// Undoes everything since `checkpoint`: the nodes it saved get their contexts back, nodes
     /// added since are dropped and rows counted since are free again.
     pub(crate) fn restore(&mut self, checkpoint: Checkpoint) {
