@@ -117,12 +117,14 @@ impl CpuScorer {
     }
 
     /// Plans `candidates`, splitting the batch into chunks whose activations fit the budget.
-    pub fn plan_chunks(
+    /// The planner's own memory counts too: it is host memory, like the activations.
+    pub fn plan_chunks<'a>(
         &self,
-        candidates: &[TokenCandidate],
-        options: &ScoreOptions,
-    ) -> Vec<(std::ops::Range<usize>, Plan)> {
-        let max_tokens = (self.memory_budget / self.bytes_per_token()).max(1);
+        candidates: &'a [TokenCandidate],
+        options: &'a ScoreOptions,
+    ) -> crate::plan::Chunks<'a> {
+        let per_token = self.bytes_per_token() + crate::plan::PLANNER_BYTES_PER_TOKEN;
+        let max_tokens = (self.memory_budget / per_token).max(1);
         crate::plan::chunked(candidates, options, max_tokens)
     }
 }

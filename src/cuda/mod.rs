@@ -307,11 +307,11 @@ impl CudaScorer {
     }
 
     /// Plans `candidates`, splitting the batch into chunks whose activations fit the budget.
-    pub fn plan_chunks(
+    pub fn plan_chunks<'a>(
         &self,
-        candidates: &[TokenCandidate],
-        options: &ScoreOptions,
-    ) -> Vec<(std::ops::Range<usize>, Plan)> {
+        candidates: &'a [TokenCandidate],
+        options: &'a ScoreOptions,
+    ) -> crate::plan::Chunks<'a> {
         crate::plan::chunked(candidates, options, self.max_chunk_tokens())
     }
 

@@ -66,29 +66,11 @@ pub struct Plan {
 impl Plan {
     /// Builds the plan of `candidates` (already validated) under `options`.
     pub fn build(candidates: &[TokenCandidate], options: &ScoreOptions) -> Plan {
-        let mut trie = Trie::default();
-        // (node predicting the target, token, weight, slot)
-        let mut raw_targets: Vec<(u32, u32, f64, u32)> = Vec::new();
-        let mut naive_tokens = 0;
-        for (c, cand) in candidates.iter().enumerate() {
-            for variant in Variant::ALL {
-                let seq = variant_sequence(cand, variant, options);
-                if seq.targets.is_empty() {
-                    continue; // every weight is zero: the loss is 0 and nothing needs to run
-                }
-                naive_tokens += seq.ids.len();
-                let nodes = trie.insert(&seq.ids);
-                let slot = (c * 3 + variant as usize) as u32;
-                for &(row, token, weight) in &seq.targets {
-                    raw_targets.push((nodes[row], token, weight, slot));
-                }
-            }
+        let mut builder = PlanBuilder::new(options);
+        for cand in candidates {
+            builder.push(cand);
         }
-        let mut plan = trie.flatten();
-        plan.n_candidates = candidates.len();
-        plan.naive_tokens = naive_tokens;
-        plan.attach_targets(&trie, raw_targets);
-        plan
+        builder.finish()
     }
 
     /// The prefix tree of raw sequences (no targets): returns the plan and, per sequence, the flat
@@ -194,6 +176,31 @@ impl Trie {
             .collect()
     }
 
+    /// Nodes, the root included (0 before the first insert).
+    fn n_nodes(&self) -> usize {
+        self.token.len()
+    }
+
+    /// Unique tokens: every node but the root.
+    fn n_tokens(&self) -> usize {
+        self.token.len().saturating_sub(1)
+    }
+
+    /// Removes every node from `n_nodes` on: undoes the inserts made since the trie had that many.
+    /// New nodes are appended, and appended to their parent's kids, so in reverse order each one
+    /// is the last kid of its parent. The root (node 0) has no parent to detach from.
+    fn truncate(&mut self, n_nodes: usize) {
+        for node in (n_nodes.max(1)..self.token.len()).rev() {
+            let parent = self.parent[node];
+            self.children.remove(&(parent, self.token[node]));
+            let last = self.kids[parent as usize].pop();
+            debug_assert_eq!(last, Some(node as u32));
+        }
+        self.token.truncate(n_nodes);
+        self.parent.truncate(n_nodes);
+        self.kids.truncate(n_nodes);
+    }
+
     /// Compresses chains into segments and lays tokens out in DFS order.
     fn flatten(&mut self) -> Plan {
         let mut plan = Plan {
@@ -248,26 +255,131 @@ impl Trie {
 #[cfg(test)]
 mod tests;
 
-/// Plans `candidates` in consecutive chunks of at most `max_tokens` unique tokens each (a single
-/// candidate larger than that still gets its own chunk). Halving keeps candidates of one text
-/// together as far as possible, so sharing is lost only at chunk borders.
-pub fn chunked(
-    candidates: &[TokenCandidate],
-    options: &ScoreOptions,
-    max_tokens: usize,
-) -> Vec<(std::ops::Range<usize>, Plan)> {
-    let mut out = Vec::new();
-    let mut todo = Vec::new();
-    todo.push(0..candidates.len());
-    while let Some(range) = todo.pop() {
-        let plan = Plan::build(&candidates[range.clone()], options);
-        if plan.n_tokens() <= max_tokens || range.len() <= 1 {
-            out.push((range, plan));
-        } else {
-            let mid = range.start + range.len() / 2;
-            todo.push(mid..range.end);
-            todo.push(range.start..mid);
+/// Host bytes per unique token while a chunk is planned (trie, targets, then the plan itself).
+pub const PLANNER_BYTES_PER_TOKEN: usize = 256;
+
+/// Builds a plan one candidate at a time, so that a caller can stop before a token limit.
+pub struct PlanBuilder<'o> {
+    options: &'o ScoreOptions,
+    trie: Trie,
+    /// (node predicting the target, token, weight, slot)
+    raw_targets: Vec<(u32, u32, f64, u32)>,
+    naive_tokens: usize,
+    n_candidates: usize,
+}
+
+impl<'o> PlanBuilder<'o> {
+    pub fn new(options: &'o ScoreOptions) -> Self {
+        PlanBuilder {
+            options,
+            trie: Trie::default(),
+            raw_targets: Vec::new(),
+            naive_tokens: 0,
+            n_candidates: 0,
         }
     }
-    out
+
+    /// Candidates added so far.
+    pub fn n_candidates(&self) -> usize {
+        self.n_candidates
+    }
+
+    /// Unique tokens of the plan so far.
+    pub fn n_tokens(&self) -> usize {
+        self.trie.n_tokens()
+    }
+
+    /// Adds `cand` (already validated) as the next candidate.
+    pub fn push(&mut self, cand: &TokenCandidate) {
+        let c = self.n_candidates;
+        for variant in Variant::ALL {
+            let seq = variant_sequence(cand, variant, self.options);
+            if seq.targets.is_empty() {
+                continue; // every weight is zero: the loss is 0 and nothing needs to run
+            }
+            self.naive_tokens += seq.ids.len();
+            let nodes = self.trie.insert(&seq.ids);
+            let slot = (c * 3 + variant as usize) as u32;
+            for &(row, token, weight) in &seq.targets {
+                self.raw_targets.push((nodes[row], token, weight, slot));
+            }
+        }
+        self.n_candidates += 1;
+    }
+
+    /// Adds `cand` unless that would take the plan past `max_tokens` unique tokens; returns
+    /// whether it was added. The first candidate is always added, however large.
+    pub fn push_within(&mut self, cand: &TokenCandidate, max_tokens: usize) -> bool {
+        let (nodes, targets, naive) = (
+            self.trie.n_nodes(),
+            self.raw_targets.len(),
+            self.naive_tokens,
+        );
+        self.push(cand);
+        if self.n_tokens() <= max_tokens || self.n_candidates == 1 {
+            return true;
+        }
+        self.trie.truncate(nodes);
+        self.raw_targets.truncate(targets);
+        self.naive_tokens = naive;
+        self.n_candidates -= 1;
+        false
+    }
+
+    pub fn finish(mut self) -> Plan {
+        let mut plan = self.trie.flatten();
+        plan.n_candidates = self.n_candidates;
+        plan.naive_tokens = self.naive_tokens;
+        plan.attach_targets(&self.trie, self.raw_targets);
+        plan
+    }
+}
+
+/// Plans `candidates` in consecutive chunks of at most `max_tokens` unique tokens each (a single
+/// candidate larger than that still gets its own chunk), lazily: one chunk's plan and trie exist
+/// at a time, so the planner's memory follows the budget, not the batch. Each chunk takes
+/// candidates in order until the next one would not fit, so sharing is lost only at chunk
+/// borders, and a batch that fits is one chunk, planned exactly as `Plan::build` plans it.
+pub fn chunked<'a>(
+    candidates: &'a [TokenCandidate],
+    options: &'a ScoreOptions,
+    max_tokens: usize,
+) -> Chunks<'a> {
+    Chunks {
+        candidates,
+        options,
+        max_tokens,
+        next: 0,
+        done: false,
+    }
+}
+
+/// The chunks of `chunked`: (candidate range, its plan), in order. An empty batch is one empty
+/// chunk.
+pub struct Chunks<'a> {
+    candidates: &'a [TokenCandidate],
+    options: &'a ScoreOptions,
+    max_tokens: usize,
+    next: usize,
+    done: bool,
+}
+
+impl Iterator for Chunks<'_> {
+    type Item = (std::ops::Range<usize>, Plan);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let start = self.next;
+        let mut builder = PlanBuilder::new(self.options);
+        while let Some(cand) = self.candidates.get(self.next) {
+            if !builder.push_within(cand, self.max_tokens) {
+                break;
+            }
+            self.next += 1;
+        }
+        self.done = self.next == self.candidates.len();
+        Some((start..self.next, builder.finish()))
+    }
 }

@@ -220,3 +220,131 @@ fn zero_weights_are_not_computed() {
     assert_eq!(plan.n_tokens(), 0);
     assert_eq!(plan.reduce(&[]), vec![[0.0; 3]]);
 }
+
+/// A batch of several texts, candidates at random positions, random calls sharing some tokens.
+fn random_batch(seed: u64, n: usize) -> Vec<TokenCandidate> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move |bound: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % bound as u64) as usize
+    };
+    let texts: Vec<Arc<[u32]>> = (0..3).map(|k| text(8 + 6 * k)).collect();
+    (0..n)
+        .map(|_| {
+            let x = &texts[next(texts.len())];
+            let call: Vec<u32> = (0..1 + next(4)).map(|_| 1 + next(5) as u32).collect();
+            let mut result = call.clone();
+            result.extend((0..next(3)).map(|_| 1 + next(5) as u32));
+            let mut c = cand(x, 1 + next(x.len() - 1), &call, &result);
+            if next(6) == 0 {
+                c.weights = Some(vec![0.0; 5]); // nothing to compute
+            }
+            c
+        })
+        .collect()
+}
+
+fn assert_same_plan(a: &Plan, b: &Plan) {
+    assert_eq!(a.tokens, b.tokens);
+    assert_eq!(a.positions, b.positions);
+    assert_eq!(a.token_segment, b.token_segment);
+    assert_eq!(a.segments, b.segments);
+    assert_eq!(a.ancestors, b.ancestors);
+    assert_eq!(a.ancestor_offsets, b.ancestor_offsets);
+    assert_eq!(a.head_rows, b.head_rows);
+    assert_eq!(a.targets, b.targets);
+    assert_eq!(a.n_candidates, b.n_candidates);
+    assert_eq!(a.naive_tokens, b.naive_tokens);
+}
+
+#[test]
+fn chunks_fill_up_to_the_limit_and_plan_as_build_does() {
+    for seed in 0..40 {
+        let o = opts(if seed % 2 == 0 {
+            Placement::Prefix
+        } else {
+            Placement::Inline
+        });
+        let cands = random_batch(seed, 1 + seed as usize % 23);
+        let whole = Plan::build(&cands, &o);
+        for max_tokens in [0, 1, 7, 20, 45, whole.n_tokens() / 2, whole.n_tokens()] {
+            let chunks: Vec<_> = chunked(&cands, &o, max_tokens).collect();
+            let mut next = 0;
+            for (range, plan) in &chunks {
+                assert_eq!(range.start, next, "chunks are consecutive");
+                assert!(!range.is_empty());
+                next = range.end;
+                // Undoing a candidate that did not fit leaves exactly the plan of the others.
+                assert_same_plan(plan, &Plan::build(&cands[range.clone()], &o));
+                check_plan(plan, &cands[range.clone()], &o);
+                assert!(plan.n_tokens() <= max_tokens || range.len() == 1);
+                if range.end < cands.len() {
+                    let grown = Plan::build(&cands[range.start..range.end + 1], &o);
+                    assert!(
+                        grown.n_tokens() > max_tokens,
+                        "the next candidate would fit"
+                    );
+                }
+            }
+            assert_eq!(next, cands.len(), "every candidate in one chunk");
+            if whole.n_tokens() <= max_tokens {
+                assert_eq!(chunks.len(), 1);
+                assert_same_plan(&chunks[0].1, &whole);
+            }
+        }
+    }
+}
+
+#[test]
+fn an_empty_batch_is_one_empty_chunk() {
+    let o = opts(Placement::Prefix);
+    let chunks: Vec<_> = chunked(&[], &o, 10).collect();
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks[0].0, 0..0);
+    assert_eq!(chunks[0].1.n_tokens(), 0);
+}
+
+#[test]
+fn a_candidate_that_does_not_fit_after_one_with_nothing_to_compute_is_undone() {
+    // The first candidate inserts nothing, so the second one creates the trie's root: undoing it
+    // must remove the root too.
+    let x = text(20);
+    let o = opts(Placement::Prefix);
+    let mut zero = cand(&x, 8, &[1], &[2]);
+    zero.weights = Some(vec![0.0; 5]);
+    let cands = [zero, cand(&x, 8, &[1], &[2]), cand(&x, 9, &[1], &[3])];
+    let mut builder = PlanBuilder::new(&o);
+    assert!(builder.push_within(&cands[0], 3));
+    assert_eq!(builder.n_tokens(), 0);
+    assert!(!builder.push_within(&cands[1], 3));
+    assert_eq!(builder.n_tokens(), 0);
+    assert_same_plan(&builder.finish(), &Plan::build(&cands[..1], &o));
+    let ranges: Vec<_> = chunked(&cands, &o, 3).map(|(r, _)| r).collect();
+    assert_eq!(ranges, [0..1, 1..2, 2..3]);
+}
+
+#[test]
+fn a_refused_candidate_leaves_no_trace() {
+    // Keep pushing after a refusal: later candidates reuse the prefixes the refused one created
+    // and removed, and the plan must be that of the accepted candidates alone.
+    for seed in 0..40 {
+        let o = opts(Placement::Prefix);
+        let cands = random_batch(seed, 30);
+        let limit = Plan::build(&cands, &o).n_tokens() / 2;
+        let mut builder = PlanBuilder::new(&o);
+        let mut accepted = Vec::new();
+        for c in &cands {
+            if builder.push_within(c, limit) {
+                accepted.push(c.clone());
+            }
+        }
+        assert!(
+            accepted.len() < cands.len(),
+            "seed {seed}: something was refused"
+        );
+        assert_eq!(builder.n_candidates(), accepted.len());
+        assert_same_plan(&builder.finish(), &Plan::build(&accepted, &o));
+    }
+}
