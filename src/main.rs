@@ -235,9 +235,10 @@ struct ScoreArgs {
     /// Score with the plain f64 reference (the oracle; slow) instead of the fast engine.
     #[arg(long)]
     reference: bool,
-    /// Activation memory per plan chunk, MiB; larger batches are split (default: 2048 on the
-    /// CPU, 90% of the device memory free after the weights on CUDA). The reference scores one
-    /// sequence at a time and takes none.
+    /// Memory per plan chunk, MiB: activations, and on the CPU the planner's own; larger batches
+    /// are split (default: 2048 on the CPU; on CUDA 90% of the device memory free after the
+    /// weights, the LM head's scratch and 1 GiB). Not with --reference, which scores one
+    /// sequence at a time.
     #[arg(long, value_parser = mebibytes, conflicts_with = "reference")]
     memory_budget_mb: Option<usize>,
     /// Input lines planned and scored together.
