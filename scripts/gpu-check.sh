@@ -6,136 +6,55 @@
 #
 # 1. prints the card and where libcuda / libcublasLt live, sets LD_LIBRARY_PATH for cudarc;
 # 2. runs the kernel fuzz suite, the whole-plan scoring tests and the sampling-step tests with
-#    turned-up case counts, then the embedded demo with --device cuda (its C* compared with the
-#    CPU engine's);
-# 3. benchmarks at toolsift bench's default size and at GPT-J-6B size: random bf16 weights made
+#    turned-up case counts, without the tensor-core attention kernel (tree_attention_mma); the
+#    embedded demo with --device cuda (its C* compared with the CPU engine's); then that kernel's
+#    cases alone, in processes of their own (a device fault poisons every test of its process);
+# 3. benchmarks at GPT-J-6B size, then at toolsift bench's default size: random bf16 weights made
 #    by transformers' GPTJForCausalLM on the GPU (scripts/hf_baseline.py), the transformers naive
 #    and tuned scorers, and toolsift on the same weights and workload (also with the opt-in
-#    packed tiles and mma attention kernel); at 6B also the sampling steps (position log-probs over a 512-token sequence, 5 prefixes x 5 samples of 16 tokens, and both as one propose call);
-# 4. writes logs and one summary.json into OUT_DIR.
-# Every step has its own timeout so the whole run stays under 8 minutes; a failed step is
-# recorded in the summary and the script goes on.
+#    packed tiles and mma attention kernel); at 6B also the sampling steps (position log-probs
+#    over a 512-token sequence, 5 prefixes x 5 samples of 16 tokens, and both as one propose call);
+# 4. writes logs and one summary.json into OUT_DIR, whatever happened before (an EXIT trap).
+#
+# Time: every step has its own timeout, cut to what is left before GPU_CHECK_DEADLINE seconds
+# (default 380); a step with no time left is skipped and recorded so. Give the device run a timeout
+# of about 420 s: the summary and the archive take a few seconds after the deadline. A failed step
+# is recorded in the summary and the script goes on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-${OUT:?usage: scripts/gpu-check.sh OUT_DIR}}"
 mkdir -p "$OUT"
 T0=$(date +%s)
+DEADLINE="${GPU_CHECK_DEADLINE:-380}"
 BIN=gpu-bundle/bin
+# The benchmark weights (12 GB at 6B) live outside OUT: only 8 files come back.
+BENCH=/tmp/toolsift-gpu-bench
 FUZZ_CASES="${TOOLSIFT_FUZZ_CASES:-256}"
 TEXTS_6B="${TOOLSIFT_TEXTS_6B:-8}"
 TEXTS_DEFAULT="${TOOLSIFT_TEXTS_DEFAULT:-8}"
 declare -A status
 elapsed() { echo $(( $(date +%s) - T0 )); }
+left() { echo $(( DEADLINE - $(elapsed) )); }
 step() { # name timeout_s command...
   local name=$1 t=$2; shift 2
-  echo "== [$(elapsed)s] $name"
-  timeout "$t" "$@" >"$OUT/$name.log" 2>&1
+  local l
+  l=$(left)
+  if (( l < 5 )); then
+    echo "== [$(elapsed)s] $name: skipped, the deadline (${DEADLINE}s) is reached"
+    status[$name]=skipped
+    return
+  fi
+  (( t > l )) && t=$l
+  echo "== [$(elapsed)s] $name (timeout ${t}s)"
+  timeout -k 5 "$t" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   status[$name]=$rc
   tail -5 "$OUT/$name.log"
-  echo "-- $name: rc $rc"
+  echo "-- [$(elapsed)s] $name: rc $rc"
 }
 
-echo "== machine"
-{ nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv; } \
-  >"$OUT/nvidia-smi.txt" 2>&1
-head -15 "$OUT/nvidia-smi.txt"
-cat gpu-bundle/COMMIT 2>/dev/null | tee "$OUT/commit.txt"
-
-# cudarc dlopens libcuda.so and libcublasLt.so.{13,12}: find them.
-libdirs=()
-for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu \
-         "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64; do
-  ls "$d"/libcuda.so* "$d"/libcublasLt.so* >/dev/null 2>&1 && libdirs+=("$d")
-done
-purelib=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null || true)
-for d in "$purelib"/nvidia/cublas/lib "$purelib"/nvidia/cu13/lib "$purelib"/nvidia/cu12/lib; do
-  ls "$d"/libcublasLt.so* >/dev/null 2>&1 && libdirs+=("$d")
-done
-LD_LIBRARY_PATH="$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export LD_LIBRARY_PATH
-{
-  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-  for d in "${libdirs[@]}"; do ls -l "$d"/libcuda.so* "$d"/libcublasLt.so* 2>/dev/null; done
-} | tee "$OUT/libs.txt"
-
-# 2. correctness first.
-export TOOLSIFT_FUZZ_CASES="$FUZZ_CASES"
-step cuda_kernels 90 "$BIN/cuda_kernels" --nocapture --test-threads 4
-TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) step cuda_scoring 60 "$BIN/cuda_scoring" --nocapture
-TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) step cuda_sampling 45 "$BIN/cuda_sampling" --nocapture
-# The embedded demo on the GPU (issue 6), before the benchmarks so that a run cut short still
-# has it: annotate --demo and eval-demo with --device cuda.
-step demo_annotate_cuda 120 "$BIN/toolsift" annotate --demo --device cuda --no-progress \
-  --out "$OUT/demo/cstar.jsonl"
-step demo_eval_cuda 120 "$BIN/toolsift" eval-demo --device cuda --no-progress --json \
-  --out "$OUT/demo-eval"
-# The same demo on the CPU engine, and the two C* compared: the CUDA backend samples and scores in
-# bf16, so some sampled calls differ at near-ties; the kept calls should not (on the emulated
-# device all 163 were the same, docs/demo.md).
-step demo_annotate_cpu 60 "$BIN/toolsift" annotate --demo --device cpu --no-progress \
-  --out "$OUT/demo-cpu/cstar.jsonl"
-step demo_compare 20 python3 scripts/compare-cstar.py "$OUT/demo-cpu/cstar.jsonl" \
-  "$OUT/demo/cstar.jsonl"
-
-# 3. benchmarks: transformers first (it makes the weights and the workload), then toolsift.
-# toolsift on the weights and workload hf_baseline.py made: name size placement reps [VAR=VALUE...]
-ts_bench() {
-  local name=$1 size=$2 placement=$3 reps=$4; shift 4
-  step "$name" 75 env TOOLSIFT_BENCH_MODEL="$OUT/bench/gptj-$size" \
-    TOOLSIFT_BENCH_INPUT="$OUT/bench/workload-$size.jsonl" TOOLSIFT_BENCH_OUTPUT="$OUT/$name.json" \
-    TOOLSIFT_BENCH_PLACEMENT="$placement" TOOLSIFT_BENCH_REPS="$reps" "$@" \
-    "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
-}
-bench() { # size texts timeout: transformers' two scorers on both placements, then toolsift
-  local size=$1 texts=$2 t=$3
-  step "hf_$size" "$t" python3 scripts/hf_baseline.py --out "$OUT/bench" --size "$size" \
-       --texts "$texts" --reps 3
-  [[ ${status[hf_$size]} -eq 0 ]] || return
-  for placement in prefix inline; do
-    ts_bench "toolsift_${size}_$placement" "$size" "$placement" 5
-    # Where the time goes: the same call with the stream synchronised after every stage.
-    ts_bench "profile_${size}_$placement" "$size" "$placement" 1 TOOLSIFT_CUDA_PROFILE=1
-  done
-  # Inline again with packed attention tiles (CudaOptions::pack_tiles; off by default until
-  # the suites above have passed with it: they test both layouts).
-  ts_bench "toolsift_${size}_inline_packed" "$size" inline 5 TOOLSIFT_PACK_TILES=1
-  # Both placements with the register-resident attention kernel (CudaOptions::mma_attention;
-  # off by default until timed here), inline also packed.
-  ts_bench "toolsift_${size}_prefix_mma" "$size" prefix 5 TOOLSIFT_ATTENTION_MMA=1
-  ts_bench "toolsift_${size}_inline_packed_mma" "$size" inline 5 TOOLSIFT_PACK_TILES=1 \
-    TOOLSIFT_ATTENTION_MMA=1
-}
-if [[ -n "${GPU_CHECK_QUICK:-}" ]]; then
-  echo "GPU_CHECK_QUICK: correctness suites and extra checks only, no benchmarks"
-  status[benchmarks]=skipped
-else
-  bench default "$TEXTS_DEFAULT" 60
-  # toolsift bench's own harness (CPU/candle side written separately), toolsift alone at its default.
-  step toolsift_bench_cli 40 "$BIN/toolsift" bench --device cuda --skip-baselines
-  if (( $(elapsed) < 180 )); then
-    bench 6b "$TEXTS_6B" 170
-  else
-    echo "skipping the 6B benchmark: $(elapsed)s already used"
-    status[hf_6b]=skipped
-  fi
-  # The sampling steps at 6B, on the same weights (made by the 6B step above).
-  if [[ -d "$OUT/bench/gptj-6b" ]] && (( $(elapsed) < 400 )); then
-    TOOLSIFT_BENCH_MODEL="$OUT/bench/gptj-6b" TOOLSIFT_BENCH_OUTPUT="$OUT/sampling_6b.json" \
-    TOOLSIFT_BENCH_REPS=3 \
-      step sampling_6b 50 "$BIN/cuda_sampling" --ignored --exact cuda_sampling_bench --nocapture
-  else
-    echo "skipping the 6B sampling benchmark: no 6B weights or $(elapsed)s already used"
-    status[sampling_6b]=skipped
-  fi
-fi # GPU_CHECK_QUICK
-rm -rf "$OUT"/bench/gptj-* # the weights do not travel back
-# Extra checks a caller appends (e.g. the demo on the GPU): EXTRA_CHECK="cmd ..." runs last.
-if [[ -n "${EXTRA_CHECK:-}" ]]; then
-  step extra 120 bash -c "$EXTRA_CHECK"
-fi
-
-# 4. summary.
+# 4. The summary (finish calls it): every step's status and the figures of its JSON.
+write_summary() {
 python3 - "$OUT" "$(elapsed)" "$(declare -p status)" <<'PY'
 import json, os, re, sys
 out, secs, decl = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -145,7 +64,8 @@ for f in ("commit.txt",):
     p = os.path.join(out, f)
     if os.path.exists(p):
         summary["commit"] = open(p).read().strip()
-for log in ("cuda_kernels", "cuda_scoring", "cuda_sampling"):
+for log in ("cuda_kernels", "cuda_scoring", "cuda_sampling", "cuda_kernels_mma",
+            "cuda_scoring_mma"):
     p = os.path.join(out, log + ".log")
     if os.path.exists(p):
         text = open(p).read()
@@ -230,7 +150,129 @@ for size in ("default", "6b"):
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 print(json.dumps(summary, indent=1))
 PY
-# Only 8 files come back from the machine: everything goes into one archive besides summary.json.
-tar czf /tmp/gpu-results.tgz -C "$OUT" --exclude=./summary.json . && \
-  find "$OUT" -mindepth 1 ! -name summary.json -delete && mv /tmp/gpu-results.tgz "$OUT"/
-echo "== done in $(elapsed)s; summary.json and gpu-results.tgz (all logs and JSON) in $OUT"
+}
+
+finish() {
+  trap - EXIT
+  mkdir -p "$OUT/bench"
+  cp "$BENCH"/hf_*.json "$BENCH"/workload-*.jsonl "$OUT/bench/" 2>/dev/null
+  write_summary
+  # Only 8 files come back from the machine: everything goes into one archive besides
+  # summary.json.
+  tar czf /tmp/gpu-results.tgz -C "$OUT" --exclude=./summary.json . &&
+    find "$OUT" -mindepth 1 ! -name summary.json -delete && mv /tmp/gpu-results.tgz "$OUT"/
+  echo "== done in $(elapsed)s; summary.json and gpu-results.tgz (all logs and JSON) in $OUT"
+}
+trap finish EXIT
+trap 'echo "== terminated at $(elapsed)s"; exit 143' TERM INT
+
+echo "== machine"
+{ nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv; } \
+  >"$OUT/nvidia-smi.txt" 2>&1
+head -15 "$OUT/nvidia-smi.txt"
+cat gpu-bundle/COMMIT 2>/dev/null | tee "$OUT/commit.txt"
+
+# cudarc dlopens libcuda.so and libcublasLt.so.{13,12}: find them (each folder that holds either).
+libdirs=()
+has() { compgen -G "$1" >/dev/null; }
+for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu \
+         "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64; do
+  { has "$d/libcuda.so*" || has "$d/libcublasLt.so*"; } && libdirs+=("$d")
+done
+purelib=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null || true)
+for d in "$purelib"/nvidia/cublas/lib "$purelib"/nvidia/cu13/lib "$purelib"/nvidia/cu12/lib; do
+  has "$d/libcublasLt.so*" && libdirs+=("$d")
+done
+LD_LIBRARY_PATH="$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH
+{
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  for d in "${libdirs[@]}"; do ls -l "$d"/libcuda.so* "$d"/libcublasLt.so* 2>/dev/null; done
+} | tee "$OUT/libs.txt"
+
+# 2. correctness first, without the mma attention kernel (TOOLSIFT_TEST_MMA, tests/cuda_common).
+export TOOLSIFT_FUZZ_CASES="$FUZZ_CASES"
+TOOLSIFT_TEST_MMA=0 step cuda_kernels 90 "$BIN/cuda_kernels" --nocapture --test-threads 4
+TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) TOOLSIFT_TEST_MMA=0 \
+  step cuda_scoring 60 "$BIN/cuda_scoring" --nocapture
+TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) step cuda_sampling 45 "$BIN/cuda_sampling" --nocapture
+# The embedded demo on the GPU (issue 6), before the benchmarks so that a run cut short still
+# has it: annotate --demo and eval-demo with --device cuda.
+step demo_annotate_cuda 120 "$BIN/toolsift" annotate --demo --device cuda --no-progress \
+  --out "$OUT/demo/cstar.jsonl"
+step demo_eval_cuda 120 "$BIN/toolsift" eval-demo --device cuda --no-progress --json \
+  --out "$OUT/demo-eval"
+# The same demo on the CPU engine, and the two C* compared: the CUDA backend samples and scores in
+# bf16, so some sampled calls differ at near-ties; the kept calls should not (on the emulated
+# device all 163 were the same, docs/demo.md).
+step demo_annotate_cpu 60 "$BIN/toolsift" annotate --demo --device cpu --no-progress \
+  --out "$OUT/demo-cpu/cstar.jsonl"
+step demo_compare 20 python3 scripts/compare-cstar.py "$OUT/demo-cpu/cstar.jsonl" \
+  "$OUT/demo/cstar.jsonl"
+# The tensor-core attention kernel, never run on a card before: its kernel cases and its
+# whole-plan cases, each suite in a process of its own.
+TOOLSIFT_TEST_MMA=only step cuda_kernels_mma 45 "$BIN/cuda_kernels" --nocapture \
+  --exact tree_attention_matches_reference
+TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) TOOLSIFT_TEST_MMA=only \
+  step cuda_scoring_mma 40 "$BIN/cuda_scoring" --nocapture --exact cuda_matches_reference
+
+# 3. benchmarks: transformers first (it makes the weights and the workload), then toolsift.
+# toolsift on the weights and workload hf_baseline.py made: name size placement reps [VAR=VALUE...]
+ts_bench() {
+  local name=$1 size=$2 placement=$3 reps=$4; shift 4
+  step "$name" 75 env TOOLSIFT_BENCH_MODEL="$BENCH/gptj-$size" \
+    TOOLSIFT_BENCH_INPUT="$BENCH/workload-$size.jsonl" TOOLSIFT_BENCH_OUTPUT="$OUT/$name.json" \
+    TOOLSIFT_BENCH_PLACEMENT="$placement" TOOLSIFT_BENCH_REPS="$reps" "$@" \
+    "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
+}
+bench() { # size texts timeout: transformers' two scorers on both placements, then toolsift
+  local size=$1 texts=$2 t=$3
+  step "hf_$size" "$t" python3 scripts/hf_baseline.py --out "$BENCH" --size "$size" \
+       --texts "$texts" --reps 3
+  [[ ${status[hf_$size]} == 0 ]] || return
+  for placement in prefix inline; do
+    ts_bench "toolsift_${size}_$placement" "$size" "$placement" 5
+    # Where the time goes: the same call with the stream synchronised after every stage.
+    ts_bench "profile_${size}_$placement" "$size" "$placement" 1 TOOLSIFT_CUDA_PROFILE=1
+  done
+  # Inline again with packed attention tiles (CudaOptions::pack_tiles; off by default until
+  # the suites above have passed with it: they test both layouts).
+  ts_bench "toolsift_${size}_inline_packed" "$size" inline 5 TOOLSIFT_PACK_TILES=1
+  # Both placements with the register-resident attention kernel (CudaOptions::mma_attention;
+  # off by default until timed here), inline also packed.
+  ts_bench "toolsift_${size}_prefix_mma" "$size" prefix 5 TOOLSIFT_ATTENTION_MMA=1
+  ts_bench "toolsift_${size}_inline_packed_mma" "$size" inline 5 TOOLSIFT_PACK_TILES=1 \
+    TOOLSIFT_ATTENTION_MMA=1
+}
+if [[ -n "${GPU_CHECK_QUICK:-}" ]]; then
+  echo "GPU_CHECK_QUICK: correctness suites and extra checks only, no benchmarks"
+  status[benchmarks]=skipped
+else
+  rm -rf "$BENCH"
+  # 6B first: its figures are the ones that matter, and transformers' step (weights made and
+  # saved, both scorers timed) took ~100 s of the first run's 214.
+  if (( $(left) >= 150 )); then
+    bench 6b "$TEXTS_6B" 170
+  else
+    echo "skipping the 6B benchmark: $(left)s left before the deadline"
+    status[hf_6b]=skipped
+  fi
+  # The sampling steps at 6B, on the same weights.
+  if [[ -d "$BENCH/gptj-6b" ]]; then
+    TOOLSIFT_BENCH_MODEL="$BENCH/gptj-6b" TOOLSIFT_BENCH_OUTPUT="$OUT/sampling_6b.json" \
+    TOOLSIFT_BENCH_REPS=3 \
+      step sampling_6b 50 "$BIN/cuda_sampling" --ignored --exact cuda_sampling_bench --nocapture
+  else
+    status[sampling_6b]=skipped
+  fi
+  rm -rf "$BENCH"/gptj-6b # 12 GB of /tmp
+  bench default "$TEXTS_DEFAULT" 60
+  # toolsift bench's own harness (CPU/candle side written separately), toolsift alone at its default.
+  step toolsift_bench_cli 40 "$BIN/toolsift" bench --device cuda --skip-baselines
+fi # GPU_CHECK_QUICK
+# Extra checks a caller appends: EXTRA_CHECK="cmd ..." runs last.
+if [[ -n "${EXTRA_CHECK:-}" ]]; then
+  step extra 120 bash -c "$EXTRA_CHECK"
+fi
+exit 0
+

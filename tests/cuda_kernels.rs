@@ -16,7 +16,7 @@
 mod cuda_common;
 mod kernel_cases;
 
-use cuda_common::{compare, fuzz, gpu, kernel_cases, random_vec};
+use cuda_common::{compare, fuzz, gpu, kernel_cases, mma_cases, random_vec};
 use half::{bf16, f16};
 use kernel_cases::*;
 use proptest::prelude::*;
@@ -417,6 +417,13 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
     if tree_attention::vec_allowed(gpu, shape, &q_d.as_view(), &k_d.as_view(), &v_d.as_view()) {
         variants.extend([AttentionVariant::Vec, AttentionVariant::MmaVec]);
     }
+    let mma = mma_cases();
+    variants.retain(|v| {
+        mma.covers(matches!(
+            v,
+            AttentionVariant::MmaScalar | AttentionVariant::MmaVec
+        ))
+    });
     for (variant, tiles) in variants
         .into_iter()
         .flat_map(|v| layouts.iter().map(move |t| (v, t)))

@@ -18,7 +18,7 @@ mod cuda_common;
 
 use std::sync::Arc;
 
-use cuda_common::{cases, gpu};
+use cuda_common::{cases, gpu, mma_cases, MmaCases};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use toolsift::cuda::{CudaDType, CudaOptions, CudaScorer};
@@ -152,9 +152,14 @@ fn check(p: &Problem) -> Result<f64, TestCaseError> {
     let opts = CudaOptions {
         dtype: Some(p.dtype),
         head_chunk_rows: p.head_chunk_rows,
-        // Both attention tile layouts and both multi-query kernels, on alternate cases.
+        // Both attention tile layouts and both multi-query kernels, on alternate cases (or one
+        // kernel only: TOOLSIFT_TEST_MMA).
         pack_tiles: p.seed % 2 == 1,
-        mma_attention: p.seed % 4 >= 2,
+        mma_attention: match mma_cases() {
+            MmaCases::Without => false,
+            MmaCases::Only => true,
+            MmaCases::Both => p.seed % 4 >= 2,
+        },
         ..CudaOptions::default()
     };
     let mut gpu = CudaScorer::new(&model, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;

@@ -33,6 +33,37 @@ pub fn cases(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
+/// Which multi-query attention kernels a run covers (TOOLSIFT_TEST_MMA): `0` leaves the
+/// register-resident tensor-core kernel (`tree_attention_mma`) out, `only` runs it alone, unset or
+/// anything else both. The GPU script runs the suites without it, then it alone in processes of
+/// its own: a device fault poisons the context every test of a process shares, and that kernel
+/// is the one never run on a card yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmaCases {
+    Without,
+    Only,
+    Both,
+}
+
+pub fn mma_cases() -> MmaCases {
+    match std::env::var("TOOLSIFT_TEST_MMA").as_deref() {
+        Ok("0") => MmaCases::Without,
+        Ok("only") => MmaCases::Only,
+        _ => MmaCases::Both,
+    }
+}
+
+impl MmaCases {
+    /// Whether a case that runs (`mma`) or does not run the mma kernel belongs to this run.
+    pub fn covers(self, mma: bool) -> bool {
+        match self {
+            MmaCases::Without => !mma,
+            MmaCases::Only => mma,
+            MmaCases::Both => true,
+        }
+    }
+}
+
 /// A kernel suite's default case count: `default` on a GPU, a quarter of it on the emulated
 /// device, which is slow and whose kernels tests/emu_kernels.rs already fuzzes on that many.
 pub fn kernel_cases(default: u32) -> u32 {
