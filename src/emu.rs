@@ -158,7 +158,7 @@ impl<T: Pod> Drop for Buffer<T> {
     }
 }
 
-/// The exported kernels, with the C signatures of kernels/*.cu (restated in src/cuda/<stem>.rs).
+/// The exported kernels, with the C signatures of kernels/*.cu (restated in `src/cuda/<stem>.rs`).
 /// Call them only inside [`launch`]; every pointer must be a [`Buffer`] (or null where the
 /// kernel allows it) covering what the launch reads and writes.
 pub mod kernels {

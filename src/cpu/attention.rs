@@ -1,7 +1,7 @@
 //! Attention on the CPU. Scoring runs tree (cascade) attention over a plan: every segment attends
 //! to all tokens of its ancestor segments and causally to its own, one task per segment (rayon).
 //! The decoder runs the same step over the rows of its KV tree (cpu/decode.rs). Both come down
-//! to [`attend`]: queries that are the last rows of their context, over keys and values read
+//! to `attend`: queries that are the last rows of their context, over keys and values read
 //! in place, row by row for a few queries, gathered per head into two small GEMMs for many.
 
 use rayon::prelude::*;

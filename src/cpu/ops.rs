@@ -8,7 +8,7 @@ use super::weights::CpuLayerNorm;
 /// Rows per rayon task for cheap row-wise ops: big enough to amortise scheduling.
 const ROWS_PER_TASK: usize = 32;
 
-/// out[t] = wte[ids[t]]: [n, d].
+/// `out[t] = wte[ids[t]]`: [n, d].
 pub fn embed(wte: &[f32], ids: &[u32], d: usize, out: &mut [f32]) {
     out.par_chunks_mut(d)
         .zip(ids.par_iter())
@@ -121,7 +121,7 @@ pub fn tanh(x: f32) -> f32 {
     x * p / q
 }
 
-/// x[t] += bias for every row of `x`.
+/// `x[t] += bias` for every row of `x`.
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     let d = bias.len();
     x.par_chunks_mut(d * ROWS_PER_TASK).for_each(|rows| {

@@ -1,4 +1,4 @@
-//! Launcher for kernels/embedding.cu: x[t, :] = wte[ids[t], :] in f32.
+//! Launcher for kernels/embedding.cu: `x[t, :] = wte[ids[t], :]` in f32.
 
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 

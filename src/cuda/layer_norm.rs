@@ -23,7 +23,7 @@ pub fn default_block(d: usize) -> u32 {
 
 /// Row selection and the optional residual bias of a LayerNorm launch.
 pub struct Rows<'a> {
-    /// `None`: rows 0..n of x; `Some(rows)`: x[rows[i]] for i < n (read only).
+    /// `None`: rows 0..n of x; `Some(rows)`: `x[rows[i]]` for i < n (read only).
     pub gather: Option<&'a CudaView<'a, u32>>,
     /// Added to x before normalising; written back into x when `gather` is None.
     pub residual_bias: Option<&'a CudaView<'a, f32>>,
@@ -32,7 +32,7 @@ pub struct Rows<'a> {
 /// `layer_norm_<T>(float* x, const float* residual_bias /*[d] or null*/,
 /// const uint32_t* rows /*[n] or null*/, const float* weight /*[d]*/, const float* bias /*[d]*/,
 /// T* out /*[n, ld_out]*/, uint32_t n, uint32_t d, uint32_t ld_x, uint32_t ld_out, float eps)`.
-/// With `rows`, every rows[i] must be < x_rows (checked by the caller on the host).
+/// With `rows`, every `rows[i]` must be < x_rows (checked by the caller on the host).
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm<T: DeviceFloat>(
     gpu: &Gpu,

@@ -63,8 +63,8 @@ pub fn mma_instance(head_dim: usize) -> Option<(usize, usize)> {
     }
 }
 
-/// Dynamic shared memory of a `tree_attention_mma` block: sQ [64, hdp + 8], sK and sV
-/// [64, hdp + 8] in T; token ids [64] u32; row masks [64] u64.
+/// Dynamic shared memory of a `tree_attention_mma` block: sQ `[64, hdp + 8]`, sK and sV
+/// `[64, hdp + 8]` in T; token ids `[64]` u32; row masks `[64]` u64.
 pub fn mma_smem_bytes(head_dim: usize, elem: usize) -> usize {
     (BM + 2 * BN) * (hd_pad(head_dim) + 8) * elem + BM * 4 + BM * 8
 }
@@ -75,8 +75,8 @@ pub fn hd_pad(head_dim: usize) -> usize {
 }
 
 /// Dynamic shared memory of one block, mirroring the kernel's layout: sQ, sK, sV [64, hdp + 8] T;
-/// sS [64, 68] f32; sP [64, 72] T; sO [64, hdp + 4] f32; m, l, token ids [64] x 4 bytes each;
-/// row masks [64] x 8 bytes.
+/// sS `[64, 68]` f32; sP `[64, 72]` T; sO `[64, hdp + 4]` f32; m, l, token ids `[64]` x 4 bytes
+/// each; row masks `[64]` x 8 bytes.
 pub fn smem_bytes(head_dim: usize, elem: usize) -> usize {
     let hdp = hd_pad(head_dim);
     (BM + 2 * BN) * (hdp + 8) * elem
@@ -104,7 +104,7 @@ pub struct TreeTiles {
     /// query (its number of keys visible to every row), packed (1: several segments; per row a
     /// 64-bit mask of the tile tokens it sees follows the tile's context map).
     pub tiles: Vec<u32>,
-    /// [n_tiles]: offset of the tile's context map in `ctx_tokens`.
+    /// `[n_tiles]`: offset of the tile's context map in `ctx_tokens`.
     pub tile_ctx: Vec<u64>,
     /// Per segment: the flat token index of each context position (ancestors, then itself).
     pub ctx_tokens: Vec<u32>,

@@ -44,11 +44,11 @@ pub struct Target {
 /// A flat token schedule with its tree structure and weighted targets.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
-    /// Token ids, [n_tokens]; segments are contiguous, parents before children (DFS order).
+    /// Token ids, `[n_tokens]`; segments are contiguous, parents before children (DFS order).
     pub tokens: Vec<u32>,
-    /// Position id (depth in its sequence) of every token, [n_tokens].
+    /// Position id (depth in its sequence) of every token, `[n_tokens]`.
     pub positions: Vec<u32>,
-    /// Segment of every token, [n_tokens].
+    /// Segment of every token, `[n_tokens]`.
     pub token_segment: Vec<u32>,
     pub segments: Vec<Segment>,
     /// CSR: segment s attends to `ancestors[ancestor_offsets[s]..ancestor_offsets[s + 1]]`, root
@@ -99,7 +99,7 @@ impl Plan {
     }
 
     /// Sums per-target contributions into [L_none, L_call, L_call_result] per candidate:
-    /// `log_probs[k]` is log p(targets[k].token | row).
+    /// `log_probs[k]` is `log p(targets[k].token | row)`.
     pub fn reduce(&self, log_probs: &[f64]) -> Vec<[f64; 3]> {
         assert_eq!(log_probs.len(), self.targets.len());
         let mut losses = vec![[0.0; 3]; self.n_candidates];

@@ -211,7 +211,7 @@ fn gelu_new(x: &Mat) -> Mat {
 }
 
 /// GPT-J's rotary embedding ("rotate every two") on the first `rotary_dim` dims of each head of
-/// `x` ([n, n_head * head_dim]), at positions 0..n: the pair (x[2i], x[2i+1]) is rotated by the angle
+/// `x` ([n, n_head * head_dim]), at positions 0..n: the pair `(x[2i], x[2i+1])` is rotated by the angle
 /// pos * 10000^(-2i / rotary_dim).
 pub fn apply_rotary(x: &mut Mat, n_head: usize, head_dim: usize, rotary_dim: usize) {
     for pos in 0..x.rows {

@@ -121,7 +121,7 @@ fn schema() -> Schema {
 /// Indexes the documents in `docs_jsonl` into the new directory `out_dir`.
 ///
 /// Each non-blank line must be a JSON object with a non-empty `"id"` (string or integer, at
-/// most [`MAX_ID_BYTES`] bytes), an optional `"title"` (string or null) and the text under key
+/// most `MAX_ID_BYTES` bytes), an optional `"title"` (string or null) and the text under key
 /// `text_field` (usually "text"); other keys are ignored. A UTF-8 byte order mark before line 1
 /// is skipped, and a line may end in "\r\n"; a line over 64 MiB is malformed. The first
 /// malformed line stops the build with an error naming the file and line: a silently skipped

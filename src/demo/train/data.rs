@@ -9,9 +9,9 @@ use crate::util::rng::Rng;
 /// One padded batch: ids [B, T] (u32, right-padded), the flat rows that predict and their targets.
 pub struct Batch {
     pub ids: Tensor,
-    /// Flat indices into [B * T] of the positions that have a next token: [M] u32.
+    /// Flat indices into `[B * T]` of the positions that have a next token: `[M]` u32.
     pub rows: Tensor,
-    /// The next token of each of those positions: [M] u32.
+    /// The next token of each of those positions: `[M]` u32.
     pub targets: Tensor,
     pub tokens: usize,
     pub padded_len: usize,
