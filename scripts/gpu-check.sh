@@ -221,7 +221,8 @@ TOOLSIFT_FUZZ_CASES=$(( FUZZ_CASES / 8 )) TOOLSIFT_TEST_MMA=only \
 ts_bench() {
   local name=$1 size=$2 placement=$3 reps=$4; shift 4
   step "$name" 75 env TOOLSIFT_BENCH_MODEL="$BENCH/gptj-$size" \
-    TOOLSIFT_BENCH_INPUT="$BENCH/workload-$size.jsonl" TOOLSIFT_BENCH_OUTPUT="$OUT/$name.json" \
+    TOOLSIFT_BENCH_INPUT="$BENCH/workload-$size-$placement.jsonl" \
+    TOOLSIFT_BENCH_OUTPUT="$OUT/$name.json" \
     TOOLSIFT_BENCH_PLACEMENT="$placement" TOOLSIFT_BENCH_REPS="$reps" "$@" \
     "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
 }

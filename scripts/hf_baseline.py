@@ -66,13 +66,16 @@ def build_model(size, seed):
     return model, cfg
 
 
-def workload(n_texts, vocab, seed, text_len=256):
+def workload(n_texts, vocab, seed, placement, text_len=256):
     """The standard workload's shape (src/workload.rs): 25 candidates per text at positions in
-    [10, 250], e(c, eps) = "[" Tool(2) "(" input(4) ")" " ->" "]" " " (12 tokens), 4 result tokens."""
+    [10, 250], e(c, eps) = "[" Tool(2) "(" input(4) ")" " ->" "]" " " (12 tokens) in prefix
+    placement, " [" Tool(2) "(" input(4) ")" " ->" "]" (11 tokens) inline; 4 result tokens. The
+    random draws do not depend on the placement: both have the same texts, positions and calls."""
     g = torch.Generator().manual_seed(seed)
     v = min(vocab, 50257)
     r = lambda n: torch.randint(0, v, (n,), generator=g).tolist()
-    open_, paren, close_paren, arrow, close, space = 58, 7, 8, 4613, 60, 220
+    paren, close_paren, arrow, close = 7, 8, 4613, 60
+    lead, trail = ([58], [220]) if placement == "prefix" else ([685], [])
     tools = [r(2) for _ in range(5)]
     cands = []
     for _ in range(n_texts):
@@ -82,10 +85,10 @@ def workload(n_texts, vocab, seed, text_len=256):
             tool = tools[int(torch.randint(0, 5, (1,), generator=g))]
             for _ in range(5):
                 inp, res = r(4), r(4)
-                head = [open_] + tool + [paren] + inp + [close_paren, arrow]
+                head = lead + tool + [paren] + inp + [close_paren, arrow]
                 cands.append(dict(text_ids=text, position=pos,
-                                  call_ids=head + [close, space],
-                                  call_result_ids=head + res + [close, space]))
+                                  call_ids=head + [close] + trail,
+                                  call_result_ids=head + res + [close] + trail))
     return cands
 
 
@@ -217,12 +220,15 @@ def main():
     t = time.perf_counter()
     model.save_pretrained(model_dir, safe_serialization=True, max_shard_size="20GB")
     save_secs = time.perf_counter() - t
-    cands = workload(args.texts, cfg.vocab_size, args.seed)
-    wl = os.path.join(args.out, f"workload-{args.size}.jsonl")
-    with open(wl, "w") as fh:
-        for i, c in enumerate(cands):
-            fh.write(json.dumps(dict(id=i, **c)) + "\n")
-    report = dict(size=args.size, config=SIZES[args.size], model_dir=model_dir, workload=wl,
+    placements = args.placements.split(",")
+    workloads, files = {}, {}
+    for placement in placements:
+        cands = workloads[placement] = workload(args.texts, cfg.vocab_size, args.seed, placement)
+        files[placement] = os.path.join(args.out, f"workload-{args.size}-{placement}.jsonl")
+        with open(files[placement], "w") as fh:
+            for i, c in enumerate(cands):
+                fh.write(json.dumps(dict(id=i, **c)) + "\n")
+    report = dict(size=args.size, config=SIZES[args.size], model_dir=model_dir, workload=files,
                   candidates=len(cands), device=torch.cuda.get_device_name(),
                   torch=torch.__version__, build_secs=build_secs, save_secs=save_secs)
     with torch.no_grad():  # peakedness: entropy of next-token distributions on the first text
@@ -231,7 +237,8 @@ def main():
         ent = -(logp.exp() * logp).sum(-1).flatten()
         report["entropy_nats_median"] = ent.median().item()
         report["entropy_nats_uniform"] = math.log(cfg.vocab_size)
-    for placement in args.placements.split(","):
+    for placement in placements:
+        cands = workloads[placement]
         entry = report[placement] = {}
         (tl, tok), secs, all_ = timed(lambda: tuned(model, cands, args.batch_size, placement),
                                       args.reps)
