@@ -14,7 +14,7 @@
 //! Weighted targets name the row whose hidden state predicts them; the LM head runs only at the
 //! unique such rows, and each target adds `weight * log p(token | row)` into its (candidate, variant).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use crate::score::{variant_sequence, ScoreOptions, TokenCandidate, Variant};
 
@@ -77,9 +77,14 @@ impl Plan {
     /// index of its last token (`None` for an empty sequence). The driver's sampling prefill.
     pub fn from_sequences(sequences: &[Vec<u32>]) -> (Plan, Vec<Option<u32>>) {
         let mut trie = Trie::default();
+        let mut nodes = Vec::new();
         let last: Vec<Option<u32>> = sequences
             .iter()
-            .map(|s| trie.insert(s).last().copied())
+            .map(|s| {
+                nodes.clear();
+                trie.insert(s, &mut nodes);
+                nodes.last().copied()
+            })
             .collect();
         let plan = trie.flatten();
         let rows = last
@@ -117,15 +122,15 @@ impl Plan {
             .collect();
         rows.sort_unstable();
         rows.dedup();
-        let row_index: HashMap<u32, u32> = rows
-            .iter()
-            .enumerate()
-            .map(|(k, &r)| (r, k as u32))
-            .collect();
+        // flat token index -> head row (dense: rows are token indices of this plan)
+        let mut row_index = vec![u32::MAX; self.tokens.len()];
+        for (k, &r) in rows.iter().enumerate() {
+            row_index[r as usize] = k as u32;
+        }
         self.targets = raw
             .into_iter()
             .map(|(node, token, weight, slot)| Target {
-                head_row: row_index[&trie.flat_index[node as usize]],
+                head_row: row_index[trie.flat_index[node as usize] as usize],
                 token,
                 weight,
                 slot,
@@ -135,45 +140,67 @@ impl Plan {
     }
 }
 
-/// A token trie; node 0 is the (token-less) root.
+/// No node: the end of a sibling list, or a leaf's children.
+const NONE: u32 = u32::MAX;
+
+/// A token trie; node 0 is the (token-less) root. Children are singly linked lists in insertion
+/// order (first, last, next sibling): no allocation per node.
 #[derive(Default)]
 struct Trie {
     /// (parent node, token) -> child node.
-    children: HashMap<(u32, u32), u32>,
-    /// Per node: its token, parent, children in insertion order. Index 0 is the root.
+    children: FxHashMap<(u32, u32), u32>,
+    /// Per node (index 0 is the root): its token and parent, its first and last child, its next
+    /// sibling.
     token: Vec<u32>,
     parent: Vec<u32>,
-    kids: Vec<Vec<u32>>,
+    first_child: Vec<u32>,
+    last_child: Vec<u32>,
+    next_sibling: Vec<u32>,
     /// Per node: its index in the flat schedule (filled by `flatten`).
     flat_index: Vec<u32>,
 }
 
 impl Trie {
-    /// Inserts `ids`; returns the node of every position.
-    fn insert(&mut self, ids: &[u32]) -> Vec<u32> {
+    /// Inserts `ids`; appends the node of every position to `nodes`.
+    fn insert(&mut self, ids: &[u32], nodes: &mut Vec<u32>) {
         if self.token.is_empty() {
-            self.token.push(u32::MAX);
-            self.parent.push(u32::MAX);
-            self.kids.push(Vec::new());
+            self.push_node(NONE, NONE);
         }
         let mut node = 0u32;
-        ids.iter()
-            .map(|&id| {
-                node = match self.children.get(&(node, id)) {
-                    Some(&child) => child,
-                    None => {
-                        let child = self.token.len() as u32;
-                        self.token.push(id);
-                        self.parent.push(node);
-                        self.kids.push(Vec::new());
-                        self.kids[node as usize].push(child);
-                        self.children.insert((node, id), child);
-                        child
+        // Once a node is new, so is the rest of the sequence: a new node has no children to find.
+        let mut new = false;
+        nodes.extend(ids.iter().map(|&id| {
+            let found = if new {
+                None
+            } else {
+                self.children.get(&(node, id)).copied()
+            };
+            node = match found {
+                Some(child) => child,
+                None => {
+                    new = true;
+                    let child = self.push_node(id, node);
+                    match self.last_child[node as usize] {
+                        NONE => self.first_child[node as usize] = child,
+                        last => self.next_sibling[last as usize] = child,
                     }
-                };
-                node
-            })
-            .collect()
+                    self.last_child[node as usize] = child;
+                    self.children.insert((node, id), child);
+                    child
+                }
+            };
+            node
+        }));
+    }
+
+    fn push_node(&mut self, token: u32, parent: u32) -> u32 {
+        let node = self.token.len() as u32;
+        self.token.push(token);
+        self.parent.push(parent);
+        self.first_child.push(NONE);
+        self.last_child.push(NONE);
+        self.next_sibling.push(NONE);
+        node
     }
 
     /// Nodes, the root included (0 before the first insert).
@@ -187,18 +214,52 @@ impl Trie {
     }
 
     /// Removes every node from `n_nodes` on: undoes the inserts made since the trie had that many.
-    /// New nodes are appended, and appended to their parent's kids, so in reverse order each one
-    /// is the last kid of its parent. The root (node 0) has no parent to detach from.
+    /// New nodes are appended, and appended to their parent's children, so in reverse order each
+    /// one is the last child of its parent. The root (node 0) has no parent to detach from.
     fn truncate(&mut self, n_nodes: usize) {
         for node in (n_nodes.max(1)..self.token.len()).rev() {
-            let parent = self.parent[node];
-            self.children.remove(&(parent, self.token[node]));
-            let last = self.kids[parent as usize].pop();
-            debug_assert_eq!(last, Some(node as u32));
+            let parent = self.parent[node] as usize;
+            self.children.remove(&(parent as u32, self.token[node]));
+            debug_assert_eq!(self.last_child[parent], node as u32);
+            if self.first_child[parent] == node as u32 {
+                self.first_child[parent] = NONE;
+                self.last_child[parent] = NONE;
+            } else {
+                // The one walk of a sibling list: once per refused candidate's new branch.
+                let mut prev = self.first_child[parent];
+                while self.next_sibling[prev as usize] != node as u32 {
+                    prev = self.next_sibling[prev as usize];
+                }
+                self.next_sibling[prev as usize] = NONE;
+                self.last_child[parent] = prev;
+            }
         }
-        self.token.truncate(n_nodes);
-        self.parent.truncate(n_nodes);
-        self.kids.truncate(n_nodes);
+        for v in [
+            &mut self.token,
+            &mut self.parent,
+            &mut self.first_child,
+            &mut self.last_child,
+            &mut self.next_sibling,
+        ] {
+            v.truncate(n_nodes);
+        }
+    }
+
+    /// Pushes the children of `node` onto `stack` so that they pop in insertion order.
+    fn push_children(
+        &self,
+        node: u32,
+        segment: Option<u32>,
+        depth: u32,
+        stack: &mut Vec<(u32, Option<u32>, u32)>,
+    ) {
+        let at = stack.len();
+        let mut child = self.first_child[node as usize];
+        while child != NONE {
+            stack.push((child, segment, depth));
+            child = self.next_sibling[child as usize];
+        }
+        stack[at..].reverse();
     }
 
     /// Compresses chains into segments and lays tokens out in DFS order.
@@ -211,9 +272,9 @@ impl Trie {
         if self.token.is_empty() {
             return plan;
         }
-        // Stack of (first node of a segment, parent segment, depth, ancestor list of the segment).
-        let mut stack: Vec<(u32, Option<u32>, u32)> =
-            self.kids[0].iter().rev().map(|&k| (k, None, 0)).collect();
+        // Stack of (first node of a segment, parent segment, depth).
+        let mut stack: Vec<(u32, Option<u32>, u32)> = Vec::new();
+        self.push_children(0, None, 0, &mut stack);
         while let Some((first, parent, depth)) = stack.pop() {
             let s = plan.segments.len() as u32;
             let start = plan.tokens.len() as u32;
@@ -224,10 +285,11 @@ impl Trie {
                     .push(depth + plan.tokens.len() as u32 - start);
                 plan.tokens.push(self.token[node as usize]);
                 plan.token_segment.push(s);
-                match self.kids[node as usize].as_slice() {
-                    [only] => node = *only,
-                    _ => break,
+                let child = self.first_child[node as usize];
+                if child == NONE || self.next_sibling[child as usize] != NONE {
+                    break; // a leaf or a branch ends the segment
                 }
+                node = child;
             }
             let len = plan.tokens.len() as u32 - start;
             plan.segments.push(Segment {
@@ -239,14 +301,11 @@ impl Trie {
             if let Some(p) = parent {
                 let range = plan.ancestor_offsets[p as usize] as usize
                     ..plan.ancestor_offsets[p as usize + 1] as usize;
-                let inherited: Vec<u32> = plan.ancestors[range].to_vec();
-                plan.ancestors.extend(inherited);
+                plan.ancestors.extend_from_within(range);
                 plan.ancestors.push(p);
             }
             plan.ancestor_offsets.push(plan.ancestors.len() as u32);
-            for &k in self.kids[node as usize].iter().rev() {
-                stack.push((k, Some(s), depth + len));
-            }
+            self.push_children(node, Some(s), depth + len, &mut stack);
         }
         plan
     }
@@ -266,6 +325,8 @@ pub struct PlanBuilder<'o> {
     raw_targets: Vec<(u32, u32, f64, u32)>,
     naive_tokens: usize,
     n_candidates: usize,
+    /// The node of every position of the sequence being inserted (reused).
+    nodes: Vec<u32>,
 }
 
 impl<'o> PlanBuilder<'o> {
@@ -276,6 +337,7 @@ impl<'o> PlanBuilder<'o> {
             raw_targets: Vec::new(),
             naive_tokens: 0,
             n_candidates: 0,
+            nodes: Vec::new(),
         }
     }
 
@@ -298,10 +360,12 @@ impl<'o> PlanBuilder<'o> {
                 continue; // every weight is zero: the loss is 0 and nothing needs to run
             }
             self.naive_tokens += seq.ids.len();
-            let nodes = self.trie.insert(&seq.ids);
+            self.nodes.clear();
+            self.trie.insert(&seq.ids, &mut self.nodes);
             let slot = (c * 3 + variant as usize) as u32;
             for &(row, token, weight) in &seq.targets {
-                self.raw_targets.push((nodes[row], token, weight, slot));
+                self.raw_targets
+                    .push((self.nodes[row], token, weight, slot));
             }
         }
         self.n_candidates += 1;
