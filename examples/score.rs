@@ -1,45 +1,51 @@
-//! Embedding toolsift: load a model once, score a batch of text-level candidates, print the filter.
+//! Embedding toolsift: load a model once, score a batch of text-level candidates on the fast CPU
+//! engine, print the filter. Without an argument it uses the demo model embedded in the crate,
+//! with the demo's settings: inline placement (the demo model was trained on calls in the text),
+//! tau_f 0.5 for the calculator.
 //!
-//!     cargo run --example score [MODEL_DIR]
+//!     cargo run --release --example score [MODEL_DIR]
 
-use toolsift::{CallForm, Model, Placement, ReferenceScorer, ScoreOptions, Scorer, TextCandidate};
+use toolsift::{
+    score_texts, scorer_for, CallForm, Device, Model, Placement, ScoreOptions, TextCandidate,
+};
 
 fn main() -> toolsift::Result<()> {
-    let dir = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny-gptj").into());
-    let model = Model::load(dir.as_ref())?;
-    let tokenizer = model.tokenizer()?;
-    let text = "Out of 1400 participants, 400 (or 29%) passed the test.";
-    let calls = [
-        ("400 / 1400", "0.29"),
-        ("1400 / 400", "3.5"),
-        ("400 - 1400", "-1000"),
-    ];
-    let candidates = calls
+    let dir = match std::env::args_os().nth(1) {
+        Some(dir) => dir.into(),
+        None => toolsift::demo::assets::materialize()?,
+    };
+    let model = Model::load(&dir)?;
+    let scorer = scorer_for(&model, Device::Cpu)?;
+    let text = "Each of the boxes costs 25 dollars, so 12 of them cost 300 dollars.";
+    let calls = [("25 * 12", "300"), ("25 + 12", "37"), ("12 / 25", "0.48")];
+    let candidates: Vec<TextCandidate> = calls
         .iter()
-        .map(|(input, result)| {
-            TextCandidate {
-                text: text.into(),
-                position: text.find(" 29%").expect("the call site"),
-                tool: "Calculator".into(),
-                input: input.to_string(),
-                result: result.to_string(),
-            }
-            .to_tokens(tokenizer, Placement::Prefix, CallForm::Arrow, None)
+        .map(|(input, result)| TextCandidate {
+            text: text.into(),
+            position: text.find(" 300").expect("the call site"),
+            tool: "Calculator".into(),
+            input: input.to_string(),
+            result: result.to_string(),
         })
-        .collect::<toolsift::Result<Vec<_>>>()?;
-    let scorer = ReferenceScorer::new(&model);
-    for ((input, result), s) in calls
-        .iter()
-        .zip(scorer.score(&candidates, &ScoreOptions::default())?)
-    {
+        .collect();
+    let options = ScoreOptions {
+        placement: Placement::Inline,
+        ..ScoreOptions::default()
+    };
+    let scores = score_texts(
+        &*scorer,
+        model.tokenizer()?,
+        &candidates,
+        &options,
+        CallForm::Arrow,
+    )?;
+    for ((input, result), s) in calls.iter().zip(scores) {
         println!(
             "[Calculator({input}) -> {result}]  L- {:.3}  L+ {:.3}  delta {:+.3}  kept {}",
             s.l_minus,
             s.l_plus,
             s.delta,
-            s.kept(1.0)
+            s.kept(0.5)
         );
     }
     Ok(())

@@ -85,9 +85,10 @@ pub fn scorer_with_memory_budget(
     }
 }
 
-/// The incremental decoder (KV-cached generation) for `device` over `model`.
-pub fn decoder_for(model: &Model, device: Device) -> Result<Box<dyn Decoder>> {
-    let engine: Box<dyn Decoder> = engine_for(model, device)?;
+/// The incremental decoder (KV-cached generation) for `device` over `model`; shareable across
+/// threads, each opening its own sessions.
+pub fn decoder_for(model: &Model, device: Device) -> Result<Box<dyn Decoder + Send + Sync>> {
+    let engine: Box<dyn Decoder + Send + Sync> = engine_for(model, device)?;
     Ok(engine)
 }
 

@@ -4,22 +4,34 @@
 //! model's loss on the next few tokens. toolsift scores those candidates with a hand-written GPT-J
 //! forward: a plain f64 reference (the oracle) and faster backends proven equal to it.
 //!
-//! ```no_run
-//! use toolsift::{Model, ReferenceScorer, ScoreOptions, Scorer, TokenCandidate};
+//! Text-level candidates on the fast CPU engine, with the demo model embedded in the crate
+//! (`demo::assets::materialize` writes it to a folder once; any Hugging Face GPT-J folder loads
+//! the same way):
+//!
+//! ```
+//! use toolsift::{score_texts, scorer_for, CallForm, Device, Model, Placement, ScoreOptions};
+//! use toolsift::TextCandidate;
 //! # fn main() -> toolsift::Result<()> {
-//! let model = Model::load("tests/fixtures/tiny-gptj".as_ref())?;
-//! let scorer = ReferenceScorer::new(&model);
-//! let candidate = TokenCandidate {
-//!     text_ids: vec![329, 266, 451, 455, 338, 11, 285].into(),
-//!     position: 5,
-//!     call_ids: vec![58, 344, 7, 19, 455, 8, 60, 220],
-//!     call_result_ids: vec![58, 344, 7, 19, 455, 8, 342, 415, 60, 220],
-//!     weights: None,
+//! let model = Model::load(&toolsift::demo::assets::materialize()?)?;
+//! let scorer = scorer_for(&model, Device::Cpu)?; // Send + Sync: share it behind an Arc
+//! let text = "Each of the boxes costs 25 dollars, so 12 of them cost 300 dollars.";
+//! let candidate = TextCandidate {
+//!     text: text.into(),
+//!     position: text.find(" 300").unwrap(), // a byte offset on a token boundary
+//!     tool: "Calculator".into(),
+//!     input: "25 * 12".into(),
+//!     result: "300".into(),
 //! };
-//! let scores = scorer.score(&[candidate], &ScoreOptions::default())?;
-//! println!("delta = {}, kept = {}", scores[0].delta, scores[0].kept(1.0));
+//! // The paper's weights; the call spliced into the text, as the demo model was trained to read it
+//! // (the default is the paper's prefix placement).
+//! let options = ScoreOptions { placement: Placement::Inline, ..ScoreOptions::default() };
+//! let scores = score_texts(&*scorer, model.tokenizer()?, &[candidate], &options, CallForm::Arrow)?;
+//! assert!(scores[0].kept(0.5)); // L- - L+ >= tau_f: the result helps predict " 300"
 //! # Ok(()) }
 //! ```
+//!
+//! Token-level candidates (`TokenCandidate`) go to `Scorer::score` directly; the annotate driver
+//! that builds C* is `annotate::run_job`.
 
 pub mod annotate;
 pub mod backend;
@@ -46,6 +58,8 @@ pub use backend::{scorer_for, Device};
 pub use error::{Error, Result};
 pub use model::{GptjConfig, Model};
 pub use score::{
-    CallForm, Placement, ReferenceScorer, ScoreOptions, Scorer, Scores, TextCandidate,
+    score_texts, CallForm, Placement, ReferenceScorer, ScoreOptions, Scorer, Scores, TextCandidate,
     TokenCandidate, Variant,
 };
+/// The JSON values of the public API (document ids, run settings, C* records).
+pub use serde_json;

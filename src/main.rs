@@ -810,8 +810,8 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         .tokenizer
         .as_ref()
         .with_context(|| format!("{}: no tokenizer.json", model_dir.display()))?;
-    options.n_positions = Some(model.config.n_positions);
-    options.vocab_size = Some(model.config.vocab_size);
+    let limits = toolsift::generate::GenerateOptions::for_model(&model.config);
+    (options.n_positions, options.vocab_size) = (limits.n_positions, limits.vocab_size);
     let decoder = toolsift::backend::decoder_for(&model, args.device)?;
     let output: Box<dyn std::io::Write> = match &args.output {
         Some(path) => Box::new(BufWriter::new(

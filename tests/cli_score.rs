@@ -338,9 +338,14 @@ fn missing_model_folder_is_a_clear_error() {
     let (ok, _, stderr) = run_score(Path::new("/nonexistent/model"), &token_lines(), &[]);
     assert!(!ok);
     assert!(
-        stderr.contains("/nonexistent/model/config.json"),
+        stderr.contains("/nonexistent/model: No such file or directory"),
         "{stderr}"
     );
+    // A file where the folder should be: said so, not "Not a directory" about config.json.
+    let file = tiny("f32").join("config.json");
+    let (ok, _, stderr) = run_score(&file, &token_lines(), &[]);
+    assert!(!ok);
+    assert!(stderr.contains("config.json: is not a folder"), "{stderr}");
 }
 
 #[test]

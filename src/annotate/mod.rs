@@ -60,6 +60,7 @@ pub struct RunOptions {
     /// Show a progress bar on stderr (only drawn when stderr is a terminal).
     pub progress: bool,
     /// Test hook: stop (as if killed) after this many documents of this invocation.
+    #[doc(hidden)]
     pub stop_after: Option<u64>,
 }
 

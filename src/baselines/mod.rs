@@ -105,7 +105,7 @@ impl Scorer for BaselineScorer {
         self.model.config()
     }
 
-    fn variant_losses(
+    fn variant_losses_unchecked(
         &self,
         candidates: &[TokenCandidate],
         options: &ScoreOptions,

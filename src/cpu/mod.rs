@@ -138,7 +138,7 @@ impl Scorer for CpuScorer {
         &self.config
     }
 
-    fn variant_losses(
+    fn variant_losses_unchecked(
         &self,
         candidates: &[TokenCandidate],
         options: &ScoreOptions,

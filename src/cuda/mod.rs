@@ -592,7 +592,7 @@ impl Scorer for CudaScorer {
         &self.config
     }
 
-    fn variant_losses(
+    fn variant_losses_unchecked(
         &self,
         candidates: &[TokenCandidate],
         options: &ScoreOptions,

@@ -81,6 +81,16 @@ impl Default for GenerateOptions {
 }
 
 impl GenerateOptions {
+    /// The defaults with the model's limits filled in (`n_positions`, `vocab_size`): completions
+    /// stop at the length limit, and an id the model has no row for fails its own prompt.
+    pub fn for_model(config: &crate::model::GptjConfig) -> Self {
+        GenerateOptions {
+            n_positions: Some(config.n_positions),
+            vocab_size: Some(config.vocab_size),
+            ..GenerateOptions::default()
+        }
+    }
+
     /// Refuses settings that would silently mean something else: `max_call_tokens` 0 (a call
     /// needs a token to name its tool), and what `sample::check_draw_options` refuses.
     pub fn check(&self) -> Result<()> {

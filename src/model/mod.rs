@@ -37,6 +37,18 @@ impl Model {
             dir
         };
         let _span = tracing::info_span!("load_model", dir = %dir.display()).entered();
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(Error::Config {
+                    path: dir.to_owned(),
+                    msg: "is not a folder: give the model's folder (config.json, weights, \
+                          tokenizer.json)"
+                        .into(),
+                })
+            }
+            Err(e) => return Err(Error::io(dir, e)),
+        }
         let config = GptjConfig::from_file(&dir.join("config.json"))?;
         let map = checkpoint::TensorMap::open_dir(dir)?;
         let weights = GptjWeights::from_map(&config, &map, dir)?;

@@ -109,8 +109,8 @@ pub struct Proposal {
 /// Picks the branches of `Sampler::propose` from the log-probs of its sequence.
 pub type Choose<'a> = dyn FnMut(&[Vec<f32>]) -> Vec<Branch> + 'a;
 
-/// The sampling interface of a backend.
-pub trait Sampler {
+/// The sampling interface of a backend (`Send + Sync`, as `Scorer`).
+pub trait Sampler: Send + Sync {
     /// `out[i][j] = log p(tokens[j] | ids[0..=i])` for every position i of `ids`.
     fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>>;
 

@@ -126,7 +126,7 @@ pub fn score_jsonl(
             .filter_map(|p| p.candidate.as_ref().ok().cloned())
             .collect();
         let mut scores = scorer
-            .variant_losses(&valid, &options.score)?
+            .variant_losses_unchecked(&valid, &options.score)?
             .into_iter()
             .map(Scores::from_losses);
         for ((line_no, _), p) in chunk.iter().zip(parsed) {

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 pub use candidate::{validate, variant_sequence, TokenCandidate, VariantSequence};
 pub use reference::ReferenceScorer;
-pub use text::{call_text, TextCandidate};
+pub use text::{call_text, score_texts, TextCandidate};
 pub use weights::LossWeights;
 
 use crate::error::{Error, Result};
@@ -120,27 +120,44 @@ impl Scores {
 
 /// A scoring backend: the three variant losses of every candidate.
 ///
-/// Implementations may assume the candidates were checked with `validate`; `score` does that.
-pub trait Scorer {
+/// `Send + Sync`: one scorer (one copy of the weights) can serve several threads, e.g. behind an
+/// `Arc`. A backend implements `variant_losses_unchecked`; callers use `score` or
+/// `variant_losses`, which check the candidates first.
+pub trait Scorer: Send + Sync {
     /// A short name for logs and benchmark output.
     fn name(&self) -> &str;
 
     /// The model the backend runs.
     fn config(&self) -> &GptjConfig;
 
-    /// [L_none, L_call, L_call_result] per candidate, in order.
-    fn variant_losses(
+    /// [L_none, L_call, L_call_result] per candidate, in order, without checking the candidates:
+    /// each must pass `validate` for this scorer's config and `options` (an id outside the
+    /// vocabulary may panic, a position past the text gives meaningless losses). For callers that
+    /// have just validated them, such as the `score` file driver.
+    fn variant_losses_unchecked(
         &self,
         candidates: &[TokenCandidate],
         options: &ScoreOptions,
     ) -> Result<Vec<[f64; 3]>>;
 
-    /// Validates every candidate, then scores them. The error names the first bad candidate.
-    fn score(&self, candidates: &[TokenCandidate], options: &ScoreOptions) -> Result<Vec<Scores>> {
+    /// [L_none, L_call, L_call_result] per candidate, in order, after `validate`: the error names
+    /// the first bad candidate.
+    fn variant_losses(
+        &self,
+        candidates: &[TokenCandidate],
+        options: &ScoreOptions,
+    ) -> Result<Vec<[f64; 3]>> {
         for (k, c) in candidates.iter().enumerate() {
             validate(c, self.config(), options)
                 .map_err(|e| Error::input(format!("candidate {k}: {e}")))?;
         }
+        self.variant_losses_unchecked(candidates, options)
+    }
+
+    /// `variant_losses`, as scores: L-, L+ and delta per candidate. A loss that is not finite
+    /// (weights too large, or a model that overflows) is returned as is: `Scores::not_finite`
+    /// says so, and `kept` is false for it.
+    fn score(&self, candidates: &[TokenCandidate], options: &ScoreOptions) -> Result<Vec<Scores>> {
         Ok(self
             .variant_losses(candidates, options)?
             .into_iter()

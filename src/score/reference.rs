@@ -86,7 +86,7 @@ impl Scorer for ReferenceScorer {
         self.model.config()
     }
 
-    fn variant_losses(
+    fn variant_losses_unchecked(
         &self,
         candidates: &[TokenCandidate],
         options: &ScoreOptions,

@@ -15,7 +15,9 @@
 
 use std::sync::Arc;
 
-use super::{CallForm, Placement, TokenCandidate};
+use std::collections::HashMap;
+
+use super::{CallForm, Placement, ScoreOptions, Scorer, Scores, TokenCandidate};
 use crate::error::{Error, Result};
 use crate::model::tokenizer::Encoding;
 use crate::model::Tokenizer;
@@ -91,6 +93,35 @@ impl TextCandidate {
             weights: None,
         })
     }
+}
+
+/// Scores text-level candidates: each distinct text tokenized once, every call with
+/// `options.placement` (the placement the scorer then uses, so the two cannot disagree) and
+/// `form`. An error names the first candidate that cannot be tokenized or scored.
+pub fn score_texts(
+    scorer: &dyn Scorer,
+    tokenizer: &Tokenizer,
+    candidates: &[TextCandidate],
+    options: &ScoreOptions,
+    form: CallForm,
+) -> Result<Vec<Scores>> {
+    let mut texts: HashMap<&str, (Encoding, Arc<[u32]>)> = HashMap::new();
+    let mut tokens = Vec::with_capacity(candidates.len());
+    for (k, c) in candidates.iter().enumerate() {
+        let at = |e: Error| Error::input(format!("candidate {k}: {e}"));
+        if !texts.contains_key(c.text.as_str()) {
+            let encoding = tokenizer.encode(&c.text).map_err(at)?;
+            let ids: Arc<[u32]> = encoding.ids.clone().into();
+            texts.insert(&c.text, (encoding, ids));
+        }
+        let (encoding, ids) = &texts[c.text.as_str()];
+        let shared = Some((encoding, ids.clone()));
+        tokens.push(
+            c.to_tokens(tokenizer, options.placement, form, shared)
+                .map_err(at)?,
+        );
+    }
+    scorer.score(&tokens, options)
 }
 
 #[cfg(test)]

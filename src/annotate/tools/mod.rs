@@ -1,7 +1,10 @@
 //! The tools a sampled API call is executed against (Toolformer, Schick et al. 2023, §3).
 //!
 //! Every tool sits behind the object-safe [`Tool`] trait so that a user can register
-//! their own next to the built-ins in a [`ToolRegistry`]. A call that yields no result
+//! their own in a [`ToolRegistry`]: `generate` calls a tool of any name; the annotate driver
+//! (`Annotator::new` with the registry) knows the paper's five tools (`ToolKind`: each has its
+//! prompt, heuristics and thresholds), so there a user's tool takes a built-in's name, e.g. a QA
+//! tool written in Rust instead of an external command. A call that yields no result
 //! returns a [`ToolError`]; the caller records the candidate as failed and goes on: no tool
 //! failure, slow service or panic inside a tool may stop a run.
 //!

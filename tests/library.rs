@@ -1,0 +1,144 @@
+//! The library as an embedder uses it: scorers shared across threads, checked entry points that
+//! return errors (never panic) on bad candidates, text-level scoring in one call.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::tiny;
+use toolsift::generate::GenerateOptions;
+use toolsift::{
+    score_texts, scorer_for, CallForm, Device, Model, Placement, ReferenceScorer, ScoreOptions,
+    Scorer, TextCandidate, TokenCandidate,
+};
+
+fn model() -> Model {
+    Model::load(&tiny("f32")).unwrap()
+}
+
+fn candidate(text_ids: Vec<u32>) -> TokenCandidate {
+    TokenCandidate {
+        text_ids: text_ids.into(),
+        position: 3,
+        call_ids: vec![58, 344, 7, 19, 8, 60, 220],
+        call_result_ids: vec![58, 344, 7, 19, 8, 342, 60, 220],
+        weights: None,
+    }
+}
+
+#[test]
+fn scorers_are_shared_across_threads() {
+    fn send_sync<T: Send + Sync + ?Sized>(_: &T) {}
+    let model = model();
+    let scorer: Arc<Box<dyn Scorer>> = Arc::new(scorer_for(&model, Device::Cpu).unwrap());
+    send_sync(&scorer);
+    send_sync(&toolsift::backend::engine_for(&model, Device::Cpu).unwrap());
+    send_sync(&toolsift::backend::decoder_for(&model, Device::Cpu).unwrap());
+    let batch = vec![candidate(vec![329, 266, 451, 455, 338, 11, 285])];
+    let options = ScoreOptions::default();
+    let alone = scorer.variant_losses(&batch, &options).unwrap();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..3)
+            .map(|_| s.spawn(|| scorer.variant_losses(&batch, &options).unwrap()))
+            .collect();
+        for run in runs {
+            assert_eq!(run.join().unwrap(), alone);
+        }
+    });
+}
+
+#[test]
+fn checked_entry_points_refuse_what_the_unchecked_one_would_panic_on() {
+    let model = model();
+    let vocab = model.config.vocab_size as u32;
+    let options = ScoreOptions::default();
+    let fast = scorer_for(&model, Device::Cpu).unwrap();
+    let reference = ReferenceScorer::new(&model);
+    let out_of_vocab = candidate(vec![329, 266, 451, vocab + 12_800_000, 338]);
+    let mut past_the_end = candidate(vec![329, 266, 451, 455]);
+    past_the_end.position = 9;
+    for scorer in [fast.as_ref(), &reference as &dyn Scorer] {
+        let good = candidate(vec![329, 266, 451, 455, 338, 11, 285]);
+        for (bad, why) in [
+            (&out_of_vocab, "outside the vocabulary"),
+            (&past_the_end, "out of range"),
+        ] {
+            let batch = [good.clone(), bad.clone()];
+            for err in [
+                scorer.variant_losses(&batch, &options).unwrap_err(),
+                scorer.score(&batch, &options).unwrap_err(),
+            ] {
+                let msg = err.to_string();
+                assert!(
+                    msg.starts_with("candidate 1:") && msg.contains(why),
+                    "{}: {msg}",
+                    scorer.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn score_texts_tokenizes_each_text_once_with_the_options_placement() {
+    let model = model();
+    let tokenizer = model.tokenizer().unwrap();
+    let scorer = ReferenceScorer::new(&model);
+    let text = "Out of 1400 participants, 400 (or 29%) passed the test.";
+    let at = text.find(" 29%").unwrap();
+    let cands: Vec<TextCandidate> = [("400 / 1400", "0.29"), ("1400 / 400", "3.5")]
+        .iter()
+        .map(|(input, result)| TextCandidate {
+            text: text.into(),
+            position: at,
+            tool: "Calculator".into(),
+            input: input.to_string(),
+            result: result.to_string(),
+        })
+        .collect();
+    for placement in [Placement::Prefix, Placement::Inline] {
+        let options = ScoreOptions {
+            placement,
+            ..ScoreOptions::default()
+        };
+        let got = score_texts(&scorer, tokenizer, &cands, &options, CallForm::Arrow).unwrap();
+        let tokens: Vec<TokenCandidate> = cands
+            .iter()
+            .map(|c| {
+                c.to_tokens(tokenizer, placement, CallForm::Arrow, None)
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(
+            got,
+            scorer.score(&tokens, &options).unwrap(),
+            "{placement:?}"
+        );
+    }
+    // The error names the candidate: a position inside "é".
+    let mut bad = cands.clone();
+    bad[1].text = "café au lait".into();
+    bad[1].position = 4;
+    let err = score_texts(
+        &scorer,
+        tokenizer,
+        &bad,
+        &ScoreOptions::default(),
+        CallForm::Arrow,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with("candidate 1:") && err.contains("character boundary"),
+        "{err}"
+    );
+}
+
+#[test]
+fn generate_options_for_a_model_carry_its_limits() {
+    let model = model();
+    let o = GenerateOptions::for_model(&model.config);
+    assert_eq!(o.n_positions, Some(model.config.n_positions));
+    assert_eq!(o.vocab_size, Some(model.config.vocab_size));
+    assert_eq!(o.max_new_tokens, GenerateOptions::default().max_new_tokens);
+}
