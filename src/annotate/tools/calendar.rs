@@ -358,8 +358,13 @@ impl Tool for Calendar {
             )));
         }
         self.date_for(doc).map(Date::render).ok_or_else(|| {
+            // Say why a date that is there was not used: "2023-02-30" is no date.
+            let field = match doc.date {
+                Some(d) => format!("its date field {d:?} is not a valid YYYY-MM-DD date"),
+                None => "it has no date field".into(),
+            };
             ToolError::Failed(format!(
-                "document {:?} has no usable date field or URL date, and no date is configured",
+                "document {:?}: {field}, its URL holds no date, and no date is configured",
                 doc.id
             ))
         })
@@ -520,6 +525,18 @@ mod tests {
             .call("", &DocContext::default())
             .unwrap_err();
         assert!(matches!(err, ToolError::Failed(_)));
+        assert!(err.to_string().contains("no date field"), "{err}");
+        // A date field that is no date is named as such.
+        let doc = DocContext {
+            date: Some("2023-02-30"),
+            ..DocContext::default()
+        };
+        let err = Calendar::new(None).call("", &doc).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(r#"date field "2023-02-30" is not a valid"#),
+            "{err}"
+        );
         // An argument is not answered; spaces are no argument.
         let dated = Calendar::new(Some(d(2023, 1, 30)));
         let err = dated.call("tomorrow", &DocContext::default()).unwrap_err();
