@@ -46,8 +46,14 @@ step() { # name timeout_s command...
   fi
   (( t > l )) && t=$l
   echo "== [$(elapsed)s] $name (timeout ${t}s)"
-  timeout -k 5 "$t" "$@" >"$OUT/$name.log" 2>&1
+  # In the background and waited for: `timeout` puts the step in a process group of its own, so
+  # a TERM to the script would not reach it, and bash runs a trap only after its foreground
+  # command; `wait` returns at once on a signal, and the trap stops the step (STEP_PID).
+  timeout -k 5 "$t" "$@" >"$OUT/$name.log" 2>&1 &
+  STEP_PID=$!
+  wait "$STEP_PID"
   local rc=$?
+  STEP_PID=
   status[$name]=$rc
   tail -5 "$OUT/$name.log"
   echo "-- [$(elapsed)s] $name: rc $rc"
@@ -154,6 +160,7 @@ PY
 
 finish() {
   trap - EXIT
+  trap '' TERM INT # the archive is written and OUT emptied as one piece
   mkdir -p "$OUT/bench"
   cp "$BENCH"/hf_*.json "$BENCH"/workload-*.jsonl "$OUT/bench/" 2>/dev/null
   write_summary
@@ -163,8 +170,14 @@ finish() {
     find "$OUT" -mindepth 1 ! -name summary.json -delete && mv /tmp/gpu-results.tgz "$OUT"/
   echo "== done in $(elapsed)s; summary.json and gpu-results.tgz (all logs and JSON) in $OUT"
 }
+STEP_PID=
+on_signal() {
+  echo "== terminated at $(elapsed)s"
+  [[ -n $STEP_PID ]] && kill -TERM "$STEP_PID" 2>/dev/null && wait "$STEP_PID"
+  exit 143
+}
 trap finish EXIT
-trap 'echo "== terminated at $(elapsed)s"; exit 143' TERM INT
+trap on_signal TERM INT
 
 echo "== machine"
 { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv; } \
@@ -183,7 +196,8 @@ purelib=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 for d in "$purelib"/nvidia/cublas/lib "$purelib"/nvidia/cu13/lib "$purelib"/nvidia/cu12/lib; do
   has "$d/libcublasLt.so*" && libdirs+=("$d")
 done
-LD_LIBRARY_PATH="$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+found="$(IFS=:; echo "${libdirs[*]}")"
+LD_LIBRARY_PATH="$found${found:+${LD_LIBRARY_PATH:+:}}${LD_LIBRARY_PATH:-}"
 export LD_LIBRARY_PATH
 {
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
@@ -258,8 +272,8 @@ else
     echo "skipping the 6B benchmark: $(left)s left before the deadline"
     status[hf_6b]=skipped
   fi
-  # The sampling steps at 6B, on the same weights.
-  if [[ -d "$BENCH/gptj-6b" ]]; then
+  # The sampling steps at 6B, on the same weights (whole only if their step finished).
+  if [[ ${status[hf_6b]:-} == 0 ]]; then
     TOOLSIFT_BENCH_MODEL="$BENCH/gptj-6b" TOOLSIFT_BENCH_OUTPUT="$OUT/sampling_6b.json" \
     TOOLSIFT_BENCH_REPS=3 \
       step sampling_6b 50 "$BIN/cuda_sampling" --ignored --exact cuda_sampling_bench --nocapture

@@ -68,9 +68,11 @@ pub fn scorer_for(model: &Model, device: Device) -> Result<Box<dyn Scorer>> {
     scorer_with_memory_budget(model, device, None)
 }
 
-/// The scorer for `device` over `model`, with the activation memory of one plan chunk capped at
-/// `memory_budget` bytes (larger batches are split). None: the backend's default (2 GiB on the
-/// CPU, 90% of the device memory free after the weights on CUDA).
+/// The scorer for `device` over `model`, with the memory of one plan chunk (activations, and on
+/// the CPU the planner's own) capped at `memory_budget` bytes (larger batches are split). None:
+/// the backend's default (2 GiB on the CPU; on CUDA 90% of the device memory free after the
+/// weights, the LM head's scratch and 1 GiB). The budget is per call: threads sharing one scorer
+/// each plan to it, so give a shared scorer a budget that many calls can hold at once.
 pub fn scorer_with_memory_budget(
     model: &Model,
     device: Device,

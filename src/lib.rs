@@ -13,7 +13,8 @@
 //! use toolsift::TextCandidate;
 //! # fn main() -> toolsift::Result<()> {
 //! let model = Model::load(&toolsift::demo::assets::materialize()?)?;
-//! let scorer = scorer_for(&model, Device::Cpu)?; // Send + Sync: share it behind an Arc
+//! // Send + Sync: threads can share it (each call holds up to its memory budget).
+//! let scorer = scorer_for(&model, Device::Cpu)?;
 //! let text = "Each of the boxes costs 25 dollars, so 12 of them cost 300 dollars.";
 //! let candidate = TextCandidate {
 //!     text: text.into(),

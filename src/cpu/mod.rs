@@ -21,7 +21,7 @@ use crate::score::{ScoreOptions, Scorer, TokenCandidate};
 use ops::RotaryTable;
 use weights::CpuWeights;
 
-/// Default activation budget of one plan chunk (bytes).
+/// Default memory budget of one plan chunk (bytes): activations and the planner's own memory.
 pub const DEFAULT_MEMORY_BUDGET: usize = 2 << 30;
 
 /// Time and work of the last `variant_losses` call, for benchmarks and logs.
@@ -75,7 +75,8 @@ impl CpuScorer {
         }
     }
 
-    /// Caps the activation memory of one chunk of a batch; larger batches are split.
+    /// Caps the memory of one chunk of a batch (activations and the planner's); larger batches are
+    /// split. Per call: concurrent calls on one scorer each use up to this much.
     pub fn with_memory_budget(mut self, bytes: usize) -> Self {
         self.memory_budget = bytes;
         self

@@ -360,11 +360,15 @@ impl Tool for Calendar {
         self.date_for(doc).map(Date::render).ok_or_else(|| {
             // Say why a date that is there was not used: "2023-02-30" is no date.
             let field = match doc.date {
-                Some(d) => format!("its date field {d:?} is not a valid YYYY-MM-DD date"),
+                Some(d) => format!("its date field {d:?} is not a date (e.g. 2023-01-30)"),
                 None => "it has no date field".into(),
             };
+            let url = match doc.url {
+                Some(_) => "its URL holds no date",
+                None => "it has no URL",
+            };
             ToolError::Failed(format!(
-                "document {:?}: {field}, its URL holds no date, and no date is configured",
+                "document {:?}: {field}, {url}, and no date is configured",
                 doc.id
             ))
         })
@@ -534,7 +538,7 @@ mod tests {
         let err = Calendar::new(None).call("", &doc).unwrap_err();
         assert!(
             err.to_string()
-                .contains(r#"date field "2023-02-30" is not a valid"#),
+                .contains(r#"date field "2023-02-30" is not a date"#),
             "{err}"
         );
         // An argument is not answered; spaces are no argument.
