@@ -311,9 +311,6 @@ impl Trie {
     }
 }
 
-#[cfg(test)]
-mod tests;
-
 /// Host bytes per unique token while a chunk is planned (trie, targets, then the plan itself).
 pub const PLANNER_BYTES_PER_TOKEN: usize = 256;
 
@@ -447,3 +444,6 @@ impl Iterator for Chunks<'_> {
         Some((start..self.next, builder.finish()))
     }
 }
+
+#[cfg(test)]
+mod tests;
