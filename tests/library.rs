@@ -115,23 +115,25 @@ fn score_texts_tokenizes_each_text_once_with_the_options_placement() {
             "{placement:?}"
         );
     }
-    // The error names the candidate: a position inside "é".
-    let mut bad = cands.clone();
-    bad[1].text = "café au lait".into();
-    bad[1].position = 4;
-    let err = score_texts(
-        &scorer,
-        tokenizer,
-        &bad,
-        &ScoreOptions::default(),
-        CallForm::Arrow,
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.starts_with("candidate 1:") && err.contains("character boundary"),
-        "{err}"
-    );
+    // The error names the candidate: a position inside "é", a position past the text.
+    for (position, why) in [(4, "character boundary"), (14, "past the end")] {
+        let mut bad = cands.clone();
+        bad[1].text = "café au lait".into();
+        bad[1].position = position;
+        let err = score_texts(
+            &scorer,
+            tokenizer,
+            &bad,
+            &ScoreOptions::default(),
+            CallForm::Arrow,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("candidate 1:") && err.contains(why),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -95,9 +95,10 @@ impl TextCandidate {
     }
 }
 
-/// Scores text-level candidates: each distinct text tokenized once, every call with
-/// `options.placement` (the placement the scorer then uses, so the two cannot disagree) and
-/// `form`. An error names the first candidate that cannot be tokenized or scored.
+/// Scores text-level candidates: each distinct text tokenized once, as far as its candidates
+/// read (`Tokenizer::encode_head`, as `toolsift score` does), every call with `options.placement`
+/// (the placement the scorer then uses, so the two cannot disagree) and `form`. An error names
+/// the first candidate that cannot be tokenized or scored.
 pub fn score_texts(
     scorer: &dyn Scorer,
     tokenizer: &Tokenizer,
@@ -105,12 +106,29 @@ pub fn score_texts(
     options: &ScoreOptions,
     form: CallForm,
 ) -> Result<Vec<Scores>> {
+    let at = |k: usize| move |e: Error| Error::input(format!("candidate {k}: {e}"));
+    // Tokens each text must yield: x_i is within the first position + 1 tokens (a token covers
+    // at least one byte), and the window follows it.
+    let window = super::candidate::window_len(options.weights.as_slice());
+    let mut needed: HashMap<&str, usize> = HashMap::new();
+    for (k, c) in candidates.iter().enumerate() {
+        if c.position > c.text.len() {
+            return Err(at(k)(Error::input(format!(
+                "position {} is past the end of the {}-byte text",
+                c.position,
+                c.text.len()
+            ))));
+        }
+        let n = needed.entry(&c.text).or_default();
+        *n = (*n).max(c.position.saturating_add(window).saturating_add(1));
+    }
     let mut texts: HashMap<&str, (Encoding, Arc<[u32]>)> = HashMap::new();
     let mut tokens = Vec::with_capacity(candidates.len());
     for (k, c) in candidates.iter().enumerate() {
-        let at = |e: Error| Error::input(format!("candidate {k}: {e}"));
         if !texts.contains_key(c.text.as_str()) {
-            let encoding = tokenizer.encode(&c.text).map_err(at)?;
+            let encoding = tokenizer
+                .encode_head(&c.text, needed[c.text.as_str()])
+                .map_err(at(k))?;
             let ids: Arc<[u32]> = encoding.ids.clone().into();
             texts.insert(&c.text, (encoding, ids));
         }
@@ -118,7 +136,7 @@ pub fn score_texts(
         let shared = Some((encoding, ids.clone()));
         tokens.push(
             c.to_tokens(tokenizer, options.placement, form, shared)
-                .map_err(at)?,
+                .map_err(at(k))?,
         );
     }
     scorer.score(&tokens, options)
