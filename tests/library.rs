@@ -144,3 +144,66 @@ fn generate_options_for_a_model_carry_its_limits() {
     assert_eq!(o.vocab_size, Some(model.config.vocab_size));
     assert_eq!(o.max_new_tokens, GenerateOptions::default().max_new_tokens);
 }
+
+/// The annotate driver from a program, with a tool the program registers (in place of the
+/// built-in Calculator), on the embedded demo model: C* has every document, in order.
+#[test]
+fn annotate_runs_from_a_program_with_its_own_registry() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use toolsift::annotate::tools::{Calculator, DocContext, Tool, ToolError, ToolRegistry};
+    use toolsift::annotate::{annotate, Annotator, CStarRecord, RunOptions, RunOutcome, ToolKind};
+
+    /// The built-in calculator, counting its calls.
+    struct Counted(Calculator, Arc<AtomicUsize>);
+    impl Tool for Counted {
+        fn name(&self) -> &str {
+            "Calculator"
+        }
+        fn call(&self, input: &str, doc: &DocContext<'_>) -> Result<String, ToolError> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0.call(input, doc)
+        }
+    }
+
+    let model = Model::load(&toolsift::demo::assets::materialize().unwrap()).unwrap();
+    let config = toolsift::demo::assets::demo_config().unwrap();
+    let engine = toolsift::backend::engine_for(&model, Device::Cpu).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut registry = ToolRegistry::new();
+    registry.register(Counted(Calculator::new(), calls.clone()));
+    let annotator = Annotator::new(
+        model.tokenizer().unwrap(),
+        engine.as_ref(),
+        engine.as_ref(),
+        &registry,
+        &config,
+        &[ToolKind::Calculator],
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    std::fs::write(
+        &corpus,
+        "{\"text\": \"Each of the boxes costs 25 dollars, so 12 of them cost 300 dollars.\"}\n\
+         {\"text\": \"The river was quiet that morning.\"}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("cstar.jsonl");
+    let RunOutcome::Done(_, paths) = annotate(&annotator, &RunOptions::new(&corpus, &out)).unwrap()
+    else {
+        panic!("the run stopped early");
+    };
+    let records: Vec<CStarRecord> = std::fs::read_to_string(&paths.out)
+        .unwrap()
+        .lines()
+        .map(|l| toolsift::serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.iter().map(|r| r.line).collect::<Vec<_>>(), [1, 2]);
+    assert!(calls.load(Ordering::Relaxed) > 0, "the registered tool ran");
+    let kept: Vec<_> = records[0].calls.iter().filter(|c| c.kept).collect();
+    assert!(
+        kept.iter().any(|c| c.input == "25 * 12"),
+        "{:?}",
+        records[0].annotated_text
+    );
+}

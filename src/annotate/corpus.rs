@@ -26,6 +26,17 @@ pub struct Document {
 }
 
 impl Document {
+    /// A document of `text` at 1-based input line `line`, without id, URL or date.
+    pub fn new(line: u64, text: impl Into<String>) -> Self {
+        Document {
+            line,
+            id: Value::Null,
+            text: text.into(),
+            url: None,
+            date: None,
+        }
+    }
+
     /// The id as a string ("" when absent), for tools (WikiSearch excludes the document itself).
     pub fn id_str(&self) -> String {
         match &self.id {

@@ -64,6 +64,20 @@ pub struct RunOptions {
     pub stop_after: Option<u64>,
 }
 
+impl RunOptions {
+    /// `corpus` -> `out`, unsharded, no extra run settings, no progress bar.
+    pub fn new(corpus: impl Into<PathBuf>, out: impl Into<PathBuf>) -> Self {
+        RunOptions {
+            corpus: corpus.into(),
+            out: out.into(),
+            shard: Shard::default(),
+            run_info: Value::Object(Default::default()),
+            progress: false,
+            stop_after: None,
+        }
+    }
+}
+
 /// How a run ended.
 #[derive(Debug)]
 pub enum RunOutcome {
