@@ -14,7 +14,7 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::candidate::window_len;
+use super::text::head_tokens_needed;
 use super::{validate, CallForm, ScoreOptions, Scorer, Scores, TextCandidate, TokenCandidate};
 use crate::error::{Error, Result};
 use crate::model::tokenizer::Encoding;
@@ -245,26 +245,14 @@ fn parse_line(
             serde_json::from_value(value).map_err(|e| format!("bad text-level line: {e}"))?;
         let tokenizer =
             tokenizer.ok_or("text-level line, but the model folder has no tokenizer.json")?;
-        // Only the head of the text the candidate reads is tokenized: each token covers at least
-        // one byte, so x_i (at byte `position`) and the window after it are within the first
-        // position + window + 1 tokens. A later candidate of the same text that reads further
-        // tokenizes a longer head.
-        if t.position > t.text.len() {
-            // Checked before the text is tokenized (and its head kept for later lines).
-            return Err(format!(
-                "position {} is past the end of the {}-byte text",
-                t.position,
-                t.text.len()
-            ));
-        }
+        // Only the head of the text the candidate reads is tokenized (a position past the text
+        // is refused before anything is, and before its head is kept for later lines). A later
+        // candidate of the same text that reads further tokenizes a longer head.
         let weights = t
             .weights
             .as_deref()
             .unwrap_or(options.score.weights.as_slice());
-        let needed = t
-            .position
-            .saturating_add(window_len(weights))
-            .saturating_add(1);
+        let needed = head_tokens_needed(&t.text, t.position, weights)?;
         if texts.get(&t.text).is_none_or(|h| h.tokens_asked < needed) {
             let enc = tokenizer
                 .encode_head(&t.text, needed)

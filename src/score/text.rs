@@ -13,9 +13,8 @@
 //!   "29[Calculator(...) -> 0.29]%)".
 //! - the byte offset must fall on a token boundary of the text; otherwise it is an error.
 
-use std::sync::Arc;
-
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::{CallForm, Placement, ScoreOptions, Scorer, Scores, TokenCandidate};
 use crate::error::{Error, Result};
@@ -95,6 +94,25 @@ impl TextCandidate {
     }
 }
 
+/// How many tokens of `text` a candidate at byte `position` reads with `weights`: x_i is within
+/// the first position + 1 tokens (a token covers at least one byte), and the window follows it.
+/// A position past the text is refused here, before anything is tokenized.
+pub(crate) fn head_tokens_needed(
+    text: &str,
+    position: usize,
+    weights: &[f64],
+) -> std::result::Result<usize, String> {
+    if position > text.len() {
+        return Err(format!(
+            "position {position} is past the end of the {}-byte text",
+            text.len()
+        ));
+    }
+    Ok(position
+        .saturating_add(super::candidate::window_len(weights))
+        .saturating_add(1))
+}
+
 /// Scores text-level candidates: each distinct text tokenized once, as far as its candidates
 /// read (`Tokenizer::encode_head`, as `toolsift score` does), every call with `options.placement`
 /// (the placement the scorer then uses, so the two cannot disagree) and `form`. An error names
@@ -107,20 +125,13 @@ pub fn score_texts(
     form: CallForm,
 ) -> Result<Vec<Scores>> {
     let at = |k: usize| move |e: Error| Error::input(format!("candidate {k}: {e}"));
-    // Tokens each text must yield: x_i is within the first position + 1 tokens (a token covers
-    // at least one byte), and the window follows it.
-    let window = super::candidate::window_len(options.weights.as_slice());
+    // Tokens each text must yield: as many as its furthest-reading candidate needs.
     let mut needed: HashMap<&str, usize> = HashMap::new();
     for (k, c) in candidates.iter().enumerate() {
-        if c.position > c.text.len() {
-            return Err(at(k)(Error::input(format!(
-                "position {} is past the end of the {}-byte text",
-                c.position,
-                c.text.len()
-            ))));
-        }
-        let n = needed.entry(&c.text).or_default();
-        *n = (*n).max(c.position.saturating_add(window).saturating_add(1));
+        let n = head_tokens_needed(&c.text, c.position, options.weights.as_slice())
+            .map_err(|e| at(k)(Error::input(e)))?;
+        let most = needed.entry(&c.text).or_default();
+        *most = (*most).max(n);
     }
     let mut texts: HashMap<&str, (Encoding, Arc<[u32]>)> = HashMap::new();
     let mut tokens = Vec::with_capacity(candidates.len());
