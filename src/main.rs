@@ -92,7 +92,8 @@ struct AnnotateArgs {
     /// toolsift-demo/cstar.jsonl, replaced if it exists).
     #[arg(long, required_unless_present_any = ["print_config", "demo"])]
     out: Option<PathBuf>,
-    /// Tools to use (default: every configured one; calculator and calendar need no setup;
+    /// Tools to use: built-ins by key, tools of the config's [per_tool.custom] by name
+    /// (default: every configured one; calculator and calendar need no setup;
     /// --demo: calculator,calendar).
     #[arg(long, value_delimiter = ',')]
     tools: Option<Vec<String>>,
@@ -597,12 +598,21 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     };
     let shard_flag = args.shard.as_deref().map(str::parse::<Shard>).transpose()?;
     let shard = Shard::resolve(shard_flag, args.shards, |k| std::env::var(k).ok())?;
+    // Built-ins by key, custom tools by the names the config gives them.
+    let tools = match &args.tools {
+        Some(keys) => Some(
+            keys.iter()
+                .map(|k| config.tool_named(k))
+                .collect::<toolsift::Result<Vec<_>>>()?,
+        ),
+        None => None,
+    };
     let job = Job {
         model_dir,
         corpus,
         out,
         config,
-        tools: args.tools.as_deref().map(parse_tools).transpose()?,
+        tools,
         device: args.device,
         shard,
         progress: !args.no_progress,
@@ -611,6 +621,7 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The demo's `--tools`: built-ins only (the demo model knows no other).
 fn parse_tools(keys: &[String]) -> toolsift::Result<Vec<toolsift::annotate::ToolKind>> {
     keys.iter()
         .map(|k| toolsift::annotate::ToolKind::from_key(k))

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use toolsift::annotate::tools::ToolRegistry;
 use toolsift::annotate::{
-    self, AnnotateConfig, Annotator, Document, RunOptions, RunOutcome, Shard, ToolKind,
+    self, AnnotateConfig, Annotator, Document, RunOptions, RunOutcome, Shard, ToolKind, ToolName,
 };
 use toolsift::cpu::CpuScorer;
 use toolsift::model::Tokenizer;
@@ -387,6 +387,89 @@ fn a_failing_external_tool_fails_its_calls_not_the_run() {
         .as_deref()
         .is_some_and(|e| e.contains("tool failed"))));
     assert_eq!(r.annotated_text, r.text);
+}
+
+/// A tool of the user's own, by a name no built-in has: its prompt and thresholds from
+/// `[per_tool.custom.Echo]`, a command under `[tools.custom.Echo]`; sampled, executed, scored,
+/// kept and spliced as a built-in's calls are, counted under its own name.
+#[test]
+fn a_custom_tool_runs_like_a_built_in() {
+    let model = model();
+    let tok = model.tokenizer().unwrap();
+    let sampler = OneCall(tok.encode_ids("Echo(Nairobi)]").unwrap());
+    let scorer = CpuScorer::new(&model);
+    let config = AnnotateConfig::from_toml(
+        r#"max_call_tokens = 8
+[per_tool.custom.Echo]
+k = 2
+m = 3
+tau_f = -1e9
+prompt = "[Echo(a)] a\nInput: {x}\nOutput: "
+[tools.custom.Echo]
+command = ["cat"]
+"#,
+    )
+    .unwrap();
+    let registry = ToolRegistry::from_config(&config.tools).unwrap();
+    assert!(registry.get("Echo").is_some());
+    let echo = config.tool_named("Echo").unwrap();
+    assert_eq!(echo, ToolName::custom("Echo").unwrap());
+    let a = Annotator::new(
+        tok,
+        &sampler,
+        &scorer,
+        &registry,
+        &config,
+        std::slice::from_ref(&echo),
+    )
+    .unwrap();
+    let (r, s) = a
+        .annotate_document(&doc(1, "The capital of Kenya is Nairobi."))
+        .unwrap();
+    let st = s.tools["Echo"];
+    assert_eq!(
+        (st.positions, st.calls_sampled, st.calls_duplicate),
+        (2, 6, 4)
+    );
+    assert_eq!(
+        (st.calls_executed, st.calls_scored, st.calls_kept),
+        (2, 2, 2)
+    );
+    assert!(r
+        .calls
+        .iter()
+        .all(|c| c.tool == "Echo" && c.result.as_deref() == Some("Nairobi") && c.delta.is_some()));
+    assert!(
+        r.annotated_text.contains("[Echo(Nairobi) -> Nairobi]"),
+        "{}",
+        r.annotated_text
+    );
+
+    // Built-ins and custom tools side by side; each draws its samples from its own seed.
+    assert_ne!(
+        Annotator::doc_seed(0, 1, &echo),
+        Annotator::doc_seed(0, 1, &ToolKind::Qa.into())
+    );
+    // A custom tool needs its settings; a program's ToolName is checked as the config's are.
+    let mut bare = config.clone();
+    bare.per_tool.custom.clear();
+    bare.tools.custom.clear();
+    let mut registry = ToolRegistry::from_config(&bare.tools).unwrap();
+    registry.register_boxed(Box::new(
+        toolsift::annotate::tools::ExternalTool::from_config("Echo", &config.tools.custom["Echo"])
+            .unwrap(),
+    ));
+    let e = Annotator::new(tok, &sampler, &scorer, &registry, &bare, &[echo])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("[per_tool.custom.Echo]"), "{e}");
+    let bad = ToolName::Custom("Calculator".into());
+    let e = Annotator::new(tok, &sampler, &scorer, &registry, &config, &[bad])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("built-in"), "{e}");
 }
 
 /// The paper's MT post-filter, opt-in: a call whose input the text says only after the call's
@@ -1027,6 +1110,59 @@ fn a_few_hundred_documents_report_the_time_per_stage() {
     assert_eq!(calc.tool, "Calculator");
     assert!(calc.stats.calls_kept > 0 && !calc.best.is_empty() && !calc.worst.is_empty());
     assert!(calc.best[0].delta >= calc.worst[0].delta);
+}
+
+/// `toolsift annotate` with a tool of the config's own: `--tools` names it as the config does,
+/// the run counts it under its name; an unknown name lists the tools there are.
+#[test]
+fn the_binary_runs_a_custom_tool_named_in_its_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 4);
+    let config = dir.path().join("custom.toml");
+    std::fs::write(
+        &config,
+        r#"max_call_tokens = 4
+[per_tool.custom.Echo]
+k = 2
+m = 2
+prompt = "[Echo(a)] a\nInput: {x}\nOutput: "
+[tools.custom.Echo]
+command = ["cat"]
+"#,
+    )
+    .unwrap();
+    let run = |tools: &str, out: &str| {
+        Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["annotate", "--no-progress", "--model"])
+            .arg(common::tiny("f32"))
+            .arg("--corpus")
+            .arg(&corpus)
+            .arg("--out")
+            .arg(dir.path().join(out))
+            .arg("--config")
+            .arg(&config)
+            .args(["--tools", tools])
+            .output()
+            .unwrap()
+    };
+    let out = run("Echo", "c.jsonl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("c.summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["tools"][0]["tool"], "Echo", "{summary}");
+    assert!(summary["tools"][0]["texts_considered"].as_u64().unwrap() > 0);
+    assert_eq!(summary["run"]["tools"], json!(["Echo"]));
+
+    let out = run("Ekho", "d.jsonl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("unknown tool \"Ekho\"") && stderr.contains("custom tool: Echo"),
+        "{stderr}"
+    );
 }
 
 #[test]

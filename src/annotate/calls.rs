@@ -8,6 +8,7 @@
 //! text after ")", an empty or odd tool name; and (`input_problem`) an input with a line break or
 //! a special token's text.
 
+use super::tool_kind::is_call_name;
 use super::tools::ToolError;
 
 /// Why a sample is not a call.
@@ -29,7 +30,7 @@ pub fn parse_call(continuation: &str) -> Result<(String, String), Malformed> {
         return Err(Malformed::Syntax("no \"(\"".into()));
     };
     let name = name.trim_end();
-    if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || c == '_') {
+    if !is_call_name(name) {
         return Err(Malformed::Syntax(format!("bad tool name {name:?}")));
     }
     // The input ends at the first ")" that closes the call's "(" and is followed by an arrow (a

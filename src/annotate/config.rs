@@ -3,14 +3,16 @@
 //!
 //! Per-tool sampling and filter settings live under `[per_tool.<tool>]` (tool keys: calculator,
 //! calendar, wikisearch, qa, mt); the tools' own settings (index, services, fallback date) under
-//! `[tools.<tool>]` (see `tools::ToolsConfig`).
+//! `[tools.<tool>]` (see `tools::ToolsConfig`). A tool of the user's own has its settings under
+//! `[per_tool.custom.<Name>]` (its prompt required) and, run as a service, `[tools.custom.<Name>]`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use super::prompts;
-use super::tool_kind::ToolKind;
+use super::tool_kind::{ToolKind, ToolName};
 use super::tools::ToolsConfig;
 use crate::error::{Error, Result};
 use crate::score::{CallForm, LossWeights, Placement};
@@ -77,8 +79,21 @@ impl ToolParams {
         }
     }
 
-    fn validate(&self, tool: ToolKind) -> Result<()> {
-        let bad = |msg: String| Err(Error::input(format!("[per_tool.{}] {msg}", tool.key())));
+    /// A custom tool's defaults around its `prompt`: the paper's for a tool without settings of
+    /// its own (tau_s 0.05, k 5, m 5, tau_f 1.0), and no heuristic (every text is tried).
+    pub fn custom(prompt: String) -> Self {
+        ToolParams {
+            prompt,
+            min_numbers: 0,
+            require_date: false,
+            min_foreign_words: 0,
+            ..ToolParams::paper(ToolKind::Qa)
+        }
+    }
+
+    /// `table` names the settings in errors: "[per_tool.qa]".
+    fn validate(&self, table: &str) -> Result<()> {
+        let bad = |msg: String| Err(Error::input(format!("{table} {msg}")));
         if !(0.0..=1.0).contains(&self.tau_s) {
             return bad(format!("tau_s = {} is not a probability", self.tau_s));
         }
@@ -105,13 +120,19 @@ pub const MAX_SAMPLES: usize = 10_000;
 
 /// Per-tool settings, one table each. A key left out of a table keeps that tool's default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(from = "PerToolPartial")]
+#[serde(try_from = "PerToolPartial")]
 pub struct PerTool {
     pub calculator: ToolParams,
     pub calendar: ToolParams,
     pub wikisearch: ToolParams,
     pub qa: ToolParams,
     pub mt: ToolParams,
+    /// Tools of the user's own, by the name their calls are written with
+    /// (`[per_tool.custom.<Name>]`): the prompt is required, the rest defaults as
+    /// [`ToolParams::custom`]. Left out of the serialized settings when empty, so journals of
+    /// runs that predate it still resume.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub custom: BTreeMap<String, ToolParams>,
 }
 
 /// `ToolParams` as read: every key optional.
@@ -138,10 +159,11 @@ struct PerToolPartial {
     wikisearch: ParamsPartial,
     qa: ParamsPartial,
     mt: ParamsPartial,
+    custom: BTreeMap<String, ParamsPartial>,
 }
 
-fn merge(tool: ToolKind, p: ParamsPartial) -> ToolParams {
-    let d = ToolParams::paper(tool);
+/// `p` over the defaults `d`.
+fn merge(d: ToolParams, p: ParamsPartial) -> ToolParams {
     ToolParams {
         tau_s: p.tau_s.unwrap_or(d.tau_s),
         k: p.k.unwrap_or(d.k),
@@ -156,15 +178,30 @@ fn merge(tool: ToolKind, p: ParamsPartial) -> ToolParams {
     }
 }
 
-impl From<PerToolPartial> for PerTool {
-    fn from(p: PerToolPartial) -> Self {
-        PerTool {
-            calculator: merge(ToolKind::Calculator, p.calculator),
-            calendar: merge(ToolKind::Calendar, p.calendar),
-            wikisearch: merge(ToolKind::WikiSearch, p.wikisearch),
-            qa: merge(ToolKind::Qa, p.qa),
-            mt: merge(ToolKind::Mt, p.mt),
+impl TryFrom<PerToolPartial> for PerTool {
+    type Error = String;
+
+    fn try_from(p: PerToolPartial) -> std::result::Result<Self, String> {
+        let paper = |tool, p| merge(ToolParams::paper(tool), p);
+        let mut custom = BTreeMap::new();
+        for (name, mut params) in p.custom {
+            // No default prompt could teach a model an unknown tool's calls.
+            let Some(prompt) = params.prompt.take() else {
+                return Err(format!(
+                    "[per_tool.custom.{name}] has no prompt: a custom tool needs its annotation \
+                     prompt (with \"{{x}}\" once, ending in \"Output: \")"
+                ));
+            };
+            custom.insert(name, merge(ToolParams::custom(prompt), params));
         }
+        Ok(PerTool {
+            calculator: paper(ToolKind::Calculator, p.calculator),
+            calendar: paper(ToolKind::Calendar, p.calendar),
+            wikisearch: paper(ToolKind::WikiSearch, p.wikisearch),
+            qa: paper(ToolKind::Qa, p.qa),
+            mt: paper(ToolKind::Mt, p.mt),
+            custom,
+        })
     }
 }
 
@@ -176,6 +213,7 @@ impl Default for PerTool {
             wikisearch: ToolParams::paper(ToolKind::WikiSearch),
             qa: ToolParams::paper(ToolKind::Qa),
             mt: ToolParams::paper(ToolKind::Mt),
+            custom: BTreeMap::new(),
         }
     }
 }
@@ -198,6 +236,14 @@ impl PerTool {
             ToolKind::WikiSearch => &mut self.wikisearch,
             ToolKind::Qa => &mut self.qa,
             ToolKind::Mt => &mut self.mt,
+        }
+    }
+
+    /// The settings of `tool`: a built-in's always, a custom tool's if configured.
+    pub fn params(&self, tool: &ToolName) -> Option<&ToolParams> {
+        match tool {
+            ToolName::Builtin(kind) => Some(self.get(*kind)),
+            ToolName::Custom(name) => self.custom.get(name),
         }
     }
 }
@@ -279,9 +325,46 @@ impl AnnotateConfig {
             return Err(Error::input("temperature must be finite and >= 0"));
         }
         for tool in ToolKind::ALL {
-            self.per_tool.get(tool).validate(tool)?;
+            self.per_tool
+                .get(tool)
+                .validate(&ToolName::from(tool).settings_table())?;
+        }
+        for (name, params) in &self.per_tool.custom {
+            params.validate(&ToolName::custom(name)?.settings_table())?;
+        }
+        // A service with no prompt could never be sampled.
+        if let Some(name) = self
+            .tools
+            .custom
+            .keys()
+            .find(|name| !self.per_tool.custom.contains_key(*name))
+        {
+            return Err(Error::input(format!(
+                "[tools.custom.{name}] has no [per_tool.custom.{name}] with its prompt"
+            )));
         }
         self.tools.check().map_err(|e| Error::input(e.to_string()))
+    }
+
+    /// The tool `--tools` names: a built-in by its key or call name in any case ("qa", "QA"),
+    /// or a tool of `[per_tool.custom]` by its exact name.
+    pub fn tool_named(&self, name: &str) -> Result<ToolName> {
+        let name = name.trim();
+        if let Ok(kind) = ToolKind::from_key(name) {
+            return Ok(kind.into());
+        }
+        if self.per_tool.custom.contains_key(name) {
+            return ToolName::custom(name);
+        }
+        let custom: Vec<&str> = self.per_tool.custom.keys().map(|k| k.as_str()).collect();
+        Err(Error::input(format!(
+            "unknown tool {name:?}: expected one of calculator, calendar, wikisearch, qa, mt{}",
+            if custom.is_empty() {
+                ", or a custom tool configured under [per_tool.custom.<Name>]".to_string()
+            } else {
+                format!(", or a custom tool: {}", custom.join(", "))
+            }
+        )))
     }
 }
 
@@ -342,6 +425,58 @@ mod tests {
         let text = c.to_toml();
         assert!(text.contains("[per_tool.calculator]"), "{text}");
         assert_eq!(AnnotateConfig::from_toml(&text).unwrap(), c);
+    }
+
+    /// A tool of the user's own: its prompt required, the rest the paper's defaults for a tool
+    /// without its own; named by `--tools` exactly as the config names it; printed only when
+    /// there is one (journals of earlier runs describe the same settings).
+    #[test]
+    fn custom_tools_take_their_settings_from_per_tool_custom() {
+        let text = "[per_tool.custom.Weather]\nprompt = \"W {x} Output: \"\nk = 3\n\
+                    [tools.custom.Weather]\nurl = \"http://127.0.0.1:8080/weather\"\n";
+        let c = AnnotateConfig::from_toml(text).unwrap();
+        let w = &c.per_tool.custom["Weather"];
+        assert_eq!((w.tau_s, w.k, w.m, w.tau_f), (0.05, 3, 5, 1.0));
+        assert_eq!(
+            (w.min_numbers, w.require_date, w.min_foreign_words),
+            (0, false, 0)
+        );
+        let name = c.tool_named("Weather").unwrap();
+        assert_eq!(c.per_tool.params(&name), Some(w));
+        assert_eq!(c.tool_named("QA").unwrap(), ToolKind::Qa.into());
+        let e = c.tool_named("weather").unwrap_err().to_string();
+        assert!(e.contains("custom tool: Weather"), "{e}");
+        let printed = c.to_toml();
+        assert!(printed.contains("[per_tool.custom.Weather]"), "{printed}");
+        assert_eq!(AnnotateConfig::from_toml(&printed).unwrap(), c);
+        assert!(!AnnotateConfig::default().to_toml().contains("custom"));
+
+        let refused = |text: &str, says: &str| {
+            let e = AnnotateConfig::from_toml(text).unwrap_err().to_string();
+            assert!(e.contains(says), "{text}: {e}");
+        };
+        refused("[per_tool.custom.Weather]\nk = 3\n", "has no prompt");
+        refused(
+            "[per_tool.custom.Weather]\nprompt = \"no text\"\n",
+            "exactly once",
+        );
+        refused(
+            "[per_tool.custom.Weather]\nprompt = \"{x}\"\nkk = 3\n",
+            "kk",
+        );
+        refused(
+            "[per_tool.custom.\"Two words\"]\nprompt = \"{x}\"\n",
+            "letters, digits",
+        );
+        refused("[per_tool.custom.Calendar]\nprompt = \"{x}\"\n", "built-in");
+        refused(
+            "[tools.custom.Weather]\ncommand = [\"cat\"]\n",
+            "no [per_tool.custom.Weather]",
+        );
+        refused(
+            "[per_tool.custom.X]\nprompt = \"{x}\"\n[tools.custom.X]\nurl = \"ftp://x\"\n",
+            "tool X",
+        );
     }
 
     #[test]

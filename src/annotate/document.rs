@@ -12,8 +12,9 @@ use serde_json::Value;
 
 use super::calls::{cleaned_answer, input_only_ahead, input_problem, parse_call, Malformed};
 use super::config::AnnotateConfig;
+use super::config::ToolParams;
 use super::corpus::Document;
-use super::tool_kind::ToolKind;
+use super::tool_kind::ToolName;
 use super::tools::{DocContext, ToolRegistry};
 use super::{heuristics, positions, prompts, splice};
 use crate::error::{Error, Result};
@@ -170,8 +171,9 @@ pub struct Annotator<'a> {
     scorer: &'a dyn Scorer,
     registry: &'a ToolRegistry,
     config: AnnotateConfig,
-    tools: Vec<ToolKind>,
-    prompts: BTreeMap<ToolKind, Prompt>,
+    tools: Vec<ToolName>,
+    /// Each active tool's prompt and settings.
+    settings: BTreeMap<ToolName, (Prompt, ToolParams)>,
     bracket: Option<u32>,
     space_bracket: Option<u32>,
     stop_tokens: Vec<u32>,
@@ -184,8 +186,8 @@ pub struct Annotator<'a> {
 }
 
 /// A call that reached its tool.
-struct Pending {
-    tool: ToolKind,
+struct Pending<'t> {
+    tool: &'t ToolName,
     token: usize,
     byte: usize,
     input: String,
@@ -194,12 +196,12 @@ struct Pending {
 
 /// Every tool of `tools` is registered in `registry` (else an error naming the first missing one
 /// and what is registered).
-pub fn check_tools(registry: &ToolRegistry, tools: &[ToolKind]) -> Result<()> {
+pub fn check_tools(registry: &ToolRegistry, tools: &[ToolName]) -> Result<()> {
     match tools.iter().find(|t| registry.get(t.call_name()).is_none()) {
         Some(t) => Err(Error::input(format!(
-            "tool {} is not available: configure it under [tools.{}] (registered: {})",
+            "tool {} is not available: configure it under {} (registered: {})",
             t.key(),
-            t.key(),
+            t.service_table(),
             registry.names().join(", ")
         ))),
         None => Ok(()),
@@ -207,24 +209,36 @@ pub fn check_tools(registry: &ToolRegistry, tools: &[ToolKind]) -> Result<()> {
 }
 
 impl<'a> Annotator<'a> {
-    /// `tools`: the active tools, each of which must be registered in `registry`.
-    pub fn new(
+    /// `tools`: the active tools ([`ToolKind`](super::ToolKind)s or [`ToolName`]s), each of
+    /// which must be registered in `registry` under its call name, a custom one with its
+    /// settings in `config.per_tool.custom`.
+    pub fn new<T: Clone + Into<ToolName>>(
         tokenizer: &'a Tokenizer,
         sampler: &'a dyn Sampler,
         scorer: &'a dyn Scorer,
         registry: &'a ToolRegistry,
         config: &AnnotateConfig,
-        tools: &[ToolKind],
+        tools: &[T],
     ) -> Result<Self> {
         config.validate()?;
-        check_tools(registry, tools)?;
-        let mut tools = tools.to_vec();
+        let mut tools: Vec<ToolName> = tools.iter().cloned().map(Into::into).collect();
         tools.sort();
         tools.dedup();
-        let mut prompts = BTreeMap::new();
+        check_tools(registry, &tools)?;
+        let mut settings = BTreeMap::new();
         let n_positions = scorer.config().n_positions;
-        for &t in &tools {
-            let (before, after) = prompts::split(&config.per_tool.get(t).prompt);
+        for t in &tools {
+            // Checked again: a program may build a ToolName::Custom of any name.
+            if let ToolName::Custom(name) = t {
+                ToolName::custom(name)?;
+            }
+            let Some(params) = config.per_tool.params(t) else {
+                return Err(Error::input(format!(
+                    "custom tool {t}: no settings; give its prompt under {}",
+                    t.settings_table()
+                )));
+            };
+            let (before, after) = prompts::split(&params.prompt);
             let prompt = Prompt {
                 before: tokenizer.encode_ids(before)?,
                 after: tokenizer.encode_ids(after)?,
@@ -237,15 +251,15 @@ impl<'a> Annotator<'a> {
                 > n_positions
             {
                 return Err(Error::input(format!(
-                    "[per_tool.{}] prompt: its {} tokens and max_call_tokens ({}) leave no room \
+                    "{} prompt: its {} tokens and max_call_tokens ({}) leave no room \
                      for a text in n_positions ({}); shorten the prompt or max_call_tokens",
-                    t.key(),
+                    t.settings_table(),
                     prompt.before.len() + prompt.after.len(),
                     config.max_call_tokens,
                     n_positions
                 )));
             }
-            prompts.insert(t, prompt);
+            settings.insert(t.clone(), (prompt, params.clone()));
         }
         let bracket = single_token(tokenizer, "[")?;
         let space_bracket = single_token(tokenizer, " [")?;
@@ -266,9 +280,9 @@ impl<'a> Annotator<'a> {
             placement: config.placement,
             weights: LossWeights::new(config.weights.clone())?,
         };
-        let head_tokens = prompts
+        let head_tokens = settings
             .values()
-            .map(|p| p.max_text_tokens(n_positions, config.max_call_tokens))
+            .map(|(p, _)| p.max_text_tokens(n_positions, config.max_call_tokens))
             .max()
             .unwrap_or(0)
             + score_options.weights.as_slice().len();
@@ -279,7 +293,7 @@ impl<'a> Annotator<'a> {
             registry,
             config: config.clone(),
             tools,
-            prompts,
+            settings,
             bracket,
             space_bracket,
             stop_tokens,
@@ -293,7 +307,7 @@ impl<'a> Annotator<'a> {
         &self.config
     }
 
-    pub fn tools(&self) -> &[ToolKind] {
+    pub fn tools(&self) -> &[ToolName] {
         &self.tools
     }
 
@@ -304,8 +318,8 @@ impl<'a> Annotator<'a> {
 
     /// The sampling seed of document `line` for `tool`: independent of batching and of which
     /// other tools run.
-    pub fn doc_seed(seed: u64, line: u64, tool: ToolKind) -> u64 {
-        Rng::keyed(seed, &[line, tool as u64]).next_u64()
+    pub fn doc_seed(seed: u64, line: u64, tool: &ToolName) -> u64 {
+        Rng::keyed(seed, &[line, tool.seed_key()]).next_u64()
     }
 
     /// Runs every active tool over `doc`.
@@ -332,16 +346,18 @@ impl<'a> Annotator<'a> {
         let fallback_date = self.config.tools.calendar.date.as_deref();
         let mut pending: Vec<Pending> = Vec::new();
 
-        for &tool in &self.tools {
-            let params = self.config.per_tool.get(tool);
+        for tool in &self.tools {
+            let (prompt, params) = &self.settings[tool];
             let st = stats.tools.entry(tool.key().to_string()).or_default();
-            let draw =
-                Rng::keyed(self.config.seed, &[doc.line, tool as u64, HEURISTIC_KEY]).uniform();
+            let draw = Rng::keyed(
+                self.config.seed,
+                &[doc.line, tool.seed_key(), HEURISTIC_KEY],
+            )
+            .uniform();
             if !heuristics::applies(params, doc, head, fallback_date, draw) {
                 st.texts_skipped_heuristic += 1;
                 continue;
             }
-            let prompt = &self.prompts[&tool];
             let t_max = prompt.max_text_tokens(n_positions, self.config.max_call_tokens);
             let t = x.len().min(t_max);
             if t < 2 {
@@ -506,6 +522,7 @@ impl<'a> Annotator<'a> {
             let scores = self.scorer.score(&to_score, &self.score_options)?;
             for (&k, s) in score_index.iter().zip(&scores) {
                 let tool = pending[k].tool;
+                let (_, params) = &self.settings[tool];
                 let c = &mut calls[k];
                 let st = stats.tools.entry(tool.key().to_string()).or_default();
                 if let Some(why) = s.not_finite() {
@@ -518,7 +535,7 @@ impl<'a> Annotator<'a> {
                 c.l_call = Some(s.l_call);
                 c.l_call_result = Some(s.l_call_result);
                 c.delta = Some(s.delta);
-                c.kept = s.kept(self.config.per_tool.get(tool).tau_f);
+                c.kept = s.kept(params.tau_f);
                 st.calls_scored += 1;
                 st.calls_kept += u64::from(c.kept);
             }

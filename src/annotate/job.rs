@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde_json::json;
 
 use super::config::AnnotateConfig;
-use super::tool_kind::ToolKind;
+use super::tool_kind::{ToolKind, ToolName};
 use super::tools::{ToolRegistry, WikiSearch};
 use super::{annotate, Annotator, RunOptions, RunOutcome, Shard};
 use crate::backend::{engine_for, Device, Engine};
@@ -23,8 +23,9 @@ pub struct Job {
     /// C* output (rejects and summary are written next to it).
     pub out: PathBuf,
     pub config: AnnotateConfig,
-    /// The active tools; None: every tool the config makes available.
-    pub tools: Option<Vec<ToolKind>>,
+    /// The active tools; None: every tool the config makes available (the built-ins it
+    /// configures, then its custom tools).
+    pub tools: Option<Vec<ToolName>>,
     pub device: Device,
     pub shard: Shard,
     pub progress: bool,
@@ -43,11 +44,20 @@ pub fn run_job(job: &Job) -> Result<RunOutcome> {
 pub fn run_job_on(job: &Job, model: &Model, engine: &dyn Engine) -> Result<RunOutcome> {
     let registry =
         ToolRegistry::from_config(&job.config.tools).map_err(|e| Error::input(e.to_string()))?;
-    let tools: Vec<ToolKind> = match &job.tools {
+    let tools: Vec<ToolName> = match &job.tools {
         Some(t) => t.clone(),
         None => ToolKind::ALL
             .into_iter()
             .filter(|t| registry.get(t.call_name()).is_some())
+            .map(ToolName::from)
+            .chain(
+                job.config
+                    .tools
+                    .custom
+                    .keys()
+                    .cloned()
+                    .map(ToolName::Custom),
+            )
             .collect(),
     };
     let tokenizer = model.tokenizer()?;
@@ -64,7 +74,7 @@ pub fn run_job_on(job: &Job, model: &Model, engine: &dyn Engine) -> Result<RunOu
         .tools
         .wikisearch
         .as_ref()
-        .filter(|_| tools.contains(&ToolKind::WikiSearch))
+        .filter(|_| tools.contains(&ToolKind::WikiSearch.into()))
     {
         let hash = WikiSearch::index_xxh3(&wiki.index).map_err(|e| Error::io(&wiki.index, e))?;
         run_info["wikisearch_index_xxh3"] = json!(format!("{hash:016x}"));

@@ -41,7 +41,7 @@ pub use job::{run_job, run_job_on, Job};
 pub use merge::{merge, MergeReport};
 pub use shard::Shard;
 pub use summary::Summary;
-pub use tool_kind::ToolKind;
+pub use tool_kind::{ToolKind, ToolName};
 pub use writer::{JournalEntry, OutputPaths};
 
 use crate::error::{Error, Result};
@@ -304,7 +304,7 @@ fn progress_bar(enabled: bool, total: u64, done: u64) -> indicatif::ProgressBar 
 /// Writes C*, rejects and summary from a complete journal, then removes the journal. The
 /// journal must hold exactly the shard's lines, in order; anything else is an error and leaves
 /// the journal (and any earlier output) as it was.
-fn finish(paths: &OutputPaths, tools: &[ToolKind], run: &RunSummary) -> Result<Summary> {
+fn finish(paths: &OutputPaths, tools: &[ToolName], run: &RunSummary) -> Result<Summary> {
     let mut builder = summary::SummaryBuilder::new(tools);
     let mut out = writer::AtomicFile::create(&paths.out)?;
     let mut rejects = writer::AtomicFile::create(&paths.rejects)?;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::document::{CStarRecord, DocStats, StageSecs, ToolStats};
 use super::shard::Shard;
-use super::tool_kind::ToolKind;
+use super::tool_kind::ToolName;
 
 /// How many best and worst calls are kept per tool.
 pub const EXAMPLES: usize = 3;
@@ -69,11 +69,14 @@ pub struct Summary {
 /// Accumulates journal entries into a `Summary`.
 pub struct SummaryBuilder {
     summary: Summary,
+    /// The key of each tool's counters in `DocStats::tools`, in the order of `summary.tools`.
+    keys: Vec<String>,
 }
 
 impl SummaryBuilder {
-    pub fn new(tools: &[ToolKind]) -> Self {
+    pub fn new(tools: &[ToolName]) -> Self {
         SummaryBuilder {
+            keys: tools.iter().map(|t| t.key().to_string()).collect(),
             summary: Summary {
                 shard: None,
                 corpus_lines: None,
@@ -110,12 +113,7 @@ impl SummaryBuilder {
         s.documents_with_calls += u64::from(record.calls.iter().any(|c| c.kept));
         s.candidates_scored += stats.candidates;
         s.secs.add(&stats.secs);
-        for t in &mut s.tools {
-            let key = ToolKind::ALL
-                .into_iter()
-                .find(|k| k.call_name() == t.tool)
-                .map(|k| k.key())
-                .unwrap_or("");
+        for (t, key) in s.tools.iter_mut().zip(&self.keys) {
             if let Some(st) = stats.tools.get(key) {
                 t.stats.add(st);
             }
@@ -278,7 +276,7 @@ mod tests {
     /// Per tool sampled / executed / kept, and the best and worst calls with their three losses.
     #[test]
     fn render_shows_counts_and_losses() {
-        let mut b = SummaryBuilder::new(&[ToolKind::Calculator]);
+        let mut b = SummaryBuilder::new(&[crate::annotate::ToolKind::Calculator.into()]);
         let record = CStarRecord {
             line: 1,
             id: serde_json::Value::Null,

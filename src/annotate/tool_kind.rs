@@ -1,5 +1,9 @@
-//! The five built-in tools by name: the key used in configs and `--tools`, and the name written
-//! in calls. The settings, prompts and tools themselves refer to a tool by this.
+//! The tools annotate runs, by name: the paper's five built-ins ([`ToolKind`]: the key used in
+//! configs and `--tools`, and the name written in calls), and tools of the user's own
+//! ([`ToolName::Custom`], by the name written in calls). The settings, prompts and tools
+//! themselves refer to a tool by these.
+
+use std::fmt;
 
 use crate::error::{Error, Result};
 
@@ -59,6 +63,105 @@ impl ToolKind {
     }
 }
 
+/// A tool annotate runs: one of the paper's five, or a tool of the user's by the name its calls
+/// are written with ("[Weather(Paris)]"). A custom tool has no built-in prompt, heuristics or
+/// thresholds: its settings are `[per_tool.custom.<Name>]` (the prompt required), and the
+/// command-line driver runs it as a service configured under `[tools.custom.<Name>]`; a program
+/// registers any [`Tool`](super::tools::Tool) of that name instead.
+///
+/// Ordered built-ins first (in [`ToolKind::ALL`]'s order), then custom tools by name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ToolName {
+    Builtin(ToolKind),
+    Custom(String),
+}
+
+impl ToolName {
+    /// A custom tool named `name`, which must be a valid call name (letters, digits and "_",
+    /// what a sampled call's name may be) and none of the built-ins' keys or call names, in any
+    /// case (those are [`ToolName::Builtin`]).
+    pub fn custom(name: &str) -> Result<Self> {
+        if !is_call_name(name) {
+            return Err(Error::input(format!(
+                "custom tool name {name:?}: a tool's name is letters, digits and \"_\" (as \
+                 calls write it: \"[Name(input)]\")"
+            )));
+        }
+        if let Ok(kind) = ToolKind::from_key(name) {
+            return Err(Error::input(format!(
+                "custom tool name {name:?} is the built-in {}'s; configure that one under \
+                 [per_tool.{}] and [tools.{}]",
+                kind.call_name(),
+                kind.key(),
+                kind.key()
+            )));
+        }
+        Ok(ToolName::Custom(name.to_string()))
+    }
+
+    /// The key of the tool's settings and of its counters: a built-in's key ("calculator"),
+    /// a custom tool's name.
+    pub fn key(&self) -> &str {
+        match self {
+            ToolName::Builtin(kind) => kind.key(),
+            ToolName::Custom(name) => name,
+        }
+    }
+
+    /// The name written in calls: "Calculator", "Weather".
+    pub fn call_name(&self) -> &str {
+        match self {
+            ToolName::Builtin(kind) => kind.call_name(),
+            ToolName::Custom(name) => name,
+        }
+    }
+
+    /// The tool's settings table, as errors name it: "[per_tool.calculator]",
+    /// "[per_tool.custom.Weather]".
+    pub fn settings_table(&self) -> String {
+        match self {
+            ToolName::Builtin(kind) => format!("[per_tool.{}]", kind.key()),
+            ToolName::Custom(name) => format!("[per_tool.custom.{name}]"),
+        }
+    }
+
+    /// Where the command-line driver's settings make the tool available: "[tools.qa]",
+    /// "[tools.custom.Weather]".
+    pub fn service_table(&self) -> String {
+        match self {
+            ToolName::Builtin(kind) => format!("[tools.{}]", kind.key()),
+            ToolName::Custom(name) => format!("[tools.custom.{name}]"),
+        }
+    }
+
+    /// The number that keys the tool's random draws: a built-in's index in [`ToolKind::ALL`]
+    /// (the values of every earlier release, so their samples are drawn again the same), a
+    /// custom tool's name hashed with the top bit set (never a built-in's).
+    pub fn seed_key(&self) -> u64 {
+        match self {
+            ToolName::Builtin(kind) => *kind as u64,
+            ToolName::Custom(name) => xxhash_rust::xxh3::xxh3_64(name.as_bytes()) | 1 << 63,
+        }
+    }
+}
+
+impl From<ToolKind> for ToolName {
+    fn from(kind: ToolKind) -> Self {
+        ToolName::Builtin(kind)
+    }
+}
+
+impl fmt::Display for ToolName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.call_name())
+    }
+}
+
+/// Whether `name` can be a tool's name in a call: what `calls::parse_call` accepts.
+pub fn is_call_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +174,48 @@ mod tests {
             assert_eq!(ToolKind::from_key(&t.key().to_uppercase()).unwrap(), t);
         }
         assert!(ToolKind::from_key("search").is_err());
+    }
+
+    #[test]
+    fn custom_names_are_call_names_and_not_built_ins() {
+        let w = ToolName::custom("Weather").unwrap();
+        assert_eq!((w.key(), w.call_name()), ("Weather", "Weather"));
+        assert_eq!(w.settings_table(), "[per_tool.custom.Weather]");
+        for bad in ["", "Two words", "Get(", "a]", "x-y"] {
+            let e = ToolName::custom(bad).unwrap_err().to_string();
+            assert!(e.contains("letters, digits"), "{bad:?}: {e}");
+        }
+        for builtin in ["calculator", "WikiSearch", "QA", "mt"] {
+            let e = ToolName::custom(builtin).unwrap_err().to_string();
+            assert!(e.contains("built-in"), "{builtin}: {e}");
+        }
+        assert!(ToolName::custom("Calculator2").is_ok());
+    }
+
+    /// Built-ins keep the seed keys of earlier releases (their samples do not change); custom
+    /// tools never take one of them.
+    #[test]
+    fn seed_keys_of_built_ins_are_their_indices() {
+        for (i, t) in ToolKind::ALL.into_iter().enumerate() {
+            assert_eq!(ToolName::from(t).seed_key(), i as u64);
+        }
+        let w = ToolName::custom("Weather").unwrap();
+        assert!(w.seed_key() >= 1 << 63);
+        assert_ne!(
+            w.seed_key(),
+            ToolName::custom("Weather2").unwrap().seed_key()
+        );
+    }
+
+    #[test]
+    fn built_ins_sort_before_custom_tools() {
+        let mut v = [
+            ToolName::custom("Alpha").unwrap(),
+            ToolKind::Mt.into(),
+            ToolKind::Calculator.into(),
+        ];
+        v.sort();
+        let names: Vec<_> = v.iter().map(|t| t.call_name()).collect();
+        assert_eq!(names, ["Calculator", "MT", "Alpha"]);
     }
 }

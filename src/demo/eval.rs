@@ -541,8 +541,8 @@ mod tests {
         let t = targets(&m);
         assert!(!t[0].pass && !t[1].pass);
         assert_eq!(t[2].pass, m.calculator.control_docs > 0);
-        let summary =
-            crate::annotate::summary::SummaryBuilder::new(&[ToolKind::Calculator]).finish(1.5);
+        let summary = crate::annotate::summary::SummaryBuilder::new(&[ToolKind::Calculator.into()])
+            .finish(1.5);
         let report = EvalReport::new(5, m, &summary, 2.0, Path::new("c.jsonl"));
         let text = report.render();
         assert!(text.contains("MISS") && text.contains("n/a"), "{text}");

@@ -13,7 +13,9 @@ use super::corpus::{DemoDoc, DEMO_TOOLS};
 use super::eval::{self, EvalReport};
 use super::{assets, remove_previous_output, tool_use};
 use crate::annotate::writer::write_atomic;
-use crate::annotate::{run_job_on, AnnotateConfig, Job, RunOutcome, Shard, Summary, ToolKind};
+use crate::annotate::{
+    run_job_on, AnnotateConfig, Job, RunOutcome, Shard, Summary, ToolKind, ToolName,
+};
 use crate::backend::{engine_for, Device, Engine};
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -57,10 +59,11 @@ impl DemoRun {
         // Checked before an earlier output is removed, as everything else that can fail early.
         let registry = crate::annotate::tools::ToolRegistry::from_config(&opened.config.tools)
             .map_err(|e| Error::input(e.to_string()))?;
-        crate::annotate::check_tools(&registry, &tools)?;
+        let names: Vec<ToolName> = tools.iter().map(|&t| t.into()).collect();
+        crate::annotate::check_tools(&registry, &names)?;
         crate::annotate::check_out(&options.out)?;
         let replaced = prepare_output(&options.out, false)?;
-        let job = opened.job(corpus, options.out, tools, options.progress);
+        let job = opened.job(corpus, options.out, names, options.progress);
         Ok(DemoRun {
             assets_dir: opened.dir.clone(),
             documents,
@@ -136,7 +139,12 @@ impl EvalRun {
             w.write_all(text.as_bytes())
                 .map_err(|e| Error::io(&corpus, e))
         })?;
-        let job = opened.job(corpus.clone(), cstar, DEMO_TOOLS.to_vec(), options.progress);
+        let job = opened.job(
+            corpus.clone(),
+            cstar,
+            DEMO_TOOLS.map(ToolName::from).to_vec(),
+            options.progress,
+        );
         Ok(EvalRun {
             assets_dir: opened.dir.clone(),
             corpus,
@@ -241,7 +249,7 @@ impl Opened {
     }
 
     /// The annotate job over `corpus` into `out` with the demo's model and settings.
-    fn job(&self, corpus: PathBuf, out: PathBuf, tools: Vec<ToolKind>, progress: bool) -> Job {
+    fn job(&self, corpus: PathBuf, out: PathBuf, tools: Vec<ToolName>, progress: bool) -> Job {
         Job {
             model_dir: self.dir.clone(),
             corpus,

@@ -683,9 +683,15 @@ pub fn tools_from_config(
                 available.push(name);
             }
         }
-        // Call names or annotate's config keys ("Calculator" or "calculator", "QA" or "qa").
+        // Call names or annotate's config keys ("Calculator" or "calculator", "QA" or "qa");
+        // custom tools by their exact names, as annotate takes them.
         let same = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
-        if let Some(bad) = names.iter().find(|n| !available.iter().any(|a| same(a, n))) {
+        let custom = |n: &str| config.custom.contains_key(n);
+        if let Some(bad) = names
+            .iter()
+            .find(|n| !custom(n) && !available.iter().any(|a| same(a, n)))
+        {
+            available.extend(config.custom.keys().map(String::as_str));
             return Err(Error::input(format!(
                 "--tools: {bad:?} is not configured (available: {})",
                 available.join(", ")
@@ -703,6 +709,9 @@ pub fn tools_from_config(
         if !keep("MT") {
             config.mt = None;
         }
+        config
+            .custom
+            .retain(|name, _| names.contains(&name.as_str()));
     }
     ToolRegistry::from_config(&config).map_err(|e| Error::input(e.to_string()))
 }
@@ -734,6 +743,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("Calculator") && err.contains("QA"), "{err}");
+
+        // Custom tools by their exact names.
+        let custom_path = dir.path().join("custom.toml");
+        std::fs::write(
+            &custom_path,
+            "[tools.custom.Echo]\ncommand = [\"cat\"]\n[tools.custom.Other]\ncommand = [\"cat\"]\n",
+        )
+        .unwrap();
+        let reg = tools_from_config(Some(&custom_path), None).unwrap();
+        assert_eq!(reg.names(), vec!["Calculator", "Calendar", "Echo", "Other"]);
+        let only = ["calendar".to_string(), "Echo".to_string()];
+        let reg = tools_from_config(Some(&custom_path), Some(&only)).unwrap();
+        assert_eq!(reg.names(), vec!["Calendar", "Echo"]);
+        let err = tools_from_config(Some(&custom_path), Some(&["echo".to_string()]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("Echo, Other"), "{err}");
 
         let json_path = dir.path().join("c.json");
         std::fs::write(&json_path, r#"{"seed": 1}"#).unwrap();

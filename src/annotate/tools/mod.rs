@@ -2,9 +2,12 @@
 //!
 //! Every tool sits behind the object-safe [`Tool`] trait so that a user can register
 //! their own in a [`ToolRegistry`]: `generate` calls a tool of any name; the annotate driver
-//! (`Annotator::new` with the registry) knows the paper's five tools (`ToolKind`: each has its
-//! prompt, heuristics and thresholds), so there a user's tool takes a built-in's name, e.g. a QA
-//! tool written in Rust instead of an external command. A call that yields no result
+//! (`Annotator::new` with the registry) runs the paper's five tools (`ToolKind`: each has its
+//! prompt, heuristics and thresholds; a user's tool may take a built-in's name, e.g. a QA tool
+//! written in Rust instead of an external command) and tools of any other name
+//! (`ToolName::Custom`, with the prompt and thresholds of `[per_tool.custom.<Name>]`). From the
+//! command line, a custom tool is a service like QA and MT: `[tools.custom.<Name>]`. A call that
+//! yields no result
 //! returns a [`ToolError`]; the caller records the candidate as failed and goes on: no tool
 //! failure, slow service or panic inside a tool may stop a run.
 //!
@@ -21,6 +24,7 @@ mod calendar;
 mod external;
 mod wikisearch;
 
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
@@ -120,6 +124,9 @@ impl ToolRegistry {
         if let Some(mt) = &config.mt {
             registry.register(ExternalTool::from_config("MT", mt)?);
         }
+        for (name, service) in &config.custom {
+            registry.register(custom_service(name, service)?);
+        }
         Ok(registry)
     }
 
@@ -208,6 +215,8 @@ impl Default for CalculatorConfig {
 /// timeout_ms = 5000
 /// [tools.mt]
 /// url = "http://127.0.0.1:8080/mt"
+/// [tools.custom.Weather]        # a tool of your own, called as "[Weather(Paris)]"
+/// url = "http://127.0.0.1:8080/weather"
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -222,6 +231,10 @@ pub struct ToolsConfig {
     pub qa: Option<ExternalToolConfig>,
     /// The machine-translation service; absent means no MT tool.
     pub mt: Option<ExternalToolConfig>,
+    /// Services of the user's own tools by call name, each spoken to as QA and MT are. Left out
+    /// of the serialized settings when empty, so journals of runs that predate it still resume.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub custom: BTreeMap<String, ExternalToolConfig>,
 }
 
 impl ToolsConfig {
@@ -237,8 +250,23 @@ impl ToolsConfig {
         if let Some(mt) = &self.mt {
             ExternalTool::from_config("MT", mt)?;
         }
+        for (name, service) in &self.custom {
+            custom_service(name, service)?;
+        }
         Ok(())
     }
+}
+
+/// The service of custom tool `name`, which must be a name calls can have and no built-in's.
+fn custom_service(
+    name: &str,
+    service: &ExternalToolConfig,
+) -> Result<ExternalTool, ToolConfigError> {
+    super::ToolName::custom(name).map_err(|e| ToolConfigError::Invalid {
+        tool: name.to_string(),
+        message: e.to_string(),
+    })?;
+    ExternalTool::from_config(name, service)
 }
 
 /// A tool setting that cannot be used; names the tool and what is wrong.
