@@ -220,6 +220,146 @@ fn cuda_matches_reference() {
     );
 }
 
+/// One scorer shared by several threads: its calls run one after another (each with the whole
+/// memory budget, here small enough to split every batch), so each thread's losses are exactly
+/// those of the same batch scored alone on the same scorer, and the figures `last_stats` keeps
+/// are one whole call's.
+#[test]
+fn concurrent_calls_on_one_scorer_equal_sequential_ones() {
+    if gpu().is_none() {
+        return;
+    }
+    let mut config = GptjConfig::small(2, 16, 2, 4, 97);
+    config.n_positions = 128;
+    let p = Problem {
+        config,
+        dtype: CudaDType::BF16,
+        seed: 7,
+        n_texts: 2,
+        max_text: 30,
+        placement: Placement::Prefix,
+        budget_tokens: Some(24),
+        head_chunk_rows: 7,
+    };
+    let model = Model::from_parts(
+        p.config.clone(),
+        GptjWeights::random(&p.config, p.seed, DType::BF16),
+        None,
+    );
+    let opts = CudaOptions {
+        dtype: Some(p.dtype),
+        head_chunk_rows: p.head_chunk_rows,
+        ..CudaOptions::default()
+    };
+    let scorer = CudaScorer::new(&model, &opts).unwrap();
+    let budget = p.budget_tokens.unwrap() * scorer.bytes_per_token();
+    let scorer = scorer.with_memory_budget(budget);
+    let options = ScoreOptions {
+        placement: p.placement,
+        weights: LossWeights::default(),
+    };
+    let batches: Vec<Vec<TokenCandidate>> = (0..4u64)
+        .map(|i| candidates(&p, &mut Rng::new(p.seed ^ (i + 1))))
+        .collect();
+    // Per batch: its losses and (unique tokens, head rows, chunks), scored one after another.
+    let alone: Vec<_> = batches
+        .iter()
+        .map(|b| {
+            let losses = scorer.variant_losses(b, &options).unwrap();
+            let s = scorer.last_stats();
+            assert!(s.chunks > 1, "the budget splits every batch");
+            (losses, (s.unique_tokens, s.head_rows, s.chunks))
+        })
+        .collect();
+    let together: Vec<Vec<[f64; 3]>> = std::thread::scope(|s| {
+        let threads: Vec<_> = batches
+            .iter()
+            .map(|b| s.spawn(|| scorer.variant_losses(b, &options).unwrap()))
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (k, (got, (want, _))) in together.iter().zip(&alone).enumerate() {
+        let bits =
+            |v: &[[f64; 3]]| -> Vec<[u64; 3]> { v.iter().map(|l| l.map(f64::to_bits)).collect() };
+        assert_eq!(bits(got), bits(want), "batch {k}");
+    }
+    let s = scorer.last_stats();
+    assert!(
+        alone
+            .iter()
+            .any(|(_, f)| *f == (s.unique_tokens, s.head_rows, s.chunks)),
+        "last_stats mixes calls: {s:?}"
+    );
+}
+
+/// A call waits while another holds the device: `propose` holds it while its `choose` runs, and
+/// a scoring call started from inside `choose` does not finish before it returns. A panic in
+/// `choose` (the device held) leaves the scorer usable: the next call scores as before.
+#[test]
+fn a_call_waits_for_the_one_in_flight_and_survives_its_panic() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use toolsift::sample::{SampleOptions, Sampler};
+    if gpu().is_none() {
+        return;
+    }
+    let mut config = GptjConfig::small(1, 16, 2, 4, 61);
+    config.n_positions = 64;
+    let p = Problem {
+        config,
+        dtype: CudaDType::BF16,
+        seed: 3,
+        n_texts: 1,
+        max_text: 12,
+        placement: Placement::Prefix,
+        budget_tokens: None,
+        head_chunk_rows: 1024,
+    };
+    let model = Model::from_parts(
+        p.config.clone(),
+        GptjWeights::random(&p.config, p.seed, DType::BF16),
+        None,
+    );
+    let opts = CudaOptions {
+        dtype: Some(p.dtype),
+        ..CudaOptions::default()
+    };
+    let scorer = CudaScorer::new(&model, &opts).unwrap();
+    let options = ScoreOptions::default();
+    let cands = candidates(&p, &mut Rng::new(11));
+    let want = scorer.variant_losses(&cands, &options).unwrap();
+    let ids = [3u32, 5, 7, 11];
+    let sample = SampleOptions::default();
+    let (started, done) = (AtomicBool::new(false), AtomicBool::new(false));
+    std::thread::scope(|s| {
+        let mut choose = |_: &[Vec<f32>]| {
+            s.spawn(|| {
+                started.store(true, Ordering::SeqCst);
+                assert_eq!(scorer.variant_losses(&cands, &options).unwrap(), want);
+                done.store(true, Ordering::SeqCst);
+            });
+            while !started.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            assert!(
+                !done.load(Ordering::SeqCst),
+                "a call ran while propose held the device"
+            );
+            Vec::new()
+        };
+        scorer.propose(&ids, &[0], &mut choose, &sample).unwrap();
+    });
+    assert!(done.load(Ordering::SeqCst));
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut choose = |_: &[Vec<f32>]| -> Vec<toolsift::sample::Branch> {
+            panic!("choose panics with the device held (expected)")
+        };
+        scorer.propose(&ids, &[0], &mut choose, &sample)
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(scorer.variant_losses(&cands, &options).unwrap(), want);
+}
+
 /// The fixture's filter cases (float16 weights, run in f16 on the device) against the float64
 /// golden values. 0.02 absolute: f16 activations (u = 2^-11) move each log-prob by ~1e-3 on this
 /// 2-layer model; the CPU f32 path is held to 1e-4.

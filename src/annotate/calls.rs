@@ -8,8 +8,8 @@
 //! text after ")", an empty or odd tool name; and (`input_problem`) an input with a line break or
 //! a special token's text.
 
-use super::tool_kind::is_call_name;
 use super::tools::ToolError;
+use crate::score::text::is_call_name;
 
 /// Why a sample is not a call.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -32,7 +32,7 @@ pub struct MergeReport {
 pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     if out.is_dir() || out.file_name().is_none() {
         return Err(Error::input(format!(
-            "--out {}: give a file name for the merged C*",
+            "output {} (--out): give a file name for the merged C*",
             out.display()
         )));
     }
@@ -104,7 +104,7 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
             // Compared as files, not spellings: "dir/../x" and a symlink are the same input.
             if let Some(w) = written.iter().find(|w| is_same_file(input, w)) {
                 return Err(Error::input(format!(
-                    "--out {}: writing {} would overwrite the input {}",
+                    "output {} (--out): writing {} would overwrite the input {}",
                     out.display(),
                     w.display(),
                     input.display()

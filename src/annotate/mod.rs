@@ -110,7 +110,7 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
         .find(|p| writer::is_same_file(&options.corpus, p))
     {
         return Err(Error::input(format!(
-            "--corpus {} is {}, a file this run writes; give another --out",
+            "the corpus {} is {}, a file this run writes; give another output (--out)",
             options.corpus.display(),
             clash.display()
         )));
@@ -128,7 +128,7 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
         {
             return Err(Error::input(format!(
                 "{} exists and no run is in progress (no {}): it is a finished run's output; \
-                 delete {}, {} and {} to annotate again, or give another --out",
+                 delete {}, {} and {} to annotate again, or give another output (--out)",
                 done.display(),
                 paths.journal.display(),
                 paths.out.display(),
@@ -265,11 +265,12 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     Ok(RunOutcome::Done(Box::new(summary), paths))
 }
 
-/// `--out` must name a file for C* (not a folder).
+/// The output (`--out`) must name a file for C* (not a folder). Errors here and in `annotate`
+/// name the flag in brackets: the command's user knows it, a program knows what it passed.
 pub fn check_out(out: &Path) -> Result<()> {
     if out.is_dir() || out.file_name().is_none() {
         return Err(Error::input(format!(
-            "--out {}: give a file name for C*, e.g. {}",
+            "output {} (--out): give a file name for C*, e.g. {}",
             out.display(),
             out.join("cstar.jsonl").display()
         )));

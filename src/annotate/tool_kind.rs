@@ -6,6 +6,7 @@
 use std::fmt;
 
 use crate::error::{Error, Result};
+use crate::score::text::is_call_name;
 
 /// The five built-in tools: the key used in configs and `--tools`, and the name used in calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -155,11 +156,6 @@ impl fmt::Display for ToolName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.call_name())
     }
-}
-
-/// Whether `name` can be a tool's name in a call: what `calls::parse_call` accepts.
-pub fn is_call_name(name: &str) -> bool {
-    !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_')
 }
 
 #[cfg(test)]

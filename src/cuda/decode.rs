@@ -124,8 +124,8 @@ impl CudaScorer {
 
     /// Runs `tokens[g]` at the end of sequence `nodes[g]` for every group g, extending the tree;
     /// returns the final residual stream of the new tokens ([n_new, stride(d)] f32, the last
-    /// fc_out bias pending: the heads add it) in order.
-    pub fn extend_tree<T: DeviceFloat>(
+    /// fc_out bias pending: the heads add it) in order. The caller holds `device_calls`.
+    fn extend_tree<T: DeviceFloat>(
         &self,
         w: &CudaWeights<T>,
         tree: &mut CudaKvTree<T>,
@@ -140,7 +140,8 @@ impl CudaScorer {
 
     /// Prefills a prefix tree: every segment of `plan` becomes a node (returned per segment)
     /// holding its ancestors' rows and its own; returns the residual stream of the plan's tokens.
-    pub fn prefill_tree<T: DeviceFloat>(
+    /// The caller holds `device_calls`.
+    fn prefill_tree<T: DeviceFloat>(
         &self,
         w: &CudaWeights<T>,
         tree: &mut CudaKvTree<T>,
@@ -558,6 +559,7 @@ fn decode_rows(requests: &[SampleRequest], options: &SampleOptions) -> usize {
 
 impl Sampler for CudaScorer {
     fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let _device = self.lock_device();
         let c = &self.config;
         batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
         match &self.weights {
@@ -571,6 +573,7 @@ impl Sampler for CudaScorer {
         requests: &[SampleRequest],
         options: &SampleOptions,
     ) -> Result<Vec<Vec<Sample>>> {
+        let _device = self.lock_device();
         let c = &self.config;
         batch::check_requests("request", requests, options, c.vocab_size, c.n_positions)?;
         match &self.weights {
@@ -586,6 +589,9 @@ impl Sampler for CudaScorer {
         choose: &mut Choose<'_>,
         options: &SampleOptions,
     ) -> Result<Proposal> {
+        // Held across `choose` too (the sequence's cache stays allocated while it picks), so
+        // `choose` must not call this scorer: it would wait for itself.
+        let _device = self.lock_device();
         let c = &self.config;
         batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
         match &self.weights {
@@ -643,6 +649,10 @@ impl DecodeSession for CudaDecodeSession<'_> {
 
     fn extend(&mut self, sequences: &[usize], tokens: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
         let engine = self.engine;
+        // One `extend` at a time per scorer, as its other calls. Not covered: the session's KV
+        // tree stays allocated between calls, outside the memory budget, while other calls (and
+        // other sessions) run with the whole budget; a session sized near it can run them out.
+        let _device = engine.lock_device();
         let c = &engine.config;
         let nodes = batch::check_extend(
             sequences,

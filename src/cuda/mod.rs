@@ -112,6 +112,8 @@ enum DeviceWeights {
     F16(CudaWeights<f16>),
 }
 
+/// The CUDA engine (`Scorer`, `Sampler`, `Decoder`). `Send + Sync`: threads may share one, and
+/// its calls then run one at a time (`device_calls`): one device, one memory budget.
 pub struct CudaScorer {
     config: GptjConfig,
     gpu: Gpu,
@@ -123,6 +125,10 @@ pub struct CudaScorer {
     pack_tiles: bool,
     /// Multi-query tiles run `tree_attention_mma` (`CudaOptions::mma_attention`).
     mma_attention: bool,
+    /// Held by every call that runs device work (`Scorer`, `Sampler`, `execute`, a decode
+    /// session's `extend`) for its whole duration: calls on one scorer from several threads run
+    /// one after another, so each plans to the whole memory budget and writes its own `stats`.
+    device_calls: std::sync::Mutex<()>,
     stats: std::sync::Mutex<RunStats>,
     /// `TOOLSIFT_CUDA_PROFILE`: synchronise after every stage and time it (`profile.rs`).
     profile: bool,
@@ -206,6 +212,7 @@ impl CudaScorer {
             head_chunk_rows,
             pack_tiles: options.pack_tiles,
             mma_attention: options.mma_attention,
+            device_calls: Default::default(),
             stats: Default::default(),
             profile: profile::enabled_by_env(),
             stage_secs: Default::default(),
@@ -290,11 +297,19 @@ impl CudaScorer {
         self.head_chunk_rows * (2 * stride(c.n_embd) + 2 * 4 * stride(c.vocab_size))
     }
 
+    /// Takes `device_calls` for one call (see the field).
+    fn lock_device(&self) -> std::sync::MutexGuard<'_, ()> {
+        // A panic in another call while it held the lock poisons it; that call's device buffers
+        // were freed as it unwound and the lock guards no data (`()`), so this call goes on.
+        self.device_calls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Figures of the last `variant_losses` call to finish (on any thread).
     pub fn last_stats(&self) -> RunStats {
         *self.stats.lock().expect("stats lock")
     }
 
-    /// Seconds per stage of the last `variant_losses` call; all zero unless
+    /// Seconds per stage of the last `variant_losses` call to finish; all zero unless
     /// `TOOLSIFT_CUDA_PROFILE` is set (see `profile.rs`).
     pub fn last_stage_secs(&self) -> StageSecs {
         *self.stage_secs.lock().expect("stage lock")
@@ -315,8 +330,15 @@ impl CudaScorer {
         crate::plan::chunked(candidates, options, self.max_chunk_tokens())
     }
 
-    /// Runs one plan: log p(target | row) for every target, in `plan.targets` order.
+    /// Runs one plan: log p(target | row) for every target, in `plan.targets` order. Waits for
+    /// the calls of other threads on this scorer (`device_calls`).
     pub fn execute(&self, plan: &Plan) -> Result<Vec<f64>> {
+        let _device = self.lock_device();
+        self.execute_locked(plan)
+    }
+
+    /// `execute`, with `device_calls` held by the caller.
+    fn execute_locked(&self, plan: &Plan) -> Result<Vec<f64>> {
         let c = &self.config;
         check(
             plan.tokens.iter().all(|&t| (t as usize) < c.vocab_size),
@@ -597,6 +619,7 @@ impl Scorer for CudaScorer {
         candidates: &[TokenCandidate],
         options: &ScoreOptions,
     ) -> Result<Vec<[f64; 3]>> {
+        let _device = self.lock_device();
         let start = Instant::now();
         let mut stats = RunStats::default();
         *self.stage_secs.lock().expect("stage lock") = StageSecs::default();
@@ -606,7 +629,7 @@ impl Scorer for CudaScorer {
             stats.unique_tokens += plan.n_tokens();
             stats.head_rows += plan.head_rows.len();
             stats.chunks += 1;
-            let log_probs = self.execute(&plan)?;
+            let log_probs = self.execute_locked(&plan)?;
             losses.extend(plan.reduce(&log_probs));
         }
         stats.total_secs = start.elapsed().as_secs_f64();

@@ -11,7 +11,11 @@
 //!   where the text continues with whitespace (x_i carries its own leading space in byte-level
 //!   BPE): "... (or [Calculator(400 / 1400) -> 0.29] 29%)"; e(c) alone where it does not:
 //!   "29[Calculator(...) -> 0.29]%)".
-//! - the byte offset must fall on a token boundary of the text; otherwise it is an error.
+//! - the byte offset must fall on a token boundary of the text; otherwise it is an error;
+//! - the call must read as the call it is (`check_call`): a tool name of letters, digits and "_"
+//!   (what `annotate::calls::parse_call` accepts), no "[" or "]" in the input (the parser's
+//!   input never has one) or the result (`annotate::calls::clean_result` turns them into "(" and
+//!   ")"): a "]" would end the call early, a "[" open a nested one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,9 +55,55 @@ pub fn call_insert(call: &str, placement: Placement, spaced: bool) -> String {
     }
 }
 
+/// Whether `name` can be a tool's name in a call: one word of letters (any script), digits and
+/// "_". What annotate's parser accepts, custom tool names and `check_call` share this rule.
+pub fn is_call_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_')
+}
+
+/// `value` debug-quoted for an error message, cut after 60 characters.
+fn shown(value: &str) -> String {
+    const SHOWN: usize = 60;
+    match value.char_indices().nth(SHOWN) {
+        Some((end, _)) => format!("{:?}… ({} bytes)", &value[..end], value.len()),
+        None => format!("{value:?}"),
+    }
+}
+
+/// Refuses a call that would not read as "[Tool(input) -> result]" with these parts: a tool
+/// name that is empty or not one word of letters, digits and "_" (`annotate::calls::parse_call`'s
+/// rule), or a "[" or "]" in the input or the result. Everything annotate's parser accepts, with
+/// a result cleaned by `annotate::calls::clean_result`, passes.
+pub fn check_call(tool: &str, input: &str, result: &str) -> Result<()> {
+    if tool.is_empty() {
+        return Err(Error::input("tool name is empty"));
+    }
+    if !is_call_name(tool) {
+        return Err(Error::input(format!(
+            "tool name {} is not one word of letters, digits and \"_\"",
+            shown(tool)
+        )));
+    }
+    for (field, value) in [("input", input), ("result", result)] {
+        if let Some(bracket) = value.chars().find(|&c| c == '[' || c == ']') {
+            return Err(Error::input(format!(
+                "{field} {} contains {:?}, which would {} the call",
+                shown(value),
+                bracket.to_string(),
+                if bracket == ']' {
+                    "end"
+                } else {
+                    "nest a call in"
+                }
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl TextCandidate {
     /// Tokenizes with the conventions above. `text_ids` may be given when the text was already
-    /// tokenized (candidates of one text share it).
+    /// tokenized (candidates of one text share it). A call `check_call` refuses is an error.
     pub fn to_tokens(
         &self,
         tokenizer: &Tokenizer,
@@ -61,6 +111,7 @@ impl TextCandidate {
         form: CallForm,
         text: Option<(&Encoding, Arc<[u32]>)>,
     ) -> Result<TokenCandidate> {
+        check_call(&self.tool, &self.input, &self.result)?;
         let owned;
         let (encoding, text_ids) = match text {
             Some(t) => t,
@@ -171,6 +222,141 @@ mod tests {
             call_text("Calculator", "400 / 1400", None, CallForm::Bare),
             "[Calculator(400 / 1400)]"
         );
+    }
+
+    fn refusal(tool: &str, input: &str, result: &str) -> String {
+        match check_call(tool, input, result) {
+            Err(Error::Input(msg)) => msg,
+            other => panic!("{tool:?} {input:?} {result:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_empty_tool_name_is_refused() {
+        assert_eq!(refusal("", "1 + 2", "3"), "tool name is empty");
+    }
+
+    #[test]
+    fn a_tool_name_that_is_not_one_word_is_refused() {
+        for tool in [
+            "Calc ulator",
+            " Calculator",
+            "Calculator\n",
+            "Calc(",
+            "Calc)",
+            "Calc]",
+            "Calc[",
+            "Calc-1",
+            "Calc.x",
+        ] {
+            let msg = refusal(tool, "1 + 2", "3");
+            assert!(
+                msg.starts_with(&format!("tool name {tool:?} is not one word")),
+                "{msg}"
+            );
+        }
+        // Letters of any script, digits and "_", as annotate's parser takes them.
+        for tool in ["Calculator", "QA", "MT", "Wiki_Search2", "Überprüfer", "_"] {
+            assert!(check_call(tool, "x", "y").is_ok(), "{tool}");
+        }
+    }
+
+    #[test]
+    fn brackets_in_the_input_are_refused() {
+        let msg = refusal("QA", "What is [x]?", "y");
+        assert_eq!(
+            msg,
+            "input \"What is [x]?\" contains \"[\", which would nest a call in the call"
+        );
+        let msg = refusal("QA", "a] b", "y");
+        assert_eq!(
+            msg,
+            "input \"a] b\" contains \"]\", which would end the call"
+        );
+    }
+
+    #[test]
+    fn brackets_in_the_result_are_refused() {
+        let msg = refusal("Calculator", "1 + 2", "3]");
+        assert_eq!(
+            msg,
+            "result \"3]\" contains \"]\", which would end the call"
+        );
+        assert!(refusal("WikiSearch", "x", "see [1]").starts_with("result \"see [1]\""));
+    }
+
+    #[test]
+    fn long_values_are_cut_in_refusals() {
+        let long = format!("{}]", "a".repeat(500));
+        let msg = refusal("QA", &long, "y");
+        assert!(
+            msg.starts_with(&format!(
+                "input \"{}\"… (501 bytes) contains",
+                "a".repeat(60)
+            )),
+            "{msg}"
+        );
+    }
+
+    /// Every call annotate's parser accepts, with a result as annotate cleans it, passes, and
+    /// (its parentheses balanced) the call reads back as the same call.
+    #[test]
+    fn calls_annotate_parses_pass() {
+        use crate::annotate::calls::{clean_result, parse_call};
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny-gptj/tokenizer.json");
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let text = "Out of 1400 participants, 400 (or 29%) passed.";
+        for (sampled, answer) in [
+            ("Calculator(400 / 1400)]", "0.29"),
+            ("Calculator((2 + 3) * 4) -> 20]", "20"),
+            (" Calendar()] and more", "Today is Monday, January 1, 2024."),
+            (
+                "QA(What does f(x) -> y mean?) -> a map]",
+                "a map [of sorts] -> y",
+            ),
+            ("QA(Who?) -> Paris (France)]", "Paris (France)"),
+            ("MT(chien)]", " dog\n "),
+            ("Überprüfer_2(a ( b)]", "[]"),
+            ("Calculator(1+2))]", "3"),
+        ] {
+            let (tool, input) = parse_call(sampled).unwrap();
+            let result = clean_result(answer, &[]);
+            check_call(&tool, &input, &result).unwrap();
+            let c = TextCandidate {
+                text: text.into(),
+                position: text.find(" 29%").unwrap(),
+                tool: tool.clone(),
+                input: input.clone(),
+                result,
+            };
+            c.to_tokens(&tok, Placement::Prefix, CallForm::Arrow, None)
+                .unwrap();
+            // An input with an unclosed "(" (the parser takes it: "a ( b" above) does not read
+            // back the same once a result follows; it is not refused, since annotate makes it.
+            if input.matches('(').count() == input.matches(')').count() {
+                let call = call_text(&tool, &input, Some(&c.result), CallForm::Arrow);
+                assert_eq!(parse_call(&call[1..]).unwrap(), (tool, input), "{call}");
+            }
+        }
+    }
+
+    #[test]
+    fn to_tokens_refuses_what_check_call_refuses() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny-gptj/tokenizer.json");
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let c = TextCandidate {
+            text: "It costs 3 dollars.".into(),
+            position: 8,
+            tool: "Calculator".into(),
+            input: "1 + 2".into(),
+            result: "3] more".into(),
+        };
+        let err = c
+            .to_tokens(&tok, Placement::Prefix, CallForm::Arrow, None)
+            .unwrap_err();
+        assert!(err.to_string().contains("result \"3] more\""), "{err}");
     }
 
     /// Inline, the scored call is what C* splices in: with a space only where the text
