@@ -1156,6 +1156,30 @@ command = ["cat"]
     assert!(summary["tools"][0]["texts_considered"].as_u64().unwrap() > 0);
     assert_eq!(summary["run"]["tools"], json!(["Echo"]));
 
+    // Settings without a service: an error naming the table to add, not a tool left out.
+    let lonely = dir.path().join("lonely.toml");
+    std::fs::write(
+        &lonely,
+        "[per_tool.custom.Lonely]\nprompt = \"[Lonely(a)] a\\nInput: {x}\\nOutput: \"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["annotate", "--no-progress", "--model"])
+        .arg(common::tiny("f32"))
+        .arg("--corpus")
+        .arg(&corpus)
+        .arg("--out")
+        .arg(dir.path().join("l.jsonl"))
+        .arg("--config")
+        .arg(&lonely)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("configure it under [tools.custom.Lonely]"),
+        "{stderr}"
+    );
+
     let out = run("Ekho", "d.jsonl");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");

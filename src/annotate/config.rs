@@ -189,7 +189,7 @@ impl TryFrom<PerToolPartial> for PerTool {
             let Some(prompt) = params.prompt.take() else {
                 return Err(format!(
                     "[per_tool.custom.{name}] has no prompt: a custom tool needs its annotation \
-                     prompt (with \"{{x}}\" once, ending in \"Output: \")"
+                     prompt (with \"{{x}}\" once; it should end in \"Output: \")"
                 ));
             };
             custom.insert(name, merge(ToolParams::custom(prompt), params));
@@ -324,13 +324,19 @@ impl AnnotateConfig {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return Err(Error::input("temperature must be finite and >= 0"));
         }
+        // Custom names first: a table under a name that cannot be would only mislead.
+        let custom_tables = (self.per_tool.custom.keys().map(|n| ("per_tool", n)))
+            .chain(self.tools.custom.keys().map(|n| ("tools", n)));
+        for (table, name) in custom_tables {
+            ToolName::custom(name).map_err(|e| Error::input(format!("[{table}.custom] {e}")))?;
+        }
         for tool in ToolKind::ALL {
             self.per_tool
                 .get(tool)
                 .validate(&ToolName::from(tool).settings_table())?;
         }
         for (name, params) in &self.per_tool.custom {
-            params.validate(&ToolName::custom(name)?.settings_table())?;
+            params.validate(&format!("[per_tool.custom.{name}]"))?;
         }
         // A service with no prompt could never be sampled.
         if let Some(name) = self
@@ -358,7 +364,8 @@ impl AnnotateConfig {
         }
         let custom: Vec<&str> = self.per_tool.custom.keys().map(|k| k.as_str()).collect();
         Err(Error::input(format!(
-            "unknown tool {name:?}: expected one of calculator, calendar, wikisearch, qa, mt{}",
+            "--tools: unknown tool {name:?}: expected one of calculator, calendar, wikisearch, \
+             qa, mt{}",
             if custom.is_empty() {
                 ", or a custom tool configured under [per_tool.custom.<Name>]".to_string()
             } else {
@@ -472,6 +479,11 @@ mod tests {
         refused(
             "[tools.custom.Weather]\ncommand = [\"cat\"]\n",
             "no [per_tool.custom.Weather]",
+        );
+        // A built-in's name is said first, before the missing prompt table.
+        refused(
+            "[tools.custom.Qa]\ncommand = [\"cat\"]\n",
+            "[tools.custom] custom tool name \"Qa\" is the built-in",
         );
         refused(
             "[per_tool.custom.X]\nprompt = \"{x}\"\n[tools.custom.X]\nurl = \"ftp://x\"\n",

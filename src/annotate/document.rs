@@ -224,14 +224,16 @@ impl<'a> Annotator<'a> {
         let mut tools: Vec<ToolName> = tools.iter().cloned().map(Into::into).collect();
         tools.sort();
         tools.dedup();
+        // Checked again: a program may build a ToolName::Custom of any name.
+        for t in &tools {
+            if let ToolName::Custom(name) = t {
+                ToolName::custom(name)?;
+            }
+        }
         check_tools(registry, &tools)?;
         let mut settings = BTreeMap::new();
         let n_positions = scorer.config().n_positions;
         for t in &tools {
-            // Checked again: a program may build a ToolName::Custom of any name.
-            if let ToolName::Custom(name) = t {
-                ToolName::custom(name)?;
-            }
             let Some(params) = config.per_tool.params(t) else {
                 return Err(Error::input(format!(
                     "custom tool {t}: no settings; give its prompt under {}",

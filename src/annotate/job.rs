@@ -24,7 +24,8 @@ pub struct Job {
     pub out: PathBuf,
     pub config: AnnotateConfig,
     /// The active tools; None: every tool the config makes available (the built-ins it
-    /// configures, then its custom tools).
+    /// configures), then every custom tool it has settings for (one without its service under
+    /// `[tools.custom]` is then an error, not left out in silence).
     pub tools: Option<Vec<ToolName>>,
     pub device: Device,
     pub shard: Shard,
@@ -52,7 +53,7 @@ pub fn run_job_on(job: &Job, model: &Model, engine: &dyn Engine) -> Result<RunOu
             .map(ToolName::from)
             .chain(
                 job.config
-                    .tools
+                    .per_tool
                     .custom
                     .keys()
                     .cloned()

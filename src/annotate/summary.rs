@@ -190,8 +190,14 @@ impl Summary {
             "{} lines: {} documents, {} rejected; {} documents with kept calls; {} candidates scored\n",
             self.lines, self.documents, self.rejected, self.documents_with_calls, self.candidates_scored
         );
+        // As wide as the longest name (a custom tool's can be long), 11 at least.
+        let w = self
+            .tools
+            .iter()
+            .map(|t| t.tool.chars().count())
+            .fold(11, usize::max);
         s.push_str(&format!(
-            "{:<11} {:>8} {:>9} {:>8} {:>9} {:>8} {:>7} {:>6} {:>9} {:>7}\n",
+            "{:<w$} {:>8} {:>9} {:>8} {:>9} {:>8} {:>7} {:>6} {:>9} {:>7}\n",
             "tool",
             "texts",
             "positions",
@@ -206,7 +212,7 @@ impl Summary {
         for t in &self.tools {
             let st = &t.stats;
             s.push_str(&format!(
-                "{:<11} {:>8} {:>9} {:>8} {:>9} {:>8} {:>7} {:>6} {:>9} {:>7}\n",
+                "{:<w$} {:>8} {:>9} {:>8} {:>9} {:>8} {:>7} {:>6} {:>9} {:>7}\n",
                 t.tool,
                 st.texts_considered,
                 st.positions,

@@ -80,13 +80,18 @@ pub enum ToolName {
 impl ToolName {
     /// A custom tool named `name`, which must be a valid call name (letters, digits and "_",
     /// what a sampled call's name may be) and none of the built-ins' keys or call names, in any
-    /// case (those are [`ToolName::Builtin`]).
+    /// case (those are [`ToolName::Builtin`]), nor "none" (`generate --tools none`).
     pub fn custom(name: &str) -> Result<Self> {
         if !is_call_name(name) {
             return Err(Error::input(format!(
                 "custom tool name {name:?}: a tool's name is letters, digits and \"_\" (as \
                  calls write it: \"[Name(input)]\")"
             )));
+        }
+        if name.eq_ignore_ascii_case("none") {
+            return Err(Error::input(
+                "custom tool name \"none\" is reserved (`--tools none` means no tool)",
+            ));
         }
         if let Ok(kind) = ToolKind::from_key(name) {
             return Err(Error::input(format!(
@@ -177,6 +182,10 @@ mod tests {
         let w = ToolName::custom("Weather").unwrap();
         assert_eq!((w.key(), w.call_name()), ("Weather", "Weather"));
         assert_eq!(w.settings_table(), "[per_tool.custom.Weather]");
+        assert!(ToolName::custom("None")
+            .unwrap_err()
+            .to_string()
+            .contains("reserved"));
         for bad in ["", "Two words", "Get(", "a]", "x-y"] {
             let e = ToolName::custom(bad).unwrap_err().to_string();
             assert!(e.contains("letters, digits"), "{bad:?}: {e}");

@@ -6,6 +6,7 @@
 //! - how the text written after the opener is parsed once the arrow appears: `Tool(input) ->`.
 
 use crate::model::Tokenizer;
+use crate::score::text::is_call_name;
 
 /// The special tokens of the loop, resolved once from the tokenizer.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -71,15 +72,15 @@ pub fn opener_in_top_k(row: &[f32], openers: &[u32], k: usize) -> Option<u32> {
 }
 
 /// Splits the text between the opener and the arrow, `Tool(input)` with optional surrounding
-/// whitespace, into (tool, input). The tool name is ASCII letters, digits and '_'; the input is
-/// everything between the first "(" and the last ")", as written.
+/// whitespace, into (tool, input). The tool name is letters, digits and '_'
+/// (`score::text::is_call_name`, annotate's rule, so that any tool annotate splices into C* can
+/// be called here); the input is everything between the first "(" and the last ")", as written.
 pub fn parse_call(head: &str) -> Option<(&str, &str)> {
     let head = head.trim();
     let inner = head.strip_suffix(')')?;
     let open = inner.find('(')?;
     let tool = inner[..open].trim();
-    let valid = !tool.is_empty() && tool.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    valid.then(|| (tool, &inner[open + 1..]))
+    is_call_name(tool).then(|| (tool, &inner[open + 1..]))
 }
 
 #[cfg(test)]
@@ -115,6 +116,8 @@ mod tests {
         assert_eq!(parse_call("Calculator(1+2"), None);
         assert_eq!(parse_call("(1+2)"), None);
         assert_eq!(parse_call("Two words(x)"), None);
+        // Any name annotate can splice into C*, a custom tool's in any script included.
+        assert_eq!(parse_call("Wétter(Paris)"), Some(("Wétter", "Paris")));
         assert_eq!(parse_call(""), None);
     }
 }
