@@ -11,8 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::calls::{cleaned_answer, input_only_ahead, input_problem, parse_call, Malformed};
-use super::config::AnnotateConfig;
-use super::config::ToolParams;
+use super::config::{AnnotateConfig, ToolParams};
 use super::corpus::Document;
 use super::tool_kind::ToolName;
 use super::tools::{DocContext, ToolRegistry};
