@@ -220,10 +220,10 @@ fn cuda_matches_reference() {
     );
 }
 
-/// One scorer shared by several threads: its calls run one after another (each with the whole
-/// memory budget, here small enough to split every batch), so each thread's losses are exactly
-/// those of the same batch scored alone on the same scorer, and the figures `last_stats` keeps
-/// are one whole call's.
+/// One scorer shared by several threads (a budget small enough to split every batch): each
+/// thread's losses are exactly those of the same batch scored alone, and the figures
+/// `last_stats` keeps are one whole call's. A thread-safety check; that the calls wait for each
+/// other is the next test's.
 #[test]
 fn concurrent_calls_on_one_scorer_equal_sequential_ones() {
     if gpu().is_none() {
@@ -292,13 +292,14 @@ fn concurrent_calls_on_one_scorer_equal_sequential_ones() {
     );
 }
 
-/// A call waits while another holds the device: `propose` holds it while its `choose` runs, and
-/// a scoring call started from inside `choose` does not finish before it returns. A panic in
-/// `choose` (the device held) leaves the scorer usable: the next call scores as before.
+/// Every entry point waits while another call holds the device: `propose` holds it while its
+/// `choose` runs, and scoring, sampling, log-probs and a decode step started from other threads
+/// inside `choose` do not finish before it returns; the same call from `choose`'s own thread is
+/// an error, not a hang. A panic in `choose` (the device held) leaves the scorer usable.
 #[test]
 fn a_call_waits_for_the_one_in_flight_and_survives_its_panic() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use toolsift::sample::{SampleOptions, Sampler};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use toolsift::sample::{Decoder, SampleOptions, SampleRequest, Sampler};
     if gpu().is_none() {
         return;
     }
@@ -329,27 +330,51 @@ fn a_call_waits_for_the_one_in_flight_and_survives_its_panic() {
     let want = scorer.variant_losses(&cands, &options).unwrap();
     let ids = [3u32, 5, 7, 11];
     let sample = SampleOptions::default();
-    let (started, done) = (AtomicBool::new(false), AtomicBool::new(false));
+    let requests = [SampleRequest {
+        prefix: ids.to_vec(),
+        n_samples: 2,
+    }];
+    let (started, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let entry_points = 4;
+    let run = |call: &(dyn Fn() + Sync)| {
+        started.fetch_add(1, Ordering::SeqCst);
+        call();
+        done.fetch_add(1, Ordering::SeqCst);
+    };
     std::thread::scope(|s| {
         let mut choose = |_: &[Vec<f32>]| {
-            s.spawn(|| {
-                started.store(true, Ordering::SeqCst);
-                assert_eq!(scorer.variant_losses(&cands, &options).unwrap(), want);
-                done.store(true, Ordering::SeqCst);
+            let e = scorer.token_log_probs(&ids, &[0]).unwrap_err().to_string();
+            assert!(e.contains("wait for itself"), "{e}");
+            let (run, cands, options, want) = (&run, &cands, &options, &want);
+            let (scorer, sample, requests) = (&scorer, &sample, &requests);
+            s.spawn(move || {
+                run(&|| assert_eq!(&scorer.variant_losses(cands, options).unwrap(), want))
             });
-            while !started.load(Ordering::SeqCst) {
+            s.spawn(move || run(&|| drop(scorer.token_log_probs(&ids, &[0]).unwrap())));
+            s.spawn(move || run(&|| drop(scorer.sample(requests, sample).unwrap())));
+            s.spawn(move || {
+                run(&|| {
+                    let mut session = scorer.session();
+                    let k = session.new_sequence();
+                    drop(session.extend(&[k], &[ids.to_vec()]).unwrap());
+                })
+            });
+            while started.load(Ordering::SeqCst) < entry_points {
                 std::thread::yield_now();
             }
             std::thread::sleep(std::time::Duration::from_millis(300));
-            assert!(
-                !done.load(Ordering::SeqCst),
+            assert_eq!(
+                done.load(Ordering::SeqCst),
+                0,
                 "a call ran while propose held the device"
             );
             Vec::new()
         };
         scorer.propose(&ids, &[0], &mut choose, &sample).unwrap();
     });
-    assert!(done.load(Ordering::SeqCst));
+    assert_eq!(done.load(Ordering::SeqCst), entry_points);
+    // The holder is cleared: the same thread's next call goes through.
+    scorer.token_log_probs(&ids, &[0]).unwrap();
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut choose = |_: &[Vec<f32>]| -> Vec<toolsift::sample::Branch> {
             panic!("choose panics with the device held (expected)")

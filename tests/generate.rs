@@ -660,6 +660,8 @@ fn malformed_calls_and_failing_tools_are_closed_and_decoding_goes_on() {
         ),
         ("Blank(x) ->", CallStatus::ToolError, "[Blank(x) ->]"),
         ("Nope(1) ->", CallStatus::UnknownTool, "[Nope(1) ->]"),
+        // A name annotate could splice (any script), unregistered here: unknown, not unparsable.
+        ("Wétter(x) ->", CallStatus::UnknownTool, "[Wétter(x) ->]"),
         // A line-oriented tool would read "1+" only.
         (
             "Calculator(1+\n2) ->",

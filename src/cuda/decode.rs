@@ -559,7 +559,7 @@ fn decode_rows(requests: &[SampleRequest], options: &SampleOptions) -> usize {
 
 impl Sampler for CudaScorer {
     fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        let _device = self.lock_device();
+        let _device = self.lock_device()?;
         let c = &self.config;
         batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
         match &self.weights {
@@ -573,7 +573,7 @@ impl Sampler for CudaScorer {
         requests: &[SampleRequest],
         options: &SampleOptions,
     ) -> Result<Vec<Vec<Sample>>> {
-        let _device = self.lock_device();
+        let _device = self.lock_device()?;
         let c = &self.config;
         batch::check_requests("request", requests, options, c.vocab_size, c.n_positions)?;
         match &self.weights {
@@ -590,8 +590,8 @@ impl Sampler for CudaScorer {
         options: &SampleOptions,
     ) -> Result<Proposal> {
         // Held across `choose` too (the sequence's cache stays allocated while it picks), so
-        // `choose` must not call this scorer: it would wait for itself.
-        let _device = self.lock_device();
+        // a call on this scorer from `choose` is an error (`lock_device`).
+        let _device = self.lock_device()?;
         let c = &self.config;
         batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
         match &self.weights {
@@ -652,7 +652,7 @@ impl DecodeSession for CudaDecodeSession<'_> {
         // One `extend` at a time per scorer, as its other calls. Not covered: the session's KV
         // tree stays allocated between calls, outside the memory budget, while other calls (and
         // other sessions) run with the whole budget; a session sized near it can run them out.
-        let _device = engine.lock_device();
+        let _device = engine.lock_device()?;
         let c = &engine.config;
         let nodes = batch::check_extend(
             sequences,

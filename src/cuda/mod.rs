@@ -129,10 +129,27 @@ pub struct CudaScorer {
     /// session's `extend`) for its whole duration: calls on one scorer from several threads run
     /// one after another, so each plans to the whole memory budget and writes its own `stats`.
     device_calls: std::sync::Mutex<()>,
+    /// The thread holding `device_calls`: a call made on that thread from inside another (a
+    /// `choose` of `propose` that scores, say) is an error, not a wait for itself.
+    device_holder: std::sync::Mutex<Option<std::thread::ThreadId>>,
     stats: std::sync::Mutex<RunStats>,
     /// `TOOLSIFT_CUDA_PROFILE`: synchronise after every stage and time it (`profile.rs`).
     profile: bool,
     stage_secs: std::sync::Mutex<StageSecs>,
+}
+
+/// One call's hold on the device (`CudaScorer::lock_device`): clears the holder, then lets the
+/// next call in.
+pub(crate) struct DeviceCall<'a> {
+    _guard: std::sync::MutexGuard<'a, ()>,
+    holder: &'a std::sync::Mutex<Option<std::thread::ThreadId>>,
+}
+
+impl Drop for DeviceCall<'_> {
+    fn drop(&mut self) {
+        // Runs before `_guard` is dropped, so no other call has taken the device yet.
+        *self.holder.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
 }
 
 /// The new tokens of one forward, on the device.
@@ -213,6 +230,7 @@ impl CudaScorer {
             pack_tiles: options.pack_tiles,
             mma_attention: options.mma_attention,
             device_calls: Default::default(),
+            device_holder: Default::default(),
             stats: Default::default(),
             profile: profile::enabled_by_env(),
             stage_secs: Default::default(),
@@ -242,6 +260,8 @@ impl CudaScorer {
         self
     }
 
+    /// The device context (stream, cuBLASLt, kernels), for inspection and tests: work launched
+    /// on it directly bypasses `device_calls` and the memory budget.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }
@@ -297,11 +317,26 @@ impl CudaScorer {
         self.head_chunk_rows * (2 * stride(c.n_embd) + 2 * 4 * stride(c.vocab_size))
     }
 
-    /// Takes `device_calls` for one call (see the field).
-    fn lock_device(&self) -> std::sync::MutexGuard<'_, ()> {
-        // A panic in another call while it held the lock poisons it; that call's device buffers
-        // were freed as it unwound and the lock guards no data (`()`), so this call goes on.
-        self.device_calls.lock().unwrap_or_else(|e| e.into_inner())
+    /// Takes `device_calls` for one call (see the field); an error if this thread holds it.
+    fn lock_device(&self) -> Result<DeviceCall<'_>> {
+        // A panic in another call while it held a lock poisons it; that call's device buffers
+        // were freed as it unwound and neither lock guards data a panic could leave half
+        // written, so this call goes on.
+        let holder = || self.device_holder.lock().unwrap_or_else(|e| e.into_inner());
+        let me = std::thread::current().id();
+        if *holder() == Some(me) {
+            return Err(Error::Backend(
+                "cuda: a call on this scorer from inside another of its calls on the same thread \
+                 (a `choose` of `propose` that scores or samples, say) would wait for itself"
+                    .into(),
+            ));
+        }
+        let guard = self.device_calls.lock().unwrap_or_else(|e| e.into_inner());
+        *holder() = Some(me);
+        Ok(DeviceCall {
+            _guard: guard,
+            holder: &self.device_holder,
+        })
     }
 
     /// Figures of the last `variant_losses` call to finish (on any thread).
@@ -309,8 +344,9 @@ impl CudaScorer {
         *self.stats.lock().expect("stats lock")
     }
 
-    /// Seconds per stage of the last `variant_losses` call to finish; all zero unless
-    /// `TOOLSIFT_CUDA_PROFILE` is set (see `profile.rs`).
+    /// Seconds per stage since the last `variant_losses` call began (sampling and decoding
+    /// calls since then add theirs); all zero unless `TOOLSIFT_CUDA_PROFILE` is set (see
+    /// `profile.rs`).
     pub fn last_stage_secs(&self) -> StageSecs {
         *self.stage_secs.lock().expect("stage lock")
     }
@@ -333,7 +369,7 @@ impl CudaScorer {
     /// Runs one plan: log p(target | row) for every target, in `plan.targets` order. Waits for
     /// the calls of other threads on this scorer (`device_calls`).
     pub fn execute(&self, plan: &Plan) -> Result<Vec<f64>> {
-        let _device = self.lock_device();
+        let _device = self.lock_device()?;
         self.execute_locked(plan)
     }
 
@@ -619,7 +655,7 @@ impl Scorer for CudaScorer {
         candidates: &[TokenCandidate],
         options: &ScoreOptions,
     ) -> Result<Vec<[f64; 3]>> {
-        let _device = self.lock_device();
+        let _device = self.lock_device()?;
         let start = Instant::now();
         let mut stats = RunStats::default();
         *self.stage_secs.lock().expect("stage lock") = StageSecs::default();

@@ -125,7 +125,8 @@ pub trait Sampler: Send + Sync {
     /// branches `choose` picks from those log-probs (request r: `ids[..at_r] ++ [token_r]`, drawing
     /// from `sample_rng(seed, r, s)` as `sample` does). A KV-cached backend computes `ids` once
     /// for both, where the two calls would prefill the branches' shared prefix again; the results
-    /// are those of the two calls up to float rounding.
+    /// are those of the two calls up to float rounding. `choose` must not call this engine: the
+    /// CUDA engine holds its device through `choose` and refuses such a call with an error.
     fn propose(
         &self,
         ids: &[u32],
