@@ -1132,21 +1132,22 @@ command = ["cat"]
 "#,
     )
     .unwrap();
-    let run = |tools: &str, out: &str| {
-        Command::new(env!("CARGO_BIN_EXE_toolsift"))
-            .args(["annotate", "--no-progress", "--model"])
+    let run = |config: &Path, tools: Option<&str>, out: &str| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolsift"));
+        cmd.args(["annotate", "--no-progress", "--model"])
             .arg(common::tiny("f32"))
             .arg("--corpus")
             .arg(&corpus)
             .arg("--out")
             .arg(dir.path().join(out))
             .arg("--config")
-            .arg(&config)
-            .args(["--tools", tools])
-            .output()
-            .unwrap()
+            .arg(config);
+        if let Some(tools) = tools {
+            cmd.args(["--tools", tools]);
+        }
+        cmd.output().unwrap()
     };
-    let out = run("Echo", "c.jsonl");
+    let out = run(&config, Some("Echo"), "c.jsonl");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let summary: Value =
@@ -1163,24 +1164,14 @@ command = ["cat"]
         "[per_tool.custom.Lonely]\nprompt = \"[Lonely(a)] a\\nInput: {x}\\nOutput: \"\n",
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
-        .args(["annotate", "--no-progress", "--model"])
-        .arg(common::tiny("f32"))
-        .arg("--corpus")
-        .arg(&corpus)
-        .arg("--out")
-        .arg(dir.path().join("l.jsonl"))
-        .arg("--config")
-        .arg(&lonely)
-        .output()
-        .unwrap();
+    let out = run(&lonely, None, "l.jsonl");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && stderr.contains("configure it under [tools.custom.Lonely]"),
         "{stderr}"
     );
 
-    let out = run("Ekho", "d.jsonl");
+    let out = run(&config, Some("Ekho"), "d.jsonl");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(

@@ -220,6 +220,28 @@ fn cuda_matches_reference() {
     );
 }
 
+/// The scorer of `p` (bf16 weights from its seed), its budget `p.budget_tokens` if any.
+fn scorer_for(p: &Problem) -> CudaScorer {
+    let model = Model::from_parts(
+        p.config.clone(),
+        GptjWeights::random(&p.config, p.seed, DType::BF16),
+        None,
+    );
+    let opts = CudaOptions {
+        dtype: Some(p.dtype),
+        head_chunk_rows: p.head_chunk_rows,
+        ..CudaOptions::default()
+    };
+    let scorer = CudaScorer::new(&model, &opts).unwrap();
+    match p.budget_tokens {
+        Some(tokens) => {
+            let bytes = tokens * scorer.bytes_per_token();
+            scorer.with_memory_budget(bytes)
+        }
+        None => scorer,
+    }
+}
+
 /// One scorer shared by several threads (a budget small enough to split every batch): each
 /// thread's losses are exactly those of the same batch scored alone, and the figures
 /// `last_stats` keeps are one whole call's. A thread-safety check; that the calls wait for each
@@ -241,19 +263,7 @@ fn concurrent_calls_on_one_scorer_equal_sequential_ones() {
         budget_tokens: Some(24),
         head_chunk_rows: 7,
     };
-    let model = Model::from_parts(
-        p.config.clone(),
-        GptjWeights::random(&p.config, p.seed, DType::BF16),
-        None,
-    );
-    let opts = CudaOptions {
-        dtype: Some(p.dtype),
-        head_chunk_rows: p.head_chunk_rows,
-        ..CudaOptions::default()
-    };
-    let scorer = CudaScorer::new(&model, &opts).unwrap();
-    let budget = p.budget_tokens.unwrap() * scorer.bytes_per_token();
-    let scorer = scorer.with_memory_budget(budget);
+    let scorer = scorer_for(&p);
     let options = ScoreOptions {
         placement: p.placement,
         weights: LossWeights::default(),
@@ -315,16 +325,7 @@ fn a_call_waits_for_the_one_in_flight_and_survives_its_panic() {
         budget_tokens: None,
         head_chunk_rows: 1024,
     };
-    let model = Model::from_parts(
-        p.config.clone(),
-        GptjWeights::random(&p.config, p.seed, DType::BF16),
-        None,
-    );
-    let opts = CudaOptions {
-        dtype: Some(p.dtype),
-        ..CudaOptions::default()
-    };
-    let scorer = CudaScorer::new(&model, &opts).unwrap();
+    let scorer = scorer_for(&p);
     let options = ScoreOptions::default();
     let cands = candidates(&p, &mut Rng::new(11));
     let want = scorer.variant_losses(&cands, &options).unwrap();
