@@ -459,12 +459,18 @@ impl Seq<'_> {
     /// Appends the tokens of `text`, tokenized on its own, as tokens the model did not draw (no
     /// log-prob) and feeds them at the next step.
     fn splice(&mut self, text: &str, ctx: &Ctx<'_>) -> Result<()> {
-        for t in ctx.tokenizer.encode_ids(text)? {
+        let ids = ctx.tokenizer.encode_ids(text)?;
+        self.splice_ids(&ids);
+        Ok(())
+    }
+
+    /// `splice` for text already tokenized.
+    fn splice_ids(&mut self, ids: &[u32]) {
+        for &t in ids {
             self.tokens.push(t);
             self.log_probs.push(None);
             self.pending.push(t);
         }
-        Ok(())
     }
 
     /// After a token inside the call whose opener is at `start`: execute at the arrow, close a
@@ -486,6 +492,8 @@ impl Seq<'_> {
         let record = self.calls.last_mut().expect("a call is open");
         if let Some(arrow) = body.find("->") {
             let tail = &body[arrow + 2..];
+            // What follows the arrow, tokenized once: the result and "]", or "]" alone.
+            let close = || ctx.tokenizer.encode_ids("]");
             let splice = match call::parse_call(&body[..arrow]) {
                 None => {
                     record.status = CallStatus::Unparsable;
@@ -493,7 +501,7 @@ impl Seq<'_> {
                         "expected Tool(input) before the arrow, got {:?}",
                         &body[..arrow]
                     ));
-                    "]".to_string()
+                    close()?
                 }
                 Some((tool, input)) => {
                     record.tool = tool.to_string();
@@ -501,11 +509,11 @@ impl Seq<'_> {
                     if let Some(problem) = input_problem(input, &ctx.tokens.special) {
                         record.status = CallStatus::Unparsable;
                         record.error = Some(problem);
-                        "]".to_string()
+                        close()?
                     } else if ctx.tools.get(tool).is_none() {
                         record.status = CallStatus::UnknownTool;
                         record.error = Some(format!("no tool named {tool:?} is registered"));
-                        "]".to_string()
+                        close()?
                     } else {
                         let doc = DocContext {
                             id: &self.prompt.id,
@@ -531,26 +539,26 @@ impl Seq<'_> {
                                     Some(Err(e)) => {
                                         record.status = CallStatus::ToolError;
                                         record.error = Some(format!("the result's {e}"));
-                                        "]".to_string()
+                                        close()?
                                     }
                                     _ => {
                                         record.status = CallStatus::Ok;
                                         record.result = result;
-                                        splice
+                                        ids
                                     }
                                 }
                             }
                             Err(e) => {
                                 record.status = CallStatus::ToolError;
                                 record.error = Some(e.to_string());
-                                "]".to_string()
+                                close()?
                             }
                         }
                     }
                 }
             };
             let executed = record.status == CallStatus::Ok;
-            self.splice(&splice, ctx)?;
+            self.splice_ids(&splice);
             self.mode = Mode::Normal;
             if executed && self.tokens.len() > self.cap {
                 // The completion will end inside the result: the call did not finish in it.
