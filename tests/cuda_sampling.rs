@@ -228,6 +228,64 @@ fn decode_session_steps_equal_a_full_forward() {
     }
 }
 
+#[test]
+fn a_decode_sessions_cache_counts_against_the_budget() {
+    if gpu().is_none() {
+        return;
+    }
+    let dtype = CudaDType::BF16;
+    let m = model(2, 2, 16, 53, dtype, 3);
+    let probe = engine(&m, dtype, 4);
+    let (per_token, kv) = (probe.bytes_per_token(), probe.kv_bytes_per_token());
+    let opts = CudaOptions {
+        dtype: Some(dtype),
+        memory_budget: Some(2000 * per_token),
+        ..CudaOptions::default()
+    };
+    let cuda = CudaScorer::new(&m, &opts).unwrap();
+    let whole = cuda.max_chunk_tokens();
+    assert_eq!(whole, 2000);
+    assert_eq!(cuda.session_kv_bytes(), 0);
+    let mut rng = Rng::new(3);
+    let mut a = cuda.session();
+    let s = [a.new_sequence(), a.new_sequence()];
+    // Nothing is allocated before the first `extend`.
+    assert_eq!(cuda.session_kv_bytes(), 0);
+    a.extend(
+        &s,
+        &[random_ids(&mut rng, 10, 53), random_ids(&mut rng, 12, 53)],
+    )
+    .unwrap();
+    let first = cuda.session_kv_bytes();
+    assert!(first >= 22 * kv && first.is_multiple_of(kv), "{first} bytes");
+    assert_eq!(
+        cuda.max_chunk_tokens(),
+        (2000 * per_token - first) / per_token
+    );
+    // Growing the cache counts the new size; a failed call keeps the count true.
+    a.extend(
+        &s,
+        &[random_ids(&mut rng, 140, 53), random_ids(&mut rng, 140, 53)],
+    )
+    .unwrap();
+    let grown = cuda.session_kv_bytes();
+    assert!(grown >= 302 * kv && grown > first, "{grown} bytes");
+    assert!(a.extend(&s[..1], &[vec![1; 20]]).is_err());
+    assert_eq!(cuda.session_kv_bytes(), grown);
+    // Two sessions add up; each gives its bytes back when dropped.
+    let mut b = cuda.session();
+    let t = b.new_sequence();
+    b.extend(&[t], &[random_ids(&mut rng, 5, 53)]).unwrap();
+    let both = cuda.session_kv_bytes();
+    assert!(both > grown);
+    assert!(cuda.max_chunk_tokens() < whole);
+    drop(a);
+    assert_eq!(cuda.session_kv_bytes(), both - grown);
+    drop(b);
+    assert_eq!(cuda.session_kv_bytes(), 0);
+    assert_eq!(cuda.max_chunk_tokens(), whole);
+}
+
 /// Compares greedy samples `got` (CUDA) with `want` (CPU engine) of `requests` token by token,
 /// up to the first step whose top-2 margin (by the oracle) is within twice the tolerance; returns
 /// the number of tokens compared.

@@ -20,6 +20,8 @@
 //!   backends pick the same token from the same row. (At GPT-J size that copy is 201.6 KB per
 //!   sample per step; a device-side draw is the next step if it ever shows in a profile.)
 
+use std::sync::atomic::Ordering;
+
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 
@@ -604,13 +606,17 @@ impl Sampler for CudaScorer {
 /// Initial rows of a decode session's cache (it doubles as sequences grow).
 const SESSION_CAPACITY: usize = 256;
 
-/// A decode session on the GPU: a device KV tree with one node per sequence.
+/// A decode session on the GPU: a device KV tree with one node per sequence. Its cache stays
+/// allocated between calls, so its bytes count against the scorer's memory budget
+/// (`CudaScorer::session_kv_bytes`) until the session is dropped.
 pub struct CudaDecodeSession<'a> {
     engine: &'a CudaScorer,
     /// None until the first sequence (allocation errors surface from `extend`).
     tree: Option<AnyTree>,
     /// Per sequence: its node, and its length while the tree is not allocated yet.
     nodes: Vec<usize>,
+    /// Bytes of `tree` added to the engine's `session_kv_bytes`.
+    counted: usize,
 }
 
 impl Decoder for CudaScorer {
@@ -619,6 +625,7 @@ impl Decoder for CudaScorer {
             engine: self,
             tree: None,
             nodes: Vec::new(),
+            counted: 0,
         })
     }
 }
@@ -630,6 +637,30 @@ impl CudaDecodeSession<'_> {
             Some(AnyTree::F16(t)) => t.len(node),
             None => 0,
         }
+    }
+
+    /// Brings the engine's count of session cache bytes up to the tree's size now.
+    fn count_cache(&mut self) {
+        let rows = match &self.tree {
+            Some(AnyTree::Bf16(t)) => t.capacity(),
+            Some(AnyTree::F16(t)) => t.capacity(),
+            None => 0,
+        };
+        let bytes = rows * self.engine.kv_bytes_per_token();
+        let count = &self.engine.session_kv_bytes;
+        if bytes > self.counted {
+            count.fetch_add(bytes - self.counted, Ordering::Relaxed);
+        } else {
+            count.fetch_sub(self.counted - bytes, Ordering::Relaxed);
+        }
+        self.counted = bytes;
+    }
+}
+
+impl Drop for CudaDecodeSession<'_> {
+    fn drop(&mut self) {
+        self.tree = None;
+        self.count_cache();
     }
 }
 
@@ -649,9 +680,8 @@ impl DecodeSession for CudaDecodeSession<'_> {
 
     fn extend(&mut self, sequences: &[usize], tokens: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
         let engine = self.engine;
-        // One `extend` at a time per scorer, as its other calls. Not covered: the session's KV
-        // tree stays allocated between calls, outside the memory budget, while other calls (and
-        // other sessions) run with the whole budget; a session sized near it can run them out.
+        // One `extend` at a time per scorer, as its other calls. The cache this session keeps
+        // between calls is counted against the budget the others plan with (`count_cache`).
         let _device = engine.lock_device()?;
         let c = &engine.config;
         let nodes = batch::check_extend(
@@ -694,7 +724,7 @@ impl DecodeSession for CudaDecodeSession<'_> {
             }
             out
         }
-        match (
+        let out = match (
             &engine.weights,
             self.tree.as_mut().expect("allocated above"),
         ) {
@@ -703,7 +733,10 @@ impl DecodeSession for CudaDecodeSession<'_> {
             _ => Err(Error::Backend(
                 "cuda: decode session tree and weights disagree on the storage type".into(),
             )),
-        }
+        };
+        // Grown or not, failed or not: the cache's size now.
+        self.count_cache();
+        out
     }
 
     fn len(&self, sequence: usize) -> usize {

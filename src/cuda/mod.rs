@@ -121,6 +121,9 @@ pub struct CudaScorer {
     cos: CudaSlice<f32>, // [n_positions, rotary_dim / 2]
     sin: CudaSlice<f32>, // [n_positions, rotary_dim / 2]
     memory_budget: usize,
+    /// Device bytes held by the KV caches of live decode sessions (`Decoder::session`): they
+    /// stay allocated between calls, so every plan takes them off `memory_budget`.
+    session_kv_bytes: std::sync::atomic::AtomicUsize,
     head_chunk_rows: usize,
     pack_tiles: bool,
     /// Multi-query tiles run `tree_attention_mma` (`CudaOptions::mma_attention`).
@@ -226,6 +229,7 @@ impl CudaScorer {
             cos,
             sin,
             memory_budget: 0,
+            session_kv_bytes: Default::default(),
             head_chunk_rows,
             pack_tiles: options.pack_tiles,
             mma_attention: options.mma_attention,
@@ -299,14 +303,29 @@ impl CudaScorer {
         2 * 2 * stride(self.config.n_embd) * self.config.n_layer
     }
 
-    /// Unique tokens one forward may run: the budget's, and no more than keeps every
-    /// per-token operand (qkv, the MLP hidden) under 2^31 elements. Kernels index in 64 bits and
-    /// cuBLASLt takes 64-bit shapes, but no GPU run has gone past 1.05e9 elements (an 85k-token
-    /// chunk at 6B) and the cap costs nothing: 131k tokens at 6B already fill the card.
+    /// What one call may plan with: the memory budget less the live decode sessions' caches.
+    fn available_budget(&self) -> usize {
+        let held = self
+            .session_kv_bytes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        self.memory_budget.saturating_sub(held)
+    }
+
+    /// Device bytes the KV caches of live decode sessions hold (counted against the budget).
+    pub fn session_kv_bytes(&self) -> usize {
+        self.session_kv_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Unique tokens one forward may run: the budget's (less live decode sessions' caches), and
+    /// no more than keeps every per-token operand (qkv, the MLP hidden) under 2^31 elements.
+    /// Kernels index in 64 bits and cuBLASLt takes 64-bit shapes, but no GPU run has gone past
+    /// 1.05e9 elements (an 85k-token chunk at 6B) and the cap costs nothing: 131k tokens at 6B
+    /// already fill the card.
     pub fn max_chunk_tokens(&self) -> usize {
         let c = &self.config;
         let widest = stride(c.inner_dim()).max(stride(3 * c.n_embd)).max(1);
-        let by_budget = (self.memory_budget / self.bytes_per_token()).max(1);
+        let by_budget = (self.available_budget() / self.bytes_per_token()).max(1);
         by_budget.min((MAX_OPERAND_ELEMENTS / widest).max(1))
     }
 
