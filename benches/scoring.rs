@@ -16,7 +16,7 @@ use toolsift::workload::Workload;
 fn scoring(c: &mut Criterion) {
     let config = GptjConfig::small(4, 256, 4, 32, 50400);
     let weights = GptjWeights::random(&config, 1, DType::F32);
-    let engine = CpuScorer::from_parts(&config, &weights);
+    let engine = CpuScorer::from_weights(&config, weights.clone()).unwrap();
     let candle = CandleGptj::new(&config, &weights).expect("candle model");
     let mut group = c.benchmark_group("scoring");
     group.sample_size(10);

@@ -23,7 +23,8 @@ fn main() -> toolsift::Result<()> {
     let (layers, embd, heads, vocab, steps) =
         (arg(1, 8), arg(2, 512), arg(3, 8), arg(4, 50400), arg(5, 64));
     let config = GptjConfig::small(layers, embd, heads, 32.min(embd / heads), vocab);
-    let engine = CpuScorer::from_weights(&config, GptjWeights::random(&config, 7, DType::F32));
+    let engine =
+        CpuScorer::from_weights(&config, GptjWeights::random(&config, 7, DType::F32)).unwrap();
     let greedy = SampleOptions {
         temperature: 0.0,
         ..Default::default()

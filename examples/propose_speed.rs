@@ -32,7 +32,8 @@ fn main() -> toolsift::Result<()> {
     );
     let mut config = GptjConfig::small(layers, embd, heads, 32.min(embd / heads), vocab);
     config.n_positions = config.n_positions.max(len + 32);
-    let engine = CpuScorer::from_weights(&config, GptjWeights::random(&config, 7, DType::F32));
+    let engine =
+        CpuScorer::from_weights(&config, GptjWeights::random(&config, 7, DType::F32)).unwrap();
     let mut rng = Rng::new(3);
     let ids: Vec<u32> = (0..len).map(|_| rng.range(0, vocab - 1) as u32).collect();
     let open = [1u32, 2];

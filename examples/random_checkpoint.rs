@@ -29,7 +29,7 @@ fn main() -> toolsift::Result<()> {
     };
     let config = GptjConfig::small(layers, embd, heads, 64.min(embd / heads), vocab);
     let weights = GptjWeights::random(&config, 1, dtype);
-    let model = toolsift::Model::from_parts(config, weights, None);
+    let model = toolsift::Model::from_parts(config, weights, None).unwrap();
     let n = checkpoint::convert(&model, out.as_ref(), None)?;
     println!("wrote {n} tensors to {out}/model.safetensors");
     Ok(())

@@ -136,7 +136,8 @@ mod tests {
             config.clone(),
             GptjWeights::random(&config, 1, DType::F32),
             None,
-        );
+        )
+        .unwrap();
         assert_eq!(scorer_for(&model, Device::Cpu).unwrap().name(), "cpu");
     }
 
@@ -149,7 +150,8 @@ mod tests {
             config.clone(),
             GptjWeights::random(&config, 1, DType::F32),
             None,
-        );
+        )
+        .unwrap();
         match scorer_for(&model, Device::Cuda) {
             Ok(s) => assert_eq!(s.name(), "cuda"),
             Err(Error::Backend(msg)) => {

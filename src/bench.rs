@@ -97,11 +97,11 @@ fn open_baselines(_: &BenchArgs, _: &GptjConfig) -> Result<[Box<dyn Baseline>; 2
 fn open_engine(args: &BenchArgs, model: Option<Model>) -> Result<Box<dyn Engine>> {
     match args.device {
         Device::Cpu => Ok(Box::new(match model {
-            Some(m) => CpuScorer::from_weights(&m.config, m.weights),
+            Some(m) => CpuScorer::from_model(m),
             None => CpuScorer::from_weights(
                 &args.config,
                 GptjWeights::random(&args.config, args.seed, DType::F32),
-            ),
+            )?,
         })),
         Device::Cuda => open_cuda(args, model),
     }
@@ -109,10 +109,13 @@ fn open_engine(args: &BenchArgs, model: Option<Model>) -> Result<Box<dyn Engine>
 
 #[cfg(feature = "cuda")]
 fn open_cuda(args: &BenchArgs, model: Option<Model>) -> Result<Box<dyn Engine>> {
-    let model = model.unwrap_or_else(|| {
-        let w = GptjWeights::random(&args.config, args.seed, DType::BF16);
-        Model::from_parts(args.config.clone(), w, None)
-    });
+    let model = match model {
+        Some(m) => m,
+        None => {
+            let w = GptjWeights::random(&args.config, args.seed, DType::BF16);
+            Model::from_parts(args.config.clone(), w, None)?
+        }
+    };
     Ok(Box::new(crate::cuda::CudaScorer::new(
         &model,
         &crate::cuda::CudaOptions::default(),

@@ -55,12 +55,12 @@ pub mod score;
 pub mod util;
 pub mod workload;
 
-pub use backend::{scorer_for, Device};
+pub use backend::{scorer_for, scorer_with_memory_budget, Device};
 pub use error::{Error, Result};
 pub use model::{GptjConfig, Model};
 pub use score::{
-    score_texts, CallForm, Placement, ReferenceScorer, ScoreOptions, Scorer, Scores, TextCandidate,
-    TokenCandidate, Variant,
+    score_texts, CallForm, LossWeights, Placement, ReferenceScorer, ScoreOptions, Scorer, Scores,
+    TextCandidate, TokenCandidate, Variant,
 };
 /// The JSON values of the public API (document ids, run settings, C* records).
 pub use serde_json;

@@ -157,6 +157,7 @@ struct IndexArgs {
     /// New index folder.
     #[arg(long)]
     out: PathBuf,
+    /// Document field holding the text to index.
     #[arg(long, default_value = "text")]
     text_field: String,
 }
@@ -278,10 +279,11 @@ struct GenerateArgs {
     /// Only these tools (comma-separated names, or "none"); default: all configured.
     #[arg(long, value_delimiter = ',')]
     tools: Option<Vec<String>>,
-    /// A call starts when "[" is among the K most likely next tokens (1: only when greedy would).
+    /// A call starts when "[" or " [" is among the K most likely next tokens (1: only when
+    /// greedy decoding would write it; 0: no calls).
     #[arg(long, default_value_t = 10)]
     top_k_call: usize,
-    /// Calls per prompt.
+    /// Most calls per prompt (the paper: one; 0: no calls). Every started call counts.
     #[arg(long, default_value_t = 1)]
     max_calls: usize,
     /// Most tokens per completion, tool results included.
@@ -291,16 +293,18 @@ struct GenerateArgs {
     #[arg(long, default_value_t = 32)]
     max_call_tokens: usize,
     /// 0: greedy; otherwise sample at this temperature.
-    #[arg(long, default_value_t = 0.0, value_parser = temperature)]
+    #[arg(long, default_value_t = 0.0, value_parser = temperature, allow_negative_numbers = true)]
     temperature: f32,
     /// When sampling, only among the K most likely tokens (at least 1; omit it for all).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     top_k: Option<u64>,
+    /// Seed of the sampling draws (each prompt and sample its own stream; unused when greedy).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Prompts decoded together.
     #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     batch_size: usize,
+    /// Where the model runs: the fast CPU engine, or CUDA (a build with --features cuda).
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
 }
@@ -410,6 +414,12 @@ fn check_io(input: Option<&Path>, output: Option<&Path>, model_dir: Option<&Path
     let Some(output) = output else {
         return Ok(());
     };
+    if toolsift::annotate::writer::names_a_folder(output) {
+        anyhow::bail!(
+            "{}: is a folder; give a file name for the output",
+            output.display()
+        );
+    }
     if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
         if !dir.is_dir() {
             anyhow::bail!(
@@ -440,9 +450,12 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         Some(w) => LossWeights::new(w)?,
         None => LossWeights::default(),
     };
+    if args.reference && args.device != Device::Cpu {
+        anyhow::bail!("--reference scores with the f64 oracle on the CPU: leave out --device");
+    }
     check_io(Some(&args.input), Some(&args.output), Some(&args.model))?;
     let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
-    let model = Model::load(&args.model)?;
+    let mut model = Model::load(&args.model)?;
     let options = JsonlOptions {
         score: ScoreOptions {
             placement: args.placement,
@@ -452,27 +465,19 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         tau_f: args.tau_f,
         chunk_lines: args.chunk_lines,
     };
-    // The scorer takes the weights; the checkpoint's mapping is released as they are converted.
-    let Model {
-        config,
-        weights,
-        tokenizer,
-        ..
-    } = model;
+    let tokenizer = model.tokenizer.take();
     let memory_budget = args.memory_budget_mb.map(|mb| mb << 20);
     let scorer: Box<dyn Scorer> = match (args.reference, args.device) {
-        (true, _) => Box::new(ReferenceScorer::new(&Model::from_parts(
-            config, weights, None,
-        ))),
+        (true, _) => Box::new(ReferenceScorer::new(&model)),
+        // The scorer takes the weights; the checkpoint's mapping is released as they are
+        // converted.
         (false, Device::Cpu) => Box::new(
-            CpuScorer::from_weights(&config, weights)
+            CpuScorer::from_model(model)
                 .with_memory_budget(memory_budget.unwrap_or(toolsift::cpu::DEFAULT_MEMORY_BUDGET)),
         ),
-        (false, device) => toolsift::backend::scorer_with_memory_budget(
-            &Model::from_parts(config, weights, None),
-            device,
-            memory_budget,
-        )?,
+        (false, device) => {
+            toolsift::backend::scorer_with_memory_budget(&model, device, memory_budget)?
+        }
     };
     let output =
         File::create(&args.output).with_context(|| format!("{}", args.output.display()))?;

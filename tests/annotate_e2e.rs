@@ -78,7 +78,7 @@ impl Sampler for MockSampler {
 }
 
 fn model() -> Model {
-    Model::load(&common::tiny("f32")).unwrap()
+    Model::load(common::tiny("f32")).unwrap()
 }
 
 /// Short prompts: the fixture has n_positions 256 and P(x) holds x twice.
@@ -746,6 +746,15 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
     assert!(err.contains("other settings (differing: info)"), "{err}");
     let err = annotate::merge(dir.path(), &parts).unwrap_err().to_string();
     assert!(err.contains("give a file name"), "{err}");
+    let err = annotate::merge(&dir.path().join("not-yet/"), &parts)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is a folder: give a file name"), "{err}");
+    let err = merge_err("m8.jsonl", &[parts[0].clone(), dir.path().to_owned()]);
+    assert!(
+        err.contains("is a folder; give merge the shards' C* files"),
+        "{err}"
+    );
     // A shard output that lost a line (edited, truncated) is caught.
     let cut = dir.path().join("cut.shard-00001-of-00003.jsonl");
     let src = annotate::OutputPaths::new(&parts[1]);
@@ -781,6 +790,28 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
         ..opts("unused.jsonl", None)
     });
     assert!(err.contains("give a file name for C*"), "{err}");
+    // A folder by its spelling, though it does not exist yet: its journal would land beside
+    // it and its final files could never be written.
+    for folder in ["new/", "new/.", "new/.."] {
+        let err = refused(RunOptions {
+            out: dir.path().join(folder),
+            ..opts("unused.jsonl", None)
+        });
+        assert!(
+            err.contains("is a folder: give a file name for C*"),
+            "{folder}: {err}"
+        );
+    }
+    assert!(!dir.path().join("new").exists());
+    #[cfg(unix)]
+    {
+        // The final rename would replace a device.
+        let err = refused(RunOptions {
+            out: "/dev/null".into(),
+            ..opts("unused.jsonl", None)
+        });
+        assert!(err.contains("is not a regular file"), "{err}");
+    }
     #[cfg(unix)]
     {
         // A pipe reads empty the second time (the lines are counted first).
@@ -1178,6 +1209,21 @@ command = ["cat"]
         stderr.contains("unknown tool \"Ekho\"") && stderr.contains("custom tool: Echo"),
         "{stderr}"
     );
+
+    // No tool at all: an error, not the corpus copied into C* unannotated.
+    let none = dir.path().join("none.toml");
+    std::fs::write(
+        &none,
+        "[tools.calculator]\nenabled = false\n[tools.calendar]\nenabled = false\n",
+    )
+    .unwrap();
+    let out = run(&none, None, "n.jsonl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("no tool to run"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("n.jsonl").exists());
 }
 
 #[test]

@@ -45,7 +45,7 @@ fn log_softmax(model: &CandleGptj, ids: &Tensor) -> Vec<Vec<Vec<f32>>> {
 fn candle_forward_matches_every_fixture_log_softmax_value() {
     let cases = cases();
     for variant in ["f32", "f16"] {
-        let model = Model::load(&tiny(variant)).unwrap();
+        let model = Model::load(tiny(variant)).unwrap();
         let candle = candle_model(&model);
         for case in &cases.forward {
             let ids = Tensor::new(case.ids.as_slice(), &Device::Cpu)
@@ -73,7 +73,7 @@ fn candle_forward_matches_every_fixture_log_softmax_value() {
 #[test]
 fn candle_forward_right_padded_batch_matches_the_fixture() {
     let cases = cases();
-    let model = Model::load(&tiny("f32")).unwrap();
+    let model = Model::load(tiny("f32")).unwrap();
     let candle = candle_model(&model);
     let seqs: Vec<&[u32]> = cases.forward.iter().map(|c| c.ids.as_slice()).collect();
     let ids = right_padded_batch(&seqs, &Device::Cpu).unwrap();
@@ -141,7 +141,7 @@ fn check_baselines(model: &Model, candidates: &[TokenCandidate], what: &str) {
 #[test]
 fn baselines_match_the_reference_on_the_fixture_filter_cases() {
     let cases = cases();
-    let model = Model::load(&tiny("f32")).unwrap();
+    let model = Model::load(tiny("f32")).unwrap();
     let candidates: Vec<TokenCandidate> = cases
         .filter
         .iter()
@@ -219,7 +219,7 @@ fn baselines_match_the_reference_on_a_random_model() {
     let config = GptjConfig::small(2, 48, 4, 8, 300);
     for seed in [1, 2] {
         let weights = GptjWeights::random(&config, seed, DType::F32);
-        let model = Model::from_parts(config.clone(), weights, None);
+        let model = Model::from_parts(config.clone(), weights, None).unwrap();
         let mut rng = Rng::new(100 + seed);
         let candidates = random_candidates(&mut rng, config.vocab_size);
         check_baselines(&model, &candidates, &format!("seed {seed}"));
@@ -266,7 +266,8 @@ fn bad_input_is_refused_with_a_message() {
         config.clone(),
         GptjWeights::random(&config, 3, DType::F32),
         None,
-    );
+    )
+    .unwrap();
     let candle = candle_model(&model);
     let options = ScoreOptions::default();
     let ok = TokenCandidate {

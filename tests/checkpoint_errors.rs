@@ -252,6 +252,11 @@ fn convert_refuses_to_overwrite_its_source() {
         .to_string();
     assert_names(&err, &["is the folder being converted"]);
     assert_eq!(std::fs::read(dir.join("tokenizer.json")).unwrap(), before);
+    // A file where the folder should be.
+    let err = toolsift::model::checkpoint::convert(&model, &dir.join("config.json"), None)
+        .unwrap_err()
+        .to_string();
+    assert_names(&err, &["config.json", "is not a folder"]);
     Model::load(&dir).unwrap();
     // A folder holding a sharded checkpoint would load the shards, not the converted file.
     let out = dir.parent().unwrap().join("sharded");
@@ -284,7 +289,7 @@ fn sharded_safetensors_load_and_a_missing_shard_is_named() {
     .unwrap();
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
     let sharded = Model::load(&dir).unwrap();
-    let whole = Model::load(&tiny("f32")).unwrap();
+    let whole = Model::load(tiny("f32")).unwrap();
     assert_eq!(
         sharded.weights.lm_head.weight.to_f32(),
         whole.weights.lm_head.weight.to_f32()
@@ -367,7 +372,7 @@ fn convert_leaves_sources_and_earlier_outputs_whole() {
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 3);
     // A source without a tokenizer: the earlier output's tokenizer.json is not kept beside
     // weights it does not belong to.
-    let bare = Model::from_parts(model.config.clone(), model.weights.clone(), None);
+    let bare = Model::from_parts(model.config.clone(), model.weights.clone(), None).unwrap();
     toolsift::model::checkpoint::convert(&bare, &out, None).unwrap();
     assert!(!out.join("tokenizer.json").exists());
     Model::load(&out).unwrap();
@@ -416,7 +421,7 @@ fn convert_turns_pytorch_bin_into_equal_safetensors() {
     assert_eq!(cfg["bos_token_id"], 499);
     assert_eq!(cfg["architectures"][0], "GPTJForCausalLM");
     let converted = Model::load(&out).unwrap();
-    let original = Model::load(&tiny("f32")).unwrap();
+    let original = Model::load(tiny("f32")).unwrap();
     let a = converted.weights.named_tensors(&converted.config);
     let b = original.weights.named_tensors(&original.config);
     assert_eq!(a.len(), b.len());
@@ -531,7 +536,7 @@ fn non_finite_weights_in_a_pytorch_bin_are_named() {
     let dir = tmp.path().join("model");
     std::fs::create_dir(&dir).unwrap();
     std::fs::copy(tiny("bin").join("config.json"), dir.join("config.json")).unwrap();
-    let model = Model::load(&tiny("bin")).unwrap();
+    let model = Model::load(tiny("bin")).unwrap();
     // A float16 NaN written over the first element of ln_f.weight's storage: find its bytes.
     let t = &model.weights.ln_f.weight;
     let needle = &t.bytes()[..16];

@@ -86,7 +86,7 @@ fn token_level_filter_cases_reproduce_the_fixture() {
 
 #[test]
 fn text_level_lines_with_bare_calls_reproduce_the_fixture() {
-    let model = toolsift::Model::load(&tiny("f32")).unwrap();
+    let model = toolsift::Model::load(tiny("f32")).unwrap();
     let tok = model.tokenizer().unwrap();
     let cases = cases();
     let lines: Vec<Value> = cases
@@ -214,6 +214,54 @@ fn invalid_utf8_line_fails_alone() {
     assert!(results[0]["delta"].is_f64() && results[2]["delta"].is_f64());
     let err = results[1]["error"].as_str().unwrap();
     assert!(err.contains("line 2") && err.contains("not UTF-8"), "{err}");
+}
+
+/// A key held twice (which of the two would count?), a blank line and a field of the wrong type:
+/// each is its line's error, naming the key, between good lines that are scored.
+#[test]
+fn duplicate_keys_blank_lines_and_wrong_types_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let output = tmp.path().join("out.jsonl");
+    let good = token_lines()[0].to_string();
+    let open = good.strip_suffix('}').unwrap();
+    let text = r#""text": "Out of 1400 participants, 400 (or 29%) passed the test.""#;
+    let lines = [
+        good.clone(),
+        format!(r#"{open}, "weights": [1]}}"#),
+        format!(
+            r#"{{"id": "t", {text}, "position": 33, "tool": "Calculator", "input": "400 / 1400", "result": "0.29", "text": ""}}"#
+        ),
+        "  ".into(),
+        format!(
+            r#"{{"id": "p", {text}, "position": "33", "tool": "Calculator", "input": "400 / 1400", "result": "0.29"}}"#
+        ),
+        good,
+    ];
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let (ok, results, _) = run_score_raw(&tiny("f32"), &input, &output, &[]);
+    assert!(!ok);
+    assert_eq!(results.len(), 6);
+    assert!(results[0]["delta"].is_f64() && results[5]["delta"].is_f64());
+    let error = |k: usize| {
+        (
+            results[k]["id"].clone(),
+            results[k]["error"].as_str().unwrap(),
+        )
+    };
+    assert_eq!(
+        error(1),
+        (json!("case-0"), "line 2: duplicate key \"weights\"")
+    );
+    assert_eq!(error(2), (json!("t"), "line 3: duplicate key \"text\""));
+    assert_eq!(error(3), (Value::Null, "line 4: blank line"));
+    assert_eq!(
+        error(4),
+        (
+            json!("p"),
+            "line 5: bad text-level line: field \"position\": invalid type: string \"33\", expected usize"
+        )
+    );
 }
 
 #[test]
@@ -441,7 +489,7 @@ fn bench_refuses_what_it_cannot_run_before_working() {
 #[test]
 fn lines_read_before_an_input_error_are_still_scored() {
     use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
-    let model = toolsift::Model::load(&tiny("f32")).unwrap();
+    let model = toolsift::Model::load(tiny("f32")).unwrap();
     let scorer = toolsift::cpu::CpuScorer::new(&model);
     let lines = token_lines();
     assert!(lines.len() >= 2);
@@ -473,7 +521,7 @@ fn lines_read_before_an_input_error_are_still_scored() {
 #[test]
 fn long_texts_score_as_if_tokenized_whole() {
     use toolsift::score::{CallForm, Placement, TextCandidate};
-    let model = toolsift::Model::load(&tiny("f32")).unwrap();
+    let model = toolsift::Model::load(tiny("f32")).unwrap();
     let tok = model.tokenizer().unwrap();
     let base = "Out of 1400 participants, 400 (or 29%) passed the test.";
     let long = format!(

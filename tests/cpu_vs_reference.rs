@@ -119,7 +119,7 @@ fn candidates(p: &Problem, rng: &mut Rng) -> Vec<TokenCandidate> {
 
 fn check(p: &Problem) {
     let weights = GptjWeights::random(&p.config, p.seed, p.dtype);
-    let model = Model::from_parts(p.config.clone(), weights, None);
+    let model = Model::from_parts(p.config.clone(), weights, None).unwrap();
     let mut rng = Rng::new(p.seed ^ 0xABCD);
     let cands = candidates(p, &mut rng);
     let options = ScoreOptions {
@@ -183,7 +183,7 @@ fn cpu_matches_reference_long() {
 fn cpu_reproduces_the_golden_filter_cases() {
     let cases = common::cases();
     for variant in ["f32", "f16"] {
-        let model = Model::load(&common::tiny(variant)).unwrap();
+        let model = Model::load(common::tiny(variant)).unwrap();
         let cands: Vec<TokenCandidate> = cases
             .filter
             .iter()

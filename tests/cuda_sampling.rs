@@ -52,6 +52,7 @@ fn model(
         GptjWeights::random(&config, seed, storage(dtype)),
         None,
     )
+    .unwrap()
 }
 
 fn engine(model: &Model, dtype: CudaDType, head_chunk_rows: usize) -> CudaScorer {
@@ -257,7 +258,10 @@ fn a_decode_sessions_cache_counts_against_the_budget() {
     )
     .unwrap();
     let first = cuda.session_kv_bytes();
-    assert!(first >= 22 * kv && first.is_multiple_of(kv), "{first} bytes");
+    assert!(
+        first >= 22 * kv && first.is_multiple_of(kv),
+        "{first} bytes"
+    );
     assert_eq!(
         cuda.max_chunk_tokens(),
         (2000 * per_token - first) / per_token
@@ -741,7 +745,7 @@ fn cuda_sampling_bench() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let model = Model::load(model_dir.as_ref()).unwrap();
+    let model = Model::load(&model_dir).unwrap();
     let cuda = CudaScorer::new(&model, &CudaOptions::default()).unwrap();
     let vocab = model.config.vocab_size.min(50257);
     let mut rng = Rng::new(11);

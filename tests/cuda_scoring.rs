@@ -139,7 +139,7 @@ fn check(p: &Problem) -> Result<f64, TestCaseError> {
         CudaDType::F16 => DType::F16,
     };
     let weights = GptjWeights::random(&p.config, p.seed, storage);
-    let model = Model::from_parts(p.config.clone(), weights, None);
+    let model = Model::from_parts(p.config.clone(), weights, None).unwrap();
     let mut rng = Rng::new(p.seed ^ 0xABCD);
     let cands = candidates(p, &mut rng);
     let options = ScoreOptions {
@@ -226,7 +226,8 @@ fn scorer_for(p: &Problem) -> CudaScorer {
         p.config.clone(),
         GptjWeights::random(&p.config, p.seed, DType::BF16),
         None,
-    );
+    )
+    .unwrap();
     let opts = CudaOptions {
         dtype: Some(p.dtype),
         head_chunk_rows: p.head_chunk_rows,
@@ -395,7 +396,7 @@ fn cuda_reproduces_the_golden_filter_cases() {
         return;
     }
     let cases = common::cases();
-    let model = Model::load(&common::tiny("f16")).unwrap();
+    let model = Model::load(common::tiny("f16")).unwrap();
     let cands: Vec<TokenCandidate> = cases
         .filter
         .iter()
@@ -425,7 +426,8 @@ fn cuda_unavailable_is_a_clear_error() {
         config.clone(),
         GptjWeights::random(&config, 1, DType::BF16),
         None,
-    );
+    )
+    .unwrap();
     match CudaScorer::new(&model, &CudaOptions::default()) {
         Ok(_) => eprintln!("a GPU is present; nothing to check"),
         Err(e) => {
@@ -464,7 +466,7 @@ fn cuda_bench() {
         _ => Placement::Prefix,
     };
     let t = std::time::Instant::now();
-    let model = Model::load(model_dir.as_ref()).unwrap();
+    let model = Model::load(&model_dir).unwrap();
     let load_secs = t.elapsed().as_secs_f64();
     let t = std::time::Instant::now();
     let scorer = CudaScorer::new(&model, &CudaOptions::default()).unwrap();

@@ -158,6 +158,31 @@ fn eval_demo_replaces_only_its_own_files() {
         std::fs::read_to_string(ev.join("cstar.jsonl")).unwrap(),
         "\nnot a cstar\n"
     );
+    std::fs::remove_file(ev.join("cstar.jsonl")).unwrap();
+    std::fs::write(ev.join("eval.json"), "precious\n").unwrap();
+    let o = toolsift(cwd.path(), tmp.path(), &args);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("is not an eval-demo report"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!ev.join("corpus.jsonl").exists(), "nothing written");
+    assert_eq!(
+        std::fs::read_to_string(ev.join("eval.json")).unwrap(),
+        "precious\n"
+    );
+    // --out must be a folder.
+    std::fs::write(cwd.path().join("file"), "x").unwrap();
+    let mut file_out = args;
+    file_out[2] = "file";
+    let o = toolsift(cwd.path(), tmp.path(), &file_out);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("file (--out) is not a folder"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

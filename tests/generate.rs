@@ -32,7 +32,7 @@ use toolsift::Model;
 const TOL: f64 = 2e-3;
 
 fn tiny() -> Model {
-    Model::load(&common::tiny("f32")).unwrap()
+    Model::load(common::tiny("f32")).unwrap()
 }
 
 fn tok(model: &Model) -> &Tokenizer {
@@ -1171,7 +1171,7 @@ fn small_vocab_model() -> (Model, String, String, u32) {
         .find(|&t| t >= 256)
         .unwrap();
     (
-        Model::from_parts(config, weights, Some(tokenizer)),
+        Model::from_parts(config, weights, Some(tokenizer)).unwrap(),
         inside,
         outside,
         bad,

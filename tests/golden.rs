@@ -30,7 +30,7 @@ fn check(what: &str, got: f64, want: f64) {
 fn reference_forward_matches_every_log_softmax_value() {
     let cases = cases();
     for variant in ["f32", "f16", "bin"] {
-        let model = Model::load(&tiny(variant)).unwrap();
+        let model = Model::load(tiny(variant)).unwrap();
         let reference = ReferenceModel::new(&model.config, &model.weights);
         for case in &cases.forward {
             let got = reference.log_softmax(&case.ids);
@@ -53,7 +53,7 @@ fn reference_forward_matches_every_log_softmax_value() {
 fn reference_weighted_loss_cases() {
     let cases = cases();
     for variant in ["f32", "f16"] {
-        let model = Model::load(&tiny(variant)).unwrap();
+        let model = Model::load(tiny(variant)).unwrap();
         let scorer = ReferenceScorer::new(&model);
         for case in &cases.weighted_loss {
             let got = scorer
@@ -78,7 +78,7 @@ fn reference_weighted_loss_cases() {
 fn reference_filter_cases_token_level() {
     let cases = cases();
     for variant in ["f32", "f16", "bin"] {
-        let model = Model::load(&tiny(variant)).unwrap();
+        let model = Model::load(tiny(variant)).unwrap();
         let scorer = ReferenceScorer::new(&model);
         let candidates: Vec<TokenCandidate> = cases
             .filter
@@ -114,7 +114,7 @@ fn reference_filter_cases_token_level() {
 #[test]
 fn the_default_weights_are_cut_at_the_end_of_the_text_as_the_fixture_cuts_them() {
     let cases = cases();
-    let model = Model::load(&tiny("f32")).unwrap();
+    let model = Model::load(tiny("f32")).unwrap();
     let scorer = ReferenceScorer::new(&model);
     let default = LossWeights::default();
     let candidates: Vec<TokenCandidate> = cases
@@ -188,7 +188,7 @@ fn parse_call(call: &str) -> (String, String, Option<String>) {
 #[test]
 fn reference_filter_cases_text_level() {
     let cases = cases();
-    let model = Model::load(&tiny("f32")).unwrap();
+    let model = Model::load(tiny("f32")).unwrap();
     let tokenizer = model.tokenizer().unwrap();
     let scorer = ReferenceScorer::new(&model);
     for f in &cases.filter {
@@ -224,7 +224,7 @@ fn reference_filter_cases_text_level() {
 #[test]
 fn inline_placement_equals_prefix_for_the_no_call_variant_and_differs_otherwise() {
     let cases = cases();
-    let model = Model::load(&tiny("f32")).unwrap();
+    let model = Model::load(tiny("f32")).unwrap();
     let scorer = ReferenceScorer::new(&model);
     let f = &cases.filter[0];
     let c = TokenCandidate {

@@ -13,7 +13,7 @@ use toolsift::{
 };
 
 fn model() -> Model {
-    Model::load(&tiny("f32")).unwrap()
+    Model::load(tiny("f32")).unwrap()
 }
 
 fn candidate(text_ids: Vec<u32>) -> TokenCandidate {
@@ -165,7 +165,7 @@ fn annotate_runs_from_a_program_with_its_own_registry() {
         }
     }
 
-    let model = Model::load(&toolsift::demo::assets::materialize().unwrap()).unwrap();
+    let model = Model::load(toolsift::demo::assets::materialize().unwrap()).unwrap();
     let config = toolsift::demo::assets::demo_config().unwrap();
     let engine = toolsift::backend::engine_for(&model, Device::Cpu).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));

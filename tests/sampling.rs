@@ -26,7 +26,7 @@ fn random_model_with(vocab: usize, n_positions: usize, seed: u64) -> Model {
     let mut config = GptjConfig::small(2, 24, 3, 4, vocab);
     config.n_positions = n_positions;
     let w = GptjWeights::random(&config, seed, DType::F32);
-    Model::from_parts(config, w, None)
+    Model::from_parts(config, w, None).unwrap()
 }
 
 fn random_ids(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
@@ -37,7 +37,7 @@ fn random_ids(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
 #[test]
 fn token_log_probs_match_the_oracle_at_every_position() {
     for (model, seed) in [
-        (Model::load(&common::tiny("f32")).unwrap(), 1),
+        (Model::load(common::tiny("f32")).unwrap(), 1),
         (random_model(4), 2),
         (random_model_with(2053, 48, 5), 3),
     ] {
@@ -427,7 +427,7 @@ impl ProposeCase {
         );
         config.n_positions = 48;
         let w = GptjWeights::random(&config, self.seed, DType::F32);
-        Model::from_parts(config, w, None)
+        Model::from_parts(config, w, None).unwrap()
     }
 
     fn ids(&self) -> Vec<u32> {

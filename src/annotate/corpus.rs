@@ -1,9 +1,11 @@
 //! The corpus: JSONL, one document per line (CCNet-like). The text is under a configurable field
 //! (default "text"); "id" (string or integer of at most 64 bits, kept exactly), "url" and "date"
-//! (strings) are optional; other keys are ignored. A UTF-8 byte order mark starting line 1 is
+//! (strings; a date as Calendar reads it, `Date::parse_iso`) are optional; other keys are
+//! ignored. A UTF-8 byte order mark starting line 1 is
 //! skipped. Lines are numbered from 1. A line that is not a usable document (invalid UTF-8 or
-//! JSON, not an object, no text, a field of the wrong type, blank) is a `Line::Reject` with its
-//! reason: the driver writes it to the rejects file, it is never dropped silently.
+//! JSON, not an object, a key held twice at any depth, no text, a field of the wrong type, blank)
+//! is a `Line::Reject` with its reason: the driver writes it to the rejects file, it is never
+//! dropped silently.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -11,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::util::json::{self, LineError};
 use crate::util::jsonl::{over_limit, read_line_capped, MAX_LINE_BYTES};
 
 /// One document of the corpus.
@@ -75,16 +78,19 @@ pub fn parse_line(line: u64, bytes: &[u8], text_field: &str) -> Line {
         return reject("invalid UTF-8".into());
     };
     let s = s.strip_suffix('\r').unwrap_or(s);
-    if s.trim().is_empty() {
-        return reject("blank line".into());
-    }
-    let value: Value = match serde_json::from_str(s) {
+    let (value, duplicate) = match json::parse_line(s) {
         Ok(v) => v,
-        Err(e) => return reject(format!("invalid JSON: {e}")),
+        Err(e @ LineError::Blank) => return reject(e.to_string()),
+        Err(LineError::Syntax(e)) => return reject(format!("invalid JSON: {e}")),
     };
     let Value::Object(mut obj) = value else {
         return reject("not a JSON object".into());
     };
+    if let Some(d) = duplicate {
+        // Which of the two would be the document's? (`{"text": "...", "text": ""}` would
+        // otherwise be annotated as the last, silently.)
+        return reject(d.to_string());
+    }
     let text = match obj.remove(text_field) {
         Some(Value::String(t)) => t,
         Some(_) => return reject(format!("field {text_field:?} is not a string")),
@@ -113,6 +119,15 @@ pub fn parse_line(line: u64, bytes: &[u8], text_field: &str) -> Line {
         Err(e) => return reject(e),
     };
     let date = match opt("date") {
+        // Read as Calendar reads it: a date it cannot read would leave the document without
+        // one, and its calls out, in silence. An empty string is no date.
+        Ok(Some(d)) if d.trim().is_empty() => None,
+        Ok(Some(d)) if super::tools::Date::parse_iso(&d).is_none() => {
+            return reject(format!(
+                "field \"date\" {d:?} is not a date (2023-01-30, 2023/01/30 or 20230130, \
+                 optionally followed by a time)"
+            ))
+        }
         Ok(v) => v,
         Err(e) => return reject(e),
     };
@@ -279,8 +294,59 @@ mod tests {
         assert!(reason(parse_line(1, br#"{"text": 3}"#, "text")).contains("not a string"));
         assert!(reason(parse_line(1, br#"{"text": "a", "id": []}"#, "text")).contains("id"));
         assert!(reason(parse_line(1, br#"{"text": "a", "date": 5}"#, "text")).contains("date"));
+        // A date Calendar could not read is refused, not taken for no date.
+        for bad in ["2023-13-45", "30/01/2023", "tomorrow"] {
+            let line = format!(r#"{{"text": "a", "date": "{bad}"}}"#);
+            let why = reason(parse_line(1, line.as_bytes(), "text"));
+            assert!(why.contains("is not a date") && why.contains(bad), "{why}");
+        }
+        for (good, kept) in [
+            ("2023-01-30T12:00:00Z", Some("2023-01-30T12:00:00Z")),
+            ("20230130", Some("20230130")),
+            (" ", None),
+        ] {
+            let line = format!(r#"{{"text": "a", "date": "{good}"}}"#);
+            match parse_line(1, line.as_bytes(), "text") {
+                Line::Doc(d) => assert_eq!(d.date.as_deref(), kept, "{good}"),
+                other => panic!("{good}: {other:?}"),
+            }
+        }
         assert!(reason(parse_line(1, b"  ", "text")).contains("blank"));
         assert!(reason(parse_line(1, b"{\"text\": \"\xff\"}", "text")).contains("UTF-8"));
+    }
+
+    #[test]
+    fn a_key_held_twice_is_a_reject_naming_it() {
+        for (line, want) in [
+            (
+                &br#"{"id":"a","text":"Out of 540 voters, 108 (or 20%) finished.","text":""}"#[..],
+                r#"duplicate key "text""#,
+            ),
+            (
+                br#"{"id": 1, "id": 2, "text": "a"}"#,
+                r#"duplicate key "id""#,
+            ),
+            (
+                br#"{"text": "a", "url": "u", "url": "v"}"#,
+                r#"duplicate key "url""#,
+            ),
+            // Other keys are ignored, but a line holding one twice is no sound document.
+            (
+                br#"{"text": "a", "meta": {"k": [{"x": 1, "x": 1}]}}"#,
+                r#"duplicate key "x" in meta.k[0]"#,
+            ),
+        ] {
+            assert_eq!(reason(parse_line(4, line, "text")), want);
+        }
+        // Under another text field, "text" is just another key.
+        assert_eq!(
+            reason(parse_line(4, br#"{"body": "b", "body": "c"}"#, "body")),
+            r#"duplicate key "body""#
+        );
+        let Line::Doc(d) = parse_line(4, br#"{"body": "b", "text": {"a": 1}}"#, "body") else {
+            panic!()
+        };
+        assert_eq!(d.text, "b");
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub struct Job {
 
 /// Runs `job` (resuming from its journal if there is one).
 pub fn run_job(job: &Job) -> Result<RunOutcome> {
+    // Before the load, which takes minutes for a 6B checkpoint.
+    super::check_out(&job.out)?;
     let model = Model::load(&job.model_dir)?;
     // One engine samples positions and calls and scores the candidates.
     let engine = engine_for(&model, job.device)?;
@@ -61,6 +63,13 @@ pub fn run_job_on(job: &Job, model: &Model, engine: &dyn Engine) -> Result<RunOu
             )
             .collect(),
     };
+    if tools.is_empty() {
+        // A run would copy the corpus into C* unannotated, and succeed.
+        return Err(Error::input(
+            "no tool to run: the config disables every built-in tool ([tools.<tool>] enabled = \
+             false) and configures no tool of its own ([per_tool.custom])",
+        ));
+    }
     let tokenizer = model.tokenizer()?;
     let annotator = Annotator::new(tokenizer, engine, engine, &registry, &job.config, &tools)?;
     let mut run_info = json!({

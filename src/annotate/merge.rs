@@ -30,9 +30,9 @@ pub struct MergeReport {
 /// tools, corpus content, model, device). Streams: memory does not grow with the corpus, but
 /// every shard's C* (and its rejects, when not empty) is open at once.
 pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
-    if out.is_dir() || out.file_name().is_none() {
+    if let Some(problem) = super::writer::output_file_problem(out) {
         return Err(Error::input(format!(
-            "output {} (--out): give a file name for the merged C*",
+            "output {} (--out) {problem}: give a file name for the merged C*",
             out.display()
         )));
     }
@@ -203,6 +203,13 @@ fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
     let given: std::collections::HashSet<&PathBuf> = inputs.iter().collect();
     let mut outputs = Vec::new();
     for path in inputs {
+        if path.is_dir() {
+            return Err(Error::input(format!(
+                "{}: is a folder; give merge the shards' C* files (e.g. {})",
+                path.display(),
+                path.join("cstar.shard-*.jsonl").display()
+            )));
+        }
         let name = path.file_name().unwrap_or_default();
         // A rejects or summary file belongs to "<stem>.jsonl", or to "<stem>" when C*'s name
         // had no ".jsonl" (`OutputPaths::new`).

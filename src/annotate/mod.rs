@@ -268,14 +268,19 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
 /// The output (`--out`) must name a file for C* (not a folder). Errors here and in `annotate`
 /// name the flag in brackets: the command's user knows it, a program knows what it passed.
 pub fn check_out(out: &Path) -> Result<()> {
-    if out.is_dir() || out.file_name().is_none() {
-        return Err(Error::input(format!(
-            "output {} (--out): give a file name for C*, e.g. {}",
-            out.display(),
-            out.join("cstar.jsonl").display()
-        )));
-    }
-    Ok(())
+    let Some(problem) = writer::output_file_problem(out) else {
+        return Ok(());
+    };
+    let example = if writer::names_a_folder(out) {
+        out.join("cstar.jsonl")
+    } else {
+        PathBuf::from("cstar.jsonl")
+    };
+    Err(Error::input(format!(
+        "output {} (--out) {problem}: give a file name for C*, e.g. {}",
+        out.display(),
+        example.display()
+    )))
 }
 
 /// What `finish` records about the run besides the journal's entries.

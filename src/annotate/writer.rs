@@ -379,6 +379,30 @@ impl Journal {
     }
 }
 
+/// Why `out` cannot name a file this run creates or replaces, if it cannot: a folder, a path
+/// whose last part is a folder's by its spelling ("x/", "x/.", ".."; the folder need not exist
+/// yet), or something there that is not a regular file (a device such as /dev/null, a pipe),
+/// which the final rename would replace.
+pub fn output_file_problem(out: &Path) -> Option<&'static str> {
+    if names_a_folder(out) {
+        return Some("is a folder");
+    }
+    match std::fs::metadata(out) {
+        Ok(m) if !m.is_file() => Some("is not a regular file"),
+        _ => None,
+    }
+}
+
+/// Whether `path` is a folder, or spelled as one ("x/", "x/.", "..", ""), existing or not.
+pub fn names_a_folder(path: &Path) -> bool {
+    let bytes = path.as_os_str().as_encoded_bytes();
+    let last = bytes
+        .rsplit(|&b| std::path::is_separator(b as char))
+        .next()
+        .unwrap_or_default();
+    path.is_dir() || matches!(last, b"" | b"." | b"..")
+}
+
 /// Whether `a` and `b` are one existing file, however spelled (`..`, symlinks, hard links):
 /// what a command checks before writing `b` while it reads `a`.
 pub fn is_same_file(a: &Path, b: &Path) -> bool {

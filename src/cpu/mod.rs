@@ -56,16 +56,27 @@ pub struct CpuScorer {
 }
 
 impl CpuScorer {
+    /// The engine for `model` (its tensors are shared, then converted: f32 weights are not
+    /// copied while the model lives).
     pub fn new(model: &Model) -> Self {
-        Self::from_parts(&model.config, &model.weights)
+        Self::build(&model.config, model.weights.clone())
     }
 
-    pub fn from_parts(config: &GptjConfig, weights: &crate::model::GptjWeights) -> Self {
-        Self::from_weights(config, weights.clone())
+    /// Takes ownership of `model`'s weights, converting and releasing them tensor by tensor (a
+    /// checkpoint's mapping is gone once the engine is built).
+    pub fn from_model(model: Model) -> Self {
+        Self::build(&model.config, model.weights)
     }
 
-    /// Takes ownership of `weights`, converting and releasing them tensor by tensor.
-    pub fn from_weights(config: &GptjConfig, weights: crate::model::GptjWeights) -> Self {
+    /// From weights built in memory: checked against `config` first (`GptjWeights::check`),
+    /// then converted as `from_model` converts them.
+    pub fn from_weights(config: &GptjConfig, weights: crate::model::GptjWeights) -> Result<Self> {
+        weights.check(config)?;
+        Ok(Self::build(config, weights))
+    }
+
+    /// `config` and `weights` agree (a `Model`'s, or checked).
+    fn build(config: &GptjConfig, weights: crate::model::GptjWeights) -> Self {
         CpuScorer {
             config: config.clone(),
             weights: CpuWeights::from_owned(config, weights),

@@ -126,11 +126,18 @@ impl EvalRun {
         // One model and engine for the annotate run and the generation comparison after it.
         let opened = Opened::new(None, options.device)?;
         let out_dir = &options.out_dir;
+        if out_dir.exists() && !out_dir.is_dir() {
+            return Err(Error::input(format!(
+                "{} (--out) is not a folder: give a folder for the set, its C* and eval.json",
+                out_dir.display()
+            )));
+        }
         std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
         let docs = super::corpus::generate(options.seed, options.docs);
         let corpus = out_dir.join("corpus.jsonl");
         // Every file this replaces is checked before any is written or removed.
         refuse_foreign_corpus(&corpus)?;
+        refuse_foreign_report(&out_dir.join("eval.json"))?;
         let cstar = out_dir.join("cstar.jsonl");
         // An interrupted earlier run's journal belongs to another set: removed too.
         let replaced = prepare_output(&cstar, true)?;
@@ -283,6 +290,24 @@ fn refuse_foreign_corpus(corpus: &Path) -> Result<()> {
         Err(Error::input(format!(
             "{} exists and is not an eval-demo set; not replacing it (choose another --out)",
             corpus.display()
+        )))
+    }
+}
+
+/// An existing `report` that is not an earlier eval.json (a JSON object with "seed" and
+/// "metrics", as `EvalReport` is written) is an error, as a foreign corpus is.
+fn refuse_foreign_report(report: &Path) -> Result<()> {
+    let Some(text) = super::read_head(report, true)? else {
+        return Ok(());
+    };
+    let ours = serde_json::from_slice::<serde_json::Value>(&text)
+        .is_ok_and(|v| v.get("seed").is_some() && v.get("metrics").is_some());
+    if ours {
+        Ok(())
+    } else {
+        Err(Error::input(format!(
+            "{} exists and is not an eval-demo report; not replacing it (choose another --out)",
+            report.display()
         )))
     }
 }

@@ -19,6 +19,7 @@ use crate::annotate::tools::ToolRegistry;
 use crate::error::{Error, Result};
 use crate::model::Tokenizer;
 use crate::sample::Decoder;
+use crate::util::json::{self, LineError};
 use crate::util::jsonl::JsonlLines;
 
 /// What a run did.
@@ -166,18 +167,23 @@ fn parse_line(
 /// one that is echoed exactly (a string, or an integer within i64/u64).
 fn read_fields(line: &str, line_no: usize) -> (Value, std::result::Result<Line, String>) {
     let fail = |message: String| (Value::Null, Err(format!("line {line_no}: {message}")));
-    let value: Value = match serde_json::from_str(line) {
+    let (value, duplicate) = match json::parse_line(line) {
         Ok(v) => v,
-        Err(e) => return fail(format!("malformed JSON: {e}")),
+        Err(e @ LineError::Blank) => return fail(e.to_string()),
+        Err(LineError::Syntax(e)) => return fail(format!("malformed JSON: {e}")),
     };
     // serde would fill the struct from an array by position ("[1, 2]": "invalid type: integer
     // `2`, expected a string"), which says nothing useful.
-    if !value.is_object() {
+    let Value::Object(obj) = value else {
         return fail(format!("expected a JSON object, got {}", json_kind(&value)));
-    }
+    };
     // Only ids that are echoed exactly: an integer beyond 64 bits is read as a float
     // (18446744073709551616 would come back as 1.8446744073709552e19), as annotate refuses.
-    let id = match value.get("id") {
+    // An id held twice (or holding a key twice) is none of the two.
+    let id = match obj
+        .get("id")
+        .filter(|_| duplicate.as_ref().is_none_or(|d| d.field != "id"))
+    {
         None | Some(Value::Null) => Value::Null,
         Some(v @ Value::String(_)) => v.clone(),
         Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Value::Number(n.clone()),
@@ -188,7 +194,11 @@ fn read_fields(line: &str, line_no: usize) -> (Value, std::result::Result<Line, 
         }
         Some(_) => return fail("field \"id\" is not a string or an integer".into()),
     };
-    let fields = serde_json::from_value::<Line>(value).map_err(|e| format!("line {line_no}: {e}"));
+    if let Some(d) = duplicate {
+        // One of the two would be ignored, silently.
+        return (id, Err(format!("line {line_no}: {d}")));
+    }
+    let fields = json::from_object::<Line>(obj).map_err(|e| format!("line {line_no}: {e}"));
     (id, fields)
 }
 
@@ -274,5 +284,71 @@ mod tests {
         let (id, fields) = read_fields(r#"{"id": 8}"#, 1);
         assert_eq!(id, Value::from(8));
         assert!(fields.err().unwrap().contains("prompt"));
+    }
+
+    #[test]
+    fn a_key_held_twice_is_refused_naming_it() {
+        for (line, id, want) in [
+            (
+                r#"{"id": "a", "prompt": "p", "prompt": ""}"#,
+                Value::from("a"),
+                r#"line 3: duplicate key "prompt""#,
+            ),
+            (
+                r#"{"id": 4, "prompt": "p", "answer": 1, "answer": 2}"#,
+                Value::from(4),
+                r#"line 3: duplicate key "answer""#,
+            ),
+            (
+                r#"{"id": 4, "prompt": "p", "meta": [{"k": 1, "k": 1}]}"#,
+                Value::from(4),
+                r#"line 3: duplicate key "k" in meta[0]"#,
+            ),
+            // Which id would it be? None is echoed.
+            (
+                r#"{"id": "a", "prompt": "p", "id": "b"}"#,
+                Value::Null,
+                r#"line 3: duplicate key "id""#,
+            ),
+        ] {
+            assert_eq!(error(line), (id, want.to_string()), "{line}");
+        }
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_is_named() {
+        for (line, want) in [
+            (
+                r#"{"id": "a", "prompt": 5}"#,
+                r#"line 3: field "prompt": invalid type: integer `5`, expected a string"#,
+            ),
+            (
+                r#"{"id": "a", "prompt": "p", "date": 5}"#,
+                r#"line 3: field "date": invalid type: integer `5`, expected a string"#,
+            ),
+            (
+                r#"{"id": "a", "prompt": "p", "url": [1]}"#,
+                r#"line 3: field "url": invalid type: sequence, expected a string"#,
+            ),
+            (r#"{"id": "a"}"#, "line 3: missing field `prompt`"),
+        ] {
+            assert_eq!(error(line), (Value::from("a"), want.to_string()), "{line}");
+        }
+        // Null is an absent date or URL; other keys are ignored.
+        let (_, fields) = read_fields(r#"{"prompt": "p", "date": null, "x": [1]}"#, 1);
+        let l = fields.unwrap();
+        assert_eq!((l.prompt.as_str(), l.date, l.url), ("p", None, None));
+    }
+
+    #[test]
+    fn a_blank_line_is_called_one() {
+        for line in ["", " ", "\t "] {
+            assert_eq!(error(line), (Value::Null, "line 3: blank line".to_string()));
+        }
+        let (_, e) = error("{");
+        assert!(
+            e.starts_with("line 3: malformed JSON: EOF while parsing"),
+            "{e}"
+        );
     }
 }

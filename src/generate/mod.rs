@@ -670,11 +670,25 @@ pub fn tools_from_config(
         }
     };
     if let Some(only) = only {
-        let names: Vec<&str> = only
-            .iter()
-            .map(|s| s.trim())
-            .filter(|s| !s.is_empty() && !s.eq_ignore_ascii_case("none"))
-            .collect();
+        let mut names: Vec<&str> = only.iter().map(|s| s.trim()).collect();
+        if let [""] = names[..] {
+            names.clear(); // `--tools ""`: an empty list
+        }
+        if names.iter().any(|n| n.is_empty()) {
+            return Err(Error::input(format!(
+                "--tools: an empty tool name in {:?} (a stray comma?)",
+                only.join(",")
+            )));
+        }
+        if names.iter().any(|n| n.eq_ignore_ascii_case("none")) {
+            if names.len() > 1 {
+                return Err(Error::input(format!(
+                    "--tools: \"none\" (no tools) stands alone, not with other names: {:?}",
+                    only.join(",")
+                )));
+            }
+            names.clear();
+        }
         let mut available = Vec::new();
         if config.calculator.enabled {
             available.push("Calculator");
@@ -775,6 +789,20 @@ mod tests {
         assert_eq!(reg.names(), vec!["Calculator", "Calendar"]);
         let none = ["none".to_string()];
         assert!(tools_from_config(None, Some(&none)).unwrap().is_empty());
+        assert!(tools_from_config(None, Some(&["".into()]))
+            .unwrap()
+            .is_empty());
+        // "none" alone, and no empty names beside others (a stray comma).
+        let names = |s: &str| s.split(',').map(String::from).collect::<Vec<_>>();
+        for bad in ["none,calculator", "calculator,", "calculator,,calendar"] {
+            let err = tools_from_config(None, Some(&names(bad)))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("--tools:") && err.contains(bad),
+                "{bad}: {err}"
+            );
+        }
 
         std::fs::write(&json_path, r#"{"tools": {"calculater": {}}}"#).unwrap();
         let err = tools_from_config(Some(&json_path), None)

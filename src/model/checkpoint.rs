@@ -308,6 +308,13 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
         msg,
     };
     let loaded = !model.dir.as_os_str().is_empty();
+    if out.exists() && !out.is_dir() {
+        return Err(refuse(
+            "is not a folder: give the folder to write config.json, model.safetensors and \
+             tokenizer.json into"
+                .into(),
+        ));
+    }
     if out.is_dir() && loaded && same_dir(out, &model.dir) {
         return Err(refuse(
             "is the folder being converted; write to another folder (converting in place would \

@@ -28,7 +28,8 @@ pub struct Model {
 impl Model {
     /// Loads and validates a Hugging Face GPT-J folder. Every problem is reported with the file and
     /// tensor it concerns before any computation starts.
-    pub fn load(dir: &Path) -> Result<Self> {
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
         // "" is the working directory; kept as "." so that `dir` always says where the files
         // are (`convert` tells a loaded model from one built in memory by it).
         let dir = if dir.as_os_str().is_empty() {
@@ -64,18 +65,24 @@ impl Model {
         })
     }
 
-    /// A model made from weights in memory (random models for tests and benchmarks).
+    /// A model made from weights in memory (random models for tests and benchmarks), checked as
+    /// `load` checks a folder: the config valid, every tensor with its shape, every value finite
+    /// (`GptjWeights::check`; errors name the tensor).
     pub fn from_parts(
         config: GptjConfig,
         weights: GptjWeights,
         tokenizer: Option<Tokenizer>,
-    ) -> Self {
-        Model {
+    ) -> Result<Self> {
+        weights.check(&config)?;
+        if let Some(tok) = &tokenizer {
+            warn_if_tokenizer_exceeds_vocab(tok, config.vocab_size);
+        }
+        Ok(Model {
             config,
             weights,
             tokenizer,
             dir: PathBuf::new(),
-        }
+        })
     }
 
     /// XXH3-64 of everything that decides the model's outputs: the config, every weight tensor
@@ -179,6 +186,7 @@ mod tests {
             GptjWeights::random(config, seed, DType::F32),
             tokenizer,
         )
+        .unwrap()
     }
 
     #[test]
@@ -194,6 +202,67 @@ mod tests {
         assert!(warn_if_tokenizer_exceeds_vocab(&tokenizer, ids - 1));
         assert!(!warn_if_tokenizer_exceeds_vocab(&tokenizer, ids));
         assert!(!warn_if_tokenizer_exceeds_vocab(&tokenizer, ids + 143));
+    }
+
+    #[test]
+    fn weights_built_in_memory_are_checked_against_the_config() {
+        let config = GptjConfig::small(2, 16, 2, 4, 32);
+        let random = |c: &GptjConfig| GptjWeights::random(c, 1, DType::F32);
+        assert!(Model::from_parts(config.clone(), random(&config), None).is_ok());
+        let err = |c: &GptjConfig, w: GptjWeights| {
+            Model::from_parts(c.clone(), w, None)
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        // A config the engines cannot run.
+        let mut heads = config.clone();
+        heads.n_head = 5;
+        assert!(
+            err(&heads, random(&config)).contains("n_head"),
+            "{}",
+            err(&heads, random(&config))
+        );
+        // Weights of another width, another depth, a missing bias, a NaN.
+        let mut wide = config.clone();
+        wide.n_embd = 32;
+        let e = err(&config, random(&wide));
+        assert!(
+            e.contains("transformer.wte.weight") && e.contains("shape"),
+            "{e}"
+        );
+        let mut deep = config.clone();
+        deep.n_layer = 3;
+        let e = err(&config, random(&deep));
+        assert!(
+            e.contains("transformer.h.2.ln_1.weight") && e.contains("unexpected"),
+            "{e}"
+        );
+        let e = err(&deep, random(&config));
+        assert!(
+            e.contains("transformer.h.2.ln_1.weight") && e.contains("missing"),
+            "{e}"
+        );
+        let mut no_bias = random(&config);
+        no_bias.h[1].mlp.fc_in.bias = None;
+        let e = err(&config, no_bias);
+        assert!(
+            e.contains("transformer.h.1.mlp.fc_in.bias") && e.contains("missing"),
+            "{e}"
+        );
+        let mut nan = random(&config);
+        let mut values = nan.ln_f.bias.to_f32();
+        values[3] = f32::NAN;
+        nan.ln_f.bias = Tensor::from_f32(vec![16], &values);
+        let e = err(&config, nan);
+        assert!(
+            e.contains("transformer.ln_f.bias") && e.contains("(in memory)"),
+            "{e}"
+        );
+        // The CPU engine's own constructor checks too.
+        let mut wide_w = config.clone();
+        wide_w.n_embd = 32;
+        assert!(crate::cpu::CpuScorer::from_weights(&config, random(&wide_w)).is_err());
     }
 
     #[test]

@@ -84,6 +84,9 @@ pub fn expected_tensors(config: &GptjConfig) -> impl Iterator<Item = (String, Ve
         .chain(head.into_iter().flatten())
 }
 
+/// The path errors about weights built in memory (`GptjWeights::check`) name.
+pub const IN_MEMORY: &str = "(in memory)";
+
 /// Elements per task of the finite check: large enough that a task's overhead is nothing, small
 /// enough that GPT-J 6B's 6e9 values make thousands of tasks for rayon to balance.
 const FINITE_CHUNK: usize = 1 << 20;
@@ -211,6 +214,59 @@ impl GptjWeights {
         check_finite(&in_order)?;
         let get = |name: &str| map.get(name).expect("validated above").0.clone();
         Ok(Self::bind(config, get))
+    }
+
+    /// Checks weights built in memory as `from_map` checks a checkpoint's: `config` valid, every
+    /// tensor present under its name with the config's shape, every value finite. Errors name
+    /// the tensor, under the path "(in memory)".
+    pub fn check(&self, config: &GptjConfig) -> Result<()> {
+        let here = Path::new(IN_MEMORY);
+        config.validate().map_err(|msg| Error::Config {
+            path: here.to_owned(),
+            msg,
+        })?;
+        let layers = self.h.len();
+        if layers != config.n_layer {
+            let first_odd = layers.min(config.n_layer);
+            return Err(Error::Tensor {
+                path: here.to_owned(),
+                tensor: format!("transformer.h.{first_odd}.ln_1.weight"),
+                msg: format!(
+                    "{}: the weights have {layers} layers, the config {}",
+                    if layers > config.n_layer {
+                        "unexpected"
+                    } else {
+                        "missing"
+                    },
+                    config.n_layer
+                ),
+            });
+        }
+        let tensors = self.named_tensors(config);
+        let mut have = tensors.iter();
+        for (name, shape) in expected_tensors(config) {
+            let tensor_err = |msg: String| Error::Tensor {
+                path: here.to_owned(),
+                tensor: name.clone(),
+                msg,
+            };
+            // Only a bias can be absent (`Linear::bias`), which shifts the names after it.
+            match have.next() {
+                Some((got, tensor)) if *got == name => {
+                    if tensor.shape() != shape.as_slice() {
+                        return Err(tensor_err(format!(
+                            "shape {:?} does not match the config, expected {:?}",
+                            tensor.shape(),
+                            shape
+                        )));
+                    }
+                }
+                _ => return Err(tensor_err("missing".into())),
+            }
+        }
+        let named: Vec<(String, &Tensor, &Path)> =
+            tensors.iter().map(|(n, t)| (n.clone(), t, here)).collect();
+        check_finite(&named)
     }
 
     /// Builds the struct from a name -> tensor function (names already validated).

@@ -89,6 +89,7 @@ mod tests {
             GptjWeights::random(&config, 3, DType::F32),
             None,
         )
+        .unwrap()
     }
 
     #[test]

@@ -73,7 +73,8 @@ pub struct VariantSequence {
 /// The specification of what a variant scores; every backend must agree with it.
 ///
 /// Prefix placement: z ++ x_1 .. x_{i+k}. Inline: x_1 .. x_{i-1} ++ z ++ x_i .. x_{i+k}. In both,
-/// x_{i+t} sits at index |z| + i + t and is predicted by the row before it.
+/// x_{i+t} sits at index |z| + i + t and is predicted by the row before it. `c` must pass
+/// `validate` for `options` (a position past the text panics).
 pub fn variant_sequence(
     c: &TokenCandidate,
     variant: Variant,
@@ -285,7 +286,8 @@ mod tests {
             config.clone(),
             crate::model::GptjWeights::random(&config, 1, crate::model::DType::F32),
             None,
-        );
+        )
+        .unwrap();
         let cpu = crate::cpu::CpuScorer::new(&model);
         let reference = super::super::ReferenceScorer::new(&model);
         for scorer in [&cpu as &dyn super::super::Scorer, &reference] {

@@ -19,6 +19,7 @@ use super::{validate, CallForm, ScoreOptions, Scorer, Scores, TextCandidate, Tok
 use crate::error::{Error, Result};
 use crate::model::tokenizer::Encoding;
 use crate::model::Tokenizer;
+use crate::util::json::{self, LineError};
 use crate::util::jsonl::{JsonlLines, Line};
 
 /// Settings of a `score` run.
@@ -202,11 +203,17 @@ fn parse_line(
     texts: &mut HashMap<String, TextHead>,
     parsed: &mut Parsed,
 ) -> std::result::Result<TokenCandidate, String> {
-    let value: Value = serde_json::from_str(line).map_err(|e| format!("malformed JSON: {e}"))?;
-    let obj = value
-        .as_object()
-        .ok_or_else(|| "expected a JSON object".to_string())?;
-    parsed.id = obj.get("id").cloned().unwrap_or(Value::Null);
+    let (value, duplicate) = json::parse_line(line).map_err(|e| match e {
+        LineError::Blank => e.to_string(),
+        LineError::Syntax(e) => format!("malformed JSON: {e}"),
+    })?;
+    let Value::Object(obj) = value else {
+        return Err("expected a JSON object".to_string());
+    };
+    // The id is echoed unless it is the key held twice (or holds one): which would it be?
+    if duplicate.as_ref().is_none_or(|d| d.field != "id") {
+        parsed.id = obj.get("id").cloned().unwrap_or(Value::Null);
+    }
     if parsed
         .id
         .as_number()
@@ -218,6 +225,10 @@ fn parse_line(
         return Err(format!(
             "\"id\" {id} is not an integer in the 64-bit range (use a string id)"
         ));
+    }
+    if let Some(d) = duplicate {
+        // Refused as an unknown key is: one of the two would be ignored, silently.
+        return Err(d.to_string());
     }
     if let Some(t) = obj.get("tau_f") {
         parsed.tau_f = t
@@ -232,7 +243,7 @@ fn parse_line(
     }
     if obj.contains_key("text_ids") {
         let t: TokenLine =
-            serde_json::from_value(value).map_err(|e| format!("bad token-level line: {e}"))?;
+            json::from_object(obj).map_err(|e| format!("bad token-level line: {e}"))?;
         Ok(TokenCandidate {
             text_ids: t.text_ids.into(),
             position: t.position,
@@ -242,7 +253,7 @@ fn parse_line(
         })
     } else if obj.contains_key("text") {
         let t: TextLine =
-            serde_json::from_value(value).map_err(|e| format!("bad text-level line: {e}"))?;
+            json::from_object(obj).map_err(|e| format!("bad text-level line: {e}"))?;
         let tokenizer =
             tokenizer.ok_or("text-level line, but the model folder has no tokenizer.json")?;
         // Only the head of the text the candidate reads is tokenized (a position past the text
@@ -290,5 +301,125 @@ fn parse_line(
             "neither a token-level line (\"text_ids\", ...) nor a text-level line (\"text\", ...)"
                 .into(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The line's echoed id and its error (the token-level ones need no tokenizer; a text-level
+    /// one's fields are read before the tokenizer is asked for).
+    fn error(line: &str) -> (Value, String) {
+        let mut parsed = Parsed {
+            id: Value::Null,
+            tau_f: 1.0,
+            candidate: Err(String::new()),
+        };
+        let options = JsonlOptions::default();
+        let Err(e) = parse_line(line, None, &options, &mut HashMap::new(), &mut parsed) else {
+            panic!("{line}: scored");
+        };
+        (parsed.id, e)
+    }
+
+    const TOKENS: &str =
+        r#""text_ids": [1, 2, 3], "position": 1, "call_ids": [4], "call_result_ids": [5]"#;
+    const TEXT: &str = r#""text": "a b", "position": 1, "tool": "T", "input": "1", "result": "2""#;
+
+    #[test]
+    fn a_key_held_twice_is_refused_naming_it() {
+        for (line, id, want) in [
+            (
+                format!(r#"{{"id": "a", {TEXT}, "text": ""}}"#),
+                Value::from("a"),
+                "duplicate key \"text\"",
+            ),
+            (
+                format!(r#"{{"id": 7, {TOKENS}, "weights": [1], "weights": [0]}}"#),
+                Value::from(7),
+                "duplicate key \"weights\"",
+            ),
+            (
+                format!(r#"{{"id": 7, {TOKENS}, "tau_f": 0, "tau_f": 9}}"#),
+                Value::from(7),
+                "duplicate key \"tau_f\"",
+            ),
+            (
+                format!(r#"{{"id": {{"k": 1, "k": 2}}, {TOKENS}}}"#),
+                Value::Null,
+                "duplicate key \"k\" in id",
+            ),
+            // Which id would it be? None is echoed.
+            (
+                format!(r#"{{"id": "a", {TOKENS}, "id": "b"}}"#),
+                Value::Null,
+                "duplicate key \"id\"",
+            ),
+        ] {
+            assert_eq!(error(&line), (id, want.to_string()), "{line}");
+        }
+        // An id that could not come back exactly is still not echoed.
+        let (id, e) = error(&format!(r#"{{"id": 1.5, {TOKENS}, "position": 2}}"#));
+        assert_eq!(id, Value::Null);
+        assert!(e.contains("64-bit range"), "{e}");
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_is_named() {
+        let with = |fields: &str, key: &str, value: &str| {
+            let mut v: serde_json::Map<String, Value> =
+                serde_json::from_str(&format!("{{\"id\": \"x\", {fields}}}")).unwrap();
+            v.insert(key.into(), serde_json::from_str(value).unwrap());
+            error(&Value::Object(v).to_string())
+        };
+        for (fields, key, value, want) in [
+            (
+                TEXT,
+                "position",
+                r#""33""#,
+                r#"bad text-level line: field "position": invalid type: string "33", expected usize"#,
+            ),
+            (
+                TEXT,
+                "result",
+                "null",
+                r#"bad text-level line: field "result": invalid type: null, expected a string"#,
+            ),
+            (
+                TOKENS,
+                "call_ids",
+                "[1, -2]",
+                r#"bad token-level line: field "call_ids[1]": invalid value: integer `-2`, expected u32"#,
+            ),
+            (
+                TOKENS,
+                "weights",
+                r#"{"a": 1}"#,
+                r#"bad token-level line: field "weights": invalid type: map, expected a sequence"#,
+            ),
+        ] {
+            assert_eq!(
+                with(fields, key, value),
+                (Value::from("x"), want.to_string())
+            );
+        }
+        // Errors about the line as a whole are serde's, as before.
+        let (_, e) = error(r#"{"text_ids": [1, 2], "position": 1, "call_ids": [3]}"#);
+        assert_eq!(e, "bad token-level line: missing field `call_result_ids`");
+        let (_, e) = error(&format!(r#"{{{TOKENS}, "wieghts": [1]}}"#));
+        assert!(
+            e.starts_with("bad token-level line: unknown field `wieghts`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_blank_line_is_called_one() {
+        for line in ["", "  ", "\t"] {
+            assert_eq!(error(line), (Value::Null, "blank line".to_string()));
+        }
+        let (_, e) = error("{\"id\": 1,");
+        assert!(e.starts_with("malformed JSON: EOF while parsing"), "{e}");
     }
 }

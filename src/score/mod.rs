@@ -98,17 +98,24 @@ impl Scores {
         }
     }
 
-    /// The paper's filter: keep the call iff L- - L+ >= tau_f.
+    /// The paper's filter: keep the call iff L- - L+ >= tau_f, and never when a loss is not
+    /// finite (`not_finite`: `f64::min` in L- would pass over a NaN or an infinite L_none). A
+    /// NaN `tau_f` keeps nothing.
     pub fn kept(&self, tau_f: f64) -> bool {
-        self.delta >= tau_f
+        self.losses_finite() && self.delta >= tau_f
+    }
+
+    fn losses_finite(&self) -> bool {
+        [self.l_none, self.l_call, self.l_call_result]
+            .iter()
+            .all(|l| l.is_finite())
     }
 
     /// Why these scores are unusable, when a loss is not finite (weights too large, or the model
     /// overflowed). JSON has no NaN or infinity (serde_json would write null), so such scores
     /// are reported as an error, never written as numbers a consumer could take for scores.
     pub fn not_finite(&self) -> Option<String> {
-        let losses = [self.l_none, self.l_call, self.l_call_result];
-        (!losses.iter().all(|l| l.is_finite())).then(|| {
+        (!self.losses_finite()).then(|| {
             format!(
                 "a loss is not finite (l_none {}, l_call {}, l_call_result {}): weights too \
                  large, or the model overflowed",
@@ -163,5 +170,28 @@ pub trait Scorer: Send + Sync {
             .into_iter()
             .map(Scores::from_losses)
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scores;
+
+    #[test]
+    fn a_loss_that_is_not_finite_is_never_kept() {
+        assert!(Scores::from_losses([3.0, 2.5, 1.0]).kept(1.5));
+        assert!(!Scores::from_losses([3.0, 2.5, 1.0]).kept(1.6));
+        // min(L_none, L_call) passes over a NaN or an infinite L_none; `kept` does not.
+        for bad in [
+            [f64::NAN, 2.5, 1.0],
+            [f64::INFINITY, 2.5, 1.0],
+            [3.0, f64::NAN, 1.0],
+            [3.0, 2.5, f64::NEG_INFINITY],
+        ] {
+            let s = Scores::from_losses(bad);
+            assert!(s.not_finite().is_some(), "{bad:?}");
+            assert!(!s.kept(f64::NEG_INFINITY), "{bad:?}");
+        }
+        assert!(!Scores::from_losses([3.0, 2.5, 1.0]).kept(f64::NAN));
     }
 }

@@ -55,13 +55,9 @@ impl ReferenceScorer {
         Ok(self.variant_loss(&c, Variant::Call, &options))
     }
 
-    /// L of one variant of one candidate.
-    pub fn variant_loss(
-        &self,
-        c: &TokenCandidate,
-        variant: Variant,
-        options: &ScoreOptions,
-    ) -> f64 {
+    /// L of one variant of one candidate, which passed `validate` (an id outside the vocabulary
+    /// would index past the embedding).
+    fn variant_loss(&self, c: &TokenCandidate, variant: Variant, options: &ScoreOptions) -> f64 {
         let seq = variant_sequence(c, variant, options);
         let rows: Vec<(usize, u32)> = seq.targets.iter().map(|&(r, t, _)| (r, t)).collect();
         let log_probs = if rows.is_empty() {
@@ -111,7 +107,7 @@ mod tests {
         let mut config = GptjConfig::small(1, 8, 2, 2, 40);
         config.n_positions = n_positions;
         let weights = GptjWeights::random(&config, 7, DType::F32);
-        Model::from_parts(config, weights, None)
+        Model::from_parts(config, weights, None).unwrap()
     }
 
     #[test]

@@ -1,4 +1,5 @@
 //! Small helpers shared by several modules.
 
+pub mod json;
 pub mod jsonl;
 pub mod rng;

@@ -1,0 +1,380 @@
+//! Reading one JSONL input line strictly, as `score`, `generate` and the corpus do.
+//!
+//! - [`parse_line`]: a line's JSON value, also telling of a key that an object holds twice (at
+//!   any depth). serde_json's own `Value` keeps the last one silently, and a struct deserialized
+//!   from a `Value` never sees the first, so `{"text": "a", "text": ""}` would read as an empty
+//!   text: the same class of mistake as a misspelled key, which the formats refuse.
+//! - [`from_object`]: a line's typed fields, from its object, with an error that names the field
+//!   it is about (`field "position": invalid type: string "33", expected usize`; serde alone says
+//!   only `invalid type: ...`).
+
+use std::fmt;
+
+use serde::de::{self, DeserializeOwned, DeserializeSeed, IgnoredAny, Visitor};
+use serde_json::{Map, Number, Value};
+
+/// Why a line has no JSON value.
+#[derive(Debug)]
+pub enum LineError {
+    /// Empty, or only whitespace.
+    Blank,
+    /// Not JSON (serde_json's message, with its position).
+    Syntax(serde_json::Error),
+}
+
+impl fmt::Display for LineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LineError::Blank => f.write_str("blank line"),
+            LineError::Syntax(e) => e.fmt(f),
+        }
+    }
+}
+
+/// A key that one object of a line holds twice: the first such, in the order of the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Duplicate {
+    /// The key held twice.
+    pub key: String,
+    /// Where the object holding it is, as a path from the line's object (`id.a[0]`); empty when
+    /// it is the line's object itself.
+    pub within: String,
+    /// The key of the line's object the duplicate is, or is inside of.
+    pub field: String,
+}
+
+impl fmt::Display for Duplicate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "duplicate key {:?}", self.key)?;
+        if !self.within.is_empty() {
+            write!(f, " in {}", self.within)?;
+        }
+        Ok(())
+    }
+}
+
+/// A line's JSON value, and the first key held twice by one of its objects, if any (the value
+/// then keeps the first of the two, but a caller refuses the line: it can still read other
+/// fields first, to echo an id). A line of whitespace only is [`LineError::Blank`].
+pub fn parse_line(line: &str) -> Result<(Value, Option<Duplicate>), LineError> {
+    if line.trim().is_empty() {
+        return Err(LineError::Blank);
+    }
+    let mut duplicate = None;
+    let mut de = serde_json::Deserializer::from_str(line);
+    let value = ValueSeed {
+        duplicate: &mut duplicate,
+        at: None,
+    }
+    .deserialize(&mut de)
+    .and_then(|v| de.end().map(|()| v))
+    .map_err(LineError::Syntax)?;
+    Ok((value, duplicate))
+}
+
+/// One step of the path from the line's object to the value being read.
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// The path to the value being read, innermost step first (on the stack: nothing is allocated
+/// unless a duplicate is found).
+struct Path<'a> {
+    step: Step<'a>,
+    parent: Option<&'a Path<'a>>,
+}
+
+impl Path<'_> {
+    /// The key of the line's object at the root of this path.
+    fn field(&self) -> &str {
+        let mut p = self;
+        while let Some(parent) = p.parent {
+            p = parent;
+        }
+        match p.step {
+            Step::Key(k) => k,
+            Step::Index(_) => "",
+        }
+    }
+}
+
+fn render(path: Option<&Path<'_>>) -> String {
+    let mut steps = Vec::new();
+    let mut p = path;
+    while let Some(at) = p {
+        steps.push(&at.step);
+        p = at.parent;
+    }
+    let mut out = String::new();
+    for step in steps.into_iter().rev() {
+        match step {
+            Step::Key(k) if out.is_empty() => out.push_str(k),
+            Step::Key(k) => {
+                out.push('.');
+                out.push_str(k);
+            }
+            Step::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+/// Builds a `Value` as serde_json's own `Deserialize` does, noting the first duplicate key.
+struct ValueSeed<'a, 'p> {
+    duplicate: &'a mut Option<Duplicate>,
+    at: Option<&'p Path<'p>>,
+}
+
+impl<'de> DeserializeSeed<'de> for ValueSeed<'_, '_> {
+    type Value = Value;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ValueSeed<'_, '_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any valid JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        // As serde_json's `Value` (a parsed number is always finite).
+        Ok(Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        loop {
+            let at = Path {
+                step: Step::Index(out.len()),
+                parent: self.at,
+            };
+            let seed = ValueSeed {
+                duplicate: &mut *self.duplicate,
+                at: Some(&at),
+            };
+            match seq.next_element_seed(seed)? {
+                Some(v) => out.push(v),
+                None => return Ok(Value::Array(out)),
+            }
+        }
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                map.next_value::<IgnoredAny>()?;
+                if self.duplicate.is_none() {
+                    *self.duplicate = Some(Duplicate {
+                        field: self.at.map_or(key.as_str(), Path::field).to_owned(),
+                        within: render(self.at),
+                        key,
+                    });
+                }
+                continue;
+            }
+            let at = Path {
+                step: Step::Key(&key),
+                parent: self.at,
+            };
+            let value = map.next_value_seed(ValueSeed {
+                duplicate: &mut *self.duplicate,
+                at: Some(&at),
+            })?;
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+/// `T` from a line's object, as `serde_json::from_value` reads it, but an error about one
+/// field's value names the field (`field "position": invalid type: ...`; a value inside one by
+/// its path, `field "weights[1]"`), through `serde_path_to_error`. Errors about the object as a
+/// whole (a missing or unknown field) are serde's own.
+pub fn from_object<T: DeserializeOwned>(obj: Map<String, Value>) -> Result<T, serde_json::Error> {
+    serde_path_to_error::deserialize(Value::Object(obj)).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        // An unknown key is its own path, and serde's message names it already.
+        if path == "." || inner.to_string().starts_with("unknown field") {
+            inner
+        } else {
+            de::Error::custom(format_args!("field {path:?}: {inner}"))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    fn dup(line: &str) -> Option<Duplicate> {
+        parse_line(line).unwrap().1
+    }
+
+    #[test]
+    fn values_are_serde_jsons() {
+        for line in [
+            r#"{"id": "a", "n": [1, -2, 3.5, 1e300, 18446744073709551615, -9223372036854775808]}"#,
+            r#"{"b": true, "z": null, "s": "\u00e9\n\"", "o": {"x": [[], {}]}, "a": 0}"#,
+            "[1, 2]",
+            " 7 ",
+            r#""text""#,
+            "null",
+            "0.1",
+            "2.2250738585072014e-308",
+        ] {
+            let (value, duplicate) = parse_line(line).unwrap();
+            assert_eq!(duplicate, None, "{line}");
+            let theirs: Value = serde_json::from_str(line).unwrap();
+            assert_eq!(value, theirs, "{line}");
+            // Same key order (preserve_order), same text back.
+            assert_eq!(value.to_string(), theirs.to_string(), "{line}");
+        }
+    }
+
+    #[test]
+    fn syntax_errors_and_blank_lines() {
+        for line in ["", " ", "\t \r", "\u{a0}"] {
+            assert!(
+                matches!(parse_line(line), Err(LineError::Blank)),
+                "{line:?}"
+            );
+        }
+        assert_eq!(parse_line("  ").unwrap_err().to_string(), "blank line");
+        for line in ["{", "{\"a\": 1} x", "[1,]", "{\"a\" 1}", "nul"] {
+            let e = parse_line(line).unwrap_err();
+            let theirs = serde_json::from_str::<Value>(line).unwrap_err();
+            assert_eq!(e.to_string(), theirs.to_string(), "{line}");
+        }
+    }
+
+    #[test]
+    fn the_first_duplicate_key_is_named_at_any_depth() {
+        let line = r#"{"id":"a","text":"Out of 540 voters.","text":""}"#;
+        let (value, d) = parse_line(line).unwrap();
+        let d = d.unwrap();
+        assert_eq!(d.to_string(), "duplicate key \"text\"");
+        assert_eq!(
+            (d.key.as_str(), d.within.as_str(), d.field.as_str()),
+            ("text", "", "text")
+        );
+        // The first of the two is kept; other fields are there to read.
+        assert_eq!(value["text"], "Out of 540 voters.");
+        assert_eq!(value["id"], "a");
+        let d = dup(r#"{"weights":[1],"weights":[0],"id":1,"id":2}"#).unwrap();
+        assert_eq!(d.to_string(), "duplicate key \"weights\"");
+        let d = dup(r#"{"id": {"a": [0, {"b": 1, "b": 2}]}, "x": 1, "x": 2}"#).unwrap();
+        assert_eq!(d.to_string(), "duplicate key \"b\" in id.a[1]");
+        assert_eq!(d.field, "id");
+        let d = dup(r#"[{"k": 1}, {"k": 1, "k": 1}]"#).unwrap();
+        assert_eq!(
+            (d.to_string().as_str(), d.field.as_str()),
+            ("duplicate key \"k\" in [1]", "")
+        );
+        // Escapes are read before comparing: "\u0074ext" is "text".
+        assert_eq!(
+            dup(r#"{"text": "a", "\u0074ext": "b"}"#).unwrap().key,
+            "text"
+        );
+        // Equal keys in different objects are no duplicates.
+        assert_eq!(
+            dup(r#"{"a": {"a": {"a": 1}}, "b": [{"a": 1}, {"a": 2}]}"#),
+            None
+        );
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Fields {
+        position: usize,
+        text: String,
+        #[serde(default)]
+        weights: Option<Vec<f64>>,
+        #[serde(default)]
+        id: Value,
+    }
+
+    fn fields(line: &str) -> Result<Fields, String> {
+        let Value::Object(obj) = serde_json::from_str(line).unwrap() else {
+            panic!("{line}")
+        };
+        from_object(obj).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn field_errors_name_the_field() {
+        let f = fields(r#"{"id": [1], "text": "t", "position": 3, "weights": null}"#).unwrap();
+        assert_eq!(
+            (f.position, f.text.as_str(), f.weights, f.id),
+            (3, "t", None, Value::from(vec![1]))
+        );
+        let f = fields(r#"{"text": "t", "position": 3, "weights": [1, 0.5]}"#).unwrap();
+        assert_eq!(f.weights, Some(vec![1.0, 0.5]));
+        for (line, want) in [
+            (
+                r#"{"text": "t", "position": "33"}"#,
+                r#"field "position": invalid type: string "33", expected usize"#,
+            ),
+            (
+                r#"{"text": null, "position": 1}"#,
+                r#"field "text": invalid type: null, expected a string"#,
+            ),
+            (
+                r#"{"text": "t", "position": -1}"#,
+                r#"field "position": invalid value: integer `-1`, expected usize"#,
+            ),
+            (
+                r#"{"text": "t", "position": 1, "weights": [1, "a"]}"#,
+                r#"field "weights[1]": invalid type: string "a", expected f64"#,
+            ),
+            (
+                r#"{"text": "t", "position": 1, "weights": 1}"#,
+                r#"field "weights": invalid type: integer `1`, expected a sequence"#,
+            ),
+            // Errors about the object itself are serde's.
+            (r#"{"text": "t"}"#, "missing field `position`"),
+            (
+                r#"{"text": "t", "position": 1, "wieghts": [1]}"#,
+                "unknown field `wieghts`, expected one of `position`, `text`, `weights`, `id`",
+            ),
+        ] {
+            assert_eq!(fields(line).unwrap_err(), want, "{line}");
+        }
+    }
+}
