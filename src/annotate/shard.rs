@@ -29,9 +29,14 @@ impl std::str::FromStr for Shard {
     fn from_str(s: &str) -> Result<Self> {
         let bad = || Error::input(format!("--shard {s:?}: expected INDEX/COUNT, e.g. 0/8"));
         let (i, c) = s.split_once('/').ok_or_else(bad)?;
-        let index = i.trim().parse().map_err(|_| bad())?;
-        let count = c.trim().parse().map_err(|_| bad())?;
-        Shard::new(index, count)
+        let number = |part: &str, what: &str| {
+            part.trim().parse::<u64>().map_err(|e| {
+                Error::input(format!(
+                    "--shard {s:?}: expected INDEX/COUNT, e.g. 0/8 ({what} {part:?}: {e})"
+                ))
+            })
+        };
+        Shard::new(number(i, "INDEX")?, number(c, "COUNT")?)
     }
 }
 
@@ -118,7 +123,13 @@ impl Shard {
                      of SLURM_ARRAY_TASK_STEP {step}; give --shard INDEX/COUNT"
                 )));
             }
-            return Shard::new(offset / step, count);
+            return Shard::new(offset / step, count).map_err(|e| {
+                Error::input(format!(
+                    "{e}, from SLURM_ARRAY_TASK_ID {id} (MIN {min}, STEP {step}) and a count of \
+                     {count}: an array with gaps (--array=1,2,4) does not map to shards; give \
+                     --shard INDEX/COUNT"
+                ))
+            });
         }
         match shards {
             Some(c) if c > 1 => Err(Error::input(
@@ -150,6 +161,14 @@ mod tests {
         assert_eq!(shards.iter().map(|s| s.lines_of(10)).sum::<u64>(), 10);
         assert_eq!(Shard::new(2, 3).unwrap().lines_of(1), 0);
         assert!("3/3".parse::<Shard>().is_err());
+        let err = "1/18446744073709551616"
+            .parse::<Shard>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("COUNT \"18446744073709551616\": number too large"),
+            "{err}"
+        );
         assert_eq!(
             "1/4".parse::<Shard>().unwrap(),
             Shard { index: 1, count: 4 }
@@ -223,6 +242,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(slurm, Shard { index: 4, count: 8 });
+        // An array with gaps (--array=1,2,4): task 4 is past the count, and the error says so.
+        let gaps = Shard::resolve(
+            None,
+            None,
+            env(&[
+                ("SLURM_ARRAY_TASK_ID", "4"),
+                ("SLURM_ARRAY_TASK_COUNT", "3"),
+                ("SLURM_ARRAY_TASK_MIN", "1"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            gaps.contains("SLURM_ARRAY_TASK_ID 4") && gaps.contains("with gaps"),
+            "{gaps}"
+        );
         let flag = Shard::resolve(
             Some(Shard { index: 0, count: 2 }),
             None,
