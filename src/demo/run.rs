@@ -278,38 +278,37 @@ impl Opened {
 /// "sites", as `DemoDoc::to_json` writes) is an error: `eval-demo --out .` in a data folder must
 /// not replace someone's corpus.jsonl.
 fn refuse_foreign_corpus(corpus: &Path) -> Result<()> {
-    let Some(first) = super::read_head(corpus, false)? else {
-        return Ok(());
-    };
-    let ours = first.is_empty()
-        || serde_json::from_slice::<serde_json::Value>(&first)
-            .is_ok_and(|v| v.get("kind").is_some() && v["sites"].is_array());
-    if ours {
-        Ok(())
-    } else {
-        Err(Error::input(format!(
-            "{} exists and is not an eval-demo set; not replacing it (choose another --out)",
-            corpus.display()
-        )))
-    }
+    refuse_foreign(corpus, false, "an eval-demo set", |v| {
+        v.get("kind").is_some() && v["sites"].is_array()
+    })
 }
 
 /// An existing `report` that is not an earlier eval.json (a JSON object with "seed" and
 /// "metrics", as `EvalReport` is written) is an error, as a foreign corpus is.
 fn refuse_foreign_report(report: &Path) -> Result<()> {
-    let Some(text) = super::read_head(report, true)? else {
+    refuse_foreign(report, true, "an eval-demo report", |v| {
+        v.get("seed").is_some() && v.get("metrics").is_some()
+    })
+}
+
+/// An error when `path` exists and its first line (`whole`: all of it) is neither empty nor
+/// JSON that `ours` recognises; `what` names what it should have been.
+fn refuse_foreign(
+    path: &Path,
+    whole: bool,
+    what: &str,
+    ours: impl Fn(&serde_json::Value) -> bool,
+) -> Result<()> {
+    let Some(head) = super::read_head(path, whole)? else {
         return Ok(());
     };
-    let ours = serde_json::from_slice::<serde_json::Value>(&text)
-        .is_ok_and(|v| v.get("seed").is_some() && v.get("metrics").is_some());
-    if ours {
-        Ok(())
-    } else {
-        Err(Error::input(format!(
-            "{} exists and is not an eval-demo report; not replacing it (choose another --out)",
-            report.display()
-        )))
+    if head.is_empty() || serde_json::from_slice(&head).is_ok_and(|v| ours(&v)) {
+        return Ok(());
     }
+    Err(Error::input(format!(
+        "{} exists and is not {what}; not replacing it (choose another --out)",
+        path.display()
+    )))
 }
 
 /// Makes the parent folder of `out` and removes an earlier finished output there (see
