@@ -601,6 +601,14 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     let (Some(model_dir), Some(corpus), Some(out)) = (args.model, args.corpus, args.out) else {
         anyhow::bail!("--model, --corpus and --out are required");
     };
+    // The tools open before the model loads (minutes at 6B): a WikiSearch index that is not one
+    // is an error naming the config file now, not after the load.
+    if let Err(e) = toolsift::annotate::tools::ToolRegistry::from_config(&config.tools) {
+        match &args.config {
+            Some(path) => anyhow::bail!("{}: {e}", path.display()),
+            None => anyhow::bail!("{e}"),
+        }
+    }
     let shard_flag = args.shard.as_deref().map(str::parse::<Shard>).transpose()?;
     let shard = Shard::resolve(shard_flag, args.shards, |k| std::env::var(k).ok())?;
     // Built-ins by key, custom tools by the names the config gives them.

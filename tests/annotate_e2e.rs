@@ -1224,6 +1224,16 @@ command = ["cat"]
         "{stderr}"
     );
     assert!(!dir.path().join("n.jsonl").exists());
+
+    // A tool that cannot open is an error naming the config file.
+    let wiki = dir.path().join("wiki.toml");
+    std::fs::write(&wiki, "[tools.wikisearch]\nindex = \"/nonexistent\"\n").unwrap();
+    let out = run(&wiki, None, "w.jsonl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("wiki.toml: tool WikiSearch"),
+        "{stderr}"
+    );
 }
 
 #[test]
