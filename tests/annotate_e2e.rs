@@ -749,7 +749,7 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
     let err = annotate::merge(&dir.path().join("not-yet/"), &parts)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("is a folder: give a file name"), "{err}");
+    assert!(err.contains("names a folder (ends in"), "{err}");
     let err = merge_err("m8.jsonl", &[parts[0].clone(), dir.path().to_owned()]);
     assert!(
         err.contains("is a folder; give merge the shards' C* files"),
@@ -798,19 +798,22 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
             ..opts("unused.jsonl", None)
         });
         assert!(
-            err.contains("is a folder: give a file name for C*"),
+            err.contains("names a folder (ends in") && err.contains("give a file name for C*"),
             "{folder}: {err}"
         );
     }
     assert!(!dir.path().join("new").exists());
     #[cfg(unix)]
     {
-        // The final rename would replace a device.
+        // The final rename would replace a device; a link to one is replaced itself.
         let err = refused(RunOptions {
             out: "/dev/null".into(),
             ..opts("unused.jsonl", None)
         });
         assert!(err.contains("is not a regular file"), "{err}");
+        let link = dir.path().join("null.jsonl");
+        std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+        assert!(annotate::check_out(&link).is_ok());
     }
     #[cfg(unix)]
     {

@@ -605,7 +605,16 @@ fn bad_input_or_output_paths_touch_nothing() {
             tmp.path().join("no/such/out.jsonl"),
             "does not exist",
         ),
+        (input.clone(), tmp.path().to_owned(), "is a folder"),
+        (
+            input.clone(),
+            tmp.path().join("sub/"),
+            "names a folder (ends in",
+        ),
+        // --reference runs on the CPU only.
+        (input.clone(), keep.clone(), "leave out --device"),
     ] {
+        let reference = needle == "leave out --device";
         let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
             .args(["score", "--model"])
             .arg(&model)
@@ -613,6 +622,11 @@ fn bad_input_or_output_paths_touch_nothing() {
             .arg(&input)
             .arg("--output")
             .arg(&output)
+            .args(if reference {
+                &["--reference", "--device", "cuda"][..]
+            } else {
+                &[]
+            })
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&o.stderr);

@@ -65,10 +65,12 @@ pub fn run_job_on(job: &Job, model: &Model, engine: &dyn Engine) -> Result<RunOu
     };
     if tools.is_empty() {
         // A run would copy the corpus into C* unannotated, and succeed.
-        return Err(Error::input(
+        return Err(Error::input(if job.tools.is_some() {
+            "no tool to run: the job names none"
+        } else {
             "no tool to run: the config disables every built-in tool ([tools.<tool>] enabled = \
-             false) and configures no tool of its own ([per_tool.custom])",
-        ));
+             false) and configures no tool of its own ([per_tool.custom])"
+        }));
     }
     let tokenizer = model.tokenizer()?;
     let annotator = Annotator::new(tokenizer, engine, engine, &registry, &job.config, &tools)?;

@@ -104,11 +104,14 @@ impl Shard {
         }
         if let Some(id) = num("SLURM_ARRAY_TASK_ID")? {
             let min = num("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
-            let count = match shards {
-                Some(c) => c,
-                None => num("SLURM_ARRAY_TASK_COUNT")?.ok_or_else(|| {
-                    Error::input("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not")
-                })?,
+            let (count, count_from) = match shards {
+                Some(c) => (c, "--shards"),
+                None => (
+                    num("SLURM_ARRAY_TASK_COUNT")?.ok_or_else(|| {
+                        Error::input("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not")
+                    })?,
+                    "SLURM_ARRAY_TASK_COUNT",
+                ),
             };
             let offset = id.checked_sub(min).ok_or_else(|| {
                 Error::input(format!(
@@ -124,10 +127,15 @@ impl Shard {
                 )));
             }
             return Shard::new(offset / step, count).map_err(|e| {
+                // A count of Slurm's own falls short only for an array with gaps.
+                let gaps = if shards.is_none() {
+                    ": an array with gaps (--array=1,2,4) does not map to shards"
+                } else {
+                    ""
+                };
                 Error::input(format!(
-                    "{e}, from SLURM_ARRAY_TASK_ID {id} (MIN {min}, STEP {step}) and a count of \
-                     {count}: an array with gaps (--array=1,2,4) does not map to shards; give \
-                     --shard INDEX/COUNT"
+                    "{e}, from SLURM_ARRAY_TASK_ID {id} (MIN {min}, STEP {step}) and {count_from} \
+                     {count}{gaps}; give --shard INDEX/COUNT"
                 ))
             });
         }
@@ -257,6 +265,13 @@ mod tests {
         assert!(
             gaps.contains("SLURM_ARRAY_TASK_ID 4") && gaps.contains("with gaps"),
             "{gaps}"
+        );
+        let flag_count = Shard::resolve(None, Some(4), env(&[("SLURM_ARRAY_TASK_ID", "5")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            flag_count.contains("and --shards 4") && !flag_count.contains("gaps"),
+            "{flag_count}"
         );
         let flag = Shard::resolve(
             Some(Shard { index: 0, count: 2 }),

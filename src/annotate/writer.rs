@@ -381,14 +381,18 @@ impl Journal {
 
 /// Why `out` cannot name a file this run creates or replaces, if it cannot: a folder, a path
 /// whose last part is a folder's by its spelling ("x/", "x/.", ".."; the folder need not exist
-/// yet), or something there that is not a regular file (a device such as /dev/null, a pipe),
-/// which the final rename would replace.
+/// yet), or something there that is neither a regular file nor a link (a device such as
+/// /dev/null, a pipe), which the final rename would replace.
 pub fn output_file_problem(out: &Path) -> Option<&'static str> {
-    if names_a_folder(out) {
+    if out.is_dir() {
         return Some("is a folder");
     }
-    match std::fs::metadata(out) {
-        Ok(m) if !m.is_file() => Some("is not a regular file"),
+    if names_a_folder(out) {
+        return Some("names a folder (ends in \"/\", \".\" or \"..\")");
+    }
+    // Not following a link: the rename replaces the link itself.
+    match std::fs::symlink_metadata(out) {
+        Ok(m) if !m.is_file() && !m.is_symlink() => Some("is not a regular file"),
         _ => None,
     }
 }

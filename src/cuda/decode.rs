@@ -70,6 +70,14 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
         self.store.capacity
     }
 
+    /// Device bytes the K/V buffers hold: after a growth that failed partway, some buffers
+    /// are already larger than `capacity` says.
+    pub fn device_bytes(&self) -> usize {
+        let kv = &self.store;
+        let elements: usize = kv.k.iter().chain(&kv.v).map(|b| b.len()).sum();
+        elements * std::mem::size_of::<T>()
+    }
+
     /// Makes room for `extra` more rows: doubles the capacity (at least) and copies the cached
     /// rows over when they do not fit.
     fn reserve(&mut self, gpu: &Gpu, extra: usize) -> Result<()> {
@@ -641,12 +649,11 @@ impl CudaDecodeSession<'_> {
 
     /// Brings the engine's count of session cache bytes up to the tree's size now.
     fn count_cache(&mut self) {
-        let rows = match &self.tree {
-            Some(AnyTree::Bf16(t)) => t.capacity(),
-            Some(AnyTree::F16(t)) => t.capacity(),
+        let bytes = match &self.tree {
+            Some(AnyTree::Bf16(t)) => t.device_bytes(),
+            Some(AnyTree::F16(t)) => t.device_bytes(),
             None => 0,
         };
-        let bytes = rows * self.engine.kv_bytes_per_token();
         let count = &self.engine.session_kv_bytes;
         if bytes > self.counted {
             count.fetch_add(bytes - self.counted, Ordering::Relaxed);

@@ -259,6 +259,21 @@ mod tests {
             e.contains("transformer.ln_f.bias") && e.contains("(in memory)"),
             "{e}"
         );
+        // With tied embeddings the head is wte's shape (the engines read the field).
+        let mut tied = config.clone();
+        tied.tie_word_embeddings = true;
+        let mut short_head = random(&tied);
+        short_head.lm_head.weight = Tensor::from_f32(vec![8, 16], &[0.5; 128]);
+        let e = err(&tied, short_head);
+        assert!(
+            e.contains("lm_head.weight") && e.contains("tie_word_embeddings"),
+            "{e}"
+        );
+        let mut nan_head = random(&tied);
+        nan_head.lm_head.weight = Tensor::from_f32(vec![32, 16], &[f32::NAN; 512]);
+        let e = err(&tied, nan_head);
+        assert!(e.contains("lm_head.weight"), "{e}");
+        assert!(Model::from_parts(tied.clone(), random(&tied), None).is_ok());
         // The CPU engine's own constructor checks too.
         let mut wide_w = config.clone();
         wide_w.n_embd = 32;

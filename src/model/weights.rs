@@ -264,8 +264,25 @@ impl GptjWeights {
                 _ => return Err(tensor_err("missing".into())),
             }
         }
-        let named: Vec<(String, &Tensor, &Path)> =
+        let mut named: Vec<(String, &Tensor, &Path)> =
             tensors.iter().map(|(n, t)| (n.clone(), t, here)).collect();
+        if config.tie_word_embeddings {
+            // Not a tensor of the checkpoint (`bind` makes it wte), but a field the engines
+            // read: built in memory, it may be anything.
+            let (head, wte) = (&self.lm_head.weight, &self.wte);
+            if head.shape() != wte.shape() {
+                return Err(Error::Tensor {
+                    path: here.to_owned(),
+                    tensor: "lm_head.weight".into(),
+                    msg: format!(
+                        "shape {:?}: with tie_word_embeddings it is transformer.wte.weight, {:?}",
+                        head.shape(),
+                        wte.shape()
+                    ),
+                });
+            }
+            named.push(("lm_head.weight".into(), head, here));
+        }
         check_finite(&named)
     }
 
