@@ -223,6 +223,11 @@ struct ScoreArgs {
     /// Where to write the scores, JSONL.
     #[arg(long)]
     output: PathBuf,
+    /// Go on from an interrupted run's --output (with the same flags): the lines it answers are
+    /// checked against the input's and kept, a last line cut off is dropped, the rest is
+    /// scored and appended. Without an output yet, a fresh run.
+    #[arg(long)]
+    resume: bool,
     #[arg(long, value_enum, default_value_t = Placement::Prefix)]
     placement: Placement,
     /// Keep a call iff L- - L+ >= tau_f (a line's own "tau_f" wins).
@@ -273,6 +278,11 @@ struct GenerateArgs {
     /// Where to write the completions, JSONL (default: stdout).
     #[arg(long)]
     output: Option<PathBuf>,
+    /// Go on from an interrupted run's --output (with the same flags): the lines it answers are
+    /// checked against the input's and kept, a last line cut off is dropped, the rest is
+    /// generated and appended (each prompt keeps its sampling stream).
+    #[arg(long, requires_all = ["input", "output"])]
+    resume: bool,
     /// TOML or JSON file whose `tools` table configures the tools (as for annotate).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -450,6 +460,38 @@ fn check_io(input: Option<&Path>, output: Option<&Path>, model_dir: Option<&Path
     Ok(())
 }
 
+/// With `--resume`, where an earlier run's `output` leaves off (None: no output yet, or no
+/// `--resume`); said on stderr.
+fn resume_point(
+    resume: bool,
+    input: &Path,
+    output: &Path,
+) -> Result<Option<toolsift::util::jsonl::ResumePoint>> {
+    if !resume {
+        return Ok(None);
+    }
+    let point = toolsift::util::jsonl::resume_point(input, output)?;
+    if let Some(p) = point {
+        note!(
+            "resuming: {} lines of {} already answered",
+            p.lines,
+            output.display()
+        );
+    }
+    Ok(point)
+}
+
+/// The output, created (emptied) or, resuming, cut to the answered lines and appended to.
+fn open_output(
+    output: &Path,
+    resume_at: Option<toolsift::util::jsonl::ResumePoint>,
+) -> Result<File> {
+    Ok(match resume_at {
+        Some(point) => toolsift::util::jsonl::reopen_at(output, point)?,
+        None => File::create(output).with_context(|| format!("{}", output.display()))?,
+    })
+}
+
 fn score(args: ScoreArgs) -> Result<ExitCode> {
     // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
     let weights = match args.weights {
@@ -461,6 +503,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
     }
     check_io(Some(&args.input), Some(&args.output), Some(&args.model))?;
     let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
+    let resume_at = resume_point(args.resume, &args.input, &args.output)?;
     let mut model = Model::load(&args.model)?;
     let options = JsonlOptions {
         score: ScoreOptions {
@@ -470,6 +513,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         call_form: args.call_form,
         tau_f: args.tau_f,
         chunk_lines: args.chunk_lines,
+        skip_lines: resume_at.map_or(0, |p| p.lines),
     };
     let tokenizer = model.tokenizer.take();
     let memory_budget = args.memory_budget_mb.map(|mb| mb << 20);
@@ -485,8 +529,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
             toolsift::backend::scorer_with_memory_budget(&model, device, memory_budget)?
         }
     };
-    let output =
-        File::create(&args.output).with_context(|| format!("{}", args.output.display()))?;
+    let output = open_output(&args.output, resume_at)?;
     let summary = score_jsonl(
         BufReader::new(input),
         BufWriter::new(output),
@@ -800,12 +843,16 @@ fn merge(args: MergeArgs) -> Result<ExitCode> {
 }
 
 fn generate(args: GenerateArgs) -> Result<ExitCode> {
-    use toolsift::generate::{self, jsonl::generate_jsonl, GenerateOptions};
+    use toolsift::generate::{self, jsonl::generate_jsonl_after, GenerateOptions};
     // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
     let tools = generate::tools_from_config(args.config.as_deref(), args.tools.as_deref())?;
+    let mut resume_at = None;
     let input: Box<dyn std::io::BufRead> = match (&args.input, &args.prompt) {
         (Some(path), _) => {
             check_io(Some(path), args.output.as_deref(), None)?;
+            if let Some(output) = &args.output {
+                resume_at = resume_point(args.resume, path, output)?;
+            }
             let file = File::open(path).with_context(|| format!("{}", path.display()))?;
             Box::new(BufReader::new(file))
         }
@@ -844,23 +891,30 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     (options.n_positions, options.vocab_size) = (limits.n_positions, limits.vocab_size);
     let decoder = toolsift::backend::decoder_for(&model, args.device)?;
     let output: Box<dyn std::io::Write> = match &args.output {
-        Some(path) => Box::new(BufWriter::new(
-            File::create(path).with_context(|| format!("{}", path.display()))?,
-        )),
+        Some(path) => Box::new(BufWriter::new(open_output(path, resume_at)?)),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
     let name = |p: &Option<PathBuf>, none: &str| {
         p.as_ref()
             .map_or(none.to_string(), |p| p.display().to_string())
     };
-    let summary = generate_jsonl(input, output, decoder.as_ref(), tokenizer, &tools, &options)
-        .with_context(|| {
-            format!(
-                "generating from {} into {}",
-                name(&args.input, "--prompt"),
-                name(&args.output, "<stdout>")
-            )
-        })?;
+    let skip = resume_at.map_or(0, |p| p.lines);
+    let summary = generate_jsonl_after(
+        skip,
+        input,
+        output,
+        decoder.as_ref(),
+        tokenizer,
+        &tools,
+        &options,
+    )
+    .with_context(|| {
+        format!(
+            "generating from {} into {}",
+            name(&args.input, "--prompt"),
+            name(&args.output, "<stdout>")
+        )
+    })?;
     note!(
         "{} prompts: {} generated ({} calls, {} with a result), {} failed",
         summary.lines,

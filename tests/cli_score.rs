@@ -686,3 +686,58 @@ fn unwritable_stderr_or_output() {
     assert!(!o.status.success());
     assert!(stderr.contains("into /dev/full"), "{stderr}");
 }
+
+/// `--resume` goes on from an interrupted run's output: the answered lines are kept, a last
+/// line cut off mid-way is redone, and the result is the uninterrupted run's, byte for byte
+/// (one line per batch on both sides, so that batching cannot move a rounding). An output
+/// that answers another input is refused and left as it was.
+#[test]
+fn resume_goes_on_from_an_interrupted_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny("f32");
+    let input = tmp.path().join("in.jsonl");
+    let mut lines = token_lines();
+    lines.insert(1, json!({"id": "bad", "text_ids": [1], "position": 9}));
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, text).unwrap();
+    let whole = tmp.path().join("whole.jsonl");
+    let one = ["--chunk-lines", "1"];
+    let (ok, results, stderr) = run_score_raw(&model, &input, &whole, &one);
+    assert!(!ok && results.len() == lines.len(), "{stderr}");
+    let want = std::fs::read(&whole).unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let cut_after = |n: usize, extra: usize| {
+        let ends: Vec<usize> = want
+            .iter()
+            .enumerate()
+            .filter(|(_, &b)| b == b'\n')
+            .map(|(k, _)| k + 1)
+            .collect();
+        let at = if n == 0 { 0 } else { ends[n - 1] };
+        std::fs::write(&out, &want[..at + extra]).unwrap();
+    };
+    for (n, extra) in [(0, 0), (0, 7), (2, 0), (2, 9), (lines.len(), 0)] {
+        cut_after(n, extra);
+        let resume = ["--chunk-lines", "1", "--resume"];
+        let (_, _, stderr) = run_score_raw(&model, &input, &out, &resume);
+        assert!(stderr.contains(&format!("resuming: {n} lines")), "{stderr}");
+        assert_eq!(
+            std::fs::read(&out).unwrap(),
+            want,
+            "cut after {n} lines + {extra}"
+        );
+    }
+    // No output yet: a fresh run.
+    std::fs::remove_file(&out).unwrap();
+    let (_, results, stderr) = run_score_raw(&model, &input, &out, &["--resume"]);
+    assert_eq!(results.len(), lines.len(), "{stderr}");
+    // Another input's output.
+    let foreign = "{\"id\":\"someone-else\",\"delta\":1}\n";
+    std::fs::write(&out, foreign).unwrap();
+    let (ok, _, stderr) = run_score_raw(&model, &input, &out, &["--resume"]);
+    assert!(
+        !ok && stderr.contains("it answers id \"someone-else\""),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), foreign);
+}

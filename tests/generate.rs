@@ -1447,3 +1447,53 @@ fn demo_model_budget_and_tools_on_versus_off() {
         "{c_with} vs {c_without}"
     );
 }
+
+/// `generate --resume` goes on from an interrupted output: each prompt keeps its sampling
+/// stream (its line number), so a run resumed after any line, or mid-line, writes the
+/// uninterrupted run's output (one prompt per batch on both sides).
+#[test]
+fn cli_resume_goes_on_from_an_interrupted_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let prompts: String = (0..5)
+        .map(|k| format!("{{\"id\": {k}, \"prompt\": \"The sum of {k} and\"}}\n"))
+        .collect();
+    std::fs::write(&input, prompts).unwrap();
+    let bin = env!("CARGO_BIN_EXE_toolsift");
+    let model = common::tiny("f32");
+    let run = |output: &std::path::Path, resume: bool| {
+        let mut cmd = std::process::Command::new(bin);
+        cmd.args(["generate", "--max-new-tokens", "5", "--temperature", "0.9"])
+            .args(["--seed", "3", "--batch-size", "1", "--model"])
+            .arg(&model)
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(output);
+        if resume {
+            cmd.arg("--resume");
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let whole = tmp.path().join("whole.jsonl");
+    run(&whole, false);
+    let want = std::fs::read(&whole).unwrap();
+    let out = tmp.path().join("out.jsonl");
+    for cut in [0, 1, want.len() / 2, want.len() - 1] {
+        std::fs::write(&out, &want[..cut]).unwrap();
+        run(&out, true);
+        assert_eq!(std::fs::read(&out).unwrap(), want, "cut at byte {cut}");
+    }
+    // --resume needs the files it reads.
+    let out = std::process::Command::new(bin)
+        .args(["generate", "--resume", "--prompt", "x", "--model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

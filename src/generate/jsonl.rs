@@ -50,6 +50,21 @@ struct Line {
 /// error line per prompt, and the run goes on.
 pub fn generate_jsonl(
     input: impl BufRead,
+    output: impl Write,
+    decoder: &dyn Decoder,
+    tokenizer: &Tokenizer,
+    tools: &ToolRegistry,
+    options: &GenerateOptions,
+) -> Result<GenerateSummary> {
+    generate_jsonl_after(0, input, output, decoder, tokenizer, tools, options)
+}
+
+/// `generate_jsonl` for a resumed run: the first `skip_lines` input lines, which an earlier
+/// run's output already answers (`util::jsonl::resume_point`), are read past; the lines after
+/// them keep their numbers, and so their sampling streams.
+pub fn generate_jsonl_after(
+    skip_lines: usize,
+    input: impl BufRead,
     mut output: impl Write,
     decoder: &dyn Decoder,
     tokenizer: &Tokenizer,
@@ -61,6 +76,7 @@ pub fn generate_jsonl(
     let mut summary = GenerateSummary::default();
     let out_err = |e: std::io::Error| Error::io("<output>", e);
     let mut lines = JsonlLines::new(input);
+    lines.skip_answered(skip_lines)?;
     let mut read = Vec::new();
     let mut chunk: Vec<(usize, String)> = Vec::new();
     let mut parsed: Vec<ParsedLine> = Vec::new();

@@ -31,6 +31,9 @@ pub struct JsonlOptions {
     pub tau_f: f64,
     /// Lines scored together in one batch (bounds memory for huge inputs).
     pub chunk_lines: usize,
+    /// Input lines an earlier run's output already answers (`util::jsonl::resume_point`): read
+    /// past, not scored or written; the lines after them keep their numbers.
+    pub skip_lines: usize,
 }
 
 impl Default for JsonlOptions {
@@ -40,6 +43,7 @@ impl Default for JsonlOptions {
             call_form: CallForm::default(),
             tau_f: 1.0,
             chunk_lines: 4096,
+            skip_lines: 0,
         }
     }
 }
@@ -114,6 +118,7 @@ pub fn score_jsonl(
     let mut chunk: Vec<Line> = Vec::new();
     let out_err = |e: std::io::Error| Error::io("<output>", e);
     let mut lines = JsonlLines::new(input);
+    lines.skip_answered(options.skip_lines)?;
     loop {
         // An input that fails to read mid-chunk: the lines read before it are still scored and
         // written, then the run stops.

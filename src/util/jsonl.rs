@@ -128,6 +128,123 @@ impl<R: BufRead> Iterator for JsonlLines<R> {
     }
 }
 
+impl<R: BufRead> JsonlLines<R> {
+    /// Reads past the first `n` lines, whatever they hold (a resumed run's, already answered).
+    /// An error when the input has fewer, or cannot be read.
+    pub fn skip_answered(&mut self, n: usize) -> crate::error::Result<()> {
+        for k in 1..=n {
+            match self.next() {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    return Err(crate::error::Error::io(format!("<input line {k}>"), e))
+                }
+                None => return Err(crate::error::Error::input(format!(
+                    "the input ends at line {}, before the {n} lines the output already answers",
+                    k - 1
+                ))),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a run that writes one output line per input line resumes (`--resume` of `score` and
+/// `generate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResumePoint {
+    /// Input lines the earlier output answers.
+    pub lines: usize,
+    /// Bytes of the output that hold their answers; a last line cut off mid-way by a crash
+    /// lies beyond them.
+    pub output_bytes: u64,
+}
+
+/// Reads an earlier run's `output` against its `input`, line by line, and says where to go on;
+/// None when there is no output yet. Each complete output line (through its "\n") must be a
+/// JSON object answering the input line of its number: an error row's "line" is that number,
+/// and an "id" other than null is the input line's "id" (an output whose answers are not this
+/// input's is an error, never appended to). A last line without its "\n" was cut off by a crash
+/// and is not counted. The check reads ids, not the settings: a run resumes with the flags it
+/// was started with.
+pub fn resume_point(
+    input: &std::path::Path,
+    output: &std::path::Path,
+) -> crate::error::Result<Option<ResumePoint>> {
+    use crate::error::Error;
+    use serde_json::Value;
+    let file = match std::fs::File::open(output) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(output, e)),
+    };
+    let mut answers = std::io::BufReader::new(file);
+    let input_file = std::fs::File::open(input).map_err(|e| Error::io(input, e))?;
+    let mut questions = JsonlLines::new(std::io::BufReader::new(input_file));
+    let not_ours = |k: usize, why: String| {
+        Error::input(format!(
+            "{} line {k}: {why}; it is not an output of {} (give another output, or remove it \
+             to start over)",
+            output.display(),
+            input.display()
+        ))
+    };
+    let (mut lines, mut output_bytes, mut buf) = (0usize, 0u64, Vec::new());
+    loop {
+        buf.clear();
+        let (len, ended) = read_line_capped(&mut answers, &mut buf, usize::MAX, |_| {})
+            .map_err(|e| Error::io(output, e))?;
+        if len == 0 || !ended {
+            break;
+        }
+        let k = lines + 1;
+        let answer: Value = serde_json::from_slice(&buf)
+            .map_err(|e| not_ours(k, format!("not a JSON line ({e})")))?;
+        let question = match questions.next() {
+            Some(Ok((_, text))) => text.ok(),
+            Some(Err(e)) => return Err(Error::io(input, e)),
+            None => return Err(not_ours(k, "the input has fewer lines".into())),
+        };
+        if let Some(line) = answer.get("line").filter(|l| l.as_u64() != Some(k as u64)) {
+            return Err(not_ours(k, format!("it answers line {line}")));
+        }
+        let id = answer.get("id").unwrap_or(&Value::Null);
+        if !id.is_null() {
+            let asked = question
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .and_then(|v| v.get("id").cloned());
+            if asked.as_ref() != Some(id) {
+                let asked = asked.map_or("none".to_string(), |a| a.to_string());
+                return Err(not_ours(
+                    k,
+                    format!("it answers id {id}, the input's is {asked}"),
+                ));
+            }
+        }
+        lines = k;
+        output_bytes += len as u64;
+    }
+    Ok(Some(ResumePoint {
+        lines,
+        output_bytes,
+    }))
+}
+
+/// Opens `output` to go on from `point` (cut to its answered lines, positioned at their end).
+pub fn reopen_at(
+    output: &std::path::Path,
+    point: ResumePoint,
+) -> crate::error::Result<std::fs::File> {
+    use std::io::Seek;
+    let io = |e| crate::error::Error::io(output, e);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(output)
+        .map_err(io)?;
+    file.set_len(point.output_bytes).map_err(io)?;
+    file.seek(std::io::SeekFrom::End(0)).map_err(io)?;
+    Ok(file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +260,62 @@ mod tests {
         assert!(lines[2].1.as_ref().unwrap_err().contains("not UTF-8"));
         // A byte order mark is only skipped before line 1.
         assert_eq!(lines[3], (4, Ok("\u{feff}last".into())));
+    }
+
+    #[test]
+    fn a_resumed_output_is_checked_against_its_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let (input, output) = (dir.path().join("in.jsonl"), dir.path().join("out.jsonl"));
+        std::fs::write(&input, "{\"id\": \"a\"}\nnot json\n{\"id\": 7}\n{}\n").unwrap();
+        assert_eq!(resume_point(&input, &output).unwrap(), None);
+        let point = |text: &str| {
+            std::fs::write(&output, text).unwrap();
+            resume_point(&input, &output)
+        };
+        let answered = "{\"id\":\"a\",\"x\":1}\n{\"id\":null,\"line\":2,\"error\":\"e\"}\n";
+        // A last line cut off is not counted; its bytes are beyond the point.
+        let p = point(&format!("{answered}{{\"id\":7,\"x"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.lines, 2);
+        assert_eq!(p.output_bytes, answered.len() as u64);
+        let mut file = reopen_at(&output, p).unwrap();
+        std::io::Write::write_all(&mut file, b"{\"id\":7}\n").unwrap();
+        drop(file);
+        assert_eq!(
+            std::fs::read_to_string(&output).unwrap(),
+            format!("{answered}{{\"id\":7}}\n")
+        );
+        assert_eq!(point("").unwrap().unwrap().lines, 0);
+        // Answers that are not this input's.
+        for (text, why) in [
+            (
+                "{\"id\":\"b\"}\n",
+                "it answers id \"b\", the input's is \"a\"",
+            ),
+            (
+                "{\"id\":\"a\"}\n{\"line\":3,\"error\":\"e\"}\n",
+                "it answers line 3",
+            ),
+            (
+                "{\"id\":\"a\"}\n{}\n{}\n{}\n{}\n",
+                "line 5: the input has fewer lines",
+            ),
+            ("oops\n", "line 1: not a JSON line"),
+        ] {
+            let e = point(text).unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains("is not an output of"), "{e}");
+        }
+        // Skipping what is answered, and no more than the input has.
+        let text = std::fs::read(&input).unwrap();
+        let mut lines = JsonlLines::new(&text[..]);
+        lines.skip_answered(2).unwrap();
+        assert_eq!(lines.next().unwrap().unwrap().0, 3);
+        let e = JsonlLines::new(&text[..])
+            .skip_answered(5)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the input ends at line 4"), "{e}");
     }
 
     #[test]
