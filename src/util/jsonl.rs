@@ -138,10 +138,12 @@ impl<R: BufRead> JsonlLines<R> {
                 Some(Err(e)) => {
                     return Err(crate::error::Error::io(format!("<input line {k}>"), e))
                 }
-                None => return Err(crate::error::Error::input(format!(
+                None => {
+                    return Err(crate::error::Error::input(format!(
                     "the input ends at line {}, before the {n} lines the output already answers",
                     k - 1
-                ))),
+                )))
+                }
             }
         }
         Ok(())

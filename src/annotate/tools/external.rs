@@ -284,12 +284,36 @@ impl Drop for Reaper {
 }
 
 /// Starts the command in a process group of its own (whose id is the child's pid), so that
-/// `kill_group` reaches what it leaves behind and nothing else.
+/// `kill_group` reaches what it leaves behind and nothing else. Out of toolsift's group, it
+/// would not die with a run that is killed or interrupted (Ctrl-C signals the terminal's
+/// group): on Linux the kernel kills it when the thread that started it ends (the call runs on
+/// that thread until the program exits, so only a dead run ends it early).
 fn own_group(command: &mut Command) -> &mut Command {
     #[cfg(unix)]
     {
         use std::os::unix::process::CommandExt;
         command.process_group(0);
+    }
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        let parent = std::process::id();
+        // SAFETY: runs in the forked child before exec: prctl(2) and getppid(2) are
+        // async-signal-safe and touch no memory of ours.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The run died between the fork and the prctl: the signal will never come.
+                if libc::getppid() as u32 != parent {
+                    return Err(std::io::Error::other(
+                        "toolsift exited while starting the tool",
+                    ));
+                }
+                Ok(())
+            });
+        }
     }
     command
 }
@@ -397,32 +421,39 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
         .and_then(|rx| rx.recv_timeout(Duration::from_millis(50)).ok())
         .map(|(bytes, _)| String::from_utf8_lossy(&bytes).trim().to_string())
         .unwrap_or_default();
-
+    // Every failure below ends what the call started: the program has exited, and whatever
+    // it left in its group goes too (a failed call is retried, and each try would leave one
+    // more). The group's id cannot name another group while any of its members lives, and
+    // with none left the kill finds no one.
+    let failed = |attempt: Attempt| {
+        kill_group(&child.0);
+        Err(attempt)
+    };
+    // Checked first, whatever the exit status, and not retried: every try would wait as
+    // long again.
+    let Some((out, out_dropped)) = output else {
+        return failed(final_err(format!(
+            "{program:?} exited but its stdout stayed open for the rest of the {timeout:?} \
+             timeout ({status}; a background process held it; its process group was killed; \
+             wrappers should exec)"
+        )));
+    };
     if !status.success() {
         let detail = if err_text.is_empty() {
             String::new()
         } else {
             format!(": {}", shorten(&err_text, 300))
         };
-        return Err(retry_err(format!("{program:?} {status}{detail}")));
+        return failed(retry_err(format!("{program:?} {status}{detail}")));
     }
-    // Not retried: every try would wait as long again.
-    let Some((out, out_dropped)) = output else {
-        // The holder keeps the group alive; it is killed with the rest.
-        kill_group(&child.0);
-        return Err(final_err(format!(
-            "{program:?} exited but its stdout stayed open for the rest of the {timeout:?} \
-             timeout (a background process held it and was killed; wrappers should exec)"
-        )));
-    };
     if out_dropped {
-        return Err(final_err(format!(
+        return failed(final_err(format!(
             "{program:?} printed more than {MAX_OUTPUT_BYTES} bytes"
         )));
     }
     let text = String::from_utf8_lossy(&out).trim().to_string();
     if text.is_empty() {
-        return Err(final_err(format!("{program:?} printed nothing")));
+        return failed(final_err(format!("{program:?} printed nothing")));
     }
     Ok(text)
 }
@@ -468,6 +499,9 @@ fn post_json(url: &str, tool: &str, input: &str, timeout: Duration) -> Result<St
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(timeout))
         .http_status_as_error(false)
+        // A redirect is the reply (below): followed, a 302 turns the POST into a GET without
+        // the input, and its target's answer would be taken for the tool's.
+        .max_redirects(0)
         .build()
         .into();
     let transport = |e: ureq::Error| -> Attempt {
@@ -520,6 +554,17 @@ fn post_json(url: &str, tool: &str, input: &str, timeout: Duration) -> Result<St
         }
         Err(other) => return Err(transport(other)),
     };
+    if (300..400).contains(&status) {
+        let to = response
+            .headers()
+            .get("location")
+            .and_then(|l| l.to_str().ok())
+            .unwrap_or("nowhere given");
+        return Err(final_err(format!(
+            "POST {url}: HTTP {status} redirects to {to}; redirects are not followed: give the \
+             service's own URL"
+        )));
+    }
     if !success {
         return Err(by_status(format!(
             "POST {url}: HTTP {status}: {}",
@@ -727,6 +772,44 @@ mod tests {
             "the timed-out call's child survived"
         );
 
+        // Every other failure too, and a failure whose background process holds stdout is
+        // that, not a retried exit status that waits out the timeout on every try.
+        for (name, tail) in [
+            ("exit", "echo hi; exit 1"),
+            ("empty", "true"),
+            ("crash", "kill -9 $$"),
+        ] {
+            let path = pid_file(name);
+            let tool = sh(&format!(
+                "sleep 30 >/dev/null 2>&1 & echo $! >> {path}; {tail}"
+            ))
+            .with_retries(2);
+            assert!(
+                matches!(run(&tool, "x"), Err(ToolError::Failed(_))),
+                "{name}"
+            );
+            let started = std::fs::read_to_string(&path).unwrap();
+            for pid in started.lines() {
+                assert!(
+                    ends_within(pid, Duration::from_secs(2)),
+                    "{name}: {pid} survived"
+                );
+            }
+        }
+        let held_exit = pid_file("held-exit");
+        let tool = sh(&format!(
+            "sleep 30 & echo $! >> {held_exit}; echo partial; exit 1"
+        ))
+        .with_timeout(Duration::from_millis(400))
+        .with_retries(2);
+        let msg = run(&tool, "x").unwrap_err().to_string();
+        assert!(
+            msg.contains("stdout stayed open") && msg.contains("exit status: 1"),
+            "{msg}"
+        );
+        assert!(!msg.contains("tries"), "not retried: {msg}");
+        assert!(ends_within(&read_pid(&held_exit), Duration::from_secs(2)));
+
         let tool = sh(&format!(
             "sleep 30 >/dev/null & echo $! > {detached}; echo hi"
         ));
@@ -737,6 +820,45 @@ mod tests {
             "a success kills nothing"
         );
         let _ = Command::new("kill").arg(&pid).status();
+    }
+
+    /// A tool runs in a process group of its own, so no signal to toolsift's group reaches it:
+    /// when the run dies (killed here) mid-call, the kernel kills the tool instead of leaving
+    /// it running. The test runs itself as the dying run.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_tool_dies_with_the_run() {
+        if let Ok(pid_path) = std::env::var("TOOLSIFT_TEST_DYING_RUN") {
+            let tool = sh(&format!("echo $$ > {pid_path}; exec sleep 60"))
+                .with_timeout(Duration::from_secs(60));
+            let _ = run(&tool, "x");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let pid_path = dir.path().join("tool").display().to_string();
+        let mut dying = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "annotate::tools::external::tests::a_tool_dies_with_the_run",
+            ])
+            .env("TOOLSIFT_TEST_DYING_RUN", &pid_path)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let pid = loop {
+            match std::fs::read_to_string(&pid_path) {
+                Ok(p) if p.ends_with('\n') => break p.trim().to_string(),
+                _ if started.elapsed() > Duration::from_secs(30) => panic!("the tool never ran"),
+                _ => thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        dying.kill().unwrap();
+        dying.wait().unwrap();
+        assert!(
+            ends_within(&pid, Duration::from_secs(5)),
+            "the tool outlived the run"
+        );
     }
 
     #[test]
@@ -928,6 +1050,27 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("500") && msg.contains("overloaded"), "{msg}");
         assert_eq!(count.load(Ordering::SeqCst), 3);
+    }
+
+    /// A redirect is not followed (a 302 would turn the POST into a GET without the input, and
+    /// the target's answer would be taken for the tool's): it is an error naming the target.
+    #[test]
+    fn http_redirects_are_errors_naming_the_target() {
+        for status in [302, 307] {
+            let (url, count) = raw_server(move |_| {
+                format!(
+                    "HTTP/1.1 {status} X\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\
+                     Connection: close\r\n\r\n"
+                )
+                .into_bytes()
+            });
+            let err = run(&http_tool(&url, 2), "x").unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("HTTP {status} redirects to /elsewhere")),
+                "{err}"
+            );
+            assert_eq!(count.load(Ordering::SeqCst), 1, "not followed, not retried");
+        }
     }
 
     #[test]
