@@ -552,7 +552,8 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         summary.failed,
         args.output.display()
     );
-    Ok(if summary.failed > 0 {
+    let failed_before = resume_at.map_or(0, |p| p.failed);
+    Ok(if summary.failed + failed_before > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
@@ -923,7 +924,8 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         summary.calls_ok,
         summary.failed
     );
-    Ok(if summary.failed > 0 {
+    let failed_before = resume_at.map_or(0, |p| p.failed);
+    Ok(if summary.failed + failed_before > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -719,8 +719,10 @@ fn resume_goes_on_from_an_interrupted_output() {
     for (n, extra) in [(0, 0), (0, 7), (2, 0), (2, 9), (lines.len(), 0)] {
         cut_after(n, extra);
         let resume = ["--chunk-lines", "1", "--resume"];
-        let (_, _, stderr) = run_score_raw(&model, &input, &out, &resume);
+        let (ok, _, stderr) = run_score_raw(&model, &input, &out, &resume);
         assert!(stderr.contains(&format!("resuming: {n} lines")), "{stderr}");
+        // Line 2 failed, in this run or the one it resumes: the run fails either way.
+        assert!(!ok, "cut after {n} lines + {extra}");
         assert_eq!(
             std::fs::read(&out).unwrap(),
             want,

@@ -159,6 +159,9 @@ pub struct ResumePoint {
     /// Bytes of the output that hold their answers; a last line cut off mid-way by a crash
     /// lies beyond them.
     pub output_bytes: u64,
+    /// Of those lines, the error rows (an "error" key): a run that resumes fails as the
+    /// uninterrupted one would, when any line of the whole output failed.
+    pub failed: usize,
 }
 
 /// Reads an earlier run's `output` against its `input`, line by line, and says where to go on;
@@ -190,7 +193,7 @@ pub fn resume_point(
             input.display()
         ))
     };
-    let (mut lines, mut output_bytes, mut buf) = (0usize, 0u64, Vec::new());
+    let (mut lines, mut output_bytes, mut failed, mut buf) = (0usize, 0u64, 0usize, Vec::new());
     loop {
         buf.clear();
         let (len, ended) = read_line_capped(&mut answers, &mut buf, usize::MAX, |_| {})
@@ -224,10 +227,12 @@ pub fn resume_point(
         }
         lines = k;
         output_bytes += len as u64;
+        failed += answer.get("error").is_some() as usize;
     }
     Ok(Some(ResumePoint {
         lines,
         output_bytes,
+        failed,
     }))
 }
 
@@ -281,6 +286,7 @@ mod tests {
             .unwrap();
         assert_eq!(p.lines, 2);
         assert_eq!(p.output_bytes, answered.len() as u64);
+        assert_eq!(p.failed, 1);
         let mut file = reopen_at(&output, p).unwrap();
         std::io::Write::write_all(&mut file, b"{\"id\":7}\n").unwrap();
         drop(file);
