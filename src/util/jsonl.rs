@@ -132,17 +132,16 @@ impl<R: BufRead> JsonlLines<R> {
     /// Reads past the first `n` lines, whatever they hold (a resumed run's, already answered).
     /// An error when the input has fewer, or cannot be read.
     pub fn skip_answered(&mut self, n: usize) -> crate::error::Result<()> {
+        use crate::error::Error;
         for k in 1..=n {
             match self.next() {
                 Some(Ok(_)) => {}
-                Some(Err(e)) => {
-                    return Err(crate::error::Error::io(format!("<input line {k}>"), e))
-                }
+                Some(Err(e)) => return Err(Error::io(format!("<input line {k}>"), e)),
                 None => {
-                    return Err(crate::error::Error::input(format!(
-                    "the input ends at line {}, before the {n} lines the output already answers",
-                    k - 1
-                )))
+                    let at = k - 1;
+                    return Err(Error::input(format!(
+                        "the input ends at line {at}, before the {n} lines the output answers"
+                    )));
                 }
             }
         }
@@ -323,7 +322,10 @@ mod tests {
             .skip_answered(5)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("the input ends at line 4"), "{e}");
+        assert!(
+            e.contains("the input ends at line 4, before the 5 lines"),
+            "{e}"
+        );
     }
 
     #[test]
