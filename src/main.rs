@@ -424,15 +424,9 @@ fn check_io(input: Option<&Path>, output: Option<&Path>, model_dir: Option<&Path
     let Some(output) = output else {
         return Ok(());
     };
-    if output.is_dir() {
+    if let Some(problem) = toolsift::annotate::writer::folder_problem(output) {
         anyhow::bail!(
-            "{}: is a folder; give a file name for the output",
-            output.display()
-        );
-    }
-    if toolsift::annotate::writer::names_a_folder(output) {
-        anyhow::bail!(
-            "{}: names a folder (ends in \"/\", \".\" or \"..\"); give a file name for the output",
+            "{}: {problem}; give a file name for the output",
             output.display()
         );
     }

@@ -271,7 +271,7 @@ pub fn check_out(out: &Path) -> Result<()> {
     let Some(problem) = writer::output_file_problem(out) else {
         return Ok(());
     };
-    let example = if writer::names_a_folder(out) {
+    let example = if writer::folder_problem(out).is_some() {
         out.join("cstar.jsonl")
     } else {
         PathBuf::from("cstar.jsonl")

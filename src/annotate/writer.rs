@@ -384,11 +384,8 @@ impl Journal {
 /// yet), or something there that is neither a regular file nor a link (a device such as
 /// /dev/null, a pipe), which the final rename would replace.
 pub fn output_file_problem(out: &Path) -> Option<&'static str> {
-    if out.is_dir() {
-        return Some("is a folder");
-    }
-    if names_a_folder(out) {
-        return Some("names a folder (ends in \"/\", \".\" or \"..\")");
+    if let Some(problem) = folder_problem(out) {
+        return Some(problem);
     }
     // Not following a link: the rename replaces the link itself.
     match std::fs::symlink_metadata(out) {
@@ -397,14 +394,21 @@ pub fn output_file_problem(out: &Path) -> Option<&'static str> {
     }
 }
 
-/// Whether `path` is a folder, or spelled as one ("x/", "x/.", "..", ""), existing or not.
-pub fn names_a_folder(path: &Path) -> bool {
+/// Why `path` cannot name an output file by being a folder: it is one, or it is spelled as one
+/// ("x/", "x/.", "..", ""), existing or not.
+pub fn folder_problem(path: &Path) -> Option<&'static str> {
     let bytes = path.as_os_str().as_encoded_bytes();
     let last = bytes
         .rsplit(|&b| std::path::is_separator(b as char))
         .next()
         .unwrap_or_default();
-    path.is_dir() || matches!(last, b"" | b"." | b"..")
+    if path.is_dir() {
+        Some("is a folder")
+    } else if matches!(last, b"" | b"." | b"..") {
+        Some("names a folder (ends in \"/\", \".\" or \"..\")")
+    } else {
+        None
+    }
 }
 
 /// Whether `a` and `b` are one existing file, however spelled (`..`, symlinks, hard links):
