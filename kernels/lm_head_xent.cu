@@ -18,9 +18,9 @@ using namespace toolsift;
 
 __device__ void lm_head_xent(const float* __restrict__ logits,    // [rows, ld]
                              const float* __restrict__ bias,      // [vocab]
-                             const uint32_t* __restrict__ offsets,  // [rows + 1]
-                             const uint32_t* __restrict__ tokens,   // [n_targets of the chunk]
-                             const uint32_t* __restrict__ slots,    // [n_targets of the chunk]
+                             const uint32_t* __restrict__ offsets,  // [rows + 1], into tokens
+                             const uint32_t* __restrict__ tokens,   // [all targets]
+                             const uint32_t* __restrict__ slots,    // [all targets]
                              float* __restrict__ out,             // [all targets of the plan]
                              uint32_t rows, uint32_t vocab, uint32_t ld) {
     __shared__ float sm[32], ss[32];

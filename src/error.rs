@@ -6,6 +6,7 @@ use std::path::PathBuf;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The OS error is part of the message and deliberately not a `source()`: reporters that
     /// print the whole chain (anyhow's `{:#}`) would show it twice.
@@ -39,6 +40,12 @@ pub enum Error {
     #[error("{0}")]
     Input(String),
 
+    /// One candidate of a batch cannot be scored or tokenized; `index` is its place in the
+    /// batch, so a caller can drop it and score the rest (or run `score::validate` on each
+    /// first). Like `Input`, it is about the request, not the engine.
+    #[error("candidate {index}: {msg}")]
+    Candidate { index: usize, msg: String },
+
     /// A backend could not run (no GPU, kernels not built, out of memory budget, ...).
     #[error("{0}")]
     Backend(String),
@@ -54,6 +61,20 @@ impl Error {
 
     pub fn input(msg: impl Into<String>) -> Self {
         Error::Input(msg.into())
+    }
+
+    /// Candidate `index` of a batch cannot be scored, for the reason `why`.
+    pub fn candidate(index: usize, why: impl std::fmt::Display) -> Self {
+        Error::Candidate {
+            index,
+            msg: why.to_string(),
+        }
+    }
+
+    /// Whether the error is about the request (`Input` or `Candidate`) rather than the files,
+    /// the model or the backend: the annotate driver rejects the document and goes on.
+    pub fn is_input(&self) -> bool {
+        matches!(self, Error::Input(_) | Error::Candidate { .. })
     }
 }
 

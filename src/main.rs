@@ -408,7 +408,7 @@ fn temperature(s: &str) -> std::result::Result<f32, String> {
 /// open, then fail on the first read), the output must be neither the input file nor a file of
 /// the model folder (through any path), and its folder must exist.
 fn check_io(input: Option<&Path>, output: Option<&Path>, model_dir: Option<&Path>) -> Result<()> {
-    use toolsift::annotate::writer::is_same_file;
+    use toolsift::util::fs::is_same_file;
     if let Some(input) = input {
         let meta = std::fs::metadata(input).with_context(|| format!("{}", input.display()))?;
         if meta.is_dir() {
@@ -424,7 +424,7 @@ fn check_io(input: Option<&Path>, output: Option<&Path>, model_dir: Option<&Path
     let Some(output) = output else {
         return Ok(());
     };
-    if let Some(problem) = toolsift::annotate::writer::folder_problem(output) {
+    if let Some(problem) = toolsift::util::fs::folder_problem(output) {
         anyhow::bail!(
             "{}: {problem}; give a file name for the output",
             output.display()

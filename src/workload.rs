@@ -3,8 +3,9 @@
 //! ~12 tokens and results of ~4 tokens, the paper's window of 5.
 //!
 //! Calls have the shape of real ones, so that the sharing a real batch offers is there and no
-//! more: e(c, eps) = "[" Tool "(" input ")" " ->" "]" + separator (12 tokens), e(c, r) adds 4 result
-//! tokens before "]". Each position draws its tool from five, and its five calls differ in input.
+//! more: e(c, eps) = "[" Tool "(" input ")" " ->" "]" + separator (12 tokens in prefix placement;
+//! inline, " [" ... "]" with no separator, 11), e(c, r) adds 4 result tokens before "]". Each
+//! position draws its tool from five, and its five calls differ in input.
 
 use std::sync::Arc;
 

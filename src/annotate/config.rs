@@ -321,9 +321,7 @@ impl AnnotateConfig {
         if self.max_call_tokens == 0 {
             return Err(Error::input("max_call_tokens must be at least 1"));
         }
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(Error::input("temperature must be finite and >= 0"));
-        }
+        crate::sample::check_draw_options(self.temperature, None)?;
         // Custom names first: a table under a name that cannot be would only mislead.
         let custom_tables = (self.per_tool.custom.keys().map(|n| ("per_tool", n)))
             .chain(self.tools.custom.keys().map(|n| ("tools", n)));

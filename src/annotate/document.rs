@@ -270,9 +270,10 @@ impl<'a> Annotator<'a> {
                 tokenizer.path().display()
             )));
         }
-        // Every token whose text contains "]" ends a call ("]", "])", "]." ...).
+        // Every token whose text contains "]" ends a call ("]", "])", "]." ...); `id_count`,
+        // as an added token can sit past a gap in the ids.
         let mut stop_tokens = Vec::new();
-        for id in 0..tokenizer.vocab_size() as u32 {
+        for id in 0..tokenizer.id_count() as u32 {
             if tokenizer.decode(&[id]).is_ok_and(|s| s.contains(']')) {
                 stop_tokens.push(id);
             }
@@ -562,7 +563,7 @@ impl<'a> Annotator<'a> {
     /// " [" when x_i starts with whitespace (its leading space goes before the call), else "[".
     fn open_for(&self, text: &str, enc: &crate::model::tokenizer::Encoding, i: usize) -> u32 {
         let byte = positions::splice_byte(text, enc, i).unwrap_or(0);
-        let spaced = text[byte..].starts_with(char::is_whitespace);
+        let spaced = crate::score::text::spaced_at(text, byte);
         let (first, second) = if spaced {
             (self.space_bracket, self.bracket)
         } else {

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use super::shard::Shard;
 use super::summary::Summary;
-use super::writer::{self, is_same_file, strip_ext, with_suffix, AtomicFile, OutputPaths};
+use super::writer::{self, OutputPaths};
 use crate::error::{Error, Result};
+use crate::util::fs::{is_same_file, output_file_problem, strip_ext, with_suffix, AtomicFile};
 use crate::util::jsonl::JsonlLines;
 
 /// What `merge` joined.
@@ -30,7 +31,7 @@ pub struct MergeReport {
 /// tools, corpus content, model, device). Streams: memory does not grow with the corpus, but
 /// every shard's C* (and its rejects, when not empty) is open at once.
 pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
-    if let Some(problem) = super::writer::output_file_problem(out) {
+    if let Some(problem) = output_file_problem(out) {
         return Err(Error::input(format!(
             "output {} (--out) {problem}: give a file name for the merged C*",
             out.display()
@@ -134,8 +135,8 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
-    let mut docs_file = writer::AtomicFile::create(&out_paths.out)?;
-    let mut rejects_file = writer::AtomicFile::create(&out_paths.rejects)?;
+    let mut docs_file = AtomicFile::create(&out_paths.out)?;
+    let mut rejects_file = AtomicFile::create(&out_paths.rejects)?;
     let (mut documents, mut rejects, mut next) = (0u64, 0u64, 1u64);
     while let Some(std::cmp::Reverse((line, k))) = heap.pop() {
         let s = &mut streams[k];

@@ -45,6 +45,7 @@ pub use tool_kind::{ToolKind, ToolName};
 pub use writer::{JournalEntry, OutputPaths};
 
 use crate::error::{Error, Result};
+use crate::util::fs;
 use writer::Journal;
 
 /// What to annotate and where to write it.
@@ -107,7 +108,7 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     if let Some(clash) = paths
         .written()
         .into_iter()
-        .find(|p| writer::is_same_file(&options.corpus, p))
+        .find(|p| fs::is_same_file(&options.corpus, p))
     {
         return Err(Error::input(format!(
             "the corpus {} is {}, a file this run writes; give another output (--out)",
@@ -214,11 +215,11 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
                 }
                 // Something about this document's input (e.g. it cannot be tokenized): reject
                 // it, with the reason, and go on. Backend and I/O errors stop the run (resumable).
-                Err(Error::Input(msg)) => JournalEntry {
+                Err(e) if e.is_input() => JournalEntry {
                     line: doc.line,
                     corpus_xxh3,
                     doc: None,
-                    reject: Some(format!("annotation failed: {msg}")),
+                    reject: Some(format!("annotation failed: {e}")),
                     stats: None,
                 },
                 Err(e) => return Err(e),
@@ -268,10 +269,10 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
 /// The output (`--out`) must name a file for C* (not a folder). Errors here and in `annotate`
 /// name the flag in brackets: the command's user knows it, a program knows what it passed.
 pub fn check_out(out: &Path) -> Result<()> {
-    let Some(problem) = writer::output_file_problem(out) else {
+    let Some(problem) = fs::output_file_problem(out) else {
         return Ok(());
     };
-    let example = if writer::folder_problem(out).is_some() {
+    let example = if fs::folder_problem(out).is_some() {
         out.join("cstar.jsonl")
     } else {
         PathBuf::from("cstar.jsonl")
@@ -312,8 +313,8 @@ fn progress_bar(enabled: bool, total: u64, done: u64) -> indicatif::ProgressBar 
 /// the journal (and any earlier output) as it was.
 fn finish(paths: &OutputPaths, tools: &[ToolName], run: &RunSummary) -> Result<Summary> {
     let mut builder = summary::SummaryBuilder::new(tools);
-    let mut out = writer::AtomicFile::create(&paths.out)?;
-    let mut rejects = writer::AtomicFile::create(&paths.rejects)?;
+    let mut out = fs::AtomicFile::create(&paths.out)?;
+    let mut rejects = fs::AtomicFile::create(&paths.rejects)?;
     let mut expected = (1..=run.corpus_lines).filter(|&n| run.shard.owns(n));
     for entry in writer::read_journal(&paths.journal)? {
         let entry = entry?;
@@ -352,12 +353,12 @@ fn finish(paths: &OutputPaths, tools: &[ToolName], run: &RunSummary) -> Result<S
     summary.run = Some(run.settings.clone());
     rejects.commit()?;
     out.commit()?;
-    writer::write_atomic(&paths.summary, |w| {
+    fs::write_atomic(&paths.summary, |w| {
         let text = serde_json::to_string_pretty(&summary)
             .map_err(|e| Error::input(format!("cannot serialise the summary: {e}")))?;
         writeln!(w, "{text}").map_err(|e| Error::io(&paths.summary, e))
     })?;
     std::fs::remove_file(&paths.journal).map_err(|e| Error::io(&paths.journal, e))?;
-    writer::sync_dir(&paths.journal)?;
+    fs::sync_dir(&paths.journal)?;
     Ok(summary)
 }

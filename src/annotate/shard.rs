@@ -3,14 +3,15 @@
 //! The shard comes from, in order: `--shard INDEX/COUNT`; Kubernetes Indexed Jobs'
 //! JOB_COMPLETION_INDEX with `--shards COUNT`; Slurm job arrays' SLURM_ARRAY_TASK_ID and
 //! SLURM_ARRAY_TASK_COUNT (minus SLURM_ARRAY_TASK_MIN, so `--array=1-8` works too); else 0/1.
-//! A sharded run writes `<stem>.shard-INDEX-of-COUNT.jsonl` next to `--out`, so every task of
+//! A sharded run writes `<stem>.shard-IIIII-of-CCCCC.jsonl` (zero-padded to five digits, e.g.
+//! `cstar.shard-00003-of-00008.jsonl`) next to `--out`, so every task of
 //! an array can be given the same command; `toolsift merge` joins them.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use super::writer::{strip_ext, with_suffix};
 use crate::error::{Error, Result};
+use crate::util::fs::{strip_ext, with_suffix};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Shard {

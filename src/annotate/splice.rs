@@ -19,7 +19,7 @@ pub fn splice(text: &str, calls: &[(usize, String)]) -> String {
         let b = order[k].0.min(text.len());
         out.push_str(&text[at..b]);
         at = b;
-        let spaced = text[b..].starts_with(char::is_whitespace);
+        let spaced = crate::score::text::spaced_at(text, b);
         let mut first = true;
         while k < order.len() && order[k].0.min(text.len()) == b {
             if spaced || !first {

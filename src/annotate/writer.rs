@@ -28,9 +28,9 @@
 //! twice, a replacement pod started while the old one is still terminating) fails at once
 //! instead of interleaving its lines with the first run's.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -38,6 +38,7 @@ use serde_json::Value;
 
 use super::document::{CStarRecord, DocStats};
 use crate::error::{Error, Result};
+use crate::util::fs::{lock_in_place, strip_ext, with_suffix, AtomicFile};
 
 /// The journal format. /2: entries carry a checksum and are checked; sampling streams keyed
 /// through `Rng::keyed` (a /1 journal may hold samples drawn from the streams before).
@@ -170,23 +171,6 @@ impl OutputPaths {
             journal: sibling(name, ".partial"),
         }
     }
-}
-
-/// `name` less its extension when that is exactly `ext` ("cstar.jsonl", "jsonl" -> "cstar").
-pub(crate) fn strip_ext<'a>(name: &'a OsStr, ext: &str) -> Option<&'a OsStr> {
-    let p = Path::new(name);
-    if p.extension()? == ext {
-        p.file_stem()
-    } else {
-        None
-    }
-}
-
-/// `base` followed by `suffix`.
-pub(crate) fn with_suffix(base: &OsStr, suffix: &str) -> OsString {
-    let mut s = base.to_owned();
-    s.push(suffix);
-    s
 }
 
 /// Whether `line` (without its newline) is a journal's first line.
@@ -379,97 +363,6 @@ impl Journal {
     }
 }
 
-/// Why `out` cannot name a file this run creates or replaces, if it cannot: a folder, a path
-/// whose last part is a folder's by its spelling ("x/", "x/.", ".."; the folder need not exist
-/// yet), or something there that is neither a regular file nor a link (a device such as
-/// /dev/null, a pipe), which the final rename would replace.
-pub fn output_file_problem(out: &Path) -> Option<&'static str> {
-    if let Some(problem) = folder_problem(out) {
-        return Some(problem);
-    }
-    // Not following a link: the rename replaces the link itself.
-    match std::fs::symlink_metadata(out) {
-        Ok(m) if !m.is_file() && !m.is_symlink() => Some("is not a regular file"),
-        _ => None,
-    }
-}
-
-/// Why `path` cannot name an output file by being a folder: it is one, or it is spelled as one
-/// ("x/", "x/.", "..", ""), existing or not.
-pub fn folder_problem(path: &Path) -> Option<&'static str> {
-    let bytes = path.as_os_str().as_encoded_bytes();
-    let last = bytes
-        .rsplit(|&b| std::path::is_separator(b as char))
-        .next()
-        .unwrap_or_default();
-    if path.is_dir() {
-        Some("is a folder")
-    } else if matches!(last, b"" | b"." | b"..") {
-        Some("names a folder (ends in \"/\", \".\" or \"..\")")
-    } else {
-        None
-    }
-}
-
-/// Whether `a` and `b` are one existing file, however spelled (`..`, symlinks, hard links):
-/// what a command checks before writing `b` while it reads `a`.
-pub fn is_same_file(a: &Path, b: &Path) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        match (std::fs::metadata(a), std::fs::metadata(b)) {
-            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
-            _ => false,
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
-    }
-}
-
-/// Takes `file`'s exclusive advisory lock without waiting, then checks that `file` is still the
-/// one at `path`: between the open and the lock, another process may have renamed or removed
-/// it. `busy` and `moved` say what to report in either case. A file system without locks gets a
-/// warning, and the caller goes on as before locking existed.
-fn lock_in_place(
-    file: &File,
-    path: &Path,
-    busy: impl FnOnce() -> String,
-    moved: impl FnOnce() -> String,
-) -> Result<()> {
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => return Err(Error::input(busy())),
-        Err(std::fs::TryLockError::Error(e)) => tracing::warn!(
-            "{}: cannot lock it ({e}); make sure no other toolsift process writes it",
-            path.display()
-        ),
-    }
-    if same_file(file, path) {
-        Ok(())
-    } else {
-        Err(Error::input(moved()))
-    }
-}
-
-/// Whether `file` (open) is the file now at `path`.
-fn same_file(file: &File, path: &Path) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        match (file.metadata(), std::fs::metadata(path)) {
-            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-            _ => false,
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = file;
-        path.exists()
-    }
-}
-
 /// Whether a journal's run description matches this run's, allowing `KEYS_ADDED_LATER` to be
 /// absent from the journal's (objects are compared key by key, at every depth).
 fn same_run(journal: &Value, run: &Value) -> bool {
@@ -521,146 +414,6 @@ pub fn read_journal(path: &Path) -> Result<impl Iterator<Item = Result<JournalEn
                 ))
             })
         }))
-}
-
-/// Writes a file atomically: `write` fills a temporary sibling, which is fsync'ed and renamed.
-pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
-    let mut file = AtomicFile::create(path)?;
-    write(&mut file)?;
-    file.commit()
-}
-
-/// A file written under a temporary sibling name (`<path>.tmp`) and renamed into place by
-/// `commit`; dropped uncommitted, the temporary file is removed and `path` is untouched.
-///
-/// The temporary file is locked (an exclusive advisory lock) from its creation until it has
-/// been renamed, so two writers of one path (two `merge` runs into one `--out`, say) cannot
-/// write into the same temporary file: the second fails at once with a clear error.
-pub struct AtomicFile {
-    path: PathBuf,
-    tmp: PathBuf,
-    writer: Option<BufWriter<File>>,
-}
-
-impl AtomicFile {
-    /// The temporary sibling `path` is written under: `<path>.tmp`.
-    pub fn tmp_path(path: &Path) -> PathBuf {
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        PathBuf::from(tmp)
-    }
-
-    pub fn create(path: &Path) -> Result<Self> {
-        let tmp = Self::tmp_path(path);
-        let io = |e| Error::io(&tmp, e);
-        // Not truncated before it is locked: the file may be another writer's, in progress.
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&tmp)
-            .map_err(io)?;
-        lock_in_place(
-            &file,
-            &tmp,
-            || {
-                format!(
-                    "{}: another toolsift process is writing {} (its temporary file is \
-                     locked); wait for it to finish or stop it, then rerun",
-                    tmp.display(),
-                    path.display()
-                )
-            },
-            // Renamed into place by another writer: truncating it would empty that output.
-            || {
-                format!(
-                    "{}: another toolsift process wrote it while this one started; rerun to \
-                     see its result",
-                    path.display()
-                )
-            },
-        )?;
-        file.set_len(0).map_err(io)?;
-        Ok(AtomicFile {
-            path: path.to_owned(),
-            tmp,
-            writer: Some(BufWriter::new(file)),
-        })
-    }
-
-    /// Flushes, fsyncs and renames the file into place (and fsyncs its folder). On failure the
-    /// temporary file is removed and `path` is untouched.
-    pub fn commit(mut self) -> Result<()> {
-        let Some(w) = self.writer.take() else {
-            return Ok(());
-        };
-        let result = persist(w, &self.tmp, &self.path);
-        if result.is_err() {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-        result
-    }
-}
-
-fn persist(w: BufWriter<File>, tmp: &Path, path: &Path) -> Result<()> {
-    let file = w.into_inner().map_err(|e| Error::io(tmp, e.into_error()))?;
-    file.sync_all().map_err(|e| Error::io(tmp, e))?;
-    std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
-    // Unlocked only once renamed (see `AtomicFile`).
-    drop(file);
-    sync_dir(path)
-}
-
-/// Makes the renames and removals of `path`'s folder durable (fsync of the folder), so that a
-/// power loss cannot undo them after the caller has gone on (removed the journal, say). A
-/// file system that cannot sync a folder is let be; any other failure is an error.
-pub(crate) fn sync_dir(path: &Path) -> Result<()> {
-    #[cfg(unix)]
-    {
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let synced = File::open(dir).and_then(|d| d.sync_all());
-        match synced {
-            Err(e)
-                if !matches!(
-                    e.kind(),
-                    std::io::ErrorKind::Unsupported | std::io::ErrorKind::InvalidInput
-                ) =>
-            {
-                return Err(Error::io(dir, e));
-            }
-            _ => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = path;
-    Ok(())
-}
-
-impl Write for AtomicFile {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match &mut self.writer {
-            Some(w) => w.write(buf),
-            None => Err(std::io::Error::other("written after commit")),
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        match &mut self.writer {
-            Some(w) => w.flush(),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for AtomicFile {
-    fn drop(&mut self) {
-        if self.writer.take().is_some() {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -837,61 +590,6 @@ mod tests {
         drop(j);
         let (_, last) = Journal::open(&p, &run).unwrap();
         assert_eq!(last, 1);
-    }
-
-    #[test]
-    fn atomic_file_is_all_or_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("out.jsonl");
-        std::fs::write(&p, "old\n").unwrap();
-        let mut f = AtomicFile::create(&p).unwrap();
-        writeln!(f, "new").unwrap();
-        drop(f);
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "old\n");
-        assert!(!dir.path().join("out.jsonl.tmp").exists());
-        let mut f = AtomicFile::create(&p).unwrap();
-        writeln!(f, "new").unwrap();
-        f.commit().unwrap();
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "new\n");
-    }
-
-    #[test]
-    fn a_second_writer_of_one_path_is_refused_while_the_first_writes() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("out.jsonl");
-        let mut first = AtomicFile::create(&p).unwrap();
-        writeln!(first, "first").unwrap();
-        first.flush().unwrap();
-        let err = AtomicFile::create(&p)
-            .err()
-            .expect("the temporary file is locked");
-        assert!(
-            err.to_string().contains("another toolsift process"),
-            "{err}"
-        );
-        // The refused writer neither truncated nor removed the first one's file.
-        first.commit().unwrap();
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "first\n");
-        // Once the first is done, a second write of the same path goes ahead.
-        let mut second = AtomicFile::create(&p).unwrap();
-        writeln!(second, "second").unwrap();
-        second.commit().unwrap();
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "second\n");
-    }
-
-    #[test]
-    fn a_stale_temporary_file_is_overwritten_not_appended_to() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("out.jsonl");
-        std::fs::write(
-            AtomicFile::tmp_path(&p),
-            "left by a crash, longer than the output\n",
-        )
-        .unwrap();
-        let mut f = AtomicFile::create(&p).unwrap();
-        writeln!(f, "new").unwrap();
-        f.commit().unwrap();
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "new\n");
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub(crate) fn check_candidates(
         return Err(Error::input("batch_size must be at least 1"));
     }
     for (k, c) in candidates.iter().enumerate() {
-        validate(c, config, options).map_err(|e| Error::input(format!("candidate {k}: {e}")))?;
+        validate(c, config, options).map_err(|e| Error::candidate(k, e))?;
     }
     Ok(())
 }

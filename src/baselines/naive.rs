@@ -63,13 +63,15 @@ pub fn naive_losses(
     check_candidates(config, candidates, options, batch_size)?;
     let seqs = sequences(candidates, options);
     if let Some(s) = seqs.iter().find(|s| s.ids.len() > config.n_positions) {
-        return Err(Error::input(format!(
-            "candidate {}: the naive baseline runs the whole text, and call + text is {} tokens, \
-             longer than n_positions ({})",
+        return Err(Error::candidate(
             s.candidate,
-            s.ids.len(),
-            config.n_positions
-        )));
+            format!(
+                "the naive baseline runs the whole text, and call + text is {} tokens, longer \
+                 than n_positions ({})",
+                s.ids.len(),
+                config.n_positions
+            ),
+        ));
     }
     let mut losses = vec![[0.0; 3]; candidates.len()];
     for batch in seqs.chunks(batch_size) {

@@ -9,9 +9,9 @@
 //! - the blocks' (max, sum) pairs merge in block order into each row's log-sum-exp, so the result
 //!   does not depend on the thread count.
 //!
-//! Chunks of 64 whole rows (the previous design) ran the head at ~64% of this machine's f32 GEMM
-//! peak, the tiles at ~86%: the crate packs all of lm_head for every chunk, which 64 rows amortise
-//! poorly (docs/benchmarks.md, "The LM head").
+//! The tiles run the head at ~86% of this machine's f32 GEMM peak. Chunks of 64 whole rows (the
+//! design before them, weights already [in, out]) reached ~64%: the crate packs all of lm_head
+//! for every chunk, which 64 rows amortise poorly (docs/benchmarks.md, "The LM head").
 
 use rayon::prelude::*;
 
@@ -155,7 +155,7 @@ mod tests {
     fn tiles_match_whole_rows() {
         let (d, vocab, n_tokens) = (16, 2 * VOCAB_BLOCK + 37, HEAD_ROWS + 90);
         let config = GptjConfig::small(1, d, 2, 4, vocab);
-        let w = CpuWeights::new(&config, &GptjWeights::random(&config, 5, DType::F32));
+        let w = CpuWeights::from_owned(&config, GptjWeights::random(&config, 5, DType::F32));
         let eps = config.layer_norm_epsilon as f32;
         let mut rng = Rng::new(6);
         let x: Vec<f32> = (0..n_tokens * d).map(|_| 3.0 * rng.normal()).collect();

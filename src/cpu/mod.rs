@@ -56,8 +56,8 @@ pub struct CpuScorer {
 }
 
 impl CpuScorer {
-    /// The engine for `model` (its tensors are shared, then converted: f32 weights are not
-    /// copied while the model lives).
+    /// The engine for `model`: its own f32 copy of the weights, laid out for the CPU, beside
+    /// the model's tensors (`from_model` converts without keeping both).
     pub fn new(model: &Model) -> Self {
         Self::build(&model.config, model.weights.clone())
     }
@@ -106,8 +106,9 @@ impl CpuScorer {
         *self.stats.lock().expect("stats lock")
     }
 
-    /// Runs one plan: log p(target | row) for every target.
-    pub fn execute(&self, plan: &Plan, stats: &mut RunStats) -> Vec<f64> {
+    /// Runs one plan of validated candidates (`plan_chunks`): log p(target | row) for every
+    /// target. A token, position or row outside the model's ranges panics.
+    pub(crate) fn execute(&self, plan: &Plan, stats: &mut RunStats) -> Vec<f64> {
         let c = &self.config;
         let (n_head, head_dim) = (c.n_head, c.head_dim());
         if plan.n_tokens() == 0 {

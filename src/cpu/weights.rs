@@ -1,10 +1,9 @@
 //! GPT-J's weights widened to f32 once and laid out for the CPU engine:
 //!
 //! - every matrix is stored [in, out], transposed from PyTorch's [out, in], so a linear layer is a
-//!   row-major `x @ W` GEMM. The `gemm` crate packs a transposed right-hand side on every call,
-//!   which costs as much as the product itself when few rows multiply it: with [in, out] storage
-//!   the LM head's 64-row chunks and the decoder's steps (25-32 rows) run 2-3.5x faster, the wide
-//!   trunk GEMMs 1.1-1.4x (docs/benchmarks.md has the measurement);
+//!   row-major `x @ W` GEMM: the `gemm` crate would repack a transposed right-hand side on every
+//!   call, which costs as much as the product itself when few rows multiply it (the LM head's
+//!   tiles, the decoder's 25-32 row steps; docs/benchmarks.md has the measurement);
 //! - q, k and v projections are stacked into one [n_embd, 3 * n_embd] matrix, so a layer starts
 //!   with a single GEMM;
 //! - the transpose reads the checkpoint's bytes and widens them as it writes, so no f32 copy of a
@@ -122,14 +121,9 @@ fn ln(l: &LayerNormWeights) -> CpuLayerNorm {
 }
 
 impl CpuWeights {
-    /// Widens a borrowed checkpoint (the source stays mapped/owned by the caller).
-    pub fn new(config: &GptjConfig, w: &GptjWeights) -> Self {
-        Self::from_owned(config, w.clone())
-    }
-
     /// Widens `w` tensor by tensor, releasing each source tensor as soon as it is converted, so
-    /// that an owned checkpoint never exists twice in memory.
-    pub fn from_owned(config: &GptjConfig, w: GptjWeights) -> Self {
+    /// that an owned checkpoint never exists twice in memory. `w` agrees with `config`.
+    pub(crate) fn from_owned(config: &GptjConfig, w: GptjWeights) -> Self {
         let GptjWeights {
             wte,
             h,
@@ -158,10 +152,7 @@ impl CpuWeights {
                 }
             })
             .collect();
-        let lm_head_b = match lm_head.bias {
-            Some(b) => f32_of(b),
-            None => vec![0.0; config.vocab_size],
-        };
+        let lm_head_b = lm_head.bias.map(f32_of).expect("lm_head has a bias");
         CpuWeights {
             wte: f32_of(wte),
             h,

@@ -60,8 +60,8 @@ pub fn lm_head_xent(
         shared_mem_bytes: 0,
     };
     // SAFETY: argument types match the C signature above; the check bounds the logits rows and
-    // the target arrays; offsets[rows] == n_targets, tokens < vocab and slots < out.len() are the
-    // caller's contract.
+    // the target arrays; offsets (absolute indices into tokens/slots, offsets[rows] <=
+    // n_targets), tokens < vocab and slots < out.len() are the caller's contract.
     unsafe {
         gpu.stream
             .launch_builder(&gpu.kernels.lm_head_xent_f32)

@@ -154,7 +154,7 @@ pub fn write_generated(dir: &Path) -> Result<Vec<PathBuf>> {
         (SETTINGS_FILE, annotate_toml()),
     ] {
         let path = dir.join(name);
-        crate::annotate::writer::write_atomic(&path, |w| {
+        crate::util::fs::write_atomic(&path, |w| {
             w.write_all(text.as_bytes())
                 .map_err(|e| Error::io(&path, e))
         })?;

@@ -12,13 +12,13 @@ use std::time::Instant;
 use super::corpus::{DemoDoc, DEMO_TOOLS};
 use super::eval::{self, EvalReport};
 use super::{assets, remove_previous_output, tool_use};
-use crate::annotate::writer::write_atomic;
 use crate::annotate::{
     run_job_on, AnnotateConfig, Job, RunOutcome, Shard, Summary, ToolKind, ToolName,
 };
 use crate::backend::{engine_for, Device, Engine};
 use crate::error::{Error, Result};
 use crate::model::Model;
+use crate::util::fs::write_atomic;
 
 /// What `annotate --demo` takes.
 #[derive(Debug, Clone)]

@@ -301,7 +301,7 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
 /// failed conversion leaves an earlier output as it was; an earlier tokenizer.json that the new
 /// model lacks is removed.
 pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result<usize> {
-    use crate::annotate::writer::{is_same_file, AtomicFile};
+    use crate::util::fs::{is_same_file, AtomicFile};
     use std::io::Write;
     let refuse = |msg: String| Error::Checkpoint {
         path: out.to_owned(),

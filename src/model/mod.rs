@@ -244,6 +244,14 @@ mod tests {
             no_bias,
             &["transformer.h.1.mlp.fc_in.bias", "missing"],
         );
+        // An attention bias would be applied by the reference and dropped by the engines.
+        let mut attn_bias = random(&config);
+        attn_bias.h[0].attn.v_proj.bias = Some(attn_bias.ln_f.bias.clone());
+        refused(
+            &config,
+            attn_bias,
+            &["transformer.h.0.attn.v_proj.bias", "unexpected"],
+        );
         let mut nan = random(&config);
         let mut values = nan.ln_f.bias.to_f32();
         values[3] = f32::NAN;

@@ -242,6 +242,25 @@ impl GptjWeights {
                 ),
             });
         }
+        // GPT-J's attention projections have no bias; one set here would be applied by the
+        // reference and dropped by the fast engines, so the backends would disagree.
+        for (i, b) in self.h.iter().enumerate() {
+            let a = &b.attn;
+            for (name, l) in [
+                ("q_proj", &a.q_proj),
+                ("k_proj", &a.k_proj),
+                ("v_proj", &a.v_proj),
+                ("out_proj", &a.out_proj),
+            ] {
+                if l.bias.is_some() {
+                    return Err(Error::Tensor {
+                        path: here.to_owned(),
+                        tensor: format!("transformer.h.{i}.attn.{name}.bias"),
+                        msg: "unexpected: GPT-J's attention projections have no bias".into(),
+                    });
+                }
+            }
+        }
         let tensors = self.named_tensors(config);
         let mut have = tensors.iter();
         for (name, shape) in expected_tensors(config) {

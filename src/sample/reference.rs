@@ -1,6 +1,6 @@
 //! `ReferenceSampler`: the sampling interface over the f64 oracle, one full forward per generated
-//! token (no KV cache). Slow and obviously correct: the driver's stand-in until a fast backend
-//! implements `Sampler`, and the oracle a fast sampler's log-probabilities are checked against.
+//! token (no KV cache). Slow and obviously correct: the oracle the fast samplers (CPU, CUDA) are
+//! checked against.
 //!
 //! Sample `s` of request `r` draws from `sample_rng(seed, r, s)` with the shared `draw`, exactly as
 //! the fast samplers do, so results do not depend on batching, threads or backend.

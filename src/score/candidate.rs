@@ -74,7 +74,7 @@ pub struct VariantSequence {
 ///
 /// Prefix placement: z ++ x_1 .. x_{i+k}. Inline: x_1 .. x_{i-1} ++ z ++ x_i .. x_{i+k}. In both,
 /// x_{i+t} sits at index |z| + i + t and is predicted by the row before it. `c` must pass
-/// `validate` for `options` (a position past the text panics).
+/// `validate` for `options` (otherwise it may panic: a position past the text does inline).
 pub fn variant_sequence(
     c: &TokenCandidate,
     variant: Variant,

@@ -138,9 +138,9 @@ pub trait Scorer: Send + Sync {
     fn config(&self) -> &GptjConfig;
 
     /// [L_none, L_call, L_call_result] per candidate, in order, without checking the candidates:
-    /// each must pass `validate` for this scorer's config and `options` (an id outside the
-    /// vocabulary may panic, a position past the text gives meaningless losses). For callers that
-    /// have just validated them, such as the `score` file driver.
+    /// each must pass `validate` for this scorer's config and `options` (otherwise it may panic,
+    /// or give meaningless losses). For callers that have just validated them, such as the
+    /// `score` file driver.
     fn variant_losses_unchecked(
         &self,
         candidates: &[TokenCandidate],
@@ -155,8 +155,7 @@ pub trait Scorer: Send + Sync {
         options: &ScoreOptions,
     ) -> Result<Vec<[f64; 3]>> {
         for (k, c) in candidates.iter().enumerate() {
-            validate(c, self.config(), options)
-                .map_err(|e| Error::input(format!("candidate {k}: {e}")))?;
+            validate(c, self.config(), options).map_err(|e| Error::candidate(k, e))?;
         }
         self.variant_losses_unchecked(candidates, options)
     }

@@ -45,8 +45,15 @@ pub fn call_text(tool: &str, input: &str, result: Option<&str>, form: CallForm) 
     }
 }
 
+/// Whether `text` continues with whitespace at byte `at`: an inline call there goes before the
+/// whitespace, as " [" ... "]" (`call_insert`). Scoring, sampling and the splice into C* must
+/// agree on it, so all three ask here.
+pub fn spaced_at(text: &str, at: usize) -> bool {
+    text[at..].starts_with(char::is_whitespace)
+}
+
 /// The call as it is inserted for scoring under `placement`, separator included; `spaced`:
-/// whether the text continues with whitespace where an inline call goes.
+/// whether the text continues with whitespace where an inline call goes (`spaced_at`).
 pub fn call_insert(call: &str, placement: Placement, spaced: bool) -> String {
     match placement {
         Placement::Prefix => format!("{call} "),
@@ -133,7 +140,7 @@ impl TextCandidate {
             .map_err(Error::input)?;
         let call = call_text(&self.tool, &self.input, None, form);
         let call_result = call_text(&self.tool, &self.input, Some(&self.result), form);
-        let spaced = self.text[self.position..].starts_with(char::is_whitespace);
+        let spaced = spaced_at(&self.text, self.position);
         let insert = |call: &str| tokenizer.encode_ids(&call_insert(call, placement, spaced));
         Ok(TokenCandidate {
             text_ids,
@@ -175,12 +182,12 @@ pub fn score_texts(
     options: &ScoreOptions,
     form: CallForm,
 ) -> Result<Vec<Scores>> {
-    let at = |k: usize| move |e: Error| Error::input(format!("candidate {k}: {e}"));
+    let at = |k: usize| move |e: Error| Error::candidate(k, e);
     // Tokens each text must yield: as many as its furthest-reading candidate needs.
     let mut needed: HashMap<&str, usize> = HashMap::new();
     for (k, c) in candidates.iter().enumerate() {
         let n = head_tokens_needed(&c.text, c.position, options.weights.as_slice())
-            .map_err(|e| at(k)(Error::input(e)))?;
+            .map_err(|e| Error::candidate(k, e))?;
         let most = needed.entry(&c.text).or_default();
         *most = (*most).max(n);
     }

@@ -1,5 +1,6 @@
 //! Small helpers shared by several modules.
 
+pub mod fs;
 pub mod json;
 pub mod jsonl;
 pub mod rng;
