@@ -17,6 +17,7 @@ use super::tool_kind::ToolName;
 use super::tools::{DocContext, ToolRegistry};
 use super::{heuristics, positions, prompts, splice};
 use crate::error::{Error, Result};
+use crate::model::tokenizer::Encoding;
 use crate::model::Tokenizer;
 use crate::sample::{Branch, SampleOptions, Sampler};
 use crate::score::{call_text, validate, LossWeights, ScoreOptions, Scorer, TextCandidate};
@@ -184,6 +185,28 @@ pub struct Annotator<'a> {
     special_tokens: Vec<String>,
 }
 
+/// The part of a document the tools read: the head of its text, tokenized.
+struct Head<'d> {
+    doc: &'d Document,
+    enc: Encoding,
+    /// `enc`'s ids.
+    x: Arc<[u32]>,
+    /// The text `enc` covers.
+    text: &'d str,
+    /// `doc.id_str()`, for the tools' `DocContext`.
+    id: String,
+}
+
+impl Head<'_> {
+    fn context(&self) -> DocContext<'_> {
+        DocContext {
+            id: &self.id,
+            url: self.doc.url.as_deref(),
+            date: self.doc.date.as_deref(),
+        }
+    }
+}
+
 /// A call that reached its tool.
 struct Pending<'t> {
     tool: &'t ToolName,
@@ -324,7 +347,9 @@ impl<'a> Annotator<'a> {
         Rng::keyed(seed, &[line, tool.seed_key()]).next_u64()
     }
 
-    /// Runs every active tool over `doc`.
+    /// Runs every active tool over `doc`: each samples and executes its calls (`tool_calls`),
+    /// then the document's calls are filtered in one batch (`score_calls`) and the kept ones
+    /// spliced.
     pub fn annotate_document(&self, doc: &Document) -> Result<(CStarRecord, DocStats)> {
         let mut stats = DocStats::default();
         // Only the head of a long text is read; the rest passes into C* as it is.
@@ -336,140 +361,179 @@ impl<'a> Annotator<'a> {
                 Error::Tokenizer { msg, .. } => Error::input(format!("cannot tokenize: {msg}")),
                 other => other,
             })?;
-        let x: Arc<[u32]> = enc.ids.clone().into();
-        let head = &doc.text[..enc.spans.last().map_or(0, |s| s.1)];
-        let id = doc.id_str();
-        let ctx = DocContext {
-            id: &id,
-            url: doc.url.as_deref(),
-            date: doc.date.as_deref(),
+        let head = Head {
+            doc,
+            x: enc.ids.clone().into(),
+            text: &doc.text[..enc.spans.last().map_or(0, |s| s.1)],
+            enc,
+            id: doc.id_str(),
         };
+        let mut pending: Vec<Pending> = Vec::new();
+        for tool in &self.tools {
+            pending.extend(self.tool_calls(tool, &head, &mut stats)?);
+        }
+        let mut calls = self.score_calls(&pending, &head, &mut stats)?;
+
+        // C* order: by position, then tool, then sampling order.
+        calls.sort_by_key(|c| c.position);
+        let annotated_text = splice_kept(&doc.text, &calls);
+        Ok((
+            CStarRecord {
+                line: doc.line,
+                id: doc.id.clone(),
+                text: doc.text.clone(),
+                annotated_text,
+                calls,
+            },
+            stats,
+        ))
+    }
+
+    /// `tool`'s calls on the document: its positions (one forward over P(x) ++ x), the calls
+    /// sampled there, parsed, deduplicated and executed. None when its heuristics rule the
+    /// text out or P(x) leaves it no room.
+    fn tool_calls<'t>(
+        &self,
+        tool: &'t ToolName,
+        head: &Head,
+        stats: &mut DocStats,
+    ) -> Result<Vec<Pending<'t>>> {
+        let doc = head.doc;
         let n_positions = self.scorer.config().n_positions;
         let fallback_date = self.config.tools.calendar.date.as_deref();
-        let mut pending: Vec<Pending> = Vec::new();
-
-        for tool in &self.tools {
-            let (prompt, params) = &self.settings[tool];
-            let st = stats.tools.entry(tool.key().to_string()).or_default();
-            let draw = Rng::keyed(
-                self.config.seed,
-                &[doc.line, tool.seed_key(), HEURISTIC_KEY],
-            )
-            .uniform();
-            if !heuristics::applies(params, doc, head, fallback_date, draw) {
-                st.texts_skipped_heuristic += 1;
-                continue;
+        let (prompt, params) = &self.settings[tool];
+        let st = stats.tools.entry(tool.key().to_string()).or_default();
+        let draw = Rng::keyed(
+            self.config.seed,
+            &[doc.line, tool.seed_key(), HEURISTIC_KEY],
+        )
+        .uniform();
+        if !heuristics::applies(params, doc, head.text, fallback_date, draw) {
+            st.texts_skipped_heuristic += 1;
+            return Ok(Vec::new());
+        }
+        let t_max = prompt.max_text_tokens(n_positions, self.config.max_call_tokens);
+        let t = head.x.len().min(t_max);
+        if t < 2 {
+            // Position 1 needs x_1 and x_2 at least: a text of one token has no position
+            // (neither considered nor too long), a longer one did not fit.
+            if head.x.len() >= 2 {
+                st.texts_too_long += 1;
             }
-            let t_max = prompt.max_text_tokens(n_positions, self.config.max_call_tokens);
-            let t = x.len().min(t_max);
-            if t < 2 {
-                // Position 1 needs x_1 and x_2 at least: a text of one token has no position
-                // (neither considered nor too long), a longer one did not fit.
-                if x.len() >= 2 {
-                    st.texts_too_long += 1;
+            return Ok(Vec::new());
+        }
+        st.texts_considered += 1;
+        if t < head.x.len() {
+            st.texts_truncated += 1;
+        }
+        let start = Instant::now();
+        let prompt_ids: Vec<u32> = [&prompt.before[..], &head.x[..t], &prompt.after[..]].concat();
+        let seq: Vec<u32> = [&prompt_ids[..], &head.x[..t]].concat();
+        let options = SampleOptions {
+            max_new_tokens: self.config.max_call_tokens,
+            stop_tokens: self.stop_tokens.clone(),
+            temperature: self.config.temperature,
+            top_k: (self.config.top_k_tokens > 0).then_some(self.config.top_k_tokens),
+            seed: Self::doc_seed(self.config.seed, doc.line, tool),
+        };
+        // One forward over P(x) ++ x gives p_i at every position; the chosen positions'
+        // calls are sampled off its cached keys and values.
+        let mut chosen = Vec::new();
+        let proposal = self.sampler.propose(
+            &seq,
+            &self.open_ids(),
+            &mut |log_probs| {
+                let probs = positions::call_probabilities(log_probs, prompt_ids.len(), t);
+                chosen = positions::select(
+                    &probs,
+                    |i| positions::splice_byte(&doc.text, &head.enc, i).is_some(),
+                    params.tau_s,
+                    params.k,
+                );
+                if params.m == 0 {
+                    return Vec::new();
                 }
-                continue;
-            }
-            st.texts_considered += 1;
-            if t < x.len() {
-                st.texts_truncated += 1;
-            }
-            let start = Instant::now();
-            let prompt_ids: Vec<u32> = [&prompt.before[..], &x[..t], &prompt.after[..]].concat();
-            let seq: Vec<u32> = [&prompt_ids[..], &x[..t]].concat();
-            let options = SampleOptions {
-                max_new_tokens: self.config.max_call_tokens,
-                stop_tokens: self.stop_tokens.clone(),
-                temperature: self.config.temperature,
-                top_k: (self.config.top_k_tokens > 0).then_some(self.config.top_k_tokens),
-                seed: Self::doc_seed(self.config.seed, doc.line, tool),
-            };
-            // One forward over P(x) ++ x gives p_i at every position; the chosen positions'
-            // calls are sampled off its cached keys and values.
-            let mut chosen = Vec::new();
-            let proposal = self.sampler.propose(
-                &seq,
-                &self.open_ids(),
-                &mut |log_probs| {
-                    let probs = positions::call_probabilities(log_probs, prompt_ids.len(), t);
-                    chosen = positions::select(
-                        &probs,
-                        |i| positions::splice_byte(&doc.text, &enc, i).is_some(),
-                        params.tau_s,
-                        params.k,
-                    );
-                    if params.m == 0 {
-                        return Vec::new();
-                    }
-                    chosen
-                        .iter()
-                        .map(|&(i, _)| Branch {
-                            at: prompt_ids.len() + i,
-                            token: self.open_for(&doc.text, &enc, i),
-                            n_samples: params.m,
-                        })
-                        .collect()
-                },
-                &options,
-            )?;
-            st.positions += chosen.len() as u64;
-            stats.secs.sampling += start.elapsed().as_secs_f64();
+                chosen
+                    .iter()
+                    .map(|&(i, _)| Branch {
+                        at: prompt_ids.len() + i,
+                        token: self.open_for(&doc.text, &head.enc, i),
+                        n_samples: params.m,
+                    })
+                    .collect()
+            },
+            &options,
+        )?;
+        st.positions += chosen.len() as u64;
+        stats.secs.sampling += start.elapsed().as_secs_f64();
 
-            let start = Instant::now();
-            let mut seen = HashSet::new();
-            for (&(i, _), samples) in chosen.iter().zip(&proposal.samples) {
-                let byte = positions::splice_byte(&doc.text, &enc, i).unwrap_or(0);
-                for sample in samples {
-                    st.calls_sampled += 1;
-                    let text = self.tokenizer.decode(&sample.tokens)?;
-                    let (name, input) = match parse_call(&text) {
-                        Ok(c) => c,
-                        Err(Malformed::Unterminated | Malformed::Syntax(_)) => {
-                            st.calls_malformed += 1;
-                            continue;
-                        }
-                    };
-                    if input_problem(&input, &self.special_tokens).is_some() {
+        let start = Instant::now();
+        let mut seen = HashSet::new();
+        let mut calls = Vec::new();
+        for (&(i, _), samples) in chosen.iter().zip(&proposal.samples) {
+            let byte = positions::splice_byte(&doc.text, &head.enc, i).unwrap_or(0);
+            for sample in samples {
+                st.calls_sampled += 1;
+                let text = self.tokenizer.decode(&sample.tokens)?;
+                let (name, input) = match parse_call(&text) {
+                    Ok(c) => c,
+                    Err(Malformed::Unterminated | Malformed::Syntax(_)) => {
                         st.calls_malformed += 1;
                         continue;
                     }
-                    if name != tool.call_name() {
-                        st.calls_unknown_tool += 1;
-                        continue;
-                    }
-                    if !seen.insert((i, input.clone())) {
-                        st.calls_duplicate += 1;
-                        continue;
-                    }
-                    if params.drop_lookahead_inputs && input_only_ahead(&doc.text, byte, &input) {
-                        st.calls_lookahead += 1;
-                        continue;
-                    }
-                    st.calls_executed += 1;
-                    let answer = self.registry.call(tool.call_name(), &input, &ctx);
-                    let result =
-                        cleaned_answer(answer, &self.special_tokens).map_err(|e| e.to_string());
-                    if result.is_err() {
-                        st.calls_failed += 1;
-                    }
-                    pending.push(Pending {
-                        tool,
-                        token: i,
-                        byte,
-                        input,
-                        result,
-                    });
+                };
+                if input_problem(&input, &self.special_tokens).is_some() {
+                    st.calls_malformed += 1;
+                    continue;
                 }
+                if name != tool.call_name() {
+                    st.calls_unknown_tool += 1;
+                    continue;
+                }
+                if !seen.insert((i, input.clone())) {
+                    st.calls_duplicate += 1;
+                    continue;
+                }
+                if params.drop_lookahead_inputs && input_only_ahead(&doc.text, byte, &input) {
+                    st.calls_lookahead += 1;
+                    continue;
+                }
+                st.calls_executed += 1;
+                let answer = self
+                    .registry
+                    .call(tool.call_name(), &input, &head.context());
+                let result =
+                    cleaned_answer(answer, &self.special_tokens).map_err(|e| e.to_string());
+                if result.is_err() {
+                    st.calls_failed += 1;
+                }
+                calls.push(Pending {
+                    tool,
+                    token: i,
+                    byte,
+                    input,
+                    result,
+                });
             }
-            stats.secs.tools += start.elapsed().as_secs_f64();
         }
+        stats.secs.tools += start.elapsed().as_secs_f64();
+        Ok(calls)
+    }
 
-        // Filter every executed call that has a result, all of the document's in one batch.
+    /// Filters every executed call that has a result, all of the document's in one batch: a
+    /// record per call, in `pending`'s order, with its losses and whether it is kept, or why
+    /// it has none (the tool failed, it cannot be scored).
+    fn score_calls(
+        &self,
+        pending: &[Pending],
+        head: &Head,
+        stats: &mut DocStats,
+    ) -> Result<Vec<CallRecord>> {
         let start = Instant::now();
         let mut calls: Vec<CallRecord> = Vec::with_capacity(pending.len());
         let mut to_score = Vec::new();
         let mut score_index = Vec::new();
-        for p in &pending {
+        for p in pending {
             let mut record = CallRecord {
                 position: p.byte,
                 tool: p.tool.call_name().to_string(),
@@ -487,7 +551,7 @@ impl<'a> Annotator<'a> {
                 Ok(r) => {
                     record.result = Some(r.clone());
                     let candidate = TextCandidate {
-                        text: head.to_owned(),
+                        text: head.text.to_owned(),
                         position: p.byte,
                         tool: record.tool.clone(),
                         input: p.input.clone(),
@@ -497,7 +561,7 @@ impl<'a> Annotator<'a> {
                         self.tokenizer,
                         self.config.placement,
                         self.config.call_form,
-                        Some((&enc, x.clone())),
+                        Some((&head.enc, head.x.clone())),
                     )
                     .and_then(|c| {
                         validate(&c, self.scorer.config(), &self.score_options)
@@ -544,24 +608,11 @@ impl<'a> Annotator<'a> {
         }
         stats.candidates = to_score.len() as u64;
         stats.secs.scoring += start.elapsed().as_secs_f64();
-
-        // C* order: by position, then tool, then sampling order.
-        calls.sort_by_key(|c| c.position);
-        let annotated_text = splice_kept(&doc.text, &calls);
-        Ok((
-            CStarRecord {
-                line: doc.line,
-                id: doc.id.clone(),
-                text: doc.text.clone(),
-                annotated_text,
-                calls,
-            },
-            stats,
-        ))
+        Ok(calls)
     }
 
     /// " [" when x_i starts with whitespace (its leading space goes before the call), else "[".
-    fn open_for(&self, text: &str, enc: &crate::model::tokenizer::Encoding, i: usize) -> u32 {
+    fn open_for(&self, text: &str, enc: &Encoding, i: usize) -> u32 {
         let byte = positions::splice_byte(text, enc, i).unwrap_or(0);
         let spaced = crate::score::text::spaced_at(text, byte);
         let (first, second) = if spaced {

@@ -6,18 +6,15 @@
 //! "result"} or token-level {"id", "text_ids", "position" (index of x_i), "call_ids",
 //! "call_result_ids"}; both may carry "weights" (overriding the batch's) and "tau_f".
 
-use std::collections::HashMap;
 use std::io::{BufRead, Write};
-use std::sync::Arc;
 
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::text::head_tokens_needed;
+use super::text::{head_tokens_needed, TextHeads};
 use super::{validate, CallForm, ScoreOptions, Scorer, Scores, TextCandidate, TokenCandidate};
 use crate::error::{Error, Result};
-use crate::model::tokenizer::Encoding;
 use crate::model::Tokenizer;
 use crate::util::json::{self, LineError};
 use crate::util::jsonl::{JsonlLines, Line};
@@ -89,14 +86,6 @@ struct TextLine {
     _id: IgnoredAny,
     #[serde(default, rename = "tau_f")]
     _tau_f: IgnoredAny,
-}
-
-/// The head of a text as tokenized for its candidates: at least `tokens_asked` tokens of the
-/// text's encoding, or all of them (`Tokenizer::encode_head`).
-struct TextHead {
-    encoding: Encoding,
-    ids: Arc<[u32]>,
-    tokens_asked: usize,
 }
 
 /// A parsed line: its id (echoed back as given), threshold, and the candidate or why there is none.
@@ -179,7 +168,7 @@ fn parse_chunk(
     options: &JsonlOptions,
 ) -> Vec<Parsed> {
     // Candidates of one text share its tokenization.
-    let mut texts: HashMap<String, TextHead> = HashMap::new();
+    let mut texts = TextHeads::default();
     chunk
         .iter()
         .map(|(line_no, line)| {
@@ -205,7 +194,7 @@ fn parse_line(
     line: &str,
     tokenizer: Option<&Tokenizer>,
     options: &JsonlOptions,
-    texts: &mut HashMap<String, TextHead>,
+    texts: &mut TextHeads,
     parsed: &mut Parsed,
 ) -> std::result::Result<TokenCandidate, String> {
     let (value, duplicate) = json::parse_line(line).map_err(|e| match e {
@@ -269,21 +258,9 @@ fn parse_line(
             .as_deref()
             .unwrap_or(options.score.weights.as_slice());
         let needed = head_tokens_needed(&t.text, t.position, weights)?;
-        if texts.get(&t.text).is_none_or(|h| h.tokens_asked < needed) {
-            let enc = tokenizer
-                .encode_head(&t.text, needed)
-                .map_err(|e| e.to_string())?;
-            let ids: Arc<[u32]> = enc.ids.clone().into();
-            let head = TextHead {
-                encoding: enc,
-                ids,
-                tokens_asked: needed,
-            };
-            texts.insert(t.text.clone(), head);
-        }
-        let TextHead {
-            encoding: enc, ids, ..
-        } = &texts[&t.text];
+        let head = texts
+            .get(tokenizer, &t.text, needed)
+            .map_err(|e| e.to_string())?;
         let text = TextCandidate {
             text: t.text.clone(),
             position: t.position,
@@ -296,7 +273,7 @@ fn parse_line(
                 tokenizer,
                 options.score.placement,
                 options.call_form,
-                Some((enc, ids.clone())),
+                Some(head),
             )
             .map_err(|e| e.to_string())?;
         c.weights = t.weights;
@@ -322,7 +299,8 @@ mod tests {
             candidate: Err(String::new()),
         };
         let options = JsonlOptions::default();
-        let Err(e) = parse_line(line, None, &options, &mut HashMap::new(), &mut parsed) else {
+        let Err(e) = parse_line(line, None, &options, &mut TextHeads::default(), &mut parsed)
+        else {
             panic!("{line}: scored");
         };
         (parsed.id, e)

@@ -191,24 +191,56 @@ pub fn score_texts(
         let most = needed.entry(&c.text).or_default();
         *most = (*most).max(n);
     }
-    let mut texts: HashMap<&str, (Encoding, Arc<[u32]>)> = HashMap::new();
+    let mut heads = TextHeads::default();
     let mut tokens = Vec::with_capacity(candidates.len());
     for (k, c) in candidates.iter().enumerate() {
-        if !texts.contains_key(c.text.as_str()) {
-            let encoding = tokenizer
-                .encode_head(&c.text, needed[c.text.as_str()])
-                .map_err(at(k))?;
-            let ids: Arc<[u32]> = encoding.ids.clone().into();
-            texts.insert(&c.text, (encoding, ids));
-        }
-        let (encoding, ids) = &texts[c.text.as_str()];
-        let shared = Some((encoding, ids.clone()));
+        let head = heads
+            .get(tokenizer, &c.text, needed[c.text.as_str()])
+            .map_err(at(k))?;
         tokens.push(
-            c.to_tokens(tokenizer, options.placement, form, shared)
+            c.to_tokens(tokenizer, options.placement, form, Some(head))
                 .map_err(at(k))?,
         );
     }
     scorer.score(&tokens, options)
+}
+
+/// Texts tokenized once each, as far as their candidates read (`Tokenizer::encode_head`), so
+/// that the candidates of one text share its head. A text asked for more tokens than its head
+/// holds is tokenized again, further.
+#[derive(Default)]
+pub(crate) struct TextHeads {
+    heads: HashMap<String, TextHead>,
+}
+
+/// At least `tokens_asked` tokens of a text's encoding, or all of them.
+struct TextHead {
+    encoding: Encoding,
+    ids: Arc<[u32]>,
+    tokens_asked: usize,
+}
+
+impl TextHeads {
+    /// The head of `text` holding at least `tokens` tokens (or the whole text), for
+    /// `TextCandidate::to_tokens`.
+    pub(crate) fn get(
+        &mut self,
+        tokenizer: &Tokenizer,
+        text: &str,
+        tokens: usize,
+    ) -> Result<(&Encoding, Arc<[u32]>)> {
+        if self.heads.get(text).is_none_or(|h| h.tokens_asked < tokens) {
+            let encoding = tokenizer.encode_head(text, tokens)?;
+            let head = TextHead {
+                ids: encoding.ids.clone().into(),
+                encoding,
+                tokens_asked: tokens,
+            };
+            self.heads.insert(text.to_owned(), head);
+        }
+        let head = &self.heads[text];
+        Ok((&head.encoding, head.ids.clone()))
+    }
 }
 
 #[cfg(test)]
