@@ -129,8 +129,8 @@ pub fn generate_jsonl_after(
                         .iter()
                         .filter(|c| c.status == super::CallStatus::Ok)
                         .count();
-                    json!({"id": id, "completion": g.completion, "calls": g.calls,
-                           "finish": g.finish})
+                    json!({"id": id, "line": line_no, "completion": g.completion,
+                           "calls": g.calls, "finish": g.finish})
                 }
                 (Ok(_), None, Err(e)) => {
                     summary.failed += 1;

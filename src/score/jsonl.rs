@@ -140,7 +140,7 @@ pub fn score_jsonl(
                     summary.scored += 1;
                     summary.kept += kept as usize;
                     json!({
-                        "id": p.id, "l_none": s.l_none, "l_call": s.l_call,
+                        "id": p.id, "line": line_no, "l_none": s.l_none, "l_call": s.l_call,
                         "l_call_result": s.l_call_result, "l_minus": s.l_minus,
                         "l_plus": s.l_plus, "delta": s.delta, "kept": kept,
                     })

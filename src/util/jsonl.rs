@@ -165,8 +165,9 @@ pub struct ResumePoint {
 
 /// Reads an earlier run's `output` against its `input`, line by line, and says where to go on;
 /// None when there is no output yet. Each complete output line (through its "\n") must be a
-/// JSON object answering the input line of its number: an error row's "line" is that number,
-/// and an "id" other than null is the input line's "id" (an output whose answers are not this
+/// JSON object answering the input line of its number: its "line" (every row's since
+/// 2026-12-02, an error row's before) is that number, and an "id" other than null is the input
+/// line's "id" (an output whose answers are not this
 /// input's is an error, never appended to). A last line without its "\n" was cut off by a crash
 /// and is not counted. The check reads ids, not the settings: a run resumes with the flags it
 /// was started with.
@@ -303,6 +304,11 @@ mod tests {
             (
                 "{\"id\":\"a\"}\n{\"line\":3,\"error\":\"e\"}\n",
                 "it answers line 3",
+            ),
+            // A scored row answers its line too.
+            (
+                "{\"id\":\"a\",\"line\":2,\"kept\":true}\n",
+                "line 1: it answers line 2",
             ),
             (
                 "{\"id\":\"a\"}\n{}\n{}\n{}\n{}\n",
