@@ -623,7 +623,7 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
 }
 
 fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
-    use toolsift::annotate::{run_job, AnnotateConfig, Job, Shard};
+    use toolsift::annotate::{run_job_with, AnnotateConfig, Job, Shard};
     if args.demo {
         return annotate_demo(args);
     }
@@ -647,12 +647,13 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     };
     // The tools open before the model loads (minutes at 6B): a WikiSearch index that is not one
     // is an error naming the config file now, not after the load.
-    if let Err(e) = toolsift::annotate::tools::ToolRegistry::from_config(&config.tools) {
-        match &args.config {
+    let registry = match toolsift::annotate::tools::ToolRegistry::from_config(&config.tools) {
+        Ok(r) => r,
+        Err(e) => match &args.config {
             Some(path) => anyhow::bail!("{}: {e}", path.display()),
             None => anyhow::bail!("{e}"),
-        }
-    }
+        },
+    };
     let shard_flag = args.shard.as_deref().map(str::parse::<Shard>).transpose()?;
     let shard = Shard::resolve(shard_flag, args.shards, |k| std::env::var(k).ok())?;
     // Built-ins by key, custom tools by the names the config gives them.
@@ -674,7 +675,7 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
         shard,
         progress: !args.no_progress,
     };
-    report_run(run_job(&job)?);
+    report_run(run_job_with(&job, &registry)?);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -34,19 +34,36 @@ pub struct Job {
 
 /// Runs `job` (resuming from its journal if there is one).
 pub fn run_job(job: &Job) -> Result<RunOutcome> {
+    run_job_with(job, &open_tools(job)?)
+}
+
+/// As `run_job`, with the tools of `job.config` already opened (`ToolRegistry::from_config`):
+/// the CLI opens them first, so that a bad WikiSearch index is reported naming the config file.
+pub fn run_job_with(job: &Job, registry: &ToolRegistry) -> Result<RunOutcome> {
     // Before the load, which takes minutes for a 6B checkpoint.
     super::check_out(&job.out)?;
     let model = Model::load(&job.model_dir)?;
     // One engine samples positions and calls and scores the candidates.
     let engine = engine_for(&model, job.device)?;
-    run_job_on(job, &model, engine.as_ref())
+    run_on(job, &model, engine.as_ref(), registry)
 }
 
 /// As `run_job`, on the model in `job.model_dir` already loaded and its engine already built
 /// (`eval-demo` goes on to generate with the same ones).
 pub fn run_job_on(job: &Job, model: &Model, engine: &dyn Engine) -> Result<RunOutcome> {
-    let registry =
-        ToolRegistry::from_config(&job.config.tools).map_err(|e| Error::input(e.to_string()))?;
+    run_on(job, model, engine, &open_tools(job)?)
+}
+
+fn open_tools(job: &Job) -> Result<ToolRegistry> {
+    ToolRegistry::from_config(&job.config.tools).map_err(|e| Error::input(e.to_string()))
+}
+
+fn run_on(
+    job: &Job,
+    model: &Model,
+    engine: &dyn Engine,
+    registry: &ToolRegistry,
+) -> Result<RunOutcome> {
     let tools: Vec<ToolName> = match &job.tools {
         Some(t) => t.clone(),
         None => ToolKind::ALL
@@ -73,7 +90,7 @@ pub fn run_job_on(job: &Job, model: &Model, engine: &dyn Engine) -> Result<RunOu
         }));
     }
     let tokenizer = model.tokenizer()?;
-    let annotator = Annotator::new(tokenizer, engine, engine, &registry, &job.config, &tools)?;
+    let annotator = Annotator::new(tokenizer, engine, engine, registry, &job.config, &tools)?;
     let mut run_info = json!({
         "model": job.model_dir.display().to_string(),
         // The path alone would let a resume go on with another checkpoint in that folder.

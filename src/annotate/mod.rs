@@ -37,7 +37,7 @@ pub use corpus::{Document, Line};
 pub use document::{
     check_tools, Annotator, CStarRecord, CallRecord, DocStats, StageSecs, ToolStats,
 };
-pub use job::{run_job, run_job_on, Job};
+pub use job::{run_job, run_job_on, run_job_with, Job};
 pub use merge::{merge, MergeReport};
 pub use shard::Shard;
 pub use summary::Summary;
