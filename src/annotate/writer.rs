@@ -25,7 +25,7 @@
 //!
 //! The journal is locked (an exclusive advisory lock) from the moment it is opened until the
 //! final files are written, so a second run on the same output (a user running the command
-//! twice, a replacement pod started while the old one is still terminating) fails at once
+//! twice, a replacement pod started while the old one is still terminating) fails within a second
 //! instead of interleaving its lines with the first run's.
 
 use std::ffi::OsStr;

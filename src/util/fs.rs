@@ -6,6 +6,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
@@ -75,23 +76,41 @@ pub fn is_same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Takes `file`'s exclusive advisory lock without waiting, then checks that `file` is still the
-/// one at `path`: between the open and the lock, another process may have renamed or removed
-/// it. `busy` and `moved` say what to report in either case. A file system without locks gets a
-/// warning, and the caller goes on as before locking existed.
+/// How long a lock held elsewhere is waited for before it counts as another writer's. A lock
+/// this process has just released can look held for a moment: a child being started (a tool's
+/// command, from any thread) holds a copy of every descriptor from its fork to its exec, and
+/// with it the lock. Another run holds its lock for the whole run, so waiting only delays the
+/// error.
+const LOCK_PATIENCE: Duration = Duration::from_secs(1);
+
+/// Takes `file`'s exclusive advisory lock (waiting up to `LOCK_PATIENCE`), then checks that
+/// `file` is still the one at `path`: between the open and the lock, another process may have
+/// renamed or removed it. `busy` and `moved` say what to report in either case. A file system
+/// without locks gets a warning, and the caller goes on as before locking existed.
 pub(crate) fn lock_in_place(
     file: &File,
     path: &Path,
     busy: impl FnOnce() -> String,
     moved: impl FnOnce() -> String,
 ) -> Result<()> {
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => return Err(Error::input(busy())),
-        Err(std::fs::TryLockError::Error(e)) => tracing::warn!(
-            "{}: cannot lock it ({e}); make sure no other toolsift process writes it",
-            path.display()
-        ),
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_PATIENCE => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => return Err(Error::input(busy())),
+            Err(std::fs::TryLockError::Error(e)) => {
+                tracing::warn!(
+                    "{}: cannot lock it ({e}); make sure no other toolsift process writes it",
+                    path.display()
+                );
+                break;
+            }
+        }
     }
     if same_file(file, path) {
         Ok(())
@@ -129,7 +148,7 @@ pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()
 ///
 /// The temporary file is locked (an exclusive advisory lock) from its creation until it has
 /// been renamed, so two writers of one path (two `merge` runs into one `--out`, say) cannot
-/// write into the same temporary file: the second fails at once with a clear error.
+/// write into the same temporary file: the second fails within a second (`LOCK_PATIENCE`) with a clear error.
 pub struct AtomicFile {
     path: PathBuf,
     tmp: PathBuf,
