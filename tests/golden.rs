@@ -198,7 +198,7 @@ fn reference_filter_cases_text_level() {
         let (tool, input, _) = parse_call(&f.call);
         let (_, _, result) = parse_call(&f.call_result);
         let text = TextCandidate {
-            text: f.text.clone(),
+            text: f.text.as_str().into(),
             position: offset,
             tool,
             input,

@@ -533,6 +533,7 @@ impl<'a> Annotator<'a> {
         let mut calls: Vec<CallRecord> = Vec::with_capacity(pending.len());
         let mut to_score = Vec::new();
         let mut score_index = Vec::new();
+        let text: Arc<str> = head.text.into();
         for p in pending {
             let mut record = CallRecord {
                 position: p.byte,
@@ -551,7 +552,7 @@ impl<'a> Annotator<'a> {
                 Ok(r) => {
                     record.result = Some(r.clone());
                     let candidate = TextCandidate {
-                        text: head.text.to_owned(),
+                        text: text.clone(),
                         position: p.byte,
                         tool: record.tool.clone(),
                         input: p.input.clone(),

@@ -262,7 +262,7 @@ fn parse_line(
             .get(tokenizer, &t.text, needed)
             .map_err(|e| e.to_string())?;
         let text = TextCandidate {
-            text: t.text.clone(),
+            text: t.text.into(),
             position: t.position,
             tool: t.tool,
             input: t.input,

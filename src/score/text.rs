@@ -28,7 +28,9 @@ use crate::model::Tokenizer;
 /// One candidate call in text form.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TextCandidate {
-    pub text: String,
+    /// Shared: the candidates of one text hold one copy of it (`text.into()` from a `&str` or a
+    /// `String`, `Arc::clone` for the next candidate of the same text).
+    pub text: Arc<str>,
     /// Byte offset into `text` where the call goes.
     pub position: usize,
     pub tool: String,
@@ -195,7 +197,7 @@ pub fn score_texts(
     let mut tokens = Vec::with_capacity(candidates.len());
     for (k, c) in candidates.iter().enumerate() {
         let head = heads
-            .get(tokenizer, &c.text, needed[c.text.as_str()])
+            .get(tokenizer, &c.text, needed[&*c.text])
             .map_err(at(k))?;
         tokens.push(
             c.to_tokens(tokenizer, options.placement, form, Some(head))
