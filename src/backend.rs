@@ -9,6 +9,20 @@ use crate::model::Model;
 use crate::sample::Decoder;
 use crate::score::Scorer;
 
+/// Time and work of a fast backend's last `variant_losses` call (CPU or CUDA), for benchmarks
+/// and logs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunStats {
+    pub unique_tokens: usize,
+    pub head_rows: usize,
+    pub chunks: usize,
+    /// Seconds in the layer GEMMs (q/k/v, out_proj, fc_in, fc_out).
+    pub trunk_gemm_secs: f64,
+    pub attention_secs: f64,
+    pub head_secs: f64,
+    pub total_secs: f64,
+}
+
 /// Where the scoring forward runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

@@ -10,7 +10,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::backend::Device;
-use crate::cpu::{CpuScorer, RunStats};
+use crate::backend::RunStats;
+use crate::cpu::CpuScorer;
 use crate::error::{Error, Result};
 use crate::model::{DType, GptjConfig, GptjWeights, Model};
 use crate::score::{LossWeights, Placement, ScoreOptions, Scorer, TokenCandidate};

@@ -7,7 +7,8 @@ use rayon::prelude::*;
 
 use super::attention::{attend, KeysValues};
 use super::gemm::matmul;
-use super::{ops, CpuScorer, RunStats};
+use super::{ops, CpuScorer};
+use crate::backend::RunStats;
 use crate::plan::Plan;
 use crate::sample::kv_tree::Group;
 pub use crate::sample::kv_tree::NodeId;

@@ -14,28 +14,16 @@ pub mod weights;
 
 use std::time::Instant;
 
+use crate::backend::RunStats;
 use crate::error::Result;
+use crate::model::rotary::RotaryTable;
 use crate::model::{GptjConfig, Model};
 use crate::plan::Plan;
 use crate::score::{ScoreOptions, Scorer, TokenCandidate};
-use ops::RotaryTable;
 use weights::CpuWeights;
 
 /// Default memory budget of one plan chunk (bytes): activations and the planner's own memory.
 pub const DEFAULT_MEMORY_BUDGET: usize = 2 << 30;
-
-/// Time and work of the last `variant_losses` call, for benchmarks and logs.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RunStats {
-    pub unique_tokens: usize,
-    pub head_rows: usize,
-    pub chunks: usize,
-    /// Seconds in the layer GEMMs (q/k/v, out_proj, fc_in, fc_out).
-    pub trunk_gemm_secs: f64,
-    pub attention_secs: f64,
-    pub head_secs: f64,
-    pub total_secs: f64,
-}
 
 /// Runs `op` on a worker of rayon's global pool (directly when the caller is one already).
 ///

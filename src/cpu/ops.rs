@@ -4,6 +4,7 @@
 use rayon::prelude::*;
 
 use super::weights::CpuLayerNorm;
+use crate::model::rotary::RotaryTable;
 
 /// Rows per rayon task for cheap row-wise ops: big enough to amortise scheduling.
 const ROWS_PER_TASK: usize = 32;
@@ -33,30 +34,6 @@ pub fn layer_norm_row(x: &[f32], ln: &CpuLayerNorm, eps: f32, out: &mut [f32]) {
     let inv = 1.0 / (var + eps).sqrt();
     for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(&ln.weight).zip(&ln.bias) {
         *o = (v - mean) * inv * w + b;
-    }
-}
-
-/// cos/sin of pos * 10000^(-2i / rotary_dim), [max_pos, rotary_dim / 2] each; built in f64.
-pub struct RotaryTable {
-    pub half: usize,
-    pub cos: Vec<f32>,
-    pub sin: Vec<f32>,
-}
-
-impl RotaryTable {
-    pub fn new(max_pos: usize, rotary_dim: usize) -> Self {
-        let half = rotary_dim / 2;
-        let mut cos = Vec::with_capacity(max_pos * half);
-        let mut sin = Vec::with_capacity(max_pos * half);
-        for p in 0..max_pos {
-            for i in 0..half {
-                let inv_freq = 1.0 / 10000f64.powf((2 * i) as f64 / rotary_dim as f64);
-                let (s, c) = (p as f64 * inv_freq).sin_cos();
-                cos.push(c as f32);
-                sin.push(s as f32);
-            }
-        }
-        RotaryTable { half, cos, sin }
     }
 }
 

@@ -6,7 +6,8 @@
 use std::time::Instant;
 
 use super::gemm::matmul;
-use super::{ops, CpuScorer, RunStats};
+use super::{ops, CpuScorer};
+use crate::backend::RunStats;
 
 impl CpuScorer {
     /// The final residual stream ([n, d], before ln_f) of the tokens `ids` at `positions`.

@@ -53,9 +53,9 @@ use rotary::RotaryShape;
 use tree_attention::{AttentionShape, AttentionVariant, DeviceTiles, TreeTiles};
 use weights::CudaWeights;
 
-use crate::cpu::ops::RotaryTable;
-use crate::cpu::RunStats;
+use crate::backend::RunStats;
 use crate::error::{driver_err, Error, Result};
+use crate::model::rotary::RotaryTable;
 use crate::model::{DType, GptjConfig, Model};
 use crate::plan::Plan;
 use crate::score::{ScoreOptions, Scorer, TokenCandidate};

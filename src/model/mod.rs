@@ -2,6 +2,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod rotary;
 pub mod tensor;
 pub mod tokenizer;
 pub mod torch_bin;

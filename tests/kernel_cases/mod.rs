@@ -305,7 +305,7 @@ pub struct RotaryCase {
     pub l3: usize,
     pub qkv: Vec<f32>,
     pub positions: Vec<u32>,
-    pub table: ops::RotaryTable,
+    pub table: toolsift::model::rotary::RotaryTable,
 }
 
 impl RotaryCase {
@@ -317,7 +317,7 @@ impl RotaryCase {
         let positions = (0..p.n)
             .map(|_| rng.range(0, p.n_positions - 1) as u32)
             .collect();
-        let table = ops::RotaryTable::new(p.n_positions, p.rotary_dim);
+        let table = toolsift::model::rotary::RotaryTable::new(p.n_positions, p.rotary_dim);
         RotaryCase {
             ld,
             l3,

@@ -460,7 +460,7 @@ mod tests {
 
     use super::model::log_softmax_last_dim;
     use super::*;
-    use crate::cpu::ops::RotaryTable;
+    use crate::model::rotary::RotaryTable;
 
     fn random(shape: &[usize], rng: &mut Rng, scale: f32) -> Tensor {
         let n: usize = shape.iter().product();

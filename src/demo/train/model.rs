@@ -8,7 +8,7 @@ use anyhow::{anyhow, ensure, Result};
 use candle_core::{Device, Tensor, Var, D};
 
 use super::{fused, Batch};
-use crate::cpu::ops::RotaryTable;
+use crate::model::rotary::RotaryTable;
 use crate::model::weights::expected_tensors;
 use crate::model::{GptjConfig, Tensor as CheckpointTensor};
 use crate::util::rng::Rng;
