@@ -102,6 +102,23 @@ pub fn scorer_with_memory_budget(
     }
 }
 
+/// As `scorer_with_memory_budget`, taking the model: on the CPU its weights are converted and
+/// released tensor by tensor (`CpuScorer::from_model`), so a checkpoint is never held twice; on
+/// CUDA it is dropped once uploaded. For a caller that has no other use for the model.
+pub fn scorer_from_model(
+    model: Model,
+    device: Device,
+    memory_budget: Option<usize>,
+) -> Result<Box<dyn Scorer>> {
+    match device {
+        Device::Cpu => Ok(Box::new(
+            crate::cpu::CpuScorer::from_model(model)
+                .with_memory_budget(memory_budget.unwrap_or(crate::cpu::DEFAULT_MEMORY_BUDGET)),
+        )),
+        Device::Cuda => cuda_scorer(&model, memory_budget),
+    }
+}
+
 /// The incremental decoder (KV-cached generation) for `device` over `model`; shareable across
 /// threads, each opening its own sessions.
 pub fn decoder_for(model: &Model, device: Device) -> Result<Box<dyn Decoder + Send + Sync>> {

@@ -8,7 +8,6 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use toolsift::cpu::CpuScorer;
 use toolsift::model::DType;
 use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
 use toolsift::score::LossWeights;
@@ -515,13 +514,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         (true, _) => Box::new(ReferenceScorer::new(&model)),
         // The scorer takes the weights; the checkpoint's mapping is released as they are
         // converted.
-        (false, Device::Cpu) => Box::new(
-            CpuScorer::from_model(model)
-                .with_memory_budget(memory_budget.unwrap_or(toolsift::cpu::DEFAULT_MEMORY_BUDGET)),
-        ),
-        (false, device) => {
-            toolsift::backend::scorer_with_memory_budget(&model, device, memory_budget)?
-        }
+        (false, device) => toolsift::backend::scorer_from_model(model, device, memory_budget)?,
     };
     let output = open_output(&args.output, resume_at)?;
     let summary = score_jsonl(
