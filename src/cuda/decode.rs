@@ -1,6 +1,7 @@
 //! The driver's sampling steps on the GPU (`Sampler`, `Decoder`), on a device KV tree: the CUDA
-//! side of `crate::cpu::decode` / `crate::cpu::sampler`, sharing their validation and decoding
-//! loop (`crate::sample::batch`), hence the same error messages and the same draws.
+//! side of `crate::cpu::decode` / `crate::cpu::sampler`. `Sampler` runs the algorithm the CPU
+//! runs (`crate::sample::cached`) on this engine's store and heads (`Engine`), and the decode
+//! session shares the CPU's checks (`crate::sample::batch`): the same errors and the same draws.
 //!
 //! - `CudaKvTree`: the KV tree of `crate::sample::kv_tree` (the nodes, on the host, shared with
 //!   the CPU engine) over a device store: per layer one K and one V buffer
@@ -32,11 +33,12 @@ use super::tree_attention::TreeTiles;
 use super::weights::CudaWeights;
 use super::{check, upload, zeros, CudaScorer, DeviceWeights, NewTokens};
 use crate::error::{driver_err, Error, Result};
+use crate::model::GptjConfig;
 use crate::plan::Plan;
+use crate::sample::cached::{self, KvEngine};
 use crate::sample::kv_tree::{Group, KvTree};
 use crate::sample::{
-    batch, Branch, Choose, DecodeSession, Decoder, Proposal, Sample, SampleOptions, SampleRequest,
-    Sampler,
+    batch, Choose, DecodeSession, Decoder, Proposal, Sample, SampleOptions, SampleRequest, Sampler,
 };
 
 /// The device store of a KV tree: per layer one K and one V buffer [capacity, stride(n_embd)].
@@ -148,21 +150,6 @@ impl CudaScorer {
         self.forward_new(w, tree, &ids, &positions, &groups)
     }
 
-    /// Prefills a prefix tree: every segment of `plan` becomes a node (returned per segment)
-    /// holding its ancestors' rows and its own; returns the residual stream of the plan's tokens.
-    /// The caller holds `device_calls`.
-    fn prefill_tree<T: DeviceFloat>(
-        &self,
-        w: &CudaWeights<T>,
-        tree: &mut CudaKvTree<T>,
-        plan: &Plan,
-    ) -> Result<(Vec<usize>, CudaSlice<f32>)> {
-        tree.reserve(&self.gpu, plan.n_tokens())?;
-        let (nodes, groups) = tree.add_plan(plan);
-        let x = self.forward_new(w, tree, &plan.tokens, &plan.positions, &groups)?;
-        Ok((nodes, x))
-    }
-
     /// The layer loop over new tokens whose cache rows start at `tree.rows()` and whose groups'
     /// contexts are already recorded.
     fn forward_new<T: DeviceFloat>(
@@ -204,31 +191,6 @@ impl CudaScorer {
         )?;
         tree.commit(n);
         Ok(x)
-    }
-
-    /// ln_f (with the pending last fc_out bias) and the LM head at rows `rows` of `x`
-    /// ([x_rows, ds]), chunk by chunk: per row, the log-probabilities of `tokens` (the full
-    /// log-softmax stays on the device).
-    fn head_token_log_probs<T: DeviceFloat>(
-        &self,
-        w: &CudaWeights<T>,
-        x: &mut CudaSlice<f32>,
-        x_rows: usize,
-        tokens: &[u32],
-    ) -> Result<Vec<Vec<f32>>> {
-        let nt = tokens.len();
-        if nt == 0 || x_rows == 0 {
-            return Ok(vec![Vec::new(); x_rows]);
-        }
-        let rows: Vec<u32> = (0..x_rows as u32).collect();
-        let gather = HeadGather {
-            offsets: (0..=x_rows as u32).map(|i| i * nt as u32).collect(),
-            tokens: (0..x_rows).flat_map(|_| tokens.iter().copied()).collect(),
-            slots: (0..(x_rows * nt) as u32).collect(),
-            n_out: x_rows * nt,
-        };
-        let out = self.head_gather(w, x, x_rows, &rows, &gather)?;
-        Ok(out.chunks(nt).map(<[f32]>::to_vec).collect())
     }
 
     /// ln_f and the LM head at rows `head_rows` of `x` ([x_rows, ds]), chunk by chunk, with the
@@ -373,208 +335,114 @@ impl CudaScorer {
         }
         Ok(())
     }
+}
 
-    fn token_log_probs_t<T: DeviceFloat>(
-        &self,
-        w: &CudaWeights<T>,
-        ids: &[u32],
-        tokens: &[u32],
-    ) -> Result<Vec<Vec<f32>>> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let c = &self.config;
-        let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, ids.len())?;
-        let root = tree.root();
-        let mut x = self.extend_tree(w, &mut tree, &[root], &[ids.to_vec()])?;
-        self.head_token_log_probs(w, &mut x, ids.len(), tokens)
-    }
+/// The engine at its weights' storage type, as the sampling algorithm (`crate::sample::cached`)
+/// runs on it. The caller holds `device_calls`.
+struct Engine<'a, T> {
+    scorer: &'a CudaScorer,
+    w: &'a CudaWeights<T>,
+}
 
-    fn sample_t<T: DeviceFloat>(
-        &self,
-        w: &CudaWeights<T>,
-        requests: &[SampleRequest],
-        options: &SampleOptions,
-    ) -> Result<Vec<Vec<Sample>>> {
-        if let Some(empty) = batch::nothing_to_draw(requests, options) {
-            return Ok(empty);
-        }
-        // Groups of requests run one after another, each within the memory budget (and the
-        // operand cap of `max_chunk_tokens`).
-        let (bytes, budget) = self.sample_budget();
-        let mut out = Vec::with_capacity(requests.len());
-        let whole = |r: &SampleRequest| r.prefix.len();
-        for group in batch::sample_groups(requests, options, budget, bytes, whole) {
-            out.extend(self.sample_group(w, &requests[group.clone()], group.start, options)?);
-        }
-        Ok(out)
-    }
-
-    /// One group of `sample`'s requests (`first_request`: the first one's batch index) in a KV
-    /// tree of its own, sized up front for its prefixes and every sample's tokens: every prefix
-    /// prefilled once as a prefix tree, each request's first tokens drawn from its row as soon
-    /// as the row exists, then the decoding loop.
-    fn sample_group<T: DeviceFloat>(
-        &self,
-        w: &CudaWeights<T>,
-        requests: &[SampleRequest],
-        first_request: usize,
-        options: &SampleOptions,
-    ) -> Result<Vec<Vec<Sample>>> {
-        let c = &self.config;
-        let prefixes: Vec<Vec<u32>> = requests.iter().map(|r| r.prefix.clone()).collect();
-        let (plan, last_rows) = Plan::from_sequences(&prefixes);
-        let capacity = plan.n_tokens() + decode_rows(requests, options);
-        let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, capacity)?;
-        let (seg_nodes, mut x) = self.prefill_tree(w, &mut tree, &plan)?;
-        let last_rows: Vec<usize> = last_rows
-            .into_iter()
-            .map(|r| r.expect("non-empty prefix") as usize)
-            .collect();
-        let head_rows: Vec<u32> = last_rows.iter().map(|&r| r as u32).collect();
-        let mut first = batch::FirstDraws::new(options, first_request);
-        self.head_log_softmax_each(w, &mut x, plan.n_tokens(), &head_rows, |k, row| {
-            first.push(k, &requests[k], row);
-        })?;
-        drop(x);
-        let nodes = tree.fork_samples(requests, &plan, &seg_nodes, &last_rows);
-        self.decode_samples(w, &mut tree, requests, first, nodes)
-    }
-
-    fn propose_t<T: DeviceFloat>(
-        &self,
-        w: &CudaWeights<T>,
-        ids: &[u32],
-        tokens: &[u32],
-        choose: &mut Choose<'_>,
-        options: &SampleOptions,
-    ) -> Result<Proposal> {
-        let c = &self.config;
-        let mut tree = CudaKvTree::<T>::new(&self.gpu, c.n_layer, c.n_embd, ids.len())?;
-        let root = tree.root();
-        let log_probs = if ids.is_empty() {
-            Vec::new()
-        } else {
-            let mut x = self.extend_tree(w, &mut tree, &[root], &[ids.to_vec()])?;
-            self.head_token_log_probs(w, &mut x, ids.len(), tokens)?
-        };
-        let (branches, requests) = batch::choose_branches(
-            ids,
-            &log_probs,
-            choose,
-            options,
-            c.vocab_size,
-            c.n_positions,
-        )?;
-        if let Some(samples) = batch::nothing_to_draw(&requests, options) {
-            return Ok(Proposal {
-                log_probs,
-                branches,
-                samples,
-            });
-        }
-        // Branches run in groups within the budget (less the sequence's cached K/V), each
-        // group's rows freed before the next. One growth to the largest group's size (its
-        // branches' tokens and every sample's) serves them all.
-        let (bytes, budget) = self.sample_budget();
-        let budget = budget.saturating_sub(ids.len() * bytes.kv);
-        let groups = batch::sample_groups(&requests, options, budget, bytes, |_| 1);
-        let most = groups
-            .iter()
-            .map(|g| g.len() + decode_rows(&requests[g.clone()], options))
-            .max()
-            .unwrap_or(0);
-        tree.reserve(&self.gpu, most)?;
-        let mut samples = Vec::with_capacity(requests.len());
-        for group in groups {
-            samples.extend(tree.scoped(|tree| {
-                self.propose_group(
-                    w,
-                    tree,
-                    root,
-                    &branches[group.clone()],
-                    &requests[group.clone()],
-                    group.start,
-                    options,
-                )
-            })?);
-        }
-        Ok(Proposal {
-            log_probs,
-            branches,
-            samples,
-        })
-    }
-
-    /// One group of `propose`'s branches (`first_request`: the first one's index), with
-    /// `requests` their sample requests: each branch forks the sequence cached at `root` and
-    /// computes only its own token, then its samples are drawn and decoded.
-    #[allow(clippy::too_many_arguments)]
-    fn propose_group<T: DeviceFloat>(
-        &self,
-        w: &CudaWeights<T>,
-        tree: &mut CudaKvTree<T>,
-        root: usize,
-        branches: &[Branch],
-        requests: &[SampleRequest],
-        first_request: usize,
-        options: &SampleOptions,
-    ) -> Result<Vec<Vec<Sample>>> {
-        let prefix_nodes: Vec<usize> = branches.iter().map(|b| tree.fork(root, b.at)).collect();
-        let opens: Vec<Vec<u32>> = branches.iter().map(|b| vec![b.token]).collect();
-        let mut x = self.extend_tree(w, tree, &prefix_nodes, &opens)?;
-        let rows: Vec<u32> = (0..requests.len() as u32).collect();
-        let mut first = batch::FirstDraws::new(options, first_request);
-        self.head_log_softmax_each(w, &mut x, requests.len(), &rows, |r, row| {
-            first.push(r, &requests[r], row)
-        })?;
-        drop(x);
-        let nodes = tree.fork_each(requests, &prefix_nodes);
-        self.decode_samples(w, tree, requests, first, nodes)
-    }
-
-    /// What a sampled token costs (activations, K/V) and the bytes a group of samples may use:
-    /// the memory budget, within the operand cap of `max_chunk_tokens`.
-    fn sample_budget(&self) -> (batch::TokenBytes, usize) {
-        let kv = self.kv_bytes_per_token();
-        let bytes = batch::TokenBytes {
-            activations: self.bytes_per_token() - kv,
-            kv,
-        };
-        (bytes, self.max_chunk_tokens() * self.bytes_per_token())
-    }
-
-    /// The decoding loop of `requests` from their first draws, sample i growing node
-    /// `nodes[i]` of `tree`.
-    fn decode_samples<T: DeviceFloat>(
-        &self,
-        w: &CudaWeights<T>,
-        tree: &mut CudaKvTree<T>,
-        requests: &[SampleRequest],
-        first: batch::FirstDraws<'_>,
-        nodes: Vec<usize>,
-    ) -> Result<Vec<Vec<Sample>>> {
-        batch::decode(requests, first, nodes, |nodes, tokens, each| {
-            let mut x = self.extend_tree(w, tree, nodes, tokens)?;
-            let rows: Vec<u32> = (0..nodes.len() as u32).collect();
-            self.head_log_softmax_each(w, &mut x, nodes.len(), &rows, each)
-        })
+impl<'a, T> Engine<'a, T> {
+    fn new(scorer: &'a CudaScorer, w: &'a CudaWeights<T>) -> Self {
+        Engine { scorer, w }
     }
 }
 
-/// Cache rows the decoding of `requests` can add: at most `max_new_tokens` per sample.
-fn decode_rows(requests: &[SampleRequest], options: &SampleOptions) -> usize {
-    requests.iter().map(|r| r.n_samples).sum::<usize>() * options.max_new_tokens
+/// A forward's final residual stream on the device: [rows, stride(n_embd)] f32, the last fc_out
+/// bias pending (the heads add it).
+struct Hidden {
+    x: CudaSlice<f32>,
+    rows: usize,
+}
+
+impl<T: DeviceFloat> KvEngine for Engine<'_, T> {
+    type Store = DeviceKv<T>;
+    type Hidden = Hidden;
+
+    fn config(&self) -> &GptjConfig {
+        &self.scorer.config
+    }
+
+    /// A token's activations and K/V; a group may use the memory budget within the operand cap
+    /// of `max_chunk_tokens`.
+    fn sample_budget(&self) -> (batch::TokenBytes, usize) {
+        let s = self.scorer;
+        let kv = s.kv_bytes_per_token();
+        let bytes = batch::TokenBytes {
+            activations: s.bytes_per_token() - kv,
+            kv,
+        };
+        (bytes, s.max_chunk_tokens() * s.bytes_per_token())
+    }
+
+    fn new_tree(&self, rows: usize) -> Result<CudaKvTree<T>> {
+        let c = &self.scorer.config;
+        CudaKvTree::new(&self.scorer.gpu, c.n_layer, c.n_embd, rows)
+    }
+
+    fn reserve(&self, tree: &mut CudaKvTree<T>, rows: usize) -> Result<()> {
+        tree.reserve(&self.scorer.gpu, rows)
+    }
+
+    fn prefill_tree(&self, tree: &mut CudaKvTree<T>, plan: &Plan) -> Result<(Vec<usize>, Hidden)> {
+        tree.reserve(&self.scorer.gpu, plan.n_tokens())?;
+        let (nodes, groups) = tree.add_plan(plan);
+        let x = self
+            .scorer
+            .forward_new(self.w, tree, &plan.tokens, &plan.positions, &groups)?;
+        let rows = plan.n_tokens();
+        Ok((nodes, Hidden { x, rows }))
+    }
+
+    fn extend_tree(
+        &self,
+        tree: &mut CudaKvTree<T>,
+        nodes: &[usize],
+        tokens: &[Vec<u32>],
+    ) -> Result<Hidden> {
+        let x = self.scorer.extend_tree(self.w, tree, nodes, tokens)?;
+        let rows = tokens.iter().map(Vec::len).sum();
+        Ok(Hidden { x, rows })
+    }
+
+    /// Chunk by chunk; the full log-softmax stays on the device, only `tokens` come back.
+    fn head_token_log_probs(&self, mut hidden: Hidden, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let (nt, x_rows) = (tokens.len(), hidden.rows);
+        if nt == 0 || x_rows == 0 {
+            return Ok(vec![Vec::new(); x_rows]);
+        }
+        let rows: Vec<u32> = (0..x_rows as u32).collect();
+        let gather = HeadGather {
+            offsets: (0..=x_rows as u32).map(|i| i * nt as u32).collect(),
+            tokens: (0..x_rows).flat_map(|_| tokens.iter().copied()).collect(),
+            slots: (0..(x_rows * nt) as u32).collect(),
+            n_out: x_rows * nt,
+        };
+        let out = self
+            .scorer
+            .head_gather(self.w, &mut hidden.x, x_rows, &rows, &gather)?;
+        Ok(out.chunks(nt).map(<[f32]>::to_vec).collect())
+    }
+
+    fn head_log_softmax_each(
+        &self,
+        mut hidden: Hidden,
+        rows: &[u32],
+        each: impl FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        self.scorer
+            .head_log_softmax_each(self.w, &mut hidden.x, hidden.rows, rows, each)
+    }
 }
 
 impl Sampler for CudaScorer {
     fn token_log_probs(&self, ids: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         let _device = self.lock_device()?;
-        let c = &self.config;
-        batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
         match &self.weights {
-            DeviceWeights::Bf16(w) => self.token_log_probs_t(w, ids, tokens),
-            DeviceWeights::F16(w) => self.token_log_probs_t(w, ids, tokens),
+            DeviceWeights::Bf16(w) => cached::token_log_probs(&Engine::new(self, w), ids, tokens),
+            DeviceWeights::F16(w) => cached::token_log_probs(&Engine::new(self, w), ids, tokens),
         }
     }
 
@@ -584,11 +452,9 @@ impl Sampler for CudaScorer {
         options: &SampleOptions,
     ) -> Result<Vec<Vec<Sample>>> {
         let _device = self.lock_device()?;
-        let c = &self.config;
-        batch::check_requests("request", requests, options, c.vocab_size, c.n_positions)?;
         match &self.weights {
-            DeviceWeights::Bf16(w) => self.sample_t(w, requests, options),
-            DeviceWeights::F16(w) => self.sample_t(w, requests, options),
+            DeviceWeights::Bf16(w) => cached::sample(&Engine::new(self, w), requests, options),
+            DeviceWeights::F16(w) => cached::sample(&Engine::new(self, w), requests, options),
         }
     }
 
@@ -602,11 +468,13 @@ impl Sampler for CudaScorer {
         // Held across `choose` too (the sequence's cache stays allocated while it picks), so
         // a call on this scorer from `choose` is an error (`lock_device`).
         let _device = self.lock_device()?;
-        let c = &self.config;
-        batch::check_sequence(ids, tokens, c.vocab_size, c.n_positions)?;
         match &self.weights {
-            DeviceWeights::Bf16(w) => self.propose_t(w, ids, tokens, choose, options),
-            DeviceWeights::F16(w) => self.propose_t(w, ids, tokens, choose, options),
+            DeviceWeights::Bf16(w) => {
+                cached::propose(&Engine::new(self, w), ids, tokens, choose, options)
+            }
+            DeviceWeights::F16(w) => {
+                cached::propose(&Engine::new(self, w), ids, tokens, choose, options)
+            }
         }
     }
 }

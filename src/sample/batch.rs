@@ -1,8 +1,8 @@
-//! What the KV-cached samplers (CPU and CUDA) share: the checks of their inputs, and the decoding
-//! loop that turns log-probability rows into samples. A backend brings only its cache: a node per
-//! sample forked from the request's prefix, and a step that extends nodes by one token each.
-//! Written once, the policy (seeded stream per sample, `draw`, stop tokens, length cap, output
-//! order) cannot differ between backends.
+//! The parts the KV-cached samplers (CPU and CUDA) share: the checks of their inputs, the memory
+//! groups, and the decoding loop that turns log-probability rows into samples. `super::cached`
+//! puts them together into the `Sampler` algorithm; the decode sessions use the checks. Written
+//! once, the policy (seeded stream per sample, `draw`, stop tokens, length cap, output order)
+//! cannot differ between backends.
 
 use super::{
     branch_requests, draw, sample_rng, Branch, Choose, Sample, SampleOptions, SampleRequest,

@@ -165,11 +165,11 @@ impl<S> KvTree<S> {
         requests: &[SampleRequest],
         plan: &Plan,
         seg_nodes: &[NodeId],
-        last_rows: &[usize],
+        last_rows: &[u32],
     ) -> Vec<NodeId> {
         batch::sample_requests(requests)
             .map(|r| {
-                let row = last_rows[r];
+                let row = last_rows[r] as usize;
                 let seg = plan.token_segment[row] as usize;
                 self.fork(seg_nodes[seg], plan.positions[row] as usize + 1)
             })

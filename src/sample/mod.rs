@@ -11,6 +11,7 @@
 //!   computed once per document and tool.
 
 pub(crate) mod batch;
+pub(crate) mod cached;
 pub mod kv_tree;
 pub mod reference;
 
