@@ -29,6 +29,7 @@ use toolsift::cuda::{
     embedding, gelu, layer_norm, lm_head_xent, rotary, stride, tree_attention, CudaDType,
     DeviceFloat, Gpu,
 };
+use toolsift::sample::kv_tree::Group;
 
 fn up<T: toolsift::cuda::cudarc::driver::DeviceRepr + Clone + Default>(
     gpu: &Gpu,
@@ -646,7 +647,11 @@ fn tree_tiles_from_groups_equal_the_plans() {
                     })
                     .collect();
                 ranges.push(seg.start as usize..(seg.start + seg.len) as usize);
-                (ranges, seg.len as usize, seg.start as usize)
+                Group {
+                    ranges,
+                    n_new: seg.len as usize,
+                    first_query: seg.start as usize,
+                }
             })
             .collect();
         assert_eq!(
@@ -654,8 +659,15 @@ fn tree_tiles_from_groups_equal_the_plans() {
             TreeTiles::from_plan_unpacked(&plan, 0)
         );
     }
-    let decode =
-        TreeTiles::from_groups(&[(vec![0..5, 9..10], 1, 0), (vec![0..3, 7..8, 10..11], 1, 1)]);
+    let group = |ranges: Vec<std::ops::Range<usize>>, first_query| Group {
+        ranges,
+        n_new: 1,
+        first_query,
+    };
+    let decode = TreeTiles::from_groups(&[
+        group(vec![0..5, 9..10], 0),
+        group(vec![0..3, 7..8, 10..11], 1),
+    ]);
     assert!(decode.single_queries());
     assert_eq!(decode.tiles, vec![0, 1, 5, 0, 1, 1, 4, 0]);
     assert_eq!(decode.ctx_tokens, vec![0, 1, 2, 3, 4, 9, 0, 1, 2, 7, 10]);

@@ -137,19 +137,19 @@ fn cached_attention(
     let d = n_head * head_dim;
     let mut rest = out;
     let mut outs = Vec::with_capacity(groups.len());
-    for (_, n_new, _) in groups {
-        let (mine, tail) = rest.split_at_mut(n_new * d);
+    for g in groups {
+        let (mine, tail) = rest.split_at_mut(g.n_new * d);
         outs.push(mine);
         rest = tail;
     }
     outs.into_par_iter()
         .zip(groups.par_iter())
-        .for_each(|(out, (ranges, n_new, first))| {
-            if *n_new == 0 {
+        .for_each(|(out, g)| {
+            if g.n_new == 0 {
                 return; // a group with no new tokens (an empty sequence) has nothing to attend
             }
-            let rows: Vec<usize> = ranges.iter().flat_map(|r| r.clone()).collect();
-            let q = &qkv[first * 3 * d..(first + n_new) * 3 * d];
+            let rows: Vec<usize> = g.ranges.iter().flat_map(|r| r.clone()).collect();
+            let q = &qkv[g.first_query * 3 * d..(g.first_query + g.n_new) * 3 * d];
             let kv = KeysValues {
                 k,
                 v,

@@ -282,7 +282,9 @@ impl CudaScorer {
     }
 
     /// ln_f and the lm_head GEMM over `rows` of `x` in chunks of at most `head_chunk_rows`;
-    /// `each(logits [m, stride(vocab)] f32, first row index, m)` consumes a chunk.
+    /// `each(logits [m, stride(vocab)] f32, first row index, m)` consumes a chunk. `x` is
+    /// `&mut` for the layer_norm launcher's sake only: gathering rows, ln_f adds the pending
+    /// fc_out bias to what it reads and never writes `x`, so the heads may read one `x` again.
     pub(super) fn head_chunks<T: DeviceFloat>(
         &self,
         w: &CudaWeights<T>,
@@ -489,7 +491,7 @@ pub struct CudaDecodeSession<'a> {
     engine: &'a CudaScorer,
     /// None until the first sequence (allocation errors surface from `extend`).
     tree: Option<AnyTree>,
-    /// Per sequence: its node, and its length while the tree is not allocated yet.
+    /// Per sequence: its node in `tree` (its length is the tree's `len`).
     nodes: Vec<usize>,
     /// Bytes of `tree` added to the engine's `session_kv_bytes`.
     counted: usize,

@@ -11,6 +11,7 @@ use super::context::{DeviceFloat, Gpu};
 use super::{check, need};
 use crate::error::{driver_err, Result};
 use crate::plan::Plan;
+use crate::sample::kv_tree::Group;
 
 /// Query rows per tile (4 warps x 16) and keys per step: the attention kernels' tile contract
 /// (kernels/attention_tile.cuh).
@@ -221,9 +222,14 @@ impl TreeTiles {
     /// Tiles of the new tokens of a KV-tree forward: group g's `n_new` queries are rows
     /// `first..first + n_new` of the query buffer and the last `n_new` entries of its context
     /// `ctx` (cache rows: ancestors' and earlier tokens, then its own new rows).
-    pub fn from_groups(groups: &[(Vec<std::ops::Range<usize>>, usize, usize)]) -> Self {
+    pub fn from_groups(groups: &[Group]) -> Self {
         let mut t = TreeTiles::default();
-        for (ranges, n_new, first) in groups {
+        for Group {
+            ranges,
+            n_new,
+            first_query: first,
+        } in groups
+        {
             let ctx_offset = t.ctx_tokens.len() as u64;
             for r in ranges {
                 t.ctx_tokens.extend(r.clone().map(|i| i as u32));

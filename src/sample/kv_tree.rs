@@ -16,8 +16,16 @@ use crate::plan::Plan;
 /// Index of a sequence in a `KvTree`.
 pub type NodeId = usize;
 
-/// Context of one group of new tokens: (its node's context rows, new tokens, first query row).
-pub(crate) type Group = (Vec<Range<usize>>, usize, usize);
+/// The attention context of one group of new tokens (one node's, in one forward).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    /// Store rows of the node's context, in order; the new tokens' rows are the last `n_new`.
+    pub ranges: Vec<Range<usize>>,
+    /// New tokens of the group.
+    pub n_new: usize,
+    /// Row of the group's first new token among the forward's new tokens (its queries).
+    pub first_query: usize,
+}
 
 /// A sequence in the tree: the store rows of its context, in order (ancestors' rows first).
 #[derive(Debug, Clone, Default)]
@@ -100,10 +108,6 @@ impl<S> KvTree<S> {
         self.rows
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.rows == 0
-    }
-
     /// Records `tokens[g]` at the end of sequence `nodes[g]` for every group g, as the rows after
     /// the cached ones; returns the new tokens' ids and positions, in order, and the groups. A
     /// group may continue a node that another group of the same call adds tokens to only if it
@@ -124,7 +128,11 @@ impl<S> KvTree<S> {
                 self.nodes[node].push(self.rows + ids.len());
                 ids.push(t);
             }
-            groups.push((self.nodes[node].ranges.clone(), toks.len(), first));
+            groups.push(Group {
+                ranges: self.nodes[node].ranges.clone(),
+                n_new: toks.len(),
+                first_query: first,
+            });
         }
         (ids, positions, groups)
     }
@@ -150,7 +158,11 @@ impl<S> KvTree<S> {
             for row in seg_range(s) {
                 node.push(row);
             }
-            groups.push((node.ranges.clone(), seg.len as usize, seg.start as usize));
+            groups.push(Group {
+                ranges: node.ranges.clone(),
+                n_new: seg.len as usize,
+                first_query: seg.start as usize,
+            });
             self.nodes.push(node);
             ids.push(self.nodes.len() - 1);
         }
@@ -266,6 +278,6 @@ mod tests {
         // The next append takes the rows the undone one had taken.
         let (_, positions, groups) = tree.append(&[b], &[vec![7]]);
         assert_eq!(positions, [2]);
-        assert_eq!(groups[0].0, [0..2, 3..4]);
+        assert_eq!(groups[0].ranges, [0..2, 3..4]);
     }
 }
