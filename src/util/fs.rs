@@ -279,7 +279,6 @@ impl Drop for AtomicFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
     #[test]
     fn atomic_file_is_all_or_nothing() {
