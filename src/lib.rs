@@ -55,7 +55,7 @@ pub mod score;
 pub mod util;
 pub mod workload;
 
-pub use backend::{scorer_for, scorer_with_memory_budget, Device};
+pub use backend::{scorer_for, scorer_from_model, scorer_with_memory_budget, Device};
 pub use error::{Error, Result};
 pub use model::{GptjConfig, Model};
 pub use score::{

@@ -208,3 +208,24 @@ fn annotate_runs_from_a_program_with_its_own_registry() {
         records[0].annotated_text
     );
 }
+
+/// `Model`'s fields are public, so a model can be put together without `from_parts`' check:
+/// one without the lm_head bias scores on the fast engine as the reference reads it (zeros).
+#[test]
+fn a_model_without_the_lm_head_bias_scores_as_the_reference_reads_it() {
+    let mut model = model();
+    model.weights.lm_head.bias = None;
+    let options = ScoreOptions::default();
+    let batch = vec![candidate(vec![329, 266, 451, 455, 338, 11, 285])];
+    let fast = scorer_for(&model, Device::Cpu)
+        .unwrap()
+        .score(&batch, &options)
+        .unwrap();
+    let reference = ReferenceScorer::new(&model)
+        .score(&batch, &options)
+        .unwrap();
+    for (a, b) in fast.iter().zip(&reference) {
+        assert!((a.delta - b.delta).abs() < 1e-4, "{a:?} vs {b:?}");
+        assert!((a.l_none - b.l_none).abs() < 1e-4, "{a:?} vs {b:?}");
+    }
+}

@@ -34,6 +34,7 @@ pub struct Job {
 
 /// Runs `job` (resuming from its journal if there is one).
 pub fn run_job(job: &Job) -> Result<RunOutcome> {
+    super::check_out(&job.out)?;
     run_job_with(job, &open_tools(job)?)
 }
 

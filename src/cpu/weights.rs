@@ -152,7 +152,11 @@ impl CpuWeights {
                 }
             })
             .collect();
-        let lm_head_b = lm_head.bias.map(f32_of).expect("lm_head has a bias");
+        // A `Model` built field by field may lack it: zeros, as the reference reads it.
+        let lm_head_b = match lm_head.bias {
+            Some(b) => f32_of(b),
+            None => vec![0.0; config.vocab_size],
+        };
         CpuWeights {
             wte: f32_of(wte),
             h,

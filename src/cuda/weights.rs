@@ -86,7 +86,7 @@ fn upload_ln(gpu: &Gpu, l: &LayerNormWeights, bytes: &mut usize) -> Result<CudaL
 impl<T: DeviceFloat> CudaWeights<T> {
     pub fn new(gpu: &Gpu, config: &GptjConfig, w: &GptjWeights) -> Result<Self> {
         let _span = tracing::info_span!("cuda_upload_weights", dtype = T::DTYPE.name()).entered();
-        let (d, f) = (config.n_embd, config.inner_dim());
+        let (d, f, vocab) = (config.n_embd, config.inner_dim(), config.vocab_size);
         let (ds, fs) = (stride(d), stride(f));
         let mut bytes = 0;
         let bias = |b: &Option<Tensor>, what: &str| -> Result<Tensor> {
@@ -113,7 +113,16 @@ impl<T: DeviceFloat> CudaWeights<T> {
                 fc_out_b: upload_f32(gpu, &bias(&b.mlp.fc_out.bias, "fc_out")?, &mut bytes)?,
             });
         }
-        let lm_head_b = upload_f32(gpu, &bias(&w.lm_head.bias, "lm_head")?, &mut bytes)?;
+        // A `Model` built field by field may lack it: zeros, as the reference reads it.
+        let lm_head_b = match &w.lm_head.bias {
+            Some(b) => upload_f32(gpu, b, &mut bytes)?,
+            None => {
+                bytes += 4 * vocab;
+                gpu.stream
+                    .alloc_zeros::<f32>(vocab)
+                    .map_err(driver_err("allocating the lm_head bias"))?
+            }
+        };
         Ok(CudaWeights {
             wte: upload_matrix(gpu, &[&w.wte], d, ds, &mut bytes)?,
             h,

@@ -38,8 +38,8 @@ use crate::error::{Error, Result};
 pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathBuf>> {
     let paths = OutputPaths::new(out);
     let _lock = match std::fs::File::open(&paths.journal) {
-        Ok(journal) => match journal.try_lock() {
-            Err(std::fs::TryLockError::WouldBlock) => {
+        Ok(journal) => match crate::util::fs::lock_patiently(&journal) {
+            Ok(false) => {
                 return Err(Error::input(format!(
                     "{}: another toolsift run is writing this output (its journal is locked); \
                      wait for it to finish or stop it, then rerun",
@@ -47,7 +47,7 @@ pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathB
                 )))
             }
             // A file system without locks: as `Journal::open`, go on.
-            Ok(()) | Err(std::fs::TryLockError::Error(_)) => Some(journal),
+            Ok(true) | Err(_) => Some(journal),
         },
         Err(_) => None,
     };

@@ -2,8 +2,9 @@
 //! input line, in order.
 //!
 //! In: {"id", "prompt"}, optionally "date" and "url" (passed to the tools as the document's).
-//! Out: {"id", "completion", "calls": [{"position", "tool", "input", "result", "status"}],
-//! "finish"}, or {"id", "line", "error"} for a line that cannot be generated from. "id" is echoed
+//! Out: {"id", "line", "completion", "calls": [{"position", "tool", "input", "result",
+//! "status"}], "finish"}, or {"id", "line", "error"} for a line that cannot be generated from
+//! ("line": the 1-based input line answered). "id" is echoed
 //! as given: a string or an integer of at most 64 bits (null when absent or null). A line is a
 //! JSON object; any other id (a float, an integer beyond 64 bits, which would come back as a
 //! float, a boolean, an array or an object) makes that line an error line with id null, as

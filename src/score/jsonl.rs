@@ -7,6 +7,7 @@
 //! "call_result_ids"}; both may carry "weights" (overriding the batch's) and "tau_f".
 
 use std::io::{BufRead, Write};
+use std::sync::Arc;
 
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -258,11 +259,12 @@ fn parse_line(
             .as_deref()
             .unwrap_or(options.score.weights.as_slice());
         let needed = head_tokens_needed(&t.text, t.position, weights)?;
+        let shared: Arc<str> = t.text.into();
         let head = texts
-            .get(tokenizer, &t.text, needed)
+            .get(tokenizer, &shared, needed)
             .map_err(|e| e.to_string())?;
         let text = TextCandidate {
-            text: t.text.into(),
+            text: shared.clone(),
             position: t.position,
             tool: t.tool,
             input: t.input,

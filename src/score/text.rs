@@ -212,7 +212,7 @@ pub fn score_texts(
 /// holds is tokenized again, further.
 #[derive(Default)]
 pub(crate) struct TextHeads {
-    heads: HashMap<String, TextHead>,
+    heads: HashMap<Arc<str>, TextHead>,
 }
 
 /// At least `tokens_asked` tokens of a text's encoding, or all of them.
@@ -228,7 +228,7 @@ impl TextHeads {
     pub(crate) fn get(
         &mut self,
         tokenizer: &Tokenizer,
-        text: &str,
+        text: &Arc<str>,
         tokens: usize,
     ) -> Result<(&Encoding, Arc<[u32]>)> {
         if self.heads.get(text).is_none_or(|h| h.tokens_asked < tokens) {
@@ -238,7 +238,7 @@ impl TextHeads {
                 encoding,
                 tokens_asked: tokens,
             };
-            self.heads.insert(text.to_owned(), head);
+            self.heads.insert(text.clone(), head);
         }
         let head = &self.heads[text];
         Ok((&head.encoding, head.ids.clone()))

@@ -83,7 +83,25 @@ pub fn is_same_file(a: &Path, b: &Path) -> bool {
 /// error.
 const LOCK_PATIENCE: Duration = Duration::from_secs(1);
 
-/// Takes `file`'s exclusive advisory lock (waiting up to `LOCK_PATIENCE`), then checks that
+/// Takes `file`'s exclusive advisory lock, waiting up to `LOCK_PATIENCE` for a holder to let go:
+/// true when taken, false when it is still held, an error when the file system has no locks.
+pub(crate) fn lock_patiently(file: &File) -> std::io::Result<bool> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(true),
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_PATIENCE => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
+}
+
+/// Takes `file`'s exclusive advisory lock (`lock_patiently`), then checks that
 /// `file` is still the one at `path`: between the open and the lock, another process may have
 /// renamed or removed it. `busy` and `moved` say what to report in either case. A file system
 /// without locks gets a warning, and the caller goes on as before locking existed.
@@ -93,24 +111,13 @@ pub(crate) fn lock_in_place(
     busy: impl FnOnce() -> String,
     moved: impl FnOnce() -> String,
 ) -> Result<()> {
-    let started = Instant::now();
-    let mut pause = Duration::from_millis(5);
-    loop {
-        match file.try_lock() {
-            Ok(()) => break,
-            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_PATIENCE => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(100));
-            }
-            Err(std::fs::TryLockError::WouldBlock) => return Err(Error::input(busy())),
-            Err(std::fs::TryLockError::Error(e)) => {
-                tracing::warn!(
-                    "{}: cannot lock it ({e}); make sure no other toolsift process writes it",
-                    path.display()
-                );
-                break;
-            }
-        }
+    match lock_patiently(file) {
+        Ok(true) => {}
+        Ok(false) => return Err(Error::input(busy())),
+        Err(e) => tracing::warn!(
+            "{}: cannot lock it ({e}); make sure no other toolsift process writes it",
+            path.display()
+        ),
     }
     if same_file(file, path) {
         Ok(())
@@ -148,7 +155,8 @@ pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()
 ///
 /// The temporary file is locked (an exclusive advisory lock) from its creation until it has
 /// been renamed, so two writers of one path (two `merge` runs into one `--out`, say) cannot
-/// write into the same temporary file: the second fails within a second (`LOCK_PATIENCE`) with a clear error.
+/// write into the same temporary file: the second fails within a second (`LOCK_PATIENCE`) with
+/// a clear error.
 pub struct AtomicFile {
     path: PathBuf,
     tmp: PathBuf,
