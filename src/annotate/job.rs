@@ -106,7 +106,12 @@ fn run_on(
         .as_ref()
         .filter(|_| tools.contains(&ToolKind::WikiSearch.into()))
     {
-        let hash = WikiSearch::index_xxh3(&wiki.index).map_err(|e| Error::io(&wiki.index, e))?;
+        // The index as the registry opened it, before a long model load; read now for a
+        // registry assembled otherwise.
+        let hash = match registry.wikisearch_index_xxh3() {
+            Some(h) => h,
+            None => WikiSearch::index_xxh3(&wiki.index).map_err(|e| Error::io(&wiki.index, e))?,
+        };
         run_info["wikisearch_index_xxh3"] = json!(format!("{hash:016x}"));
     }
     let options = RunOptions {

@@ -89,6 +89,8 @@ pub trait Tool: Send + Sync {
 #[derive(Default)]
 pub struct ToolRegistry {
     tools: Vec<Box<dyn Tool>>,
+    /// The WikiSearch index's hash when `from_config` opened it (`WikiSearch::opened_xxh3`).
+    wikisearch_index_xxh3: Option<u64>,
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -105,6 +107,12 @@ impl ToolRegistry {
         Self::default()
     }
 
+    /// The hash of the WikiSearch index `from_config` opened (`WikiSearch::opened_xxh3`); None
+    /// for a registry without one, or one whose WikiSearch was registered by hand.
+    pub fn wikisearch_index_xxh3(&self) -> Option<u64> {
+        self.wikisearch_index_xxh3
+    }
+
     /// The registry that `config` describes: Calculator and Calendar unless disabled,
     /// WikiSearch if an index is configured, QA and MT if configured.
     pub fn from_config(config: &ToolsConfig) -> Result<Self, ToolConfigError> {
@@ -116,7 +124,10 @@ impl ToolRegistry {
             registry.register(Calendar::from_config(&config.calendar)?);
         }
         if let Some(wiki) = &config.wikisearch {
-            registry.register(WikiSearch::from_config(wiki)?);
+            let tool = WikiSearch::from_config(wiki)?;
+            let hash = tool.opened_xxh3();
+            registry.register(tool);
+            registry.wikisearch_index_xxh3 = Some(hash);
         }
         if let Some(qa) = &config.qa {
             registry.register(ExternalTool::from_config("QA", qa)?);
@@ -137,6 +148,10 @@ impl ToolRegistry {
 
     /// [`ToolRegistry::register`] for an already boxed tool.
     pub fn register_boxed(&mut self, tool: Box<dyn Tool>) -> Option<Box<dyn Tool>> {
+        if tool.name() == "WikiSearch" {
+            // Not known to be the index `from_config` opened.
+            self.wikisearch_index_xxh3 = None;
+        }
         match self.tools.iter().position(|t| t.name() == tool.name()) {
             Some(i) => Some(std::mem::replace(&mut self.tools[i], tool)),
             None => {

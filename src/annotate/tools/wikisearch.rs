@@ -327,6 +327,8 @@ pub struct WikiSearch {
     title: Field,
     text: Field,
     max_snippet_chars: usize,
+    /// `index_xxh3` of the index as it was opened (the reader never reloads).
+    opened_xxh3: u64,
 }
 
 impl std::fmt::Debug for WikiSearch {
@@ -351,6 +353,11 @@ impl WikiSearch {
                 message: "no meta.json (build one with `toolsift index`)".into(),
             });
         }
+        // Read just before the index is: what a resumed run compares is what this one reads.
+        let opened_xxh3 = Self::index_xxh3(dir).map_err(|error| IndexError::Io {
+            path: dir.join("meta.json"),
+            error,
+        })?;
         let index = Index::open_in_dir(dir).map_err(tantivy_err)?;
         let (id, title, text) = fields(&index.schema(), dir)?;
         // The index does not change while a run reads it: no reload thread.
@@ -366,6 +373,7 @@ impl WikiSearch {
             title,
             text,
             max_snippet_chars: DEFAULT_SNIPPET_CHARS,
+            opened_xxh3,
         })
     }
 
@@ -375,6 +383,12 @@ impl WikiSearch {
         Ok(xxhash_rust::xxh3::xxh3_64(&std::fs::read(
             dir.join("meta.json"),
         )?))
+    }
+
+    /// `index_xxh3` of the index as this tool opened it: an index rebuilt in place since (while
+    /// a model loads, say) is not the one it searches.
+    pub fn opened_xxh3(&self) -> u64 {
+        self.opened_xxh3
     }
 
     /// The tool `config` describes.
@@ -730,9 +744,25 @@ mod tests {
             .call("steel", &doc("x"))
             .ok();
         assert_eq!(WikiSearch::index_xxh3(&out).unwrap(), first);
+        let opened = WikiSearch::open(&out).unwrap();
+        assert_eq!(opened.opened_xxh3(), first);
+        let config = crate::annotate::tools::ToolsConfig {
+            wikisearch: Some(WikiSearchConfig {
+                index: out.clone(),
+                max_snippet_chars: DEFAULT_SNIPPET_CHARS,
+            }),
+            ..Default::default()
+        };
+        let mut registry = crate::annotate::tools::ToolRegistry::from_config(&config).unwrap();
         fs::remove_dir_all(&out).unwrap();
         build_index(&docs, &out, "text").unwrap();
         assert_ne!(WikiSearch::index_xxh3(&out).unwrap(), first);
+        // What was opened before the rebuild still says which index it searches (the hash a
+        // run's journal records); a WikiSearch registered by hand says nothing.
+        assert_eq!(opened.opened_xxh3(), first);
+        assert_eq!(registry.wikisearch_index_xxh3(), Some(first));
+        registry.register(WikiSearch::open(&out).unwrap());
+        assert_eq!(registry.wikisearch_index_xxh3(), None);
         assert!(WikiSearch::index_xxh3(&tmp.path().join("none")).is_err());
     }
 
