@@ -164,11 +164,54 @@ fn decode_session_steps_equal_a_full_forward() {
     }
     for (dtype, head_dim, seed) in [(CudaDType::BF16, 16, 1u64), (CudaDType::F16, 17, 2)] {
         let m = model(2, 2, head_dim, 53, dtype, seed);
-        let cuda = engine(&m, dtype, 3);
+        session_steps_equal_a_full_forward(&m, &engine(&m, dtype, 3), dtype, seed, None);
+    }
+}
+
+/// As above, on a session told its size (its cache allocated once, at exactly that size, and
+/// never grown) and a budget that leaves 6 tokens' activations beside it: every `extend` runs in
+/// pieces of at most 6 new tokens (the prefill of 125 in 21).
+#[test]
+fn a_decode_session_told_its_size_allocates_once_and_runs_in_pieces() {
+    if gpu().is_none() {
+        return;
+    }
+    let dtype = CudaDType::BF16;
+    let m = model(2, 2, 16, 53, dtype, 4);
+    let probe = engine(&m, dtype, 3);
+    let (per_token, kv) = (probe.bytes_per_token(), probe.kv_bytes_per_token());
+    let rows = 5 * m.config.n_positions;
+    let opts = CudaOptions {
+        dtype: Some(dtype),
+        head_chunk_rows: 3,
+        memory_budget: Some(rows * kv + 6 * (per_token - kv)),
+        ..CudaOptions::default()
+    };
+    let cuda = CudaScorer::new(&m, &opts).unwrap();
+    session_steps_equal_a_full_forward(&m, &cuda, dtype, 4, Some(rows));
+    assert_eq!(cuda.session_kv_bytes(), 0);
+}
+
+/// Five sequences of different lengths prefilled together, then up to 70 steps: one token each,
+/// every 10th a splice of several into every other sequence; every step's rows against the
+/// oracle's full forward, then the session's input errors. With `reserve`, the session is told
+/// its size first and its cache must hold exactly that many rows throughout.
+fn session_steps_equal_a_full_forward(
+    m: &Model,
+    cuda: &CudaScorer,
+    dtype: CudaDType,
+    seed: u64,
+    reserve: Option<usize>,
+) {
+    {
         let oracle = ReferenceModel::new(&m.config, &m.weights);
         let vocab = m.config.vocab_size;
         let mut rng = Rng::new(seed);
         let mut session = cuda.session();
+        let exact_bytes = reserve.map(|rows| {
+            session.reserve(rows);
+            rows * cuda.kv_bytes_per_token()
+        });
         let n_seq = 5;
         let ids: Vec<usize> = (0..n_seq).map(|_| session.new_sequence()).collect();
         let mut seqs: Vec<Vec<u32>> = (0..n_seq)
@@ -190,6 +233,9 @@ fn decode_session_steps_equal_a_full_forward() {
         };
         let lp = session.extend(&ids, &seqs).unwrap();
         check(0, &ids, &seqs, &lp);
+        if let Some(bytes) = exact_bytes {
+            assert_eq!(cuda.session_kv_bytes(), bytes, "after the prefill");
+        }
         for step in 1..70 {
             // Mostly single tokens for every sequence; every 10th step a splice into a few.
             let (step_ids, toks): (Vec<usize>, Vec<Vec<u32>>) = if step % 10 == 9 {
@@ -217,6 +263,9 @@ fn decode_session_steps_equal_a_full_forward() {
                 assert_eq!(session.len(s), seqs[s].len());
             }
             check(step, &step_ids, &seqs, &lp);
+            if let Some(bytes) = exact_bytes {
+                assert_eq!(cuda.session_kv_bytes(), bytes, "step {step}");
+            }
         }
         let err = session.extend(&[n_seq + 3], &[vec![1]]).unwrap_err();
         assert!(err.to_string().contains("no sequence"), "{err}");

@@ -297,13 +297,25 @@ fn a_sequence_extended_twice_in_one_call_is_an_error() {
     assert_eq!(session.len(s), 0, "a refused extend adds nothing");
 }
 
+/// Also with a budget of two tokens' activations (every `extend` in pieces of at most two new
+/// tokens, a sequence's tokens across pieces) and a session told its size.
 #[test]
 fn decode_session_matches_the_oracle_with_spliced_tokens() {
-    use toolsift::sample::Decoder;
     let model = random_model(13);
     let engine = CpuScorer::new(&model);
+    let two_tokens = 2 * engine.bytes_per_token();
+    decode_session_matches_the_oracle(&model, &engine, None);
+    let engine = CpuScorer::new(&model).with_memory_budget(two_tokens);
+    decode_session_matches_the_oracle(&model, &engine, Some(11));
+}
+
+fn decode_session_matches_the_oracle(model: &Model, engine: &CpuScorer, reserve: Option<usize>) {
+    use toolsift::sample::Decoder;
     let oracle = ReferenceModel::new(&model.config, &model.weights);
     let mut session = engine.session();
+    if let Some(rows) = reserve {
+        session.reserve(rows);
+    }
     let a = session.new_sequence();
     let b = session.new_sequence();
     let mut seqs = vec![vec![1u32, 2, 3], vec![4u32]];

@@ -9,6 +9,7 @@ use super::attention::{attend, KeysValues};
 use super::gemm::matmul;
 use super::{ops, CpuScorer};
 use crate::backend::RunStats;
+use crate::error::{Error, Result};
 use crate::plan::Plan;
 use crate::sample::kv_tree::Group;
 pub use crate::sample::kv_tree::NodeId;
@@ -29,6 +30,22 @@ impl KvTree {
             k: vec![Vec::new(); n_layer],
             v: vec![Vec::new(); n_layer],
         })
+    }
+
+    /// Room for exactly `extra` more rows of width `d` in every layer's K and V (a forward past
+    /// it grows them by doubling): a cache whose size is known is allocated once, at that size.
+    pub fn reserve_exact(&mut self, d: usize, extra: usize) -> Result<()> {
+        let rows = self.rows().saturating_add(extra);
+        let want = rows.saturating_mul(d);
+        for buf in self.store.k.iter_mut().chain(self.store.v.iter_mut()) {
+            buf.try_reserve_exact(want.saturating_sub(buf.len()))
+                .map_err(|e| {
+                    Error::Backend(format!(
+                        "cpu: cannot allocate the KV cache for {rows} rows: {e}"
+                    ))
+                })?;
+        }
+        Ok(())
     }
 }
 

@@ -37,13 +37,14 @@ impl KvEngine for CpuScorer {
         (bytes, self.memory_budget)
     }
 
-    /// The host store grows as rows come: nothing to size up front.
-    fn new_tree(&self, _rows: usize) -> Result<KvTree> {
-        Ok(KvTree::new(self.config.n_layer))
+    fn new_tree(&self, rows: usize) -> Result<KvTree> {
+        let mut tree = KvTree::new(self.config.n_layer);
+        tree.reserve_exact(self.config.n_embd, rows)?;
+        Ok(tree)
     }
 
-    fn reserve(&self, _tree: &mut KvTree, _rows: usize) -> Result<()> {
-        Ok(())
+    fn reserve(&self, tree: &mut KvTree, rows: usize) -> Result<()> {
+        tree.reserve_exact(self.config.n_embd, rows)
     }
 
     fn prefill_tree(&self, tree: &mut KvTree, plan: &Plan) -> Result<(Vec<NodeId>, Vec<f32>)> {
@@ -172,11 +173,24 @@ impl DecodeSession for CpuDecodeSession<'_> {
             c.vocab_size,
             c.n_positions,
         )?;
-        let x = self.engine.extend(&mut self.tree, &nodes, tokens);
-        // Only the last new token of each sequence needs the head.
-        let last = gather_rows(x, &batch::last_rows(tokens), c.n_embd);
-        let lp = self.engine.log_softmax_rows(&last);
-        Ok(lp.chunks(c.vocab_size).map(<[f32]>::to_vec).collect())
+        // Pieces within the budget's activations; only the last new token of each sequence
+        // needs the head.
+        let max_tokens = (self.engine.memory_budget / self.engine.bytes_per_token()).max(1);
+        let (engine, tree) = (self.engine, &mut self.tree);
+        batch::extend_in_pieces(&nodes, tokens, max_tokens, |nodes, tokens, last| {
+            let x = engine.extend(tree, nodes, tokens);
+            if last.is_empty() {
+                return Ok(Vec::new());
+            }
+            let lp = engine.log_softmax_rows(&gather_rows(x, last, c.n_embd));
+            Ok(lp.chunks(c.vocab_size).map(<[f32]>::to_vec).collect())
+        })
+    }
+
+    /// Allocated now (the host store has no budget count to keep); a cache that cannot be is
+    /// left to grow as it goes.
+    fn reserve(&mut self, rows: usize) {
+        let _ = self.tree.reserve_exact(self.engine.config.n_embd, rows);
     }
 
     fn len(&self, sequence: usize) -> usize {

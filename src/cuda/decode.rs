@@ -5,10 +5,11 @@
 //!
 //! - `CudaKvTree`: the KV tree of `crate::sample::kv_tree` (the nodes, on the host, shared with
 //!   the CPU engine) over a device store: per layer one K and one V buffer
-//!   [capacity, stride(n_embd)] of T, rows appended as tokens are computed (capacity doubles by
-//!   reallocate-and-copy when exceeded; `sample` sizes it for the whole call up front, `propose`
-//!   grows it once, when the branches are known). Forks share their prefix rows and cost nothing
-//!   on the device.
+//!   [capacity, stride(n_embd)] of T, rows appended as tokens are computed (`sample` sizes it for
+//!   the whole call up front, `propose` grows it once, exactly, when the branches are known, a
+//!   decode session told its size allocates that once; otherwise the capacity doubles by
+//!   reallocate-and-copy when exceeded). Forks share their prefix rows and cost nothing on the
+//!   device.
 //! - A forward over new tokens runs the scoring layer loop (`CudaScorer::run_layers`) with the
 //!   K/V rows written at the end of the cache and attention tiles built from the nodes
 //!   (`TreeTiles::from_groups`): the 64-query tile kernel when a group has several new tokens
@@ -80,17 +81,36 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
         elements * std::mem::size_of::<T>()
     }
 
-    /// Makes room for `extra` more rows: doubles the capacity (at least) and copies the cached
-    /// rows over when they do not fit.
+    /// Makes room for `extra` more rows, doubling the capacity (at least) when they do not fit:
+    /// for a cache whose final size nobody announced.
     fn reserve(&mut self, gpu: &Gpu, extra: usize) -> Result<()> {
-        let rows = self.rows();
-        let kv = &mut self.store;
-        if rows + extra <= kv.capacity {
+        let need = self.rows() + extra;
+        if need <= self.store.capacity {
             return Ok(());
         }
-        let capacity = (rows + extra).max(2 * kv.capacity);
+        self.grow_to(gpu, need.max(2 * self.store.capacity))
+    }
+
+    /// Makes room for exactly `extra` more rows when they do not fit: for a cache whose final
+    /// size is known (a group of `propose`'s branches, a session told its size).
+    fn reserve_exact(&mut self, gpu: &Gpu, extra: usize) -> Result<()> {
+        let need = self.rows() + extra;
+        if need <= self.store.capacity {
+            return Ok(());
+        }
+        self.grow_to(gpu, need)
+    }
+
+    /// Reallocates every buffer to `capacity` rows, copying the cached rows over. A buffer
+    /// already that large (grown by an earlier try that failed on a later buffer) is kept.
+    fn grow_to(&mut self, gpu: &Gpu, capacity: usize) -> Result<()> {
+        let rows = self.rows();
+        let kv = &mut self.store;
         let used = rows * kv.ld;
         for buf in kv.k.iter_mut().chain(kv.v.iter_mut()) {
+            if buf.len() >= capacity * kv.ld {
+                continue;
+            }
             let mut grown = zeros::<T>(gpu, capacity * kv.ld)?;
             if used > 0 {
                 gpu.stream
@@ -385,7 +405,7 @@ impl<T: DeviceFloat> KvEngine for Engine<'_, T> {
     }
 
     fn reserve(&self, tree: &mut CudaKvTree<T>, rows: usize) -> Result<()> {
-        tree.reserve(&self.scorer.gpu, rows)
+        tree.reserve_exact(&self.scorer.gpu, rows)
     }
 
     fn prefill_tree(&self, tree: &mut CudaKvTree<T>, plan: &Plan) -> Result<(Vec<usize>, Hidden)> {
@@ -481,7 +501,8 @@ impl Sampler for CudaScorer {
     }
 }
 
-/// Initial rows of a decode session's cache (it doubles as sequences grow).
+/// Least rows of a decode session's first cache when nobody said how large it will grow
+/// (`DecodeSession::reserve`); past it, it doubles as sequences grow.
 const SESSION_CAPACITY: usize = 256;
 
 /// A decode session on the GPU: a device KV tree with one node per sequence. Its cache stays
@@ -495,6 +516,8 @@ pub struct CudaDecodeSession<'a> {
     nodes: Vec<usize>,
     /// Bytes of `tree` added to the engine's `session_kv_bytes`.
     counted: usize,
+    /// Rows the caller said the cache will hold (`reserve`): grown to exactly that, once.
+    planned: usize,
 }
 
 impl Decoder for CudaScorer {
@@ -504,6 +527,7 @@ impl Decoder for CudaScorer {
             tree: None,
             nodes: Vec::new(),
             counted: 0,
+            planned: 0,
         })
     }
 }
@@ -513,6 +537,14 @@ impl CudaDecodeSession<'_> {
         match &self.tree {
             Some(AnyTree::Bf16(t)) => t.len(node),
             Some(AnyTree::F16(t)) => t.len(node),
+            None => 0,
+        }
+    }
+
+    fn tree_rows(&self) -> usize {
+        match &self.tree {
+            Some(AnyTree::Bf16(t)) => t.rows(),
+            Some(AnyTree::F16(t)) => t.rows(),
             None => 0,
         }
     }
@@ -569,8 +601,19 @@ impl DecodeSession for CudaDecodeSession<'_> {
             c.vocab_size,
             c.n_positions,
         )?;
+        // The cache is grown for the whole call first (to the announced size when the call
+        // stays within it, else by doubling) and counted, then the call runs in pieces within
+        // what the budget leaves for activations.
+        let n: usize = tokens.iter().map(Vec::len).sum();
+        let need = self.tree_rows() + n;
+        let exact = need <= self.planned;
         if self.tree.is_none() {
-            let mut tree = engine.any_tree(SESSION_CAPACITY)?;
+            let rows = if exact {
+                self.planned
+            } else {
+                need.max(SESSION_CAPACITY)
+            };
+            let mut tree = engine.any_tree(rows)?;
             for _ in 0..self.nodes.len() {
                 match &mut tree {
                     AnyTree::Bf16(t) => t.root(),
@@ -579,8 +622,7 @@ impl DecodeSession for CudaDecodeSession<'_> {
             }
             self.tree = Some(tree);
         }
-        // Only the last new token of each sequence needs the head.
-        let last = batch::last_rows(tokens);
+        let planned = self.planned;
         // A failed call adds nothing: the sequences keep their lengths and the next call reuses
         // the rows (a device error can also be fatal to the context; then every call fails).
         fn step<T: DeviceFloat>(
@@ -589,24 +631,37 @@ impl DecodeSession for CudaDecodeSession<'_> {
             t: &mut CudaKvTree<T>,
             nodes: &[usize],
             tokens: &[Vec<u32>],
-            last: &[u32],
         ) -> Result<Vec<Vec<f32>>> {
-            let n = tokens.iter().map(Vec::len).sum();
+            let max_tokens = engine.max_cached_tokens();
             let checkpoint = t.checkpoint(nodes);
-            let out = engine
-                .extend_tree(w, t, nodes, tokens)
-                .and_then(|mut x| engine.head_log_softmax(w, &mut x, n, last));
+            let out = batch::extend_in_pieces(nodes, tokens, max_tokens, |nodes, tokens, last| {
+                let n = tokens.iter().map(Vec::len).sum();
+                let mut x = engine.extend_tree(w, t, nodes, tokens)?;
+                if last.is_empty() {
+                    return Ok(Vec::new());
+                }
+                engine.head_log_softmax(w, &mut x, n, last)
+            });
             if out.is_err() {
                 t.restore(checkpoint);
             }
             out
         }
+        let gpu = &engine.gpu;
+        let grown = match self.tree.as_mut().expect("allocated above") {
+            AnyTree::Bf16(t) if exact => t.reserve_exact(gpu, planned - t.rows()),
+            AnyTree::F16(t) if exact => t.reserve_exact(gpu, planned - t.rows()),
+            AnyTree::Bf16(t) => t.reserve(gpu, n),
+            AnyTree::F16(t) => t.reserve(gpu, n),
+        };
+        self.count_cache();
+        grown?;
         let out = match (
             &engine.weights,
             self.tree.as_mut().expect("allocated above"),
         ) {
-            (DeviceWeights::Bf16(w), AnyTree::Bf16(t)) => step(engine, w, t, &nodes, tokens, &last),
-            (DeviceWeights::F16(w), AnyTree::F16(t)) => step(engine, w, t, &nodes, tokens, &last),
+            (DeviceWeights::Bf16(w), AnyTree::Bf16(t)) => step(engine, w, t, &nodes, tokens),
+            (DeviceWeights::F16(w), AnyTree::F16(t)) => step(engine, w, t, &nodes, tokens),
             _ => Err(Error::Backend(
                 "cuda: decode session tree and weights disagree on the storage type".into(),
             )),
@@ -614,6 +669,12 @@ impl DecodeSession for CudaDecodeSession<'_> {
         // Grown or not, failed or not: the cache's size now.
         self.count_cache();
         out
+    }
+
+    /// The cache grows to the rows already held plus `rows` at the next `extend` that stays
+    /// within them, at once (allocated then, so that errors surface from `extend`).
+    fn reserve(&mut self, rows: usize) {
+        self.planned = self.tree_rows().saturating_add(rows);
     }
 
     fn len(&self, sequence: usize) -> usize {

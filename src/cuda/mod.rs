@@ -323,9 +323,20 @@ impl CudaScorer {
     /// 1.05e9 elements (an 85k-token chunk at 6B) and the cap costs nothing: 131k tokens at 6B
     /// already fill the card.
     pub fn max_chunk_tokens(&self) -> usize {
+        self.max_tokens_at(self.bytes_per_token())
+    }
+
+    /// As `max_chunk_tokens`, for a forward whose K/V rows are already allocated and counted (a
+    /// decode session grows its cache before it computes): only the activations count.
+    fn max_cached_tokens(&self) -> usize {
+        self.max_tokens_at(self.bytes_per_token() - self.kv_bytes_per_token())
+    }
+
+    /// Tokens of `per_token` bytes the available budget holds, within the operand cap.
+    fn max_tokens_at(&self, per_token: usize) -> usize {
         let c = &self.config;
         let widest = stride(c.inner_dim()).max(stride(3 * c.n_embd)).max(1);
-        let by_budget = (self.available_budget() / self.bytes_per_token()).max(1);
+        let by_budget = (self.available_budget() / per_token.max(1)).max(1);
         by_budget.min((MAX_OPERAND_ELEMENTS / widest).max(1))
     }
 

@@ -348,6 +348,14 @@ pub(crate) fn generate_batch(
             }
         })
         .collect();
+    // Every fed token is a prompt token or one of the completion's, at most `cap` of those:
+    // the session's cache is sized once.
+    session.reserve(
+        jobs.iter()
+            .zip(&seqs)
+            .map(|(job, seq)| job.ids.len() + seq.cap)
+            .sum(),
+    );
     loop {
         let live: Vec<usize> = (0..seqs.len())
             .filter(|&i| seqs[i].finish.is_none())

@@ -129,6 +129,66 @@ pub(crate) fn check_extend(
     Ok(out)
 }
 
+/// Runs one `DecodeSession::extend` as consecutive forwards of at most `max_tokens` new tokens
+/// each, so that a large prefill stays within the memory budget (a sequence's tokens may run
+/// across forwards, in order: each continues the cache the last one grew). `forward(nodes,
+/// tokens, last)` computes one piece and returns the log-softmax rows after the tokens at rows
+/// `last` of the piece (those of the sequences that end in it; none is an empty answer);
+/// returns one row per sequence of the call, in its order. Only the piece that holds a
+/// sequence's last token reads the head for it; the result is the one forward's, up to rounding.
+pub(crate) fn extend_in_pieces(
+    nodes: &[usize],
+    tokens: &[Vec<u32>],
+    max_tokens: usize,
+    mut forward: impl FnMut(&[usize], &[Vec<u32>], &[u32]) -> Result<Vec<Vec<f32>>>,
+) -> Result<Vec<Vec<f32>>> {
+    let mut out = vec![Vec::new(); tokens.len()];
+    for piece in extend_pieces(tokens, max_tokens) {
+        let piece_nodes: Vec<usize> = piece.iter().map(|(k, _)| nodes[*k]).collect();
+        let piece_tokens: Vec<Vec<u32>> = piece
+            .iter()
+            .map(|(k, range)| tokens[*k][range.clone()].to_vec())
+            .collect();
+        let (mut rows, mut last, mut ending) = (0u32, Vec::new(), Vec::new());
+        for (k, range) in &piece {
+            rows += range.len() as u32;
+            if range.end == tokens[*k].len() {
+                last.push(rows - 1);
+                ending.push(*k);
+            }
+        }
+        let answers = forward(&piece_nodes, &piece_tokens, &last)?;
+        for (k, row) in ending.into_iter().zip(answers) {
+            out[k] = row;
+        }
+    }
+    Ok(out)
+}
+
+/// `tokens` (one list per sequence) cut into consecutive pieces of at most `max_tokens` (at
+/// least 1): per piece, each sequence it continues and the range of its tokens. Every token is
+/// in exactly one piece, a sequence at most once per piece, and its ranges follow each other.
+fn extend_pieces(tokens: &[Vec<u32>], max_tokens: usize) -> Vec<Vec<(usize, Range<usize>)>> {
+    let max = max_tokens.max(1);
+    let (mut pieces, mut piece, mut room) = (Vec::new(), Vec::new(), max);
+    for (k, t) in tokens.iter().enumerate() {
+        let mut at = 0;
+        while at < t.len() {
+            if room == 0 {
+                pieces.push(std::mem::take(&mut piece));
+                room = max;
+            }
+            let n = room.min(t.len() - at);
+            piece.push((k, at..at + n));
+            (at, room) = (at + n, room - n);
+        }
+    }
+    if !piece.is_empty() {
+        pieces.push(piece);
+    }
+    pieces
+}
+
 /// What one token costs a sampler's memory: its activations while a forward computes it, and its
 /// K/V in the cache for as long as the cache lives.
 #[derive(Debug, Clone, Copy)]
@@ -177,18 +237,6 @@ pub(crate) fn sample_groups(
         groups.push(start..requests.len());
     }
     groups
-}
-
-/// The row of each group's last token when the groups' tokens are laid out one after another.
-pub(crate) fn last_rows(tokens: &[Vec<u32>]) -> Vec<u32> {
-    let mut row = 0u32;
-    tokens
-        .iter()
-        .map(|t| {
-            row += t.len() as u32;
-            row - 1
-        })
-        .collect()
 }
 
 /// Sample i of the batch in request order (request 0's samples first): its request.
@@ -320,6 +368,54 @@ pub(crate) fn decode<N: Copy>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extend_pieces_cut_every_token_once_in_order() {
+        let tokens = vec![vec![1; 5], vec![2; 1], vec![3; 7]];
+        for max in 1..=14 {
+            let pieces = extend_pieces(&tokens, max);
+            let mut next = [0usize; 3];
+            for piece in &pieces {
+                let n: usize = piece.iter().map(|(_, r)| r.len()).sum();
+                assert!((1..=max).contains(&n), "max {max}: a piece of {n}");
+                let mut seen: Vec<usize> = piece.iter().map(|(k, _)| *k).collect();
+                seen.dedup();
+                assert_eq!(seen.len(), piece.len(), "max {max}: a sequence twice");
+                for (k, r) in piece {
+                    assert_eq!(r.start, next[*k], "max {max}: sequence {k} out of order");
+                    next[*k] = r.end;
+                }
+            }
+            assert_eq!(next, [5, 1, 7], "max {max}");
+            assert_eq!(pieces.len(), 13usize.div_ceil(max), "max {max}");
+        }
+    }
+
+    #[test]
+    fn extend_in_pieces_answers_each_sequence_from_the_piece_it_ends_in() {
+        let tokens = vec![vec![10, 11, 12], vec![20], vec![30, 31]];
+        let nodes = [7, 8, 9];
+        let mut calls = Vec::new();
+        let rows = extend_in_pieces(&nodes, &tokens, 2, |n, t, last| {
+            calls.push((n.to_vec(), t.to_vec(), last.to_vec()));
+            // The answer names the token at each `last` row.
+            let flat: Vec<u32> = t.concat();
+            Ok(last
+                .iter()
+                .map(|&r| vec![flat[r as usize] as f32])
+                .collect())
+        })
+        .unwrap();
+        assert_eq!(rows, vec![vec![12.0], vec![20.0], vec![31.0]]);
+        assert_eq!(
+            calls,
+            vec![
+                (vec![7], vec![vec![10, 11]], vec![]),
+                (vec![7, 8], vec![vec![12], vec![20]], vec![0, 1]),
+                (vec![9], vec![vec![30, 31]], vec![1]),
+            ]
+        );
+    }
 
     #[test]
     fn sample_groups_fill_up_to_the_budget_in_order() {

@@ -237,7 +237,16 @@ pub trait DecodeSession {
 
     /// Appends `tokens[k]` (at least one) to sequence `sequences[k]` for every k, in one batched
     /// forward; returns per k the log-softmax over the vocabulary after its last new token.
+    /// A large call runs as several forwards within the engine's memory budget; the results are
+    /// those of one forward up to float rounding.
     fn extend(&mut self, sequences: &[usize], tokens: &[Vec<u32>]) -> Result<Vec<Vec<f32>>>;
+
+    /// A hint: the session's sequences will grow by about `rows` more tokens in all, so the cache
+    /// can be sized once instead of growing (on CUDA by doubling, which can leave up to half of
+    /// it unused and counted against the scorer's budget). Past it, `extend` grows as needed.
+    fn reserve(&mut self, rows: usize) {
+        let _ = rows;
+    }
 
     /// Tokens in sequence `sequence`.
     fn len(&self, sequence: usize) -> usize;
