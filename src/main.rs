@@ -459,11 +459,12 @@ fn resume_point(
     resume: bool,
     input: &Path,
     output: &Path,
+    answer_key: &str,
 ) -> Result<Option<toolsift::util::jsonl::ResumePoint>> {
     if !resume {
         return Ok(None);
     }
-    let point = toolsift::util::jsonl::resume_point(input, output)?;
+    let point = toolsift::util::jsonl::resume_point(input, output, answer_key)?;
     if let Some(p) = point {
         note!(
             "resuming: {} lines of {} already answered",
@@ -496,7 +497,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
     }
     check_io(Some(&args.input), Some(&args.output), Some(&args.model))?;
     let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
-    let resume_at = resume_point(args.resume, &args.input, &args.output)?;
+    let resume_at = resume_point(args.resume, &args.input, &args.output, "l_none")?;
     let mut model = Model::load(&args.model)?;
     let options = JsonlOptions {
         score: ScoreOptions {
@@ -840,7 +841,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         (Some(path), _) => {
             check_io(Some(path), args.output.as_deref(), None)?;
             if let Some(output) = &args.output {
-                resume_at = resume_point(args.resume, path, output)?;
+                resume_at = resume_point(args.resume, path, output, "completion")?;
             }
             let file = File::open(path).with_context(|| format!("{}", path.display()))?;
             Box::new(BufReader::new(file))

@@ -1395,6 +1395,25 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
     .to_string();
     assert!(err.contains("are not the text the journal"), "{err}");
 
+    // While that run is in progress (its journal there), a run on the other spelling of its
+    // --out ("p" for "p.jsonl": the same rejects and summary names) is refused, and writes
+    // nothing, its own journal included.
+    let journal_before = std::fs::read(&journal).unwrap();
+    let err = annotate::annotate(
+        &a,
+        &opts(&corpus, dir.path().join("p"), Shard::default(), None),
+    )
+    .expect_err("another spelling's run in progress")
+    .to_string();
+    assert!(
+        err.contains("is in progress") && err.contains("p.jsonl.partial"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&journal).unwrap(), journal_before);
+    for name in ["p", "p.partial", "p.rejects.jsonl", "p.summary.json"] {
+        assert!(!dir.path().join(name).exists(), "{name} written");
+    }
+
     // Shards whose merge output is an input under another spelling, or whose run did not
     // finish (a journal beside them), are refused; outputs named without ".jsonl" merge
     // from a glob.

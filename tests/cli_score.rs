@@ -746,7 +746,7 @@ fn resume_goes_on_from_an_interrupted_output() {
     let (_, results, stderr) = run_score_raw(&model, &input, &out, &["--resume"]);
     assert_eq!(results.len(), lines.len(), "{stderr}");
     // Another input's output.
-    let foreign = "{\"id\":\"someone-else\",\"delta\":1}\n";
+    let foreign = "{\"id\":\"someone-else\",\"l_none\":1}\n";
     std::fs::write(&out, foreign).unwrap();
     let (ok, _, stderr) = run_score_raw(&model, &input, &out, &["--resume"]);
     assert!(
@@ -754,4 +754,12 @@ fn resume_goes_on_from_an_interrupted_output() {
         "{stderr}"
     );
     assert_eq!(std::fs::read_to_string(&out).unwrap(), foreign);
+    // A copy of the input is no output: its lines have the input's ids, but no scores.
+    std::fs::copy(&input, &out).unwrap();
+    let (ok, _, stderr) = run_score_raw(&model, &input, &out, &["--resume"]);
+    assert!(
+        !ok && stderr.contains("line 1: it is neither an answer"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&input).unwrap());
 }

@@ -149,6 +149,21 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
         "corpus_xxh3": format!("{:016x}", corpus_id.xxh3),
         "info": options.run_info,
     });
+    // A run on the other spelling ("x" / "x.jsonl") would write these rejects and summary
+    // too; looked at again once the journal is held, for a run that started meanwhile.
+    let other = paths.other_spelling();
+    let other_running = || {
+        Error::input(format!(
+            "a run on {} is in progress (its journal {} exists), and it writes the rejects              and summary this run would ({}, {}); let it finish or delete its journal, or give              another output (--out)",
+            other.out.display(),
+            other.journal.display(),
+            paths.rejects.display(),
+            paths.summary.display()
+        ))
+    };
+    if other.journal.exists() {
+        return Err(other_running());
+    }
     let (mut journal, last_done) = Journal::open(&paths.journal, &run)?;
     if journal.created() && paths.out.exists() {
         // Another run finished this output while this one read the corpus.
@@ -157,6 +172,10 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
             "{}: another run completed this output meanwhile; delete it to annotate again",
             paths.out.display()
         )));
+    }
+    if other.journal.exists() {
+        journal.discard()?;
+        return Err(other_running());
     }
     let shard_total = shard.lines_of(total);
     let already = shard.lines_of(last_done);

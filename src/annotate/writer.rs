@@ -158,6 +158,17 @@ impl OutputPaths {
         out
     }
 
+    /// The outputs of the other spelling of `--out` that shares these rejects and summary
+    /// names: "x" for "x.jsonl", "x.jsonl" for "x".
+    pub fn other_spelling(&self) -> OutputPaths {
+        let name = self.out.file_name().unwrap_or(OsStr::new("out"));
+        let other = match strip_ext(name, "jsonl") {
+            Some(stem) => stem.to_owned(),
+            None => with_suffix(name, ".jsonl"),
+        };
+        OutputPaths::new(&self.out.with_file_name(other))
+    }
+
     /// For "cstar.jsonl": "cstar.rejects.jsonl", "cstar.summary.json", "cstar.jsonl.partial".
     /// Names are handled as OS strings: one that is not UTF-8 keeps its bytes.
     pub fn new(out: &Path) -> Self {

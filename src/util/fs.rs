@@ -174,13 +174,13 @@ impl AtomicFile {
     pub fn create(path: &Path) -> Result<Self> {
         let tmp = Self::tmp_path(path);
         let io = |e| Error::io(&tmp, e);
-        // Not truncated before it is locked: the file may be another writer's, in progress.
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&tmp)
-            .map_err(io)?;
+        // Not truncated before it is locked: the file may be another writer's, in progress. Not
+        // through a link either: truncating would empty the file it points to.
+        let mut options = OpenOptions::new();
+        options.write(true).create(true).truncate(false);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
+        let file = options.open(&tmp).map_err(io)?;
         lock_in_place(
             &file,
             &tmp,
@@ -302,6 +302,20 @@ mod tests {
         writeln!(f, "new").unwrap();
         f.commit().unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "new\n");
+    }
+
+    /// A link planted at the temporary name is an error naming it, and the file it points to is
+    /// left as it was (opening through it would have truncated it).
+    #[cfg(unix)]
+    #[test]
+    fn a_link_at_the_temporary_name_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, victim) = (dir.path().join("out.jsonl"), dir.path().join("victim"));
+        std::fs::write(&victim, "precious\n").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("out.jsonl.tmp")).unwrap();
+        let err = AtomicFile::create(&p).err().expect("a link is refused");
+        assert!(err.to_string().contains("out.jsonl.tmp"), "{err}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
     }
 
     #[test]

@@ -165,15 +165,17 @@ pub struct ResumePoint {
 
 /// Reads an earlier run's `output` against its `input`, line by line, and says where to go on;
 /// None when there is no output yet. Each complete output line (through its "\n") must be a
-/// JSON object answering the input line of its number: its "line" (every row's since
-/// 2026-12-02, an error row's before) is that number, and an "id" other than null is the input
-/// line's "id" (an output whose answers are not this
-/// input's is an error, never appended to). A last line without its "\n" was cut off by a crash
-/// and is not counted. The check reads ids, not the settings: a run resumes with the flags it
-/// was started with.
+/// JSON object answering the input line of its number: an answer row (its `answer_key`: "l_none"
+/// for `score`, "completion" for `generate`) or an error row ("error"), whose "line" (every
+/// row's since 2026-12-02, an error row's before) is that number and whose "id", other than
+/// null, is the input line's "id" (an output whose answers are not this input's, a copy of the
+/// input say, is an error, never appended to). A last line without its "\n" was cut off by a
+/// crash and is not counted. The check reads ids, not the settings: a run resumes with the
+/// flags it was started with.
 pub fn resume_point(
     input: &std::path::Path,
     output: &std::path::Path,
+    answer_key: &str,
 ) -> crate::error::Result<Option<ResumePoint>> {
     use crate::error::Error;
     use serde_json::Value;
@@ -209,6 +211,13 @@ pub fn resume_point(
             Some(Err(e)) => return Err(Error::io(input, e)),
             None => return Err(not_ours(k, "the input has fewer lines".into())),
         };
+        let error = answer.get("error").is_some();
+        if !error && answer.get(answer_key).is_none() {
+            return Err(not_ours(
+                k,
+                format!("it is neither an answer (no \"{answer_key}\") nor an error row"),
+            ));
+        }
         if let Some(line) = answer.get("line").filter(|l| l.as_u64() != Some(k as u64)) {
             return Err(not_ours(k, format!("it answers line {line}")));
         }
@@ -227,7 +236,7 @@ pub fn resume_point(
         }
         lines = k;
         output_bytes += len as u64;
-        failed += answer.get("error").is_some() as usize;
+        failed += error as usize;
     }
     Ok(Some(ResumePoint {
         lines,
@@ -274,10 +283,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (input, output) = (dir.path().join("in.jsonl"), dir.path().join("out.jsonl"));
         std::fs::write(&input, "{\"id\": \"a\"}\nnot json\n{\"id\": 7}\n{}\n").unwrap();
-        assert_eq!(resume_point(&input, &output).unwrap(), None);
+        assert_eq!(resume_point(&input, &output, "x").unwrap(), None);
         let point = |text: &str| {
             std::fs::write(&output, text).unwrap();
-            resume_point(&input, &output)
+            resume_point(&input, &output, "x")
         };
         let answered = "{\"id\":\"a\",\"x\":1}\n{\"id\":null,\"line\":2,\"error\":\"e\"}\n";
         // A last line cut off is not counted; its bytes are beyond the point.
@@ -288,33 +297,39 @@ mod tests {
         assert_eq!(p.output_bytes, answered.len() as u64);
         assert_eq!(p.failed, 1);
         let mut file = reopen_at(&output, p).unwrap();
-        std::io::Write::write_all(&mut file, b"{\"id\":7}\n").unwrap();
+        std::io::Write::write_all(&mut file, b"{\"id\":7,\"x\":2}\n").unwrap();
         drop(file);
         assert_eq!(
             std::fs::read_to_string(&output).unwrap(),
-            format!("{answered}{{\"id\":7}}\n")
+            format!("{answered}{{\"id\":7,\"x\":2}}\n")
         );
         assert_eq!(point("").unwrap().unwrap().lines, 0);
         // Answers that are not this input's.
         for (text, why) in [
             (
-                "{\"id\":\"b\"}\n",
+                "{\"id\":\"b\",\"x\":1}\n",
                 "it answers id \"b\", the input's is \"a\"",
             ),
             (
-                "{\"id\":\"a\"}\n{\"line\":3,\"error\":\"e\"}\n",
+                "{\"id\":\"a\",\"x\":1}\n{\"line\":3,\"error\":\"e\"}\n",
                 "it answers line 3",
             ),
-            // A scored row answers its line too.
+            // An answer row answers its line too.
             (
-                "{\"id\":\"a\",\"line\":2,\"kept\":true}\n",
+                "{\"id\":\"a\",\"line\":2,\"x\":true}\n",
                 "line 1: it answers line 2",
             ),
             (
-                "{\"id\":\"a\"}\n{}\n{}\n{}\n{}\n",
+                "{\"x\":1}\n{\"x\":1}\n{\"x\":1}\n{\"x\":1}\n{\"x\":1}\n",
                 "line 5: the input has fewer lines",
             ),
             ("oops\n", "line 1: not a JSON line"),
+            // The input itself, or any other lines that are not this command's rows.
+            (
+                "{\"id\": \"a\"}\n",
+                "line 1: it is neither an answer (no \"x\")",
+            ),
+            ("[1]\n", "line 1: it is neither an answer"),
         ] {
             let e = point(text).unwrap_err().to_string();
             assert!(e.contains(why) && e.contains("is not an output of"), "{e}");
