@@ -29,6 +29,7 @@ const HEURISTIC_KEY: u64 = 0x6865_7572_6973_7469;
 
 /// One call of a C* line: every executed candidate, kept or not, with its scores for audit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CallRecord {
     /// Byte offset into "text" where the call goes.
     pub position: usize,
@@ -48,6 +49,7 @@ pub struct CallRecord {
 
 /// One line of C*.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CStarRecord {
     /// 1-based input line number (orders shards in `toolsift merge`).
     pub line: u64,
@@ -59,7 +61,7 @@ pub struct CStarRecord {
 
 /// Counters of one tool (the paper's Table 2 and where the rest went).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ToolStats {
     /// Documents the tool was tried on (passed the heuristics and fit the context).
     pub texts_considered: u64,
@@ -114,7 +116,7 @@ impl ToolStats {
 
 /// Seconds per stage.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct StageSecs {
     /// Position probabilities and call sampling.
     pub sampling: f64,
@@ -134,7 +136,7 @@ impl StageSecs {
 
 /// What one document contributed to the summary.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct DocStats {
     /// Per tool key ("calculator", ...).
     pub tools: BTreeMap<String, ToolStats>,

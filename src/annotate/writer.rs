@@ -524,21 +524,39 @@ mod tests {
         assert!(JournalEntry::from_line(altered.as_bytes())
             .unwrap_err()
             .contains("checksum"));
-        // A key this build does not know, even correctly summed, is not skipped over.
-        let json = serde_json::to_string(&good)
-            .unwrap()
-            .replace("\"doc\"", "\"dod\"");
-        let body = json.strip_suffix('}').unwrap();
-        let summed = format!(
-            "{body},\"crc32\":\"{:08x}\"}}",
-            crc32fast::hash(json.as_bytes())
-        );
-        assert!(JournalEntry::from_line(summed.as_bytes())
-            .unwrap_err()
-            .contains("dod"));
-        assert!(JournalEntry::from_line(json.as_bytes())
-            .unwrap_err()
-            .contains("crc32"));
+        // A key this build does not know, at any depth (the entry, its document, a call, its
+        // stats), even correctly summed, is not skipped over.
+        let mut stats = DocStats {
+            candidates: 3,
+            ..DocStats::default()
+        };
+        stats.tools.insert("calculator".into(), Default::default());
+        let good = JournalEntry {
+            stats: Some(stats),
+            ..good.clone()
+        };
+        for (key, unknown) in [
+            ("\"doc\"", "\"dod\""),
+            ("\"calls_kept\"", "\"calls_kepd\""),
+            ("\"scoring\"", "\"scorin\""),
+            ("\"annotated_text\"", "\"annotated\""),
+            ("\"kept\"", "\"kep\""),
+            ("\"candidates\"", "\"candidatez\""),
+        ] {
+            let json = serde_json::to_string(&good).unwrap();
+            assert!(json.contains(key), "{key} in {json}");
+            let json = json.replace(key, unknown);
+            let body = json.strip_suffix('}').unwrap();
+            let summed = format!(
+                "{body},\"crc32\":\"{:08x}\"}}",
+                crc32fast::hash(json.as_bytes())
+            );
+            let err = JournalEntry::from_line(summed.as_bytes()).unwrap_err();
+            assert!(err.contains(unknown.trim_matches('"')), "{unknown}: {err}");
+            assert!(JournalEntry::from_line(json.as_bytes())
+                .unwrap_err()
+                .contains("crc32"));
+        }
 
         // In a journal: an altered last line is done again, an altered earlier line is an error.
         let dir = tempfile::tempdir().unwrap();
