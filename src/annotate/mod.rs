@@ -279,7 +279,7 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
         settings,
         wall_secs: started.elapsed().as_secs_f64(),
     };
-    let summary = finish(&paths, annotator.tools(), &run)?;
+    let summary = finish(&journal, &paths, annotator.tools(), &run)?;
     // Unlocked only now: a second run must not start on this output while it is being written.
     drop(journal);
     Ok(RunOutcome::Done(Box::new(summary), paths))
@@ -330,12 +330,17 @@ fn progress_bar(enabled: bool, total: u64, done: u64) -> indicatif::ProgressBar 
 /// Writes C*, rejects and summary from a complete journal, then removes the journal. The
 /// journal must hold exactly the shard's lines, in order; anything else is an error and leaves
 /// the journal (and any earlier output) as it was.
-fn finish(paths: &OutputPaths, tools: &[ToolName], run: &RunSummary) -> Result<Summary> {
+fn finish(
+    journal: &Journal,
+    paths: &OutputPaths,
+    tools: &[ToolName],
+    run: &RunSummary,
+) -> Result<Summary> {
     let mut builder = summary::SummaryBuilder::new(tools);
     let mut out = fs::AtomicFile::create(&paths.out)?;
     let mut rejects = fs::AtomicFile::create(&paths.rejects)?;
     let mut expected = (1..=run.corpus_lines).filter(|&n| run.shard.owns(n));
-    for entry in writer::read_journal(&paths.journal)? {
+    for entry in journal.entries()? {
         let entry = entry?;
         if expected.next() != Some(entry.line) {
             return Err(Error::input(format!(

@@ -38,7 +38,7 @@ use serde_json::Value;
 
 use super::document::{CStarRecord, DocStats};
 use crate::error::{Error, Result};
-use crate::util::fs::{lock_in_place, strip_ext, with_suffix, AtomicFile};
+use crate::util::fs::{lock_in_place, same_file, strip_ext, with_suffix, AtomicFile};
 
 /// The journal format. /2: entries carry a checksum and are checked; sampling streams keyed
 /// through `Rng::keyed` (a /1 journal may hold samples drawn from the streams before).
@@ -352,6 +352,23 @@ impl Journal {
 
     /// Removes a journal this run created and has not written to (for a run that refuses to
     /// go on after all).
+    /// Every entry, read through the file this run holds locked (not by its path, which another
+    /// run could have taken over): an error if the path no longer names it, deleted or replaced
+    /// during the run, since the outputs and the journal's removal would then be another run's.
+    pub fn entries(&self) -> Result<impl Iterator<Item = Result<JournalEntry>>> {
+        if !same_file(&self.file, &self.path) {
+            return Err(Error::input(format!(
+                "{}: the journal was deleted or replaced during the run (another run may be \
+                 writing this output now); nothing is written: rerun once no other run is",
+                self.path.display()
+            )));
+        }
+        let io = |e| Error::io(&self.path, e);
+        let mut file = self.file.try_clone().map_err(io)?;
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
+        Ok(entries_of(file, &self.path))
+    }
+
     pub fn discard(self) -> Result<()> {
         if self.created {
             std::fs::remove_file(&self.path).map_err(|e| Error::io(&self.path, e))?;
@@ -410,8 +427,13 @@ fn json_err(e: serde_json::Error) -> Error {
 /// The entries of a finished journal, in order (header skipped).
 pub fn read_journal(path: &Path) -> Result<impl Iterator<Item = Result<JournalEntry>>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    Ok(entries_of(file, path))
+}
+
+/// The entries of the journal open as `file` (read from its start), errors naming `path`.
+fn entries_of(file: File, path: &Path) -> impl Iterator<Item = Result<JournalEntry>> {
     let path = path.to_owned();
-    Ok(BufReader::new(file)
+    BufReader::new(file)
         .lines()
         .enumerate()
         .skip(1)
@@ -424,7 +446,7 @@ pub fn read_journal(path: &Path) -> Result<impl Iterator<Item = Result<JournalEn
                     k + 1
                 ))
             })
-        }))
+        })
 }
 
 #[cfg(test)]
@@ -441,6 +463,30 @@ mod tests {
             reject: Some(format!("r{line}")),
             stats: None,
         }
+    }
+
+    /// `entries` reads the file the run holds, and only while its path still names it.
+    #[test]
+    fn entries_are_read_from_the_held_journal_while_it_is_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.jsonl.partial");
+        let (mut j, _) = Journal::open(&p, &json!({"seed": 1})).unwrap();
+        j.append(&entry(1)).unwrap();
+        j.append(&entry(2)).unwrap();
+        let lines =
+            |j: &Journal| -> Vec<u64> { j.entries().unwrap().map(|e| e.unwrap().line).collect() };
+        assert_eq!(lines(&j), vec![1, 2]);
+        // Read again (from the start), and appended to after a read.
+        j.append(&entry(3)).unwrap();
+        assert_eq!(lines(&j), vec![1, 2, 3]);
+        // Deleted, then another run's journal at the same path: not this run's to finish.
+        std::fs::remove_file(&p).unwrap();
+        let err = j.entries().err().unwrap().to_string();
+        assert!(err.contains("deleted or replaced"), "{err}");
+        let (other, _) = Journal::open(&p, &json!({"seed": 1})).unwrap();
+        let err = j.entries().err().unwrap().to_string();
+        assert!(err.contains("deleted or replaced"), "{err}");
+        drop(other);
     }
 
     #[test]

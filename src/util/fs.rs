@@ -127,7 +127,7 @@ pub(crate) fn lock_in_place(
 }
 
 /// Whether `file` (open) is the file now at `path`.
-fn same_file(file: &File, path: &Path) -> bool {
+pub(crate) fn same_file(file: &File, path: &Path) -> bool {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
