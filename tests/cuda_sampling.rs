@@ -523,6 +523,13 @@ fn bad_requests_are_the_cpu_engines_errors() {
         let w = cpu.token_log_probs(&ids, &toks).unwrap_err().to_string();
         assert_eq!(g, w);
     }
+    // More samples than any memory holds: the cache allocation's error, not an overflow.
+    let huge = [SampleRequest {
+        prefix: vec![1, 2],
+        n_samples: usize::MAX / 4,
+    }];
+    let err = cuda.sample(&huge, &opts).unwrap_err().to_string();
+    assert!(err.contains("KV cache"), "{err}");
 }
 
 /// `propose` on the device: one forward over the sequence (several attention tiles, head chunks

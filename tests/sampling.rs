@@ -254,6 +254,17 @@ fn bad_requests_are_errors() {
             Vec::<Vec<f32>>::new()
         );
     }
+    // More samples than any memory holds: the cache allocation's error, not an overflow.
+    let huge = [SampleRequest {
+        prefix: vec![1, 2],
+        n_samples: usize::MAX / 4,
+    }];
+    let opts = SampleOptions {
+        max_new_tokens: 8,
+        ..opts
+    };
+    let err = engine.sample(&huge, &opts).unwrap_err().to_string();
+    assert!(err.contains("cannot allocate the KV cache"), "{err}");
 }
 
 #[test]

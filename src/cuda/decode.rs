@@ -59,11 +59,12 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
     pub fn new(gpu: &Gpu, n_layer: usize, n_embd: usize, capacity: usize) -> Result<Self> {
         let ld = stride(n_embd);
         let capacity = capacity.max(1);
+        let elements = cache_elements(capacity, ld)?;
         let mut k = Vec::with_capacity(n_layer);
         let mut v = Vec::with_capacity(n_layer);
         for _ in 0..n_layer {
-            k.push(zeros::<T>(gpu, capacity * ld)?);
-            v.push(zeros::<T>(gpu, capacity * ld)?);
+            k.push(zeros::<T>(gpu, elements)?);
+            v.push(zeros::<T>(gpu, elements)?);
         }
         Ok(KvTree::with_store(DeviceKv { k, v, ld, capacity }))
     }
@@ -107,11 +108,12 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
         let rows = self.rows();
         let kv = &mut self.store;
         let used = rows * kv.ld;
+        let elements = cache_elements(capacity, kv.ld)?;
         for buf in kv.k.iter_mut().chain(kv.v.iter_mut()) {
-            if buf.len() >= capacity * kv.ld {
+            if buf.len() >= elements {
                 continue;
             }
-            let mut grown = zeros::<T>(gpu, capacity * kv.ld)?;
+            let mut grown = zeros::<T>(gpu, elements)?;
             if used > 0 {
                 gpu.stream
                     .memcpy_dtod(&buf.slice(0..used), &mut grown.slice_mut(0..used))
@@ -122,6 +124,16 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
         kv.capacity = capacity;
         Ok(())
     }
+}
+
+/// Elements of one K or V buffer of `capacity` rows: an error, not a wrapped size, for a cache no
+/// device could hold.
+fn cache_elements(capacity: usize, ld: usize) -> Result<usize> {
+    capacity.checked_mul(ld).ok_or_else(|| {
+        Error::Backend(format!(
+            "cuda: a KV cache of {capacity} rows is larger than any device memory"
+        ))
+    })
 }
 
 /// What the head gathers (`lm_head_xent`): head row i yields log p(tokens[j] | row i) into

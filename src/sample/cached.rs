@@ -138,7 +138,10 @@ pub(crate) fn propose<E: KvEngine>(
     let groups = batch::sample_groups(&requests, options, budget, bytes, |_| 1);
     let most = groups
         .iter()
-        .map(|g| g.len() + decode_rows(&requests[g.clone()], options))
+        .map(|g| {
+            g.len()
+                .saturating_add(decode_rows(&requests[g.clone()], options))
+        })
         .max()
         .unwrap_or(0);
     engine.reserve(&mut tree, most)?;
@@ -192,7 +195,10 @@ fn sample_group<E: KvEngine>(
 ) -> Result<Vec<Vec<Sample>>> {
     let prefixes: Vec<Vec<u32>> = requests.iter().map(|r| r.prefix.clone()).collect();
     let (plan, last_rows) = Plan::from_sequences(&prefixes);
-    let mut tree = engine.new_tree(plan.n_tokens() + decode_rows(requests, options))?;
+    let mut tree = engine.new_tree(
+        plan.n_tokens()
+            .saturating_add(decode_rows(requests, options)),
+    )?;
     let (seg_nodes, x) = engine.prefill_tree(&mut tree, &plan)?;
     // `check_requests` refused empty prefixes: every request has a last row.
     let last_rows: Vec<u32> = last_rows
@@ -243,9 +249,13 @@ fn decode_samples<E: KvEngine>(
     })
 }
 
-/// Cache rows the decoding of `requests` can add: at most `max_new_tokens` per sample.
+/// Cache rows the decoding of `requests` can add: at most `max_new_tokens` per sample (saturated:
+/// an absurd request fails at the cache allocation, as `batch::sample_groups` counts it).
 fn decode_rows(requests: &[SampleRequest], options: &SampleOptions) -> usize {
-    requests.iter().map(|r| r.n_samples).sum::<usize>() * options.max_new_tokens
+    requests
+        .iter()
+        .fold(0usize, |n, r| n.saturating_add(r.n_samples))
+        .saturating_mul(options.max_new_tokens)
 }
 
 /// Rows 0..n: each new token's row goes to the head.
