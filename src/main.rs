@@ -821,13 +821,18 @@ fn index(args: IndexArgs) -> Result<ExitCode> {
 
 fn merge(args: MergeArgs) -> Result<ExitCode> {
     let report = toolsift::annotate::merge(&args.out, &args.inputs)?;
+    note_part!("{}", report.summary.render());
+    let paths = toolsift::annotate::OutputPaths::new(&args.out);
     note!(
-        "merged {} documents and {} rejects ({} corpus lines) from {} shards into {}",
+        "merged {} documents and {} rejects ({} corpus lines) from {} shards into {} (rejects \
+         in {}, summary in {})",
         report.documents,
         report.rejects,
         report.corpus_lines,
         report.shards,
-        args.out.display()
+        args.out.display(),
+        paths.rejects.display(),
+        paths.summary.display()
     );
     Ok(ExitCode::SUCCESS)
 }

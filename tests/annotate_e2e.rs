@@ -713,6 +713,21 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
     );
     assert_eq!(read("merged.jsonl"), read("full.jsonl"));
     assert_eq!(read("merged.rejects.jsonl"), read("full.rejects.jsonl"));
+    // The merged summary is the unsharded run's, but for the times: the same counts, the same
+    // best and worst calls.
+    let summary = |f: &str| -> annotate::Summary {
+        let mut s: annotate::Summary = serde_json::from_slice(&read(f)).unwrap();
+        (s.secs, s.wall_secs) = (Default::default(), 0.0);
+        s
+    };
+    assert_eq!(summary("merged.summary.json"), summary("full.summary.json"));
+    let mut reported = report.summary.clone();
+    (reported.secs, reported.wall_secs) = (Default::default(), 0.0);
+    assert_eq!(reported, summary("full.summary.json"));
+    assert!(
+        full.tools.iter().any(|t| !t.best.is_empty()),
+        "no examples to compare"
+    );
     let merge_err = |out: &str, inputs: &[PathBuf]| {
         let err = annotate::merge(&dir.path().join(out), inputs)
             .expect_err("merge should refuse")

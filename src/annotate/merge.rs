@@ -20,10 +20,14 @@ pub struct MergeReport {
     pub shards: u64,
     /// The corpus's line count; every line is in exactly one output.
     pub corpus_lines: u64,
+    /// The shards' summaries joined (`Summary::merge_shards`), as written beside the merged C*.
+    pub summary: Summary,
 }
 
-/// Joins the outputs of every shard of one run into one C* in input-line order, and their
-/// rejects into `<out stem>.rejects.jsonl`. Each input is a C* file (`*.shard-I-of-C.jsonl`);
+/// Joins the outputs of every shard of one run into one C* in input-line order, their rejects
+/// into `<out stem>.rejects.jsonl` and their summaries into `<out stem>.summary.json`, written
+/// in that order, each atomically; an earlier summary there is removed first and the new one
+/// written last, so a summary beside the merged C* always describes it. Each input is a C* file (`*.shard-I-of-C.jsonl`);
 /// its rejects and summary are read from beside it (a rejects or summary file given as an input
 /// too, as a shell glob may, is skipped). The summaries say which shard each output is and how
 /// many lines the corpus has: a missing or repeated shard, a line in two outputs or in none is
@@ -97,8 +101,10 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     let written = [
         out_paths.out.clone(),
         out_paths.rejects.clone(),
+        out_paths.summary.clone(),
         AtomicFile::tmp_path(&out_paths.out),
         AtomicFile::tmp_path(&out_paths.rejects),
+        AtomicFile::tmp_path(&out_paths.summary),
     ];
     for o in &outputs {
         for input in [&o.paths.out, &o.paths.rejects, &o.paths.summary] {
@@ -179,13 +185,23 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
             "input line {next} is in no output (it belongs to shard {owner}/{count})"
         )));
     }
+    let shard_summaries: Vec<Summary> = outputs.into_iter().map(|o| o.summary).collect();
+    let summary = Summary::merge_shards(&shard_summaries);
+    // Gone before the new C* lands: a summary beside it is this merge's or none.
+    match std::fs::remove_file(&out_paths.summary) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(&out_paths.summary, e)),
+    }
     rejects_file.commit()?;
     docs_file.commit()?;
+    writer::write_summary(&out_paths.summary, &summary)?;
     Ok(MergeReport {
         documents,
         rejects,
         shards: count,
         corpus_lines,
+        summary,
     })
 }
 
@@ -196,6 +212,7 @@ struct MergeInput {
     corpus_lines: u64,
     /// The run's settings less the shard (`Summary::run`).
     run: serde_json::Value,
+    summary: Summary,
 }
 
 /// The C* files among `inputs` with their summaries; rejects and summary files are skipped
@@ -261,7 +278,7 @@ fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
             ))
         })?;
         let (Some(shard), Some(corpus_lines), Some(run)) =
-            (summary.shard, summary.corpus_lines, summary.run)
+            (summary.shard, summary.corpus_lines, summary.run.clone())
         else {
             return Err(Error::input(format!(
                 "{}: no shard, corpus_lines and run (written by an older toolsift); rerun that \
@@ -274,6 +291,7 @@ fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
             shard,
             corpus_lines,
             run,
+            summary,
         });
     }
     Ok(outputs)

@@ -377,11 +377,7 @@ fn finish(
     summary.run = Some(run.settings.clone());
     rejects.commit()?;
     out.commit()?;
-    fs::write_atomic(&paths.summary, |w| {
-        let text = serde_json::to_string_pretty(&summary)
-            .map_err(|e| Error::input(format!("cannot serialise the summary: {e}")))?;
-        writeln!(w, "{text}").map_err(|e| Error::io(&paths.summary, e))
-    })?;
+    writer::write_summary(&paths.summary, &summary)?;
     std::fs::remove_file(&paths.journal).map_err(|e| Error::io(&paths.journal, e))?;
     fs::sync_dir(&paths.journal)?;
     Ok(summary)

@@ -184,6 +184,64 @@ fn context(text: &str, position: usize, tool: &str, input: &str, result: Option<
 }
 
 impl Summary {
+    /// The summary of every shard's output joined (`merge`): the whole corpus (shard 0/1), the
+    /// counts and stage seconds summed, each tool's best and worst calls the best and worst of
+    /// all shards' (ties to the earlier line, as one unsharded run keeps them: the same
+    /// examples), and the wall time of the longest shard (they run side by side). `shards` are
+    /// one run's (`merge` checks that first); a tool is matched by name.
+    pub fn merge_shards(shards: &[Summary]) -> Summary {
+        let mut merged = Summary {
+            shard: Some(Shard::default()),
+            corpus_lines: shards.first().and_then(|s| s.corpus_lines),
+            run: shards.first().and_then(|s| s.run.clone()),
+            lines: 0,
+            documents: 0,
+            rejected: 0,
+            documents_with_calls: 0,
+            candidates_scored: 0,
+            tools: Vec::new(),
+            secs: StageSecs::default(),
+            wall_secs: 0.0,
+        };
+        for s in shards {
+            merged.lines += s.lines;
+            merged.documents += s.documents;
+            merged.rejected += s.rejected;
+            merged.documents_with_calls += s.documents_with_calls;
+            merged.candidates_scored += s.candidates_scored;
+            merged.secs.add(&s.secs);
+            merged.wall_secs = merged.wall_secs.max(s.wall_secs);
+            for t in &s.tools {
+                let at = match merged.tools.iter().position(|m| m.tool == t.tool) {
+                    Some(at) => at,
+                    None => {
+                        merged.tools.push(ToolSummary {
+                            tool: t.tool.clone(),
+                            stats: ToolStats::default(),
+                            best: Vec::new(),
+                            worst: Vec::new(),
+                        });
+                        merged.tools.len() - 1
+                    }
+                };
+                let m = &mut merged.tools[at];
+                m.stats.add(&t.stats);
+                m.best.extend(t.best.iter().cloned());
+                m.worst.extend(t.worst.iter().cloned());
+            }
+        }
+        // Stable sorts: calls of one line (one shard's, in its order) keep their order.
+        for m in &mut merged.tools {
+            m.best
+                .sort_by(|a, b| b.delta.total_cmp(&a.delta).then(a.line.cmp(&b.line)));
+            m.worst
+                .sort_by(|a, b| a.delta.total_cmp(&b.delta).then(a.line.cmp(&b.line)));
+            m.best.truncate(EXAMPLES);
+            m.worst.truncate(EXAMPLES);
+        }
+        merged
+    }
+
     /// The human-readable table printed at the end of a run.
     pub fn render(&self) -> String {
         let mut s = format!(

@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::document::{CStarRecord, DocStats};
+use super::summary::Summary;
 use crate::error::{Error, Result};
 use crate::util::fs::{lock_in_place, same_file, strip_ext, with_suffix, AtomicFile};
 
@@ -182,6 +183,15 @@ impl OutputPaths {
             journal: sibling(name, ".partial"),
         }
     }
+}
+
+/// Writes `summary` (pretty JSON) to `path`, atomically.
+pub fn write_summary(path: &Path, summary: &Summary) -> Result<()> {
+    crate::util::fs::write_atomic(path, |w| {
+        let text = serde_json::to_string_pretty(summary)
+            .map_err(|e| Error::input(format!("cannot serialise the summary: {e}")))?;
+        writeln!(w, "{text}").map_err(|e| Error::io(path, e))
+    })
 }
 
 /// Whether `line` (without its newline) is a journal's first line.
