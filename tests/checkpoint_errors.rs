@@ -652,3 +652,52 @@ fn tokenizer_json_that_is_a_folder_is_reported() {
     std::fs::remove_dir(dir.join("tokenizer.json")).unwrap();
     assert!(Model::load(&dir).unwrap().tokenizer.is_none());
 }
+
+/// `convert --dtype f16` refuses a weight past f16's range (it would be written as infinity,
+/// a checkpoint the loader refuses) and names it; what it writes loads in transformers too: the
+/// safetensors header says `"format": "pt"` and config.json has a model_type.
+#[test]
+fn convert_refuses_what_f16_cannot_hold_and_writes_what_transformers_reads() {
+    let (tmp, dir) = copy_fixture();
+    edit_config(&dir, |c| {
+        c.as_object_mut().unwrap().remove("model_type");
+    });
+    let out = tmp.path().join("f16");
+    let model = Model::load(&dir).unwrap();
+    toolsift::model::checkpoint::convert(&model, &out, Some(toolsift::model::DType::F16)).unwrap();
+    let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    assert_eq!(header["__metadata__"]["format"], "pt", "{header}");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["model_type"], "gptj");
+    drop(model);
+
+    rewrite(&dir, |tensors| {
+        let (_, w) = tensors
+            .iter_mut()
+            .find(|(n, _)| n == "transformer.h.0.mlp.fc_in.weight")
+            .unwrap();
+        let mut values = w.to_f32();
+        values[3] = 70000.0;
+        *w = Tensor::from_f32(w.shape().to_vec(), &values);
+    });
+    let model = Model::load(&dir).unwrap();
+    let out = tmp.path().join("f16-again");
+    let err = toolsift::model::checkpoint::convert(&model, &out, Some(toolsift::model::DType::F16))
+        .unwrap_err()
+        .to_string();
+    assert_names(
+        &err,
+        &[
+            "transformer.h.0.mlp.fc_in.weight",
+            "70000",
+            "element 3",
+            "bf16",
+        ],
+    );
+    assert!(!out.join("model.safetensors").exists());
+    // bf16 holds it.
+    toolsift::model::checkpoint::convert(&model, &out, Some(toolsift::model::DType::BF16)).unwrap();
+}

@@ -295,14 +295,13 @@ impl<'a> Annotator<'a> {
                 tokenizer.path().display()
             )));
         }
-        // Every token whose text contains "]" ends a call ("]", "])", "]." ...); `id_count`,
-        // as an added token can sit past a gap in the ids.
-        let mut stop_tokens = Vec::new();
-        for id in 0..tokenizer.id_count() as u32 {
-            if tokenizer.decode(&[id]).is_ok_and(|s| s.contains(']')) {
-                stop_tokens.push(id);
-            }
-        }
+        // Every token whose text contains "]" ends a call ("]", "])", "]." ...): the
+        // tokenizer's own ids (an added token can sit past a gap in them).
+        let stop_tokens: Vec<u32> = tokenizer
+            .ids()
+            .into_iter()
+            .filter(|&id| tokenizer.decode(&[id]).is_ok_and(|s| s.contains(']')))
+            .collect();
         let score_options = ScoreOptions {
             placement: config.placement,
             weights: LossWeights::new(config.weights.clone())?,

@@ -253,9 +253,19 @@ fn map_file(path: &Path) -> Result<Mmap> {
     unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))
 }
 
-/// Writes `tensors` as one safetensors file (used by `toolsift convert` and by tests that make
-/// random checkpoints).
+/// Writes `tensors` as one safetensors file (used by the demo trainer and by tests that make
+/// random checkpoints), with no metadata.
 pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+    write_safetensors_with(path, tensors, None)
+}
+
+/// As `write_safetensors`, with the header's `__metadata__` (`toolsift convert` writes
+/// `{"format": "pt"}`, which transformers before 4.48 requires of a PyTorch checkpoint).
+fn write_safetensors_with(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<()> {
     use safetensors::tensor::TensorView;
     let views = tensors
         .iter()
@@ -275,9 +285,11 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
             Ok((name.clone(), view))
         })
         .collect::<Result<Vec<_>>>()?;
-    safetensors::tensor::serialize_to_file(views, None, path).map_err(|e| Error::Checkpoint {
-        path: path.to_owned(),
-        msg: format!("could not write safetensors: {e}"),
+    safetensors::tensor::serialize_to_file(views, metadata, path).map_err(|e| {
+        Error::Checkpoint {
+            path: path.to_owned(),
+            msg: format!("could not write safetensors: {e}"),
+        }
     })?;
     // safetensors writes through a private temporary file (mode 0600); a checkpoint is meant to
     // be shared like any other output file.
@@ -359,9 +371,26 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
     };
     let mut tensors = model.weights.named_tensors(&model.config);
     if let Some(dtype) = dtype {
-        for (_, t) in tensors.iter_mut() {
+        for (name, t) in tensors.iter_mut() {
             if t.dtype() != dtype {
-                *t = Tensor::from_f32_as(t.shape().to_vec(), &t.to_f32(), dtype);
+                let values = t.to_f32();
+                let converted = Tensor::from_f32_as(t.shape().to_vec(), &values, dtype);
+                // f16 tops out at 65504: a larger weight would be written as infinity, a
+                // checkpoint the loader then refuses.
+                let overflow = converted
+                    .to_f32()
+                    .iter()
+                    .zip(&values)
+                    .position(|(c, v)| !c.is_finite() && v.is_finite());
+                if let Some(k) = overflow {
+                    return Err(refuse(format!(
+                        "{name}: a weight of {} (element {k}) is out of {}'s range; convert to \
+                         bf16 or f32 instead",
+                        values[k],
+                        dtype.name()
+                    )));
+                }
+                *t = converted;
             }
         }
     }
@@ -370,7 +399,8 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
     // renames it to the name given), then the small files; renamed into place together.
     let weights_path = out.join("model.safetensors");
     let weights_tmp = AtomicFile::tmp_path(&weights_path);
-    let written = write_safetensors(&weights_tmp, &tensors).and_then(|()| {
+    let format = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    let written = write_safetensors_with(&weights_tmp, &tensors, Some(format)).and_then(|()| {
         let cfg_path = out.join("config.json");
         let mut cfg_file = AtomicFile::create(&cfg_path)?;
         cfg_file
@@ -433,6 +463,10 @@ fn config_json(model: &super::Model, dtype: Option<DType>) -> Result<String> {
     // A struct serializes to an object.
     if let Ok(serde_json::Value::Object(engine)) = serde_json::to_value(&model.config) {
         cfg.extend(engine);
+    }
+    // transformers' AutoConfig needs it; the engine's config may have none.
+    if cfg.get("model_type").is_none_or(serde_json::Value::is_null) {
+        cfg.insert("model_type".into(), "gptj".into());
     }
     if let Some(dtype) = dtype {
         cfg.insert("torch_dtype".into(), dtype.name().into());

@@ -6,9 +6,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// Longest context a config may declare (GPT-J-6B has 2048). The rotary table for every position
-/// is built up front (at rotary_dim 64, 256 MB at this limit).
+/// Longest context a config may declare (GPT-J-6B has 2048).
 pub const MAX_POSITIONS: usize = 1 << 20;
+
+/// Most entries of the rotary table (n_positions x rotary_dim, f32), built for every position up
+/// front: 256 MB, GPT-J's rotary_dim 64 at `MAX_POSITIONS`.
+pub const MAX_ROTARY_TABLE: usize = 1 << 26;
 
 /// The fields of transformers' `GPTJConfig` that change the computation. Unknown fields in
 /// config.json (dropout rates, token ids, ...) are ignored.
@@ -19,9 +22,11 @@ pub struct GptjConfig {
     pub n_embd: usize,
     pub n_layer: usize,
     pub n_head: usize,
-    /// Rotary embedding covers the first `rotary_dim` dims of each head. `null` means the whole
-    /// head (transformers would only accept that for a single head; we take the sensible reading).
-    #[serde(default)]
+    /// Rotary embedding covers the first `rotary_dim` dims of each head. Absent means 64,
+    /// transformers' default (GPT-J-6B's); `null` means the whole head, as transformers rotates
+    /// the whole query and key then (it reads the head's width only for a single head; we take
+    /// the sensible reading).
+    #[serde(default = "default_rotary_dim")]
     pub rotary_dim: Option<usize>,
     /// MLP width; `null` means 4 * n_embd, as in transformers.
     #[serde(default)]
@@ -34,6 +39,10 @@ pub struct GptjConfig {
     pub tie_word_embeddings: bool,
     #[serde(default)]
     pub model_type: Option<String>,
+}
+
+fn default_rotary_dim() -> Option<usize> {
+    Some(64)
 }
 
 fn default_activation() -> String {
@@ -94,7 +103,17 @@ impl GptjConfig {
         let rotary_dim = self.rotary_dim();
         if rotary_dim > head_dim {
             return Err(format!(
-                "rotary_dim ({rotary_dim}) is larger than the head dimension ({head_dim} = n_embd / n_head)"
+                "rotary_dim ({rotary_dim}) is larger than the head dimension ({head_dim} = n_embd \
+                 / n_head; a config without the key means 64, transformers' default)"
+            ));
+        }
+        // The engines build the rotary table for every position up front.
+        if self.n_positions.saturating_mul(rotary_dim) > MAX_ROTARY_TABLE {
+            return Err(format!(
+                "n_positions ({}) x rotary_dim ({rotary_dim}) is larger than toolsift supports \
+                 ({MAX_ROTARY_TABLE}: the engines build a rotary table for every position up \
+                 front, 4 bytes each)",
+                self.n_positions
             ));
         }
         if !rotary_dim.is_multiple_of(2) {
@@ -220,6 +239,42 @@ impl GptjConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// transformers' reading: no key is 64, `null` the whole head.
+    #[test]
+    fn rotary_dim_absent_is_64_and_null_is_the_whole_head() {
+        let json = |rotary: &str| {
+            format!(
+                r#"{{"vocab_size": 10, "n_positions": 8, "n_embd": 256, "n_layer": 1,
+                   "n_head": 2{rotary}}}"#
+            )
+        };
+        let read = |text: String| serde_json::from_str::<GptjConfig>(&text).unwrap();
+        assert_eq!(read(json("")).rotary_dim(), 64);
+        assert_eq!(read(json(r#", "rotary_dim": null"#)).rotary_dim(), 128);
+        assert_eq!(read(json(r#", "rotary_dim": 8"#)).rotary_dim(), 8);
+        // A head narrower than the default: the error says where 64 came from.
+        let mut narrow = read(json(""));
+        narrow.n_embd = 64;
+        let err = narrow.validate().unwrap_err();
+        assert!(err.contains("without the key means 64"), "{err}");
+    }
+
+    /// The rotary table is built whole: its size is bounded, not only n_positions.
+    #[test]
+    fn the_rotary_table_is_bounded() {
+        let mut c = GptjConfig::gptj_6b();
+        c.n_positions = MAX_POSITIONS;
+        assert!(
+            c.validate().is_ok(),
+            "GPT-J's rotary_dim at the longest context"
+        );
+        c.n_embd = 1 << 16;
+        c.n_head = 1;
+        c.rotary_dim = None;
+        let err = c.validate().unwrap_err();
+        assert!(err.contains("x rotary_dim"), "{err}");
+    }
 
     #[test]
     fn an_absurd_size_has_no_parameter_count() {

@@ -160,6 +160,14 @@ impl Tokenizer {
             .map_or(0, |&id| id as usize + 1)
     }
 
+    /// Every id of the vocabulary and the added tokens, ascending (only those: ids may have
+    /// gaps, and one huge id does not make a long list).
+    pub fn ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.inner.get_vocab(true).into_values().collect();
+        ids.sort_unstable();
+        ids
+    }
+
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }

@@ -25,6 +25,9 @@ use crate::error::{Error, Result};
 use crate::model::checkpoint::is_ignored_buffer;
 use crate::model::tensor::{DType, Tensor};
 
+/// Largest `data.pkl` read (its interpreter holds ~100-200 bytes per byte of it).
+const MAX_PICKLE_BYTES: usize = 16 << 20;
+
 /// Reads every tensor of a torch.save zip checkpoint, memory-mapped.
 ///
 /// Returns (name, Tensor) in file order. The buffers that old GPT-J checkpoints carry but that are
@@ -56,6 +59,18 @@ pub fn read_torch_bin(path: &Path) -> Result<Vec<(String, Tensor)>> {
 
     let pkl_name = format!("{archive}/data.pkl");
     let pkl = &map[zip.data(path, &map[..], &pkl_name)?];
+    // The interpreter keeps ~100-200 bytes per pickle byte; a state dict's pickle is a few
+    // hundred bytes per tensor (GPT-J-6B's: ~30 KB).
+    if pkl.len() > MAX_PICKLE_BYTES {
+        return Err(checkpoint_error(
+            path,
+            format!(
+                "{pkl_name} is {} bytes, more than the {MAX_PICKLE_BYTES} a state dict's pickle \
+                 needs (a few hundred per tensor): not a model checkpoint?",
+                pkl.len()
+            ),
+        ));
+    }
     let mut unpickler = Unpickler::new(pkl);
     let root = unpickler
         .run()
@@ -458,6 +473,16 @@ mod tests {
         let err = read_checkpoint(&pkl, &[("0", &[0; 4])]).unwrap_err();
         assert!(matches!(err, Error::Checkpoint { .. }), "{err}");
         assert!(err.to_string().contains("archive/data/7"), "{err}");
+    }
+
+    /// A pickle past any state dict's size is refused before it is interpreted (its values
+    /// would take ~100-200 times its bytes).
+    #[test]
+    fn an_oversized_data_pkl_is_refused_unread() {
+        let mut pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 1, 0, &[1], &[1]));
+        pkl.resize(MAX_PICKLE_BYTES + 1, b'N'); // NONE opcodes past the STOP
+        let err = read_checkpoint(&pkl, &[("0", &[0; 4])]).unwrap_err();
+        assert!(err.to_string().contains("more than the"), "{err}");
     }
 
     #[test]
