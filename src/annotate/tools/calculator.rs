@@ -11,13 +11,19 @@
 //! - any Unicode whitespace between tokens.
 //!
 //! Limits: at most [`MAX_INPUT_LEN`] bytes, nesting (parentheses plus unary signs) at most
-//! [`MAX_DEPTH`] deep. Arithmetic is f64; division by zero and a non-finite intermediate
-//! or final value are [`ToolError::Failed`].
+//! [`MAX_DEPTH`] deep.
 //!
-//! The result is rounded to two decimals, half away from zero (exactly, on the f64 value),
-//! then trailing zeros and a
-//! trailing dot are dropped, as in the paper's examples: 400/1400 → "0.29", 1400 → "1400",
-//! 27/2 → "13.5"; negative zero prints as "0". See [`format_result`].
+//! Arithmetic is exact: every accepted number is a finite decimal, and `+ - * /` keep values
+//! rational, so they are computed as fractions of 128-bit integers ([`Rational`]), with no
+//! binary rounding anywhere (`123,456,789 * 987,654,321` is 121932631112635269, and
+//! `9007199254740993 - 9007199254740992` is 1, where f64 gives ...264 and 0). Division by zero,
+//! and a numerator or denominator past 128 bits (about 38 digits), are [`ToolError::Failed`].
+//!
+//! The result is rounded to two decimals, half away from zero on the exact value (a text's
+//! 5.35 / 2 is "2.68", 23 / 160 * 100 is "14.38", where rounding the nearest binary value
+//! would give 2.67 and 14.37), then trailing zeros and a trailing dot are dropped, as in the
+//! paper's examples: 400/1400 → "0.29", 1400 → "1400", 27/2 → "13.5"; negative zero prints as
+//! "0". See [`format_result`].
 
 use super::{DocContext, Tool, ToolError};
 
@@ -43,43 +49,121 @@ impl Tool for Calculator {
     }
 
     fn call(&self, input: &str, _doc: &DocContext<'_>) -> Result<String, ToolError> {
-        let value = evaluate(input)?;
-        format_result(value).ok_or_else(|| ToolError::Failed("result out of range".into()))
+        format_result(evaluate(input)?).ok_or_else(too_large)
     }
 }
 
-/// Formats `value` rounded to two decimals with trailing zeros removed; None if not finite.
-///
-/// The rounding is exact, half away from zero, on the f64's own value (0.125 is "0.13", and
-/// 123456789012345.67, stored as ...345.671875, is "123456789012345.67"): integer arithmetic on
-/// its mantissa, since `(value * 100).round()` loses the cents above ~4.5e13 (value * 100 past
-/// 2^53) and `{:.2}` rounds ties to even.
-pub fn format_result(value: f64) -> Option<String> {
-    if !value.is_finite() {
-        return None;
+/// An exact rational number `num / den`, `den > 0`, in lowest terms: what the calculator
+/// computes with. Operations return None when a numerator or denominator would pass i128.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rational {
+    num: i128,
+    den: i128,
+}
+
+impl Rational {
+    /// `num / den` in lowest terms; None for a zero denominator (or one that cannot be made
+    /// positive).
+    pub fn new(num: i128, den: i128) -> Option<Self> {
+        if den == 0 {
+            return None;
+        }
+        let (num, den) = if den < 0 {
+            (num.checked_neg()?, den.checked_neg()?)
+        } else {
+            (num, den)
+        };
+        // g divides den, so it fits i128; g >= 1 as den >= 1.
+        let g = gcd(num.unsigned_abs(), den.unsigned_abs()) as i128;
+        Some(Rational {
+            num: num / g,
+            den: den / g,
+        })
     }
-    if value.fract() == 0.0 {
-        // Every f64 from 2^52 up is an integer: printed whole, exactly.
-        let text = format!("{value:.0}");
-        return Some(if text == "-0" { "0".into() } else { text });
+
+    pub fn integer(n: i128) -> Self {
+        Rational { num: n, den: 1 }
     }
-    // |value| < 2^52 here, value = m * 2^-shift with 0 < shift <= 1074.
-    let bits = value.abs().to_bits();
-    let (biased, fraction) = ((bits >> 52) as i32 & 0x7ff, bits & ((1 << 52) - 1));
-    let (m, exp) = match biased {
-        0 => (fraction, -1074),
-        _ => (fraction | 1 << 52, biased - 1075),
-    };
-    let shift = exp.unsigned_abs();
-    let scaled = u128::from(m) * 100; // < 2^60
-    let cents = if shift >= 120 {
-        0 // scaled / 2^shift < 2^-60: nowhere near half a cent
-    } else {
-        let whole = scaled >> shift;
-        let rest = scaled - (whole << shift);
-        whole + u128::from(rest >= 1 << (shift - 1))
-    };
-    let sign = if value < 0.0 && cents > 0 { "-" } else { "" };
+
+    pub fn numerator(self) -> i128 {
+        self.num
+    }
+
+    pub fn denominator(self) -> i128 {
+        self.den
+    }
+
+    /// The nearest f64 (for display; the calculator never computes with it).
+    pub fn to_f64(self) -> f64 {
+        self.num as f64 / self.den as f64
+    }
+
+    pub fn checked_neg(self) -> Option<Self> {
+        Some(Rational {
+            num: self.num.checked_neg()?,
+            den: self.den,
+        })
+    }
+
+    /// Over the least common denominator, so that values of one scale (cents, thousandths)
+    /// never multiply their denominators.
+    pub fn checked_add(self, o: Self) -> Option<Self> {
+        let g = gcd(self.den.unsigned_abs(), o.den.unsigned_abs()) as i128;
+        let (b, d) = (self.den / g, o.den / g);
+        let num = self
+            .num
+            .checked_mul(d)?
+            .checked_add(o.num.checked_mul(b)?)?;
+        Rational::new(num, b.checked_mul(o.den)?)
+    }
+
+    pub fn checked_sub(self, o: Self) -> Option<Self> {
+        self.checked_add(o.checked_neg()?)
+    }
+
+    /// Cross-reduced first, so that only the result's own size can overflow.
+    pub fn checked_mul(self, o: Self) -> Option<Self> {
+        let g1 = gcd(self.num.unsigned_abs(), o.den.unsigned_abs()) as i128;
+        let g2 = gcd(o.num.unsigned_abs(), self.den.unsigned_abs()) as i128;
+        let num = (self.num / g1).checked_mul(o.num / g2)?;
+        let den = (self.den / g2).checked_mul(o.den / g1)?;
+        Rational::new(num, den)
+    }
+
+    /// None for a zero divisor too (the caller tells that case apart).
+    pub fn checked_div(self, o: Self) -> Option<Self> {
+        self.checked_mul(Rational::new(o.den, o.num)?)
+    }
+}
+
+/// Greatest common divisor; gcd(0, b) = b.
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+fn too_large() -> ToolError {
+    ToolError::Failed("result too large for exact arithmetic (past 38 digits)".into())
+}
+
+/// Formats `value` rounded to two decimals (half away from zero, exactly) with trailing zeros
+/// removed; None when the rounded value does not fit 128 bits.
+pub fn format_result(value: Rational) -> Option<String> {
+    if value.den == 1 {
+        return Some(value.num.to_string());
+    }
+    let (n, d) = (value.num.unsigned_abs(), value.den.unsigned_abs());
+    let (whole, rem) = (n / d, n % d);
+    // rem < d <= i128::MAX: rem * 100 overflows only for a denominator past 2^121.
+    let scaled = rem.checked_mul(100)?;
+    let (frac, left) = (scaled / d, scaled % d);
+    // A tie (left == d / 2 exactly) goes away from zero.
+    let cents = whole
+        .checked_mul(100)?
+        .checked_add(frac + u128::from(left >= d - left))?;
+    let sign = if value.num < 0 && cents > 0 { "-" } else { "" };
     let mut text = format!("{sign}{}.{:02}", cents / 100, cents % 100);
     while text.ends_with('0') {
         text.pop();
@@ -91,7 +175,7 @@ pub fn format_result(value: f64) -> Option<String> {
 }
 
 /// Parses and evaluates `input`; see the module docs for what is accepted.
-pub fn evaluate(input: &str) -> Result<f64, ToolError> {
+pub fn evaluate(input: &str) -> Result<Rational, ToolError> {
     if input.len() > MAX_INPUT_LEN {
         return Err(invalid(format!(
             "expression is {} bytes long, more than the {MAX_INPUT_LEN} allowed",
@@ -125,7 +209,7 @@ fn invalid(message: String) -> ToolError {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
-    Num(f64),
+    Num(Rational),
     Plus,
     Minus,
     Star,
@@ -137,7 +221,7 @@ enum Kind {
 impl Kind {
     fn describe(&self) -> String {
         match self {
-            Kind::Num(v) => format!("number {v}"),
+            Kind::Num(v) => format!("number {}", v.to_f64()),
             Kind::Plus => "'+'".into(),
             Kind::Minus => "'-'".into(),
             Kind::Star => "'*'".into(),
@@ -195,7 +279,7 @@ fn lex(input: &str) -> Result<Vec<Token>, ToolError> {
 }
 
 /// Reads the number starting at byte `start`; returns its value and the byte after it.
-fn lex_number(input: &str, start: usize) -> Result<(f64, usize), ToolError> {
+fn lex_number(input: &str, start: usize) -> Result<(Rational, usize), ToolError> {
     let bytes = input.as_bytes();
     let digits_from = |mut i: usize| {
         while i < bytes.len() && bytes[i].is_ascii_digit() {
@@ -232,16 +316,14 @@ fn lex_number(input: &str, start: usize) -> Result<(f64, usize), ToolError> {
     if plain.is_empty() {
         return Err(invalid(format!("expected a number at byte {start}")));
     }
-    // A leading '.' needs a zero for Rust's parser to be unambiguous about intent.
-    if plain.starts_with('.') {
-        plain.insert(0, '0');
-    }
-    let value = plain
-        .parse::<f64>()
-        .map_err(|e| invalid(format!("bad number {plain:?} at byte {start}: {e}")))?;
-    if !value.is_finite() {
-        return Err(invalid(format!("number at byte {start} is too large")));
-    }
+    // The digits over 10^(digits after the dot).
+    let (int, frac) = plain.split_once('.').unwrap_or((&plain, ""));
+    let digits = format!("{int}{frac}");
+    let num = digits.parse::<i128>().map_err(|_| too_large())?;
+    let den = 10i128
+        .checked_pow(frac.len() as u32)
+        .ok_or_else(too_large)?;
+    let value = Rational::new(num, den).ok_or_else(too_large)?;
     Ok((value, i))
 }
 
@@ -267,7 +349,7 @@ impl Parser<'_> {
     }
 
     /// expr := term (('+' | '-') term)*
-    fn expr(&mut self) -> Result<f64, ToolError> {
+    fn expr(&mut self) -> Result<Rational, ToolError> {
         let mut acc = self.term()?;
         while let Some(tok) = self.peek() {
             let op = tok.kind;
@@ -276,17 +358,18 @@ impl Parser<'_> {
             }
             self.pos += 1;
             let rhs = self.term()?;
-            acc = finite(if op == Kind::Plus {
-                acc + rhs
+            acc = if op == Kind::Plus {
+                acc.checked_add(rhs)
             } else {
-                acc - rhs
-            })?;
+                acc.checked_sub(rhs)
+            }
+            .ok_or_else(too_large)?;
         }
         Ok(acc)
     }
 
     /// term := unary (('*' | '/') unary)*
-    fn term(&mut self) -> Result<f64, ToolError> {
+    fn term(&mut self) -> Result<Rational, ToolError> {
         let mut acc = self.unary()?;
         while let Some(tok) = self.peek() {
             let op = tok.kind;
@@ -296,18 +379,19 @@ impl Parser<'_> {
             self.pos += 1;
             let rhs = self.unary()?;
             acc = if op == Kind::Star {
-                finite(acc * rhs)?
-            } else if rhs == 0.0 {
+                acc.checked_mul(rhs)
+            } else if rhs.num == 0 {
                 return Err(ToolError::Failed("division by zero".into()));
             } else {
-                finite(acc / rhs)?
-            };
+                acc.checked_div(rhs)
+            }
+            .ok_or_else(too_large)?;
         }
         Ok(acc)
     }
 
     /// unary := ('+' | '-') unary | '(' expr ')' | number
-    fn unary(&mut self) -> Result<f64, ToolError> {
+    fn unary(&mut self) -> Result<Rational, ToolError> {
         let Some(tok) = self.bump() else {
             return Err(invalid(format!(
                 "expression ends early at byte {}: expected a number or '('",
@@ -345,7 +429,7 @@ impl Parser<'_> {
                 } else {
                     let operand = self.unary()?;
                     if tok.kind == Kind::Minus {
-                        -operand
+                        operand.checked_neg().ok_or_else(too_large)?
                     } else {
                         operand
                     }
@@ -359,14 +443,6 @@ impl Parser<'_> {
                 tok.at
             ))),
         }
-    }
-}
-
-fn finite(value: f64) -> Result<f64, ToolError> {
-    if value.is_finite() {
-        Ok(value)
-    } else {
-        Err(ToolError::Failed("result out of range".into()))
     }
 }
 
@@ -402,73 +478,56 @@ mod tests {
 
     #[test]
     fn formatting() {
-        assert_eq!(format_result(0.285714).as_deref(), Some("0.29"));
-        assert_eq!(
-            format_result(0.125).as_deref(),
-            Some("0.13"),
-            "half away from zero"
-        );
-        assert_eq!(format_result(-0.125).as_deref(), Some("-0.13"));
-        assert_eq!(
-            format_result(-0.001).as_deref(),
-            Some("0"),
-            "no negative zero"
-        );
-        assert_eq!(format_result(-0.0).as_deref(), Some("0"));
-        assert_eq!(format_result(2.50).as_deref(), Some("2.5"));
-        assert_eq!(
-            format_result(1e20).as_deref(),
-            Some("100000000000000000000")
-        );
-        assert_eq!(format_result(f64::INFINITY), None);
-        assert_eq!(format_result(f64::NAN), None);
-        // Exact on the stored value where value * 100 has lost the cents (values as a text
-        // writes them, parsed to the nearest f64).
-        let text = |t: &str| t.parse::<f64>().unwrap();
-        assert_eq!(
-            format_result(text("123456789012345.67")).as_deref(),
-            Some("123456789012345.67") // stored as ...345.671875
-        );
-        assert_eq!(
-            format_result(text("734141393493265.37")).as_deref(),
-            Some("734141393493265.38") // stored as ...265.375: a tie, away from zero
-        );
-        assert_eq!(
-            format_result(text("-999999999999999.9")).as_deref(),
-            Some("-999999999999999.88") // stored as ...999.875
-        );
-        assert_eq!(
-            format_result(text("1000000000000000.125")).as_deref(),
-            Some("1000000000000000.13")
-        );
-        assert_eq!(
-            format_result(text("4503599627370495.5")).as_deref(),
-            Some("4503599627370495.5")
-        );
-        assert_eq!(format_result(0.005).as_deref(), Some("0.01")); // stored above 0.005
-        assert_eq!(format_result(1.005).as_deref(), Some("1")); // stored below 1.005
-        assert_eq!(format_result(5e-324).as_deref(), Some("0"));
-        assert_eq!(format_result(-1e-300).as_deref(), Some("0"));
+        for (input, want) in [
+            ("2 / 7", "0.29"),
+            ("1 / 8", "0.13"), // half away from zero
+            ("-1 / 8", "-0.13"),
+            ("-1 / 1000", "0"), // no negative zero
+            ("0 * -1", "0"),
+            ("2.50", "2.5"),
+            ("1 / 3", "0.33"),
+            ("2 / 3", "0.67"),
+            ("-2 / 3", "-0.67"),
+            ("100000000000000000000", "100000000000000000000"),
+            // Ties of the exact value, which the nearest binary value would round down.
+            ("5.35 / 2", "2.68"),
+            ("23 / 160 * 100", "14.38"),
+            ("1.005", "1.01"),
+            ("2.675", "2.68"),
+            ("-2.675", "-2.68"),
+            // Past 2^53, where f64 arithmetic is not exact.
+            ("123,456,789 * 987,654,321", "121932631112635269"),
+            ("9007199254740993 - 9007199254740992", "1"),
+            ("1000000000000000.12 + 0", "1000000000000000.12"),
+            ("734141393493265.375", "734141393493265.38"),
+            ("-999999999999999.9", "-999999999999999.9"),
+            // The largest values: 38 digits, and the cents of a 35-digit whole part.
+            (
+                "99999999999999999999999999999999999999",
+                "99999999999999999999999999999999999999",
+            ),
+            (
+                "99999999999999999999999999999999999.995",
+                "100000000000000000000000000000000000",
+            ),
+        ] {
+            assert_eq!(calc(input).as_deref(), Ok(want), "{input}");
+        }
     }
 
     proptest::proptest! {
-        /// Against exact decimal arithmetic: the stored value's decimal expansion (Rust prints
-        /// it exactly) rounded half away from zero by hand.
+        /// a / b against cents computed another way: floor((200 |a| + |b|) / (2 |b|)), exact in
+        /// 128 bits for 64-bit a and b.
         #[test]
-        fn rounding_is_exact_half_away_from_zero(value in proptest::prop_oneof![
-            -1e3..1e3f64,
-            -1e16..1e16f64,
-            // Three decimals, many of them near a tie ("x.xx5").
-            (-10_000_000_000i64..10_000_000_000).prop_map(|m| m as f64 / 1000.0),
-            proptest::num::f64::NORMAL.prop_map(|v| v % 1e17),
-        ]) {
-            let exact = format!("{:.1100}", value.abs());
-            let (int, frac) = exact.split_once('.').unwrap();
-            let mut cents: u128 = format!("{int}{}", &frac[..2]).parse().unwrap();
-            if frac.as_bytes()[2] >= b'5' {
-                cents += 1;
-            }
-            let sign = if value < 0.0 && cents > 0 { "-" } else { "" };
+        fn quotients_round_exactly_half_away_from_zero(
+            a in proptest::prop_oneof![-2000i64..2000, any::<i64>()],
+            b in proptest::prop_oneof![1i64..2000, -2000i64..-1, any::<i64>()],
+        ) {
+            proptest::prop_assume!(b != 0);
+            let (n, d) = (i128::from(a).unsigned_abs(), i128::from(b).unsigned_abs());
+            let cents = (200 * n + d) / (2 * d);
+            let negative = (a < 0) != (b < 0);
+            let sign = if negative && cents > 0 { "-" } else { "" };
             let mut want = format!("{sign}{}.{:02}", cents / 100, cents % 100);
             while want.ends_with('0') {
                 want.pop();
@@ -476,7 +535,8 @@ mod tests {
             if want.ends_with('.') {
                 want.pop();
             }
-            proptest::prop_assert_eq!(format_result(value), Some(want));
+            let got = calc(&format!("{a} / {b}")).unwrap();
+            proptest::prop_assert_eq!(got, want);
         }
     }
 
@@ -485,18 +545,21 @@ mod tests {
         assert!(matches!(calc("1/0"), Err(ToolError::Failed(_))));
         assert!(matches!(calc("1/(2-2)"), Err(ToolError::Failed(_))));
         assert!(matches!(calc("1/-0"), Err(ToolError::Failed(_))));
-        // 200 bytes cannot spell a number past f64's range (no exponent or power), so the
-        // range check is a safety net: exercise it directly.
-        assert!(matches!(finite(f64::INFINITY), Err(ToolError::Failed(_))));
-        assert!(matches!(finite(f64::NAN), Err(ToolError::Failed(_))));
+        // Past 128 bits: a literal, a product, a denominator, the cents of a huge whole part.
         let huge = "9".repeat(66);
-        let product = calc(&format!("{huge}*{huge}*{huge}")).unwrap();
-        assert!(
-            product.len() > 190 && product.starts_with("9999"),
-            "{product}"
-        );
-        let tiny = format!("0.{}1", "0".repeat(95));
-        assert_eq!(calc(&format!("{tiny}*{tiny}")).as_deref(), Ok("0"));
+        for input in [
+            huge.clone(),
+            format!("{huge}*{huge}*{huge}"),
+            "99999999999999999999 * 99999999999999999999".into(),
+            format!("0.{}1", "0".repeat(95)),
+            "9999999999999999999999999999999999999 + 0.5".into(),
+        ] {
+            let got = calc(&input);
+            assert!(
+                matches!(&got, Err(ToolError::Failed(m)) if m.contains("too large")),
+                "{input}: {got:?}"
+            );
+        }
     }
 
     #[test]
@@ -558,29 +621,64 @@ mod tests {
     /// The reference: an expression tree, evaluated directly.
     #[derive(Debug, Clone)]
     enum Expr {
-        Num(f64, String),
+        /// numerator, denominator (a power of ten), as written.
+        Num(i128, i128, String),
         Neg(Box<Expr>),
         Bin(char, Box<Expr>, Box<Expr>),
         Paren(Box<Expr>),
     }
 
-    fn reference_eval(e: &Expr) -> Option<f64> {
-        let v = match e {
-            Expr::Num(v, _) => *v,
-            Expr::Neg(x) => -reference_eval(x)?,
-            Expr::Paren(x) => reference_eval(x)?,
-            Expr::Bin(op, a, b) => {
-                let (a, b) = (reference_eval(a)?, reference_eval(b)?);
-                match op {
-                    '+' => a + b,
-                    '-' => a - b,
-                    '*' => a * b,
-                    _ if b == 0.0 => return None,
-                    _ => a / b,
-                }
+    /// What the reference makes of an expression.
+    #[derive(Debug, PartialEq)]
+    enum Reference {
+        /// The exact value, as (numerator, denominator) in lowest terms, denominator > 0.
+        Value(i128, i128),
+        DivisionByZero,
+        /// The schoolbook formulas (a/b + c/d = (ad + cb) / bd, no cross-reduction) passed
+        /// i128: the calculator may or may not manage.
+        Overflow,
+    }
+
+    /// Schoolbook fractions, reduced after each operation (by a gcd of its own).
+    fn reference_eval(e: &Expr) -> Reference {
+        fn reduce(n: i128, d: i128) -> Reference {
+            let (mut a, mut b) = (n.unsigned_abs(), d.unsigned_abs());
+            while b != 0 {
+                (a, b) = (b, a % b);
             }
+            let g = a as i128;
+            let sign = if d < 0 { -1 } else { 1 };
+            Reference::Value(sign * n / g, sign * d / g)
+        }
+        let value = |e| match reference_eval(e) {
+            Reference::Value(n, d) => Ok((n, d)),
+            other => Err(other),
         };
-        v.is_finite().then_some(v)
+        let result = (|| {
+            Ok(match e {
+                Expr::Num(n, d, _) => reduce(*n, *d),
+                Expr::Paren(x) => reference_eval(x),
+                Expr::Neg(x) => {
+                    let (n, d) = value(x)?;
+                    reduce(-n, d)
+                }
+                Expr::Bin(op, a, b) => {
+                    let ((p, q), (r, s)) = (value(a)?, value(b)?);
+                    let of = |v: Option<i128>| v.ok_or(Reference::Overflow);
+                    match op {
+                        '+' | '-' => {
+                            let r = if *op == '-' { -r } else { r };
+                            let n = of(of(p.checked_mul(s))?.checked_add(of(r.checked_mul(q))?))?;
+                            reduce(n, of(q.checked_mul(s))?)
+                        }
+                        '*' => reduce(of(p.checked_mul(r))?, of(q.checked_mul(s))?),
+                        _ if r == 0 => Reference::DivisionByZero,
+                        _ => reduce(of(p.checked_mul(s))?, of(q.checked_mul(r))?),
+                    }
+                }
+            })
+        })();
+        result.unwrap_or_else(|e| e)
     }
 
     fn prec(op: char) -> u8 {
@@ -594,7 +692,7 @@ mod tests {
     /// Renders with just the parentheses the tree needs (plus the explicit Paren nodes).
     fn render(e: &Expr, out: &mut String) {
         match e {
-            Expr::Num(_, text) => out.push_str(text),
+            Expr::Num(_, _, text) => out.push_str(text),
             Expr::Paren(x) => {
                 out.push('(');
                 render(x, out);
@@ -606,7 +704,7 @@ mod tests {
             }
             Expr::Bin(op, a, b) => {
                 let left_wrap = matches!(**a, Expr::Bin(o, ..) if prec(o) < prec(*op));
-                // Same precedence on the right changes f64 evaluation order: wrap.
+                // Same precedence on the right changes the meaning of - and /: wrap.
                 let right_wrap = matches!(**b, Expr::Bin(o, ..) if prec(o) <= prec(*op));
                 render_wrapped(a, left_wrap, out);
                 out.push(' ');
@@ -635,7 +733,10 @@ mod tests {
         )
             .prop_map(|(int, frac, commas)| {
                 let frac_text = frac.map(|f| format!(".{f:03}")).unwrap_or_default();
-                let value: f64 = format!("{int}{frac_text}").parse().unwrap();
+                let (num, den) = match frac {
+                    Some(f) => (i128::from(int) * 1000 + i128::from(f), 1000),
+                    None => (i128::from(int), 1),
+                };
                 let int_text = if commas {
                     let digits = int.to_string();
                     let mut grouped = String::new();
@@ -649,7 +750,7 @@ mod tests {
                 } else {
                     int.to_string()
                 };
-                Expr::Num(value, format!("{int_text}{frac_text}"))
+                Expr::Num(num, den, format!("{int_text}{frac_text}"))
             })
     }
 
@@ -679,9 +780,19 @@ mod tests {
             if text.len() > MAX_INPUT_LEN {
                 prop_assert!(matches!(got, Err(ToolError::InvalidInput(_))));
             } else {
+                // The calculator cross-reduces, so it manages whatever the schoolbook does.
                 match reference_eval(&e) {
-                    Some(want) => prop_assert_eq!(got, Ok(want), "{}", text),
-                    None => prop_assert!(matches!(got, Err(ToolError::Failed(_))), "{}: {:?}", text, got),
+                    Reference::Value(n, d) => {
+                        let got = got.map(|v| (v.numerator(), v.denominator()));
+                        prop_assert_eq!(got, Ok((n, d)), "{}", text)
+                    }
+                    Reference::DivisionByZero => prop_assert!(
+                        matches!(&got, Err(ToolError::Failed(m)) if m.contains("division by zero")),
+                        "{}: {:?}", text, got
+                    ),
+                    Reference::Overflow => prop_assert!(
+                        matches!(got, Ok(_) | Err(ToolError::Failed(_))), "{}: {:?}", text, got
+                    ),
                 }
             }
         }
