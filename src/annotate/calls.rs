@@ -4,9 +4,11 @@
 //! (the first one followed by an arrow if there is one, else the last one before "]"), then
 //! nothing or an arrow ("->" or "→" and anything up to "]", which is ignored:
 //! the result always comes from the tool). The input is trimmed and must not contain "[" (a
-//! nested call). Everything else is malformed: no "]" before the length cap, no "(", no ")",
-//! text after ")", an empty or odd tool name; and (`input_problem`) an input with a line break or
-//! a special token's text.
+//! nested call), an arrow (`generate`, and a model trained on C*, end a call's input at its
+//! first arrow) or unbalanced parentheses (once a result follows, such a call would not read
+//! back as the same call). Everything else is malformed: no "]" before the length cap, no "(",
+//! no ")", text after ")", an empty or odd tool name; and (`input_problem`) an input with a line
+//! break or a special token's text.
 
 use super::tools::ToolError;
 use crate::score::text::is_call_name;
@@ -47,7 +49,33 @@ pub fn parse_call(continuation: &str) -> Result<(String, String), Malformed> {
     if input.contains('[') {
         return Err(Malformed::Syntax("nested call".into()));
     }
+    if input.contains("->") || input.contains('→') {
+        return Err(Malformed::Syntax(
+            "an arrow in the input (a generated call ends its input at the first arrow)".into(),
+        ));
+    }
+    if !balanced(input) {
+        return Err(Malformed::Syntax(
+            "unbalanced parentheses in the input".into(),
+        ));
+    }
     Ok((name.to_string(), input.to_string()))
+}
+
+/// Whether every "(" of `s` is closed by a later ")" and every ")" closes one.
+fn balanced(s: &str) -> bool {
+    let mut depth = 0usize;
+    for c in s.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => match depth.checked_sub(1) {
+                Some(d) => depth = d,
+                None => return false,
+            },
+            _ => {}
+        }
+    }
+    depth == 0
 }
 
 /// The first ")" of `rest` at nesting depth 0 (it closes the call's "(") followed, after
@@ -211,15 +239,6 @@ mod tests {
             ok("Calculator((2 + 3) * 4) -> (20)]"),
             ("Calculator".into(), "(2 + 3) * 4".into())
         );
-        // ") ->" inside the input's own parentheses does not end it.
-        assert_eq!(
-            ok("QA(What does f(x) -> y mean?)]"),
-            ("QA".into(), "What does f(x) -> y mean?".into())
-        );
-        assert_eq!(
-            ok("QA(What does f(x) -> y mean?) -> a map (of sorts)]"),
-            ("QA".into(), "What does f(x) -> y mean?".into())
-        );
         assert_eq!(parse_call("Calculator(1+2"), Err(Malformed::Unterminated));
         for bad in [
             "Calculator 1+2]",
@@ -228,6 +247,15 @@ mod tests {
             "Calc(1) x]",
             "A b(1)]",
             "QA([x)]",
+            // An arrow in the input: generation would end the input there ("What does f(x").
+            "QA(What does f(x) -> y mean?)]",
+            "QA(What does f(x) -> y mean?) -> a map (of sorts)]",
+            "MT(a → b)]",
+            // Unbalanced: "[WikiSearch(Paris (France) -> ... (and largest city) ...]" would not
+            // read back.
+            "WikiSearch(Paris (France)]",
+            "Calculator(1+2))]",
+            "QA(a ) ( b)]",
         ] {
             assert!(
                 matches!(parse_call(bad), Err(Malformed::Syntax(_))),
