@@ -54,7 +54,10 @@ pub struct Plan {
     /// CSR: segment s attends to `ancestors[ancestor_offsets[s]..ancestor_offsets[s + 1]]`, root
     /// first, then causally to itself.
     pub ancestors: Vec<u32>,
-    pub ancestor_offsets: Vec<u32>,
+    /// (usize: in inline placement, candidates at many positions of one long text give each
+    /// of its one-token segments a list as long as its depth, past 2^32 entries in all for a
+    /// text of ~53k tokens.)
+    pub ancestor_offsets: Vec<usize>,
     /// Token indices whose hidden state feeds the LM head, ascending and unique.
     pub head_rows: Vec<u32>,
     pub targets: Vec<Target>,
@@ -100,7 +103,7 @@ impl Plan {
 
     /// Ancestor segments of segment `s`, root first.
     pub fn ancestors_of(&self, s: usize) -> &[u32] {
-        &self.ancestors[self.ancestor_offsets[s] as usize..self.ancestor_offsets[s + 1] as usize]
+        &self.ancestors[self.ancestor_offsets[s]..self.ancestor_offsets[s + 1]]
     }
 
     /// Sums per-target contributions into [L_none, L_call, L_call_result] per candidate:
@@ -299,12 +302,12 @@ impl Trie {
                 parent,
             });
             if let Some(p) = parent {
-                let range = plan.ancestor_offsets[p as usize] as usize
-                    ..plan.ancestor_offsets[p as usize + 1] as usize;
+                let range =
+                    plan.ancestor_offsets[p as usize]..plan.ancestor_offsets[p as usize + 1];
                 plan.ancestors.extend_from_within(range);
                 plan.ancestors.push(p);
             }
-            plan.ancestor_offsets.push(plan.ancestors.len() as u32);
+            plan.ancestor_offsets.push(plan.ancestors.len());
             self.push_children(node, Some(s), depth + len, &mut stack);
         }
         plan
