@@ -142,7 +142,14 @@ impl TextCandidate {
             .map_err(Error::input)?;
         let call = call_text(&self.tool, &self.input, None, form);
         let call_result = call_text(&self.tool, &self.input, Some(&self.result), form);
-        let spaced = spaced_at(&self.text, self.position);
+        // Whether the text goes on with whitespace, read at the end of x_{i-1}: the offset
+        // annotate splices at. (A tokenizer that trims offsets also takes the byte after the
+        // space for x_i, which would put the call after the space C* puts it before.)
+        let canonical = match position {
+            0 => self.position,
+            k => encoding.spans[k - 1].1,
+        };
+        let spaced = spaced_at(&self.text, canonical);
         let insert = |call: &str| tokenizer.encode_ids(&call_insert(call, placement, spaced));
         Ok(TokenCandidate {
             text_ids,
@@ -431,5 +438,54 @@ mod tests {
                 .unwrap();
             assert_eq!(scored, spliced);
         }
+    }
+
+    /// A tokenizer that trims offsets gives x_i = " 29" both the end of "or" and the byte after
+    /// the space: both offsets score the call where C* splices it, before the space.
+    #[test]
+    fn inline_calls_read_the_space_at_the_end_of_the_previous_token() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny-gptj/tokenizer.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        json["post_processor"]["trim_offsets"] = true.into();
+        let dir = tempfile::tempdir().unwrap();
+        let trimming = dir.path().join("tokenizer.json");
+        std::fs::write(&trimming, json.to_string()).unwrap();
+        let tok = Tokenizer::from_file(&trimming).unwrap();
+        let text = "Out of 1400 participants, 400 (or 29%) passed.";
+        let (before, after) = (text.find(" 29%").unwrap(), text.find("29%").unwrap());
+        let k = tok.encode(text).unwrap().token_at_byte(after).unwrap();
+        assert_eq!(tok.encode(text).unwrap().token_at_byte(before), Ok(k));
+        let tokens = |at: usize| {
+            TextCandidate {
+                text: text.into(),
+                position: at,
+                tool: "Calculator".into(),
+                input: "400 / 1400".into(),
+                result: "0.29".into(),
+            }
+            .to_tokens(&tok, Placement::Inline, CallForm::Arrow, None)
+            .unwrap()
+        };
+        let (a, b) = (tokens(before), tokens(after));
+        assert_eq!(
+            (&a.call_ids, &a.call_result_ids),
+            (&b.call_ids, &b.call_result_ids)
+        );
+        let scored = tok
+            .decode(
+                &[
+                    &b.text_ids[..b.position],
+                    &b.call_result_ids,
+                    &b.text_ids[b.position..],
+                ]
+                .concat(),
+            )
+            .unwrap();
+        assert!(
+            scored.contains("(or [Calculator(400 / 1400) -> 0.29] 29%)"),
+            "{scored}"
+        );
     }
 }
