@@ -33,7 +33,9 @@ const MAX_PICKLE_BYTES: usize = 16 << 20;
 /// Returns (name, Tensor) in file order. The buffers that old GPT-J checkpoints carry but that are
 /// not weights (`*.attn.bias`, a bool causal mask, and `*.attn.masked_bias`, a scalar) are left
 /// out here, so their dtypes need no support. Entries of the state dict that are not tensors are
-/// skipped too. Only float16, float32 and bfloat16 tensors with row-major strides are read.
+/// skipped too, unless named as a weight or bias (`*.weight`, `*.bias`: an error naming it, a
+/// form of tensor this reader does not build). Only float16, float32 and bfloat16 tensors with
+/// row-major strides are read.
 pub fn read_torch_bin(path: &Path) -> Result<Vec<(String, Tensor)>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: the map is read-only; as with every memory-mapped checkpoint, the file must not be
@@ -101,6 +103,21 @@ pub fn read_torch_bin(path: &Path) -> Result<Vec<(String, Tensor)>> {
             continue;
         }
         let Value::Tensor(tensor) = &unpickler.values[value] else {
+            // A weight in a form this reader does not build (a Parameter with state, a tensor
+            // subclass): named here, rather than reported missing later.
+            if name.ends_with(".weight") || name.ends_with(".bias") {
+                return Err(tensor_error(
+                    path,
+                    name,
+                    format!(
+                        "{pkl_name}: pickled as {}, not as a plain tensor \
+                         (torch._utils._rebuild_tensor_v2) that toolsift reads; save the state \
+                         dict's tensors (`{{k: v.detach().contiguous() for k, v in \
+                         model.state_dict().items()}}`) or convert it to safetensors",
+                        unpickler.values[value].kind()
+                    ),
+                ));
+            }
             tracing::debug!(
                 "{}: skipping `{name}`, which is {} rather than a tensor",
                 path.display(),
@@ -483,6 +500,23 @@ mod tests {
         pkl.resize(MAX_PICKLE_BYTES + 1, b'N'); // NONE opcodes past the STOP
         let err = read_checkpoint(&pkl, &[("0", &[0; 4])]).unwrap_err();
         assert!(err.to_string().contains("more than the"), "{err}");
+    }
+
+    /// A weight that is not a plain tensor is named where it is read, not reported missing; a
+    /// non-tensor entry of another name is skipped.
+    #[test]
+    fn a_weight_the_reader_cannot_build_is_named() {
+        let err = read_checkpoint(&state_dict_pickle("h.0.mlp.fc_in.weight", b"K\x05"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("h.0.mlp.fc_in.weight") && err.contains("not as a plain tensor"),
+            "{err}"
+        );
+        let err = read_checkpoint(&state_dict_pickle("step_count", b"K\x05"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no tensors found"), "{err}");
     }
 
     #[test]
