@@ -1421,7 +1421,7 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
     .expect_err("another spelling's run in progress")
     .to_string();
     assert!(
-        err.contains("is in progress") && err.contains("p.jsonl.partial"),
+        err.contains("is in progress") && err.contains("p.jsonl.partial") && !err.contains("  "),
         "{err}"
     );
     assert_eq!(std::fs::read(&journal).unwrap(), journal_before);

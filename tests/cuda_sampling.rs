@@ -170,7 +170,8 @@ fn decode_session_steps_equal_a_full_forward() {
 
 /// As above, on a session told its size (its cache allocated once, at exactly that size, and
 /// never grown) and a budget that leaves 6 tokens' activations beside it: every `extend` runs in
-/// pieces of at most 6 new tokens (the prefill of 125 in 21).
+/// pieces of the floor, 64 new tokens (the prefill of 125 in two, the fourth sequence's 36 tokens
+/// across both).
 #[test]
 fn a_decode_session_told_its_size_allocates_once_and_runs_in_pieces() {
     if gpu().is_none() {

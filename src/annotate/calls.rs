@@ -37,7 +37,7 @@ pub fn parse_call(continuation: &str) -> Result<(String, String), Malformed> {
     }
     // The input ends at the first ")" that closes the call's "(" and is followed by an arrow (a
     // result written by the model may contain parentheses too), else at the last ")" (an input
-    // may contain parentheses, even ") ->" inside balanced ones).
+    // may contain balanced parentheses; an arrow in it is refused below).
     let Some(close) = closing_paren_before_arrow(rest).or_else(|| rest.rfind(')')) else {
         return Err(Malformed::Syntax("no \")\"".into()));
     };

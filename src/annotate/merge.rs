@@ -25,9 +25,9 @@ pub struct MergeReport {
 }
 
 /// Joins the outputs of every shard of one run into one C* in input-line order, their rejects
-/// into `<out stem>.rejects.jsonl` and their summaries into `<out stem>.summary.json`, written
-/// in that order, each atomically; an earlier summary there is removed first and the new one
-/// written last, so a summary beside the merged C* always describes it. Each input is a C* file (`*.shard-I-of-C.jsonl`);
+/// into `<out stem>.rejects.jsonl` and their summaries into `<out stem>.summary.json`, each
+/// written atomically: the rejects, then C*, then the summary; an earlier summary there is
+/// removed before them, so a summary beside the merged C* always describes it. Each input is a C* file (`*.shard-I-of-C.jsonl`);
 /// its rejects and summary are read from beside it (a rejects or summary file given as an input
 /// too, as a shell glob may, is skipped). The summaries say which shard each output is and how
 /// many lines the corpus has: a missing or repeated shard, a line in two outputs or in none is

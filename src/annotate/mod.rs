@@ -154,7 +154,9 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     let other = paths.other_spelling();
     let other_running = || {
         Error::input(format!(
-            "a run on {} is in progress (its journal {} exists), and it writes the rejects              and summary this run would ({}, {}); let it finish or delete its journal, or give              another output (--out)",
+            "a run on {} is in progress (its journal {} exists), and it writes the rejects \
+             and summary this run would ({}, {}); let it finish or delete its journal, or give \
+             another output (--out)",
             other.out.display(),
             other.journal.display(),
             paths.rejects.display(),

@@ -360,8 +360,6 @@ impl Journal {
         self.created
     }
 
-    /// Removes a journal this run created and has not written to (for a run that refuses to
-    /// go on after all).
     /// Every entry, read through the file this run holds locked (not by its path, which another
     /// run could have taken over): an error if the path no longer names it, deleted or replaced
     /// during the run, since the outputs and the journal's removal would then be another run's.
@@ -379,6 +377,8 @@ impl Journal {
         Ok(entries_of(file, &self.path))
     }
 
+    /// Removes a journal this run created and has not written to (for a run that refuses to
+    /// go on after all).
     pub fn discard(self) -> Result<()> {
         if self.created {
             std::fs::remove_file(&self.path).map_err(|e| Error::io(&self.path, e))?;
@@ -608,7 +608,11 @@ mod tests {
                 crc32fast::hash(json.as_bytes())
             );
             let err = JournalEntry::from_line(summed.as_bytes()).unwrap_err();
-            assert!(err.contains(unknown.trim_matches('"')), "{unknown}: {err}");
+            let unknown = unknown.trim_matches('"');
+            assert!(
+                err.contains(&format!("unknown field `{unknown}`")),
+                "{unknown}: {err}"
+            );
             assert!(JournalEntry::from_line(json.as_bytes())
                 .unwrap_err()
                 .contains("crc32"));

@@ -517,6 +517,9 @@ impl Sampler for CudaScorer {
 /// (`DecodeSession::reserve`); past it, it doubles as sequences grow.
 const SESSION_CAPACITY: usize = 256;
 
+/// Fewest new tokens a piece of a session's `extend` runs (its activations: ~10 MB at 6B).
+const SESSION_MIN_PIECE: usize = 64;
+
 /// A decode session on the GPU: a device KV tree with one node per sequence. Its cache stays
 /// allocated between calls, so its bytes count against the scorer's memory budget
 /// (`CudaScorer::session_kv_bytes`) until the session is dropped.
@@ -618,14 +621,17 @@ impl DecodeSession for CudaDecodeSession<'_> {
         // what the budget leaves for activations.
         let n: usize = tokens.iter().map(Vec::len).sum();
         let need = self.tree_rows() + n;
-        let exact = need <= self.planned;
+        // No more than the sequences can ever hold (a hint past that is a caller's slip).
+        let planned = self
+            .planned
+            .min(self.nodes.len().saturating_mul(c.n_positions));
+        let exact = need <= planned;
         if self.tree.is_none() {
-            let rows = if exact {
-                self.planned
-            } else {
-                need.max(SESSION_CAPACITY)
+            // The announced size, or (that failing, or none) what this call needs.
+            let mut tree = match exact.then(|| engine.any_tree(planned)) {
+                Some(Ok(tree)) => tree,
+                _ => engine.any_tree(need.max(SESSION_CAPACITY))?,
             };
-            let mut tree = engine.any_tree(rows)?;
             for _ in 0..self.nodes.len() {
                 match &mut tree {
                     AnyTree::Bf16(t) => t.root(),
@@ -634,7 +640,6 @@ impl DecodeSession for CudaDecodeSession<'_> {
             }
             self.tree = Some(tree);
         }
-        let planned = self.planned;
         // A failed call adds nothing: the sequences keep their lengths and the next call reuses
         // the rows (a device error can also be fatal to the context; then every call fails).
         fn step<T: DeviceFloat>(
@@ -644,7 +649,9 @@ impl DecodeSession for CudaDecodeSession<'_> {
             nodes: &[usize],
             tokens: &[Vec<u32>],
         ) -> Result<Vec<Vec<f32>>> {
-            let max_tokens = engine.max_cached_tokens();
+            // At least `SESSION_MIN_PIECE`: a cache that alone fills the budget slows the call
+            // down, it does not make every token a forward of its own.
+            let max_tokens = engine.max_cached_tokens().max(SESSION_MIN_PIECE);
             let checkpoint = t.checkpoint(nodes);
             let out = batch::extend_in_pieces(nodes, tokens, max_tokens, |nodes, tokens, last| {
                 let n = tokens.iter().map(Vec::len).sum();
@@ -659,12 +666,23 @@ impl DecodeSession for CudaDecodeSession<'_> {
             }
             out
         }
+        // To the announced size, else (none, or that allocation failing) by doubling.
         let gpu = &engine.gpu;
         let grown = match self.tree.as_mut().expect("allocated above") {
-            AnyTree::Bf16(t) if exact => t.reserve_exact(gpu, planned - t.rows()),
-            AnyTree::F16(t) if exact => t.reserve_exact(gpu, planned - t.rows()),
-            AnyTree::Bf16(t) => t.reserve(gpu, n),
-            AnyTree::F16(t) => t.reserve(gpu, n),
+            AnyTree::Bf16(t) => {
+                if exact && t.reserve_exact(gpu, planned - t.rows()).is_ok() {
+                    Ok(())
+                } else {
+                    t.reserve(gpu, n)
+                }
+            }
+            AnyTree::F16(t) => {
+                if exact && t.reserve_exact(gpu, planned - t.rows()).is_ok() {
+                    Ok(())
+                } else {
+                    t.reserve(gpu, n)
+                }
+            }
         };
         self.count_cache();
         grown?;

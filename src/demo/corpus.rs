@@ -96,7 +96,7 @@ impl Site {
             ToolKind::Calendar => date.render(),
             _ => evaluate(&self.input)
                 .ok()
-                .and_then(format_result)
+                .map(format_result)
                 .unwrap_or_default(),
         }
     }

@@ -350,12 +350,9 @@ pub(crate) fn generate_batch(
         .collect();
     // Every fed token is a prompt token or one of the completion's, at most `cap` of those:
     // the session's cache is sized once.
-    session.reserve(
-        jobs.iter()
-            .zip(&seqs)
-            .map(|(job, seq)| job.ids.len() + seq.cap)
-            .sum(),
-    );
+    session.reserve(jobs.iter().zip(&seqs).fold(0usize, |n, (job, seq)| {
+        n.saturating_add(job.ids.len().saturating_add(seq.cap))
+    }));
     loop {
         let live: Vec<usize> = (0..seqs.len())
             .filter(|&i| seqs[i].finish.is_none())

@@ -416,7 +416,9 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
             None => None,
         };
         // Durable before it takes the final name, as every other output of the crate is.
-        std::fs::File::open(&weights_tmp)
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&weights_tmp)
             .and_then(|f| f.sync_all())
             .map_err(|e| Error::io(&weights_tmp, e))?;
         std::fs::rename(&weights_tmp, &weights_path).map_err(|e| Error::io(&weights_path, e))?;

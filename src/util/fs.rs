@@ -174,8 +174,8 @@ impl AtomicFile {
     pub fn create(path: &Path) -> Result<Self> {
         let tmp = Self::tmp_path(path);
         let io = |e| Error::io(&tmp, e);
-        // Not truncated before it is locked: the file may be another writer's, in progress. Not
-        // through a link either: truncating would empty the file it points to.
+        // Not truncated before it is locked: the file may be another writer's, in progress. On
+        // unix not through a link either: truncating would empty the file it points to.
         let mut options = OpenOptions::new();
         options.write(true).create(true).truncate(false);
         #[cfg(unix)]

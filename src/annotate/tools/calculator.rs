@@ -49,7 +49,7 @@ impl Tool for Calculator {
     }
 
     fn call(&self, input: &str, _doc: &DocContext<'_>) -> Result<String, ToolError> {
-        format_result(evaluate(input)?).ok_or_else(too_large)
+        Ok(format_result(evaluate(input)?))
     }
 }
 
@@ -145,33 +145,59 @@ fn gcd(mut a: u128, mut b: u128) -> u128 {
 }
 
 fn too_large() -> ToolError {
-    ToolError::Failed("result too large for exact arithmetic (past 38 digits)".into())
+    ToolError::Failed(
+        "too many digits for exact arithmetic (a numerator or denominator past 38 digits)".into(),
+    )
 }
 
 /// Formats `value` rounded to two decimals (half away from zero, exactly) with trailing zeros
-/// removed; None when the rounded value does not fit 128 bits.
-pub fn format_result(value: Rational) -> Option<String> {
+/// removed.
+pub fn format_result(value: Rational) -> String {
     if value.den == 1 {
-        return Some(value.num.to_string());
+        return value.num.to_string();
     }
     let (n, d) = (value.num.unsigned_abs(), value.den.unsigned_abs());
-    let (whole, rem) = (n / d, n % d);
-    // rem < d <= i128::MAX: rem * 100 overflows only for a denominator past 2^121.
-    let scaled = rem.checked_mul(100)?;
-    let (frac, left) = (scaled / d, scaled % d);
-    // A tie (left == d / 2 exactly) goes away from zero.
-    let cents = whole
-        .checked_mul(100)?
-        .checked_add(frac + u128::from(left >= d - left))?;
-    let sign = if value.num < 0 && cents > 0 { "-" } else { "" };
-    let mut text = format!("{sign}{}.{:02}", cents / 100, cents % 100);
+    let (mut whole, rem) = (n / d, n % d);
+    // Two decimal digits by long division, then the rest against half: exact for any
+    // denominator (no product of the remainder can overflow, `tenfold`).
+    let (tens, rem) = tenfold(rem, d);
+    let (units, rem) = tenfold(rem, d);
+    let mut cents = 10 * tens + units;
+    // A tie (rem == d / 2 exactly) goes away from zero.
+    if rem >= d - rem {
+        cents += 1;
+        if cents == 100 {
+            // whole < i128::MAX: no overflow.
+            (whole, cents) = (whole + 1, 0);
+        }
+    }
+    let sign = if value.num < 0 && (whole > 0 || cents > 0) {
+        "-"
+    } else {
+        ""
+    };
+    let mut text = format!("{sign}{whole}.{cents:02}");
     while text.ends_with('0') {
         text.pop();
     }
     if text.ends_with('.') {
         text.pop();
     }
-    Some(text)
+    text
+}
+
+/// `(10 r) / d` and `(10 r) % d` for `r < d <= i128::MAX`, adding `r` ten times modulo `d`:
+/// every sum stays below 2d, within u128, where `10 r` itself may not be.
+fn tenfold(r: u128, d: u128) -> (u128, u128) {
+    let (mut digit, mut acc) = (0, 0u128);
+    for _ in 0..10 {
+        if acc >= d - r {
+            (digit, acc) = (digit + 1, acc - (d - r));
+        } else {
+            acc += r;
+        }
+    }
+    (digit, acc)
 }
 
 /// Parses and evaluates `input`; see the module docs for what is accepted.
@@ -510,6 +536,21 @@ mod tests {
                 "99999999999999999999999999999999999.995",
                 "100000000000000000000000000000000000",
             ),
+            (
+                "9999999999999999999999999999999999999 + 0.5",
+                "9999999999999999999999999999999999999.5",
+            ),
+            (
+                "-99999999999999999999999999999999999 - 0.995",
+                "-100000000000000000000000000000000000",
+            ),
+            // A denominator near 2^122, where 100 times a remainder does not fit 128 bits.
+            ("1 / 5474401089420219382077155933569751763", "0"),
+            (
+                "5474401089420219382077155933569751762 / 5474401089420219382077155933569751763",
+                "1",
+            ),
+            ("-1 / 3 * 2", "-0.67"),
         ] {
             assert_eq!(calc(input).as_deref(), Ok(want), "{input}");
         }
@@ -545,18 +586,17 @@ mod tests {
         assert!(matches!(calc("1/0"), Err(ToolError::Failed(_))));
         assert!(matches!(calc("1/(2-2)"), Err(ToolError::Failed(_))));
         assert!(matches!(calc("1/-0"), Err(ToolError::Failed(_))));
-        // Past 128 bits: a literal, a product, a denominator, the cents of a huge whole part.
+        // Past 128 bits: a literal, a product, a decimal with too many places.
         let huge = "9".repeat(66);
         for input in [
             huge.clone(),
             format!("{huge}*{huge}*{huge}"),
             "99999999999999999999 * 99999999999999999999".into(),
             format!("0.{}1", "0".repeat(95)),
-            "9999999999999999999999999999999999999 + 0.5".into(),
         ] {
             let got = calc(&input);
             assert!(
-                matches!(&got, Err(ToolError::Failed(m)) if m.contains("too large")),
+                matches!(&got, Err(ToolError::Failed(m)) if m.contains("too many digits")),
                 "{input}: {got:?}"
             );
         }
