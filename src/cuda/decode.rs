@@ -102,6 +102,21 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
         self.grow_to(gpu, need)
     }
 
+    /// Room for `extra` more rows: `target` rows exactly when given and the device has them,
+    /// else by doubling (`reserve`).
+    fn reserve_toward(&mut self, gpu: &Gpu, extra: usize, target: Option<usize>) -> Result<()> {
+        match target {
+            Some(rows)
+                if self
+                    .reserve_exact(gpu, rows.saturating_sub(self.rows()))
+                    .is_ok() =>
+            {
+                Ok(())
+            }
+            _ => self.reserve(gpu, extra),
+        }
+    }
+
     /// Reallocates every buffer to `capacity` rows, copying the cached rows over. A buffer
     /// already that large (grown by an earlier try that failed on a later buffer) is kept.
     fn grow_to(&mut self, gpu: &Gpu, capacity: usize) -> Result<()> {
@@ -668,21 +683,10 @@ impl DecodeSession for CudaDecodeSession<'_> {
         }
         // To the announced size, else (none, or that allocation failing) by doubling.
         let gpu = &engine.gpu;
+        let target = exact.then_some(planned);
         let grown = match self.tree.as_mut().expect("allocated above") {
-            AnyTree::Bf16(t) => {
-                if exact && t.reserve_exact(gpu, planned - t.rows()).is_ok() {
-                    Ok(())
-                } else {
-                    t.reserve(gpu, n)
-                }
-            }
-            AnyTree::F16(t) => {
-                if exact && t.reserve_exact(gpu, planned - t.rows()).is_ok() {
-                    Ok(())
-                } else {
-                    t.reserve(gpu, n)
-                }
-            }
+            AnyTree::Bf16(t) => t.reserve_toward(gpu, n, target),
+            AnyTree::F16(t) => t.reserve_toward(gpu, n, target),
         };
         self.count_cache();
         grown?;
