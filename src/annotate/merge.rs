@@ -8,7 +8,9 @@ use super::shard::Shard;
 use super::summary::Summary;
 use super::writer::{self, OutputPaths};
 use crate::error::{Error, Result};
-use crate::util::fs::{is_same_file, output_file_problem, strip_ext, with_suffix, AtomicFile};
+use crate::util::fs::{
+    is_same_file, output_file_problem, remove_if_exists, strip_ext, with_suffix, AtomicFile,
+};
 use crate::util::jsonl::JsonlLines;
 
 /// What `merge` joined.
@@ -188,11 +190,7 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     let shard_summaries: Vec<Summary> = outputs.into_iter().map(|o| o.summary).collect();
     let summary = Summary::merge_shards(&shard_summaries);
     // Gone before the new C* lands: a summary beside it is this merge's or none.
-    match std::fs::remove_file(&out_paths.summary) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(&out_paths.summary, e)),
-    }
+    remove_if_exists(&out_paths.summary)?;
     rejects_file.commit()?;
     docs_file.commit()?;
     writer::write_summary(&out_paths.summary, &summary)?;

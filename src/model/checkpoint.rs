@@ -425,13 +425,7 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
         if let Some(f) = tok_file {
             f.commit()?;
         } else {
-            let stale = out.join("tokenizer.json");
-            match std::fs::remove_file(&stale) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(Error::io(&stale, e))
-                }
-                _ => {}
-            }
+            crate::util::fs::remove_if_exists(&out.join("tokenizer.json"))?;
         }
         cfg_file.commit()
     });

@@ -59,6 +59,14 @@ pub fn folder_problem(path: &Path) -> Option<&'static str> {
     }
 }
 
+/// Removes `path` if it is there; a missing file is not an error.
+pub(crate) fn remove_if_exists(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(path, e)),
+        _ => Ok(()),
+    }
+}
+
 /// Whether `a` and `b` are one existing file, however spelled (`..`, symlinks, hard links):
 /// what a command checks before writing `b` while it reads `a`.
 pub fn is_same_file(a: &Path, b: &Path) -> bool {
