@@ -165,7 +165,29 @@ fn corrupt_file_is_reported() {
     )
     .unwrap();
     let err = load_err(&dir);
+    assert_names(&err, &["model.safetensors", "header claims", "corrupt"]);
+
+    let mut garbage = 7u64.to_le_bytes().to_vec();
+    garbage.extend_from_slice(b"garbage");
+    std::fs::write(dir.join("model.safetensors"), garbage).unwrap();
+    let err = load_err(&dir);
     assert_names(&err, &["model.safetensors", "not a valid safetensors file"]);
+}
+
+/// A header that declares more dimensions than any tensor has is refused with the tensor's name
+/// (the crate itself accepts it: 65 dims of 1 hold the one float the file has).
+#[test]
+fn too_many_dimensions_are_reported() {
+    let (_tmp, dir) = copy_fixture();
+    let shape = vec!["1"; 65].join(",");
+    let header =
+        format!(r#"{{"odd.weight":{{"dtype":"F32","shape":[{shape}],"data_offsets":[0,4]}}}}"#);
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&1.0f32.to_le_bytes());
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    let err = load_err(&dir);
+    assert_names(&err, &["odd.weight", "65 dimensions", "model.safetensors"]);
 }
 
 #[test]

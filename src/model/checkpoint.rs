@@ -120,6 +120,7 @@ impl TensorMap {
 
     fn read_safetensors(&mut self, path: &Path) -> Result<()> {
         let map = Arc::new(map_file(path)?);
+        check_header_size(&map, path)?;
         let st = SafeTensors::deserialize(&map).map_err(|e| Error::Checkpoint {
             path: path.to_owned(),
             msg: format!("not a valid safetensors file (truncated or corrupt?): {e}"),
@@ -144,6 +145,16 @@ impl TensorMap {
                     })
                 }
             };
+            if view.shape().len() > MAX_DIMS {
+                return Err(Error::Tensor {
+                    path: path.to_owned(),
+                    tensor: name,
+                    msg: format!(
+                        "has {} dimensions, more than the {MAX_DIMS} a tensor may have",
+                        view.shape().len()
+                    ),
+                });
+            }
             let data = view.data();
             let start = data.as_ptr() as usize - base;
             entries.push((name, dtype, view.shape().to_vec(), start, data.len()));
@@ -244,6 +255,32 @@ fn is_plain_file_name(name: &str) -> bool {
             Path::new(name).components().collect::<Vec<_>>().as_slice(),
             [std::path::Component::Normal(_)]
         )
+}
+
+/// torch's limit on a tensor's number of dimensions (the pickle reader applies it too).
+const MAX_DIMS: usize = 64;
+
+/// The largest safetensors header read: GPT-J 6B's is about 30 KB. The crate itself allows
+/// 100 MB, and parses every shape in it before a single one can be checked, so a small corrupt
+/// file could otherwise declare hundreds of MB of dimensions.
+const MAX_HEADER_BYTES: u64 = 16 << 20;
+
+/// Refuses a header longer than [`MAX_HEADER_BYTES`] before the crate parses it (safetensors:
+/// an 8-byte little-endian length, then that much JSON).
+fn check_header_size(bytes: &[u8], path: &Path) -> Result<()> {
+    let Some(len) = bytes.first_chunk::<8>().map(|b| u64::from_le_bytes(*b)) else {
+        return Ok(()); // too short to hold a length: the crate names that
+    };
+    if len > MAX_HEADER_BYTES {
+        return Err(Error::Checkpoint {
+            path: path.to_owned(),
+            msg: format!(
+                "its safetensors header claims {len} bytes, more than the {MAX_HEADER_BYTES} a \
+                 checkpoint's header needs (corrupt or not a safetensors file?)"
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn map_file(path: &Path) -> Result<Mmap> {
