@@ -374,24 +374,45 @@ fn convert_leaves_sources_and_earlier_outputs_whole() {
         );
         assert_eq!(std::fs::read(dir.join("config.json")).unwrap(), config);
     }
-    // A conversion that fails midway (its config.json cannot be written) leaves the earlier
-    // output: no new file, no temporary file.
+    // A conversion that fails midway (its weights are written, its tokenizer.json cannot be)
+    // leaves the earlier output: no new file, no temporary file.
     let out = tmp.path().join("out");
     toolsift::model::checkpoint::convert(&model, &out, None).unwrap();
-    let before: Vec<_> = ["config.json", "model.safetensors", "tokenizer.json"]
-        .iter()
-        .map(|f| std::fs::read(out.join(f)).unwrap())
-        .collect();
-    std::fs::create_dir(out.join("config.json.tmp")).unwrap();
+    let files = ["config.json", "model.safetensors", "tokenizer.json"];
+    let read_all = || -> Vec<_> {
+        files
+            .iter()
+            .map(|f| std::fs::read(out.join(f)).unwrap())
+            .collect()
+    };
+    let before = read_all();
+    std::fs::create_dir(out.join("tokenizer.json.tmp")).unwrap();
     toolsift::model::checkpoint::convert(&model, &out, Some(toolsift::model::DType::BF16))
         .unwrap_err();
-    std::fs::remove_dir(out.join("config.json.tmp")).unwrap();
-    let after: Vec<_> = ["config.json", "model.safetensors", "tokenizer.json"]
-        .iter()
-        .map(|f| std::fs::read(out.join(f)).unwrap())
-        .collect();
-    assert!(before == after, "the earlier output changed");
+    std::fs::remove_dir(out.join("tokenizer.json.tmp")).unwrap();
+    assert!(before == read_all(), "the earlier output changed");
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 3);
+    // Another conversion into the folder (it holds config.json's temporary file locked) is
+    // refused before anything is written, and its temporary weights are left to it.
+    let lock = std::fs::File::create(out.join("config.json.tmp")).unwrap();
+    lock.lock().unwrap();
+    std::fs::write(out.join("model.safetensors.tmp"), b"theirs").unwrap();
+    let err =
+        toolsift::model::checkpoint::convert(&model, &out, Some(toolsift::model::DType::BF16))
+            .unwrap_err()
+            .to_string();
+    assert_names(
+        &err,
+        &["another toolsift process is writing", "config.json"],
+    );
+    assert_eq!(
+        std::fs::read(out.join("model.safetensors.tmp")).unwrap(),
+        b"theirs"
+    );
+    assert!(before == read_all(), "the earlier output changed");
+    drop(lock);
+    std::fs::remove_file(out.join("config.json.tmp")).unwrap();
+    std::fs::remove_file(out.join("model.safetensors.tmp")).unwrap();
     // A source without a tokenizer: the earlier output's tokenizer.json is not kept beside
     // weights it does not belong to.
     let bare = Model::from_parts(model.config.clone(), model.weights.clone(), None).unwrap();

@@ -432,14 +432,17 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
         }
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    // config.json's temporary file is taken first: its lock, held until the end, makes this
+    // conversion the folder's only writer, so a second `convert` into it fails at once instead
+    // of writing into the same temporary weights.
+    let cfg_path = out.join("config.json");
+    let mut cfg_file = AtomicFile::create(&cfg_path)?;
     // Weights under a temporary name of ours (safetensors writes its own temporary file, then
     // renames it to the name given), then the small files; renamed into place together.
     let weights_path = out.join("model.safetensors");
     let weights_tmp = AtomicFile::tmp_path(&weights_path);
     let format = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     let written = write_safetensors_with(&weights_tmp, &tensors, Some(format)).and_then(|()| {
-        let cfg_path = out.join("config.json");
-        let mut cfg_file = AtomicFile::create(&cfg_path)?;
         cfg_file
             .write_all(cfg.as_bytes())
             .map_err(|e| Error::io(&cfg_path, e))?;
@@ -464,12 +467,18 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
         } else {
             crate::util::fs::remove_if_exists(&out.join("tokenizer.json"))?;
         }
-        cfg_file.commit()
+        Ok(())
     });
-    if written.is_err() {
-        let _ = std::fs::remove_file(&weights_tmp);
+    match written {
+        // config.json last: its rename releases the folder to the next writer.
+        Ok(()) => cfg_file.commit().map(|()| tensors.len()),
+        Err(e) => {
+            // Still holding the lock: the temporary weights are ours.
+            let _ = std::fs::remove_file(&weights_tmp);
+            drop(cfg_file);
+            Err(e)
+        }
     }
-    written.map(|()| tensors.len())
 }
 
 fn same_dir(a: &Path, b: &Path) -> bool {
