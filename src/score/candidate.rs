@@ -35,25 +35,31 @@ impl TokenCandidate {
             .unwrap_or(options.weights.as_slice())
     }
 
-    /// The weighted window: (t, w_t) for every t up to the last non-zero weight with a token
-    /// x_{i+t} in the text (zero weights inside the window included, trailing ones not).
+    /// The weighted window: (t, w_t) for every t up to the last non-zero weight whose token
+    /// x_{i+t} is in the text (zero weights before it included, none after it).
     pub fn window<'a>(
         &'a self,
         options: &'a ScoreOptions,
     ) -> impl Iterator<Item = (usize, f64)> + 'a {
-        let n = self.text_ids.len();
-        self.weights(options)[..window_len(self.weights(options))]
+        self.weights(options)[..self.scored_len(options)]
             .iter()
             .enumerate()
-            .take_while(move |(t, _)| self.position + t < n)
             .map(|(t, &w)| (t, w))
     }
 
     /// One past the last text token any variant needs: nothing after x_{i+T-1} is computed, where
-    /// w_{T-1} is the last non-zero weight (trailing zero weights add no token; with every weight
-    /// zero no text token from x_i on is needed).
+    /// w_{T-1} is the last non-zero weight with a token in the text (zero weights after it, and
+    /// non-zero ones past the end of the text, add no token; with none, no text token from x_i
+    /// on is needed).
     pub fn text_end(&self, options: &ScoreOptions) -> usize {
-        (self.position + window_len(self.weights(options))).min(self.text_ids.len())
+        (self.position + self.scored_len(options)).min(self.text_ids.len())
+    }
+
+    /// The window's length: T as above.
+    fn scored_len(&self, options: &ScoreOptions) -> usize {
+        let weights = self.weights(options);
+        let in_text = self.text_ids.len().saturating_sub(self.position);
+        window_len(&weights[..weights.len().min(in_text)])
     }
 }
 
@@ -226,6 +232,13 @@ mod tests {
         assert_eq!(c.text_end(&o), 4);
         assert_eq!(c.window(&o).count(), 3);
         assert_eq!(variant_sequence(&c, Variant::None, &o).targets.len(), 2);
+        // A non-zero weight past the end of the text adds no token (nor the zeros before it).
+        c.weights = Some(vec![1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
+        assert_eq!(c.text_end(&o), 2);
+        assert_eq!(c.window(&o).count(), 1);
+        c.weights = Some(vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
+        assert_eq!(c.text_end(&o), 1);
+        assert_eq!(c.window(&o).count(), 0);
         // Every weight zero: no text token from x_i on, no target.
         c.weights = Some(vec![0.0; 4]);
         assert_eq!(c.text_end(&o), 1);
