@@ -1,8 +1,10 @@
 //! The fast CPU backend against the f64 oracle: property tests over random small GPT-J configs
-//! (awkward sizes: odd n_embd, head_dim not a power of two, rotary_dim < head_dim), random non-zero
+//! (awkward sizes: odd n_embd, head_dim not a power of two, rotary_dim < head_dim, vocabularies
+//! wider than the LM head's block, n_positions at the longest sequence scored), random non-zero
 //! weights stored as f32 / f16 / bf16, random texts and candidate sets (several candidates at one
 //! position, duplicates, first and last scorable positions, windows cut by the end of the text,
-//! empty results), both placements, and tight memory budgets that force the batch to be split.
+//! empty results and calls, loss weights with zeros), both placements, and tight memory budgets
+//! that force the batch to be split.
 //!
 //! Tolerance: 2e-3 absolute + 1e-4 relative on each loss. The engine computes in f32: each loss is
 //! a weighted sum of <= 5 log-probabilities whose f32 rounding (LayerNorm, GEMM accumulation over
@@ -39,8 +41,10 @@ fn problem() -> impl Strategy<Value = Problem> {
         1usize..=4,      // n_head
         1usize..=6,      // head_dim / 2 (rounded up below)
         prop::bool::ANY, // odd head_dim
-        0usize..=3,      // rotary_dim / 2 bound
-        20usize..=90,    // vocab
+        0usize..=6,      // rotary_dim / 2 bound
+        // Mostly small; one case in eight wider than the LM head's vocabulary block (1024), so
+        // that its blocks are merged.
+        prop_oneof![7 => 20usize..=90, 1 => 1025usize..=2100],
         any::<u64>(),
         1usize..=3, // texts
         prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
@@ -53,7 +57,7 @@ fn problem() -> impl Strategy<Value = Problem> {
                 let rotary_dim = (2 * rot).min(head_dim - head_dim % 2);
                 let mut config =
                     GptjConfig::small(n_layer, n_head * head_dim, n_head, rotary_dim, vocab);
-                config.n_positions = 64;
+                config.n_positions = 64; // set to just what the candidates need in `check`
                 config.n_inner = Some(3 * n_head * head_dim + 1);
                 Problem {
                     config,
@@ -77,7 +81,9 @@ fn problem() -> impl Strategy<Value = Problem> {
 }
 
 /// Random candidates: per text several positions (including the first and last scorable ones),
-/// several calls per position, a duplicate, an empty result.
+/// several calls per position, a duplicate, an empty result, an empty call, a call that is a
+/// prefix of its call with result, weights of their own with zeros inside, after, and past the
+/// end of the text (some with nothing left to score).
 fn candidates(p: &Problem, rng: &mut Rng) -> Vec<TokenCandidate> {
     let v = p.config.vocab_size;
     let mut out = Vec::new();
@@ -95,10 +101,28 @@ fn candidates(p: &Problem, rng: &mut Rng) -> Vec<TokenCandidate> {
                 let result: Vec<u32> = (0..rng.range(0, 3))
                     .map(|_| rng.range(0, v - 1) as u32)
                     .collect();
-                let call_ids = [&head[..], &input, &[1]].concat();
+                let mut call_ids = [&head[..], &input, &[1]].concat();
                 let call_result_ids = [&head[..], &input, &[2], &result, &[1]].concat();
-                let weights = if rng.range(0, 4) == 0 {
-                    Some((0..rng.range(1, 7)).map(|_| rng.uniform()).collect())
+                match rng.range(0, 7) {
+                    0 => call_ids.clear(),
+                    1 => call_ids = call_result_ids[..rng.range(1, call_result_ids.len())].to_vec(),
+                    _ => {}
+                }
+                let weights = if rng.range(0, 3) == 0 {
+                    let mut w: Vec<f64> = (0..rng.range(1, 9))
+                        .map(|_| {
+                            if rng.range(0, 2) == 0 {
+                                0.0
+                            } else {
+                                rng.uniform()
+                            }
+                        })
+                        .collect();
+                    if w.iter().all(|&x| x == 0.0) {
+                        let k = rng.range(0, w.len() - 1);
+                        w[k] = rng.uniform();
+                    }
+                    Some(w)
                 } else {
                     None
                 };
@@ -118,14 +142,23 @@ fn candidates(p: &Problem, rng: &mut Rng) -> Vec<TokenCandidate> {
 }
 
 fn check(p: &Problem) {
-    let weights = GptjWeights::random(&p.config, p.seed, p.dtype);
-    let model = Model::from_parts(p.config.clone(), weights, None).unwrap();
     let mut rng = Rng::new(p.seed ^ 0xABCD);
     let cands = candidates(p, &mut rng);
     let options = ScoreOptions {
         placement: p.placement,
         weights: LossWeights::default(),
     };
+    // n_positions at the longest sequence scored, or up to two past it: the last rotary row is
+    // used.
+    let longest = cands
+        .iter()
+        .map(|c| c.call_ids.len().max(c.call_result_ids.len()) + c.text_end(&options))
+        .max()
+        .unwrap_or(1);
+    let mut config = p.config.clone();
+    config.n_positions = longest + (p.seed % 3) as usize;
+    let weights = GptjWeights::random(&config, p.seed, p.dtype);
+    let model = Model::from_parts(config, weights, None).unwrap();
     let oracle = ReferenceScorer::new(&model)
         .score(&cands, &options)
         .unwrap();
