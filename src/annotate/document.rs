@@ -42,7 +42,7 @@ pub struct CallRecord {
     pub l_call_result: Option<f64>,
     pub delta: Option<f64>,
     pub kept: bool,
-    /// Why the call has no scores (tool failure, too long to score).
+    /// Why the call has no scores (tool failure, too long to score, a loss that is not finite).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -74,7 +74,9 @@ pub struct ToolStats {
     /// Positions kept (p_i > tau_s, top k).
     pub positions: u64,
     pub calls_sampled: u64,
-    /// Samples that are not "Tool(input)]" (unparsable, or no "]" before the length cap).
+    /// Samples that are not a call a tool can take: not "Tool(input)]" (unparsable, no "]" before
+    /// the length cap, an arrow or unbalanced parentheses in the input) or an input with a line
+    /// break or a special token's text (`calls::input_problem`).
     pub calls_malformed: u64,
     /// Parsable samples naming another tool than the prompt's (unknown or not asked for).
     pub calls_unknown_tool: u64,

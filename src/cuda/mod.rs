@@ -75,7 +75,8 @@ pub struct CudaOptions {
     pub device: usize,
     /// Storage type on the device; None: f16 for float16 checkpoints, bf16 otherwise.
     pub dtype: Option<CudaDType>,
-    /// Activation budget of one plan chunk in bytes; None: 90% of what is free after the weights.
+    /// Activation budget of one plan chunk in bytes; None: 90% of what is free after the weights,
+    /// the LM head's scratch and 1 GiB held back (`RESERVE_BYTES`).
     pub memory_budget: Option<usize>,
     pub head_chunk_rows: usize,
     /// Pack small sibling subtrees into shared attention tiles (`TreeTiles::from_plan`).

@@ -16,7 +16,7 @@ impl Default for LossWeights {
 }
 
 impl LossWeights {
-    /// Explicit weights; each must be finite and non-negative, and there must be at least one.
+    /// Explicit weights; each must be finite and non-negative, and at least one positive.
     pub fn new(weights: Vec<f64>) -> Result<Self> {
         check(&weights).map_err(Error::input)?;
         Ok(LossWeights(weights))
