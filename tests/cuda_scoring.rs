@@ -74,7 +74,7 @@ fn problem() -> impl Strategy<Value = Problem> {
                 let rotary_dim = (2 * rot).min(head_dim - head_dim % 2);
                 let mut config =
                     GptjConfig::small(n_layer, n_head * head_dim, n_head, rotary_dim, vocab);
-                config.n_positions = 128;
+                config.n_positions = 128; // set to just what the candidates need in `check`
                 config.n_inner = Some(3 * n_head * head_dim + 1);
                 Problem {
                     config,
@@ -99,7 +99,8 @@ fn problem() -> impl Strategy<Value = Problem> {
 }
 
 /// Random candidates: several positions per text (first and last scorable ones included),
-/// several calls per position, a duplicate, empty results, some custom weights.
+/// several calls per position, a duplicate, empty results and calls, calls that prefix their
+/// call with result, weights of their own with zeros inside, after, and past the end of the text.
 fn candidates(p: &Problem, rng: &mut Rng) -> Vec<TokenCandidate> {
     let v = p.config.vocab_size;
     let mut out = Vec::new();
@@ -115,13 +116,34 @@ fn candidates(p: &Problem, rng: &mut Rng) -> Vec<TokenCandidate> {
                 let result: Vec<u32> = (0..rng.range(0, 3))
                     .map(|_| rng.range(0, v - 1) as u32)
                     .collect();
-                let weights = (rng.range(0, 4) == 0)
-                    .then(|| (0..rng.range(1, 7)).map(|_| rng.uniform()).collect());
+                let mut call_ids = [&head[..], &input, &[1]].concat();
+                let call_result_ids = [&head[..], &input, &[2], &result, &[1]].concat();
+                match rng.range(0, 7) {
+                    0 => call_ids.clear(),
+                    1 => call_ids = call_result_ids[..rng.range(1, call_result_ids.len())].to_vec(),
+                    _ => {}
+                }
+                let weights = (rng.range(0, 3) == 0).then(|| {
+                    let mut w: Vec<f64> = (0..rng.range(1, 9))
+                        .map(|_| {
+                            if rng.range(0, 2) == 0 {
+                                0.0
+                            } else {
+                                rng.uniform()
+                            }
+                        })
+                        .collect();
+                    if w.iter().all(|&x| x == 0.0) {
+                        let k = rng.range(0, w.len() - 1);
+                        w[k] = rng.uniform();
+                    }
+                    w
+                });
                 out.push(TokenCandidate {
                     text_ids: text.clone(),
                     position,
-                    call_ids: [&head[..], &input, &[1]].concat(),
-                    call_result_ids: [&head[..], &input, &[2], &result, &[1]].concat(),
+                    call_ids,
+                    call_result_ids,
                     weights,
                 });
             }
@@ -138,14 +160,22 @@ fn check(p: &Problem) -> Result<f64, TestCaseError> {
         CudaDType::BF16 => DType::BF16,
         CudaDType::F16 => DType::F16,
     };
-    let weights = GptjWeights::random(&p.config, p.seed, storage);
-    let model = Model::from_parts(p.config.clone(), weights, None).unwrap();
     let mut rng = Rng::new(p.seed ^ 0xABCD);
     let cands = candidates(p, &mut rng);
     let options = ScoreOptions {
         placement: p.placement,
         weights: LossWeights::default(),
     };
+    // n_positions at the longest sequence scored, or up to two past it.
+    let longest = cands
+        .iter()
+        .map(|c| c.call_ids.len().max(c.call_result_ids.len()) + c.text_end(&options))
+        .max()
+        .unwrap_or(1);
+    let mut config = p.config.clone();
+    config.n_positions = longest + (p.seed % 3) as usize;
+    let weights = GptjWeights::random(&config, p.seed, storage);
+    let model = Model::from_parts(config, weights, None).unwrap();
     let oracle = ReferenceScorer::new(&model)
         .score(&cands, &options)
         .unwrap();
