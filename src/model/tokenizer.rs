@@ -93,13 +93,23 @@ impl Tokenizer {
     /// A text longer than [`MAX_UNCUT_BYTES`] with no such point at all past its first
     /// `first_bytes / 2` bytes is refused (`Error::Input`) rather than tokenized whole.
     pub fn encode_head(&self, text: &str, n: usize) -> Result<Encoding> {
+        Ok(self.encode_head_whole(text, n)?.0)
+    }
+
+    /// `encode_head`, and whether the encoding is the whole text's.
+    pub(crate) fn encode_head_whole(&self, text: &str, n: usize) -> Result<(Encoding, bool)> {
         let first_bytes = n
             .saturating_add(HEAD_MARGIN_TOKENS)
             .saturating_mul(HEAD_BYTES_PER_TOKEN);
         self.encode_head_from(text, n, first_bytes)
     }
 
-    fn encode_head_from(&self, text: &str, n: usize, first_bytes: usize) -> Result<Encoding> {
+    fn encode_head_from(
+        &self,
+        text: &str,
+        n: usize,
+        first_bytes: usize,
+    ) -> Result<(Encoding, bool)> {
         let mut bytes = first_bytes.max(1);
         let mut cut_found = false;
         loop {
@@ -114,7 +124,7 @@ impl Tokenizer {
                         MAX_UNCUT_BYTES >> 20
                     )));
                 }
-                return self.encode(text);
+                return Ok((self.encode(text)?, true));
             }
             if let Some(cut) = head_cut(text, bytes) {
                 cut_found = true;
@@ -123,7 +133,7 @@ impl Tokenizer {
                     let keep = enc.ids.len() - HEAD_MARGIN_TOKENS;
                     enc.ids.truncate(keep);
                     enc.spans.truncate(keep);
-                    return Ok(enc);
+                    return Ok((enc, false));
                 }
             }
             bytes = bytes.saturating_mul(2);
@@ -356,7 +366,7 @@ mod tests {
         ) {
             for tok in [demo_tokenizer(), gptj_tokenizer()] {
                 let full = tok.encode(&text).unwrap();
-                let head = tok.encode_head_from(&text, n, first_bytes).unwrap();
+                let (head, _) = tok.encode_head_from(&text, n, first_bytes).unwrap();
                 let len = head.ids.len();
                 prop_assert!(len >= n.min(full.ids.len()));
                 prop_assert_eq!(&head.ids[..], &full.ids[..len]);

@@ -7,13 +7,12 @@
 //! "call_result_ids"}; both may carry "weights" (overriding the batch's) and "tau_f".
 
 use std::io::{BufRead, Write};
-use std::sync::Arc;
 
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::text::{head_tokens_needed, TextHeads};
+use super::text::TextHeads;
 use super::{validate, CallForm, ScoreOptions, Scorer, Scores, TextCandidate, TokenCandidate};
 use crate::error::{Error, Result};
 use crate::model::Tokenizer;
@@ -258,24 +257,20 @@ fn parse_line(
             .weights
             .as_deref()
             .unwrap_or(options.score.weights.as_slice());
-        let needed = head_tokens_needed(&t.text, t.position, weights)?;
-        let shared: Arc<str> = t.text.into();
-        let head = texts
-            .get(tokenizer, &shared, needed)
-            .map_err(|e| e.to_string())?;
         let text = TextCandidate {
-            text: shared.clone(),
+            text: t.text.into(),
             position: t.position,
             tool: t.tool,
             input: t.input,
             result: t.result,
         };
-        let mut c = text
-            .to_tokens(
+        let mut c = texts
+            .tokens_for(
                 tokenizer,
+                &text,
+                weights,
                 options.score.placement,
                 options.call_form,
-                Some(head),
             )
             .map_err(|e| e.to_string())?;
         c.weights = t.weights;

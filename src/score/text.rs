@@ -162,7 +162,8 @@ impl TextCandidate {
 }
 
 /// How many tokens of `text` a candidate at byte `position` reads with `weights`: x_i is within
-/// the first position + 1 tokens (a token covers at least one byte), and the window follows it.
+/// the first position + 1 tokens when a token covers at least one byte, and the window follows
+/// it (`TextHeads::tokens_for` reads further when a normalizer broke that).
 /// A position past the text is refused here, before anything is tokenized.
 pub(crate) fn head_tokens_needed(
     text: &str,
@@ -191,24 +192,28 @@ pub fn score_texts(
     options: &ScoreOptions,
     form: CallForm,
 ) -> Result<Vec<Scores>> {
-    let at = |k: usize| move |e: Error| Error::candidate(k, e);
-    // Tokens each text must yield: as many as its furthest-reading candidate needs.
+    let weights = options.weights.as_slice();
+    // Tokens each text must yield: as many as its furthest-reading candidate needs, so that a
+    // text is tokenized once.
     let mut needed: HashMap<&str, usize> = HashMap::new();
     for (k, c) in candidates.iter().enumerate() {
-        let n = head_tokens_needed(&c.text, c.position, options.weights.as_slice())
-            .map_err(|e| Error::candidate(k, e))?;
+        let n =
+            head_tokens_needed(&c.text, c.position, weights).map_err(|e| Error::candidate(k, e))?;
         let most = needed.entry(&c.text).or_default();
         *most = (*most).max(n);
     }
     let mut heads = TextHeads::default();
+    for (k, c) in candidates.iter().enumerate() {
+        heads
+            .get(tokenizer, &c.text, needed[&*c.text])
+            .map_err(|e| Error::candidate(k, e))?;
+    }
     let mut tokens = Vec::with_capacity(candidates.len());
     for (k, c) in candidates.iter().enumerate() {
-        let head = heads
-            .get(tokenizer, &c.text, needed[&*c.text])
-            .map_err(at(k))?;
         tokens.push(
-            c.to_tokens(tokenizer, options.placement, form, Some(head))
-                .map_err(at(k))?,
+            heads
+                .tokens_for(tokenizer, c, weights, options.placement, form)
+                .map_err(|e| Error::candidate(k, e))?,
         );
     }
     scorer.score(&tokens, options)
@@ -222,33 +227,70 @@ pub(crate) struct TextHeads {
     heads: HashMap<Arc<str>, TextHead>,
 }
 
-/// At least `tokens_asked` tokens of a text's encoding, or all of them.
+/// At least `tokens_asked` tokens of a text's encoding, or all of them (`whole`).
 struct TextHead {
     encoding: Encoding,
     ids: Arc<[u32]>,
     tokens_asked: usize,
+    whole: bool,
 }
 
 impl TextHeads {
     /// The head of `text` holding at least `tokens` tokens (or the whole text), for
     /// `TextCandidate::to_tokens`.
-    pub(crate) fn get(
-        &mut self,
-        tokenizer: &Tokenizer,
-        text: &Arc<str>,
-        tokens: usize,
-    ) -> Result<(&Encoding, Arc<[u32]>)> {
-        if self.heads.get(text).is_none_or(|h| h.tokens_asked < tokens) {
-            let encoding = tokenizer.encode_head(text, tokens)?;
+    fn get(&mut self, tokenizer: &Tokenizer, text: &Arc<str>, tokens: usize) -> Result<&TextHead> {
+        if self
+            .heads
+            .get(text)
+            .is_none_or(|h| !h.whole && h.tokens_asked < tokens)
+        {
+            let (encoding, whole) = tokenizer.encode_head_whole(text, tokens)?;
             let head = TextHead {
                 ids: encoding.ids.clone().into(),
                 encoding,
                 tokens_asked: tokens,
+                whole,
             };
             self.heads.insert(text.clone(), head);
         }
-        let head = &self.heads[text];
-        Ok((&head.encoding, head.ids.clone()))
+        Ok(&self.heads[text])
+    }
+
+    /// `c` as tokens (`TextCandidate::to_tokens`), its text tokenized as far as a window of
+    /// `weights` after its position reads. That is first taken to be `head_tokens_needed`
+    /// tokens, which holds when a token covers at least one byte; a normalizer that expands
+    /// text (NFKC turns one character into up to 18) can put x_i past that, and the head is
+    /// then tokenized further, so the window is never cut short of the text's end.
+    pub(crate) fn tokens_for(
+        &mut self,
+        tokenizer: &Tokenizer,
+        c: &TextCandidate,
+        weights: &[f64],
+        placement: Placement,
+        form: CallForm,
+    ) -> Result<TokenCandidate> {
+        let mut tokens = head_tokens_needed(&c.text, c.position, weights).map_err(Error::input)?;
+        loop {
+            let head = self.get(tokenizer, &c.text, tokens)?;
+            let reaches = head.encoding.spans.last().is_some_and(|s| s.1 > c.position);
+            if !head.whole && !reaches {
+                tokens = tokens.saturating_mul(2);
+                continue;
+            }
+            let held = head.ids.len();
+            let whole = head.whole;
+            let candidate = c.to_tokens(
+                tokenizer,
+                placement,
+                form,
+                Some((&head.encoding, head.ids.clone())),
+            )?;
+            let reads = candidate.position + super::candidate::window_len(weights);
+            if whole || reads <= held {
+                return Ok(candidate);
+            }
+            tokens = reads.saturating_add(1);
+        }
     }
 }
 
@@ -379,6 +421,53 @@ mod tests {
                 .unwrap();
             let call = call_text(&tool, &input, Some(&c.result), CallForm::Arrow);
             assert_eq!(parse_call(&call[1..]).unwrap(), (tool, input), "{call}");
+        }
+    }
+
+    /// A normalizer that expands text puts x_i past the `position + 1` tokens its byte offset
+    /// allows: the head is tokenized further until the whole window is in it, as tokenizing the
+    /// whole text gives. (Each "x" becomes 20 words, and the words after the position are
+    /// 100-byte ones, so that a head of 8 bytes per token holds too few tokens after it.)
+    #[test]
+    fn a_normalizer_that_expands_text_does_not_cut_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        let long = "a".repeat(100);
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": {"type": "Replace", "pattern": {"String": "x"},
+                           "content": vec!["y"; 20].join(" ")},
+            "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "y": 1, long.as_str(): 2},
+                      "unk_token": "[UNK]"},
+        });
+        std::fs::write(&path, json.to_string()).unwrap();
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let text = format!("{}{}", "x ".repeat(30), format!("{long} ").repeat(200));
+        let c = TextCandidate {
+            text: text.into(),
+            position: 60,
+            tool: "Calculator".into(),
+            input: "1 + 2".into(),
+            result: "3".into(),
+        };
+        let options = ScoreOptions::default();
+        let weights = options.weights.as_slice();
+        let whole = c
+            .to_tokens(&tok, Placement::Prefix, CallForm::Arrow, None)
+            .unwrap();
+        assert_eq!(whole.position, 600);
+        let head = TextHeads::default()
+            .tokens_for(&tok, &c, weights, Placement::Prefix, CallForm::Arrow)
+            .unwrap();
+        assert_eq!(head.position, 600);
+        assert_eq!(head.window(&options).count(), weights.len());
+        for v in super::super::Variant::ALL {
+            assert_eq!(
+                super::super::variant_sequence(&head, v, &options),
+                super::super::variant_sequence(&whole, v, &options)
+            );
         }
     }
 
