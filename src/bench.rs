@@ -157,7 +157,10 @@ pub struct BenchReport {
     /// reaches (attention, norms, the head and everything else count as time), comparable with
     /// the baselines' figures below and with the GPU runs'.
     pub whole_run_fraction_of_peak: f64,
-    /// The same for each baseline, its tokens (padding included) over its time.
+    /// The same for each baseline, its tokens (padding included) over its time. Trunk FLOPs
+    /// only, as for toolsift: the naive baseline also runs the full-vocabulary head on every
+    /// row, about as much work again at the bench's size, so its figure understates how well
+    /// its GEMMs run (it measures useful work per second, as toolsift's does).
     pub baseline_fraction_of_peak: Option<f64>,
     pub tuned_fraction_of_peak: Option<f64>,
     /// Medians over the rounds (`rounds`; the baselines' over their rounds).
@@ -210,9 +213,24 @@ fn max_abs_diff(a: &[[f64; 3]], b: &[[f64; 3]]) -> f64 {
 }
 
 pub fn run(args: &BenchArgs) -> Result<BenchReport> {
-    if args.run_baselines && !cfg!(feature = "baselines") {
+    if args.run_baselines {
         // Before any work: the comparison is the point of the run.
-        return run_baselines_unavailable();
+        if !cfg!(feature = "baselines") {
+            return run_baselines_unavailable();
+        }
+        if args.baseline_reps == 0 {
+            return Err(Error::input(
+                "baseline_reps is 0: the baselines run in at least one round (or not at all: \
+                 run_baselines false)",
+            ));
+        }
+        if args.device == Device::Cuda {
+            return Err(Error::input(
+                "the candle baselines run on the CPU, so a ratio against the GPU engine compares \
+                 devices, not scorers: bench --device cuda with --skip-baselines (the GPU \
+                 comparison, against transformers on the same card, is scripts/gpu-check.sh)",
+            ));
+        }
     }
     let loaded = match &args.model_dir {
         Some(dir) => Some(Model::load(dir)?),

@@ -406,3 +406,40 @@ fn bench_reports_per_round_ratios_that_agree_with_its_figures() {
     assert!(report.head_rows > 0 && report.head_rows < 25 * 15);
     assert!(report.head_gflops > 0.0);
 }
+
+/// A run whose comparison would mean nothing is refused before any work: baselines in no round,
+/// or against the GPU engine (they run on the CPU).
+#[test]
+fn bench_refuses_comparisons_that_mean_nothing() {
+    use toolsift::backend::Device;
+    use toolsift::bench::{run, BenchArgs};
+    let args = BenchArgs {
+        placement: Placement::Prefix,
+        config: GptjConfig::small(1, 16, 2, 4, 64),
+        n_texts: 1,
+        seed: 3,
+        reps: 1,
+        baseline_reps: 0,
+        batch_size: 8,
+        run_baselines: true,
+        device: Device::Cpu,
+        model_dir: None,
+    };
+    let err = run(&args).unwrap_err().to_string();
+    assert!(err.contains("baseline_reps is 0"), "{err}");
+    let err = run(&BenchArgs {
+        baseline_reps: 1,
+        device: Device::Cuda,
+        ..args.clone()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("--skip-baselines"), "{err}");
+    assert!(run(&BenchArgs {
+        run_baselines: false,
+        ..args
+    })
+    .unwrap()
+    .speedup
+    .is_none());
+}
