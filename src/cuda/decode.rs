@@ -462,6 +462,13 @@ impl<T: DeviceFloat> KvEngine for Engine<'_, T> {
         if nt == 0 || x_rows == 0 {
             return Ok(vec![Vec::new(); x_rows]);
         }
+        // The gather's offsets and slots are u32 on the device.
+        if u32::try_from(x_rows.saturating_mul(nt)).is_err() {
+            return Err(Error::input(format!(
+                "{x_rows} rows x {nt} tokens asked for are more log-probabilities than one \
+                 call returns (2^32)"
+            )));
+        }
         let rows: Vec<u32> = (0..x_rows as u32).collect();
         let gather = HeadGather {
             offsets: (0..=x_rows as u32).map(|i| i * nt as u32).collect(),
