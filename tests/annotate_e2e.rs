@@ -1467,6 +1467,21 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
     assert!(!merged.exists());
     drop(holder);
     annotate::merge(&merged, &globbed).unwrap();
+    // Into the other spelling of that --out ("all.jsonl"): its rejects and summary are "all"'s,
+    // so the merge is refused and "all"'s stay as they were.
+    let summary_before = std::fs::read(dir.path().join("all.summary.json")).unwrap();
+    let err = annotate::merge(&dir.path().join("all.jsonl"), &globbed)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("its rejects and summary are the ones"),
+        "{err}"
+    );
+    assert!(!dir.path().join("all.jsonl").exists());
+    assert_eq!(
+        std::fs::read(dir.path().join("all.summary.json")).unwrap(),
+        summary_before
+    );
     // Into a folder that does not exist yet: made, as annotate makes its --out folder.
     let fresh = dir.path().join("new/sub/m.jsonl");
     annotate::merge(&fresh, &globbed).unwrap();

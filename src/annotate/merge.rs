@@ -122,6 +122,23 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
         }
     }
 
+    // "x" and "x.jsonl" share their rejects and summary names: a C* (or a run in progress) of
+    // the other spelling would be left beside rejects and a summary that are not its own.
+    let other = out_paths.other_spelling();
+    if let Some(there) = [&other.out, &other.journal]
+        .into_iter()
+        .find(|p| p.is_file())
+    {
+        return Err(Error::input(format!(
+            "output {} (--out): {} exists, and its rejects and summary are the ones this merge \
+             would write ({}, {}); delete it or give another output",
+            out.display(),
+            there.display(),
+            out_paths.rejects.display(),
+            out_paths.summary.display()
+        )));
+    }
+
     // One stream per file; a k-way merge on the input line number.
     let mut streams = Vec::new();
     for o in &outputs {
