@@ -193,6 +193,108 @@ fn a_decode_session_told_its_size_allocates_once_and_runs_in_pieces() {
     assert_eq!(cuda.session_kv_bytes(), 0);
 }
 
+/// A session told a size the device cannot hold falls back to doubling, at its first `extend`
+/// and later, and keeps nothing of the failed allocations: on an emulated device of 256 MiB, in
+/// a process of its own (`announced_size_too_large_child`). On a GPU the size would fit; skipped.
+#[test]
+fn a_session_whose_announced_size_cannot_be_allocated_grows_by_doubling() {
+    let Some(g) = gpu() else { return };
+    if !g.name.contains("emulated") {
+        eprintln!("SKIPPED: needs the emulated device, whose memory can be made small");
+        return;
+    }
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "announced_size_too_large_child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("TOOLSIFT_EMU_DEVICE_BYTES", (256u64 << 20).to_string())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&child.stdout);
+    let err = String::from_utf8_lossy(&child.stderr);
+    assert!(
+        child.status.success() && out.contains("1 passed"),
+        "{out}\n{err}"
+    );
+}
+
+#[test]
+#[ignore = "the child of a_session_whose_announced_size_cannot_be_allocated_grows_by_doubling"]
+fn announced_size_too_large_child() {
+    assert!(
+        std::env::var_os("TOOLSIFT_EMU_DEVICE_BYTES").is_some(),
+        "run by its parent test, with a small emulated device"
+    );
+    let Some(_) = gpu() else { return };
+    let dtype = CudaDType::BF16;
+    let mut config = GptjConfig::small(2, 32, 2, 4, 53);
+    // Five sequences of up to 2^18 positions: 1.3M rows, 84 MB per K or V buffer and 336 MB in
+    // all, past the device's 256 MiB while one or two such buffers fit.
+    config.n_positions = 1 << 18;
+    let m = Model::from_parts(
+        config.clone(),
+        GptjWeights::random(&config, 5, storage(dtype)),
+        None,
+    )
+    .unwrap();
+    let opts = CudaOptions {
+        dtype: Some(dtype),
+        head_chunk_rows: 16,
+        memory_budget: Some(4 << 20),
+        ..CudaOptions::default()
+    };
+    let cuda = CudaScorer::new(&m, &opts).unwrap();
+    let kv = cuda.kv_bytes_per_token();
+    let oracle = ReferenceModel::new(&m.config, &m.weights);
+    let mut rng = Rng::new(9);
+    // First told its size before the first `extend` (the tree itself cannot be made that
+    // large), then, on a second session, told it once the cache exists (its growth fails
+    // partway through the buffers).
+    for told_first in [true, false] {
+        let mut session = cuda.session();
+        let ids: Vec<usize> = (0..5).map(|_| session.new_sequence()).collect();
+        let mut seqs: Vec<Vec<u32>> = (0..5)
+            .map(|k| random_ids(&mut rng, 3 + 7 * k, 53))
+            .collect();
+        if told_first {
+            session.reserve(5 * config.n_positions);
+        }
+        session.extend(&ids, &seqs).unwrap();
+        if !told_first {
+            session.reserve(5 * config.n_positions);
+        }
+        let mut lp = Vec::new();
+        for step in 0..40 {
+            let toks: Vec<Vec<u32>> = ids.iter().map(|_| random_ids(&mut rng, 1, 53)).collect();
+            for (s, t) in seqs.iter_mut().zip(&toks) {
+                s.extend(t);
+            }
+            lp = session.extend(&ids, &toks).unwrap();
+            let rows: usize = seqs.iter().map(Vec::len).sum();
+            assert!(
+                cuda.session_kv_bytes() <= 2 * rows.max(256) * kv,
+                "told first {told_first}, step {step}: {} bytes held for {rows} rows",
+                cuda.session_kv_bytes()
+            );
+        }
+        for (k, seq) in seqs.iter().enumerate() {
+            let want = oracle.log_softmax(seq);
+            let row = want.row(seq.len() - 1);
+            for (v, &w) in row.iter().enumerate() {
+                let g = lp[k][v] as f64;
+                assert!(
+                    (g - w).abs() <= tol(dtype, w),
+                    "sequence {k} token {v}: {g} vs {w}"
+                );
+            }
+        }
+    }
+    assert_eq!(cuda.session_kv_bytes(), 0);
+}
+
 /// Five sequences of different lengths prefilled together, then up to 70 steps: one token each,
 /// every 10th a splice of several into every other sequence; every step's rows against the
 /// oracle's full forward, then the session's input errors. With `reserve`, the session is told
@@ -531,6 +633,19 @@ fn bad_requests_are_the_cpu_engines_errors() {
     }];
     let err = cuda.sample(&huge, &opts).unwrap_err().to_string();
     assert!(err.contains("KV cache"), "{err}");
+    // The same through `propose`'s branches (its growth is exact and was not saturated).
+    let huge = vec![Branch {
+        at: 2,
+        token: 1,
+        n_samples: usize::MAX / 4,
+    }];
+    for engine in [&cuda as &dyn Sampler, &cpu] {
+        let err = engine
+            .propose(&[1, 2, 3], &[1], &mut |_| huge.clone(), &opts)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("KV cache"), "{err}");
+    }
 }
 
 /// `propose` on the device: one forward over the sequence (several attention tiles, head chunks

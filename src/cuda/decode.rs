@@ -85,7 +85,7 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
     /// Makes room for `extra` more rows, doubling the capacity (at least) when they do not fit:
     /// for a cache whose final size nobody announced.
     fn reserve(&mut self, gpu: &Gpu, extra: usize) -> Result<()> {
-        let need = self.rows() + extra;
+        let need = self.rows().saturating_add(extra);
         if need <= self.store.capacity {
             return Ok(());
         }
@@ -95,7 +95,7 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
     /// Makes room for exactly `extra` more rows when they do not fit: for a cache whose final
     /// size is known (a group of `propose`'s branches, a session told its size).
     fn reserve_exact(&mut self, gpu: &Gpu, extra: usize) -> Result<()> {
-        let need = self.rows() + extra;
+        let need = self.rows().saturating_add(extra);
         if need <= self.store.capacity {
             return Ok(());
         }
@@ -103,18 +103,44 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
     }
 
     /// Room for `extra` more rows: `target` rows exactly when given and the device has them,
-    /// else by doubling (`reserve`).
-    fn reserve_toward(&mut self, gpu: &Gpu, extra: usize, target: Option<usize>) -> Result<()> {
-        match target {
-            Some(rows)
-                if self
-                    .reserve_exact(gpu, rows.saturating_sub(self.rows()))
-                    .is_ok() =>
-            {
-                Ok(())
+    /// else by doubling (`reserve`). Returns whether the target was reached; a target the
+    /// device could not allocate leaves the buffers as they were (all or nothing), so that it
+    /// costs nothing once it has failed.
+    fn reserve_toward(&mut self, gpu: &Gpu, extra: usize, target: Option<usize>) -> Result<bool> {
+        if let Some(rows) = target {
+            if rows <= self.store.capacity || self.try_grow_to(gpu, rows).is_ok() {
+                return Ok(true);
             }
-            _ => self.reserve(gpu, extra),
         }
+        self.reserve(gpu, extra).map(|()| false)
+    }
+
+    /// `grow_to`, all or nothing: every new buffer is allocated before any replaces its old
+    /// one, so a failure frees them and leaves the cache as it was.
+    fn try_grow_to(&mut self, gpu: &Gpu, capacity: usize) -> Result<()> {
+        let elements = cache_elements(capacity, self.store.ld)?;
+        let kv = &self.store;
+        let mut grown = Vec::with_capacity(kv.k.len() + kv.v.len());
+        for buf in kv.k.iter().chain(&kv.v) {
+            grown.push(
+                (buf.len() < elements)
+                    .then(|| zeros::<T>(gpu, elements))
+                    .transpose()?,
+            );
+        }
+        let used = self.rows() * self.store.ld;
+        let kv = &mut self.store;
+        for (buf, new) in kv.k.iter_mut().chain(kv.v.iter_mut()).zip(grown) {
+            let Some(mut new) = new else { continue };
+            if used > 0 {
+                gpu.stream
+                    .memcpy_dtod(&buf.slice(0..used), &mut new.slice_mut(0..used))
+                    .map_err(driver_err("growing the KV cache"))?;
+            }
+            *buf = new;
+        }
+        kv.capacity = capacity;
+        Ok(())
     }
 
     /// Reallocates every buffer to `capacity` rows, copying the cached rows over. A buffer
@@ -647,12 +673,18 @@ impl DecodeSession for CudaDecodeSession<'_> {
         let planned = self
             .planned
             .min(self.nodes.len().saturating_mul(c.n_positions));
-        let exact = need <= planned;
+        let mut exact = need <= planned;
         if self.tree.is_none() {
-            // The announced size, or (that failing, or none) what this call needs.
+            // The announced size, or (that failing, or none) what this call needs. A size that
+            // failed is not tried again: the session grows by doubling from then on.
             let mut tree = match exact.then(|| engine.any_tree(planned)) {
                 Some(Ok(tree)) => tree,
-                _ => engine.any_tree(need.max(SESSION_CAPACITY))?,
+                tried => {
+                    if tried.is_some() {
+                        (exact, self.planned) = (false, 0);
+                    }
+                    engine.any_tree(need.max(SESSION_CAPACITY))?
+                }
             };
             for _ in 0..self.nodes.len() {
                 match &mut tree {
@@ -696,6 +728,9 @@ impl DecodeSession for CudaDecodeSession<'_> {
             AnyTree::F16(t) => t.reserve_toward(gpu, n, target),
         };
         self.count_cache();
+        if target.is_some() && !matches!(grown, Ok(true)) {
+            self.planned = 0;
+        }
         grown?;
         let out = match (
             &engine.weights,

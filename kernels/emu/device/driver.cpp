@@ -89,7 +89,7 @@ constexpr const char* DEVICE_NAME = "toolsift emulated device (host CPU)";
 constexpr int SM_COUNT = 132;
 constexpr int SMEM_PER_BLOCK = 48 * 1024;
 constexpr int SMEM_OPTIN = 227 * 1024;
-constexpr size_t TOTAL_BYTES = size_t(16) << 30;
+constexpr size_t DEFAULT_TOTAL_BYTES = size_t(16) << 30;
 
 std::mutex g_lock;
 bool g_initialised = false;
@@ -143,10 +143,20 @@ uint64_t seed_base() {
     return base;
 }
 
+// The device's memory: 16 GiB, or TOOLSIFT_EMU_DEVICE_BYTES (a test of what happens when an
+// allocation fails sets it small, in a process of its own).
+size_t device_bytes() {
+    static const size_t total = [] {
+        const char* s = getenv("TOOLSIFT_EMU_DEVICE_BYTES");
+        return s && *s ? (size_t)strtoull(s, nullptr, 0) : DEFAULT_TOTAL_BYTES;
+    }();
+    return total;
+}
+
 CUresult allocate(CUdeviceptr* dptr, size_t bytes) {
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard<std::mutex> lock(g_lock);
-    if (g_allocated + bytes > TOTAL_BYTES)
+    if (bytes > device_bytes() - g_allocated)
         return CUDA_ERROR_OUT_OF_MEMORY;
     char label[96];
     snprintf(label, sizeof label, "device allocation #%llu (%zu bytes)",
@@ -283,15 +293,15 @@ EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device)
 EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
     if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
-    *bytes = TOTAL_BYTES;
+    *bytes = device_bytes();
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
     if (!free_bytes || !total_bytes) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard<std::mutex> lock(g_lock);
-    *total_bytes = TOTAL_BYTES;
-    *free_bytes = TOTAL_BYTES - g_allocated;
+    *total_bytes = device_bytes();
+    *free_bytes = device_bytes() - g_allocated;
     return CUDA_SUCCESS;
 }
 
