@@ -219,7 +219,14 @@ pub fn draw(log_probs: &[f32], options: &SampleOptions, rng: &mut Rng) -> u32 {
         }
         u -= w;
     }
-    candidates.last().map_or(0, |c| c.0)
+    // Rounding left u past the last weight: the last candidate that can be drawn (a masked or
+    // -inf one has weight 0; total > 0 means one has more).
+    candidates
+        .iter()
+        .zip(&weights)
+        .rev()
+        .find(|(_, &w)| w > 0.0)
+        .map_or(0, |(c, _)| c.0)
 }
 
 /// Incremental decoding with a KV cache, for the interrupt-execute-resume loop of tool-calling
