@@ -797,6 +797,48 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
         err.contains("cut.shard-00001-of-00003.jsonl:2: not UTF-8"),
         "{err}"
     );
+    // A second line that is not a record as annotate writes it is named by file and line: an
+    // array of a record's fields (which serde alone reads as one), a key held twice, a key of
+    // no record, an id annotate never writes.
+    let lines: Vec<&str> = text.lines().collect();
+    let second: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    let line_no = second["line"].clone();
+    let mut unknown = second.clone();
+    unknown["bogus"] = json!(1);
+    let mut float_id = second.clone();
+    float_id["id"] = json!(1.5);
+    let record = |v: &serde_json::Value| v.to_string();
+    for (bad, want) in [
+        (
+            json!([
+                line_no,
+                second["id"],
+                second["text"],
+                second["annotated_text"],
+                []
+            ])
+            .to_string(),
+            "not a JSON object (it is an array)",
+        ),
+        (
+            record(&second).replacen('{', &format!("{{\"line\":{line_no},"), 1),
+            "duplicate key \"line\"",
+        ),
+        (record(&unknown), "unknown field `bogus`"),
+        (record(&float_id), "\"id\" is not a string"),
+    ] {
+        let mut edited: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        edited[1] = bad;
+        std::fs::write(&cut, edited.join("\n") + "\n").unwrap();
+        let err = merge_err(
+            "m9.jsonl",
+            &[parts[0].clone(), cut.clone(), parts[2].clone()],
+        );
+        assert!(
+            err.contains("cut.shard-00001-of-00003.jsonl:2: not a C* record") && err.contains(want),
+            "{want}: {err}"
+        );
+    }
 
     // Inputs that would lose documents are refused before anything is written.
     let refused = |o: RunOptions| annotate::annotate(&a, &o).err().unwrap().to_string();

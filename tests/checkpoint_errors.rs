@@ -744,3 +744,30 @@ fn convert_refuses_what_f16_cannot_hold_and_writes_what_transformers_reads() {
     // bf16 holds it.
     toolsift::model::checkpoint::convert(&model, &out, Some(toolsift::model::DType::BF16)).unwrap();
 }
+
+/// config.json must be one object with each key once (serde alone reads an array of the
+/// fields in order, and keeps the last of two keys); a byte order mark before it is skipped.
+#[test]
+fn config_json_is_read_strictly() {
+    let (_tmp, dir) = copy_fixture();
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("\u{feff}{text}")).unwrap();
+    Model::load(&dir).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let fields: Vec<serde_json::Value> = v.as_object().unwrap().values().cloned().collect();
+    std::fs::write(&path, serde_json::Value::Array(fields).to_string()).unwrap();
+    assert_names(
+        &load_err(&dir),
+        &["config.json", "not a JSON object (it is an array)"],
+    );
+    v["n_layer"] = 1.into();
+    let twice = v
+        .to_string()
+        .replacen('{', &format!("{{\"n_layer\":{},", text.len()), 1);
+    std::fs::write(&path, twice).unwrap();
+    assert_names(
+        &load_err(&dir),
+        &["config.json", "duplicate key \"n_layer\""],
+    );
+}

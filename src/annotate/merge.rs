@@ -4,6 +4,7 @@
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 
+use super::document::CStarRecord;
 use super::shard::Shard;
 use super::summary::Summary;
 use super::writer::{self, OutputPaths};
@@ -286,7 +287,7 @@ fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
         }
         let text =
             std::fs::read_to_string(&paths.summary).map_err(|e| Error::io(&paths.summary, e))?;
-        let summary: Summary = serde_json::from_str(&text).map_err(|e| {
+        let summary: Summary = crate::util::json::object_from_str(&text).map_err(|e| {
             Error::input(format!(
                 "{}: not a toolsift summary: {e}",
                 paths.summary.display()
@@ -354,17 +355,13 @@ impl MergeStream {
 
     /// Reads the next record into `current`; returns its input line number.
     fn advance(&mut self) -> Result<Option<u64>> {
+        /// A rejects line as annotate writes it.
         #[derive(serde::Deserialize)]
-        struct Doc {
-            line: u64,
-            #[allow(dead_code)]
-            annotated_text: serde::de::IgnoredAny,
-        }
-        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
         struct Reject {
             line: u64,
             #[allow(dead_code)]
-            reason: serde::de::IgnoredAny,
+            reason: String,
         }
         let Some(text) = self.lines.next() else {
             return Ok(None);
@@ -373,10 +370,36 @@ impl MergeStream {
         self.file_line = file_line;
         let at = || format!("{}:{}", self.path.display(), self.file_line);
         let text = text.map_err(|e| Error::input(format!("{}: {e}", at())))?;
+        // Read as strictly as annotate's own records: one object, each key once, no key of
+        // another kind of record, every field of its type.
+        use crate::util::json::object_from_str;
         let parsed = if self.rejects {
-            serde_json::from_str::<Reject>(&text).map(|r| r.line)
+            object_from_str::<Reject>(&text).map(|r| r.line)
         } else {
-            serde_json::from_str::<Doc>(&text).map(|d| d.line)
+            object_from_str::<CStarRecord>(&text).and_then(|d| {
+                use serde_json::Value;
+                let id_ok = match &d.id {
+                    Value::Null | Value::String(_) => true,
+                    Value::Number(n) => n.is_i64() || n.is_u64(),
+                    _ => false,
+                };
+                if !id_ok {
+                    return Err("its \"id\" is not a string, a 64-bit integer or null, as \
+                                annotate writes ids"
+                        .into());
+                }
+                match d
+                    .calls
+                    .iter()
+                    .find(|c| !d.text.is_char_boundary(c.position))
+                {
+                    Some(c) => Err(format!(
+                        "a call at byte {} is not at a character boundary of its text",
+                        c.position
+                    )),
+                    None => Ok(d.line),
+                }
+            })
         };
         let line = parsed.map_err(|e| {
             let kind = if self.rejects { "reject" } else { "C*" };

@@ -667,7 +667,7 @@ pub fn tools_from_config(
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
             let annotate: AnnotateConfig = if path.extension().is_some_and(|e| e == "json") {
-                serde_json::from_str(&text).map_err(|e| config_err(path, e.to_string()))?
+                crate::util::json::object_from_str(&text).map_err(|e| config_err(path, e))?
             } else {
                 toml::from_str(&text).map_err(|e| config_err(path, e.to_string()))?
             };

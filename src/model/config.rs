@@ -57,10 +57,11 @@ impl GptjConfig {
     /// Reads and validates `path` (a config.json).
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let config: GptjConfig = serde_json::from_str(&text).map_err(|e| Error::Config {
-            path: path.to_owned(),
-            msg: format!("not a GPT-J config: {e}"),
-        })?;
+        let config: GptjConfig =
+            crate::util::json::object_from_str(&text).map_err(|e| Error::Config {
+                path: path.to_owned(),
+                msg: format!("not a GPT-J config: {e}"),
+            })?;
         config.validate().map_err(|msg| Error::Config {
             path: path.to_owned(),
             msg,

@@ -237,6 +237,38 @@ pub fn from_object<T: DeserializeOwned>(obj: Map<String, Value>) -> Result<T, se
     })
 }
 
+/// `T` from a whole JSON text that must be one object (a config file, an output record, a
+/// server's reply), read as strictly as a line: a key held twice (at any depth) and anything but
+/// an object are errors. serde would build a struct from an array of its fields in order
+/// (`[2, "id", ...]`) and keep the last of two keys. A leading UTF-8 byte order mark is skipped.
+/// The error says what is wrong, without the file's name (the caller adds it).
+pub fn object_from_str<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let (value, duplicate) = parse_line(text).map_err(|e| match e {
+        LineError::Blank => "empty".to_string(),
+        LineError::Syntax(e) => format!("not valid JSON: {e}"),
+    })?;
+    if let Some(d) = duplicate {
+        return Err(d.to_string());
+    }
+    let Value::Object(obj) = value else {
+        return Err(format!("not a JSON object (it is {})", kind(&value)));
+    };
+    from_object(obj).map_err(|e| e.to_string())
+}
+
+/// A JSON value's kind, with its article, for messages.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,6 +276,35 @@ mod tests {
 
     fn dup(line: &str) -> Option<Duplicate> {
         parse_line(line).unwrap().1
+    }
+
+    #[test]
+    fn a_whole_text_must_be_one_object_with_each_key_once() {
+        #[derive(Deserialize, Debug, PartialEq)]
+        struct Two {
+            a: u32,
+            b: String,
+        }
+        let read = object_from_str::<Two>;
+        let two = Two {
+            a: 1,
+            b: "x".into(),
+        };
+        assert_eq!(read("{\n \"a\": 1,\n \"b\": \"x\"\n}\n").unwrap(), two);
+        assert_eq!(read("\u{feff}{\"a\": 1, \"b\": \"x\"}").unwrap(), two);
+        // serde_json alone takes the array as the struct's fields in order.
+        assert!(serde_json::from_str::<Two>(r#"[1, "x"]"#).is_ok());
+        for (text, want) in [
+            (r#"[1, "x"]"#, "not a JSON object (it is an array)"),
+            ("7", "not a JSON object (it is a number)"),
+            (r#"{"a": 1, "b": "x", "a": 2}"#, "duplicate key \"a\""),
+            (r#"{"a": "1", "b": "x"}"#, "field \"a\""),
+            ("", "empty"),
+            ("{", "not valid JSON"),
+        ] {
+            let err = read(text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
     }
 
     #[test]

@@ -571,7 +571,7 @@ fn post_json(url: &str, tool: &str, input: &str, timeout: Duration) -> Result<St
             shorten(body.trim(), 300)
         )));
     }
-    let reply: HttpReply = serde_json::from_str(&body).map_err(|e| {
+    let reply: HttpReply = crate::util::json::object_from_str(&body).map_err(|e| {
         final_err(format!(
             "POST {url}: reply is not JSON {{\"result\": ...}}: {e}"
         ))
