@@ -410,9 +410,20 @@ fn convert_leaves_sources_and_earlier_outputs_whole() {
         b"theirs"
     );
     assert!(before == read_all(), "the earlier output changed");
+    // Once that writer is gone (killed: its temporary files stay, unlocked), a conversion
+    // reuses them, and leaves no other file behind.
     drop(lock);
-    std::fs::remove_file(out.join("config.json.tmp")).unwrap();
-    std::fs::remove_file(out.join("model.safetensors.tmp")).unwrap();
+    toolsift::model::checkpoint::convert(&model, &out, None).unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, files);
+    assert!(
+        before == read_all(),
+        "the same model converts to the same bytes"
+    );
     // A source without a tokenizer: the earlier output's tokenizer.json is not kept beside
     // weights it does not belong to.
     let bare = Model::from_parts(model.config.clone(), model.weights.clone(), None).unwrap();

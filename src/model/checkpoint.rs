@@ -291,50 +291,73 @@ fn map_file(path: &Path) -> Result<Mmap> {
 }
 
 /// Writes `tensors` as one safetensors file (used by the demo trainer and by tests that make
-/// random checkpoints), with no metadata.
+/// random checkpoints), with no metadata, atomically (`util::fs::write_atomic`).
 pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
-    write_safetensors_with(path, tensors, None)
+    crate::util::fs::write_atomic(path, |w| write_safetensors_to(w, path, tensors, None))
 }
 
-/// As `write_safetensors`, with the header's `__metadata__` (`toolsift convert` writes
-/// `{"format": "pt"}`, which transformers before 4.48 requires of a PyTorch checkpoint).
-fn write_safetensors_with(
+/// `tensors` as a safetensors file into `w`, with the header's `__metadata__` (`toolsift convert`
+/// writes `{"format": "pt"}`, which transformers before 4.48 requires of a PyTorch checkpoint).
+/// The bytes are the safetensors crate's own `serialize` (tensors by descending alignment, then
+/// name; the header padded to 8 bytes), streamed: the crate's `serialize_to_file` writes through a
+/// randomly named temporary file of its own, which an interrupted run leaves behind, as large as
+/// the checkpoint, where `AtomicFile`'s is reused. `path` names the file in errors.
+fn write_safetensors_to(
+    w: &mut dyn std::io::Write,
     path: &Path,
     tensors: &[(String, Tensor)],
     metadata: Option<std::collections::HashMap<String, String>>,
 ) -> Result<()> {
-    use safetensors::tensor::TensorView;
-    let views = tensors
-        .iter()
-        .map(|(name, t)| {
-            let dtype = match t.dtype() {
-                DType::F32 => safetensors::Dtype::F32,
-                DType::F16 => safetensors::Dtype::F16,
-                DType::BF16 => safetensors::Dtype::BF16,
-            };
-            let view = TensorView::new(dtype, t.shape().to_vec(), t.bytes()).map_err(|e| {
-                Error::Tensor {
-                    path: path.to_owned(),
-                    tensor: name.clone(),
-                    msg: e.to_string(),
-                }
-            })?;
-            Ok((name.clone(), view))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    safetensors::tensor::serialize_to_file(views, metadata, path).map_err(|e| {
-        Error::Checkpoint {
-            path: path.to_owned(),
-            msg: format!("could not write safetensors: {e}"),
+    use safetensors::tensor::{Metadata, TensorInfo};
+    let st_dtype = |d: DType| match d {
+        DType::F32 => safetensors::Dtype::F32,
+        DType::F16 => safetensors::Dtype::F16,
+        DType::BF16 => safetensors::Dtype::BF16,
+    };
+    let mut order: Vec<&(String, Tensor)> = tensors.iter().collect();
+    order.sort_by(|(a_name, a), (b_name, b)| {
+        st_dtype(b.dtype())
+            .cmp(&st_dtype(a.dtype()))
+            .then(a_name.cmp(b_name))
+    });
+    let mut infos = Vec::with_capacity(order.len());
+    let mut offset = 0usize;
+    for (name, t) in &order {
+        let bytes = t.bytes().len();
+        let numel = t.shape().iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if numel.and_then(|n| n.checked_mul(t.dtype().size())) != Some(bytes) {
+            return Err(Error::Tensor {
+                path: path.to_owned(),
+                tensor: name.clone(),
+                msg: format!("{bytes} bytes do not hold shape {:?}", t.shape()),
+            });
         }
-    })?;
-    // safetensors writes through a private temporary file (mode 0600); a checkpoint is meant to
-    // be shared like any other output file.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
-            .map_err(|e| Error::io(path, e))?;
+        let data_offsets = (offset, offset + bytes);
+        offset += bytes;
+        infos.push((
+            name.clone(),
+            TensorInfo {
+                dtype: st_dtype(t.dtype()),
+                shape: t.shape().to_vec(),
+                data_offsets,
+            },
+        ));
+    }
+    let header = Metadata::new(metadata, infos)
+        .map_err(|e| e.to_string())
+        .and_then(|m| serde_json::to_string(&m).map_err(|e| e.to_string()))
+        .map_err(|e| Error::Checkpoint {
+            path: path.to_owned(),
+            msg: format!("could not write its safetensors header: {e}"),
+        })?;
+    let mut header = header.into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let io = |e| Error::io(path, e);
+    w.write_all(&(header.len() as u64).to_le_bytes())
+        .map_err(io)?;
+    w.write_all(&header).map_err(io)?;
+    for (_, t) in order {
+        w.write_all(t.bytes()).map_err(io)?;
     }
     Ok(())
 }
@@ -437,44 +460,39 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
     // of writing into the same temporary weights.
     let cfg_path = out.join("config.json");
     let mut cfg_file = AtomicFile::create(&cfg_path)?;
-    // Weights under a temporary name of ours (safetensors writes its own temporary file, then
-    // renames it to the name given), then the small files; renamed into place together.
+    // Weights, then the small files, each under its temporary name; renamed into place
+    // together.
     let weights_path = out.join("model.safetensors");
-    let weights_tmp = AtomicFile::tmp_path(&weights_path);
+    let mut weights_file = AtomicFile::create(&weights_path)?;
     let format = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-    let written = write_safetensors_with(&weights_tmp, &tensors, Some(format)).and_then(|()| {
-        cfg_file
-            .write_all(cfg.as_bytes())
-            .map_err(|e| Error::io(&cfg_path, e))?;
-        let tok_file = match &tokenizer {
-            Some(bytes) => {
-                let dst = out.join("tokenizer.json");
-                let mut f = AtomicFile::create(&dst)?;
-                f.write_all(bytes).map_err(|e| Error::io(&dst, e))?;
-                Some(f)
+    let written = write_safetensors_to(&mut weights_file, &weights_path, &tensors, Some(format))
+        .and_then(|()| {
+            cfg_file
+                .write_all(cfg.as_bytes())
+                .map_err(|e| Error::io(&cfg_path, e))?;
+            let tok_file = match &tokenizer {
+                Some(bytes) => {
+                    let dst = out.join("tokenizer.json");
+                    let mut f = AtomicFile::create(&dst)?;
+                    f.write_all(bytes).map_err(|e| Error::io(&dst, e))?;
+                    Some(f)
+                }
+                None => None,
+            };
+            weights_file.commit()?;
+            if let Some(f) = tok_file {
+                f.commit()?;
+            } else {
+                crate::util::fs::remove_if_exists(&out.join("tokenizer.json"))?;
             }
-            None => None,
-        };
-        // Durable before it takes the final name, as every other output of the crate is.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&weights_tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| Error::io(&weights_tmp, e))?;
-        std::fs::rename(&weights_tmp, &weights_path).map_err(|e| Error::io(&weights_path, e))?;
-        if let Some(f) = tok_file {
-            f.commit()?;
-        } else {
-            crate::util::fs::remove_if_exists(&out.join("tokenizer.json"))?;
-        }
-        Ok(())
-    });
+            Ok(())
+        });
     match written {
         // config.json last: its rename releases the folder to the next writer.
         Ok(()) => cfg_file.commit().map(|()| tensors.len()),
+        // The uncommitted files' temporary names are removed as they are dropped, config.json's
+        // (the folder's lock) last.
         Err(e) => {
-            // Still holding the lock: the temporary weights are ours.
-            let _ = std::fs::remove_file(&weights_tmp);
             drop(cfg_file);
             Err(e)
         }
@@ -518,4 +536,58 @@ fn config_json(model: &super::Model, dtype: Option<DType>) -> Result<String> {
         cfg.insert("torch_dtype".into(), dtype.name().into());
     }
     Ok(serde_json::to_string_pretty(&cfg).expect("a JSON map serializes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The streamed file is byte for byte what the safetensors crate's `serialize` makes (its
+    /// tensor order, header and padding), metadata or not.
+    #[test]
+    fn streamed_safetensors_are_the_crates_bytes() {
+        let values: Vec<f32> = (0..24).map(|i| i as f32 * 0.37 - 3.0).collect();
+        let tensors = vec![
+            (
+                "b.weight".to_string(),
+                Tensor::from_f32_as(vec![2, 3], &values[..6], DType::BF16),
+            ),
+            (
+                "a.weight".to_string(),
+                Tensor::from_f32(vec![4, 3], &values[..12]),
+            ),
+            (
+                "c".to_string(),
+                Tensor::from_f32_as(vec![5], &values[..5], DType::F16),
+            ),
+            (
+                "a.bias".to_string(),
+                Tensor::from_f32(vec![3], &values[..3]),
+            ),
+            (
+                "z".to_string(),
+                Tensor::from_f32(vec![1, 1, 1], &values[..1]),
+            ),
+        ];
+        for metadata in [None, Some(HashMap::from([("format".into(), "pt".into())]))] {
+            let views: Vec<_> = tensors
+                .iter()
+                .map(|(name, t)| {
+                    let dtype = match t.dtype() {
+                        DType::F32 => safetensors::Dtype::F32,
+                        DType::F16 => safetensors::Dtype::F16,
+                        DType::BF16 => safetensors::Dtype::BF16,
+                    };
+                    let view =
+                        safetensors::tensor::TensorView::new(dtype, t.shape().to_vec(), t.bytes())
+                            .unwrap();
+                    (name.clone(), view)
+                })
+                .collect();
+            let want = safetensors::tensor::serialize(views, metadata.clone()).unwrap();
+            let mut got = Vec::new();
+            write_safetensors_to(&mut got, Path::new("t"), &tensors, metadata).unwrap();
+            assert_eq!(got, want);
+        }
+    }
 }
