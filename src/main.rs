@@ -540,12 +540,24 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         summary.failed,
         args.output.display()
     );
+    Ok(exit_status(summary.failed, resume_at))
+}
+
+/// Failure when a line of the output failed, in this run or in the earlier one it resumed
+/// (said, since this run's summary does not count those).
+fn exit_status(
+    failed_now: usize,
+    resume_at: Option<toolsift::util::jsonl::ResumePoint>,
+) -> ExitCode {
     let failed_before = resume_at.map_or(0, |p| p.failed);
-    Ok(if summary.failed + failed_before > 0 {
+    if failed_before > 0 {
+        note!("the run this one resumed failed on {failed_before} of the output's lines");
+    }
+    if failed_now + failed_before > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
-    })
+    }
 }
 
 fn convert(args: ConvertArgs) -> Result<ExitCode> {
@@ -918,10 +930,5 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         summary.calls_ok,
         summary.failed
     );
-    let failed_before = resume_at.map_or(0, |p| p.failed);
-    Ok(if summary.failed + failed_before > 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(exit_status(summary.failed, resume_at))
 }

@@ -733,8 +733,14 @@ fn resume_goes_on_from_an_interrupted_output() {
         let resume = ["--chunk-lines", "1", "--resume"];
         let (ok, _, stderr) = run_score_raw(&model, &input, &out, &resume);
         assert!(stderr.contains(&format!("resuming: {n} lines")), "{stderr}");
-        // Line 2 failed, in this run or the one it resumes: the run fails either way.
+        // Line 2 failed, in this run or the one it resumes: the run fails either way, and
+        // says so when it was the earlier run.
         assert!(!ok, "cut after {n} lines + {extra}");
+        assert_eq!(
+            stderr.contains("the run this one resumed failed on 1 of the output's lines"),
+            n >= 2,
+            "{stderr}"
+        );
         assert_eq!(
             std::fs::read(&out).unwrap(),
             want,
@@ -762,4 +768,10 @@ fn resume_goes_on_from_an_interrupted_output() {
         "{stderr}"
     );
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&input).unwrap());
+    // An input that cannot be read twice (a pipe, a device) cannot be resumed from.
+    #[cfg(unix)]
+    {
+        let (ok, _, stderr) = run_score_raw(&model, Path::new("/dev/null"), &out, &["--resume"]);
+        assert!(!ok && stderr.contains("must be a regular file"), "{stderr}");
+    }
 }

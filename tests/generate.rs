@@ -1037,6 +1037,14 @@ fn options_that_would_mean_something_else_are_errors() {
     // "none" in any case: no tools.
     let none = toolsift::generate::tools_from_config(None, Some(&["None".to_string()])).unwrap();
     assert!(none.get("Calculator").is_none());
+    // An empty or blank --tools (an unset shell variable) is no list, not "none".
+    for blank in ["", " "] {
+        let err = toolsift::generate::tools_from_config(None, Some(&[blank.to_string()]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("--tools none"), "{err}");
+    }
 }
 
 #[test]

@@ -677,7 +677,10 @@ pub fn tools_from_config(
     if let Some(only) = only {
         let mut names: Vec<&str> = only.iter().map(|s| s.trim()).collect();
         if let [""] = names[..] {
-            names.clear(); // `--tools ""`: an empty list
+            // An empty or blank value: most often a shell variable that was not set.
+            return Err(Error::input(
+                "--tools: no tool named (give `--tools none` to run without tools)",
+            ));
         }
         if names.iter().any(|n| n.is_empty()) {
             return Err(Error::input(format!(

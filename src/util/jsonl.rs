@@ -186,6 +186,18 @@ pub fn resume_point(
     };
     let mut answers = std::io::BufReader::new(file);
     let input_file = std::fs::File::open(input).map_err(|e| Error::io(input, e))?;
+    // Read here, then again by the run: a pipe would have nothing left the second time.
+    if !input_file
+        .metadata()
+        .map_err(|e| Error::io(input, e))?
+        .is_file()
+    {
+        return Err(Error::input(format!(
+            "{}: --resume reads the input twice (to check the output against it, then to go \
+             on), so it must be a regular file, not a pipe or a device; write it to a file first",
+            input.display()
+        )));
+    }
     let mut questions = JsonlLines::new(std::io::BufReader::new(input_file));
     let not_ours = |k: usize, why: String| {
         Error::input(format!(
