@@ -191,6 +191,18 @@ fn too_many_dimensions_are_reported() {
 }
 
 #[test]
+fn weights_that_are_a_folder_are_named() {
+    let (_tmp, dir) = copy_fixture();
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    std::fs::create_dir(dir.join("model.safetensors")).unwrap();
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &["model.safetensors", "exists but is not a regular file"],
+    );
+}
+
+#[test]
 fn no_weights_at_all_is_reported() {
     let (_tmp, dir) = copy_fixture();
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();

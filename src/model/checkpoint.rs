@@ -107,6 +107,12 @@ impl TensorMap {
             for (name, tensor) in torch_bin::read_torch_bin(&bin)? {
                 map.insert(name, tensor, &bin)?;
             }
+        } else if let Some(odd) = [&index, &single, &bin].into_iter().find(|p| p.exists()) {
+            // A folder (or a device) under a weights file's name: say so, not "no weights".
+            return Err(Error::Checkpoint {
+                path: odd.clone(),
+                msg: "exists but is not a regular file".into(),
+            });
         } else {
             return Err(Error::Checkpoint {
                 path: dir.to_owned(),
