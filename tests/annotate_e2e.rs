@@ -1524,6 +1524,14 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
         std::fs::read(dir.path().join("all.summary.json")).unwrap(),
         summary_before
     );
+    // Over a file that is not a C* (an earlier merge's is replaced): refused, left as it was.
+    let precious = dir.path().join("precious.jsonl");
+    std::fs::write(&precious, "{\"mine\": 1}\n").unwrap();
+    let err = annotate::merge(&precious, &globbed)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("exists and is not a C* file"), "{err}");
+    assert_eq!(std::fs::read(&precious).unwrap(), b"{\"mine\": 1}\n");
     // Into a folder that does not exist yet: made, as annotate makes its --out folder.
     let fresh = dir.path().join("new/sub/m.jsonl");
     annotate::merge(&fresh, &globbed).unwrap();
