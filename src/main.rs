@@ -870,6 +870,10 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
             Box::new(std::io::Cursor::new(line.to_string()))
         }
     };
+    if args.temperature == 0.0 && (args.top_k.is_some() || args.seed != 0) {
+        // Greedy decoding draws nothing: said, since a script that sets them expects sampling.
+        note!("--temperature 0 decodes greedily: --top-k and --seed have no effect");
+    }
     let mut options = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         top_k_call: args.top_k_call,

@@ -1505,3 +1505,27 @@ fn cli_resume_goes_on_from_an_interrupted_output() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// Sampling flags without a temperature are said to do nothing (greedy decoding draws nothing).
+#[test]
+fn cli_says_when_sampling_flags_have_no_effect() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["generate", "--model"])
+        .arg(common::tiny("f32"))
+        .args([
+            "--prompt",
+            "The sum",
+            "--max-new-tokens",
+            "2",
+            "--top-k",
+            "5",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--top-k and --seed have no effect"),
+        "{stderr}"
+    );
+}
