@@ -842,6 +842,18 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
 
     // Inputs that would lose documents are refused before anything is written.
     let refused = |o: RunOptions| annotate::annotate(&a, &o).err().unwrap().to_string();
+    // An --out that holds a file of another kind is not called a finished run's output.
+    let notes = dir.path().join("notes.jsonl");
+    std::fs::write(&notes, "{\"mine\": 1}\n").unwrap();
+    let err = refused(RunOptions {
+        out: notes.clone(),
+        ..opts("unused.jsonl", None)
+    });
+    assert!(
+        err.contains("exists and is not a C* file") && !err.contains("delete"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&notes).unwrap(), b"{\"mine\": 1}\n");
     let err = refused(RunOptions {
         out: dir.path().to_owned(),
         ..opts("unused.jsonl", None)

@@ -124,7 +124,7 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     }
 
     // A merge replaces an earlier C* (a merge's or a run's), never a file of another kind.
-    if let Some(what) = not_a_cstar(&out_paths.out)? {
+    if let Some(what) = writer::not_a_cstar(&out_paths.out)? {
         return Err(Error::input(format!(
             "output {} (--out) exists and is not a C* file ({what}); merge would replace it: \
              give another output, or delete it first",
@@ -241,36 +241,6 @@ struct MergeInput {
 
 /// The C* files among `inputs` with their summaries; rejects and summary files are skipped
 /// when their C* file is among the inputs too.
-/// Why the file at `path` is not a C* file (its first line is not a C* record), if it exists
-/// and is not: an empty file is an empty C*.
-fn not_a_cstar(path: &Path) -> Result<Option<String>> {
-    use std::io::{BufRead, Read};
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, e)),
-    };
-    // A C* line can be long, but its start says enough: read at most 1 MiB of it.
-    let mut first = Vec::new();
-    std::io::BufReader::new(file.take(1 << 20))
-        .read_until(b'\n', &mut first)
-        .map_err(|e| Error::io(path, e))?;
-    if first.is_empty() {
-        return Ok(None);
-    }
-    if !first.ends_with(b"\n") && first.len() == 1 << 20 {
-        // A longer line: annotate writes every record's "line" first.
-        return Ok((!first.starts_with(b"{\"line\":"))
-            .then(|| "its first line does not start as a C* record".into()));
-    }
-    let Ok(text) = std::str::from_utf8(&first) else {
-        return Ok(Some("its first line is not UTF-8".into()));
-    };
-    Ok(crate::util::json::object_from_str::<CStarRecord>(text)
-        .err()
-        .map(|e| format!("its first line: {e}")))
-}
-
 fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
     let given: std::collections::HashSet<&PathBuf> = inputs.iter().collect();
     let mut outputs = Vec::new();

@@ -123,6 +123,12 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     // Without a journal, any of the three outputs is a finished run's: "--out x" and "--out
     // x.jsonl" share their rejects and summary names, so C* alone is not enough to look at.
     if !paths.journal.exists() {
+        if let Some(what) = writer::not_a_cstar(&paths.out)? {
+            return Err(Error::input(format!(
+                "{} (--out) exists and is not a C* file ({what}); give another output",
+                paths.out.display()
+            )));
+        }
         if let Some(done) = [&paths.out, &paths.rejects, &paths.summary]
             .into_iter()
             .find(|p| p.exists())

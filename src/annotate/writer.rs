@@ -185,6 +185,38 @@ impl OutputPaths {
     }
 }
 
+/// Why the file at `path` is not a C* file (its first line is not a C* record), if it exists
+/// and is not: an empty file is an empty C*.
+pub(crate) fn not_a_cstar(path: &Path) -> Result<Option<String>> {
+    use std::io::{BufRead, Read};
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    // A C* line can be long, but its start says enough: read at most 1 MiB of it.
+    let mut first = Vec::new();
+    std::io::BufReader::new(file.take(1 << 20))
+        .read_until(b'\n', &mut first)
+        .map_err(|e| Error::io(path, e))?;
+    if first.is_empty() {
+        return Ok(None);
+    }
+    if !first.ends_with(b"\n") && first.len() == 1 << 20 {
+        // A longer line: annotate writes every record's "line" first.
+        return Ok((!first.starts_with(b"{\"line\":"))
+            .then(|| "its first line does not start as a C* record".into()));
+    }
+    let Ok(text) = std::str::from_utf8(&first) else {
+        return Ok(Some("its first line is not UTF-8".into()));
+    };
+    Ok(
+        crate::util::json::object_from_str::<super::document::CStarRecord>(text)
+            .err()
+            .map(|e| format!("its first line: {e}")),
+    )
+}
+
 /// Writes `summary` (pretty JSON) to `path`, atomically.
 pub fn write_summary(path: &Path, summary: &Summary) -> Result<()> {
     crate::util::fs::write_atomic(path, |w| {
