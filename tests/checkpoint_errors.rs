@@ -174,6 +174,20 @@ fn corrupt_file_is_reported() {
     assert_names(&err, &["model.safetensors", "not a valid safetensors file"]);
 }
 
+/// A header that names a tensor twice is refused (the crate would load the last of the two).
+#[test]
+fn a_tensor_named_twice_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    let entry = r#""odd.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}"#;
+    let header = format!("{{{entry},{entry}}}");
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&1.0f32.to_le_bytes());
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    let err = load_err(&dir);
+    assert_names(&err, &["model.safetensors", "duplicate key \"odd.weight\""]);
+}
+
 /// A header that declares more dimensions than any tensor has is refused with the tensor's name
 /// (the crate itself accepts it: 65 dims of 1 hold the one float the file has).
 #[test]

@@ -126,7 +126,7 @@ impl TensorMap {
 
     fn read_safetensors(&mut self, path: &Path) -> Result<()> {
         let map = Arc::new(map_file(path)?);
-        check_header_size(&map, path)?;
+        check_header(&map, path)?;
         let st = SafeTensors::deserialize(&map).map_err(|e| Error::Checkpoint {
             path: path.to_owned(),
             msg: format!("not a valid safetensors file (truncated or corrupt?): {e}"),
@@ -272,19 +272,30 @@ const MAX_DIMS: usize = 64;
 const MAX_HEADER_BYTES: u64 = 16 << 20;
 
 /// Refuses a header longer than [`MAX_HEADER_BYTES`] before the crate parses it (safetensors:
-/// an 8-byte little-endian length, then that much JSON).
-fn check_header_size(bytes: &[u8], path: &Path) -> Result<()> {
+/// an 8-byte little-endian length, then that much JSON), and one that names a tensor twice,
+/// which the crate reads as the last of the two.
+fn check_header(bytes: &[u8], path: &Path) -> Result<()> {
     let Some(len) = bytes.first_chunk::<8>().map(|b| u64::from_le_bytes(*b)) else {
         return Ok(()); // too short to hold a length: the crate names that
     };
+    let bad = |msg: String| Error::Checkpoint {
+        path: path.to_owned(),
+        msg,
+    };
     if len > MAX_HEADER_BYTES {
-        return Err(Error::Checkpoint {
-            path: path.to_owned(),
-            msg: format!(
-                "its safetensors header claims {len} bytes, more than the {MAX_HEADER_BYTES} a \
-                 checkpoint's header needs (corrupt or not a safetensors file?)"
-            ),
-        });
+        return Err(bad(format!(
+            "its safetensors header claims {len} bytes, more than the {MAX_HEADER_BYTES} a \
+             checkpoint's header needs (corrupt or not a safetensors file?)"
+        )));
+    }
+    let header = bytes
+        .get(8..8 + len as usize)
+        .and_then(|h| std::str::from_utf8(h).ok());
+    // Anything else wrong with the header is the crate's to say.
+    if let Some(Ok((_, Some(twice)))) = header.map(crate::util::json::parse_line) {
+        return Err(bad(format!(
+            "its safetensors header holds {twice}: which tensor would be loaded?"
+        )));
     }
     Ok(())
 }
