@@ -13,8 +13,6 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use proptest::prelude::*;
 use toolsift::cpu::CpuScorer;
 use toolsift::model::{DType, GptjConfig, GptjWeights};
@@ -80,65 +78,8 @@ fn problem() -> impl Strategy<Value = Problem> {
         .prop_filter("n_embd >= 6", |p| p.config.n_embd >= 6)
 }
 
-/// Random candidates: per text several positions (including the first and last scorable ones),
-/// several calls per position, a duplicate, an empty result, an empty call, a call that is a
-/// prefix of its call with result, weights of their own with zeros inside, after, and past the
-/// end of the text (some with nothing left to score).
 fn candidates(p: &Problem, rng: &mut Rng) -> Vec<TokenCandidate> {
-    let v = p.config.vocab_size;
-    let mut out = Vec::new();
-    for _ in 0..p.n_texts {
-        let n = rng.range(2, 24);
-        let text: Arc<[u32]> = (0..n).map(|_| rng.range(0, v - 1) as u32).collect();
-        let head = [rng.range(0, v - 1) as u32, rng.range(0, v - 1) as u32];
-        let mut positions = vec![1, n - 1];
-        positions.push(rng.range(1, n - 1));
-        for &position in &positions {
-            for _ in 0..rng.range(1, 3) {
-                let input: Vec<u32> = (0..rng.range(0, 4))
-                    .map(|_| rng.range(0, v - 1) as u32)
-                    .collect();
-                let result: Vec<u32> = (0..rng.range(0, 3))
-                    .map(|_| rng.range(0, v - 1) as u32)
-                    .collect();
-                let mut call_ids = [&head[..], &input, &[1]].concat();
-                let call_result_ids = [&head[..], &input, &[2], &result, &[1]].concat();
-                match rng.range(0, 7) {
-                    0 => call_ids.clear(),
-                    1 => call_ids = call_result_ids[..rng.range(1, call_result_ids.len())].to_vec(),
-                    _ => {}
-                }
-                let weights = if rng.range(0, 3) == 0 {
-                    let mut w: Vec<f64> = (0..rng.range(1, 9))
-                        .map(|_| {
-                            if rng.range(0, 2) == 0 {
-                                0.0
-                            } else {
-                                rng.uniform()
-                            }
-                        })
-                        .collect();
-                    if w.iter().all(|&x| x == 0.0) {
-                        let k = rng.range(0, w.len() - 1);
-                        w[k] = rng.uniform();
-                    }
-                    Some(w)
-                } else {
-                    None
-                };
-                out.push(TokenCandidate {
-                    text_ids: text.clone(),
-                    position,
-                    call_ids,
-                    call_result_ids,
-                    weights,
-                });
-            }
-        }
-        let dup = out.last().unwrap().clone();
-        out.push(dup);
-    }
-    out
+    common::random_candidates(rng, p.config.vocab_size, p.n_texts, 24)
 }
 
 fn check(p: &Problem) {

@@ -59,6 +59,25 @@ pub struct CStarRecord {
     pub calls: Vec<CallRecord>,
 }
 
+impl CStarRecord {
+    /// Refuses a call that is not at a character boundary of the text (where C* splices it): a
+    /// record read back (a journal, a shard) that was not written as annotate writes it.
+    pub(crate) fn check_call_positions(&self) -> std::result::Result<(), String> {
+        match self
+            .calls
+            .iter()
+            .find(|c| !self.text.is_char_boundary(c.position))
+        {
+            Some(c) => Err(format!(
+                "a call at byte {} is not at a character boundary of its {}-byte text",
+                c.position,
+                self.text.len()
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Counters of one tool (the paper's Table 2 and where the rest went).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -396,17 +396,7 @@ impl MergeStream {
                                 annotate writes ids"
                         .into());
                 }
-                match d
-                    .calls
-                    .iter()
-                    .find(|c| !d.text.is_char_boundary(c.position))
-                {
-                    Some(c) => Err(format!(
-                        "a call at byte {} is not at a character boundary of its text",
-                        c.position
-                    )),
-                    None => Ok(d.line),
-                }
+                d.check_call_positions().map(|()| d.line)
             })
         };
         let line = parsed.map_err(|e| {

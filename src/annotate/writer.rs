@@ -113,18 +113,7 @@ impl JournalEntry {
                 if doc.line != self.line {
                     return Err(format!("its document is line {}", doc.line));
                 }
-                match doc
-                    .calls
-                    .iter()
-                    .find(|c| !doc.text.is_char_boundary(c.position))
-                {
-                    Some(c) => Err(format!(
-                        "a call at byte {} is not at a character boundary of its {}-byte text",
-                        c.position,
-                        doc.text.len()
-                    )),
-                    None => Ok(()),
-                }
+                doc.check_call_positions()
             }
             (None, Some(_)) => Ok(()),
             _ => Err("an entry holds exactly one of \"doc\" and \"reject\"".into()),

@@ -131,13 +131,9 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
         let used = self.rows() * self.store.ld;
         let kv = &mut self.store;
         for (buf, new) in kv.k.iter_mut().chain(kv.v.iter_mut()).zip(grown) {
-            let Some(mut new) = new else { continue };
-            if used > 0 {
-                gpu.stream
-                    .memcpy_dtod(&buf.slice(0..used), &mut new.slice_mut(0..used))
-                    .map_err(driver_err("growing the KV cache"))?;
+            if let Some(new) = new {
+                replace_keeping(gpu, buf, new, used)?;
             }
-            *buf = new;
         }
         kv.capacity = capacity;
         Ok(())
@@ -154,17 +150,27 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
             if buf.len() >= elements {
                 continue;
             }
-            let mut grown = zeros::<T>(gpu, elements)?;
-            if used > 0 {
-                gpu.stream
-                    .memcpy_dtod(&buf.slice(0..used), &mut grown.slice_mut(0..used))
-                    .map_err(driver_err("growing the KV cache"))?;
-            }
-            *buf = grown;
+            replace_keeping(gpu, buf, zeros::<T>(gpu, elements)?, used)?;
         }
         kv.capacity = capacity;
         Ok(())
     }
+}
+
+/// Replaces `buf` by the larger `grown`, its first `used` elements copied over.
+fn replace_keeping<T: DeviceFloat>(
+    gpu: &Gpu,
+    buf: &mut CudaSlice<T>,
+    mut grown: CudaSlice<T>,
+    used: usize,
+) -> Result<()> {
+    if used > 0 {
+        gpu.stream
+            .memcpy_dtod(&buf.slice(0..used), &mut grown.slice_mut(0..used))
+            .map_err(driver_err("growing the KV cache"))?;
+    }
+    *buf = grown;
+    Ok(())
 }
 
 /// Elements of one K or V buffer of `capacity` rows: an error, not a wrapped size, for a cache no

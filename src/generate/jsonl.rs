@@ -192,7 +192,10 @@ fn read_fields(line: &str, line_no: usize) -> (Value, std::result::Result<Line, 
     // serde would fill the struct from an array by position ("[1, 2]": "invalid type: integer
     // `2`, expected a string"), which says nothing useful.
     let Value::Object(obj) = value else {
-        return fail(format!("expected a JSON object, got {}", json_kind(&value)));
+        return fail(format!(
+            "expected a JSON object, got {}",
+            json::value_kind(&value)
+        ));
     };
     // Only ids that are echoed exactly: an integer beyond 64 bits is read as a float
     // (18446744073709551616 would come back as 1.8446744073709552e19), as annotate refuses.
@@ -217,17 +220,6 @@ fn read_fields(line: &str, line_no: usize) -> (Value, std::result::Result<Line, 
     }
     let fields = json::from_object::<Line>(obj).map_err(|e| format!("line {line_no}: {e}"));
     (id, fields)
-}
-
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

@@ -252,13 +252,13 @@ pub fn object_from_str<T: DeserializeOwned>(text: &str) -> Result<T, String> {
         return Err(d.to_string());
     }
     let Value::Object(obj) = value else {
-        return Err(format!("not a JSON object (it is {})", kind(&value)));
+        return Err(format!("not a JSON object (it is {})", value_kind(&value)));
     };
     from_object(obj).map_err(|e| e.to_string())
 }
 
 /// A JSON value's kind, with its article, for messages.
-fn kind(value: &Value) -> &'static str {
+pub fn value_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
