@@ -839,6 +839,16 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
             "{want}: {err}"
         );
     }
+    // A byte order mark at the start of a line (shards joined by hand, each with one) is not
+    // copied into the merged C*.
+    let marked: String = text.lines().map(|l| format!("\u{feff}{l}\n")).collect();
+    std::fs::write(&cut, marked).unwrap();
+    annotate::merge(
+        &dir.path().join("m10.jsonl"),
+        &[parts[0].clone(), cut.clone(), parts[2].clone()],
+    )
+    .unwrap();
+    assert_eq!(read("m10.jsonl"), read("merged.jsonl"));
 
     // Inputs that would lose documents are refused before anything is written.
     let refused = |o: RunOptions| annotate::annotate(&a, &o).err().unwrap().to_string();
@@ -854,6 +864,18 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
         "{err}"
     );
     assert_eq!(std::fs::read(&notes).unwrap(), b"{\"mine\": 1}\n");
+    // A shard's output path that is a named pipe is refused, not opened (which would block).
+    #[cfg(unix)]
+    {
+        let fifo = dir.path().join("piped.shard-00000-of-00002.jsonl");
+        let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        let err = refused(RunOptions {
+            shard: Shard::new(0, 2).unwrap(),
+            ..opts("piped.jsonl", None)
+        });
+        assert!(err.contains("not a regular file"), "{err}");
+    }
     let err = refused(RunOptions {
         out: dir.path().to_owned(),
         ..opts("unused.jsonl", None)
@@ -1521,6 +1543,14 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
     assert!(!merged.exists());
     drop(holder);
     annotate::merge(&merged, &globbed).unwrap();
+    // While a run on that --out is in progress (its journal there), a merge into it is refused.
+    std::fs::write(dir.path().join("all.partial"), "").unwrap();
+    let err = annotate::merge(&merged, &globbed).unwrap_err().to_string();
+    assert!(err.contains("a run on it is in progress"), "{err}");
+    std::fs::remove_file(dir.path().join("all.partial")).unwrap();
+    // Beside a file of the other spelling that is no C* (nothing of a run's), it merges.
+    std::fs::write(dir.path().join("notes"), "my notes\n").unwrap();
+    annotate::merge(&dir.path().join("notes.jsonl"), &globbed).unwrap();
     // Into the other spelling of that --out ("all.jsonl"): its rejects and summary are "all"'s,
     // so the merge is refused and "all"'s stay as they were.
     let summary_before = std::fs::read(dir.path().join("all.summary.json")).unwrap();

@@ -790,7 +790,8 @@ fn config_json_is_read_strictly() {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, format!("\u{feff}{text}")).unwrap();
-    Model::load(&dir).unwrap();
+    let model = Model::load(&dir).unwrap();
+    toolsift::model::checkpoint::convert(&model, &dir.join("converted"), None).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let fields: Vec<serde_json::Value> = v.as_object().unwrap().values().cloned().collect();
     std::fs::write(&path, serde_json::Value::Array(fields).to_string()).unwrap();

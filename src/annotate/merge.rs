@@ -123,6 +123,15 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
         }
     }
 
+    // A run in progress on this --out would replace the merge's output when it finishes.
+    if out_paths.journal.is_file() {
+        return Err(Error::input(format!(
+            "output {} (--out): a run on it is in progress (its journal {} exists); let it finish \
+             or delete its journal, or give another output",
+            out.display(),
+            out_paths.journal.display()
+        )));
+    }
     // A merge replaces an earlier C* (a merge's or a run's), never a file of another kind.
     if let Some(what) = writer::not_a_cstar(&out_paths.out)? {
         return Err(Error::input(format!(
@@ -134,9 +143,13 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     // "x" and "x.jsonl" share their rejects and summary names: a C* (or a run in progress) of
     // the other spelling would be left beside rejects and a summary that are not its own.
     let other = out_paths.other_spelling();
-    if let Some(there) = [&other.out, &other.journal]
-        .into_iter()
-        .find(|p| p.is_file())
+    let other_cstar = other.out.is_file() && writer::not_a_cstar(&other.out)?.is_none();
+    if let Some(there) = [
+        (&other.out, other_cstar),
+        (&other.journal, other.journal.is_file()),
+    ]
+    .into_iter()
+    .find_map(|(p, held)| held.then_some(p))
     {
         return Err(Error::input(format!(
             "output {} (--out): {} exists, and its rejects and summary are the ones this merge \
@@ -417,7 +430,11 @@ impl MergeStream {
             )));
         }
         self.last = line;
-        self.current = text;
+        // A byte order mark (an editor's) is not copied into the middle of the merged file.
+        self.current = match text.strip_prefix('\u{feff}') {
+            Some(rest) => rest.to_owned(),
+            None => text,
+        };
         Ok(Some(line))
     }
 }

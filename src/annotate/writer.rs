@@ -178,6 +178,13 @@ impl OutputPaths {
 /// and is not: an empty file is an empty C*.
 pub(crate) fn not_a_cstar(path: &Path) -> Result<Option<String>> {
     use std::io::{BufRead, Read};
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => return Ok(Some("it is not a regular file".into())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+    }
+    // (Not opened before it is known to be a file: opening a named pipe would block.)
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

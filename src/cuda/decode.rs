@@ -116,7 +116,10 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
     }
 
     /// `grow_to`, all or nothing: every new buffer is allocated before any replaces its old
-    /// one, so a failure frees them and leaves the cache as it was.
+    /// one, so a failure frees them and leaves the cache as it was. Its peak is the old buffers
+    /// and the new ones together (`grow_to`'s: the new ones and one old one), so a target that
+    /// buffer-by-buffer growth would just reach can fail here and fall back to doubling; it
+    /// only runs for a size announced after the cache exists (`generate` announces it before).
     fn try_grow_to(&mut self, gpu: &Gpu, capacity: usize) -> Result<()> {
         let elements = cache_elements(capacity, self.store.ld)?;
         let kv = &self.store;

@@ -531,9 +531,12 @@ fn config_json(model: &super::Model, dtype: Option<DType>) -> Result<String> {
         serde_json::Map::new()
     } else {
         let text = std::fs::read_to_string(&src).map_err(|e| Error::io(&src, e))?;
-        match serde_json::from_str(&text) {
-            Ok(serde_json::Value::Object(map)) => map,
-            _ => {
+        // Read as the load read it (a byte order mark skipped).
+        match crate::util::json::object_from_str::<serde_json::Map<String, serde_json::Value>>(
+            &text,
+        ) {
+            Ok(map) => map,
+            Err(_) => {
                 return Err(Error::Checkpoint {
                     path: src,
                     msg: "is no longer a JSON object (changed since the model was loaded?)".into(),

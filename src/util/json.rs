@@ -239,8 +239,9 @@ pub fn from_object<T: DeserializeOwned>(obj: Map<String, Value>) -> Result<T, se
 
 /// `T` from a whole JSON text that must be one object (a config file, an output record, a
 /// server's reply), read as strictly as a line: a key held twice (at any depth) and anything but
-/// an object are errors. serde would build a struct from an array of its fields in order
-/// (`[2, "id", ...]`) and keep the last of two keys. A leading UTF-8 byte order mark is skipped.
+/// an object are errors. serde alone builds a struct from an array of its fields in order
+/// (`[2, "id", ...]`), and keeps the last of two keys in a map, a `Value` or a flattened
+/// field (a struct's own fields it refuses twice). A leading UTF-8 byte order mark is skipped.
 /// The error says what is wrong, without the file's name (the caller adds it).
 pub fn object_from_str<T: DeserializeOwned>(text: &str) -> Result<T, String> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
