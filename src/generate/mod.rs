@@ -797,9 +797,8 @@ mod tests {
         assert_eq!(reg.names(), vec!["Calculator", "Calendar"]);
         let none = ["none".to_string()];
         assert!(tools_from_config(None, Some(&none)).unwrap().is_empty());
-        assert!(tools_from_config(None, Some(&["".into()]))
-            .unwrap()
-            .is_empty());
+        // An empty --tools is no list (an unset shell variable), not "none".
+        assert!(tools_from_config(None, Some(&["".into()])).is_err());
         // "none" alone, and no empty names beside others (a stray comma).
         let names = |s: &str| s.split(',').map(String::from).collect::<Vec<_>>();
         for bad in ["none,calculator", "calculator,", "calculator,,calendar"] {
