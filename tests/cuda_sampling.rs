@@ -193,6 +193,37 @@ fn a_decode_session_told_its_size_allocates_once_and_runs_in_pieces() {
     assert_eq!(cuda.session_kv_bytes(), 0);
 }
 
+/// A session's cache never holds more rows than its sequences can ever have (n_positions each):
+/// its first size (256 rows) and its doubling are capped there.
+#[test]
+fn a_session_never_holds_more_rows_than_its_sequences_can() {
+    if gpu().is_none() {
+        return;
+    }
+    let dtype = CudaDType::BF16;
+    let m = model(1, 2, 8, 31, dtype, 6);
+    let cuda = engine(&m, dtype, 16);
+    let (kv, n_pos) = (cuda.kv_bytes_per_token(), m.config.n_positions);
+    let mut rng = Rng::new(3);
+    for n_seq in [1usize, 2] {
+        let mut session = cuda.session();
+        let ids: Vec<usize> = (0..n_seq).map(|_| session.new_sequence()).collect();
+        let mut len = 0;
+        while len < n_pos {
+            let step = if len == 0 { 40 } else { 8 };
+            let toks: Vec<Vec<u32>> = ids.iter().map(|_| random_ids(&mut rng, step, 31)).collect();
+            session.extend(&ids, &toks).unwrap();
+            len += step;
+            assert!(
+                cuda.session_kv_bytes() <= n_seq * n_pos * kv,
+                "{n_seq} sequences of {len}: {} bytes, more than {} rows",
+                cuda.session_kv_bytes(),
+                n_seq * n_pos
+            );
+        }
+    }
+}
+
 /// A session told a size the device cannot hold falls back to doubling, at its first `extend`
 /// and later, and keeps nothing of the failed allocations: on an emulated device of 256 MiB, in
 /// a process of its own (`announced_size_too_large_child`). On a GPU the size would fit; skipped.

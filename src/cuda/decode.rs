@@ -85,11 +85,19 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
     /// Makes room for `extra` more rows, doubling the capacity (at least) when they do not fit:
     /// for a cache whose final size nobody announced.
     fn reserve(&mut self, gpu: &Gpu, extra: usize) -> Result<()> {
+        self.reserve_within(gpu, extra, usize::MAX)
+    }
+
+    /// `reserve`, the doubling capped at `most` rows (what the cache's sequences can ever hold).
+    fn reserve_within(&mut self, gpu: &Gpu, extra: usize, most: usize) -> Result<()> {
         let need = self.rows().saturating_add(extra);
         if need <= self.store.capacity {
             return Ok(());
         }
-        self.grow_to(gpu, need.max(2 * self.store.capacity))
+        self.grow_to(
+            gpu,
+            need.max(2usize.saturating_mul(self.store.capacity).min(most)),
+        )
     }
 
     /// Makes room for exactly `extra` more rows when they do not fit: for a cache whose final
@@ -103,16 +111,22 @@ impl<T: DeviceFloat> KvTree<DeviceKv<T>> {
     }
 
     /// Room for `extra` more rows: `target` rows exactly when given and the device has them,
-    /// else by doubling (`reserve`). Returns whether the target was reached; a target the
-    /// device could not allocate leaves the buffers as they were (all or nothing), so that it
-    /// costs nothing once it has failed.
-    fn reserve_toward(&mut self, gpu: &Gpu, extra: usize, target: Option<usize>) -> Result<bool> {
+    /// else by doubling up to `most` rows (`reserve_within`). Returns whether the target was
+    /// reached; a target the device could not allocate leaves the buffers as they were (all or
+    /// nothing), so that it costs nothing once it has failed.
+    fn reserve_toward(
+        &mut self,
+        gpu: &Gpu,
+        extra: usize,
+        target: Option<usize>,
+        most: usize,
+    ) -> Result<bool> {
         if let Some(rows) = target {
             if rows <= self.store.capacity || self.try_grow_to(gpu, rows).is_ok() {
                 return Ok(true);
             }
         }
-        self.reserve(gpu, extra).map(|()| false)
+        self.reserve_within(gpu, extra, most).map(|()| false)
     }
 
     /// `grow_to`, all or nothing: every new buffer is allocated before any replaces its old
@@ -678,10 +692,10 @@ impl DecodeSession for CudaDecodeSession<'_> {
         // what the budget leaves for activations.
         let n: usize = tokens.iter().map(Vec::len).sum();
         let need = self.tree_rows() + n;
-        // No more than the sequences can ever hold (a hint past that is a caller's slip).
-        let planned = self
-            .planned
-            .min(self.nodes.len().saturating_mul(c.n_positions));
+        // No more than the sequences can ever hold, announced (a hint past that is a caller's
+        // slip) or grown.
+        let most = self.nodes.len().saturating_mul(c.n_positions);
+        let planned = self.planned.min(most);
         let mut exact = need <= planned;
         if self.tree.is_none() {
             // The announced size, or (that failing, or none) what this call needs. A size that
@@ -692,7 +706,7 @@ impl DecodeSession for CudaDecodeSession<'_> {
                     if tried.is_some() {
                         (exact, self.planned) = (false, 0);
                     }
-                    engine.any_tree(need.max(SESSION_CAPACITY))?
+                    engine.any_tree(need.max(SESSION_CAPACITY.min(most)))?
                 }
             };
             for _ in 0..self.nodes.len() {
@@ -733,8 +747,8 @@ impl DecodeSession for CudaDecodeSession<'_> {
         let gpu = &engine.gpu;
         let target = exact.then_some(planned);
         let grown = match self.tree.as_mut().expect("allocated above") {
-            AnyTree::Bf16(t) => t.reserve_toward(gpu, n, target),
-            AnyTree::F16(t) => t.reserve_toward(gpu, n, target),
+            AnyTree::Bf16(t) => t.reserve_toward(gpu, n, target, most),
+            AnyTree::F16(t) => t.reserve_toward(gpu, n, target, most),
         };
         self.count_cache();
         if target.is_some() && !matches!(grown, Ok(true)) {
