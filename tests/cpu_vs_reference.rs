@@ -91,11 +91,7 @@ fn check(p: &Problem) {
     };
     // n_positions at the longest sequence scored, or up to two past it: the last rotary row is
     // used.
-    let longest = cands
-        .iter()
-        .map(|c| c.call_ids.len().max(c.call_result_ids.len()) + c.text_end(&options))
-        .max()
-        .unwrap_or(1);
+    let longest = common::longest_sequence(&cands, &options);
     let mut config = p.config.clone();
     config.n_positions = longest + (p.seed % 3) as usize;
     let weights = GptjWeights::random(&config, p.seed, p.dtype);

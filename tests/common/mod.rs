@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use toolsift::util::rng::Rng;
-use toolsift::TokenCandidate;
+use toolsift::{ScoreOptions, TokenCandidate};
 
 /// Property-test case count: `default`, or TOOLSIFT_FUZZ_CASES for a longer fuzz run.
 pub fn fuzz_cases(default: u32) -> u32 {
@@ -186,4 +186,14 @@ pub fn random_candidates(
         out.push(dup);
     }
     out
+}
+
+/// The longest sequence any variant of `cands` scores (call or call with result, then the text
+/// up to its window's end): the smallest n_positions that fits them all.
+pub fn longest_sequence(cands: &[TokenCandidate], options: &ScoreOptions) -> usize {
+    cands
+        .iter()
+        .map(|c| c.call_ids.len().max(c.call_result_ids.len()) + c.text_end(options))
+        .max()
+        .unwrap_or(1)
 }
