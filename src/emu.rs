@@ -391,6 +391,8 @@ mod tests {
         fn emu_selftest_neighbour(out: *mut f32, barrier: i32);
         fn emu_selftest_divergent(out: *mut f32);
         fn emu_selftest_sums(warp_out: *mut f32, block_out: *mut f32);
+        fn emu_selftest_partial_warp(out: *mut f32);
+        fn emu_selftest_exit_before_barrier(out: *mut f32);
     }
 
     fn block(threads: u32, seed: u64) -> Launch {
@@ -435,6 +437,29 @@ mod tests {
         assert!(err.contains("barrier can never complete"), "{err}");
         assert!(
             err.contains("warp 0: 0 at __syncthreads, 16 at a warp barrier, 16 exited"),
+            "{err}"
+        );
+    }
+
+    /// What the device leaves undefined is an error here, not whatever the host happens to do: a
+    /// full-mask shuffle in a partial warp, and a __syncthreads some threads exited before.
+    #[test]
+    fn undefined_warp_and_block_synchronisation_is_an_error() {
+        let mut out = Buffer::<f32>::zeroed("out", 64).unwrap();
+        let o = out.mut_ptr();
+        let err = launch("partial", &block(48, 2), || unsafe {
+            emu_selftest_partial_warp(o)
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("a warp shuffle in a partial warp"), "{err}");
+        let err = launch("early_exit", &block(64, 4), || unsafe {
+            emu_selftest_exit_before_barrier(o)
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("block (0, 0, 0): __syncthreads after 32 of its 64 threads exited"),
             "{err}"
         );
     }

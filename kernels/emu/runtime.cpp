@@ -47,15 +47,16 @@ struct Mapping {
 std::mutex g_mappings_lock;
 std::vector<Mapping> g_mappings;
 
-// `bytes` (rounded up to 16) ending at a PROT_NONE page: reading or writing past the end faults.
-Mapping map_guarded(size_t bytes, const char* label) {
-    const size_t page = page_size(), span = round_up(round_up(bytes, 16), page);
+// `bytes` (rounded up to `align`, a power of two up to a page) ending at a PROT_NONE page:
+// reading or writing past the end faults.
+Mapping map_guarded(size_t bytes, const char* label, size_t align = 16) {
+    const size_t page = page_size(), span = round_up(round_up(bytes, align), page);
     void* base = mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                       -1, 0);
     if (base == MAP_FAILED) return Mapping{nullptr, 0, nullptr, 0, label};
     unsigned char* b = static_cast<unsigned char*>(base);
     mprotect(b + span, page, PROT_NONE);
-    return Mapping{b, span + page, b + span - round_up(bytes, 16), bytes, label};
+    return Mapping{b, span + page, b + span - round_up(bytes, align), bytes, label};
 }
 
 // ---- fibers ----------------------------------------------------------------------------------
@@ -342,6 +343,17 @@ bool run_block(uint64_t seed) {
         if (!any_live) return true;
         if (released) continue;
         if (at_block == live) {
+            // The device leaves a __syncthreads that some threads never reach undefined, exited
+            // ones included (early returns must be block-uniform).
+            if (live < (int)n) {
+                char head[240];
+                snprintf(head, sizeof head,
+                         "kernel %s, block (%u, %u, %u): __syncthreads after %d of its %zu threads "
+                         "exited (undefined on the device)",
+                         g->name, g->bid.x, g->bid.y, g->bid.z, (int)n - live, n);
+                g->error = head;
+                return false;
+            }
             for (Fiber& f : g->fibers)
                 if (f.state == State::AtBlockBarrier) f.state = State::Ready;
             continue;
@@ -372,6 +384,8 @@ void sync_warp() { wait(State::AtWarpBarrier); }
 uint64_t shuffle(uint64_t value, int src_lane) {
     Fiber* f = g->current;
     Warp& w = g->warps[f->warp];
+    // A full-mask shuffle names lanes a partial warp does not have: undefined on the device.
+    if (w.lanes != 32) unsupported("a warp shuffle in a partial warp (blockDim not a multiple of 32)");
     // Two slot sets used alternately: a lane can only come back to this set after every lane
     // passed the next shuffle's barrier, i.e. after all of them read this one.
     const int p = f->shuffle_parity;
@@ -444,7 +458,8 @@ extern "C" int toolsift_emu_launch(const char* name, const unsigned grid[3],
     launch.block = dim3{block[0], block[1], block[2]};
     launch.body = body;
     launch.ctx = ctx;
-    launch.smem = map_guarded(smem_bytes, "dynamic shared memory");
+    // 128-byte aligned, like the kernels' `extern __shared__ __align__(128)` on the device.
+    launch.smem = map_guarded(smem_bytes, "dynamic shared memory", 128);
     if (!launch.smem.base) return fail("cannot map the emulator's shared memory");
     {
         std::lock_guard<std::mutex> lock(g_mappings_lock);

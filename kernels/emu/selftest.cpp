@@ -23,3 +23,15 @@ extern "C" void emu_selftest_sums(float* warp_out, float* block_out) {
     warp_out[threadIdx.x] = toolsift::warp_sum((float)threadIdx.x);
     block_out[threadIdx.x] = toolsift::block_sum((float)threadIdx.x, scratch);
 }
+
+// A warp sum in a block whose last warp is partial (launch with a blockDim not a multiple of 32).
+extern "C" void emu_selftest_partial_warp(float* out) {
+    out[threadIdx.x] = toolsift::warp_sum((float)threadIdx.x);
+}
+
+// The second warp returns before a __syncthreads the first one reaches.
+extern "C" void emu_selftest_exit_before_barrier(float* out) {
+    if (threadIdx.x >= 32) return;
+    __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}

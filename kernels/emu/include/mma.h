@@ -8,6 +8,8 @@
 // what one lane's full-tile mma would.
 #pragma once
 
+#include <stdint.h>
+
 #include <type_traits>
 
 #include "cuda_bf16.h"
@@ -16,6 +18,17 @@
 namespace toolsift_emu {
 int lane_id();
 void sync_warp();
+[[noreturn]] void unsupported(const char* what);
+
+// WMMA's load/store contract: a 256-bit aligned pointer and a leading dimension of a whole
+// number of 16 bytes (the device's behaviour is undefined otherwise).
+template <typename T>
+inline void check_wmma_operand(const T* p, unsigned ldm) {
+    if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
+        unsupported("WMMA load/store pointer not 32-byte aligned (undefined on the device)");
+    if (ldm * sizeof(T) % 16 != 0)
+        unsupported("WMMA load/store ldm not a multiple of 16 bytes (undefined on the device)");
+}
 }  // namespace toolsift_emu
 
 namespace nvcuda {
@@ -70,6 +83,7 @@ inline void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, u
     static_assert(!std::is_same<Use, accumulator>::value, "accumulators load with a layout");
     constexpr bool row = std::is_same<Layout, row_major>::value;
     constexpr bool is_a = std::is_same<Use, matrix_a>::value;
+    toolsift_emu::check_wmma_operand(p, ldm);
     const int lane = toolsift_emu::lane_id();
     for (int r = 0; r < F::rows; ++r)
         for (int c = 0; c < F::cols; ++c) {
@@ -81,6 +95,7 @@ inline void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, u
 template <int M, int N, int K>
 inline void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm,
                              layout_t layout) {
+    toolsift_emu::check_wmma_operand(p, ldm);
     for (int r = 0; r < M; ++r)
         for (int c = 0; c < N; ++c)
             f.x[r * N + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
@@ -89,6 +104,7 @@ inline void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const flo
 template <int M, int N, int K>
 inline void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f,
                               unsigned ldm, layout_t layout) {
+    toolsift_emu::check_wmma_operand(p, ldm);
     const int lane = toolsift_emu::lane_id();
     for (int e = lane; e < M * N; e += 32) {
         const int r = e / N, c = e % N;
