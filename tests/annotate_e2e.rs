@@ -238,6 +238,29 @@ fn heuristics_and_too_long_texts_are_counted() {
     assert_eq!(s.tools["calculator"].texts_truncated, 1);
 }
 
+/// `require_arithmetic` reads the text the Calculator's positions are searched in: arithmetic
+/// past it (where no call could go) does not let the text through.
+#[test]
+fn require_arithmetic_reads_only_the_searched_head() {
+    let mut config = test_config();
+    config.per_tool.calculator.require_arithmetic = true;
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let sums = "He had 12 apples and bought 30 more, 42 in all.";
+    // Line 1's 1% draw does not pass (the long text below is skipped), so only the arithmetic
+    // decides.
+    let (_, s) = a.annotate_document(&doc(1, sums)).unwrap();
+    assert_eq!(s.tools["calculator"].texts_considered, 1);
+    let late = format!("{}{sums}", "the ".repeat(400));
+    let (_, s) = a.annotate_document(&doc(1, &late)).unwrap();
+    assert_eq!(s.tools["calculator"].texts_skipped_heuristic, 1);
+    // Far enough for the tokenizer's head to reach it (it reads past the searched head), not
+    // far enough for the Calculator's positions.
+    let just_past = format!("{}{sums}", "the ".repeat(150));
+    let (_, s) = a.annotate_document(&doc(1, &just_past)).unwrap();
+    assert_eq!(s.tools["calculator"].texts_skipped_heuristic, 1, "{s:?}");
+}
+
 /// A document of megabytes is tokenized only as far as the model reads it: its record is the
 /// one of its first sentences, with the rest of the text after them as it was.
 #[test]

@@ -430,12 +430,14 @@ impl<'a> Annotator<'a> {
             &[doc.line, tool.seed_key(), HEURISTIC_KEY],
         )
         .uniform();
-        if !heuristics::applies(params, doc, head.text, fallback_date, draw) {
+        let t_max = prompt.max_text_tokens(n_positions, self.config.max_call_tokens);
+        let t = head.x.len().min(t_max);
+        // The heuristics read the text this tool's positions are searched in, no further.
+        let searched = &doc.text[..t.checked_sub(1).map_or(0, |last| head.enc.spans[last].1)];
+        if !heuristics::applies(params, doc, searched, fallback_date, draw) {
             st.texts_skipped_heuristic += 1;
             return Ok(Vec::new());
         }
-        let t_max = prompt.max_text_tokens(n_positions, self.config.max_call_tokens);
-        let t = head.x.len().min(t_max);
         if t < 2 {
             // Position 1 needs x_1 and x_2 at least: a text of one token has no position
             // (neither considered nor too long), a longer one did not fit.

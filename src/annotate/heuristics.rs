@@ -3,7 +3,7 @@
 //!
 //! - `min_numbers` (calculator: 3): the text has at least that many numbers;
 //! - `require_arithmetic` (opt-in, off by default): the paper's Calculator filter in full: the
-//!   text's searched head shows arithmetic (`shows_arithmetic`), or, with a probability of 1%
+//!   head of the text its positions are searched in shows arithmetic (`shows_arithmetic`), or, with a probability of 1%
 //!   (`NUMBERS_ONLY_RATE`, a draw keyed by seed, line and tool), it merely passes `min_numbers`;
 //! - `require_date` (calendar): the document has a date: its "date" field, a date in its URL, or
 //!   a configured fallback date (`[tools.calendar] date`);
@@ -55,9 +55,10 @@ pub fn has_date(doc: &Document, fallback_date: Option<&str>) -> bool {
 /// With `require_arithmetic`, the share of texts that only pass `min_numbers` that are tried
 /// anyway: the paper's 1%.
 pub const NUMBERS_ONLY_RATE: f64 = 0.01;
-/// Numbers farther apart than this many words are not related by `shows_arithmetic` (the
-/// paper's window is 100 tokens; words are what is known before tokenizing).
-const ARITHMETIC_WINDOW_WORDS: usize = 100;
+/// Numbers farther apart than this are not related by `shows_arithmetic`: the paper's window is
+/// 100 tokens, and both a word and a number are at least one token, so two numbers are this far
+/// apart in words or in numbers (text without spaces is one long word) before they are in tokens.
+const ARITHMETIC_WINDOW: usize = 100;
 
 /// A number of a text, as `shows_arithmetic` reads it.
 #[derive(Debug, Clone, Copy)]
@@ -65,6 +66,8 @@ struct Number {
     value: f64,
     /// Digits after its ".": a result is compared at this precision.
     decimals: i32,
+    /// Significant digits as written ("0.29": 2, "1400": 4, "0": 0).
+    significant: u32,
     /// Followed by "%": a result is also compared as a percentage.
     percent: bool,
     /// The index of the whitespace-separated word it is in.
@@ -103,9 +106,15 @@ fn numbers(text: &str) -> Vec<Number> {
             let decimals = digits
                 .split_once('.')
                 .map_or(0, |(_, f)| f.len().min(9) as i32);
+            let significant = digits
+                .chars()
+                .filter(char::is_ascii_digit)
+                .skip_while(|&c| c == '0')
+                .count() as u32;
             out.push(Number {
                 value,
                 decimals,
+                significant,
                 percent: b.get(i) == Some(&b'%'),
                 word,
             });
@@ -114,15 +123,52 @@ fn numbers(text: &str) -> Vec<Number> {
     out
 }
 
+/// Whether `c` reads as `result`, an operation's result on two other numbers (the paper's (i)):
+/// equal to it at `c`'s written precision, or as a percentage when "%" follows `c`. A match only
+/// after rounding needs two significant digits: "29%" of 400/1400 reads as arithmetic, a "1" or
+/// "0" near any two numbers whose quotient rounds to it does not.
+fn is_result_of(result: f64, c: &Number) -> bool {
+    let scale = 10f64.powi(c.decimals);
+    let written = c.value * scale;
+    let rounds_to = |r: f64| r.is_finite() && (r * scale).round() == written.round();
+    let equals = |r: f64| r.is_finite() && (r * scale - written).abs() < 1e-6;
+    equals(result)
+        || (c.percent && equals(result * 100.0))
+        || (c.significant >= 2 && (rounds_to(result) || (c.percent && rounds_to(result * 100.0))))
+}
+
+/// The results of +, -, *, / on `a` and `b` that are not trivial: no + or - of 0, no * or / by
+/// 0 or 1, nothing from a and a alone (a - a, a / a).
+fn results(a: f64, b: f64) -> impl Iterator<Item = f64> {
+    let neutral = |x: f64| x == 0.0 || x == 1.0;
+    let same = a == b;
+    [
+        (a + b, a != 0.0 && b != 0.0),
+        (a - b, b != 0.0 && !same),
+        (b - a, a != 0.0 && !same),
+        (a * b, !neutral(a) && !neutral(b)),
+        (a / b, !neutral(b) && a != 0.0 && !same),
+        (b / a, !neutral(a) && b != 0.0 && !same),
+    ]
+    .into_iter()
+    .filter_map(|(r, useful)| useful.then_some(r))
+}
+
 /// The paper's Calculator filter, conditions (i) and (ii) (App. A.1): three numbers within
-/// `ARITHMETIC_WINDOW_WORDS` words of which one is the result of +, -, *, / on the other two
-/// (compared at the result's written precision; a number followed by "%" also as a
-/// percentage: "400 (or 29%)" of 1400), or "=", "equals", "equal to", "total of" or
-/// "average of" followed by a number.
+/// `ARITHMETIC_WINDOW` words and numbers of each other, of which one is the result of +, -, *,
+/// / on the other two (`is_result_of`: compared at the result's written precision, a number
+/// followed by "%" also as a percentage: "400 (or 29%)" of 1400; trivial operations left out),
+/// or "=" (not after a letter, as in a URL's "page=2"), "equals", "equal to", "total of" or
+/// "average of" followed by a number. The window bounds the work: at most 200 neighbours per
+/// number.
 pub fn shows_arithmetic(text: &str) -> bool {
     let lower = text.to_lowercase();
     for key in ["=", "equals", "equal to", "total of", "average of"] {
         for (at, _) in lower.match_indices(key) {
+            let before = lower[..at].chars().next_back();
+            if key == "=" && before.is_some_and(|c| c.is_alphabetic() || c == '_') {
+                continue;
+            }
             let after = lower[at + key.len()..].trim_start_matches([' ', '$', '\t']);
             if after.starts_with(|c: char| c.is_ascii_digit()) {
                 return true;
@@ -130,27 +176,19 @@ pub fn shows_arithmetic(text: &str) -> bool {
         }
     }
     let nums = numbers(text);
-    let matches = |result: f64, c: &Number| {
-        let scale = 10f64.powi(c.decimals);
-        let same = |r: f64| r.is_finite() && (r * scale).round() == (c.value * scale).round();
-        same(result) || (c.percent && same(result * 100.0))
+    let near = |i: usize, j: usize| {
+        i.abs_diff(j) <= ARITHMETIC_WINDOW
+            && nums[i].word.abs_diff(nums[j].word) <= ARITHMETIC_WINDOW
     };
     for (ci, c) in nums.iter().enumerate() {
-        let near = |n: &Number| n.word.abs_diff(c.word) <= ARITHMETIC_WINDOW_WORDS;
-        let others: Vec<&Number> = nums
-            .iter()
-            .enumerate()
-            .filter(|&(k, n)| k != ci && near(n))
-            .map(|(_, n)| n)
-            .collect();
-        for (x, a) in others.iter().enumerate() {
-            for b in &others[x + 1..] {
-                if a.word.abs_diff(b.word) > ARITHMETIC_WINDOW_WORDS {
-                    continue;
-                }
-                let (a, b) = (a.value, b.value);
-                let results = [a + b, a - b, b - a, a * b, a / b, b / a];
-                if results.iter().any(|&r| matches(r, c)) {
+        let lo = ci.saturating_sub(ARITHMETIC_WINDOW);
+        let hi = (ci + ARITHMETIC_WINDOW).min(nums.len() - 1);
+        let others: Vec<usize> = (lo..=hi).filter(|&k| k != ci && near(k, ci)).collect();
+        for (x, &ai) in others.iter().enumerate() {
+            for &bi in &others[x + 1..] {
+                if near(ai, bi)
+                    && results(nums[ai].value, nums[bi].value).any(|r| is_result_of(r, c))
+                {
                     return true;
                 }
             }
@@ -218,15 +256,45 @@ mod tests {
             "The total was large.",
             "no numbers at all",
             "7 and 9",
+            // Trivial operations, and "results" that only rounding makes (one digit) are not.
+            "Chapter 1. In 2019, 17 teams and 20 players took part.",
+            "Room 0: in 2019, 17 teams and 240 players took part.",
+            "Flat 2, 1998 edition, 1000 pages.",
+            "Page 1. The 25 boxes cost 25 dollars.",
+            "Page 0 of 7, section 7.",
+            // "=" inside a URL's query is not an equation.
+            "More at example.com/list?page=2 today.",
         ] {
             assert!(!shows_arithmetic(no), "{no:?}");
         }
+        // Exact results count with any number of digits, rounded ones with two.
+        assert!(shows_arithmetic("12 eggs in 4 boxes, 3 per box."));
+        assert!(shows_arithmetic("1 of 4 people, 25% of them, said so."));
+        assert!(shows_arithmetic("2+3=5"));
+        assert!(shows_arithmetic("1;2;3"), "text without spaces is read too");
         // Related numbers more than 100 words apart are not.
         let far = format!(
             "He had 12 apples{} and 30 more, 42 in all.",
             " word".repeat(120)
         );
         assert!(!shows_arithmetic(&far));
+        // ... nor more than 100 numbers apart in text without spaces, one long "word".
+        let far = format!("12;30;{}42", "7;".repeat(120));
+        assert!(!shows_arithmetic(&far));
+        assert!(shows_arithmetic(&format!("12;30;{}42", "7;".repeat(90))));
+    }
+
+    /// The window bounds the work: a long run of numbers without spaces and without arithmetic
+    /// (which would be every pair of every triple, cubic, if it were one word) is read in a
+    /// bounded number of comparisons per number.
+    #[test]
+    fn numbers_without_spaces_are_read_in_linear_time() {
+        let bomb = "7;".repeat(2_000);
+        let start = std::time::Instant::now();
+        assert!(!shows_arithmetic(&bomb));
+        // Not a timing test: cubic took 83 s in release builds before (2000^3 / 6 triples x 6
+        // operations); bounded it is 2000 x 200^2 / 2 pairs, well under a second.
+        assert!(start.elapsed().as_secs() < 60);
     }
 
     #[test]
