@@ -4,7 +4,9 @@
 //! continues there with whitespace (x_i carries a leading space, as most BPE tokens do), the
 //! call gets a space in front: "(or [Calculator(400 / 1400) -> 0.29] 29%)"; otherwise it is
 //! inserted as is. Several kept calls at one offset are all spliced, in the order given (the
-//! driver orders them by delta, best first), one space apart: "… [A(x) -> 1] [B(y) -> 2] 29".
+//! driver orders them by delta, best first), each as it would stand alone: one space apart
+//! where the text has a space ("… [A(x) -> 1] [B(y) -> 2] 29"), side by side where it has none
+//! ("29[A(x) -> 1][B(y) -> 2]%"), so that C* holds no space that a call's scored sequence lacked.
 
 /// `text` with `calls` (byte offset, call text) inserted; offsets must be character boundaries.
 /// The calls are stably ordered by offset, so calls at one offset keep their given order.
@@ -20,13 +22,11 @@ pub fn splice(text: &str, calls: &[(usize, String)]) -> String {
         out.push_str(&text[at..b]);
         at = b;
         let spaced = crate::score::text::spaced_at(text, b);
-        let mut first = true;
         while k < order.len() && order[k].0.min(text.len()) == b {
-            if spaced || !first {
+            if spaced {
                 out.push(' ');
             }
             out.push_str(&order[k].1);
-            first = false;
             k += 1;
         }
     }
@@ -54,10 +54,11 @@ mod tests {
                 &[
                     (b2, "[C() -> 2]".into()),
                     (b, "[A() -> 1]".into()),
-                    (b, "[B() -> 3]".into())
+                    (b, "[B() -> 3]".into()),
+                    (b2, "[D() -> 4]".into())
                 ]
             ),
-            "Out of 1400, 400 (or [A() -> 1] [B() -> 3] 29[C() -> 2]%) passed."
+            "Out of 1400, 400 (or [A() -> 1] [B() -> 3] 29[C() -> 2][D() -> 4]%) passed."
         );
         assert_eq!(splice(t, &[]), t);
     }
