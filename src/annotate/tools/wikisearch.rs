@@ -8,6 +8,7 @@
 //! was sampled in is excluded by id (a document never retrieves itself, which would leak
 //! the continuation the API call is scored against).
 
+use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -247,8 +248,13 @@ struct JsonDoc {
 }
 
 fn parse_doc(line: &str, text_field: &str) -> Result<JsonDoc, String> {
-    let value: serde_json::Value =
-        serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
+    let (value, duplicate) =
+        crate::util::json::parse_line(line).map_err(|e| format!("invalid JSON: {e}"))?;
+    // A key held twice would be read as its first value: refuse it where the index reads it,
+    // as the corpus refuses it anywhere (the same file may be both).
+    if let Some(d) = duplicate.filter(|d| [ID, TITLE, text_field].contains(&d.field.as_str())) {
+        return Err(format!("{d} (which value is meant?)"));
+    }
     let obj = value
         .as_object()
         .ok_or_else(|| "expected a JSON object".to_string())?;
@@ -475,13 +481,12 @@ impl WikiSearch {
         let top = searcher
             .search(&full, &TopDocs::with_limit(limit.max(1)).order_by_score())
             .map_err(|e| failed("search", e))?;
-        let mut snippets = SnippetGenerator::create(&searcher, matching.as_ref(), self.text)
+        let snippets = SnippetGenerator::create(&searcher, matching.as_ref(), self.text)
             .map_err(|e| failed("snippet", e))?;
-        snippets.set_max_num_chars(self.max_snippet_chars);
         Ok(Ranked {
             searcher,
             top: top.into_iter().take(limit).collect(),
-            snippets,
+            snippets: RefCell::new(snippets),
         })
     }
 
@@ -501,7 +506,15 @@ impl WikiSearch {
                 .and_then(|v| v.as_str().map(str::to_string))
         };
         let text = first(self.text).unwrap_or_default();
-        let fragment = ranked.snippets.snippet(&text).fragment().to_string();
+        let fragment = {
+            // tantivy's limit counts bytes: give it this text's bytes for the characters wanted
+            // (2-3 per character in Cyrillic or CJK), then `truncate_words` counts characters.
+            let chars = text.chars().count().max(1);
+            let per_char = text.len().div_ceil(chars).max(1);
+            let mut snippets = ranked.snippets.borrow_mut();
+            snippets.set_max_num_chars(self.max_snippet_chars.saturating_mul(per_char));
+            snippets.snippet(&text).fragment().to_string()
+        };
         let snippet = if fragment.trim().is_empty() {
             // Only the title matched: the start of the text says what the page is.
             truncate_words(&text, self.max_snippet_chars)
@@ -560,7 +573,8 @@ fn truncate_words(text: &str, max_chars: usize) -> String {
 struct Ranked {
     searcher: Searcher,
     top: Vec<(f32, DocAddress)>,
-    snippets: SnippetGenerator,
+    /// Its byte limit is set per document (`WikiSearch::hit`).
+    snippets: RefCell<SnippetGenerator>,
 }
 
 impl Tool for WikiSearch {
@@ -730,6 +744,33 @@ mod tests {
         assert_eq!(truncate_words("", 3), "");
     }
 
+    /// The limit counts characters in any script (tantivy's own counts bytes), and a key held
+    /// twice in a field the index does not read is no error.
+    #[test]
+    fn snippet_limits_count_characters_in_any_script() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lines: String = [
+            ("en", "Paris is a large city on the river. "),
+            ("ru", "Москва большой город на реке. "),
+            ("ja", "東京 大きな 都市 川 あります。 "),
+        ]
+        .iter()
+        .map(|(id, sentence)| {
+            let text = sentence.repeat(30);
+            format!("{{\"id\": \"{id}\", \"text\": {text:?}, \"x\": 1, \"x\": 2}}\n")
+        })
+        .collect();
+        let docs = write_docs(tmp.path(), lines);
+        let out = tmp.path().join("idx");
+        build_index(&docs, &out, "text").unwrap();
+        let wiki = WikiSearch::open(&out).unwrap().with_max_snippet_chars(120);
+        for query in ["Paris", "Москва", "東京"] {
+            let got = wiki.call(query, &doc("none")).unwrap();
+            let n = got.chars().count();
+            assert!((90..=120).contains(&n), "{query}: {n} characters: {got}");
+        }
+    }
+
     /// A rebuilt index, even from the same documents, has another meta.json hash (what a
     /// resumed annotate run compares); reading it does not change it.
     #[test]
@@ -779,7 +820,7 @@ mod tests {
     #[test]
     fn malformed_lines_are_errors_naming_file_and_line() {
         let tmp = tempfile::tempdir().unwrap();
-        let cases: [(&[u8], u64, &str); 8] = [
+        let cases: [(&[u8], u64, &str); 9] = [
             (
                 b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"b\",\"text\":",
                 2,
@@ -800,6 +841,11 @@ mod tests {
             ),
             (b"[1,2]\n", 1, "object"),
             (b"{\"id\":\"a\",\"text\":\"x\"}\n\xFF\n", 2, "UTF-8"),
+            (
+                b"{\"id\":\"a\",\"text\":\"x\",\"id\":\"b\"}\n",
+                1,
+                "duplicate key \"id\"",
+            ),
         ];
         for (content, line, needle) in cases {
             let docs = write_docs(tmp.path(), content);
