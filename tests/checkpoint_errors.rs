@@ -306,7 +306,7 @@ fn convert_refuses_to_overwrite_its_source() {
         .to_string();
     assert_names(&err, &["config.json", "is not a folder"]);
     Model::load(&dir).unwrap();
-    // A folder holding a sharded checkpoint would load the shards, not the converted file.
+    // A folder holding a sharded checkpoint would hold two checkpoints.
     let out = dir.parent().unwrap().join("sharded");
     std::fs::create_dir(&out).unwrap();
     std::fs::write(out.join("model.safetensors.index.json"), "{}").unwrap();
@@ -335,6 +335,19 @@ fn sharded_safetensors_load_and_a_missing_shard_is_named() {
         serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
     )
     .unwrap();
+    // Beside model.safetensors, the index is not read (transformers' order): not even a shard
+    // it lists that is not there.
+    let index = dir.join("model.safetensors.index.json");
+    let good = std::fs::read_to_string(&index).unwrap();
+    let mut missing = map.clone();
+    missing.insert(a[0].0.clone(), "model-00003-of-00002.safetensors".into());
+    std::fs::write(
+        &index,
+        serde_json::json!({"weight_map": missing}).to_string(),
+    )
+    .unwrap();
+    Model::load(&dir).unwrap();
+    std::fs::write(&index, &good).unwrap();
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
     let sharded = Model::load(&dir).unwrap();
     let whole = Model::load(tiny("f32")).unwrap();
@@ -344,8 +357,6 @@ fn sharded_safetensors_load_and_a_missing_shard_is_named() {
     );
     // An index that does not describe its shards: a tensor listed in the wrong shard, a
     // tensor listed that no shard holds.
-    let index = dir.join("model.safetensors.index.json");
-    let good = std::fs::read_to_string(&index).unwrap();
     let first = a[0].0.clone();
     drop(tensors);
     let mut wrong = map.clone();
@@ -808,4 +819,20 @@ fn config_json_is_read_strictly() {
         &load_err(&dir),
         &["config.json", "duplicate key \"n_layer\""],
     );
+}
+
+/// A config.json that is a pipe is an error, not a read that never ends.
+#[cfg(unix)]
+#[test]
+fn config_json_that_is_a_pipe_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    let config = dir.join("config.json");
+    std::fs::remove_file(&config).unwrap();
+    let made = std::process::Command::new("mkfifo").arg(&config).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: mkfifo is not available");
+        return;
+    }
+    let err = load_err(&dir);
+    assert_names(&err, &["config.json", "not a regular file"]);
 }

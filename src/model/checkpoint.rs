@@ -1,9 +1,10 @@
 //! Hugging Face GPT-J checkpoint folders: which files hold the weights, reading them memory-mapped,
 //! and validating every tensor against the config before anything is computed.
 //!
-//! Supported layouts, in the order they are looked for:
-//! - `model.safetensors.index.json` + shards (`weight_map` names each tensor's shard);
+//! Supported layouts, in the order they are looked for (transformers' order, so that a folder
+//! holding two checkpoints loads the one transformers loads):
 //! - `model.safetensors`;
+//! - `model.safetensors.index.json` + shards (`weight_map` names each tensor's shard);
 //! - `pytorch_model.bin` (torch.save zip, read without Python; see `torch_bin`).
 
 use std::collections::{BTreeMap, HashMap};
@@ -67,7 +68,9 @@ impl TensorMap {
         let mut map = TensorMap {
             tensors: HashMap::new(),
         };
-        if index.is_file() {
+        if single.is_file() {
+            map.read_safetensors(&single)?;
+        } else if index.is_file() {
             let weight_map = read_index(&index)?;
             // Each shard with the first tensor listed in it (for errors about the shard).
             let mut shards: BTreeMap<&String, &String> = BTreeMap::new();
@@ -100,14 +103,12 @@ impl TensorMap {
                 map.read_safetensors(&path)?;
             }
             map.check_index(&index, dir, &weight_map)?;
-        } else if single.is_file() {
-            map.read_safetensors(&single)?;
         } else if bin.is_file() {
             // read_torch_bin already leaves out the buffers.
             for (name, tensor) in torch_bin::read_torch_bin(&bin)? {
                 map.insert(name, tensor, &bin)?;
             }
-        } else if let Some(odd) = [&index, &single, &bin].into_iter().find(|p| p.exists()) {
+        } else if let Some(odd) = [&single, &index, &bin].into_iter().find(|p| p.exists()) {
             // A folder (or a device) under a weights file's name: say so, not "no weights".
             return Err(Error::Checkpoint {
                 path: odd.clone(),
@@ -413,8 +414,9 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
     }
     if out.join("model.safetensors.index.json").exists() {
         return Err(refuse(
-            "holds a sharded checkpoint (model.safetensors.index.json), which would be loaded \
-             instead of the converted model.safetensors; write to another folder"
+            "holds a sharded checkpoint (model.safetensors.index.json): with the converted \
+             model.safetensors beside it the folder would hold two checkpoints; write to \
+             another folder"
                 .into(),
         ));
     }

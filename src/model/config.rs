@@ -56,6 +56,15 @@ fn default_eps() -> f64 {
 impl GptjConfig {
     /// Reads and validates `path` (a config.json).
     pub fn from_file(path: &Path) -> Result<Self> {
+        // A pipe or a device under the name would block or never end.
+        if let Ok(m) = std::fs::metadata(path) {
+            if !m.is_file() {
+                return Err(Error::Config {
+                    path: path.to_owned(),
+                    msg: "exists but is not a regular file".into(),
+                });
+            }
+        }
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let config: GptjConfig =
             crate::util::json::object_from_str(&text).map_err(|e| Error::Config {
@@ -102,6 +111,10 @@ impl GptjConfig {
         }
         let head_dim = self.head_dim();
         let rotary_dim = self.rotary_dim();
+        if rotary_dim == 0 {
+            // transformers builds its sin/cos for `rotary_dim or n_embd` and fails on 0.
+            return Err("rotary_dim must be positive (or null for the whole head)".into());
+        }
         if rotary_dim > head_dim {
             return Err(format!(
                 "rotary_dim ({rotary_dim}) is larger than the head dimension ({head_dim} = n_embd \
@@ -254,6 +267,8 @@ mod tests {
         assert_eq!(read(json("")).rotary_dim(), 64);
         assert_eq!(read(json(r#", "rotary_dim": null"#)).rotary_dim(), 128);
         assert_eq!(read(json(r#", "rotary_dim": 8"#)).rotary_dim(), 8);
+        let err = read(json(r#", "rotary_dim": 0"#)).validate().unwrap_err();
+        assert!(err.contains("rotary_dim must be positive"), "{err}");
         // A head narrower than the default: the error says where 64 came from.
         let mut narrow = read(json(""));
         narrow.n_embd = 64;

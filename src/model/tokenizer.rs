@@ -33,10 +33,19 @@ pub struct Encoding {
 impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::Tokenizer {
+        let err = |msg: String| Error::Tokenizer {
             path: path.to_owned(),
-            msg: e.to_string(),
-        })?;
+            msg,
+        };
+        let mut inner =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| err(e.to_string()))?;
+        // A text's own tokens, as transformers' tokenizers give them unless a call asks for
+        // more: a saved padding or truncation setting would put pad tokens into the scored
+        // sequences or cut the text.
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
+            .map_err(|e| err(format!("cannot turn truncation off: {e}")))?;
         Ok(Tokenizer {
             inner,
             path: path.to_owned(),
@@ -254,6 +263,28 @@ mod tests {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj/tokenizer.json");
         Tokenizer::from_file(&path).unwrap()
+    }
+
+    /// A tokenizer.json saved with padding or truncation on encodes a text to its own tokens,
+    /// as transformers does when a call does not ask for either.
+    #[test]
+    fn saved_padding_and_truncation_are_not_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj/tokenizer.json");
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&fixture).unwrap()).unwrap();
+        json["padding"] = serde_json::json!({"strategy": {"Fixed": 40}, "direction": "Right",
+            "pad_to_multiple_of": 8, "pad_id": 0, "pad_type_id": 0, "pad_token": "<|endoftext|>"});
+        json["truncation"] = serde_json::json!({"direction": "Right", "max_length": 4,
+            "strategy": "LongestFirst", "stride": 0});
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        let text = "Out of 1400 participants, 400 (or 29%) passed the test.";
+        let want = gptj_tokenizer().encode(text).unwrap();
+        let got = Tokenizer::from_file(&path).unwrap().encode(text).unwrap();
+        assert!(want.ids.len() > 4 && want.ids.len() < 40);
+        assert_eq!((got.ids, got.spans), (want.ids, want.spans));
     }
 
     #[test]

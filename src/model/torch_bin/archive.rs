@@ -21,6 +21,55 @@ struct ZipEntry {
     encrypted: bool,
 }
 
+/// Checks that the local header at `header_start` is one of `name` with `compression`, as the
+/// central directory says: an archive whose two directories disagree is not what torch wrote,
+/// and Python's zipfile (what torch.load reads through) refuses a name that differs.
+fn check_local_header(
+    map: &[u8],
+    header_start: u64,
+    name: &[u8],
+    compression: zip::CompressionMethod,
+) -> std::result::Result<(), String> {
+    const FIXED: usize = 30;
+    let at = usize::try_from(header_start).unwrap_or(usize::MAX);
+    let header = map
+        .get(at..at.saturating_add(FIXED))
+        .ok_or("its local header lies past the end of the file")?;
+    let u16_at = |i: usize| u16::from_le_bytes([header[i], header[i + 1]]);
+    let local_name = map
+        .get(at + FIXED..at + FIXED + usize::from(u16_at(26)))
+        .ok_or("its local header's name lies past the end of the file")?;
+    if local_name != name {
+        return Err(format!(
+            "the local header names it `{}`",
+            String::from_utf8_lossy(local_name)
+        ));
+    }
+    // Entries are read as stored (`locate` refuses any other method): the local header must
+    // agree, or the bytes read would be compressed ones.
+    if compression == zip::CompressionMethod::Stored && u16_at(8) != 0 {
+        return Err(format!(
+            "the local header says compression method {}, the central directory stored (0)",
+            u16_at(8)
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that no two entries' bytes overlap (two central records pointing at one entry would
+/// give two tensors the same bytes).
+/// `spans`: (start, end, name) of each entry's bytes.
+fn check_disjoint(mut spans: Vec<(u64, u64, &str)>) -> std::result::Result<(), String> {
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        let ((_, end, a), (start, _, b)) = (pair[0], pair[1]);
+        if start < end {
+            return Err(format!("zip entries `{a}` and `{b}` share bytes"));
+        }
+    }
+    Ok(())
+}
+
 /// The entries of the checkpoint's zip archive, by name, in archive order.
 pub(super) struct ZipIndex {
     names: Vec<String>,
@@ -42,6 +91,14 @@ impl ZipIndex {
             checkpoint_error(path, format!("not a readable zip archive ({e}); {hint}"))
         };
         let mut archive = zip::ZipArchive::new(Cursor::new(map)).map_err(not_zip)?;
+        // The crate keeps one of two entries of a name (the last); which would torch read?
+        if archive.has_duplicate_names() {
+            return Err(checkpoint_error(
+                path,
+                "the zip archive holds two entries of one name (which would be read?); not \
+                 what torch.save writes",
+            ));
+        }
         let mut names = Vec::with_capacity(archive.len());
         let mut entries = HashMap::with_capacity(archive.len());
         for i in 0..archive.len() {
@@ -50,6 +107,13 @@ impl ZipIndex {
             let data_start = file.data_start().ok_or_else(|| {
                 checkpoint_error(path, format!("zip entry `{name}` has no data offset"))
             })?;
+            check_local_header(
+                map,
+                file.header_start(),
+                file.name_raw(),
+                file.compression(),
+            )
+            .map_err(|msg| checkpoint_error(path, format!("zip entry `{name}`: {msg}")))?;
             let entry = ZipEntry {
                 data_start,
                 size: file.compressed_size(),
@@ -60,6 +124,15 @@ impl ZipIndex {
             names.push(name.clone());
             entries.insert(name, entry);
         }
+        let spans = names.iter().map(|n| {
+            let e = &entries[n];
+            (
+                e.data_start,
+                e.data_start.saturating_add(e.size),
+                n.as_str(),
+            )
+        });
+        check_disjoint(spans.collect()).map_err(|msg| checkpoint_error(path, msg))?;
         Ok(ZipIndex {
             names,
             entries,
@@ -145,5 +218,17 @@ impl ZipIndex {
                 ),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_over_the_same_bytes_are_refused() {
+        assert!(check_disjoint(vec![(8, 16, "b"), (0, 8, "a"), (16, 16, "c")]).is_ok());
+        let err = check_disjoint(vec![(0, 8, "a"), (4, 12, "b")]).unwrap_err();
+        assert_eq!(err, "zip entries `a` and `b` share bytes");
     }
 }

@@ -10,7 +10,8 @@
 mod archive;
 mod pickle;
 
-use std::collections::HashSet;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::Path;
 use std::rc::Rc;
@@ -25,7 +26,9 @@ use crate::error::{Error, Result};
 use crate::model::checkpoint::is_ignored_buffer;
 use crate::model::tensor::{DType, Tensor};
 
-/// Largest `data.pkl` read (its interpreter holds ~100-200 bytes per byte of it).
+/// Largest `data.pkl` read. Its interpreter holds a value per opcode, ~20 bytes per byte of a
+/// pickle of nothing but re-used tensors (a 16 MiB one: 340 MB, 0.6 s; one run on 2026-12-03);
+/// a state dict's pickle is a few hundred bytes per tensor (GPT-J-6B's: ~30 KB).
 const MAX_PICKLE_BYTES: usize = 16 << 20;
 
 /// Reads every tensor of a torch.save zip checkpoint, memory-mapped.
@@ -61,8 +64,6 @@ pub fn read_torch_bin(path: &Path) -> Result<Vec<(String, Tensor)>> {
 
     let pkl_name = format!("{archive}/data.pkl");
     let pkl = &map[zip.data(path, &map[..], &pkl_name)?];
-    // The interpreter keeps ~100-200 bytes per pickle byte; a state dict's pickle is a few
-    // hundred bytes per tensor (GPT-J-6B's: ~30 KB).
     if pkl.len() > MAX_PICKLE_BYTES {
         return Err(checkpoint_error(
             path,
@@ -83,6 +84,7 @@ pub fn read_torch_bin(path: &Path) -> Result<Vec<(String, Tensor)>> {
 
     let mut tensors = Vec::new();
     let mut seen = HashSet::new();
+    let mut storages: HashMap<Rc<str>, (Rc<str>, u64)> = HashMap::new();
     for &(key, value) in items {
         let Value::Str(name) = &unpickler.values[key] else {
             return Err(checkpoint_error(
@@ -125,6 +127,27 @@ pub fn read_torch_bin(path: &Path) -> Result<Vec<(String, Tensor)>> {
             );
             continue;
         };
+        // One storage, one type and size: torch.save refuses to write a storage viewed as two
+        // types, and torch.load would read both tensors as the first.
+        let storage = &tensor.storage;
+        match storages.entry(Rc::clone(&storage.key)) {
+            Entry::Vacant(v) => {
+                v.insert((Rc::clone(&storage.class), storage.numel));
+            }
+            Entry::Occupied(o) if *o.get() != (Rc::clone(&storage.class), storage.numel) => {
+                let (class, numel) = o.get();
+                return Err(tensor_error(
+                    path,
+                    name,
+                    format!(
+                        "{pkl_name}: reads storage `{}` as torch.{} of {} elements, which an \
+                         earlier tensor reads as torch.{class} of {numel}",
+                        storage.key, storage.class, storage.numel
+                    ),
+                ));
+            }
+            Entry::Occupied(_) => {}
+        }
         let mapped = map_tensor(path, &map, &zip, &archive, name, tensor)?;
         tensors.push((name.to_string(), mapped));
     }
@@ -224,7 +247,11 @@ fn map_tensor(
     }
 
     let entry_name = format!("{archive}/data/{}", tensor.storage.key);
-    let data = zip.data(path, &map[..], &entry_name)?;
+    // The entry's own errors (missing, corrupt, compressed) name the tensor too.
+    let data = zip.data(path, &map[..], &entry_name).map_err(|e| match e {
+        Error::Checkpoint { msg, .. } => tensor_error(path, name, msg),
+        other => other,
+    })?;
     if end_byte > data.len() as u64 {
         return Err(tensor_error(
             path,
@@ -232,6 +259,18 @@ fn map_tensor(
             format!(
                 "truncated: needs bytes {start_byte}..{end_byte} of `{entry_name}`, which holds {}",
                 data.len()
+            ),
+        ));
+    }
+    if tensor.storage.numel.checked_mul(elem) != Some(data.len() as u64) {
+        return Err(tensor_error(
+            path,
+            name,
+            format!(
+                "its storage `{entry_name}` holds {} bytes, not the {} elements of torch.{class} \
+                 the pickle declares",
+                data.len(),
+                tensor.storage.numel
             ),
         ));
     }
@@ -473,6 +512,101 @@ mod tests {
         assert!(msg.contains("truncated"), "{err}");
     }
 
+    /// A `{a: tensor, b: tensor}` pickle.
+    fn two_tensor_pickle(a: &[u8], b: &[u8]) -> Vec<u8> {
+        let mut p = b"\x80\x02}(".to_vec();
+        p.extend(short_str("a"));
+        p.extend(a);
+        p.extend(short_str("b"));
+        p.extend(b);
+        p.extend(b"u.");
+        p
+    }
+
+    fn tensor_msg(err: &Error) -> (&str, &str) {
+        let Error::Tensor { tensor, msg, .. } = err else {
+            panic!("{err}");
+        };
+        (tensor, msg)
+    }
+
+    /// A storage read as two types or sizes, or whose entry holds another number of bytes than
+    /// its elements take, is an error naming the tensor; one storage shared alike is not.
+    #[test]
+    fn storages_are_read_as_torch_wrote_them() {
+        let floats = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
+        let ok = two_tensor_pickle(
+            &tensor_ops("FloatStorage", "0", 4, 0, &[2], &[1]),
+            &tensor_ops("FloatStorage", "0", 4, 2, &[2], &[1]),
+        );
+        let tensors = read_checkpoint(&ok, &[("0", &floats)]).unwrap();
+        assert_eq!(tensors[1].1.to_f32(), vec![3.0, 4.0]);
+        let punned = two_tensor_pickle(
+            &tensor_ops("FloatStorage", "0", 4, 0, &[2], &[1]),
+            &tensor_ops("HalfStorage", "0", 8, 0, &[8], &[1]),
+        );
+        let err = read_checkpoint(&punned, &[("0", &floats)]).unwrap_err();
+        let (tensor, msg) = tensor_msg(&err);
+        assert_eq!(tensor, "b");
+        assert!(
+            msg.contains("as torch.HalfStorage of 8 elements")
+                && msg.contains("torch.FloatStorage of 4"),
+            "{err}"
+        );
+        let oversized = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 2, 0, &[2], &[1]));
+        let err = read_checkpoint(&oversized, &[("0", &floats)]).unwrap_err();
+        assert!(
+            tensor_msg(&err)
+                .1
+                .contains("holds 16 bytes, not the 2 elements"),
+            "{err}"
+        );
+    }
+
+    /// Zip entries are what their two headers agree on, each name once.
+    #[test]
+    fn zip_entries_are_checked_against_each_other() {
+        let floats = f32_bytes(&[1.0, 2.0]);
+        let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 2, 0, &[2], &[1]));
+        let dir = tempfile::tempdir().unwrap();
+        let good = std::fs::read(write_checkpoint(
+            dir.path(),
+            &pkl,
+            &[("0", &floats), ("1", &floats)],
+        ))
+        .unwrap();
+        let replace = |bytes: &[u8], from: &[u8], to: &[u8], count: usize| {
+            let mut out = bytes.to_vec();
+            let mut done = 0;
+            let mut i = 0;
+            while done < count && i + from.len() <= out.len() {
+                if &out[i..i + from.len()] == from {
+                    out[i..i + from.len()].copy_from_slice(to);
+                    done += 1;
+                }
+                i += 1;
+            }
+            assert_eq!(done, count);
+            out
+        };
+        let read = |bytes: Vec<u8>| {
+            let path = dir.path().join("mutant.bin");
+            std::fs::write(&path, bytes).unwrap();
+            read_torch_bin(&path).unwrap_err().to_string()
+        };
+        // Both headers of entry 1 renamed to entry 0's name.
+        let twice = replace(&good, b"archive/data/1", b"archive/data/0", 2);
+        let err = read(twice);
+        assert!(err.contains("two entries of one name"), "{err}");
+        // The local header alone renamed.
+        let local = replace(&good, b"archive/data/1", b"archive/data/2", 1);
+        let err = read(local);
+        assert!(
+            err.contains("`archive/data/1`: the local header names it `archive/data/2`"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn unsupported_dtype_is_a_tensor_error() {
         let pkl = state_dict_pickle("w", &tensor_ops("DoubleStorage", "0", 1, 0, &[1], &[1]));
@@ -488,8 +622,9 @@ mod tests {
     fn missing_data_entry_is_an_error() {
         let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "7", 1, 0, &[1], &[1]));
         let err = read_checkpoint(&pkl, &[("0", &[0; 4])]).unwrap_err();
-        assert!(matches!(err, Error::Checkpoint { .. }), "{err}");
-        assert!(err.to_string().contains("archive/data/7"), "{err}");
+        let (tensor, msg) = tensor_msg(&err);
+        assert_eq!(tensor, "w", "the tensor whose storage it is is named");
+        assert!(msg.contains("missing zip entry `archive/data/7`"), "{err}");
     }
 
     /// A pickle past any state dict's size is refused before it is interpreted (its values
