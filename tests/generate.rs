@@ -469,6 +469,8 @@ fn tokenizer_with_arrow_tokens(dir: &std::path::Path) -> Tokenizer {
     for (id, (merge, token)) in [
         (["\u{120}->", "3"], "\u{120}->3"),
         (["\u{120}->", "]"], "\u{120}->]"),
+        (["-", ">"], "->"),
+        (["]", "->"], "]->"),
     ]
     .into_iter()
     .enumerate()
@@ -520,6 +522,38 @@ fn text_after_the_arrow_in_the_arrow_token_is_cut() {
         assert!(m.seen.borrow().iter().all(|s| !s.contains(&drawn)));
         assert_eq!(g.tokens.len(), g.token_log_probs.len());
     }
+}
+
+/// A token that closes the call and then writes an arrow ("]->") closes it: the arrow after
+/// the "]" is text, not a request to run the tool, and nothing is spliced.
+#[test]
+fn a_token_that_closes_the_call_before_an_arrow_closes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = &tokenizer_with_arrow_tokens(dir.path());
+    let written = "Calculator(1+2]->";
+    let ids = tokenizer.encode_ids(written).unwrap();
+    assert_eq!(
+        ids.last(),
+        tokenizer.encode_ids("]->").unwrap().last(),
+        "\"]->\" is one token"
+    );
+    let m = scripted(tokenizer, 1, written, |_| 0);
+    let o = GenerateOptions {
+        max_new_tokens: 20,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    assert_eq!(
+        g.calls[0].status,
+        CallStatus::ClosedWithoutArrow,
+        "{:?}",
+        g.completion
+    );
+    assert!(
+        g.completion.starts_with("[Calculator(1+2]-> a"),
+        "{:?}",
+        g.completion
+    );
 }
 
 #[test]

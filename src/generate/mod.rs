@@ -482,20 +482,26 @@ impl Seq<'_> {
     /// malformed call, or go on.
     fn advance_call(&mut self, start: usize, ctx: &Ctx<'_>) -> Result<()> {
         let mut body = ctx.tokenizer.decode(&self.tokens[start + 1..])?;
-        if let Some(arrow) = body.find("->") {
+        // The arrow counts only before any "]": one token can close a call and write an arrow
+        // after it ("]->"), and the model closed the call first.
+        let arrow_of = |body: &str| {
+            body.find("->")
+                .filter(|&a| body.find(']').is_none_or(|c| a < c))
+        };
+        if let Some(arrow) = arrow_of(&body) {
             if !body[arrow + 2..].trim().is_empty()
                 && self.cut_at_arrow(start, &body, arrow, ctx)?
             {
                 body = ctx.tokenizer.decode(&self.tokens[start + 1..])?;
             }
         }
-        if body.contains("->") && self.tokens.len() >= self.cap {
+        if arrow_of(&body).is_some() && self.tokens.len() >= self.cap {
             // No room left for a result: the cap ends the completion inside the call
             // (`unfinished`), and the tool is not run for nothing.
             return Ok(());
         }
         let record = self.calls.last_mut().expect("a call is open");
-        if let Some(arrow) = body.find("->") {
+        if let Some(arrow) = arrow_of(&body) {
             let tail = &body[arrow + 2..];
             // What follows the arrow, tokenized once: the result and "]", or "]" alone.
             let close = || ctx.tokenizer.encode_ids("]");
