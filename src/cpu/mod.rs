@@ -25,7 +25,8 @@ use weights::CpuWeights;
 /// Default memory budget of one plan chunk (bytes): activations and the planner's own memory.
 pub const DEFAULT_MEMORY_BUDGET: usize = 2 << 30;
 
-/// Runs `op` on a worker of rayon's global pool (directly when the caller is one already).
+/// Runs `op` on a worker of the caller's rayon pool: the global one, or the one a caller's
+/// `ThreadPool::install` entered (directly when the caller is a worker already).
 ///
 /// Every parallel loop and parallel gemm started from a thread outside the pool is injected
 /// into it and the caller sleeps until it is done: a wake-up and a sleep per operation, dozens per
@@ -90,6 +91,8 @@ impl CpuScorer {
         4 * (6 * self.config.n_embd + self.config.inner_dim())
     }
 
+    /// The stats of the last call to finish, whichever thread made it: meaningful when one
+    /// caller uses the scorer at a time (the bench does).
     pub fn last_stats(&self) -> RunStats {
         *self.stats.lock().expect("stats lock")
     }

@@ -130,6 +130,10 @@ impl Scores {
 /// `Send + Sync`: one scorer (one copy of the weights) can serve several threads, e.g. behind an
 /// `Arc`. A backend implements `variant_losses_unchecked`; callers use `score` or
 /// `variant_losses`, which check the candidates first.
+///
+/// The fast backends' losses depend at the f32 rounding level (~1e-6) on the batch a candidate
+/// is scored in; the same batch gives the same bits. The CPU backend runs on the calling
+/// thread's rayon pool (`ThreadPool::install` gives a call a pool of its own).
 pub trait Scorer: Send + Sync {
     /// A short name for logs and benchmark output.
     fn name(&self) -> &str;

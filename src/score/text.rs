@@ -49,9 +49,10 @@ pub fn call_text(tool: &str, input: &str, result: Option<&str>, form: CallForm) 
 
 /// Whether `text` continues with whitespace at byte `at`: an inline call there goes before the
 /// whitespace, as " [" ... "]" (`call_insert`). Scoring, sampling and the splice into C* must
-/// agree on it, so all three ask here.
+/// agree on it, so all three ask here. False past the end or inside a character.
 pub fn spaced_at(text: &str, at: usize) -> bool {
-    text[at..].starts_with(char::is_whitespace)
+    text.get(at..)
+        .is_some_and(|rest| rest.starts_with(char::is_whitespace))
 }
 
 /// The call as it is inserted for scoring under `placement`, separator included; `spaced`:
