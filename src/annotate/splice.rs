@@ -5,8 +5,9 @@
 //! call gets a space in front: "(or [Calculator(400 / 1400) -> 0.29] 29%)"; otherwise it is
 //! inserted as is. Several kept calls at one offset are all spliced, in the order given (the
 //! driver orders them by delta, best first), each as it would stand alone: one space apart
-//! where the text has a space ("… [A(x) -> 1] [B(y) -> 2] 29"), side by side where it has none
-//! ("29[A(x) -> 1][B(y) -> 2]%"), so that C* holds no space that a call's scored sequence lacked.
+//! where the text has a space (`"… [A(x) -> 1] [B(y) -> 2] 29"`), side by side where it has
+//! none (`"29[A(x) -> 1][B(y) -> 2]%"`), so that C* holds no space that a call's scored sequence
+//! lacked.
 
 /// `text` with `calls` (byte offset, call text) inserted; offsets must be character boundaries.
 /// The calls are stably ordered by offset, so calls at one offset keep their given order.
