@@ -26,6 +26,7 @@ pub struct RunStats {
 /// Where the scoring forward runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive] // more backends may come: a match outside the crate needs a `_` arm
 pub enum Device {
     /// The fast CPU backend (f32, rayon).
     #[default]

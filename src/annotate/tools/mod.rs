@@ -51,6 +51,7 @@ pub struct DocContext<'a> {
 
 /// Why a call produced no result.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive] // tools construct its variants; a match outside the crate needs a `_` arm
 pub enum ToolError {
     /// The call's input cannot be executed by this tool (syntax, length, ...).
     #[error("invalid input: {0}")]
