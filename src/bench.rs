@@ -79,7 +79,7 @@ impl Baseline for crate::baselines::BaselineScorer {
 fn open_baselines(args: &BenchArgs, config: &GptjConfig) -> Result<[Box<dyn Baseline>; 2]> {
     use crate::baselines::{Baseline as Which, BaselineScorer, CandleGptj};
     let weights = match &args.model_dir {
-        Some(dir) => Model::load(dir)?.weights,
+        Some(dir) => Model::load(dir)?.into_parts().1,
         None => GptjWeights::random(config, args.seed, DType::F32),
     };
     let model =
@@ -238,7 +238,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     };
     let config = loaded
         .as_ref()
-        .map_or(args.config.clone(), |m| m.config.clone());
+        .map_or(args.config.clone(), |m| m.config().clone());
     let c = &config;
     c.validate().map_err(Error::input)?;
     if loaded.is_none() {

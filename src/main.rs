@@ -509,7 +509,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         chunk_lines: args.chunk_lines,
         skip_lines: resume_at.map_or(0, |p| p.lines),
     };
-    let tokenizer = model.tokenizer.take();
+    let tokenizer = model.take_tokenizer();
     let memory_budget = args.memory_budget_mb.map(|mb| mb << 20);
     let scorer: Box<dyn Scorer> = match (args.reference, args.device) {
         (true, _) => Box::new(ReferenceScorer::new(&model)),
@@ -895,10 +895,9 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     check_io(None, args.output.as_deref(), Some(&model_dir))?;
     let model = Model::load(&model_dir)?;
     let tokenizer = model
-        .tokenizer
-        .as_ref()
+        .tokenizer_if_any()
         .with_context(|| format!("{}: no tokenizer.json", model_dir.display()))?;
-    let limits = toolsift::generate::GenerateOptions::for_model(&model.config);
+    let limits = toolsift::generate::GenerateOptions::for_model(model.config());
     (options.n_positions, options.vocab_size) = (limits.n_positions, limits.vocab_size);
     let decoder = toolsift::backend::decoder_for(&model, args.device)?;
     let output: Box<dyn std::io::Write> = match &args.output {

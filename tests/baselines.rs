@@ -28,7 +28,7 @@ const FORWARD_TOL: f64 = 1e-4;
 const LOSS_TOL: f64 = 1e-3;
 
 fn candle_model(model: &Model) -> CandleGptj {
-    CandleGptj::new(&model.config, &model.weights).unwrap()
+    CandleGptj::new(model.config(), model.weights()).unwrap()
 }
 
 /// log-softmax of the batch's logits as nested vectors: [B][T][vocab].

@@ -29,7 +29,7 @@ fn load_err(dir: &Path) -> String {
 
 fn tensors_of(dir: &Path) -> Vec<(String, Tensor)> {
     let model = Model::load(dir).unwrap();
-    model.weights.named_tensors(&model.config)
+    model.weights().named_tensors(model.config())
 }
 
 fn rewrite(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Tensor)>)) {
@@ -352,8 +352,8 @@ fn sharded_safetensors_load_and_a_missing_shard_is_named() {
     let sharded = Model::load(&dir).unwrap();
     let whole = Model::load(tiny("f32")).unwrap();
     assert_eq!(
-        sharded.weights.lm_head.weight.to_f32(),
-        whole.weights.lm_head.weight.to_f32()
+        sharded.weights().lm_head.weight.to_f32(),
+        whole.weights().lm_head.weight.to_f32()
     );
     // An index that does not describe its shards: a tensor listed in the wrong shard, a
     // tensor listed that no shard holds.
@@ -463,7 +463,7 @@ fn convert_leaves_sources_and_earlier_outputs_whole() {
     );
     // A source without a tokenizer: the earlier output's tokenizer.json is not kept beside
     // weights it does not belong to.
-    let bare = Model::from_parts(model.config.clone(), model.weights.clone(), None).unwrap();
+    let bare = Model::from_parts(model.config().clone(), model.weights().clone(), None).unwrap();
     toolsift::model::checkpoint::convert(&bare, &out, None).unwrap();
     assert!(!out.join("tokenizer.json").exists());
     Model::load(&out).unwrap();
@@ -488,9 +488,9 @@ fn bfloat16_checkpoint_loads() {
     let out = dir.join("bf16");
     toolsift::model::checkpoint::convert(&model, &out, Some(toolsift::model::DType::BF16)).unwrap();
     let bf = Model::load(&out).unwrap();
-    assert_eq!(bf.weights.wte.dtype(), toolsift::model::DType::BF16);
-    let cfg: GptjConfig = bf.config.clone();
-    assert_eq!(cfg, model.config);
+    assert_eq!(bf.weights().wte.dtype(), toolsift::model::DType::BF16);
+    let cfg: GptjConfig = bf.config().clone();
+    assert_eq!(&cfg, model.config());
 }
 
 #[test]
@@ -513,8 +513,8 @@ fn convert_turns_pytorch_bin_into_equal_safetensors() {
     assert_eq!(cfg["architectures"][0], "GPTJForCausalLM");
     let converted = Model::load(&out).unwrap();
     let original = Model::load(tiny("f32")).unwrap();
-    let a = converted.weights.named_tensors(&converted.config);
-    let b = original.weights.named_tensors(&original.config);
+    let a = converted.weights().named_tensors(converted.config());
+    let b = original.weights().named_tensors(original.config());
     assert_eq!(a.len(), b.len());
     for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
         assert_eq!(na, nb);
@@ -629,7 +629,7 @@ fn non_finite_weights_in_a_pytorch_bin_are_named() {
     std::fs::copy(tiny("bin").join("config.json"), dir.join("config.json")).unwrap();
     let model = Model::load(tiny("bin")).unwrap();
     // A float16 NaN written over the first element of ln_f.weight's storage: find its bytes.
-    let t = &model.weights.ln_f.weight;
+    let t = &model.weights().ln_f.weight;
     let needle = &t.bytes()[..16];
     let mut bytes = std::fs::read(tiny("bin").join("pytorch_model.bin")).unwrap();
     let at = bytes
@@ -741,7 +741,7 @@ fn tokenizer_json_that_is_a_folder_is_reported() {
     let err = load_err(&dir);
     assert_names(&err, &["tokenizer.json", "not a file"]);
     std::fs::remove_dir(dir.join("tokenizer.json")).unwrap();
-    assert!(Model::load(&dir).unwrap().tokenizer.is_none());
+    assert!(Model::load(&dir).unwrap().tokenizer_if_any().is_none());
 }
 
 /// `convert --dtype f16` refuses a weight past f16's range (it would be written as infinity,

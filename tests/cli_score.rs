@@ -546,7 +546,7 @@ fn long_texts_score_as_if_tokenized_whole() {
     };
     let early = boundary(base, 26);
     // As deep as a prefix-placed call still fits n_positions.
-    let deep = tok.encode(&long).unwrap().spans[model.config.n_positions - 40].0;
+    let deep = tok.encode(&long).unwrap().spans[model.config().n_positions - 40].0;
     let text_line = |text: &str, position: usize| {
         json!({"id": position, "text": text, "position": position, "tool": "Calculator",
                "input": "400 / 1400", "result": "0.29"})

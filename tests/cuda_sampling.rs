@@ -130,7 +130,7 @@ fn token_log_probs_run(gpu_ok: &LpProblem) -> Result<(), TestCaseError> {
     let got = cuda
         .token_log_probs(&ids, &tokens)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let want = ReferenceModel::new(&m.config, &m.weights).log_softmax(&ids);
+    let want = ReferenceModel::new(m.config(), m.weights()).log_softmax(&ids);
     prop_assert_eq!(got.len(), ids.len());
     for (i, row) in got.iter().enumerate() {
         for (j, &t) in tokens.iter().enumerate() {
@@ -181,7 +181,7 @@ fn a_decode_session_told_its_size_allocates_once_and_runs_in_pieces() {
     let m = model(2, 2, 16, 53, dtype, 4);
     let probe = engine(&m, dtype, 3);
     let (per_token, kv) = (probe.bytes_per_token(), probe.kv_bytes_per_token());
-    let rows = 5 * m.config.n_positions;
+    let rows = 5 * m.config().n_positions;
     let opts = CudaOptions {
         dtype: Some(dtype),
         head_chunk_rows: 3,
@@ -203,7 +203,7 @@ fn a_session_never_holds_more_rows_than_its_sequences_can() {
     let dtype = CudaDType::BF16;
     let m = model(1, 2, 8, 31, dtype, 6);
     let cuda = engine(&m, dtype, 16);
-    let (kv, n_pos) = (cuda.kv_bytes_per_token(), m.config.n_positions);
+    let (kv, n_pos) = (cuda.kv_bytes_per_token(), m.config().n_positions);
     let mut rng = Rng::new(3);
     for n_seq in [1usize, 2] {
         let mut session = cuda.session();
@@ -279,7 +279,7 @@ fn announced_size_too_large_child() {
     };
     let cuda = CudaScorer::new(&m, &opts).unwrap();
     let kv = cuda.kv_bytes_per_token();
-    let oracle = ReferenceModel::new(&m.config, &m.weights);
+    let oracle = ReferenceModel::new(m.config(), m.weights());
     let mut rng = Rng::new(9);
     // First told its size before the first `extend` (the tree itself cannot be made that
     // large), then, on a second session, told it once the cache exists (its growth fails
@@ -338,8 +338,8 @@ fn session_steps_equal_a_full_forward(
     reserve: Option<usize>,
 ) {
     {
-        let oracle = ReferenceModel::new(&m.config, &m.weights);
-        let vocab = m.config.vocab_size;
+        let oracle = ReferenceModel::new(m.config(), m.weights());
+        let vocab = m.config().vocab_size;
         let mut rng = Rng::new(seed);
         let mut session = cuda.session();
         let exact_bytes = reserve.map(|rows| {
@@ -385,7 +385,7 @@ fn session_steps_equal_a_full_forward(
             if step_ids
                 .iter()
                 .zip(&toks)
-                .any(|(&s, t)| seqs[s].len() + t.len() > m.config.n_positions)
+                .any(|(&s, t)| seqs[s].len() + t.len() > m.config().n_positions)
             {
                 break;
             }
@@ -525,7 +525,7 @@ fn greedy_samples_equal_the_cpu_engine_where_the_margin_allows() {
         let m = model(2, 2, 16, 47, dtype, seed);
         let cuda = engine(&m, dtype, 1024);
         let cpu = CpuScorer::new(&m);
-        let oracle = ReferenceModel::new(&m.config, &m.weights);
+        let oracle = ReferenceModel::new(m.config(), m.weights());
         let mut rng = Rng::new(seed);
         let base = random_ids(&mut rng, 90, 47);
         let requests: Vec<SampleRequest> = [5usize, 30, 70, 71, 90]
@@ -693,7 +693,7 @@ fn propose_matches_the_cpu_engine() {
         let m = model(2, 2, 16, 47, dtype, seed);
         let cuda = engine(&m, dtype, 13);
         let cpu = CpuScorer::new(&m);
-        let oracle = ReferenceModel::new(&m.config, &m.weights);
+        let oracle = ReferenceModel::new(m.config(), m.weights());
         let mut rng = Rng::new(seed);
         let ids = random_ids(&mut rng, 90, 47);
         let tokens = [3u32, 46];
@@ -804,7 +804,7 @@ fn propose_on_random_models_matches_the_oracle_and_the_cpu_engine() {
         let m = model(q.n_layer, q.n_head, q.head_dim, q.vocab, q.dtype, q.seed);
         let cuda = engine(&m, q.dtype, q.head_chunk_rows);
         let cpu = CpuScorer::new(&m);
-        let oracle = ReferenceModel::new(&m.config, &m.weights);
+        let oracle = ReferenceModel::new(m.config(), m.weights());
         let ids = random_ids(&mut Rng::new(q.seed ^ 7), q.len, q.vocab);
         let tokens = [0u32, (q.vocab - 1) as u32];
         let branches: Vec<Branch> = p
@@ -950,7 +950,7 @@ fn cuda_sampling_bench() {
         .unwrap_or(3);
     let model = Model::load(&model_dir).unwrap();
     let cuda = CudaScorer::new(&model, &CudaOptions::default()).unwrap();
-    let vocab = model.config.vocab_size.min(50257);
+    let vocab = model.config().vocab_size.min(50257);
     let mut rng = Rng::new(11);
     let ids = random_ids(&mut rng, 512, vocab);
     let requests: Vec<SampleRequest> = [100usize, 200, 300, 400, 500]

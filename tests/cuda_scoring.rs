@@ -480,7 +480,7 @@ fn cuda_bench() {
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let stats = scorer.last_stats();
-    let c = &model.config;
+    let c = model.config();
     // Trunk FLOPs per token: 2 * (4 d^2 + 2 d f) per layer.
     let flop_per_token = 2.0
         * c.n_layer as f64

@@ -36,7 +36,7 @@ fn tiny() -> Model {
 }
 
 fn tok(model: &Model) -> &Tokenizer {
-    model.tokenizer.as_ref().unwrap()
+    model.tokenizer().unwrap()
 }
 
 fn calculator() -> ToolRegistry {
@@ -109,7 +109,7 @@ impl DecodeSession for RecordingSession<'_> {
 }
 
 fn assert_rows_match_oracle(model: &Model, log: &[(Vec<u32>, Vec<f32>)]) {
-    let oracle = ReferenceModel::new(&model.config, &model.weights);
+    let oracle = ReferenceModel::new(model.config(), model.weights());
     assert!(!log.is_empty());
     for (seq, row) in log {
         let want = oracle.log_softmax(seq);
@@ -198,7 +198,7 @@ fn recorded_log_probs_of_a_plain_run_equal_the_oracle() {
     let model = tiny();
     let tokenizer = tok(&model);
     let engine = CpuScorer::new(&model);
-    let oracle = ReferenceModel::new(&model.config, &model.weights);
+    let oracle = ReferenceModel::new(model.config(), model.weights());
     let prompts = [Prompt::new("The sum of"), Prompt::new("[Calculator(1")];
     for k in [0, 1, 600] {
         let options = GenerateOptions {
@@ -1232,7 +1232,7 @@ fn a_prompt_outside_the_vocabulary_fails_alone() {
         max_new_tokens: 3,
         max_calls: 0,
         batch_size: 3,
-        vocab_size: Some(model.config.vocab_size),
+        vocab_size: Some(model.config().vocab_size),
         ..Default::default()
     };
     let prompts = [&inside, &outside, &inside, &inside, &outside];
@@ -1402,7 +1402,7 @@ fn demo_model_kv_cached_loop_equals_full_forwards_and_calls_start_exactly_within
         let options = GenerateOptions {
             max_new_tokens: 30,
             top_k_call: k,
-            n_positions: Some(model.config.n_positions),
+            n_positions: Some(model.config().n_positions),
             ..Default::default()
         };
         let gens = generate(&recording, tokenizer, &calculator(), &texts, &options).unwrap();
@@ -1457,7 +1457,7 @@ fn demo_model_budget_and_tools_on_versus_off() {
     let openers = CallTokens::from_tokenizer(tokenizer).openers;
     let base = GenerateOptions {
         max_new_tokens: 40,
-        n_positions: Some(model.config.n_positions),
+        n_positions: Some(model.config().n_positions),
         ..Default::default()
     };
     let off = GenerateOptions {

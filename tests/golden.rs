@@ -31,12 +31,12 @@ fn reference_forward_matches_every_log_softmax_value() {
     let cases = cases();
     for variant in ["f32", "f16", "bin"] {
         let model = Model::load(tiny(variant)).unwrap();
-        let reference = ReferenceModel::new(&model.config, &model.weights);
+        let reference = ReferenceModel::new(model.config(), model.weights());
         for case in &cases.forward {
             let got = reference.log_softmax(&case.ids);
             assert_eq!(got.rows, case.ids.len());
             for (i, want_row) in case.log_softmax.iter().enumerate() {
-                assert_eq!(want_row.len(), model.config.vocab_size);
+                assert_eq!(want_row.len(), model.config().vocab_size);
                 for (v, &want) in want_row.iter().enumerate() {
                     check(
                         &format!("{variant} {:?} position {i} id {v}", case.name),

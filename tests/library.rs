@@ -50,7 +50,7 @@ fn scorers_are_shared_across_threads() {
 #[test]
 fn checked_entry_points_refuse_what_the_unchecked_one_would_panic_on() {
     let model = model();
-    let vocab = model.config.vocab_size as u32;
+    let vocab = model.config().vocab_size as u32;
     let options = ScoreOptions::default();
     let fast = scorer_for(&model, Device::Cpu).unwrap();
     let reference = ReferenceScorer::new(&model);
@@ -140,9 +140,9 @@ fn score_texts_tokenizes_each_text_once_with_the_options_placement() {
 #[test]
 fn generate_options_for_a_model_carry_its_limits() {
     let model = model();
-    let o = GenerateOptions::for_model(&model.config);
-    assert_eq!(o.n_positions, Some(model.config.n_positions));
-    assert_eq!(o.vocab_size, Some(model.config.vocab_size));
+    let o = GenerateOptions::for_model(model.config());
+    assert_eq!(o.n_positions, Some(model.config().n_positions));
+    assert_eq!(o.vocab_size, Some(model.config().vocab_size));
     assert_eq!(o.max_new_tokens, GenerateOptions::default().max_new_tokens);
 }
 
@@ -209,23 +209,15 @@ fn annotate_runs_from_a_program_with_its_own_registry() {
     );
 }
 
-/// `Model`'s fields are public, so a model can be put together without `from_parts`' check:
-/// one without the lm_head bias scores on the fast engine as the reference reads it (zeros).
+/// `Model`'s parts are checked together: one without the lm_head bias cannot be built (its fields
+/// are private, so `from_parts` is the only way in), and the error names the tensor.
 #[test]
-fn a_model_without_the_lm_head_bias_scores_as_the_reference_reads_it() {
-    let mut model = model();
-    model.weights.lm_head.bias = None;
-    let options = ScoreOptions::default();
-    let batch = vec![candidate(vec![329, 266, 451, 455, 338, 11, 285])];
-    let fast = scorer_for(&model, Device::Cpu)
-        .unwrap()
-        .score(&batch, &options)
-        .unwrap();
-    let reference = ReferenceScorer::new(&model)
-        .score(&batch, &options)
-        .unwrap();
-    for (a, b) in fast.iter().zip(&reference) {
-        assert!((a.delta - b.delta).abs() < 1e-4, "{a:?} vs {b:?}");
-        assert!((a.l_none - b.l_none).abs() < 1e-4, "{a:?} vs {b:?}");
-    }
+fn a_model_without_the_lm_head_bias_is_refused() {
+    let (config, mut weights, tokenizer) = model().into_parts();
+    weights.lm_head.bias = None;
+    let err = Model::from_parts(config, weights, tokenizer).err().unwrap();
+    assert!(
+        matches!(&err, Error::Tensor { tensor, .. } if tensor == "lm_head.bias"),
+        "{err}"
+    );
 }

@@ -41,7 +41,7 @@ fn token_log_probs_match_the_oracle_at_every_position() {
         (random_model(4), 2),
         (random_model_with(2053, 48, 5), 3),
     ] {
-        let vocab = model.config.vocab_size;
+        let vocab = model.config().vocab_size;
         let mut rng = Rng::new(seed);
         let ids = random_ids(&mut rng, 40, vocab);
         let tokens: Vec<u32> = [3, 7, 1023, 1024, 2047, 2048, vocab - 1]
@@ -52,7 +52,7 @@ fn token_log_probs_match_the_oracle_at_every_position() {
         let got = CpuScorer::new(&model)
             .token_log_probs(&ids, &tokens)
             .unwrap();
-        let want = ReferenceModel::new(&model.config, &model.weights).log_softmax(&ids);
+        let want = ReferenceModel::new(model.config(), model.weights()).log_softmax(&ids);
         assert_eq!(got.len(), ids.len());
         for (i, row) in got.iter().enumerate() {
             for (j, &t) in tokens.iter().enumerate() {
@@ -71,11 +71,11 @@ fn token_log_probs_match_the_oracle_at_every_position() {
 fn kv_cached_steps_equal_a_full_forward_of_the_same_sequence() {
     let model = random_model(9);
     let engine = CpuScorer::new(&model);
-    let oracle = ReferenceModel::new(&model.config, &model.weights);
-    let vocab = model.config.vocab_size;
-    let d = model.config.n_embd;
+    let oracle = ReferenceModel::new(model.config(), model.weights());
+    let vocab = model.config().vocab_size;
+    let d = model.config().n_embd;
     let mut rng = Rng::new(5);
-    let mut tree = KvTree::new(model.config.n_layer);
+    let mut tree = KvTree::new(model.config().n_layer);
     let root = tree.root();
     let prompt = random_ids(&mut rng, 12, vocab);
     engine.extend(&mut tree, &[root], std::slice::from_ref(&prompt));
@@ -117,9 +117,9 @@ fn kv_cached_steps_equal_a_full_forward_of_the_same_sequence() {
 fn greedy_samples_equal_greedy_decoding_with_the_oracle() {
     let model = random_model(21);
     let engine = CpuScorer::new(&model);
-    let oracle = ReferenceModel::new(&model.config, &model.weights);
+    let oracle = ReferenceModel::new(model.config(), model.weights());
     let mut rng = Rng::new(8);
-    let base = random_ids(&mut rng, 10, model.config.vocab_size);
+    let base = random_ids(&mut rng, 10, model.config().vocab_size);
     // Prefixes sharing a head, as the driver's positions do.
     let requests: Vec<SampleRequest> = [4usize, 7, 10]
         .iter()
@@ -322,7 +322,7 @@ fn decode_session_matches_the_oracle_with_spliced_tokens() {
 
 fn decode_session_matches_the_oracle(model: &Model, engine: &CpuScorer, reserve: Option<usize>) {
     use toolsift::sample::Decoder;
-    let oracle = ReferenceModel::new(&model.config, &model.weights);
+    let oracle = ReferenceModel::new(model.config(), model.weights());
     let mut session = engine.session();
     if let Some(rows) = reserve {
         session.reserve(rows);
@@ -344,7 +344,7 @@ fn decode_session_matches_the_oracle(model: &Model, engine: &CpuScorer, reserve:
         for (k, &s) in ids.iter().enumerate() {
             let want = oracle.log_softmax(&seqs[s]);
             let row = want.row(seqs[s].len() - 1);
-            for v in 0..model.config.vocab_size {
+            for v in 0..model.config().vocab_size {
                 assert!((lp[k][v] as f64 - row[v]).abs() < TOL);
             }
         }
@@ -361,9 +361,9 @@ fn decode_session_matches_the_oracle(model: &Model, engine: &CpuScorer, reserve:
 fn one_sequence_over_a_wide_vocabulary_matches_the_oracle() {
     use toolsift::sample::Decoder;
     let model = random_model_with(2053, 32, 17);
-    let config = &model.config;
+    let config = model.config();
     let engine = CpuScorer::new(&model);
-    let oracle = ReferenceModel::new(&model.config, &model.weights);
+    let oracle = ReferenceModel::new(model.config(), model.weights());
     let mut rng = Rng::new(2);
     let mut session = engine.session();
     let s = session.new_sequence();
@@ -496,7 +496,7 @@ proptest! {
         let branches = case.branches();
         let fits = branches
             .iter()
-            .all(|b| b.at + 1 + options.max_new_tokens <= model.config.n_positions);
+            .all(|b| b.at + 1 + options.max_new_tokens <= model.config().n_positions);
         let mut seen = None;
         let got = engine.propose(
             &ids,
@@ -528,7 +528,7 @@ proptest! {
             .with_memory_budget(engine.bytes_per_token() * case.budget_tokens);
         let grouped = tight.propose(&ids, &tokens, &mut |_| branches.clone(), &options).unwrap();
         prop_assert_eq!(&grouped, &got);
-        let want = ReferenceModel::new(&model.config, &model.weights).log_softmax(&ids);
+        let want = ReferenceModel::new(model.config(), model.weights()).log_softmax(&ids);
         for (i, row) in got.log_probs.iter().enumerate() {
             for (j, &t) in tokens.iter().enumerate() {
                 let w = want.row(i)[t as usize];

@@ -18,7 +18,7 @@ fn scoring_inside_an_embedders_pool_never_starts_the_global_pool() {
         let model = Model::load(common::tiny("f32")).unwrap();
         let scorer = CpuScorer::new(&model);
         let mut rng = toolsift::util::rng::Rng::new(7);
-        let cands = common::random_candidates(&mut rng, model.config.vocab_size, 3, 24);
+        let cands = common::random_candidates(&mut rng, model.config().vocab_size, 3, 24);
         let options = ScoreOptions::default();
         let alone = scorer.score(&cands[..1], &options).unwrap();
         (scorer.score(&cands, &options).unwrap(), alone)

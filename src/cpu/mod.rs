@@ -48,13 +48,14 @@ impl CpuScorer {
     /// The engine for `model`: its own f32 copy of the weights, laid out for the CPU, beside
     /// the model's tensors (`from_model` converts without keeping both).
     pub fn new(model: &Model) -> Self {
-        Self::build(&model.config, model.weights.clone())
+        Self::build(model.config(), model.weights().clone())
     }
 
     /// Takes ownership of `model`'s weights, converting and releasing them tensor by tensor (a
     /// checkpoint's mapping is gone once the engine is built).
     pub fn from_model(model: Model) -> Self {
-        Self::build(&model.config, model.weights)
+        let (config, weights, _) = model.into_parts();
+        Self::build(&config, weights)
     }
 
     /// From weights built in memory: checked against `config` first (`GptjWeights::check`),

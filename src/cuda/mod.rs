@@ -207,17 +207,17 @@ pub(crate) fn upload<T: DeviceRepr + Clone + Default>(gpu: &Gpu, v: &[T]) -> Res
 impl CudaScorer {
     /// Opens the device and uploads the model's weights.
     pub fn new(model: &Model, options: &CudaOptions) -> Result<Self> {
-        let config = model.config.clone();
+        let config = model.config().clone();
         let gpu = Gpu::new(options.device)?;
-        let dtype = options.dtype.unwrap_or(match model.weights.wte.dtype() {
+        let dtype = options.dtype.unwrap_or(match model.weights().wte.dtype() {
             DType::F16 => CudaDType::F16,
             _ => CudaDType::BF16,
         });
         let weights = match dtype {
             CudaDType::BF16 => {
-                DeviceWeights::Bf16(CudaWeights::new(&gpu, &config, &model.weights)?)
+                DeviceWeights::Bf16(CudaWeights::new(&gpu, &config, model.weights())?)
             }
-            CudaDType::F16 => DeviceWeights::F16(CudaWeights::new(&gpu, &config, &model.weights)?),
+            CudaDType::F16 => DeviceWeights::F16(CudaWeights::new(&gpu, &config, model.weights())?),
         };
         let table = RotaryTable::new(config.n_positions, config.rotary_dim());
         let cos = upload(&gpu, &table.cos)?;

@@ -194,7 +194,7 @@ impl EvalRun {
                 model.tokenizer()?,
                 &tools,
                 &tool_use::arithmetic_prompts(&self.docs),
-                model.config.n_positions,
+                model.config().n_positions,
             )?)
         } else {
             None

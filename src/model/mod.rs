@@ -19,11 +19,15 @@ use crate::error::{Error, Result};
 
 /// A loaded checkpoint folder: validated config and weights (memory-mapped), and the tokenizer when
 /// the folder has a tokenizer.json.
+///
+/// The fields are private because they are checked together (`load`, `from_parts`): a config
+/// edited after the fact would disagree with the weights' shapes, and the engines index by it. To
+/// change a model, take it apart (`into_parts`) and build it again (`from_parts`).
 pub struct Model {
-    pub config: GptjConfig,
-    pub weights: GptjWeights,
-    pub tokenizer: Option<Tokenizer>,
-    pub dir: PathBuf,
+    config: GptjConfig,
+    weights: GptjWeights,
+    tokenizer: Option<Tokenizer>,
+    dir: PathBuf,
 }
 
 impl Model {
@@ -122,6 +126,40 @@ impl Model {
         Ok(h.digest())
     }
 
+    /// The validated config.
+    pub fn config(&self) -> &GptjConfig {
+        &self.config
+    }
+
+    /// The weights, checked against `config()` (memory-mapped when loaded from safetensors).
+    pub fn weights(&self) -> &GptjWeights {
+        &self.weights
+    }
+
+    /// The folder the model was loaded from; empty for one built in memory (`from_parts`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The tokenizer, if the folder has a tokenizer.json (`tokenizer` is the same as an error).
+    pub fn tokenizer_if_any(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// Removes the tokenizer, so that the weights can move into an engine (`into_parts`) while
+    /// the tokenizer stays with the caller.
+    pub fn take_tokenizer(&mut self) -> Option<Tokenizer> {
+        self.tokenizer.take()
+    }
+
+    /// The config, weights and tokenizer, for an engine that takes the weights by value (the
+    /// checkpoint's mapping is then released as they are converted) or to build another model
+    /// with `from_parts`.
+    pub fn into_parts(self) -> (GptjConfig, GptjWeights, Option<Tokenizer>) {
+        (self.config, self.weights, self.tokenizer)
+    }
+
+    /// The tokenizer, or an error naming the folder that has no tokenizer.json.
     pub fn tokenizer(&self) -> Result<&Tokenizer> {
         self.tokenizer.as_ref().ok_or_else(|| {
             Error::input(format!(

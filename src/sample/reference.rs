@@ -17,7 +17,7 @@ pub struct ReferenceSampler {
 impl ReferenceSampler {
     pub fn new(model: &Model) -> Self {
         ReferenceSampler {
-            model: ReferenceModel::new(&model.config, &model.weights),
+            model: ReferenceModel::new(model.config(), model.weights()),
         }
     }
 }

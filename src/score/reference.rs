@@ -13,7 +13,7 @@ pub struct ReferenceScorer {
 impl ReferenceScorer {
     pub fn new(model: &Model) -> Self {
         ReferenceScorer {
-            model: ReferenceModel::new(&model.config, &model.weights),
+            model: ReferenceModel::new(model.config(), model.weights()),
         }
     }
 

@@ -65,14 +65,14 @@ pub fn check_against_reference(
 ) -> Result<ReferenceCheck> {
     let loaded = crate::Model::load(dir)?;
     ensure!(
-        &loaded.config == model.config(),
+        loaded.config() == model.config(),
         "config.json reads back as {:?}, trained {:?}",
-        loaded.config,
+        loaded.config(),
         model.config()
     );
-    let reference = crate::reference::ReferenceModel::new(&loaded.config, &loaded.weights);
+    let reference = crate::reference::ReferenceModel::new(loaded.config(), loaded.weights());
     let engine = crate::cpu::CpuScorer::new(&loaded);
-    let all_ids: Vec<u32> = (0..loaded.config.vocab_size as u32).collect();
+    let all_ids: Vec<u32> = (0..loaded.config().vocab_size as u32).collect();
     let mut check = ReferenceCheck {
         sequences: seqs.len(),
         positions: 0,
@@ -118,11 +118,11 @@ pub fn check_against_reference(
 pub fn check_folder(dir: &Path, o: &TrainOptions) -> Result<ReferenceCheck> {
     let loaded = crate::Model::load(dir)?;
     let tok = loaded.tokenizer()?;
-    let model = TrainModel::from_weights(&loaded.config, &loaded.weights)?;
+    let model = TrainModel::from_weights(loaded.config(), loaded.weights())?;
     let mut seqs = Vec::new();
     for p in crate::demo::corpus::training_sequences(o.data_seed, o.check_sequences.max(1)) {
         let mut ids = encode_pieces(tok, &p)?;
-        ids.truncate(loaded.config.n_positions);
+        ids.truncate(loaded.config().n_positions);
         seqs.push(ids);
     }
     seqs.truncate(o.check_sequences.max(1));
