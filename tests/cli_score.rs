@@ -322,6 +322,29 @@ fn sequence_longer_than_n_positions() {
     assert_bad_line(bad, "longer than n_positions (256)");
 }
 
+/// A text-level line that cannot fit the model is refused after at most n_positions + 1 tokens
+/// of its call or text are tokenized: a 16 MiB input was tokenized whole (about 3 GB) before
+/// the sequence was found too long.
+#[test]
+fn text_level_line_longer_than_n_positions_is_refused_unread() {
+    let text = "Out of 1400 participants, 400 (or 29%) passed the test.";
+    let line = |text: &str, position: usize, input: &str| {
+        json!({"id": 7, "text": text, "position": position, "tool": "Calculator",
+               "input": input, "result": "0.29"})
+    };
+    let huge_input = format!("{}1", "1 + ".repeat(4 << 20));
+    let at = text.find(" 29%").unwrap();
+    assert_bad_line(
+        line(text, at, &huge_input),
+        "is longer than the model's n_positions (256) tokens",
+    );
+    let long_text = format!("{}end.", "word ".repeat(1 << 20));
+    assert_bad_line(
+        line(&long_text, long_text.len() - 5, "400 / 1400"),
+        "is past the first n_positions (256) tokens of the text",
+    );
+}
+
 #[test]
 fn line_of_neither_kind_and_bad_fields() {
     assert_bad_line(json!({"id": 3, "foo": 1}), "neither a token-level line");

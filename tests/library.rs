@@ -137,6 +137,69 @@ fn score_texts_tokenizes_each_text_once_with_the_options_placement() {
     }
 }
 
+/// What cannot fit the model is refused without being tokenized whole, and the error names the
+/// first bad candidate in order, whichever check finds it.
+#[test]
+fn score_texts_refuses_what_cannot_fit_and_names_the_first_bad_candidate() {
+    let model = model();
+    let tokenizer = model.tokenizer().unwrap();
+    let scorer = ReferenceScorer::new(&model);
+    let text = "Out of 1400 participants, 400 (or 29%) passed the test.";
+    let good = TextCandidate {
+        text: text.into(),
+        position: text.find(" 29%").unwrap(),
+        tool: "Calculator".into(),
+        input: "400 / 1400".into(),
+        result: "0.29".into(),
+    };
+    let long_text = format!("{}end.", "word ".repeat(1 << 20));
+    let score = |cands: &[TextCandidate]| {
+        score_texts(
+            &scorer,
+            tokenizer,
+            cands,
+            &ScoreOptions::default(),
+            CallForm::Arrow,
+        )
+        .unwrap_err()
+    };
+    let cases = [
+        TextCandidate {
+            input: format!("{}1", "1 + ".repeat(4 << 20)),
+            ..good.clone()
+        },
+        TextCandidate {
+            text: long_text.as_str().into(),
+            position: long_text.len() - 5,
+            ..good.clone()
+        },
+    ];
+    for (bad, why) in cases.into_iter().zip([
+        "is longer than the model's n_positions (256) tokens",
+        "is past the first n_positions (256) tokens of the text",
+    ]) {
+        let err = score(&[good.clone(), bad]);
+        assert!(
+            matches!(&err, Error::Candidate { index: 1, msg } if msg.contains(why)),
+            "{err}"
+        );
+    }
+    // Candidate 0's tool name is refused before candidate 1's position past the text.
+    let past_the_end = TextCandidate {
+        position: text.len() + 1,
+        ..good.clone()
+    };
+    let no_tool = TextCandidate {
+        tool: String::new(),
+        ..good.clone()
+    };
+    let err = score(&[no_tool, past_the_end]);
+    assert!(
+        matches!(&err, Error::Candidate { index: 0, msg } if msg.contains("tool name is empty")),
+        "{err}"
+    );
+}
+
 #[test]
 fn generate_options_for_a_model_carry_its_limits() {
     let model = model();

@@ -63,7 +63,7 @@ pub fn parse_call(continuation: &str) -> Result<(String, String), Malformed> {
 }
 
 /// Whether every "(" of `s` is closed by a later ")" and every ")" closes one.
-fn balanced(s: &str) -> bool {
+pub(crate) fn balanced(s: &str) -> bool {
     let mut depth = 0usize;
     for c in s.chars() {
         match c {

@@ -168,7 +168,7 @@ fn parse_chunk(
     options: &JsonlOptions,
 ) -> Vec<Parsed> {
     // Candidates of one text share its tokenization.
-    let mut texts = TextHeads::default();
+    let mut texts = TextHeads::within(scorer.config().n_positions);
     chunk
         .iter()
         .map(|(line_no, line)| {

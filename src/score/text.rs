@@ -13,9 +13,10 @@
 //!   "29[Calculator(...) -> 0.29]%)".
 //! - the byte offset must fall on a token boundary of the text; otherwise it is an error;
 //! - the call must read as the call it is (`check_call`): a tool name of letters, digits and "_"
-//!   (what `annotate::calls::parse_call` accepts), no "[" or "]" in the input (the parser's
-//!   input never has one) or the result (`annotate::calls::clean_result` turns them into "(" and
-//!   ")"): a "]" would end the call early, a "[" open a nested one.
+//!   (what `annotate::calls::parse_call` accepts), an input that parser reads back unchanged
+//!   (trimmed, no arrow, balanced parentheses), no "[" or "]" in the input (the parser's input
+//!   never has one) or the result (`annotate::calls::clean_result` turns them into "(" and ")"):
+//!   a "]" would end the call early, a "[" open a nested one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -82,8 +83,9 @@ fn shown(value: &str) -> String {
 
 /// Refuses a call that would not read as "[Tool(input) -> result]" with these parts: a tool
 /// name that is empty or not one word of letters, digits and "_" (`annotate::calls::parse_call`'s
-/// rule), or a "[" or "]" in the input or the result. Everything annotate's parser accepts, with
-/// a result cleaned by `annotate::calls::clean_result`, passes.
+/// rule), an input that reader would read otherwise (leading or trailing whitespace, an arrow,
+/// unbalanced parentheses), or a "[" or "]" in the input or the result. Exactly what annotate's
+/// parser accepts, with a result cleaned by `annotate::calls::clean_result`, passes.
 pub fn check_call(tool: &str, input: &str, result: &str) -> Result<()> {
     if tool.is_empty() {
         return Err(Error::input("tool name is empty"));
@@ -92,6 +94,27 @@ pub fn check_call(tool: &str, input: &str, result: &str) -> Result<()> {
         return Err(Error::input(format!(
             "tool name {} is not one word of letters, digits and \"_\"",
             shown(tool)
+        )));
+    }
+    // What `annotate::calls::parse_call` would read differently: it trims the input, ends it
+    // at an arrow, and takes the ")" that closes the call from the parentheses' nesting.
+    if input.trim() != input {
+        return Err(Error::input(format!(
+            "input {} has leading or trailing whitespace, which a call's reader trims",
+            shown(input)
+        )));
+    }
+    if input.contains("->") || input.contains('→') {
+        return Err(Error::input(format!(
+            "input {} contains an arrow, which would end the call's input when it is read",
+            shown(input)
+        )));
+    }
+    if !crate::annotate::calls::balanced(input) {
+        return Err(Error::input(format!(
+            "input {} has unbalanced parentheses, so the call's \")\" could not be told from \
+             the input's",
+            shown(input)
         )));
     }
     for (field, value) in [("input", input), ("result", result)] {
@@ -120,6 +143,21 @@ impl TextCandidate {
         placement: Placement,
         form: CallForm,
         text: Option<(&Encoding, Arc<[u32]>)>,
+    ) -> Result<TokenCandidate> {
+        self.to_tokens_within(tokenizer, placement, form, text, None)
+    }
+
+    /// `to_tokens`; with `n_positions`, a call string is tokenized only as far as shows that it
+    /// fits the model (`Tokenizer::encode_head`), and one that does not is refused: a 32 MiB
+    /// input on one line would otherwise be tokenized whole (gigabytes) before `validate`
+    /// refused its sequence as too long.
+    pub(crate) fn to_tokens_within(
+        &self,
+        tokenizer: &Tokenizer,
+        placement: Placement,
+        form: CallForm,
+        text: Option<(&Encoding, Arc<[u32]>)>,
+        n_positions: Option<usize>,
     ) -> Result<TokenCandidate> {
         check_call(&self.tool, &self.input, &self.result)?;
         let owned;
@@ -151,7 +189,25 @@ impl TextCandidate {
             k => encoding.spans[k - 1].1,
         };
         let spaced = spaced_at(&self.text, canonical);
-        let insert = |call: &str| tokenizer.encode_ids(&call_insert(call, placement, spaced));
+        let insert = |call: &str| {
+            let inserted = call_insert(call, placement, spaced);
+            let Some(n_positions) = n_positions else {
+                return tokenizer.encode_ids(&inserted);
+            };
+            let (encoding, whole) = tokenizer
+                .encode_head_whole(&inserted, n_positions.saturating_add(1))
+                .map_err(|e| match e {
+                    Error::Input(msg) => Error::input(format!("the call {}: {msg}", shown(call))),
+                    e => e,
+                })?;
+            if !whole || encoding.ids.len() > n_positions {
+                return Err(Error::input(format!(
+                    "the call {} is longer than the model's n_positions ({n_positions}) tokens",
+                    shown(call)
+                )));
+            }
+            Ok(encoding.ids)
+        };
         Ok(TokenCandidate {
             text_ids,
             position,
@@ -183,9 +239,10 @@ pub(crate) fn head_tokens_needed(
 }
 
 /// Scores text-level candidates: each distinct text tokenized once, as far as its candidates
-/// read (`Tokenizer::encode_head`, as `toolsift score` does), every call with `options.placement`
-/// (the placement the scorer then uses, so the two cannot disagree) and `form`. An error names
-/// the first candidate that cannot be tokenized or scored.
+/// read (`Tokenizer::encode_head`, as `toolsift score` does) and never further than the model
+/// can hold, every call with `options.placement` (the placement the scorer then uses, so the two
+/// cannot disagree) and `form`. An error names the first candidate, in order, that cannot be
+/// tokenized or scored.
 pub fn score_texts(
     scorer: &dyn Scorer,
     tokenizer: &Tokenizer,
@@ -194,38 +251,37 @@ pub fn score_texts(
     form: CallForm,
 ) -> Result<Vec<Scores>> {
     let weights = options.weights.as_slice();
+    let config = scorer.config();
+    let mut heads = TextHeads::within(config.n_positions);
     // Tokens each text must yield: as many as its furthest-reading candidate needs, so that a
-    // text is tokenized once.
-    let mut needed: HashMap<&str, usize> = HashMap::new();
-    for (k, c) in candidates.iter().enumerate() {
-        let n =
-            head_tokens_needed(&c.text, c.position, weights).map_err(|e| Error::candidate(k, e))?;
-        let most = needed.entry(&c.text).or_default();
-        *most = (*most).max(n);
-    }
-    let mut heads = TextHeads::default();
-    for (k, c) in candidates.iter().enumerate() {
-        heads
-            .get(tokenizer, &c.text, needed[&*c.text])
-            .map_err(|e| Error::candidate(k, e))?;
+    // text is tokenized once. (A candidate refused here is refused again, in order, below.)
+    for c in candidates {
+        if let Ok(n) = head_tokens_needed(&c.text, c.position, weights) {
+            heads.ask(&c.text, n);
+        }
     }
     let mut tokens = Vec::with_capacity(candidates.len());
     for (k, c) in candidates.iter().enumerate() {
-        tokens.push(
-            heads
-                .tokens_for(tokenizer, c, weights, options.placement, form)
-                .map_err(|e| Error::candidate(k, e))?,
-        );
+        let candidate = heads
+            .tokens_for(tokenizer, c, weights, options.placement, form)
+            .map_err(|e| Error::candidate(k, e))?;
+        super::candidate::validate(&candidate, config, options)
+            .map_err(|e| Error::candidate(k, e))?;
+        tokens.push(candidate);
     }
     scorer.score(&tokens, options)
 }
 
 /// Texts tokenized once each, as far as their candidates read (`Tokenizer::encode_head`), so
 /// that the candidates of one text share its head. A text asked for more tokens than its head
-/// holds is tokenized again, further.
+/// holds is tokenized again, further; never past `n_positions` + 1 tokens when the model's
+/// `n_positions` is given (`within`), since no candidate reading further fits the model.
 #[derive(Default)]
 pub(crate) struct TextHeads {
     heads: HashMap<Arc<str>, TextHead>,
+    /// Tokens each text will be asked for (`ask`), so that the first `get` tokenizes that far.
+    asked: HashMap<Arc<str>, usize>,
+    n_positions: Option<usize>,
 }
 
 /// At least `tokens_asked` tokens of a text's encoding, or all of them (`whole`).
@@ -237,9 +293,33 @@ struct TextHead {
 }
 
 impl TextHeads {
+    /// Heads for a model of `n_positions`: a text is never tokenized past n_positions + 1 tokens
+    /// and a call string never past n_positions (`TextCandidate::to_tokens_within`).
+    pub(crate) fn within(n_positions: usize) -> Self {
+        TextHeads {
+            n_positions: Some(n_positions),
+            ..TextHeads::default()
+        }
+    }
+
+    /// The most tokens a head is tokenized to.
+    fn cap(&self) -> usize {
+        self.n_positions.map_or(usize::MAX, |n| n.saturating_add(1))
+    }
+
+    /// Announces that `text` will be asked for `tokens` tokens, so that its first tokenization
+    /// goes that far.
+    fn ask(&mut self, text: &Arc<str>, tokens: usize) {
+        let most = self.asked.entry(text.clone()).or_default();
+        *most = (*most).max(tokens);
+    }
+
     /// The head of `text` holding at least `tokens` tokens (or the whole text), for
     /// `TextCandidate::to_tokens`.
     fn get(&mut self, tokenizer: &Tokenizer, text: &Arc<str>, tokens: usize) -> Result<&TextHead> {
+        let tokens = tokens
+            .max(self.asked.get(text).copied().unwrap_or(0))
+            .min(self.cap());
         if self
             .heads
             .get(text)
@@ -261,7 +341,9 @@ impl TextHeads {
     /// `weights` after its position reads. That is first taken to be `head_tokens_needed`
     /// tokens, which holds when a token covers at least one byte; a normalizer that expands
     /// text (NFKC turns one character into up to 18) can put x_i past that, and the head is
-    /// then tokenized further, so the window is never cut short of the text's end.
+    /// then tokenized further, so the window is never cut short of the text's end. With a
+    /// model's `n_positions` (`within`), a candidate that would read past n_positions + 1
+    /// tokens is refused once that many are tokenized.
     pub(crate) fn tokens_for(
         &mut self,
         tokenizer: &Tokenizer,
@@ -271,24 +353,41 @@ impl TextHeads {
         form: CallForm,
     ) -> Result<TokenCandidate> {
         let mut tokens = head_tokens_needed(&c.text, c.position, weights).map_err(Error::input)?;
+        let cap = self.cap();
+        let too_far = |what: &str| {
+            Error::input(format!(
+                "{what} past the first n_positions ({}) tokens of the text, so no sequence of \
+                 the candidate fits the model",
+                cap - 1
+            ))
+        };
         loop {
+            let n_positions = self.n_positions;
             let head = self.get(tokenizer, &c.text, tokens)?;
             let reaches = head.encoding.spans.last().is_some_and(|s| s.1 > c.position);
+            let capped = !head.whole && head.tokens_asked >= cap;
             if !head.whole && !reaches {
+                if capped {
+                    return Err(too_far(&format!("position {} is", c.position)));
+                }
                 tokens = tokens.saturating_mul(2);
                 continue;
             }
             let held = head.ids.len();
             let whole = head.whole;
-            let candidate = c.to_tokens(
+            let candidate = c.to_tokens_within(
                 tokenizer,
                 placement,
                 form,
                 Some((&head.encoding, head.ids.clone())),
+                n_positions,
             )?;
             let reads = candidate.position + super::candidate::window_len(weights);
             if whole || reads <= held {
                 return Ok(candidate);
+            }
+            if capped {
+                return Err(too_far("its window of weighted tokens reads"));
             }
             tokens = reads.saturating_add(1);
         }
@@ -387,6 +486,37 @@ mod tests {
             )),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn inputs_the_parser_would_read_otherwise_are_refused() {
+        for (input, why) in [
+            (" 25 * 12", "leading or trailing whitespace"),
+            ("25 * 12\n", "leading or trailing whitespace"),
+            ("25) -> (12", "contains an arrow"),
+            ("25 → 12", "contains an arrow"),
+            ("(25 * 12", "unbalanced parentheses"),
+            ("25) * (12", "unbalanced parentheses"),
+        ] {
+            let msg = refusal("Calculator", input, "300");
+            assert!(msg.contains(why), "{input:?}: {msg}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// `check_call` passes exactly the calls that annotate's parser reads back as the same
+        /// tool and input.
+        #[test]
+        fn check_call_passes_exactly_what_reads_back(
+            tool in "[a-zA-Z_ é]{0,4}",
+            input in "[-a-z0-9()>→\\[\\] \n]{0,10}",
+        ) {
+            use crate::annotate::calls::parse_call;
+            let call = call_text(&tool, &input, Some("3"), CallForm::Arrow);
+            let reads_back = parse_call(&call[1..]) == Ok((tool.clone(), input.clone()));
+            proptest::prop_assert_eq!(check_call(&tool, &input, "3").is_ok(), reads_back);
+        }
     }
 
     /// Every call annotate's parser accepts, with a result as annotate cleans it, passes, and
