@@ -372,15 +372,19 @@ impl<'o> PlanBuilder<'o> {
     }
 
     /// Adds `cand` unless that would take the plan past `max_tokens` unique tokens; returns
-    /// whether it was added. The first candidate is always added, however large.
+    /// whether it was added. The first candidate is always added, however large, and so is one
+    /// that adds no token (a duplicate of what the plan holds, which costs only its targets):
+    /// after an oversized first candidate it would otherwise start a chunk of its own and be
+    /// computed again.
     pub fn push_within(&mut self, cand: &TokenCandidate, max_tokens: usize) -> bool {
-        let (nodes, targets, naive) = (
+        let (nodes, targets, naive, tokens) = (
             self.trie.n_nodes(),
             self.raw_targets.len(),
             self.naive_tokens,
+            self.n_tokens(),
         );
         self.push(cand);
-        if self.n_tokens() <= max_tokens || self.n_candidates == 1 {
+        if self.n_tokens() <= max_tokens || self.n_candidates == 1 || self.n_tokens() == tokens {
             return true;
         }
         self.trie.truncate(nodes);
@@ -400,7 +404,8 @@ impl<'o> PlanBuilder<'o> {
 }
 
 /// Plans `candidates` in consecutive chunks of at most `max_tokens` unique tokens each (a single
-/// candidate larger than that still gets its own chunk), lazily: one chunk's plan and trie exist
+/// candidate larger than that still gets a chunk, with the candidates after it that add no
+/// token), lazily: one chunk's plan and trie exist
 /// at a time, so the planner's memory follows the budget, not the batch. Each chunk takes
 /// candidates in order until the next one would not fit, so sharing is lost only at chunk
 /// borders, and a batch that fits is one chunk, planned exactly as `Plan::build` plans it.

@@ -279,11 +279,13 @@ fn chunks_fill_up_to_the_limit_and_plan_as_build_does() {
                 // Undoing a candidate that did not fit leaves exactly the plan of the others.
                 assert_same_plan(plan, &Plan::build(&cands[range.clone()], &o));
                 check_plan(plan, &cands[range.clone()], &o);
-                assert!(plan.n_tokens() <= max_tokens || range.len() == 1);
+                // Over the limit only by a first candidate, with what adds no token after it.
+                let first = Plan::build(&cands[range.start..range.start + 1], &o);
+                assert!(plan.n_tokens() <= max_tokens || plan.n_tokens() == first.n_tokens());
                 if range.end < cands.len() {
                     let grown = Plan::build(&cands[range.start..range.end + 1], &o);
                     assert!(
-                        grown.n_tokens() > max_tokens,
+                        grown.n_tokens() > max_tokens && grown.n_tokens() > plan.n_tokens(),
                         "the next candidate would fit"
                     );
                 }
@@ -323,6 +325,18 @@ fn a_candidate_that_does_not_fit_after_one_with_nothing_to_compute_is_undone() {
     assert_same_plan(&builder.finish(), &Plan::build(&cands[..1], &o));
     let ranges: Vec<_> = chunked(&cands, &o, 3).map(|(r, _)| r).collect();
     assert_eq!(ranges, [0..1, 1..2, 2..3]);
+}
+
+/// After a candidate larger than the limit, its duplicates (which add no token) join its chunk
+/// instead of each being computed again in a chunk of its own.
+#[test]
+fn duplicates_of_an_oversized_candidate_share_its_chunk() {
+    let x = text(40);
+    let o = opts(Placement::Prefix);
+    let big = cand(&x, 30, &[1, 2, 3], &[1, 2, 3, 4]);
+    let cands = [big.clone(), big.clone(), big, cand(&x, 31, &[5], &[6])];
+    let ranges: Vec<_> = chunked(&cands, &o, 10).map(|(r, _)| r).collect();
+    assert_eq!(ranges, [0..3, 3..4]);
 }
 
 #[test]
