@@ -86,9 +86,17 @@ pub(crate) fn attend(rows: &[usize], q: &[f32], kv: KeysValues, out: &mut [f32])
         attend_direct(rows, q, kv, out);
     } else {
         let block = SCORE_BYTES / (4 * rows.len().max(1));
-        attend_gathered(rows, q, kv, out, block);
+        let parallel = n_q * rows.len() >= PARALLEL_HEADS_MIN_SCORES;
+        attend_gathered(rows, q, kv, out, block, parallel);
     }
 }
+
+/// Queries x context at and above which [`attend_gathered`] runs its heads as parallel tasks:
+/// a plan of one long segment (a document's P(x) ++ x, a group's prefill) would otherwise
+/// attend on one thread while the others wait. Below it a head is too little work to be worth
+/// a task and its own buffers. Each head's arithmetic is the same either way, so the results
+/// depend neither on this nor on the thread count.
+const PARALLEL_HEADS_MIN_SCORES: usize = 1 << 16;
 
 /// [`attend`] all heads at once, reading each context row's key and value whole.
 fn attend_direct(rows: &[usize], q: &[f32], kv: KeysValues, out: &mut [f32]) {
@@ -133,63 +141,145 @@ fn attend_direct(rows: &[usize], q: &[f32], kv: KeysValues, out: &mut [f32]) {
 /// 16 MiB is 2048 x 2048 scores: at GPT-J's 2048 positions every group is one block.
 const SCORE_BYTES: usize = 16 << 20;
 
-/// [`attend`] head by head: the context's keys and values gathered into dense [n_ctx, head_dim]
-/// blocks, then, `query_block` queries at a time, q K^T, a masked softmax, and P V.
+/// [`attend`] head by head (the heads as parallel tasks with `parallel`): the context's keys and
+/// values gathered into dense [n_ctx, head_dim] blocks, then, `query_block` queries at a time,
+/// q K^T, a masked softmax, and P V.
 fn attend_gathered(
     rows: &[usize],
     q_rows: &[f32],
     kv: KeysValues,
     out: &mut [f32],
     query_block: usize,
+    parallel: bool,
+) {
+    let n_head = kv.d / kv.head_dim;
+    let block = (out.len() / kv.d).min(query_block).max(1);
+    let scratch = || HeadScratch::new(block, rows.len(), kv.head_dim);
+    let columns = HeadColumns::new(out, kv.d, kv.head_dim);
+    let run = |s: &mut HeadScratch, h: usize| {
+        // SAFETY: head h is attended by this call alone, and it writes only head h's columns.
+        attend_head(rows, q_rows, kv, h, s, |a, o| unsafe {
+            columns.write(h, a, o)
+        });
+    };
+    if parallel {
+        (0..n_head).into_par_iter().for_each_init(scratch, run);
+    } else {
+        let mut s = scratch();
+        (0..n_head).for_each(|h| run(&mut s, h));
+    }
+}
+
+/// One head's buffers for [`attend_head`], reused across the heads a task runs.
+struct HeadScratch {
+    block: usize,
+    q: Vec<f32>,      // [block, head_dim]
+    k: Vec<f32>,      // [n_ctx, head_dim]
+    v: Vec<f32>,      // [n_ctx, head_dim]
+    scores: Vec<f32>, // [block, n_ctx]
+    o: Vec<f32>,      // [block, head_dim]
+}
+
+impl HeadScratch {
+    fn new(block: usize, n_ctx: usize, head_dim: usize) -> Self {
+        HeadScratch {
+            block,
+            q: vec![0f32; block * head_dim],
+            k: vec![0f32; n_ctx * head_dim],
+            v: vec![0f32; n_ctx * head_dim],
+            scores: vec![0f32; block * n_ctx],
+            o: vec![0f32; block * head_dim],
+        }
+    }
+}
+
+/// Head `h` of [`attend_gathered`]: `emit(a, o)` receives query a's output for this head
+/// ([head_dim]).
+fn attend_head(
+    rows: &[usize],
+    q_rows: &[f32],
+    kv: KeysValues,
+    h: usize,
+    s: &mut HeadScratch,
+    mut emit: impl FnMut(usize, &[f32]),
 ) {
     let (d, head_dim) = (kv.d, kv.head_dim);
-    let n_head = d / head_dim;
-    let (n_q, n_ctx) = (out.len() / d, rows.len());
+    let (n_q, n_ctx) = (q_rows.len() / (3 * d), rows.len());
     let n_old = n_ctx - n_q;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let block = n_q.min(query_block).max(1);
-    let mut q = vec![0f32; block * head_dim]; // [block, head_dim]
-    let mut k = vec![0f32; n_ctx * head_dim]; // [n_ctx, head_dim]
-    let mut v = vec![0f32; n_ctx * head_dim]; // [n_ctx, head_dim]
-    let mut scores = vec![0f32; block * n_ctx]; // [block, n_ctx]
-    let mut o = vec![0f32; block * head_dim]; // [block, head_dim]
-    for h in 0..n_head {
-        let col = h * head_dim;
-        for (j, &r) in rows.iter().enumerate() {
-            k[j * head_dim..][..head_dim].copy_from_slice(&kv.key(r)[col..][..head_dim]);
-            v[j * head_dim..][..head_dim].copy_from_slice(&kv.value(r)[col..][..head_dim]);
+    let col = h * head_dim;
+    for (j, &r) in rows.iter().enumerate() {
+        s.k[j * head_dim..][..head_dim].copy_from_slice(&kv.key(r)[col..][..head_dim]);
+        s.v[j * head_dim..][..head_dim].copy_from_slice(&kv.value(r)[col..][..head_dim]);
+    }
+    for a0 in (0..n_q).step_by(s.block) {
+        let m = s.block.min(n_q - a0);
+        for a in 0..m {
+            s.q[a * head_dim..][..head_dim]
+                .copy_from_slice(&q_rows[(a0 + a) * 3 * d + col..][..head_dim]);
         }
-        for a0 in (0..n_q).step_by(block) {
-            let m = block.min(n_q - a0);
-            for a in 0..m {
-                q[a * head_dim..][..head_dim]
-                    .copy_from_slice(&q_rows[(a0 + a) * 3 * d + col..][..head_dim]);
+        let scores = &mut s.scores[..m * n_ctx];
+        matmul_wt(
+            &s.q[..m * head_dim],
+            &s.k,
+            scores,
+            [m, n_ctx, head_dim],
+            false,
+            false,
+        );
+        for (a, srow) in scores.chunks_mut(n_ctx).enumerate() {
+            // Query a0 + a sees every older row and the queries up to itself.
+            let visible = n_old + a0 + a + 1;
+            for x in &mut srow[..visible] {
+                *x *= scale;
             }
-            let scores = &mut scores[..m * n_ctx];
-            matmul_wt(
-                &q[..m * head_dim],
-                &k,
-                scores,
-                [m, n_ctx, head_dim],
-                false,
-                false,
-            );
-            for (a, srow) in scores.chunks_mut(n_ctx).enumerate() {
-                // Query a0 + a sees every older row and the queries up to itself.
-                let visible = n_old + a0 + a + 1;
-                for x in &mut srow[..visible] {
-                    *x *= scale;
-                }
-                softmax_in_place(&mut srow[..visible]);
-                srow[visible..].fill(0.0);
-            }
-            let o = &mut o[..m * head_dim];
-            matmul(scores, &v, o, [m, head_dim, n_ctx], false, false);
-            for a in 0..m {
-                out[(a0 + a) * d + col..][..head_dim]
-                    .copy_from_slice(&o[a * head_dim..(a + 1) * head_dim]);
-            }
+            softmax_in_place(&mut srow[..visible]);
+            srow[visible..].fill(0.0);
         }
+        let o = &mut s.o[..m * head_dim];
+        matmul(scores, &s.v, o, [m, head_dim, n_ctx], false, false);
+        for (a, oa) in o.chunks(head_dim).enumerate() {
+            emit(a0 + a, oa);
+        }
+    }
+}
+
+/// `out` ([n_q, d]) shared by head tasks that each write only their own head's columns,
+/// h * head_dim..(h + 1) * head_dim of every row: the tasks' elements are disjoint.
+struct HeadColumns<'a> {
+    ptr: *mut f32,
+    len: usize,
+    d: usize,
+    head_dim: usize,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: the pointer is `out`'s, borrowed mutably for 'a; tasks write disjoint elements
+// (`write`'s contract), so sharing it across threads is sharing disjoint slices of it.
+unsafe impl Send for HeadColumns<'_> {}
+unsafe impl Sync for HeadColumns<'_> {}
+
+impl<'a> HeadColumns<'a> {
+    fn new(out: &'a mut [f32], d: usize, head_dim: usize) -> Self {
+        HeadColumns {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+            d,
+            head_dim,
+            _out: std::marker::PhantomData,
+        }
+    }
+
+    /// Writes query `a`'s output for head `h`.
+    ///
+    /// # Safety
+    /// No other thread may write head `h`'s columns at the same time.
+    unsafe fn write(&self, h: usize, a: usize, o: &[f32]) {
+        let at = a * self.d + h * self.head_dim;
+        assert!(o.len() == self.head_dim && h * self.head_dim < self.d && at + o.len() <= self.len);
+        // SAFETY: in bounds (asserted); the range is head h's columns of row a, which only the
+        // caller writes (the contract above), and `out` is borrowed mutably for 'a.
+        unsafe { std::ptr::copy_nonoverlapping(o.as_ptr(), self.ptr.add(at), o.len()) }
     }
 }
 
@@ -254,18 +344,33 @@ mod tests {
             .iter()
             .flat_map(|&r| qkv[r * 3 * d..(r + 1) * 3 * d].iter().copied())
             .collect();
-        let run = |block: Option<usize>| {
+        let run = |block: Option<(usize, bool)>| {
             let mut out = vec![0f32; n_q * d];
             match block {
-                Some(b) => attend_gathered(&rows, &q, kv, &mut out, b),
+                Some((b, parallel)) => attend_gathered(&rows, &q, kv, &mut out, b, parallel),
                 None => attend_direct(&rows, &q, kv, &mut out),
             }
             out
         };
-        let whole = run(Some(n_q));
-        for reference in [run(Some(1)), run(Some(4)), run(None)] {
+        let whole = run(Some((n_q, false)));
+        for reference in [run(Some((1, false))), run(Some((4, false))), run(None)] {
             for (a, b) in whole.iter().zip(&reference) {
                 assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+            }
+        }
+        // Heads as parallel tasks: the same bits, whatever the pool.
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for b in [1, 4, n_q] {
+                let parallel = pool.install(|| run(Some((b, true))));
+                assert_eq!(
+                    parallel,
+                    run(Some((b, false))),
+                    "block {b}, {threads} threads"
+                );
             }
         }
     }
