@@ -178,11 +178,22 @@ pub struct BenchReport {
     /// FLOP rate (2 d vocab per row).
     pub head_rows: usize,
     pub head_gflops: f64,
+    /// This process's peak RSS while toolsift scores: its high-water mark is reset once the
+    /// engine is built (`peak_rss_reset`) and read before the baselines load, so it is the
+    /// engine's weights and the plan's activations (host memory: on CUDA the device's are not
+    /// in it).
     pub peak_rss_bytes: Option<u64>,
     pub weights_bytes: usize,
+    /// unique tokens x n_layer x 2 x d x 4 bytes: an f32 KV cache for the whole plan, the
+    /// memory a cached engine would hold. The CPU engine holds none when it scores (each
+    /// layer's K/V live in its activations, one layer at a time), so `memory_ratio` =
+    /// peak / (weights + this) can be under 1; it is a yardstick, not the engine's accounting.
     pub kv_bytes: usize,
     pub memory_ratio: Option<f64>,
     pub threads: usize,
+    /// Whether the peak RSS was reset after the engine was built (Linux); false: the peak also
+    /// holds the bench's random weights' construction.
+    pub peak_rss_reset: bool,
 }
 
 /// The median (the mean of the middle two of an even count); NaN for none.
@@ -204,12 +215,33 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The largest |a - b| over every loss; infinite when a loss of either side is not finite
+/// (`f64::max` would skip a NaN, so an engine returning NaN would look exact).
 fn max_abs_diff(a: &[[f64; 3]], b: &[[f64; 3]]) -> f64 {
     a.iter()
         .flatten()
         .zip(b.iter().flatten())
-        .map(|(x, y)| (x - y).abs())
+        .map(|(x, y)| {
+            let d = (x - y).abs();
+            if d.is_finite() {
+                d
+            } else {
+                f64::INFINITY
+            }
+        })
         .fold(0.0, f64::max)
+}
+
+/// The largest difference between toolsift's losses and a baseline's for which a speedup is
+/// reported as a comparison of the same work (the tolerance of the fixtures' checks).
+pub const LOSS_TOLERANCE: f64 = 1e-3;
+
+/// Resets this process's peak RSS to its current RSS (Linux `clear_refs` 5), so that
+/// [`peak_rss_bytes`] measures from here on: the bench's random weights are built with a copy
+/// that would otherwise set the peak. False where that is not possible (the peak then includes
+/// everything before).
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 pub fn run(args: &BenchArgs) -> Result<BenchReport> {
@@ -271,10 +303,12 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     tracing::info!(%model_name, candidates = candidates.len(), "bench");
 
     // Warm-ups first: toolsift's full run gives the losses the baselines are checked against,
-    // and the peak RSS is its own (weights converted and released tensor by tensor, then the
-    // plan's activations) since the baselines' model is not loaded yet. The baselines warm up
-    // on one padded batch each (candle's allocations, the thread pool).
+    // and the peak RSS is its own (reset once the engine is built: its weights, then the plan's
+    // activations) since the baselines' model is not loaded yet. The baselines warm up
+    // on their first `batch_size` candidates each, a few padded batches (candle's allocations,
+    // the thread pool).
     let engine = open_engine(args, loaded)?;
+    let peak_reset = reset_peak_rss();
     // Checked once here; the timed calls below run the engines alone.
     let ours = engine.variant_losses(&candidates, &options)?;
     let peak = peak_rss_bytes();
@@ -392,6 +426,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         kv_bytes,
         memory_ratio: peak.map(|p| p as f64 / (weights_bytes + kv_bytes) as f64),
         threads: rayon::current_num_threads(),
+        peak_rss_reset: peak_reset,
     };
     if let Some([tuned, naive]) = &baselines {
         let ratios = |secs: &[f64]| -> Vec<f64> {
@@ -445,5 +480,27 @@ fn check_fits_in_memory(c: &crate::GptjConfig, n_texts: usize) -> Result<()> {
             kb * 1024.0 / 1e9
         ))),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loss that is not finite on either side is an infinite difference: `f64::max` alone
+    /// skips a NaN, and an engine returning NaN looked exact.
+    #[test]
+    fn a_loss_that_is_not_finite_is_an_infinite_difference() {
+        let ours = [[0.5, 1.0, 2.0], [1.0, 1.0, 1.0]];
+        assert_eq!(max_abs_diff(&ours, &ours), 0.0);
+        let close = [[0.5, 1.0, 2.0], [1.0, 1.0, 1.0 + 1e-6]];
+        assert!((max_abs_diff(&ours, &close) - 1e-6).abs() < 1e-12);
+        for bad in [f64::NAN, f64::INFINITY] {
+            let broken = [[bad; 3], [bad; 3]];
+            assert_eq!(max_abs_diff(&broken, &ours), f64::INFINITY);
+            assert_eq!(max_abs_diff(&ours, &broken), f64::INFINITY);
+            let one = [[0.5, 1.0, 2.0], [1.0, bad, 1.0]];
+            assert_eq!(max_abs_diff(&ours, &one), f64::INFINITY);
+        }
     }
 }

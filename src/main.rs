@@ -625,6 +625,17 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
         );
     }
     emit(&format!("{}\n", serde_json::to_string(&report)?))?;
+    // After the report (its figures are the evidence): a speedup over different results is no
+    // comparison of the same work. (Never NaN: a loss that is not finite makes it infinite.)
+    if let Some(diff) = report.max_abs_diff {
+        if diff > toolsift::bench::LOSS_TOLERANCE {
+            anyhow::bail!(
+                "toolsift's losses differ from the baselines' by up to {diff:.3e}, more than \
+                 {:.0e}: the speedups above compare different results",
+                toolsift::bench::LOSS_TOLERANCE
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
