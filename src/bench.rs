@@ -167,8 +167,9 @@ pub struct BenchReport {
     pub toolsift_secs: f64,
     pub baseline_secs: Option<f64>,
     pub tuned_secs: Option<f64>,
-    /// Timed rounds, and each baseline round's ratio (baseline s / toolsift s of the same
-    /// round): `speedup` and `speedup_vs_tuned` are their medians.
+    /// Timed rounds, and each baseline round's ratio: baseline s over the mean of the toolsift
+    /// runs just before and just after it (those after a baseline are extra runs, not in
+    /// `toolsift_secs`); `speedup` and `speedup_vs_tuned` are their medians.
     pub rounds: usize,
     pub speedup_rounds: Vec<f64>,
     pub speedup_vs_tuned_rounds: Vec<f64>,
@@ -334,6 +335,8 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     let mut toolsift = Vec::new(); // (secs, stats, GEMM peak GFLOP/s) per round
     let mut timed: [Vec<f64>; 2] = Default::default(); // tuned, naive secs per round
     let mut outputs: [Vec<[f64; 3]>; 2] = Default::default();
+    // toolsift secs around each baseline round (tuned, naive): the ratios' denominators.
+    let mut bracketing: [Vec<f64>; 2] = Default::default();
     for round in 0..rounds {
         let t = Instant::now();
         engine.variant_losses_unchecked(&candidates, &options)?;
@@ -344,11 +347,20 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
             Device::Cuda => 790_000.0,
         };
         toolsift.push((secs, engine.last_stats(), peak_gflops));
+        let mut before = secs;
         for (i, b) in baselines.iter().flatten().enumerate() {
             if round < args.baseline_reps {
                 let t = Instant::now();
                 outputs[i] = b.variant_losses_unchecked(&candidates, &options)?;
                 timed[i].push(t.elapsed().as_secs_f64());
+                // toolsift again right after: the ratio's toolsift time is the mean of the runs
+                // on either side of the baseline's, so that a change of load during a
+                // minute-long baseline run reaches both sides of it, not only the baseline's.
+                let t = Instant::now();
+                engine.variant_losses_unchecked(&candidates, &options)?;
+                let after = t.elapsed().as_secs_f64();
+                bracketing[i].push((before + after) / 2.0);
+                before = after;
             }
         }
     }
@@ -429,8 +441,8 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         peak_rss_reset: peak_reset,
     };
     if let Some([tuned, naive]) = &baselines {
-        let ratios = |secs: &[f64]| -> Vec<f64> {
-            secs.iter().zip(&toolsift).map(|(b, t)| b / t.0).collect()
+        let ratios = |secs: &[f64], toolsift: &[f64]| -> Vec<f64> {
+            secs.iter().zip(toolsift).map(|(b, t)| b / t).collect()
         };
         let [tuned_secs, naive_secs] = [median(&timed[0]), median(&timed[1])];
         report.tuned_tokens = tuned.tokens(&candidates, &options);
@@ -439,8 +451,8 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         report.baseline_cands_per_s = Some(n / naive_secs);
         report.tuned_secs = Some(tuned_secs);
         report.baseline_secs = Some(naive_secs);
-        report.speedup_vs_tuned_rounds = ratios(&timed[0]);
-        report.speedup_rounds = ratios(&timed[1]);
+        report.speedup_vs_tuned_rounds = ratios(&timed[0], &bracketing[0]);
+        report.speedup_rounds = ratios(&timed[1], &bracketing[1]);
         report.speedup_vs_tuned = Some(median(&report.speedup_vs_tuned_rounds));
         report.speedup = Some(median(&report.speedup_rounds));
         report.tuned_fraction_of_peak = Some(fraction(report.tuned_tokens, tuned_secs));
