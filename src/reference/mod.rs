@@ -119,17 +119,63 @@ impl ReferenceModel {
     /// The final hidden states (after ln_f) of `ids`, positions 0..n. The caller has checked that
     /// every id is < vocab_size and that n <= n_positions.
     pub fn hidden_states(&self, ids: &[u32]) -> Mat {
+        let x = self.residual(ids, |_, _| {});
+        layer_norm(&x, &self.ln_f, self.config.layer_norm_epsilon)
+    }
+
+    /// How much the LayerNorms can amplify a relative error in the residual stream's terms, per
+    /// position of `ids` (same caller checks as `hidden_states`): the product, over the
+    /// LayerNorms the position passes through (each layer's ln_1, then ln_f), of
+    /// `|m| / sqrt(|x - mean(x)|^2 + n_embd * eps)`, where `x` is the residual at that norm's
+    /// input and `m` the per-feature sum of the magnitudes of the terms added into it so far (the
+    /// embedding, every earlier layer's attention and MLP outputs).
+    ///
+    /// Always >= 1 (about 1 where the terms do not cancel). An engine that rounds each term to a
+    /// storage type with unit roundoff u perturbs the residual by about u |m|, which the norm
+    /// divides by the centred length it normalises: where random weights make the terms nearly
+    /// cancel (more often at small widths), its error in the log-probs grows by this factor.
+    /// The device tests scale their per-position budgets by it.
+    pub fn layer_norm_gain(&self, ids: &[u32]) -> Vec<f64> {
+        let eps = self.config.layer_norm_epsilon;
+        let mut gain = vec![1.0; ids.len()];
+        self.residual(ids, |x, magnitude| {
+            for (r, g) in gain.iter_mut().enumerate() {
+                let row = x.row(r);
+                let mean = row.iter().sum::<f64>() / x.cols as f64;
+                let centred = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>();
+                let terms = magnitude.row(r).iter().map(|v| v * v).sum::<f64>();
+                *g *= (terms / (centred + x.cols as f64 * eps)).sqrt().max(1.0);
+            }
+        });
+        gain
+    }
+
+    /// The residual stream after every block, before ln_f: [n, n_embd]. Calls `at_norm(x,
+    /// magnitude)` at each LayerNorm's input (each ln_1, then ln_f's), with `magnitude` the
+    /// per-feature sum of |term| over the terms added into `x` so far.
+    fn residual(&self, ids: &[u32], mut at_norm: impl FnMut(&Mat, &Mat)) -> Mat {
         let c = &self.config;
         let mut x = embed(&self.wte, ids); // [n, n_embd]
+        let mut magnitude = x.clone();
+        magnitude.data.iter_mut().for_each(|v| *v = v.abs());
         for block in &self.h {
+            at_norm(&x, &magnitude);
             let h = layer_norm(&x, &block.ln_1, c.layer_norm_epsilon); // [n, n_embd]
             let attn = attention(&h, block, c); // [n, n_embd]
             let mlp = linear(&gelu_new(&linear(&h, &block.fc_in)), &block.fc_out); // [n, n_embd]
-            for ((xi, ai), mi) in x.data.iter_mut().zip(&attn.data).zip(&mlp.data) {
+            for (((xi, mag), ai), mi) in x
+                .data
+                .iter_mut()
+                .zip(&mut magnitude.data)
+                .zip(&attn.data)
+                .zip(&mlp.data)
+            {
                 *xi += ai + mi; // parallel residual: x + attn(ln_1 x) + mlp(ln_1 x)
+                *mag += ai.abs() + mi.abs();
             }
         }
-        layer_norm(&x, &self.ln_f, c.layer_norm_epsilon)
+        at_norm(&x, &magnitude);
+        x
     }
 
     /// log p(v | ids[0..=i]) for every position i and every v < vocab_size: [n, vocab_size].
@@ -275,5 +321,46 @@ fn log_softmax_in_place(x: &mut [f64]) {
     let lse = max + x.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
     for v in x.iter_mut() {
         *v -= lse;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DType, GptjWeights, Tensor};
+
+    /// With the attention and MLP outputs switched off (out_proj, fc_out zero), both norms see
+    /// the embedding alone, so the gain is max(1, |e| / sqrt(|e - mean e|^2 + n eps))^2 for
+    /// embedding row e: 1 for a centred row, large for a nearly constant one.
+    #[test]
+    fn layer_norm_gain_measures_how_much_the_residual_cancels() {
+        let config = GptjConfig::small(1, 4, 1, 2, 3);
+        let mut weights = GptjWeights::random(&config, 3, DType::F32);
+        let zero = |t: &Tensor| Tensor::from_f32(t.shape().to_vec(), &vec![0.0; t.numel()]);
+        let block = &mut weights.h[0];
+        block.attn.out_proj.weight = zero(&block.attn.out_proj.weight);
+        block.mlp.fc_out.weight = zero(&block.mlp.fc_out.weight);
+        block.mlp.fc_out.bias = block.mlp.fc_out.bias.as_ref().map(zero);
+        let rows: [[f32; 4]; 3] = [
+            [1.0, -1.0, 2.0, -2.0],
+            [1.0, 1.0, 1.0, 1.01],
+            [0.5, 0.0, 0.0, 0.0],
+        ];
+        weights.wte = Tensor::from_f32(vec![3, 4], rows.as_flattened());
+        let gain = ReferenceModel::new(&config, &weights).layer_norm_gain(&[0, 1, 2]);
+        for (g, e) in gain.iter().zip(rows) {
+            let e = e.map(f64::from);
+            let mean = e.iter().sum::<f64>() / 4.0;
+            let centred: f64 = e.iter().map(|v| (v - mean) * (v - mean)).sum();
+            let norm: f64 = e.iter().map(|v| v * v).sum();
+            let want = (norm / (centred + 4.0 * config.layer_norm_epsilon))
+                .sqrt()
+                .max(1.0)
+                .powi(2);
+            assert!((g - want).abs() <= 1e-12 * want, "{g} vs {want}");
+        }
+        assert!((gain[0] - 1.0).abs() < 1e-4, "centred row: {}", gain[0]);
+        assert!(gain[1] > 1e4, "nearly constant row: {}", gain[1]);
+        assert!(gain[2] > 1.0 && gain[2] < 2.0, "{}", gain[2]);
     }
 }
