@@ -6,16 +6,22 @@
 //! empty results and calls, loss weights with zeros), both placements, and tight memory budgets
 //! that force the batch to be split.
 //!
-//! Tolerance: 2e-3 absolute + 1e-4 relative on each loss. The engine computes in f32: each loss is
-//! a weighted sum of <= 5 log-probabilities whose f32 rounding (LayerNorm, GEMM accumulation over
-//! n_embd, log-sum-exp over the vocabulary) stays around 1e-5..1e-4 per term at these sizes; the
-//! budget leaves an order of magnitude above that.
+//! Tolerance: 2e-3 absolute + 1e-4 relative on each loss, plus tests/cuda_scoring.rs's rounding
+//! budget at f32's unit roundoff u, which scales with the oracle's LayerNorm gain at each target
+//! (`ReferenceModel::layer_norm_gain`). The engine computes in f32: each loss is a weighted sum
+//! of <= 5 log-probabilities whose f32 rounding (LayerNorm, GEMM accumulation over n_embd,
+//! log-sum-exp over the vocabulary) stays around 1e-5..1e-4 per term at these sizes; the fixed
+//! part leaves an order of magnitude above that. The gain term is ~1e-6 except at widths of 2 to
+//! 5, where the residual's terms now and then nearly cancel and a LayerNorm scales their rounding
+//! up by the ratio of their size to what is left (n_embd 2 once went to 109% of the fixed budget
+//! in 1,500 cases, when those widths were filtered out).
 
 mod common;
 
 use proptest::prelude::*;
 use toolsift::cpu::CpuScorer;
 use toolsift::model::{DType, GptjConfig, GptjWeights};
+use toolsift::reference::ReferenceModel;
 use toolsift::score::LossWeights;
 use toolsift::util::rng::Rng;
 use toolsift::{Model, Placement, ReferenceScorer, ScoreOptions, Scorer, TokenCandidate};
@@ -71,11 +77,6 @@ fn problem() -> impl Strategy<Value = Problem> {
                 }
             },
         )
-        // LayerNorm over 2-3 features is ill-conditioned (with 2 its output is +-1 whatever the
-        // input's scale, so a difference of two nearly equal inputs decides it): f32 rounding of
-        // its input then moves the losses past the budget (n_embd 2, f32: 109% of it, once in
-        // 1500 cases; 6000 with n_embd >= 6 passed). Small heads stay covered by n_head >= 2.
-        .prop_filter("n_embd >= 6", |p| p.config.n_embd >= 6)
 }
 
 fn candidates(p: &Problem, rng: &mut Rng) -> Vec<TokenCandidate> {
@@ -106,13 +107,15 @@ fn check(p: &Problem) {
     }
     let got = fast.score(&cands, &options).unwrap();
     assert_eq!(got.len(), oracle.len());
+    let reference = ReferenceModel::new(model.config(), model.weights());
     for (k, (g, o)) in got.iter().zip(&oracle).enumerate() {
-        for (name, a, b) in [
-            ("l_none", g.l_none, o.l_none),
-            ("l_call", g.l_call, o.l_call),
-            ("l_call_result", g.l_call_result, o.l_call_result),
-        ] {
-            let tol = ABS + REL * b.abs();
+        for (variant, name, a, b) in common::variant_losses(g, o) {
+            // The device tests' rounding budget at f32's unit roundoff: ~1e-6 at ordinary gains,
+            // it only counts where a LayerNorm input nearly cancels.
+            let u = f64::from(f32::EPSILON) / 2.0;
+            let tol = ABS
+                + REL * b.abs()
+                + common::rounding_budget(&reference, &cands[k], variant, &options, u, b);
             assert!(
                 (a - b).abs() <= tol,
                 "candidate {k} {name}: cpu {a} vs reference {b}, |diff| {:.2e} ({:.0}% of the budget)\n{p:?}",

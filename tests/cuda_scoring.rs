@@ -25,7 +25,7 @@ use proptest::test_runner::{Config, TestRunner};
 use toolsift::cuda::{CudaDType, CudaOptions, CudaScorer};
 use toolsift::model::{DType, GptjConfig, GptjWeights};
 use toolsift::reference::ReferenceModel;
-use toolsift::score::{variant_sequence, LossWeights, Variant};
+use toolsift::score::LossWeights;
 use toolsift::util::rng::Rng;
 use toolsift::{Model, Placement, ReferenceScorer, ScoreOptions, Scorer, TokenCandidate};
 
@@ -147,26 +147,9 @@ fn check(p: &Problem) -> Result<f64, TestCaseError> {
     let reference = ReferenceModel::new(model.config(), model.weights());
     let mut worst = 0f64;
     for (k, (g, o)) in got.iter().zip(&oracle).enumerate() {
-        for (variant, name, a, b) in [
-            (Variant::None, "l_none", g.l_none, o.l_none),
-            (Variant::Call, "l_call", g.l_call, o.l_call),
-            (
-                Variant::CallResult,
-                "l_call_result",
-                g.l_call_result,
-                o.l_call_result,
-            ),
-        ] {
-            // Each target's LayerNorm gain (tests/cuda_sampling.rs's `tol`) scales its share.
-            let seq = variant_sequence(&cands[k], variant, &options);
-            let gain = reference.layer_norm_gain(&seq.ids);
-            let weighted: f64 = seq.targets.iter().map(|&(r, _, w)| w.abs() * gain[r]).sum();
-            let most = seq
-                .targets
-                .iter()
-                .map(|&(r, _, _)| gain[r])
-                .fold(1.0, f64::max);
-            let tol = 16.0 * u * weighted + 4.0 * u * most * b.abs() + 1e-9;
+        for (variant, name, a, b) in common::variant_losses(g, o) {
+            let tol =
+                common::rounding_budget(&reference, &cands[k], variant, &options, u, b) + 1e-9;
             let used = (a - b).abs() / tol;
             worst = worst.max(used);
             prop_assert!(

@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Deserialize;
+use toolsift::reference::ReferenceModel;
+use toolsift::score::variant_sequence;
 use toolsift::util::rng::Rng;
-use toolsift::{ScoreOptions, TokenCandidate};
+use toolsift::{ScoreOptions, Scores, TokenCandidate, Variant};
 
 /// Property-test case count: `default`, or TOOLSIFT_FUZZ_CASES for a longer fuzz run.
 pub fn fuzz_cases(default: u32) -> u32 {
@@ -196,4 +198,40 @@ pub fn longest_sequence(cands: &[TokenCandidate], options: &ScoreOptions) -> usi
         .map(|c| c.call_ids.len().max(c.call_result_ids.len()) + c.text_end(options))
         .max()
         .unwrap_or(1)
+}
+
+/// The three losses of a score beside the oracle's, as (variant, name, got, want).
+pub fn variant_losses(got: &Scores, want: &Scores) -> [(Variant, &'static str, f64, f64); 3] {
+    [
+        (Variant::None, "l_none", got.l_none, want.l_none),
+        (Variant::Call, "l_call", got.l_call, want.l_call),
+        (
+            Variant::CallResult,
+            "l_call_result",
+            got.l_call_result,
+            want.l_call_result,
+        ),
+    ]
+}
+
+/// The rounding budget of one loss `loss` of variant `variant` of `c`, for arithmetic whose
+/// rounding has unit roundoff `u`: sum_t |w_t| g_t 16u + 4u g_max |loss|, with g_t the oracle's
+/// LayerNorm gain at the row that predicts target t (tests/cuda_sampling.rs's `tol` says why).
+pub fn rounding_budget(
+    reference: &ReferenceModel,
+    c: &TokenCandidate,
+    variant: Variant,
+    options: &ScoreOptions,
+    u: f64,
+    loss: f64,
+) -> f64 {
+    let seq = variant_sequence(c, variant, options);
+    let gain = reference.layer_norm_gain(&seq.ids);
+    let weighted: f64 = seq.targets.iter().map(|&(r, _, w)| w.abs() * gain[r]).sum();
+    let most = seq
+        .targets
+        .iter()
+        .map(|&(r, _, _)| gain[r])
+        .fold(1.0, f64::max);
+    16.0 * u * weighted + 4.0 * u * most * loss.abs()
 }
