@@ -920,7 +920,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
             .map_or(none.to_string(), |p| p.display().to_string())
     };
     let skip = resume_at.map_or(0, |p| p.lines);
-    let summary = generate_jsonl_after(
+    let generated = generate_jsonl_after(
         skip,
         input,
         output,
@@ -928,8 +928,14 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         tokenizer,
         &tools,
         &options,
-    )
-    .with_context(|| {
+    );
+    if let Err(toolsift::Error::Io { error, .. }) = &generated {
+        if args.output.is_none() && error.kind() == std::io::ErrorKind::BrokenPipe {
+            // A reader of stdout that has gone (`| head -1`) ends the output quietly, as `emit`.
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    let summary = generated.with_context(|| {
         format!(
             "generating from {} into {}",
             name(&args.input, "--prompt"),

@@ -1563,3 +1563,29 @@ fn cli_says_when_sampling_flags_have_no_effect() {
         "{stderr}"
     );
 }
+
+/// Output on stdout to a reader that has gone (`generate ... | head -1`): the run ends quietly
+/// with success, as a closed pipe ends any Unix tool's, instead of an error about the pipe.
+#[test]
+fn cli_generate_to_a_closed_pipe_ends_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("p.jsonl");
+    let lines: String = (0..200)
+        .map(|k| format!("{{\"id\": {k}, \"prompt\": \"The sum\"}}\n"))
+        .collect();
+    std::fs::write(&prompts, lines).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["generate", "--max-new-tokens", "2", "--model"])
+        .arg(common::tiny("f32"))
+        .arg("--input")
+        .arg(&prompts)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader goes before the first line is written
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("Broken pipe"), "{err}");
+}

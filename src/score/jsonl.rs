@@ -208,17 +208,20 @@ fn parse_line(
     if duplicate.as_ref().is_none_or(|d| d.field != "id") {
         parsed.id = obj.get("id").cloned().unwrap_or(Value::Null);
     }
-    if parsed
-        .id
-        .as_number()
-        .is_some_and(|n| !n.is_i64() && !n.is_u64())
-    {
-        // An integer past 64 bits is read as a float and would come back as another number
-        // (18446744073709551617 as 1.8446744073709552e19), so two ids could collide.
-        let id = std::mem::take(&mut parsed.id);
-        return Err(format!(
-            "\"id\" {id} is not an integer in the 64-bit range (use a string id)"
-        ));
+    if let Some(n) = json::first_inexact_number(&parsed.id) {
+        // An integer past 64 bits, at any depth, is read as a float and would come back as
+        // another number (18446744073709551617 as 1.8446744073709552e19), so two ids could
+        // collide.
+        let message = if parsed.id.is_number() {
+            format!("\"id\" {n} is not an integer in the 64-bit range (use a string id)")
+        } else {
+            format!(
+                "\"id\" holds the number {n}, not an integer in the 64-bit range, which would be \
+                 echoed changed (use a string there)"
+            )
+        };
+        parsed.id = Value::Null;
+        return Err(message);
     }
     if let Some(d) = duplicate {
         // Refused as an unknown key is: one of the two would be ignored, silently.
@@ -339,10 +342,18 @@ mod tests {
         ] {
             assert_eq!(error(&line), (id, want.to_string()), "{line}");
         }
-        // An id that could not come back exactly is still not echoed.
-        let (id, e) = error(&format!(r#"{{"id": 1.5, {TOKENS}, "position": 2}}"#));
-        assert_eq!(id, Value::Null);
-        assert!(e.contains("64-bit range"), "{e}");
+        // An id that could not come back exactly, at any depth, is still not echoed.
+        for bad in [
+            "1.5",
+            "18446744073709551617",
+            r#"{"n": 18446744073709551617}"#,
+            "[1, [12345678901234567890123]]",
+            r#"{"a": "x", "b": [0.25]}"#,
+        ] {
+            let (id, e) = error(&format!(r#"{{"id": {bad}, {TOKENS}, "position": 2}}"#));
+            assert_eq!(id, Value::Null, "{bad}");
+            assert!(e.contains("64-bit range"), "{bad}: {e}");
+        }
     }
 
     #[test]

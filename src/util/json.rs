@@ -258,6 +258,18 @@ pub fn object_from_str<T: DeserializeOwned>(text: &str) -> Result<T, String> {
     from_object(obj).map_err(|e| e.to_string())
 }
 
+/// The first number in `value`, at any depth, that is not an integer in the 64-bit range.
+/// serde_json reads a wider integer as a float, so such a value would be written back as another
+/// number (18446744073709551617 as 1.8446744073709552e19).
+pub fn first_inexact_number(value: &Value) -> Option<&Number> {
+    match value {
+        Value::Number(n) => (!n.is_i64() && !n.is_u64()).then_some(n),
+        Value::Array(items) => items.iter().find_map(first_inexact_number),
+        Value::Object(map) => map.values().find_map(first_inexact_number),
+        Value::Null | Value::Bool(_) | Value::String(_) => None,
+    }
+}
+
 /// A JSON value's kind, with its article, for messages.
 pub fn value_kind(value: &Value) -> &'static str {
     match value {
