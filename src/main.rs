@@ -475,17 +475,6 @@ fn resume_point(
     Ok(point)
 }
 
-/// The output, created (emptied) or, resuming, cut to the answered lines and appended to.
-fn open_output(
-    output: &Path,
-    resume_at: Option<toolsift::util::jsonl::ResumePoint>,
-) -> Result<File> {
-    Ok(match resume_at {
-        Some(point) => toolsift::util::jsonl::reopen_at(output, point)?,
-        None => File::create(output).with_context(|| format!("{}", output.display()))?,
-    })
-}
-
 fn score(args: ScoreArgs) -> Result<ExitCode> {
     // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
     let weights = match args.weights {
@@ -497,6 +486,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
     }
     check_io(Some(&args.input), Some(&args.output), Some(&args.model))?;
     let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
+    let locked = toolsift::util::jsonl::lock_output(&args.output)?;
     let resume_at = resume_point(args.resume, &args.input, &args.output, "l_none")?;
     let mut model = Model::load(&args.model)?;
     let options = JsonlOptions {
@@ -517,7 +507,8 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         // converted.
         (false, device) => toolsift::backend::scorer_from_model(model, device, memory_budget)?,
     };
-    let output = open_output(&args.output, resume_at)?;
+    // Emptied (or cut to where it resumes) only now that the model has loaded.
+    let output = toolsift::util::jsonl::start_output(locked, &args.output, resume_at)?;
     let summary = score_jsonl(
         BufReader::new(input),
         BufWriter::new(output),
@@ -864,11 +855,12 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     use toolsift::generate::{self, jsonl::generate_jsonl_after, GenerateOptions};
     // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
     let tools = generate::tools_from_config(args.config.as_deref(), args.tools.as_deref())?;
-    let mut resume_at = None;
+    let (mut resume_at, mut locked) = (None, None);
     let input: Box<dyn std::io::BufRead> = match (&args.input, &args.prompt) {
         (Some(path), _) => {
             check_io(Some(path), args.output.as_deref(), None)?;
             if let Some(output) = &args.output {
+                locked = Some(toolsift::util::jsonl::lock_output(output)?);
                 resume_at = resume_point(args.resume, path, output, "completion")?;
             }
             let file = File::open(path).with_context(|| format!("{}", path.display()))?;
@@ -912,7 +904,14 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     (options.n_positions, options.vocab_size) = (limits.n_positions, limits.vocab_size);
     let decoder = toolsift::backend::decoder_for(&model, args.device)?;
     let output: Box<dyn std::io::Write> = match &args.output {
-        Some(path) => Box::new(BufWriter::new(open_output(path, resume_at)?)),
+        Some(path) => {
+            let file = match locked {
+                Some(file) => file,
+                None => toolsift::util::jsonl::lock_output(path)?,
+            };
+            let file = toolsift::util::jsonl::start_output(file, path, resume_at)?;
+            Box::new(BufWriter::new(file))
+        }
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
     let name = |p: &Option<PathBuf>, none: &str| {

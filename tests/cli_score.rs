@@ -798,3 +798,33 @@ fn resume_goes_on_from_an_interrupted_output() {
         assert!(!ok && stderr.contains("must be a regular file"), "{stderr}");
     }
 }
+
+/// A second run on an output another run is writing (here: this test holds its lock) is
+/// refused, fresh or resuming, and leaves the file as it was: unlocked, it cut the file and
+/// wrote its lines over the first run's.
+#[test]
+fn an_output_another_run_is_writing_is_refused_and_left_alone() {
+    let model = common::tiny("f32");
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in.jsonl"), tmp.path().join("out.jsonl"));
+    let text: String = token_lines().iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, text).unwrap();
+    let (ok, rows, err) = run_score_raw(&model, &input, &output, &[]);
+    assert!(ok && rows.len() == token_lines().len(), "{err}");
+    let before = std::fs::read(&output).unwrap();
+    let held = std::fs::File::open(&output).unwrap();
+    held.lock().unwrap();
+    for extra in [&[][..], &["--resume"][..]] {
+        let (ok, _, err) = run_score_raw(&model, &input, &output, extra);
+        assert!(!ok, "{extra:?}");
+        assert!(
+            err.contains("another toolsift run is writing this output")
+                && err.contains("out.jsonl"),
+            "{extra:?}: {err}"
+        );
+        assert_eq!(std::fs::read(&output).unwrap(), before, "{extra:?}");
+    }
+    drop(held);
+    let (ok, rows, err) = run_score_raw(&model, &input, &output, &["--resume"]);
+    assert!(ok && rows.len() == token_lines().len(), "{err}");
+}

@@ -257,19 +257,52 @@ pub fn resume_point(
     }))
 }
 
-/// Opens `output` to go on from `point` (cut to its answered lines, positioned at their end).
-pub fn reopen_at(
+/// Opens `output` (created if missing, nothing cut yet) and takes its exclusive lock, held while
+/// the returned file is open: a second run on the same output is refused, instead of cutting
+/// the file and writing its lines over this run's. Take it before reading the output to resume.
+pub fn lock_output(output: &std::path::Path) -> crate::error::Result<std::fs::File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(output)
+        .map_err(|e| crate::error::Error::io(output, e))?;
+    crate::util::fs::lock_in_place(
+        &file,
+        output,
+        || {
+            format!(
+                "{}: another toolsift run is writing this output; wait for it to finish or stop \
+                 it, then rerun",
+                output.display()
+            )
+        },
+        || {
+            format!(
+                "{}: another run replaced or removed this output while this one started; rerun",
+                output.display()
+            )
+        },
+    )?;
+    Ok(file)
+}
+
+/// `file`, the locked `output` (`lock_output`), made ready to write: emptied, or cut to the
+/// answered lines of `point` and positioned at their end. Not a regular file (a pipe, a device):
+/// written as it is, as `File::create` would.
+pub fn start_output(
+    mut file: std::fs::File,
     output: &std::path::Path,
-    point: ResumePoint,
+    point: Option<ResumePoint>,
 ) -> crate::error::Result<std::fs::File> {
     use std::io::Seek;
     let io = |e| crate::error::Error::io(output, e);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(output)
-        .map_err(io)?;
-    file.set_len(point.output_bytes).map_err(io)?;
-    file.seek(std::io::SeekFrom::End(0)).map_err(io)?;
+    if file.metadata().map_err(io)?.is_file() {
+        file.set_len(point.map_or(0, |p| p.output_bytes))
+            .map_err(io)?;
+        file.seek(std::io::SeekFrom::End(0)).map_err(io)?;
+    }
     Ok(file)
 }
 
@@ -308,7 +341,7 @@ mod tests {
         assert_eq!(p.lines, 2);
         assert_eq!(p.output_bytes, answered.len() as u64);
         assert_eq!(p.failed, 1);
-        let mut file = reopen_at(&output, p).unwrap();
+        let mut file = start_output(lock_output(&output).unwrap(), &output, Some(p)).unwrap();
         std::io::Write::write_all(&mut file, b"{\"id\":7,\"x\":2}\n").unwrap();
         drop(file);
         assert_eq!(
