@@ -855,12 +855,15 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     use toolsift::generate::{self, jsonl::generate_jsonl_after, GenerateOptions};
     // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
     let tools = generate::tools_from_config(args.config.as_deref(), args.tools.as_deref())?;
-    let (mut resume_at, mut locked) = (None, None);
+    check_io(args.input.as_deref(), args.output.as_deref(), None)?;
+    // Locked before it is read to resume, and held to the end, as score's.
+    let locked = (args.output.as_deref())
+        .map(toolsift::util::jsonl::lock_output)
+        .transpose()?;
+    let mut resume_at = None;
     let input: Box<dyn std::io::BufRead> = match (&args.input, &args.prompt) {
         (Some(path), _) => {
-            check_io(Some(path), args.output.as_deref(), None)?;
             if let Some(output) = &args.output {
-                locked = Some(toolsift::util::jsonl::lock_output(output)?);
                 resume_at = resume_point(args.resume, path, output, "completion")?;
             }
             let file = File::open(path).with_context(|| format!("{}", path.display()))?;
@@ -903,15 +906,10 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let limits = toolsift::generate::GenerateOptions::for_model(model.config());
     (options.n_positions, options.vocab_size) = (limits.n_positions, limits.vocab_size);
     let decoder = toolsift::backend::decoder_for(&model, args.device)?;
-    let output: Box<dyn std::io::Write> = match &args.output {
-        Some(path) => {
-            let file = match locked {
-                Some(file) => file,
-                None => toolsift::util::jsonl::lock_output(path)?,
-            };
-            let file = toolsift::util::jsonl::start_output(file, path, resume_at)?;
-            Box::new(BufWriter::new(file))
-        }
+    let output: Box<dyn std::io::Write> = match args.output.as_deref().zip(locked) {
+        Some((path, file)) => Box::new(BufWriter::new(toolsift::util::jsonl::start_output(
+            file, path, resume_at,
+        )?)),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
     let name = |p: &Option<PathBuf>, none: &str| {
