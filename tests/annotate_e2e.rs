@@ -214,6 +214,36 @@ fn calls_are_sampled_executed_filtered_and_spliced() {
     assert_eq!(a.annotate_document(&d).unwrap().0, record);
 }
 
+/// Weights whose only positive one falls past the end of the text measure nothing: such calls
+/// are unscorable, not scored 0 and kept at a tau_f <= 0.
+#[test]
+fn calls_with_no_weighted_token_are_unscorable_not_kept() {
+    let mut config = test_config();
+    config.per_tool.calculator.m = 5;
+    config.weights = [vec![0.0; 40], vec![1.0]].concat();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let d = doc(5, "Out of 1400 people, 400 (or 29%) said yes.");
+    let (record, stats) = a.annotate_document(&d).unwrap();
+    let st = stats.tools["calculator"];
+    assert!(st.calls_executed > st.calls_failed, "{st:?}");
+    assert_eq!(
+        (st.calls_scored, st.calls_kept),
+        (0, 0),
+        "tau_f = -1e9 would keep anything scored"
+    );
+    assert_eq!(st.calls_unscorable, st.calls_executed - st.calls_failed);
+    for c in record.calls.iter().filter(|c| c.result.is_some()) {
+        let why = c.error.as_deref().unwrap_or_default();
+        assert!(
+            why.contains("no positive weight falls on a text token"),
+            "{why}"
+        );
+        assert!(!c.kept && c.delta.is_none());
+    }
+    assert_eq!(record.annotated_text, d.text);
+}
+
 #[test]
 fn heuristics_and_too_long_texts_are_counted() {
     let mut config = test_config();

@@ -357,6 +357,13 @@ fn line_of_neither_kind_and_bad_fields() {
     let mut bad = token_lines()[0].clone();
     bad["weights"] = json!([0.0, 0.0]);
     assert_bad_line(bad, "at least one positive weight");
+    // So would weights whose only positive one falls past the end of the text.
+    let mut bad = token_lines()[0].clone();
+    let n = bad["text_ids"].as_array().unwrap().len();
+    bad["position"] = json!(n - 1);
+    bad["weights"] = json!([0.0, 1.0]);
+    bad["tau_f"] = json!(0.0);
+    assert_bad_line(bad, "no positive weight falls on a text token");
     // A misspelled optional key is not ignored (the line would get the default weights).
     let mut bad = token_lines()[0].clone();
     bad["wieghts"] = bad["weights"].take();

@@ -37,15 +37,11 @@ struct Plan {
 
 fn plan(candidates: &[TokenCandidate], options: &ScoreOptions, batch_size: usize) -> Plan {
     // The no-call pass runs once per text: one sequence up to the furthest window of any of the
-    // text's candidates, whose rows serve every position (the model is causal). A candidate
-    // with nothing to score runs nothing: its position must not lengthen the pass (nor make it
-    // longer than n_positions, which `validate` lets such a candidate be).
+    // text's candidates, whose rows serve every position (the model is causal).
     let mut no_call_end: HashMap<&[u32], usize> = HashMap::new();
     for c in candidates {
         let end = no_call_end.entry(&c.text_ids[..]).or_insert(0);
-        if c.window(options).any(|(_, w)| w != 0.0) {
-            *end = (*end).max(c.text_end(options));
-        }
+        *end = (*end).max(c.text_end(options));
     }
     let mut index: HashMap<Vec<u32>, usize> = HashMap::new();
     let mut unique: Vec<Vec<u32>> = Vec::new();
@@ -57,7 +53,7 @@ fn plan(candidates: &[TokenCandidate], options: &ScoreOptions, batch_size: usize
                 seq.ids = c.text_ids[..no_call_end[&c.text_ids[..]]].to_vec();
             }
             if seq.targets.is_empty() {
-                continue; // every weight is zero: the loss is 0 and nothing needs to run
+                continue; // no weighted token (`validate` refuses such a candidate): nothing to run
             }
             let sequence = *index.entry(seq.ids.clone()).or_insert_with(|| {
                 unique.push(seq.ids);

@@ -357,7 +357,7 @@ impl<'o> PlanBuilder<'o> {
         for variant in Variant::ALL {
             let seq = variant_sequence(cand, variant, self.options);
             if seq.targets.is_empty() {
-                continue; // every weight is zero: the loss is 0 and nothing needs to run
+                continue; // no weighted token (`validate` refuses such a candidate): nothing to run
             }
             self.naive_tokens += seq.ids.len();
             self.nodes.clear();

@@ -49,8 +49,8 @@ impl TokenCandidate {
 
     /// One past the last text token any variant needs: nothing after x_{i+T-1} is computed, where
     /// w_{T-1} is the last non-zero weight with a token in the text (zero weights after it, and
-    /// non-zero ones past the end of the text, add no token; with none, no text token from x_i
-    /// on is needed).
+    /// non-zero ones past the end of the text, add no token; with none, which `validate`
+    /// refuses, no text token from x_i on is needed).
     pub fn text_end(&self, options: &ScoreOptions) -> usize {
         (self.position + self.scored_len(options)).min(self.text_ids.len())
     }
@@ -154,11 +154,23 @@ pub(crate) fn validate_at(
             ));
         }
     }
+    if c.scored_len(options) == 0 {
+        // Every loss would be 0 with nothing measured, and delta 0 would keep the call at any
+        // tau_f <= 0.
+        let weights = c.weights(options);
+        let first = weights
+            .iter()
+            .position(|&w| w > 0.0)
+            .unwrap_or(weights.len());
+        return Err(format!(
+            "no positive weight falls on a text token: {} token(s) follow from position {}, \
+             and the first positive weight is w_{first}; nothing would be measured",
+            n - c.position,
+            c.position
+        ));
+    }
     let longest = c.call_ids.len().max(c.call_result_ids.len()) + c.text_end(options);
-    // A candidate with no weighted token left (every weight zero, or the non-zero ones past the
-    // end of the text) runs nothing, so no sequence of it has to fit.
-    let runs = c.window(options).any(|(_, w)| w != 0.0);
-    if runs && longest > config.n_positions {
+    if longest > config.n_positions {
         return Err(format!(
             "sequence of {longest} tokens (call + text up to the last weighted token) is longer \
              than n_positions ({})",
@@ -281,12 +293,19 @@ mod tests {
             .contains("longer than n_positions (256)"));
 
         // No weighted token at all (the only positive weight falls past the end of the text):
-        // nothing runs, so nothing must fit, even with 251 + 6 tokens before the position.
+        // refused, naming the first positive weight, before the length is looked at (251 + 6
+        // tokens before the position would not fit either).
         c.position = 251;
         let mut w = vec![0.0; 59];
         w.push(1.0);
         c.weights = Some(w);
-        assert_eq!(validate(&c, &config, &o), Ok(()));
+        let err = validate(&c, &config, &o).unwrap_err();
+        assert!(
+            err.contains("no positive weight falls on a text token")
+                && err.contains("49 token(s) follow from position 251")
+                && err.contains("w_59"),
+            "{err}"
+        );
         let all_zero = TokenCandidate {
             weights: Some(vec![0.0]),
             ..c.clone()
@@ -294,7 +313,7 @@ mod tests {
         assert!(validate(&all_zero, &config, &o)
             .unwrap_err()
             .contains("at least one positive weight"));
-        // ... and the scorers give 0 without running it.
+        // ... and every scorer refuses it rather than give losses of 0.
         let model = crate::model::Model::from_parts(
             config.clone(),
             crate::model::GptjWeights::random(&config, 1, crate::model::DType::F32),
@@ -304,10 +323,11 @@ mod tests {
         let cpu = crate::cpu::CpuScorer::new(&model);
         let reference = super::super::ReferenceScorer::new(&model);
         for scorer in [&cpu as &dyn super::super::Scorer, &reference] {
-            assert_eq!(
-                scorer.variant_losses(std::slice::from_ref(&c), &o).unwrap(),
-                vec![[0.0; 3]]
-            );
+            let err = scorer
+                .variant_losses(std::slice::from_ref(&c), &o)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("no positive weight"), "{err}");
         }
     }
 

@@ -128,7 +128,7 @@ impl std::io::Read for FailsAfter {
 /// each with several positions (including the first and last scorable ones),
 /// several calls per position, a duplicate, an empty result, an empty call, a call that is a
 /// prefix of its call with result, weights of their own with zeros inside, after, and past the
-/// end of the text (some with nothing left to score).
+/// end of the text (each with at least one positive weight on a text token).
 pub fn random_candidates(
     rng: &mut Rng,
     v: usize,
@@ -170,6 +170,11 @@ pub fn random_candidates(
                     if w.iter().all(|&x| x == 0.0) {
                         let k = rng.range(0, w.len() - 1);
                         w[k] = rng.uniform();
+                    }
+                    // At least one positive weight on a text token (`validate` refuses a
+                    // candidate with nothing to measure).
+                    if w[..w.len().min(n - position)].iter().all(|&x| x == 0.0) {
+                        w[0] = 0.5 + 0.5 * rng.uniform();
                     }
                     Some(w)
                 } else {
