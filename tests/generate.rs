@@ -1014,6 +1014,62 @@ fn a_call_the_length_cap_cuts_is_unfinished() {
     );
 }
 
+#[test]
+fn a_call_the_length_cap_cuts_keeps_what_was_decoded_of_it() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let call = "Calculator(108 / 540 * 100) ->";
+    let n = tokenizer.encode_ids(call).unwrap().len();
+    let m = scripted(tokenizer, 1, call, |_| 0);
+    let mut seen = Vec::new();
+    // "[" alone up to the arrow: every cut of the call.
+    for cap in 1..=1 + n {
+        let o = GenerateOptions {
+            max_new_tokens: cap,
+            ..Default::default()
+        };
+        let g = run(&m, tokenizer, &calculator(), &o);
+        let c = &g.calls[0];
+        assert_eq!(c.status, CallStatus::Unfinished, "{:?}", g.completion);
+        seen.push((g.completion.clone(), c.tool.clone(), c.input.clone()));
+    }
+    let find = |completion: &str| {
+        seen.iter()
+            .find(|(c, _, _)| c == completion)
+            .map(|(_, tool, input)| (tool.as_str(), input.as_str()))
+    };
+    // No "(" yet: the name may still grow, so it is no tool yet.
+    assert_eq!(find("["), Some(("", "")), "{seen:?}");
+    assert_eq!(find("[Calculator"), Some(("", "")), "{seen:?}");
+    // The tool once "Tool(" is in, and the input as far as it goes.
+    assert_eq!(find("[Calculator("), Some(("Calculator", "")), "{seen:?}");
+    assert_eq!(
+        find("[Calculator(108"),
+        Some(("Calculator", "108")),
+        "{seen:?}"
+    );
+    assert_eq!(
+        find("[Calculator(108 / 540 * 100)"),
+        Some(("Calculator", "108 / 540 * 100")),
+        "{seen:?}"
+    );
+    assert_eq!(
+        find("[Calculator(108 / 540 * 100) ->"),
+        Some(("Calculator", "108 / 540 * 100")),
+        "{seen:?}"
+    );
+    // Every cut after the "(" carries the tool, and an input that the completion shows.
+    for (completion, tool, input) in &seen {
+        if let Some((_, after)) = completion.split_once('(') {
+            assert_eq!(tool, "Calculator", "{completion:?}");
+            assert!(
+                after.starts_with(input.as_str()),
+                "{completion:?}: {input:?}"
+            );
+        }
+    }
+}
+
 /// A tool whose result holds the end-of-text token's text.
 struct EndOfText;
 impl Tool for EndOfText {

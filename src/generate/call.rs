@@ -83,6 +83,25 @@ pub fn parse_call(head: &str) -> Option<(&str, &str)> {
     is_call_name(tool).then(|| (tool, &inner[open + 1..]))
 }
 
+/// `parse_call` for a call cut off before its arrow (`unfinished`): what was decoded so far.
+/// The tool once "Tool(" is decoded (a name without its "(" may still grow, "Calc" into
+/// "Calculator", so it is no tool yet); the input is everything after the "(", as `parse_call`
+/// would read it were the call closed there: a final ")" is taken as the call's, and a lone "-"
+/// after it as the first half of an arrow ("-" ">" as two tokens).
+pub fn parse_partial_call(head: &str) -> Option<(&str, &str)> {
+    let head = head.trim();
+    let head = match head.strip_suffix('-') {
+        Some(before) if before.trim_end().ends_with(')') => before,
+        _ => head,
+    };
+    if let Some(call) = parse_call(head) {
+        return Some(call);
+    }
+    let (tool, input) = head.split_once('(')?;
+    let tool = tool.trim();
+    is_call_name(tool).then_some((tool, input))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,5 +138,42 @@ mod tests {
         // Any name annotate can splice into C*, a custom tool's in any script included.
         assert_eq!(parse_call("Wétter(Paris)"), Some(("Wétter", "Paris")));
         assert_eq!(parse_call(""), None);
+    }
+
+    #[test]
+    fn cut_calls_parse_as_far_as_they_go() {
+        assert_eq!(
+            parse_partial_call("Calculator(108"),
+            Some(("Calculator", "108"))
+        );
+        assert_eq!(
+            parse_partial_call(" Calculator(108 / 540 "),
+            Some(("Calculator", "108 / 540"))
+        );
+        assert_eq!(parse_partial_call("Calculator("), Some(("Calculator", "")));
+        assert_eq!(
+            parse_partial_call("QA(who (really"),
+            Some(("QA", "who (really"))
+        );
+        // A closed input, with or without the first half of an arrow.
+        assert_eq!(
+            parse_partial_call("Calculator(1+2)"),
+            Some(("Calculator", "1+2"))
+        );
+        assert_eq!(
+            parse_partial_call("Calculator(1+2) -"),
+            Some(("Calculator", "1+2"))
+        );
+        // A "-" inside the input is the input's.
+        assert_eq!(
+            parse_partial_call("Calculator(5 -"),
+            Some(("Calculator", "5 -"))
+        );
+        // No "(" yet: the name may still grow.
+        assert_eq!(parse_partial_call("Calcu"), None);
+        assert_eq!(parse_partial_call("Calculator"), None);
+        assert_eq!(parse_partial_call(""), None);
+        assert_eq!(parse_partial_call("Two words(x"), None);
+        assert_eq!(parse_partial_call("(1+2"), None);
     }
 }

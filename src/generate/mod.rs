@@ -633,14 +633,21 @@ impl Seq<'_> {
         }
     }
 
-    /// Generation ended inside a call.
+    /// Generation ended inside a call: the record keeps what was decoded of it.
     fn unfinished_call(&mut self, ctx: &Ctx<'_>) -> Result<()> {
         if let Mode::InCall { start } = self.mode {
             let end = self.tokens.len().max(start + 1);
             let body = ctx
                 .tokenizer
                 .decode(&self.tokens[(start + 1).min(end)..end])?;
-            self.fill_tool(&body);
+            if body.contains("->") {
+                // The arrow is in (the cap left no room for a result): read as at the arrow.
+                self.fill_tool(&body);
+            } else if let Some((tool, input)) = call::parse_partial_call(&body) {
+                let record = self.calls.last_mut().expect("a call is open");
+                record.tool = tool.to_string();
+                record.input = input.to_string();
+            }
             let record = self.calls.last_mut().expect("a call is open");
             if record.status == CallStatus::Unfinished {
                 record.error = Some("generation ended inside the call".into());
