@@ -108,7 +108,8 @@ struct AnnotateArgs {
     /// Base seed (overrides the config's `seed`).
     #[arg(long)]
     seed: Option<u64>,
-    /// Corpus field holding the text (overrides the config's `text_field`).
+    /// Corpus field holding the text (overrides the config's `text_field`); "id", "url" or
+    /// "date" is read as the text and kept as that field too.
     #[arg(long, conflicts_with = "demo")]
     text_field: Option<String>,
     /// This process's shard, INDEX/COUNT (0-based); line L goes to shard (L-1) % COUNT.
@@ -488,7 +489,12 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
     let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
     let locked = toolsift::util::jsonl::lock_output(&args.output)?;
     let resume_at = resume_point(args.resume, &args.input, &args.output, "l_none")?;
-    let mut model = Model::load(&args.model)?;
+    // Token-level lines need no tokenizer: a tokenizer.json that does not load fails the
+    // text-level lines only (each says why), not the run.
+    let (mut model, tokenizer_error) = Model::load_deferring_tokenizer(&args.model)?;
+    if let Some(e) = &tokenizer_error {
+        note!("warning: {e}; text-level lines will fail (token-level lines need no tokenizer)");
+    }
     let options = JsonlOptions {
         score: ScoreOptions {
             placement: args.placement,
@@ -498,6 +504,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         tau_f: args.tau_f,
         chunk_lines: args.chunk_lines,
         skip_lines: resume_at.map_or(0, |p| p.lines),
+        tokenizer_error: tokenizer_error.map(|e| e.to_string()),
     };
     let tokenizer = model.take_tokenizer();
     let memory_budget = args.memory_budget_mb.map(|mb| mb << 20);

@@ -1706,3 +1706,31 @@ fn a_run_that_rejects_every_line_warns() {
         "{err}"
     );
 }
+
+/// `--text-field id` reads the id as the text and the record keeps its id: it is not taken away
+/// to be the text (which left "id" null).
+#[test]
+fn a_text_field_that_is_the_id_keeps_the_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    std::fs::write(
+        &corpus,
+        "{\"id\": \"the cat sat on 3 mats\", \"text\": \"x\"}\n{\"id\": \"2 dogs\"}\n",
+    )
+    .unwrap();
+    let out = run_bin(dir.path(), &corpus, "ids.jsonl")
+        .args(["--text-field", "id"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let written = std::fs::read_to_string(dir.path().join("ids.jsonl")).unwrap();
+    let lines: Vec<Value> = written
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{written}");
+    for (l, id) in lines.iter().zip(["the cat sat on 3 mats", "2 dogs"]) {
+        assert_eq!((&l["id"], &l["text"]), (&json!(id), &json!(id)), "{l}");
+    }
+}

@@ -744,6 +744,28 @@ fn tokenizer_json_that_is_a_folder_is_reported() {
     assert!(Model::load(&dir).unwrap().tokenizer_if_any().is_none());
 }
 
+/// A tokenizer.json that is JSON but no tokenizer (a config.json copied over it) is reported as
+/// that, with the tokenizers crate's reason, not as a JSON syntax error; one that is no JSON
+/// says so.
+#[test]
+fn tokenizer_json_that_is_not_a_tokenizer_is_reported_as_such() {
+    let (_tmp, dir) = copy_fixture();
+    let path = dir.join("tokenizer.json");
+    std::fs::copy(dir.join("config.json"), &path).unwrap();
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &[
+            &path.display().to_string(),
+            "is JSON, but not a Hugging Face tokenizer",
+            " column ",
+        ],
+    );
+    std::fs::write(&path, "{\"model\": ").unwrap();
+    let err = load_err(&dir);
+    assert_names(&err, &["tokenizer.json", "is not valid JSON", "EOF"]);
+}
+
 /// `convert --dtype f16` refuses a weight past f16's range (it would be written as infinity,
 /// a checkpoint the loader refuses) and names it; what it writes loads in transformers too: the
 /// safetensors header says `"format": "pt"` and config.json has a model_type.

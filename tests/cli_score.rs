@@ -216,6 +216,65 @@ fn invalid_utf8_line_fails_alone() {
     assert!(err.contains("line 2") && err.contains("not UTF-8"), "{err}");
 }
 
+/// A byte order mark starting a line other than line 1 (files joined with `cat`) is that line's
+/// error, called what it is, not "expected value at line 1 column 1".
+#[test]
+fn a_byte_order_mark_past_line_1_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let output = tmp.path().join("out.jsonl");
+    let good = token_lines()[0].to_string();
+    let mut bytes = format!("{good}\n").into_bytes();
+    bytes.extend(b"\xef\xbb\xbf");
+    bytes.extend(format!("{good}\n{good}\n").bytes());
+    std::fs::write(&input, bytes).unwrap();
+    let (ok, results, _) = run_score_raw(&tiny("f32"), &input, &output, &[]);
+    assert!(!ok);
+    assert_eq!(results.len(), 3);
+    assert!(results[0]["delta"].is_f64() && results[2]["delta"].is_f64());
+    assert_eq!(results[1]["line"], 2);
+    let err = results[1]["error"].as_str().unwrap();
+    assert!(
+        err.starts_with("line 2: the line starts with a UTF-8 byte order mark")
+            && !err.contains("column"),
+        "{err}"
+    );
+}
+
+/// Token-level lines need no tokenizer: a tokenizer.json that does not load fails the text-level
+/// lines alone, each naming the file and why, after a warning; token-level input alone passes.
+#[test]
+fn a_tokenizer_that_does_not_load_fails_only_text_level_lines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    std::fs::create_dir(&dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(tiny("f32").join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(dir.join("tokenizer.json"), r#"{"not": "a tokenizer"}"#).unwrap();
+    let (ok, results, stderr) = run_score(&dir, &token_lines(), &[]);
+    assert!(ok, "{stderr}");
+    assert_eq!(results.len(), token_lines().len());
+    assert!(results.iter().all(|r| r["delta"].is_f64()), "{results:?}");
+    assert!(
+        stderr.contains("warning: tokenizer") && stderr.contains("not a Hugging Face tokenizer"),
+        "{stderr}"
+    );
+    let text = json!({"id": "t", "text": "Out of 1400 participants, 400 passed", "position": 13,
+                      "tool": "Calculator", "input": "400 / 1400", "result": "0.29"});
+    let (ok, results, _) = run_score(&dir, &[token_lines()[0].clone(), text], &[]);
+    assert!(!ok);
+    assert!(results[0]["delta"].is_f64());
+    let err = results[1]["error"].as_str().unwrap();
+    let path = dir.join("tokenizer.json").display().to_string();
+    assert!(
+        err.starts_with("line 2: text-level line, but the model's tokenizer did not load")
+            && err.contains(&path)
+            && err.contains("not a Hugging Face tokenizer"),
+        "{err}"
+    );
+}
+
 /// A key held twice (which of the two would count?), a blank line and a field of the wrong type:
 /// each is its line's error, naming the key, between good lines that are scored.
 #[test]

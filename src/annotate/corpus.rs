@@ -1,7 +1,9 @@
 //! The corpus: JSONL, one document per line (CCNet-like). The text is under a configurable field
 //! (default "text"); "id" (string or integer of at most 64 bits, kept exactly), "url" and "date"
-//! (strings) are optional; other keys are ignored. A UTF-8 byte order mark starting line 1 is
-//! skipped. Lines are numbered from 1. A line that is not a usable document (invalid UTF-8 or
+//! (strings) are optional; other keys are ignored. The text field may be one of those three: the
+//! document then keeps it as well (`--text-field id`: the text is the id, and the id stays). A
+//! UTF-8 byte order mark starting line 1 is skipped (starting a later line, it is that line's
+//! reject). Lines are numbered from 1. A line that is not a usable document (invalid UTF-8 or
 //! JSON, not an object, a key held twice at any depth, no text, a field of the wrong type, blank)
 //! is a `Line::Reject` with its reason: the driver writes it to the rejects file, it is never
 //! dropped silently.
@@ -79,7 +81,7 @@ pub fn parse_line(line: u64, bytes: &[u8], text_field: &str) -> Line {
     let s = s.strip_suffix('\r').unwrap_or(s);
     let (value, duplicate) = match json::parse_line(s) {
         Ok(v) => v,
-        Err(e @ LineError::Blank) => return reject(e.to_string()),
+        Err(e @ (LineError::Blank | LineError::ByteOrderMark)) => return reject(e.to_string()),
         Err(LineError::Syntax(e)) => return reject(format!("invalid JSON: {e}")),
     };
     let Value::Object(mut obj) = value else {
@@ -90,7 +92,13 @@ pub fn parse_line(line: u64, bytes: &[u8], text_field: &str) -> Line {
         // otherwise be annotated as the last, silently.)
         return reject(d.to_string());
     }
-    let text = match obj.remove(text_field) {
+    // A text field the record also reads ("--text-field id") is read, not taken: the record
+    // keeps its id (URL, date) rather than losing it to the text.
+    let field = match text_field {
+        "id" | "url" | "date" => obj.get(text_field).cloned(),
+        _ => obj.remove(text_field),
+    };
+    let text = match field {
         Some(Value::String(t)) => t,
         Some(_) => return reject(format!("field {text_field:?} is not a string")),
         None => return reject(format!("no field {text_field:?}")),
@@ -328,6 +336,26 @@ mod tests {
     }
 
     #[test]
+    fn a_text_field_that_is_also_id_url_or_date_is_kept_as_that_too() {
+        let line = br#"{"id": "doc one", "url": "http://u", "date": "2023-01-30", "text": "t"}"#;
+        for field in ["id", "url", "date"] {
+            let Line::Doc(d) = parse_line(1, line, field) else {
+                panic!("{field}")
+            };
+            assert_eq!(d.id, Value::from("doc one"), "{field}");
+            assert_eq!(d.url.as_deref(), Some("http://u"), "{field}");
+            assert_eq!(d.date.as_deref(), Some("2023-01-30"), "{field}");
+        }
+        let Line::Doc(d) = parse_line(1, line, "id") else {
+            panic!()
+        };
+        assert_eq!(d.text, "doc one");
+        // A text field must be a string, even when it is the id.
+        let r = reason(parse_line(1, br#"{"id": 7, "text": "t"}"#, "id"));
+        assert_eq!(r, "field \"id\" is not a string");
+    }
+
+    #[test]
     fn ids_are_kept_exactly() {
         let id = |s: &[u8]| match parse_line(1, s, "text") {
             Line::Doc(d) => d.id,
@@ -369,15 +397,27 @@ mod tests {
             panic!()
         };
         assert_eq!((d.id_str(), d.text.as_str()), ("1".into(), "a"));
-        assert!(reason(parse_line(2, line, "text")).contains("invalid JSON"));
-        let data = b"\xEF\xBB\xBF{\"text\":\"a\"}\n{\"text\":\"b\"}\n";
+        // Past line 1 (files joined with `cat`), the reject says what it is.
+        let r = reason(parse_line(2, line, "text"));
+        assert!(
+            r.contains("byte order mark") && !r.contains("column"),
+            "{r}"
+        );
+        let data =
+            b"\xEF\xBB\xBF{\"text\":\"a\"}\n{\"text\":\"b\"}\n\xEF\xBB\xBF{\"text\":\"c\"}\n";
         let mut c = Corpus::new(&data[..], Path::new("c.jsonl"), "text");
-        let mut texts = Vec::new();
+        let mut got = Vec::new();
         while let Some(Some(l)) = c.next_line(|_| true).unwrap() {
-            let Line::Doc(d) = l else { panic!("{l:?}") };
-            texts.push(d.text);
+            got.push(match l {
+                Line::Doc(d) => d.text,
+                Line::Reject { line, reason } => format!("{line}: {reason}"),
+            });
         }
-        assert_eq!(texts, ["a", "b"]);
+        assert_eq!(got[..2], ["a", "b"]);
+        assert!(
+            got[2].starts_with("3: the line starts with a UTF-8 byte order mark"),
+            "{got:?}"
+        );
     }
 
     #[test]

@@ -186,7 +186,7 @@ fn read_fields(line: &str, line_no: usize) -> (Value, std::result::Result<Line, 
     let fail = |message: String| (Value::Null, Err(format!("line {line_no}: {message}")));
     let (value, duplicate) = match json::parse_line(line) {
         Ok(v) => v,
-        Err(e @ LineError::Blank) => return fail(e.to_string()),
+        Err(e @ (LineError::Blank | LineError::ByteOrderMark)) => return fail(e.to_string()),
         Err(LineError::Syntax(e)) => return fail(format!("malformed JSON: {e}")),
     };
     // serde would fill the struct from an array by position ("[1, 2]": "invalid type: integer

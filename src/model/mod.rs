@@ -34,6 +34,17 @@ impl Model {
     /// Loads and validates a Hugging Face GPT-J folder. Every problem is reported with the file and
     /// tensor it concerns before any computation starts.
     pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        match Self::load_deferring_tokenizer(dir)? {
+            (_, Some(e)) => Err(e),
+            (model, None) => Ok(model),
+        }
+    }
+
+    /// `load`, except that a tokenizer.json that fails to load is no error here: the model comes
+    /// back without a tokenizer, the tokenizer's error beside it. For a caller that needs the
+    /// tokenizer for some inputs only (`score`: token-level lines need none), so that a broken
+    /// tokenizer.json fails those alone.
+    pub fn load_deferring_tokenizer(dir: impl AsRef<Path>) -> Result<(Self, Option<Error>)> {
         let dir = dir.as_ref();
         // "" is the working directory; kept as "." so that `dir` always says where the files
         // are (`convert` tells a loaded model from one built in memory by it).
@@ -58,16 +69,20 @@ impl Model {
         let config = GptjConfig::from_file(&dir.join("config.json"))?;
         let map = checkpoint::TensorMap::open_dir(dir)?;
         let weights = GptjWeights::from_map(&config, &map, dir)?;
-        let tokenizer = load_tokenizer(&dir.join("tokenizer.json"))?;
+        let (tokenizer, tokenizer_error) = match load_tokenizer(&dir.join("tokenizer.json")) {
+            Ok(t) => (t, None),
+            Err(e) => (None, Some(e)),
+        };
         if let Some(tok) = &tokenizer {
             warn_if_tokenizer_exceeds_vocab(tok, config.vocab_size);
         }
-        Ok(Model {
+        let model = Model {
             config,
             weights,
             tokenizer,
             dir: dir.to_owned(),
-        })
+        };
+        Ok((model, tokenizer_error))
     }
 
     /// A model made from weights in memory (random models for tests and benchmarks), checked as

@@ -37,8 +37,17 @@ impl Tokenizer {
             path: path.to_owned(),
             msg,
         };
-        let mut inner =
-            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| err(e.to_string()))?;
+        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+            // The crate says the same ("expected `,` or `}` at line 1 column 5") of a file that
+            // is no JSON and of JSON that is no tokenizer (a config.json copied over it, say).
+            match serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+                Ok(_) => err(format!(
+                    "is JSON, but not a Hugging Face tokenizer (the tokenizer.json that \
+                     `tokenizers` or transformers saves): {e}"
+                )),
+                Err(_) => err(format!("is not valid JSON: {e}")),
+            }
+        })?;
         // A text's own tokens, as transformers' tokenizers give them unless a call asks for
         // more: a saved padding or truncation setting would put pad tokens into the scored
         // sequences or cut the text.

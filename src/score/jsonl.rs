@@ -31,6 +31,10 @@ pub struct JsonlOptions {
     /// Input lines an earlier run's output already answers (`util::jsonl::resume_point`): read
     /// past, not scored or written; the lines after them keep their numbers.
     pub skip_lines: usize,
+    /// Why there is no tokenizer when the model folder's tokenizer.json failed to load
+    /// (`Model::load_deferring_tokenizer`): each text-level line is refused with it. None: the
+    /// folder has no tokenizer.json (or the tokenizer is given).
+    pub tokenizer_error: Option<String>,
 }
 
 impl Default for JsonlOptions {
@@ -41,6 +45,7 @@ impl Default for JsonlOptions {
             tau_f: 1.0,
             chunk_lines: 4096,
             skip_lines: 0,
+            tokenizer_error: None,
         }
     }
 }
@@ -198,7 +203,7 @@ fn parse_line(
     parsed: &mut Parsed,
 ) -> std::result::Result<TokenCandidate, String> {
     let (value, duplicate) = json::parse_line(line).map_err(|e| match e {
-        LineError::Blank => e.to_string(),
+        LineError::Blank | LineError::ByteOrderMark => e.to_string(),
         LineError::Syntax(e) => format!("malformed JSON: {e}"),
     })?;
     let Value::Object(obj) = value else {
@@ -251,8 +256,10 @@ fn parse_line(
     } else if obj.contains_key("text") {
         let t: TextLine =
             json::from_object(obj).map_err(|e| format!("bad text-level line: {e}"))?;
-        let tokenizer =
-            tokenizer.ok_or("text-level line, but the model folder has no tokenizer.json")?;
+        let tokenizer = tokenizer.ok_or_else(|| match &options.tokenizer_error {
+            Some(e) => format!("text-level line, but the model's tokenizer did not load: {e}"),
+            None => "text-level line, but the model folder has no tokenizer.json".into(),
+        })?;
         // Only the head of the text the candidate reads is tokenized (a position past the text
         // is refused before anything is, and before its head is kept for later lines). A later
         // candidate of the same text that reads further tokenizes a longer head.

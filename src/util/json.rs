@@ -18,6 +18,9 @@ use serde_json::{Map, Number, Value};
 pub enum LineError {
     /// Empty, or only whitespace.
     Blank,
+    /// Starts with a UTF-8 byte order mark, which only a file's first line may (the readers skip
+    /// it there): serde_json would call it "expected value at line 1 column 1".
+    ByteOrderMark,
     /// Not JSON (serde_json's message, with its position).
     Syntax(serde_json::Error),
 }
@@ -26,6 +29,10 @@ impl fmt::Display for LineError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LineError::Blank => f.write_str("blank line"),
+            LineError::ByteOrderMark => f.write_str(
+                "the line starts with a UTF-8 byte order mark (U+FEFF), which only the file's \
+                 first line may (were files with one joined?); remove it",
+            ),
             LineError::Syntax(e) => e.fmt(f),
         }
     }
@@ -55,8 +62,13 @@ impl fmt::Display for Duplicate {
 
 /// A line's JSON value, and the first key held twice by one of its objects, if any (the value
 /// then keeps the first of the two, but a caller refuses the line: it can still read other
-/// fields first, to echo an id). A line of whitespace only is [`LineError::Blank`].
+/// fields first, to echo an id). A line of whitespace only is [`LineError::Blank`], one that
+/// starts with a byte order mark [`LineError::ByteOrderMark`] (a reader strips the one before
+/// line 1 before asking).
 pub fn parse_line(line: &str) -> Result<(Value, Option<Duplicate>), LineError> {
+    if line.starts_with('\u{feff}') {
+        return Err(LineError::ByteOrderMark);
+    }
     if line.trim().is_empty() {
         return Err(LineError::Blank);
     }
@@ -247,6 +259,10 @@ pub fn object_from_str<T: DeserializeOwned>(text: &str) -> Result<T, String> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let (value, duplicate) = parse_line(text).map_err(|e| match e {
         LineError::Blank => "empty".to_string(),
+        // Only a second one is left to find here.
+        LineError::ByteOrderMark => {
+            "not valid JSON: it starts with two UTF-8 byte order marks (U+FEFF)".to_string()
+        }
         LineError::Syntax(e) => format!("not valid JSON: {e}"),
     })?;
     if let Some(d) = duplicate {
@@ -355,6 +371,24 @@ mod tests {
             let theirs = serde_json::from_str::<Value>(line).unwrap_err();
             assert_eq!(e.to_string(), theirs.to_string(), "{line}");
         }
+    }
+
+    /// A byte order mark past line 1 (files joined with `cat`) is named, not "expected value at
+    /// line 1 column 1"; a whole text skips one, and names a second.
+    #[test]
+    fn a_byte_order_mark_is_named() {
+        for line in ["\u{feff}{\"a\": 1}", "\u{feff}", "\u{feff}  "] {
+            let e = parse_line(line).unwrap_err();
+            assert!(matches!(e, LineError::ByteOrderMark), "{line:?}");
+            assert!(e.to_string().contains("byte order mark"), "{e}");
+        }
+        #[derive(Debug, serde::Deserialize)]
+        struct A {
+            a: u8,
+        }
+        assert_eq!(object_from_str::<A>("\u{feff}{\"a\": 1}").unwrap().a, 1);
+        let e = object_from_str::<A>("\u{feff}\u{feff}{\"a\": 1}").unwrap_err();
+        assert!(e.contains("two UTF-8 byte order marks"), "{e}");
     }
 
     #[test]
