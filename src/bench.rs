@@ -293,6 +293,16 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
             ))
         })?;
     }
+    // The naive baseline runs whole texts: found out here, not after the engine's warm-up.
+    #[cfg(feature = "baselines")]
+    if args.run_baselines {
+        crate::baselines::check_whole_texts_fit(c, &candidates).map_err(|e| {
+            Error::input(format!(
+                "the standard workload does not fit this model's n_positions for the naive \
+                 baseline ({e}); --skip-baselines runs toolsift alone"
+            ))
+        })?;
+    }
     let model_name = format!(
         "gptj L{} d{} h{} r{} v{}",
         c.n_layer,

@@ -653,6 +653,19 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
         config.text_field = field;
     }
     config.validate()?;
+    // The flags are checked before --print-config prints: it shows the settings of a run those
+    // flags could start.
+    let shard_flag = args.shard.as_deref().map(str::parse::<Shard>).transpose()?;
+    let shard = Shard::resolve(shard_flag, args.shards, |k| std::env::var(k).ok())?;
+    // Built-ins by key, custom tools by the names the config gives them.
+    let tools = match &args.tools {
+        Some(keys) => Some(
+            keys.iter()
+                .map(|k| config.tool_named(k))
+                .collect::<toolsift::Result<Vec<_>>>()?,
+        ),
+        None => None,
+    };
     if args.print_config {
         emit(&config.to_toml())?;
         return Ok(ExitCode::SUCCESS);
@@ -668,17 +681,6 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
             Some(path) => anyhow::bail!("{}: {e}", path.display()),
             None => anyhow::bail!("{e}"),
         },
-    };
-    let shard_flag = args.shard.as_deref().map(str::parse::<Shard>).transpose()?;
-    let shard = Shard::resolve(shard_flag, args.shards, |k| std::env::var(k).ok())?;
-    // Built-ins by key, custom tools by the names the config gives them.
-    let tools = match &args.tools {
-        Some(keys) => Some(
-            keys.iter()
-                .map(|k| config.tool_named(k))
-                .collect::<toolsift::Result<Vec<_>>>()?,
-        ),
-        None => None,
     };
     let job = Job {
         model_dir,
@@ -753,6 +755,7 @@ fn first_reject_reason(path: &std::path::Path) -> Option<String> {
 fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
     use toolsift::demo::run::{DemoOptions, DemoRun};
     let started = std::time::Instant::now();
+    let tools = args.tools.as_deref().map(parse_tools).transpose()?;
     if args.print_config {
         emit(&toolsift::demo::run::settings(args.seed)?.to_toml())?;
         return Ok(ExitCode::SUCCESS);
@@ -761,7 +764,7 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
         device: args.device,
         seed: args.seed,
         docs: args.demo_docs,
-        tools: args.tools.as_deref().map(parse_tools).transpose()?,
+        tools,
         out: args
             .out
             .unwrap_or_else(|| PathBuf::from("toolsift-demo").join("cstar.jsonl")),

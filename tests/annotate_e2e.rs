@@ -1410,6 +1410,32 @@ fn print_config_prints_parsable_defaults() {
         stderr.contains("tool QA") && stderr.contains("99999"),
         "{stderr}"
     );
+    // So are flags the run would refuse, and a seed a TOML file cannot hold.
+    for (args, want) in [
+        (&["--shard", "5/2"][..], "shard 5/2"),
+        (&["--tools", "calculator,nope"], "unknown tool \"nope\""),
+        (&["--demo", "--tools", "nope"], "unknown tool \"nope\""),
+        (
+            &["--seed", "18446744073709551615"],
+            "past TOML's integer range",
+        ),
+        (
+            &["--demo", "--seed", "18446744073709551615"],
+            "past TOML's integer range",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["annotate", "--print-config"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && out.stdout.is_empty(),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
 }
 
 #[test]

@@ -572,6 +572,22 @@ fn bench_refuses_what_it_cannot_run_before_working() {
         "2",
     ]);
     assert!(err.contains("does not fit this model"), "{err}");
+    if cfg!(feature = "baselines") {
+        // Seed 1's cut sequences fit, but the naive baseline runs whole texts: refused before
+        // the engine's warm-up, with the way out.
+        let err = bench(&[
+            "--model",
+            model.to_str().unwrap(),
+            "--texts",
+            "1",
+            "--seed",
+            "1",
+        ]);
+        assert!(
+            err.contains("for the naive baseline") && err.contains("--skip-baselines"),
+            "{err}"
+        );
+    }
     if cfg!(target_os = "linux") {
         // The memory check reads /proc/meminfo.
         let err = bench(&["--vocab", "100000000000", "--skip-baselines"]);

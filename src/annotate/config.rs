@@ -316,6 +316,14 @@ impl AnnotateConfig {
         if self.text_field.is_empty() {
             return Err(Error::input("text_field must not be empty"));
         }
+        if i64::try_from(self.seed).is_err() {
+            // --print-config would write a file that TOML parsers refuse (integers are i64).
+            return Err(Error::input(format!(
+                "seed {} is past TOML's integer range (at most {})",
+                self.seed,
+                i64::MAX
+            )));
+        }
         // Finite, non-negative, one positive at least (else every delta would be 0).
         LossWeights::new(self.weights.clone())?;
         if self.max_call_tokens == 0 {
@@ -510,6 +518,20 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("per_tool.calculator] k * m"), "{e}");
         assert!(AnnotateConfig::from_toml("[per_tool.calculator]\nk = 100\nm = 100").is_ok());
+        let huge = AnnotateConfig {
+            seed: u64::MAX,
+            ..Default::default()
+        };
+        let e = huge.validate().unwrap_err().to_string();
+        assert!(e.contains("past TOML's integer range"), "{e}");
+        let largest = AnnotateConfig {
+            seed: i64::MAX as u64,
+            ..Default::default()
+        };
+        assert_eq!(
+            AnnotateConfig::from_toml(&largest.to_toml()).unwrap(),
+            largest
+        );
         let e = AnnotateConfig::from_toml("weights = [0.0, 0.0]").unwrap_err();
         assert!(e.to_string().contains("positive weight"), "{e}");
     }

@@ -17,7 +17,7 @@ pub mod naive;
 pub mod tuned;
 
 pub use gptj::CandleGptj;
-pub use naive::{naive_losses, naive_tokens};
+pub use naive::{check_whole_texts_fit, naive_losses, naive_tokens};
 pub use tuned::{tuned_losses, tuned_tokens};
 
 use crate::error::{Error, Result};

@@ -12,6 +12,7 @@ use candle_core::{Tensor, D};
 use super::gptj::{right_padded_batch, CandleGptj};
 use super::{backend_error, check_candidates, padded_tokens};
 use crate::error::{Error, Result};
+use crate::model::GptjConfig;
 use crate::score::{variant_sequence, Placement, ScoreOptions, TokenCandidate, Variant};
 
 /// One variant of one candidate as the naive baseline runs it.
@@ -49,6 +50,26 @@ fn sequences(candidates: &[TokenCandidate], options: &ScoreOptions) -> Vec<Naive
         .collect()
 }
 
+/// Whether every variant of `candidates` fits n_positions whole (call + the whole text), as the
+/// naive baseline runs it; `naive_losses` checks it, and a caller can too before any model runs.
+pub fn check_whole_texts_fit(config: &GptjConfig, candidates: &[TokenCandidate]) -> Result<()> {
+    for (k, c) in candidates.iter().enumerate() {
+        // The same length under either placement: z and the whole text.
+        let longest = c.call_ids.len().max(c.call_result_ids.len()) + c.text_ids.len();
+        if longest > config.n_positions {
+            return Err(Error::candidate(
+                k,
+                format!(
+                    "the naive baseline runs the whole text, and call + text is {longest} \
+                     tokens, longer than n_positions ({})",
+                    config.n_positions
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// [L_none, L_call, L_call_result] per candidate, in order, by the naive method.
 ///
 /// Candidates are validated as `Scorer::score` does. Because the whole text runs, call + text must
@@ -61,18 +82,8 @@ pub fn naive_losses(
 ) -> Result<Vec<[f64; 3]>> {
     let config = model.config();
     check_candidates(config, candidates, options, batch_size)?;
+    check_whole_texts_fit(config, candidates)?;
     let seqs = sequences(candidates, options);
-    if let Some(s) = seqs.iter().find(|s| s.ids.len() > config.n_positions) {
-        return Err(Error::candidate(
-            s.candidate,
-            format!(
-                "the naive baseline runs the whole text, and call + text is {} tokens, longer \
-                 than n_positions ({})",
-                s.ids.len(),
-                config.n_positions
-            ),
-        ));
-    }
     let mut losses = vec![[0.0; 3]; candidates.len()];
     for batch in seqs.chunks(batch_size) {
         let log_probs = batch_log_probs(model, batch).map_err(backend_error)?;

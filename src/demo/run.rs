@@ -226,6 +226,7 @@ pub fn settings(seed: Option<u64>) -> Result<AnnotateConfig> {
     let mut config = assets::demo_config()?;
     if let Some(seed) = seed {
         config.seed = seed;
+        config.validate()?;
     }
     Ok(config)
 }
