@@ -811,7 +811,12 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
         panic!()
     };
     let err = merge_err("m6.jsonl", &[parts[0].clone(), parts[1].clone(), other.out]);
-    assert!(err.contains("other settings (differing: info)"), "{err}");
+    assert!(
+        err.contains(
+            "other settings (in their summaries, run.info: null vs {\"model\":\"another\"})"
+        ),
+        "{err}"
+    );
     let err = annotate::merge(dir.path(), &parts).unwrap_err().to_string();
     assert!(err.contains("give a file name"), "{err}");
     let err = annotate::merge(&dir.path().join("not-yet/"), &parts)
@@ -987,7 +992,7 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
     let text = std::fs::read_to_string(&edited).unwrap();
     std::fs::write(&edited, text.replacen("doc-1", "doc-X", 1)).unwrap();
     let err = refused(edited_opts(None));
-    assert!(err.contains("differing: corpus_xxh3"), "{err}");
+    assert!(err.contains("run.corpus_xxh3: "), "{err}");
 
     // An output folder that does not exist yet is made.
     let RunOutcome::Done(_, paths) =
@@ -1135,7 +1140,7 @@ fn a_journal_from_other_weights_in_the_same_folder_is_refused() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("differing: info"), "{stderr}");
+    assert!(stderr.contains("run.info.model_xxh3: "), "{stderr}");
     std::fs::write(dir.path().join("same.jsonl.partial"), journal_with(&hash)).unwrap();
     let out = run_bin(dir.path(), &corpus, "same.jsonl").output().unwrap();
     assert!(
@@ -1758,5 +1763,145 @@ fn a_text_field_that_is_the_id_keeps_the_id() {
     assert_eq!(lines.len(), 2, "{written}");
     for (l, id) in lines.iter().zip(["the cat sat on 3 mats", "2 dogs"]) {
         assert_eq!((&l["id"], &l["text"]), (&json!(id), &json!(id)), "{l}");
+    }
+}
+
+/// A merge replaces an earlier merge's rejects and summary beside its --out, never a file of
+/// another kind there: that is refused before anything is written, naming the file, as a file
+/// that is no C* at --out is.
+#[test]
+fn merge_never_replaces_a_foreign_rejects_file_or_summary() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 9);
+    let cstars: Vec<PathBuf> = (0..3)
+        .map(|i| {
+            let o = RunOptions {
+                shard: Shard::new(i, 3).unwrap(),
+                ..RunOptions::new(&corpus, dir.path().join("sh/cstar.jsonl"))
+            };
+            let RunOutcome::Done(_, paths) = annotate::annotate(&a, &o).unwrap() else {
+                panic!("not done")
+            };
+            paths.out
+        })
+        .collect();
+    let out = dir.path().join("mx.jsonl");
+    let rejects = dir.path().join("mx.rejects.jsonl");
+    let summary = dir.path().join("mx.summary.json");
+    let foreign_rejects = "{\"id\": 1, \"text\": \"someone else's records\"}\n";
+    let foreign_summary = "{\"important\": true}\n";
+    for (path, foreign, what) in [
+        (&rejects, foreign_rejects, "rejects file"),
+        (&summary, foreign_summary, "summary"),
+    ] {
+        std::fs::write(path, foreign).unwrap();
+        let err = annotate::merge(&out, &cstars)
+            .err()
+            .unwrap_or_else(|| panic!("a foreign {what} at {} replaced", path.display()))
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "{} exists and is not a toolsift {what}",
+                path.display()
+            )),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(path).unwrap(), foreign);
+        assert!(!out.exists(), "C* written despite: {err}");
+        std::fs::remove_file(path).unwrap();
+    }
+    // Nor is a folder there (which the final rename could not replace anyway).
+    std::fs::create_dir(&summary).unwrap();
+    let err = annotate::merge(&out, &cstars).unwrap_err().to_string();
+    assert!(err.contains("is not a toolsift summary"), "{err}");
+    std::fs::remove_dir(&summary).unwrap();
+    // An earlier merge's files, an empty rejects file among them, are replaced.
+    annotate::merge(&out, &cstars).unwrap();
+    let merged = std::fs::read(&out).unwrap();
+    std::fs::write(&rejects, "").unwrap();
+    annotate::merge(&out, &cstars).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), merged);
+    assert!(std::fs::read_to_string(&rejects)
+        .unwrap()
+        .contains("\"reason\""));
+}
+
+/// Shards are of one run when what decides the output agrees (config, tools, corpus and model
+/// content hashes, device), however the corpus and the model folder are spelled on their
+/// command lines; shards that differ are refused naming the differing fields of their
+/// summaries, with both values.
+#[test]
+fn shards_merge_however_their_corpus_and_model_paths_are_spelled() {
+    let dir = tempfile::tempdir().unwrap();
+    write_corpus(&dir.path().join("corpus.jsonl"), 9);
+    let config = bin_config(dir.path());
+    let model = common::tiny("f32");
+    let annotate = |corpus: &Path, model: &Path, seed: &str, out: &str, shard: u64| {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .current_dir(dir.path())
+            .args(["annotate", "--no-progress", "--seed", seed, "--model"])
+            .arg(model)
+            .arg("--corpus")
+            .arg(corpus)
+            .arg("--config")
+            .arg(&config)
+            .args(["--out", out, "--shard", &format!("{shard}/3")])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+    };
+    let merge = |out: &str, inputs: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .current_dir(dir.path())
+            .args(["merge", "--out", out])
+            .args(inputs)
+            .output()
+            .unwrap()
+    };
+    // Relative and absolute, the folder with and without a trailing "/".
+    let relative = Path::new("corpus.jsonl");
+    let absolute = dir.path().join("corpus.jsonl");
+    let slashed = PathBuf::from(format!("{}/", model.display()));
+    annotate(relative, &model, "3", "sh/c.jsonl", 0);
+    annotate(&absolute, &slashed, "3", "sh/c.jsonl", 1);
+    annotate(&absolute, &model, "3", "sh/c.jsonl", 2);
+    let shards = [0, 1, 2].map(|i| format!("sh/c.shard-{i:05}-of-00003.jsonl"));
+    let out = merge("all.jsonl", &shards.each_ref().map(String::as_str));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Still a check on content: a shard of an edited corpus (as many lines), or of another
+    // seed, is refused, and the message names the field and both values, not the paths.
+    let edited = dir.path().join("edited.jsonl");
+    let text = std::fs::read_to_string(&absolute).unwrap();
+    std::fs::write(&edited, text.replacen("doc-1", "doc-X", 1)).unwrap();
+    annotate(&edited, &model, "3", "ed/c.jsonl", 2);
+    annotate(&absolute, &model, "4", "seed/c.jsonl", 2);
+    for (other, want) in [
+        ("ed/c.shard-00002-of-00003.jsonl", "run.corpus_xxh3: \""),
+        (
+            "seed/c.shard-00002-of-00003.jsonl",
+            ": \"seed = 3\" vs \"seed = 4\"",
+        ),
+    ] {
+        let out = merge("bad.jsonl", &[&shards[0], &shards[1], other]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{other} merged");
+        assert!(
+            stderr.contains("not shards of one run") && stderr.contains(want),
+            "{want}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("run.corpus:") && !stderr.contains("run.info.model:"),
+            "{stderr}"
+        );
+        assert!(!dir.path().join("bad.jsonl").exists());
     }
 }

@@ -4,10 +4,12 @@
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 
+use serde_json::Value;
+
 use super::document::CStarRecord;
 use super::shard::Shard;
 use super::summary::Summary;
-use super::writer::{self, OutputPaths};
+use super::writer::{self, OutputKind, OutputPaths};
 use crate::error::{Error, Result};
 use crate::util::fs::{
     is_same_file, output_file_problem, remove_if_exists, strip_ext, with_suffix, AtomicFile,
@@ -35,8 +37,10 @@ pub struct MergeReport {
 /// too, as a shell glob may, is skipped). The summaries say which shard each output is and how
 /// many lines the corpus has: a missing or repeated shard, a line in two outputs or in none is
 /// an error, and nothing is written then; so are shards whose runs had other settings (config,
-/// tools, corpus content, model, device). Streams: memory does not grow with the corpus, but
-/// every shard's C* (and its rejects, when not empty) is open at once.
+/// tools, corpus content, model content, device; not the paths' spellings: `run_differences`),
+/// and a rejects file or summary at `out`'s names that is not toolsift's. Streams: memory does
+/// not grow with the corpus, but every shard's C* (and its rejects, when not empty) is open at
+/// once.
 pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     if let Some(problem) = output_file_problem(out) {
         return Err(Error::input(format!(
@@ -60,13 +64,14 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
                 o.shard.count
             )));
         }
-        if o.run != first.run {
+        let differing = writer::run_differences(&first.run, &o.run);
+        if !differing.is_empty() {
             return Err(Error::input(format!(
-                "{} and {} come from runs with other settings (differing: {}): not shards of \
-                 one run",
+                "{} and {} come from runs with other settings (in their summaries, {}): not \
+                 shards of one run",
                 first.paths.out.display(),
                 o.paths.out.display(),
-                writer::differing_keys(&first.run, &o.run)
+                differing.join("; ")
             )));
         }
         if o.shard.count != count || o.corpus_lines != corpus_lines {
@@ -139,6 +144,21 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
              give another output, or delete it first",
             out.display()
         )));
+    }
+    // Nor is a rejects file or summary of another kind: a user's file there is not replaced.
+    for (path, kind) in [
+        (&out_paths.rejects, OutputKind::Rejects),
+        (&out_paths.summary, OutputKind::Summary),
+    ] {
+        if let Some(what) = writer::not_of_kind(path, kind)? {
+            return Err(Error::input(format!(
+                "output {} (--out): {} exists and is not a toolsift {} ({what}); merge would \
+                 replace it: give another output, or delete it first",
+                out.display(),
+                path.display(),
+                kind.name()
+            )));
+        }
     }
     // "x" and "x.jsonl" share their rejects and summary names: a C* (or a run in progress) of
     // the other spelling would be left beside rejects and a summary that are not its own.
@@ -248,7 +268,7 @@ struct MergeInput {
     shard: Shard,
     corpus_lines: u64,
     /// The run's settings less the shard (`Summary::run`).
-    run: serde_json::Value,
+    run: Value,
     summary: Summary,
 }
 
@@ -376,14 +396,6 @@ impl MergeStream {
 
     /// Reads the next record into `current`; returns its input line number.
     fn advance(&mut self) -> Result<Option<u64>> {
-        /// A rejects line as annotate writes it.
-        #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Reject {
-            line: u64,
-            #[allow(dead_code)]
-            reason: String,
-        }
         let Some(text) = self.lines.next() else {
             return Ok(None);
         };
@@ -395,7 +407,7 @@ impl MergeStream {
         // another kind of record, every field of its type.
         use crate::util::json::object_from_str;
         let parsed = if self.rejects {
-            object_from_str::<Reject>(&text).map(|r| r.line)
+            object_from_str::<writer::RejectRecord>(&text).map(|r| r.line)
         } else {
             object_from_str::<CStarRecord>(&text).and_then(|d| {
                 use serde_json::Value;

@@ -49,7 +49,8 @@ pub struct Summary {
     pub corpus_lines: Option<u64>,
     /// The settings of the run that wrote it, as its journal recorded them (config, tools, corpus
     /// path, line count and hash, model, device), less the shard: `merge` requires them equal
-    /// across the shards it joins.
+    /// across the shards it joins, but for the corpus path and model folder where their content
+    /// hashes stand beside them (only where the inputs were read from).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<serde_json::Value>,
     /// Input lines of this shard.

@@ -213,6 +213,74 @@ pub(crate) fn not_a_cstar(path: &Path) -> Result<Option<String>> {
     )
 }
 
+/// A rejects line as annotate writes it (`finish` in mod.rs), read as strictly: no other key.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RejectRecord {
+    pub line: u64,
+    #[allow(dead_code)]
+    pub reason: String,
+}
+
+/// The files of one output (`OutputPaths`), by kind: a run, a demo run or a merge replaces a
+/// file there only when it is of the kind toolsift writes there (`not_of_kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OutputKind {
+    CStar,
+    Rejects,
+    Summary,
+    Journal,
+}
+
+impl OutputKind {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            OutputKind::CStar => "C* file",
+            OutputKind::Rejects => "rejects file",
+            OutputKind::Summary => "summary",
+            OutputKind::Journal => "journal",
+        }
+    }
+}
+
+/// Why the file at `path` is not of `kind` as toolsift writes it, if it exists and is not: a
+/// C* (`not_a_cstar`), rejects file or journal whose first line is not one's, a summary that
+/// is not one. An empty C*, rejects file or journal is one (an empty corpus, a run killed at
+/// once).
+pub(crate) fn not_of_kind(path: &Path, kind: OutputKind) -> Result<Option<String>> {
+    let whole = match kind {
+        OutputKind::CStar => return not_a_cstar(path),
+        // One JSON value, over many lines.
+        OutputKind::Summary => true,
+        OutputKind::Rejects | OutputKind::Journal => false,
+    };
+    // (Not opened before it is known to be a file: opening a named pipe would block.)
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => return Ok(Some("it is not a regular file".into())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+    }
+    let Some(head) = crate::util::fs::read_head(path, whole)? else {
+        return Ok(None);
+    };
+    let first = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    Ok(match kind {
+        OutputKind::Summary => serde_json::from_slice::<Summary>(&head)
+            .err()
+            .map(|e| e.to_string()),
+        _ if head.is_empty() => None,
+        OutputKind::Rejects => serde_json::from_slice::<RejectRecord>(first)
+            .err()
+            .map(|e| format!("its first line: {e}")),
+        OutputKind::Journal => {
+            (!is_journal_header(first)).then(|| "its first line is not a journal's header".into())
+        }
+        // Answered above.
+        OutputKind::CStar => None,
+    })
+}
+
 /// Writes `summary` (pretty JSON) to `path`, atomically.
 pub fn write_summary(path: &Path, summary: &Summary) -> Result<()> {
     crate::util::fs::write_atomic(path, |w| {
@@ -311,13 +379,14 @@ impl Journal {
                                 header.journal
                             )));
                         }
-                        if !same_run(&header.run, run) {
+                        let (journal_run, this_run) = without_hashed_paths(&header.run, run);
+                        if !same_run(&journal_run, &this_run) {
                             return Err(Error::input(format!(
                                 "{}: this journal was written by a run with other settings \
-                                 (differing: {}); rerun with the same command and corpus, or \
-                                 delete the journal to start over",
+                                 ({}); rerun with the same command and corpus, or delete the \
+                                 journal to start over",
                                 path.display(),
-                                differing_keys(&header.run, run)
+                                run_differences(&header.run, run).join("; ")
                             )));
                         }
                         true
@@ -443,19 +512,87 @@ fn same_run(journal: &Value, run: &Value) -> bool {
     }
 }
 
-pub(crate) fn differing_keys(a: &Value, b: &Value) -> String {
-    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
-        return "everything".into();
+/// Where two runs' records (`Summary::run`, a journal's header) differ in what decides the
+/// output: each field as the summary JSON names it, with its two values ("run.info.device:
+/// \"Cpu\" vs \"Cuda\""); none for one run's. Where an input was read from is not compared
+/// (`without_hashed_paths`). Everything else (config, tools, line count, hashes, device) is.
+pub(crate) fn run_differences(a: &Value, b: &Value) -> Vec<String> {
+    let (a, b) = without_hashed_paths(a, b);
+    let mut out = Vec::new();
+    differences(Some(&a), Some(&b), "run".into(), &mut out);
+    out
+}
+
+/// Two run records less the paths whose content both record: the corpus path where both have
+/// "corpus_xxh3", the model folder where both have "info.model_xxh3". So `corpus.jsonl` and
+/// `$PWD/corpus.jsonl`, or `model` and `model/`, are one run's; a path without its hash on
+/// either side (an older journal, a run described through the library) is still compared.
+pub(crate) fn without_hashed_paths(a: &Value, b: &Value) -> (Value, Value) {
+    fn drop_path(a: &mut Value, b: &mut Value, path: &str, hash: &str) {
+        if let (Some(x), Some(y)) = (a.as_object_mut(), b.as_object_mut()) {
+            if x.contains_key(hash) && y.contains_key(hash) {
+                x.remove(path);
+                y.remove(path);
+            }
+        }
+    }
+    let (mut a, mut b) = (a.clone(), b.clone());
+    drop_path(&mut a, &mut b, "corpus", "corpus_xxh3");
+    if let (Some(x), Some(y)) = (a.get_mut("info"), b.get_mut("info")) {
+        // Two borrows of distinct values: `a` and `b` are separate trees.
+        drop_path(x, y, "model", "model_xxh3");
+    }
+    (a, b)
+}
+
+/// Appends to `out` each field under `at` where `a` and `b` differ (None: absent), down to the
+/// deepest object; a text of several lines (the config) by its first differing line.
+fn differences(a: Option<&Value>, b: Option<&Value>, at: String, out: &mut Vec<String>) {
+    if a == b {
+        return;
+    }
+    match (a, b) {
+        (Some(Value::Object(x)), Some(Value::Object(y))) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                differences(x.get(k), y.get(k), format!("{at}.{k}"), out);
+            }
+        }
+        (Some(Value::String(x)), Some(Value::String(y))) if x.contains('\n') => {
+            let (mut xs, mut ys) = (x.lines(), y.lines());
+            for n in 1.. {
+                let (l, r) = (xs.next(), ys.next());
+                if l != r {
+                    let line = |s: Option<&str>| s.map(|s| Value::String(s.into()));
+                    let (l, r) = (line(l), line(r));
+                    out.push(format!(
+                        "{at}, line {n}: {} vs {}",
+                        shown(l.as_ref()),
+                        shown(r.as_ref())
+                    ));
+                    return;
+                }
+                if l.is_none() {
+                    break;
+                }
+            }
+            // Lines alike, line ends not ("\r\n", a last newline).
+            out.push(format!("{at}: {} vs {}", shown(a), shown(b)));
+        }
+        _ => out.push(format!("{at}: {} vs {}", shown(a), shown(b))),
+    }
+}
+
+/// A value as JSON, cut at 80 characters: a long one is told apart by its start.
+fn shown(v: Option<&Value>) -> String {
+    let Some(v) = v else {
+        return "(absent)".into();
     };
-    let mut keys: Vec<&str> = a
-        .keys()
-        .chain(b.keys())
-        .filter(|k| a.get(*k) != b.get(*k))
-        .map(String::as_str)
-        .collect();
-    keys.sort_unstable();
-    keys.dedup();
-    keys.join(", ")
+    let text = v.to_string();
+    match text.char_indices().nth(80) {
+        Some((at, _)) => format!("{}...", &text[..at]),
+        None => text,
+    }
 }
 
 fn json_err(e: serde_json::Error) -> Error {
@@ -492,6 +629,50 @@ mod tests {
     use super::*;
     use serde_json::json;
     use std::io::Write;
+
+    #[test]
+    fn runs_differ_in_what_decides_the_output_not_in_path_spellings() {
+        let run = |corpus: &str, model: &str, device: &str| {
+            json!({
+                "config": "seed = 3\nmax_call_tokens = 4\n",
+                "corpus": corpus,
+                "corpus_xxh3": "00ff",
+                "info": {"model": model, "model_xxh3": "01", "device": device},
+            })
+        };
+        let a = run("corpus.jsonl", "d", "Cpu");
+        assert!(run_differences(&a, &run("/w/corpus.jsonl", "d/", "Cpu")).is_empty());
+        assert_eq!(
+            run_differences(&a, &run("corpus.jsonl", "d", "Cuda")),
+            ["run.info.device: \"Cpu\" vs \"Cuda\""]
+        );
+        let mut b = a.clone();
+        b["config"] = json!("seed = 3\nmax_call_tokens = 5\n");
+        b["info"]["model_xxh3"] = json!("02");
+        b["info"]["wikisearch_index_xxh3"] = json!("03");
+        assert_eq!(
+            run_differences(&a, &b),
+            [
+                "run.config, line 2: \"max_call_tokens = 4\" vs \"max_call_tokens = 5\"",
+                "run.info.model_xxh3: \"01\" vs \"02\"",
+                "run.info.wikisearch_index_xxh3: (absent) vs \"03\"",
+            ]
+        );
+        // A path without its content hash beside it is all there is to compare.
+        assert_eq!(
+            run_differences(
+                &json!({"info": {"model": "d"}}),
+                &json!({"info": {"model": "e"}})
+            ),
+            ["run.info.model: \"d\" vs \"e\""]
+        );
+        let long = "x".repeat(200);
+        let diff = run_differences(&json!({"tools": [long]}), &json!({"tools": []}));
+        assert!(
+            diff[0].len() < 120 && diff[0].ends_with("xx... vs []"),
+            "{diff:?}"
+        );
+    }
 
     fn entry(line: u64) -> JournalEntry {
         JournalEntry {
@@ -550,7 +731,20 @@ mod tests {
             .err()
             .unwrap()
             .to_string();
-        assert!(err.contains("other settings (differing: seed)"), "{err}");
+        assert!(err.contains("other settings (run.seed: 1 vs 2)"), "{err}");
+        // The corpus and model paths' spellings do not count where both runs hash what they
+        // read; a path without its hash still does.
+        let hashed = |corpus: &str, model: &str| {
+            json!({"seed": 1, "corpus": corpus, "corpus_xxh3": "0f",
+                   "info": {"model": model, "model_xxh3": "1e"}})
+        };
+        let q = dir.path().join("q.jsonl.partial");
+        drop(Journal::open(&q, &hashed("c.jsonl", "m")).unwrap());
+        drop(Journal::open(&q, &hashed("/w/c.jsonl", "m/")).unwrap());
+        let mut other = hashed("c.jsonl", "m");
+        other["corpus_xxh3"] = json!("00");
+        let err = Journal::open(&q, &other).err().unwrap().to_string();
+        assert!(err.contains("run.corpus_xxh3: \"0f\" vs \"00\""), "{err}");
     }
 
     /// A line that was altered, or that holds other than one document of its own line or one

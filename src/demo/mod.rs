@@ -22,10 +22,10 @@ pub const DEMO_CORPUS_DOCS: usize = 240;
 /// `toolsift eval-demo`'s default seed: a second set, generated at run time.
 pub const EVAL_SEED: u64 = 2;
 
-use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
-use crate::annotate::{CStarRecord, OutputPaths, Summary};
+use crate::annotate::writer::{not_of_kind, OutputKind};
+use crate::annotate::OutputPaths;
 use crate::error::{Error, Result};
 
 /// Removes a finished earlier output at `out` (C*, its rejects and summary files) so that a demo
@@ -61,13 +61,10 @@ pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathB
     }
     let mut doomed = Vec::new();
     for (path, kind) in files {
-        let bytes = match read_head(path, matches!(kind, OutputKind::Summary))? {
-            Some(bytes) => bytes,
-            None => continue,
-        };
-        if !kind.accepts(&bytes) {
+        if let Some(why) = not_of_kind(path, kind)? {
             return Err(Error::input(format!(
-                "{} exists and is not a toolsift {}; not replacing it (choose another --out)",
+                "{} exists and is not a toolsift {} ({why}); not replacing it (choose another \
+                 --out)",
                 path.display(),
                 kind.name()
             )));
@@ -85,70 +82,10 @@ pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathB
     Ok(removed)
 }
 
-/// The files of an earlier output, as `remove_previous_output` recognises them.
-#[derive(Clone, Copy)]
-enum OutputKind {
-    CStar,
-    Rejects,
-    Summary,
-    Journal,
-}
-
-impl OutputKind {
-    fn name(self) -> &'static str {
-        match self {
-            OutputKind::CStar => "C* file",
-            OutputKind::Rejects => "rejects file",
-            OutputKind::Summary => "summary",
-            OutputKind::Journal => "journal",
-        }
-    }
-
-    /// Whether `head` (the whole file, or at least its first line) is this kind's: an empty
-    /// C*, rejects file or journal is one (an empty corpus, a run killed at once).
-    fn accepts(self, head: &[u8]) -> bool {
-        #[derive(serde::Deserialize)]
-        #[allow(dead_code)]
-        struct Reject {
-            line: u64,
-            reason: String,
-        }
-        let first = head.split(|&b| b == b'\n').next().unwrap_or(&[]);
-        match self {
-            OutputKind::Summary => serde_json::from_slice::<Summary>(head).is_ok(),
-            _ if head.is_empty() => true,
-            OutputKind::CStar => serde_json::from_slice::<CStarRecord>(first).is_ok(),
-            OutputKind::Rejects => serde_json::from_slice::<Reject>(first).is_ok(),
-            OutputKind::Journal => crate::annotate::writer::is_journal_header(first),
-        }
-    }
-}
-
-/// A file's bytes up to and including its first newline (`whole`: all of it, as for a summary,
-/// which is one JSON value), or None when there is no such file. Reads at most 256 MiB, so a
-/// huge file without newlines cannot exhaust memory (such a file is no C* line anyway).
-pub(crate) fn read_head(path: &Path, whole: bool) -> Result<Option<Vec<u8>>> {
-    use std::io::Read;
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, e)),
-    };
-    let limit = 256 << 20;
-    let mut head = Vec::new();
-    let mut reader = BufReader::new(file);
-    let read = if whole {
-        reader.take(limit as u64).read_to_end(&mut head).map(drop)
-    } else {
-        crate::util::jsonl::read_line_capped(&mut reader, &mut head, limit, |_| {}).map(drop)
-    };
-    read.map_err(|e| Error::io(path, e))?;
-    Ok(Some(head))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::annotate::CStarRecord;
 
     #[test]
     fn removes_only_a_previous_cstar() {

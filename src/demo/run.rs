@@ -300,7 +300,7 @@ fn refuse_foreign(
     what: &str,
     ours: impl Fn(&serde_json::Value) -> bool,
 ) -> Result<()> {
-    let Some(head) = super::read_head(path, whole)? else {
+    let Some(head) = crate::util::fs::read_head(path, whole)? else {
         return Ok(());
     };
     if head.is_empty() || serde_json::from_slice(&head).is_ok_and(|v| ours(&v)) {

@@ -87,6 +87,19 @@ pub enum IndexError {
     /// The output directory exists and is not empty (an index is never overwritten).
     #[error("{}: output directory is not empty; remove it or choose another", .0.display())]
     OutDirNotEmpty(PathBuf),
+    /// Writing the index for the output directory `out` failed (in its temporary folder, which
+    /// is removed): the io::Error when tantivy kept it, else tantivy's text with a hint.
+    #[error("{}: writing the index failed: {}", out.display(), write_failure(error))]
+    Write {
+        /// The output directory asked for.
+        out: PathBuf,
+        /// The underlying error (in the message, not a `source()`).
+        error: tantivy::TantivyError,
+    },
+    /// Another build holds (or has just let go) the output directory's lock; the message says
+    /// which.
+    #[error("{0}")]
+    Busy(String),
     /// Tantivy failed on the index at `path`.
     #[error("{}: {error}", path.display())]
     Tantivy {
@@ -128,8 +141,10 @@ fn schema() -> Schema {
 /// is skipped, and a line may end in "\r\n"; a line over 64 MiB is malformed. The first
 /// malformed line stops the build with an error naming the file and line: a silently skipped
 /// document would make retrieval quietly worse. `out_dir` must not exist or be empty; the
-/// index is built next to it and moved into place only when complete, so a failed build
-/// leaves nothing behind.
+/// index is built next to it, in `.{name}.partial`, and moved into place only when complete,
+/// so a failed build leaves nothing behind. The build holds the lock of `.{name}.lock` (also
+/// next to it, removed at the end): a second build into `out_dir` is refused while it runs, and
+/// the next build removes the partial folder of one that was killed.
 pub fn build_index(
     docs_jsonl: &Path,
     out_dir: &Path,
@@ -139,15 +154,6 @@ pub fn build_index(
         let path = path.to_path_buf();
         move |error| IndexError::Io { path, error }
     };
-    match fs::read_dir(out_dir) {
-        Ok(mut entries) => {
-            if entries.next().is_some() {
-                return Err(IndexError::OutDirNotEmpty(out_dir.to_path_buf()));
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err(out_dir)(e)),
-    }
     let file = fs::File::open(docs_jsonl).map_err(io_err(docs_jsonl))?;
     let name = out_dir
         .file_name()
@@ -160,25 +166,157 @@ pub fn build_index(
         })?
         .to_string_lossy()
         .into_owned();
-    let partial = out_dir.with_file_name(format!(".{name}.partial-{}", std::process::id()));
-    if partial.exists() {
-        fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
+    // A fixed name, not one with this process's id: a killed build's folder is the next one's
+    // to remove (under the lock, so never a live build's).
+    let partial = out_dir.with_file_name(format!(".{name}.partial"));
+    let lock_path = out_dir.with_file_name(format!(".{name}.lock"));
+    if let Some(parent) = out_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(parent).map_err(io_err(parent))?;
     }
-    fs::create_dir_all(&partial).map_err(io_err(&partial))?;
+    let lock = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(io_err(&lock_path))?;
+    crate::util::fs::lock_in_place(
+        &lock,
+        &lock_path,
+        || {
+            format!(
+                "{}: another toolsift run is writing this index (its lock {} is held); wait for \
+                 it to finish or stop it, then rerun",
+                out_dir.display(),
+                lock_path.display()
+            )
+        },
+        || {
+            format!(
+                "{}: another toolsift run finished or gave up this index while this one \
+                 started; rerun",
+                out_dir.display()
+            )
+        },
+    )
+    .map_err(|e| IndexError::Busy(e.to_string()))?;
+    warn_of_legacy_partials(out_dir, &name);
+    let result = build_locked(file, docs_jsonl, out_dir, &partial, text_field);
+    // Removed while still held: a run that opened it meanwhile finds it gone and stops.
+    let _ = fs::remove_file(&lock_path);
+    drop(lock);
+    result
+}
 
-    let result = index_into(BufReader::new(file), docs_jsonl, &partial, text_field);
+/// `build_index`'s work once it holds the lock.
+fn build_locked(
+    file: fs::File,
+    docs_jsonl: &Path,
+    out_dir: &Path,
+    partial: &Path,
+    text_field: &str,
+) -> Result<IndexStats, IndexError> {
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |error| IndexError::Io { path, error }
+    };
+    // Checked under the lock: a run that finished meanwhile has filled it.
+    match fs::read_dir(out_dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(IndexError::OutDirNotEmpty(out_dir.to_path_buf()));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(out_dir)(e)),
+    }
+    let write_err = |error: tantivy::TantivyError| IndexError::Write {
+        out: out_dir.to_path_buf(),
+        error,
+    };
+    // Left by a killed build (no live one: the lock is ours).
+    match fs::symlink_metadata(partial) {
+        Ok(_) => fs::remove_dir_all(partial).map_err(io_err(partial))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(partial)(e)),
+    }
+    fs::create_dir(partial).map_err(|e| write_err(e.into()))?;
+
+    let result = index_into(
+        BufReader::new(file),
+        docs_jsonl,
+        partial,
+        text_field,
+        &write_err,
+    );
     let finish = result.and_then(|stats| {
         if out_dir.exists() {
             fs::remove_dir(out_dir).map_err(io_err(out_dir))?;
         }
-        fs::rename(&partial, out_dir).map_err(io_err(out_dir))?;
+        fs::rename(partial, out_dir).map_err(io_err(out_dir))?;
         Ok(stats)
     });
     if finish.is_err() {
         // Best effort: the error being returned matters more than a failed cleanup.
-        let _ = fs::remove_dir_all(&partial);
+        let _ = fs::remove_dir_all(partial);
     }
     finish
+}
+
+/// Folders `.{name}.partial-<pid>` are what builds before the lock left when killed. Whether
+/// that process still runs cannot be told portably, so they are named, not removed.
+fn warn_of_legacy_partials(out_dir: &Path, name: &str) {
+    let parent = match out_dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let prefix = format!(".{name}.partial-");
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let legacy = file_name.to_str().is_some_and(|f| {
+            f.strip_prefix(&prefix)
+                .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+        });
+        if legacy {
+            tracing::warn!(
+                "{}: left by an interrupted `toolsift index` of an older version; remove it if \
+                 no index build into {} is running",
+                out_dir.with_file_name(&file_name).display(),
+                out_dir.display()
+            );
+        }
+    }
+}
+
+/// The io::Error behind a tantivy error, where tantivy kept it.
+fn io_cause(error: &tantivy::TantivyError) -> Option<&std::io::Error> {
+    use tantivy::directory::error::{OpenDirectoryError, OpenReadError, OpenWriteError};
+    use tantivy::TantivyError as E;
+    match error {
+        E::IoError(e) => Some(e),
+        E::OpenWriteError(OpenWriteError::IoError { io_error, .. })
+        | E::OpenReadError(OpenReadError::IoError { io_error, .. })
+        | E::OpenDirectoryError(OpenDirectoryError::IoError { io_error, .. }) => Some(io_error),
+        _ => None,
+    }
+}
+
+/// What `IndexError::Write` says after "writing the index failed": the io::Error when tantivy
+/// kept it ("No space left on device"), or its text (an `InternalError`, as an indexing thread
+/// reports it); else tantivy's text, after a hint where it is the "worker thread encountered an
+/// error" that tells of an io::Error lost.
+fn write_failure(error: &tantivy::TantivyError) -> String {
+    use tantivy::TantivyError as E;
+    match (io_cause(error), error) {
+        (Some(io), _) => io.to_string(),
+        (None, E::InternalError(text)) => text.clone(),
+        (None, E::ErrorInThread(_)) => {
+            format!("an indexing thread failed (is the disk full?): {error}")
+        }
+        (None, _) => error.to_string(),
+    }
 }
 
 fn index_into(
@@ -186,18 +324,15 @@ fn index_into(
     docs_path: &Path,
     dir: &Path,
     text_field: &str,
+    write_err: &dyn Fn(tantivy::TantivyError) -> IndexError,
 ) -> Result<IndexStats, IndexError> {
-    let tantivy_err = |error| IndexError::Tantivy {
-        path: dir.to_path_buf(),
-        error,
-    };
     let schema = schema();
     let (id_f, title_f, text_f) = fields(&schema, dir)?;
-    let index = Index::create_in_dir(dir, schema).map_err(tantivy_err)?;
+    let index = Index::create_in_dir(dir, schema).map_err(write_err)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
     let mut writer: IndexWriter = index
         .writer_with_num_threads(threads, threads * WRITER_BYTES_PER_THREAD)
-        .map_err(tantivy_err)?;
+        .map_err(write_err)?;
 
     let mut stats = IndexStats {
         documents: 0,
@@ -231,14 +366,23 @@ fn index_into(
             tdoc.add_text(title_f, title);
         }
         tdoc.add_text(text_f, &doc.text);
-        writer.add_document(tdoc).map_err(tantivy_err)?;
+        if let Err(e) = writer.add_document(tdoc) {
+            // add_document only says that an indexing thread died; commit joins the threads and
+            // returns the first one's error, which holds the io::Error or its text ("No space
+            // left on device").
+            let cause = writer
+                .commit()
+                .err()
+                .filter(|c| !matches!(c, tantivy::TantivyError::ErrorInThread(_)));
+            return Err(write_err(cause.unwrap_or(e)));
+        }
         stats.documents += 1;
     }
     if stats.documents == 0 {
         return Err(IndexError::NoDocuments(docs_path.to_path_buf()));
     }
-    writer.commit().map_err(tantivy_err)?;
-    writer.wait_merging_threads().map_err(tantivy_err)?;
+    writer.commit().map_err(write_err)?;
+    writer.wait_merging_threads().map_err(write_err)?;
     Ok(stats)
 }
 
@@ -957,6 +1101,104 @@ mod tests {
         assert!(err.contains("no document with text matches"), "{err}");
         let err = wiki.call("okapi", &doc("x")).unwrap_err().to_string();
         assert!(err.contains("no document matches"), "{err}");
+    }
+
+    #[test]
+    fn a_killed_builds_leftovers_are_removed_by_the_next() {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(tmp.path(), "{\"id\":\"a\",\"text\":\"zebra\"}\n");
+        let out = tmp.path().join("idx");
+        // What `kill -9` mid-build leaves: a half-written index and an unlocked lock file.
+        let partial = tmp.path().join(".idx.partial");
+        fs::create_dir_all(partial.join("sub")).unwrap();
+        fs::write(partial.join("meta.json"), "{").unwrap();
+        fs::write(partial.join("sub").join("0.idx"), vec![7u8; 4096]).unwrap();
+        fs::write(tmp.path().join(".idx.lock"), "").unwrap();
+        let stats = build_index(&docs, &out, "text").unwrap();
+        assert_eq!(stats.documents, 1);
+        assert!(!partial.exists(), "the killed build's folder is left");
+        let mut left: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["docs.jsonl", "idx"]);
+        let wiki = WikiSearch::open(&out).unwrap();
+        assert_eq!(wiki.num_docs(), 1);
+        assert!(wiki.call("zebra", &doc("z")).unwrap().contains("zebra"));
+    }
+
+    #[test]
+    fn a_build_into_an_out_dir_being_built_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(tmp.path(), "{\"id\":\"a\",\"text\":\"zebra\"}\n");
+        let out = tmp.path().join("idx");
+        // A live build: its lock held, its folder half-written.
+        let lock = fs::File::create(tmp.path().join(".idx.lock")).unwrap();
+        lock.try_lock().unwrap();
+        let partial = tmp.path().join(".idx.partial");
+        fs::create_dir(&partial).unwrap();
+        fs::write(partial.join("meta.json"), "{").unwrap();
+        let err = build_index(&docs, &out, "text").unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("another toolsift run is writing this index") && msg.contains("idx"),
+            "{msg}"
+        );
+        assert!(
+            partial.join("meta.json").exists(),
+            "the live build's work is gone"
+        );
+        assert!(!out.exists());
+        drop(lock);
+        build_index(&docs, &out, "text").expect("built once the lock is let go");
+        assert!(!partial.exists());
+    }
+
+    #[test]
+    fn write_errors_name_the_out_dir_and_the_cause() {
+        use std::sync::Arc;
+        use tantivy::directory::error::OpenWriteError;
+        use tantivy::TantivyError;
+        let write = |error| {
+            IndexError::Write {
+                out: PathBuf::from("small/idx"),
+                error,
+            }
+            .to_string()
+        };
+        let full = || std::io::Error::other("No space left on device");
+        assert_eq!(
+            write(TantivyError::from(full())),
+            "small/idx: writing the index failed: No space left on device"
+        );
+        let open = OpenWriteError::wrap_io_error(full(), PathBuf::from("meta.json"));
+        assert_eq!(
+            write(TantivyError::OpenWriteError(open)),
+            "small/idx: writing the index failed: No space left on device"
+        );
+        assert!(io_cause(&TantivyError::IoError(Arc::new(full()))).is_some());
+        // What commit returns after an indexing thread met a full disk.
+        let thread = TantivyError::InternalError("No space left on device (os error 28)".into());
+        assert_eq!(
+            write(thread),
+            "small/idx: writing the index failed: No space left on device (os error 28)"
+        );
+        // What add_document says when an indexing thread died, its io::Error lost.
+        let lost = TantivyError::ErrorInThread(
+            "An index writer was killed.. A worker thread encountered an error (io::Error most \
+             likely) or panicked."
+                .into(),
+        );
+        let msg = write(lost);
+        assert!(
+            msg.starts_with("small/idx: writing the index failed: ")
+                && msg.contains("disk full")
+                && msg.contains("An index writer was killed"),
+            "{msg}"
+        );
+        let other = write(TantivyError::InvalidArgument("odd".into()));
+        assert!(!other.contains("disk") && other.contains("odd"), "{other}");
     }
 
     #[test]
