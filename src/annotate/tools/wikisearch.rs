@@ -150,10 +150,6 @@ pub fn build_index(
     out_dir: &Path,
     text_field: &str,
 ) -> Result<IndexStats, IndexError> {
-    let io_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |error| IndexError::Io { path, error }
-    };
     let file = fs::File::open(docs_jsonl).map_err(io_err(docs_jsonl))?;
     let name = out_dir
         .file_name()
@@ -207,6 +203,12 @@ pub fn build_index(
     result
 }
 
+/// An I/O error on `path`, for `map_err`.
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> IndexError {
+    let path = path.to_path_buf();
+    move |error| IndexError::Io { path, error }
+}
+
 /// `build_index`'s work once it holds the lock.
 fn build_locked(
     file: fs::File,
@@ -215,10 +217,6 @@ fn build_locked(
     partial: &Path,
     text_field: &str,
 ) -> Result<IndexStats, IndexError> {
-    let io_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |error| IndexError::Io { path, error }
-    };
     // Checked under the lock: a run that finished meanwhile has filled it.
     match fs::read_dir(out_dir) {
         Ok(mut entries) => {
@@ -342,10 +340,7 @@ fn index_into(
     // Hashes of the ids seen (8 bytes a document, not the ids themselves).
     let mut ids = std::collections::HashSet::new();
     for line in JsonlLines::new(reader) {
-        let (line_no, line) = line.map_err(|error| IndexError::Io {
-            path: docs_path.to_path_buf(),
-            error,
-        })?;
+        let (line_no, line) = line.map_err(io_err(docs_path))?;
         let malformed = |message: String| IndexError::Malformed {
             path: docs_path.to_path_buf(),
             line: line_no as u64,
@@ -507,10 +502,7 @@ impl WikiSearch {
             });
         }
         // Read just before the index is: what a resumed run compares is what this one reads.
-        let opened_xxh3 = Self::index_xxh3(dir).map_err(|error| IndexError::Io {
-            path: dir.join("meta.json"),
-            error,
-        })?;
+        let opened_xxh3 = Self::index_xxh3(dir).map_err(io_err(&dir.join("meta.json")))?;
         let index = Index::open_in_dir(dir).map_err(tantivy_err)?;
         let (id, title, text) = fields(&index.schema(), dir)?;
         // The index does not change while a run reads it: no reload thread.
