@@ -24,7 +24,8 @@ pub struct RunStats {
 }
 
 /// Where the scoring forward runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive] // more backends may come: a match outside the crate needs a `_` arm
 pub enum Device {

@@ -11,6 +11,8 @@
 //! ```
 //! use toolsift::{score_texts, scorer_for, CallForm, Device, Model, Placement, ScoreOptions};
 //! use toolsift::TextCandidate;
+//! # #[cfg(not(feature = "annotate"))] fn main() {} // the demo model comes with the driver
+//! # #[cfg(feature = "annotate")]
 //! # fn main() -> toolsift::Result<()> {
 //! let model = Model::load(&toolsift::demo::assets::materialize()?)?;
 //! // Send + Sync: threads can share it (each call holds up to its memory budget).
@@ -33,7 +35,13 @@
 //!
 //! Token-level candidates (`TokenCandidate`) go to `Scorer::score` directly; the annotate driver
 //! that builds C* is `annotate::run_job`.
+//!
+//! Features: the default, `cli`, is the `toolsift` command and the annotate driver (`annotate`:
+//! annotate, generate, the demo and the tools). An embedder that only scores takes
+//! `default-features = false`: model loading, the reference, the CPU engine, the planner and
+//! sampling, without tantivy, ureq or clap; `cuda` adds the GPU engine to either.
 
+#[cfg(feature = "annotate")]
 pub mod annotate;
 pub mod backend;
 #[cfg(feature = "baselines")]
@@ -42,10 +50,12 @@ pub mod bench;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "annotate")]
 pub mod demo;
 #[cfg(feature = "emu")]
 pub mod emu;
 pub mod error;
+#[cfg(feature = "annotate")]
 pub mod generate;
 pub mod model;
 pub mod plan;

@@ -62,21 +62,8 @@ pub fn parse_call(continuation: &str) -> Result<(String, String), Malformed> {
     Ok((name.to_string(), input.to_string()))
 }
 
-/// Whether every "(" of `s` is closed by a later ")" and every ")" closes one.
-pub(crate) fn balanced(s: &str) -> bool {
-    let mut depth = 0usize;
-    for c in s.chars() {
-        match c {
-            '(' => depth += 1,
-            ')' => match depth.checked_sub(1) {
-                Some(d) => depth = d,
-                None => return false,
-            },
-            _ => {}
-        }
-    }
-    depth == 0
-}
+// Defined beside `check_call`, which refuses what this parser could not read back.
+pub(crate) use crate::score::text::balanced;
 
 /// The first ")" of `rest` at nesting depth 0 (it closes the call's "(") followed, after
 /// optional whitespace, by an arrow.

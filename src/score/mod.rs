@@ -27,7 +27,8 @@ use crate::error::{Error, Result};
 use crate::model::GptjConfig;
 
 /// Where the call z goes when a variant is scored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
     /// The paper's choice (footnote 3): z ++ x_1 .. x_{i+4}. An un-finetuned model has never seen a
@@ -39,7 +40,8 @@ pub enum Placement {
 }
 
 /// How the call without its result, e(c, eps), is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum CallForm {
     /// The paper's e(c, eps) = "[Tool(input) ->]": arrow, no result.

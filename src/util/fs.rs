@@ -2,6 +2,7 @@
 //! (`AtomicFile`: a locked temporary sibling, fsync'ed and renamed into place), the checks an
 //! output path gets before a run starts, and path spelling.
 
+#[cfg(feature = "annotate")]
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 
 /// `name` less its extension when that is exactly `ext` ("cstar.jsonl", "jsonl" -> "cstar").
+#[cfg(feature = "annotate")]
 pub(crate) fn strip_ext<'a>(name: &'a OsStr, ext: &str) -> Option<&'a OsStr> {
     let p = Path::new(name);
     if p.extension()? == ext {
@@ -21,6 +23,7 @@ pub(crate) fn strip_ext<'a>(name: &'a OsStr, ext: &str) -> Option<&'a OsStr> {
 }
 
 /// `base` followed by `suffix`.
+#[cfg(feature = "annotate")]
 pub(crate) fn with_suffix(base: &OsStr, suffix: &str) -> OsString {
     let mut s = base.to_owned();
     s.push(suffix);
@@ -62,6 +65,7 @@ pub fn folder_problem(path: &Path) -> Option<&'static str> {
 /// A file's bytes up to and including its first newline (`whole`: all of it, as for a summary,
 /// which is one JSON value), or None when there is no such file. Reads at most 256 MiB, so a
 /// huge file without newlines cannot exhaust memory (such a file is no C* line anyway).
+#[cfg(feature = "annotate")]
 pub(crate) fn read_head(path: &Path, whole: bool) -> Result<Option<Vec<u8>>> {
     use std::io::{BufReader, Read};
     let file = match std::fs::File::open(path) {
