@@ -1905,3 +1905,133 @@ fn shards_merge_however_their_corpus_and_model_paths_are_spelled() {
         assert!(!dir.path().join("bad.jsonl").exists());
     }
 }
+
+/// The WikiSearch index's path in the config is compared by the index's content hash, as the
+/// corpus's and the model's are: shards configured with `idx`, `$PWD/idx` and `idx/` merge, and
+/// a journal resumes under another spelling; another setting of the table is still named.
+#[test]
+fn shards_merge_and_journals_resume_however_their_wikisearch_index_is_spelled() {
+    use toolsift::annotate::tools::{build_index, WikiSearchConfig};
+    let dir = tempfile::tempdir().unwrap();
+    write_corpus(&dir.path().join("corpus.jsonl"), 9);
+    let docs = dir.path().join("wiki.jsonl");
+    std::fs::write(
+        &docs,
+        "{\"id\": \"a\", \"text\": \"The cat sat on the mat.\"}\n",
+    )
+    .unwrap();
+    let index = dir.path().join("idx");
+    build_index(&docs, &index, "text").unwrap();
+    let base = std::fs::read_to_string(bin_config(dir.path())).unwrap();
+    let config = |name: &str, index: &str, snippet: u32| {
+        let path = dir.path().join(name);
+        let text = format!(
+            "{base}[tools.wikisearch]\nindex = {index:?}\nmax_snippet_chars = {snippet}\n\
+             [per_tool.wikisearch]\nk = 1\nm = 1\n\
+             prompt = \"[WikiSearch(x)] x\\nInput: {{x}}\\nOutput: \"\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let absolute = index.display().to_string();
+    let annotate = |config: &Path, out: &str, shard: u64| {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .current_dir(dir.path())
+            .args(["annotate", "--no-progress", "--seed", "3", "--model"])
+            .arg(common::tiny("f32"))
+            .args(["--corpus", "corpus.jsonl", "--config"])
+            .arg(config)
+            .args(["--out", out, "--shard", &format!("{shard}/3")])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+    };
+    let merge = |out: &str, inputs: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .current_dir(dir.path())
+            .args(["merge", "--out", out])
+            .args(inputs)
+            .output()
+            .unwrap()
+    };
+    annotate(&config("rel.toml", "idx", 300), "sh/c.jsonl", 0);
+    annotate(&config("abs.toml", &absolute, 300), "sh/c.jsonl", 1);
+    annotate(&config("slash.toml", "idx/", 300), "sh/c.jsonl", 2);
+    let shards = [0, 1, 2].map(|i| format!("sh/c.shard-{i:05}-of-00003.jsonl"));
+    let out = merge("all.jsonl", &shards.each_ref().map(String::as_str));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("all.summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        summary["run"]["info"]["wikisearch_index_xxh3"].is_string(),
+        "{summary}"
+    );
+    // Another setting of the same table is still a difference, named with both values.
+    annotate(&config("short.toml", "idx/", 200), "short/c.jsonl", 2);
+    let out = merge(
+        "bad.jsonl",
+        &[&shards[0], &shards[1], "short/c.shard-00002-of-00003.jsonl"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "merged");
+    assert!(
+        stderr.contains("not shards of one run")
+            && stderr.contains(": \"max_snippet_chars = 300\" vs \"max_snippet_chars = 200\""),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("index ="), "{stderr}");
+    assert!(!dir.path().join("bad.jsonl").exists());
+
+    // A journal started with one spelling resumes with another, as the uninterrupted run.
+    let wiki = |index: PathBuf| {
+        let mut c = test_config();
+        c.tools.wikisearch = Some(WikiSearchConfig {
+            index,
+            max_snippet_chars: 300,
+        });
+        c
+    };
+    let run = |config: &AnnotateConfig, out: &str, stop_after| {
+        let parts = Parts::new(config);
+        let a = parts.annotator(config, &[ToolKind::Calculator, ToolKind::WikiSearch]);
+        let hash = parts.registry.wikisearch_index_xxh3().unwrap();
+        let options = RunOptions {
+            corpus: dir.path().join("corpus.jsonl"),
+            out: dir.path().join(out),
+            shard: Shard::default(),
+            run_info: json!({"wikisearch_index_xxh3": format!("{hash:016x}")}),
+            progress: false,
+            stop_after,
+        };
+        annotate::annotate(&a, &options)
+    };
+    let plain = wiki(index.clone());
+    let slashed = wiki(PathBuf::from(format!("{absolute}/")));
+    let dotted = wiki(dir.path().join(".").join("idx"));
+    assert!(matches!(
+        run(&plain, "full.jsonl", None).unwrap(),
+        RunOutcome::Done(..)
+    ));
+    assert!(matches!(
+        run(&plain, "stepped.jsonl", Some(3)).unwrap(),
+        RunOutcome::Stopped(3)
+    ));
+    assert!(matches!(
+        run(&slashed, "stepped.jsonl", Some(3)).unwrap(),
+        RunOutcome::Stopped(3)
+    ));
+    match run(&dotted, "stepped.jsonl", None) {
+        Ok(RunOutcome::Done(..)) => {}
+        Ok(RunOutcome::Stopped(n)) => panic!("stopped after {n}"),
+        Err(e) => panic!("{e}"),
+    }
+    let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
+    assert_eq!(read("stepped.jsonl"), read("full.jsonl"));
+}
