@@ -755,6 +755,72 @@ fn malformed_calls_and_failing_tools_are_closed_and_decoding_goes_on() {
     }
 }
 
+/// Every call that did not parse fully keeps as much of its tool and input as was written, as
+/// `parse_partial_call` reads a call the length cap cuts: closed, given up or unparsable at
+/// the arrow, or cut at its arrow.
+#[test]
+fn every_status_keeps_the_tool_and_input_decoded_so_far() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let long = "Calculator(1+2+3+4+5+6+7+8+9+10+11+12+13+14+15";
+    let body = tokenizer.encode_ids(long).unwrap();
+    let written = tokenizer.decode(&body[..16]).unwrap();
+    let cut = written.split_once('(').unwrap().1.trim_end();
+    assert!(
+        cut.starts_with("1+2+") && cut.len() < long.len() - 11,
+        "{written:?}"
+    );
+    let cases = [
+        // (what the model writes after "[", status, tool, input)
+        (
+            "Calculator(1+2]",
+            CallStatus::ClosedWithoutArrow,
+            "Calculator",
+            "1+2",
+        ),
+        (
+            "Calculator(]",
+            CallStatus::ClosedWithoutArrow,
+            "Calculator",
+            "",
+        ),
+        // No "(": no tool, as for a cut call.
+        ("Calculator]", CallStatus::ClosedWithoutArrow, "", ""),
+        (long, CallStatus::TooLong, "Calculator", cut),
+        (
+            "Calculator(1+2 ->",
+            CallStatus::Unparsable,
+            "Calculator",
+            "1+2",
+        ),
+        ("what is this ->", CallStatus::Unparsable, "", ""),
+    ];
+    for (call, status, tool, input) in cases {
+        let m = scripted(tokenizer, 1, call, |_| 0);
+        let o = GenerateOptions {
+            max_new_tokens: 60,
+            max_call_tokens: 16,
+            ..Default::default()
+        };
+        let g = run(&m, tokenizer, &calculator(), &o);
+        let c = &g.calls[0];
+        assert_eq!(c.status, status, "{call}: {:?}", g.completion);
+        assert_eq!((c.tool.as_str(), c.input.as_str()), (tool, input), "{call}");
+    }
+    // Cut by the cap at an arrow whose call does not parse: as far as it was written.
+    let call = "Calculator(1+2 ->";
+    let m = scripted(tokenizer, 1, call, |_| 0);
+    let o = GenerateOptions {
+        max_new_tokens: 1 + tokenizer.encode_ids(call).unwrap().len(),
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    let c = &g.calls[0];
+    assert_eq!(c.status, CallStatus::Unfinished, "{:?}", g.completion);
+    assert_eq!(g.completion, format!("[{call}"));
+    assert_eq!((c.tool.as_str(), c.input.as_str()), ("Calculator", "1+2"));
+}
+
 #[test]
 fn end_of_text_stops_generation_and_cuts_an_open_call() {
     let model = tiny();

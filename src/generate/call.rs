@@ -83,7 +83,8 @@ pub fn parse_call(head: &str) -> Option<(&str, &str)> {
     is_call_name(tool).then(|| (tool, &inner[open + 1..]))
 }
 
-/// `parse_call` for a call cut off before its arrow (`unfinished`): what was decoded so far.
+/// `parse_call` for a call that did not end as `Tool(input) ->` (cut off, closed or given up
+/// before its arrow, or not `Tool(input)` at it): what was decoded of it.
 /// The tool once "Tool(" is decoded (a name without its "(" may still grow, "Calc" into
 /// "Calculator", so it is no tool yet); the input is everything after the "(", as `parse_call`
 /// would read it were the call closed there: a final ")" is taken as the call's, and a lone "-"

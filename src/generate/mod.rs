@@ -153,9 +153,9 @@ pub enum CallStatus {
 pub struct CallRecord {
     /// Byte offset of the call's "[" in the completion.
     pub position: usize,
-    /// The tool's name as written ("" when the call could not be parsed).
+    /// The tool's name as written ("" until "Tool(" is written: `call::parse_partial_call`).
     pub tool: String,
-    /// The input as written between the parentheses.
+    /// The input as written between the parentheses, or after the "(" as far as the call got.
     pub input: String,
     /// The spliced result ("" when none was).
     pub result: String,
@@ -512,6 +512,12 @@ impl Seq<'_> {
                         "expected Tool(input) before the arrow, got {:?}",
                         &body[..arrow]
                     ));
+                    // As much of the call as was written ("Calculator(1+2 ->": the input's ")"
+                    // is missing), as for a call cut short.
+                    if let Some((tool, input)) = call::parse_partial_call(&body[..arrow]) {
+                        record.tool = tool.to_string();
+                        record.input = input.to_string();
+                    }
                     close()?
                 }
                 Some((tool, input)) => {
@@ -621,12 +627,14 @@ impl Seq<'_> {
         Ok(true)
     }
 
-    /// Fills in the tool and input of the open call from its text so far, when it parses.
+    /// Fills in the tool and input of the open call from its text so far, as far as it was
+    /// written (`call::parse_partial_call`): a call closed, cut or left unfinished before its
+    /// input's ")" keeps what it decoded, as one the length cap cuts does.
     fn fill_tool(&mut self, body: &str) {
         // Up to the first "]" or arrow, as `advance_call` reads it.
         let head = body.split(']').next().unwrap_or("");
         let head = head.split("->").next().unwrap_or(head);
-        if let Some((tool, input)) = call::parse_call(head) {
+        if let Some((tool, input)) = call::parse_partial_call(head) {
             let record = self.calls.last_mut().expect("a call is open");
             record.tool = tool.to_string();
             record.input = input.to_string();
@@ -640,14 +648,9 @@ impl Seq<'_> {
             let body = ctx
                 .tokenizer
                 .decode(&self.tokens[(start + 1).min(end)..end])?;
-            if body.contains("->") {
-                // The arrow is in (the cap left no room for a result): read as at the arrow.
-                self.fill_tool(&body);
-            } else if let Some((tool, input)) = call::parse_partial_call(&body) {
-                let record = self.calls.last_mut().expect("a call is open");
-                record.tool = tool.to_string();
-                record.input = input.to_string();
-            }
+            // As far as it was written; up to the arrow when that is in (the cap left no room
+            // for a result).
+            self.fill_tool(&body);
             let record = self.calls.last_mut().expect("a call is open");
             if record.status == CallStatus::Unfinished {
                 record.error = Some("generation ended inside the call".into());
