@@ -122,15 +122,19 @@ impl CpuScorer {
     }
 
     /// Plans `candidates`, splitting the batch into chunks whose activations fit the budget.
-    /// The planner's own memory counts too: it is host memory, like the activations.
+    /// The planner's own memory counts too (its ancestor lists included, which can outgrow the
+    /// tokens): it is host memory, like the activations.
     pub fn plan_chunks<'a>(
         &self,
         candidates: &'a [TokenCandidate],
         options: &'a ScoreOptions,
     ) -> crate::plan::Chunks<'a> {
-        let per_token = self.bytes_per_token() + crate::plan::PLANNER_BYTES_PER_TOKEN;
-        let max_tokens = (self.memory_budget / per_token).max(1);
-        crate::plan::chunked(candidates, options, max_tokens)
+        crate::plan::chunked_in_bytes(
+            candidates,
+            options,
+            self.memory_budget,
+            self.bytes_per_token(),
+        )
     }
 }
 

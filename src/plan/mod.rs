@@ -161,6 +161,11 @@ struct Trie {
     next_sibling: Vec<u32>,
     /// Per node: its index in the flat schedule (filled by `flatten`).
     flat_index: Vec<u32>,
+    /// A bound on the entries of the flattened plan's ancestor lists (`Plan::ancestors`): the
+    /// sum of every segment's depth in tokens, which its ancestor segments, of one token at
+    /// least each, cannot outnumber. Kept as nodes are inserted; `truncate` leaves it to the
+    /// caller to restore.
+    ancestors_bound: usize,
 }
 
 impl Trie {
@@ -172,7 +177,7 @@ impl Trie {
         let mut node = 0u32;
         // Once a node is new, so is the rest of the sequence: a new node has no children to find.
         let mut new = false;
-        nodes.extend(ids.iter().map(|&id| {
+        nodes.extend(ids.iter().enumerate().map(|(depth, &id)| {
             let found = if new {
                 None
             } else {
@@ -182,6 +187,18 @@ impl Trie {
                 Some(child) => child,
                 None => {
                     new = true;
+                    // A second child makes its parent a branch: the first child starts a
+                    // segment, and so does every child from then on (the root's children start
+                    // segments without ancestors; a first child continues its parent's).
+                    let parent = node as usize;
+                    if parent != 0 && self.first_child[parent] != NONE {
+                        let starts = if self.first_child[parent] == self.last_child[parent] {
+                            2
+                        } else {
+                            1
+                        };
+                        self.ancestors_bound += starts * depth;
+                    }
                     let child = self.push_node(id, node);
                     match self.last_child[node as usize] {
                         NONE => self.first_child[node as usize] = child,
@@ -314,8 +331,15 @@ impl Trie {
     }
 }
 
-/// Host bytes per unique token while a chunk is planned (trie, targets, then the plan itself).
+/// Host bytes per unique token while a chunk is planned (trie, targets, then the plan itself),
+/// less the ancestor lists (`PLANNER_BYTES_PER_ANCESTOR`).
 pub const PLANNER_BYTES_PER_TOKEN: usize = 256;
+
+/// Host bytes per entry of a plan's ancestor lists (`Plan::ancestors`): a u32, in a Vec that
+/// may hold up to twice its length as it grows. Counted apart from the tokens since the lists
+/// grow with depth times branches: inline candidates at every position of one text of n tokens
+/// make ~2n^2 entries for ~15n tokens.
+pub const PLANNER_BYTES_PER_ANCESTOR: usize = 8;
 
 /// Builds a plan one candidate at a time, so that a caller can stop before a token limit.
 pub struct PlanBuilder<'o> {
@@ -351,6 +375,25 @@ impl<'o> PlanBuilder<'o> {
         self.trie.n_tokens()
     }
 
+    /// A bound on the entries of the plan's ancestor lists so far (`Plan::ancestors`): each
+    /// segment's depth in tokens. Exact where every ancestor segment is one token long (the
+    /// adversarial case); loose where they are long (a text that a chunk's inline candidates
+    /// share counts its tokens, not its one segment), which can only make chunks smaller.
+    pub fn ancestors_bound(&self) -> usize {
+        self.trie.ancestors_bound
+    }
+
+    /// Host bytes the planner may need for the plan so far, at its peak: the tokens at
+    /// `PLANNER_BYTES_PER_TOKEN`, the ancestor lists at `PLANNER_BYTES_PER_ANCESTOR` an entry.
+    pub fn planner_bytes(&self) -> usize {
+        self.n_tokens()
+            .saturating_mul(PLANNER_BYTES_PER_TOKEN)
+            .saturating_add(
+                self.ancestors_bound()
+                    .saturating_mul(PLANNER_BYTES_PER_ANCESTOR),
+            )
+    }
+
     /// Adds `cand` (already validated) as the next candidate.
     pub fn push(&mut self, cand: &TokenCandidate) {
         let c = self.n_candidates;
@@ -377,17 +420,40 @@ impl<'o> PlanBuilder<'o> {
     /// after an oversized first candidate it would otherwise start a chunk of its own and be
     /// computed again.
     pub fn push_within(&mut self, cand: &TokenCandidate, max_tokens: usize) -> bool {
-        let (nodes, targets, naive, tokens) = (
+        self.push_if(cand, |b| b.n_tokens() <= max_tokens)
+    }
+
+    /// `push_within` for a limit in bytes: adds `cand` unless the plan's activations,
+    /// `activation_bytes_per_token` per unique token, and the planner's own memory
+    /// (`planner_bytes`) would then pass `budget` bytes.
+    pub fn push_within_bytes(
+        &mut self,
+        cand: &TokenCandidate,
+        budget: usize,
+        activation_bytes_per_token: usize,
+    ) -> bool {
+        self.push_if(cand, |b| {
+            let activations = b.n_tokens().saturating_mul(activation_bytes_per_token);
+            activations.saturating_add(b.planner_bytes()) <= budget
+        })
+    }
+
+    /// Adds `cand` if the plan with it `fits`, or if it is the first candidate or adds no
+    /// token (`push_within`); else undoes it.
+    fn push_if(&mut self, cand: &TokenCandidate, fits: impl Fn(&Self) -> bool) -> bool {
+        let (nodes, targets, naive, tokens, bound) = (
             self.trie.n_nodes(),
             self.raw_targets.len(),
             self.naive_tokens,
             self.n_tokens(),
+            self.trie.ancestors_bound,
         );
         self.push(cand);
-        if self.n_tokens() <= max_tokens || self.n_candidates == 1 || self.n_tokens() == tokens {
+        if fits(self) || self.n_candidates == 1 || self.n_tokens() == tokens {
             return true;
         }
         self.trie.truncate(nodes);
+        self.trie.ancestors_bound = bound;
         self.raw_targets.truncate(targets);
         self.naive_tokens = naive;
         self.n_candidates -= 1;
@@ -417,10 +483,41 @@ pub fn chunked<'a>(
     Chunks {
         candidates,
         options,
-        max_tokens,
+        limit: Limit::Tokens(max_tokens),
         next: 0,
         done: false,
     }
+}
+
+/// `chunked` for a memory budget: each chunk's activations (`activation_bytes_per_token` per
+/// unique token) and planner memory (`PlanBuilder::planner_bytes`, whose ancestor lists can
+/// outgrow the tokens) stay within `budget` bytes, but for a first candidate over it.
+pub fn chunked_in_bytes<'a>(
+    candidates: &'a [TokenCandidate],
+    options: &'a ScoreOptions,
+    budget: usize,
+    activation_bytes_per_token: usize,
+) -> Chunks<'a> {
+    Chunks {
+        candidates,
+        options,
+        limit: Limit::Bytes {
+            budget,
+            activation_bytes_per_token,
+        },
+        next: 0,
+        done: false,
+    }
+}
+
+/// What a chunk of `Chunks` must stay within.
+#[derive(Debug, Clone, Copy)]
+enum Limit {
+    Tokens(usize),
+    Bytes {
+        budget: usize,
+        activation_bytes_per_token: usize,
+    },
 }
 
 /// The chunks of `chunked`: (candidate range, its plan), in order. An empty batch is one empty
@@ -428,7 +525,7 @@ pub fn chunked<'a>(
 pub struct Chunks<'a> {
     candidates: &'a [TokenCandidate],
     options: &'a ScoreOptions,
-    max_tokens: usize,
+    limit: Limit,
     next: usize,
     done: bool,
 }
@@ -443,7 +540,14 @@ impl Iterator for Chunks<'_> {
         let start = self.next;
         let mut builder = PlanBuilder::new(self.options);
         while let Some(cand) = self.candidates.get(self.next) {
-            if !builder.push_within(cand, self.max_tokens) {
+            let added = match self.limit {
+                Limit::Tokens(max_tokens) => builder.push_within(cand, max_tokens),
+                Limit::Bytes {
+                    budget,
+                    activation_bytes_per_token,
+                } => builder.push_within_bytes(cand, budget, activation_bytes_per_token),
+            };
+            if !added {
                 break;
             }
             self.next += 1;

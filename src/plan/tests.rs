@@ -362,3 +362,118 @@ fn a_refused_candidate_leaves_no_trace() {
         assert_same_plan(&builder.finish(), &Plan::build(&accepted, &o));
     }
 }
+
+/// Heap bytes of a plan, by capacity.
+fn plan_bytes(plan: &Plan) -> usize {
+    use std::mem::size_of;
+    4 * (plan.tokens.capacity()
+        + plan.positions.capacity()
+        + plan.token_segment.capacity()
+        + plan.ancestors.capacity()
+        + plan.head_rows.capacity())
+        + size_of::<Segment>() * plan.segments.capacity()
+        + size_of::<usize>() * plan.ancestor_offsets.capacity()
+        + size_of::<Target>() * plan.targets.capacity()
+}
+
+/// Heap bytes of a builder's trie and targets, by capacity (a hash map entry with its control
+/// byte).
+fn builder_bytes(b: &PlanBuilder) -> usize {
+    use std::mem::size_of;
+    let t = &b.trie;
+    4 * (t.token.capacity()
+        + t.parent.capacity()
+        + t.first_child.capacity()
+        + t.last_child.capacity()
+        + t.next_sibling.capacity()
+        + t.flat_index.capacity())
+        + (size_of::<((u32, u32), u32)>() + 1) * t.children.capacity()
+        + size_of::<(u32, u32, f64, u32)>() * b.raw_targets.capacity()
+}
+
+/// Inline candidates at every position of one text: the text's path splits into one-token
+/// segments, each below as many segments as tokens, so the ancestor lists grow as the square
+/// of the text's length while the tokens grow linearly.
+fn every_position_inline(n: usize) -> Vec<TokenCandidate> {
+    let x = text(n);
+    (1..n).map(|i| cand(&x, i, &[1], &[1, 2])).collect()
+}
+
+/// The planner's estimate covers what an adversarial plan holds at its peak (trie, targets and
+/// the plan itself), its ancestor lists included, which its tokens alone do not.
+#[test]
+fn an_adversarial_plans_estimate_covers_its_real_size() {
+    let o = opts(Placement::Inline);
+    let cands = every_position_inline(1200);
+    let mut builder = PlanBuilder::new(&o);
+    for c in &cands {
+        builder.push(c);
+    }
+    let (estimate, bound) = (builder.planner_bytes(), builder.ancestors_bound());
+    let held = builder_bytes(&builder);
+    let plan = builder.finish();
+    check_plan(&plan, &cands, &o);
+    let real = held + plan_bytes(&plan);
+    assert!(
+        plan.ancestors.len() > 50 * plan.n_tokens(),
+        "adversarial: {} ancestor entries for {} tokens",
+        plan.ancestors.len(),
+        plan.n_tokens()
+    );
+    assert!(bound >= plan.ancestors.len());
+    // Exact but for the first segments' few (every segment above a branch is one token).
+    assert!(bound - plan.ancestors.len() < plan.n_tokens(), "{bound}");
+    assert!(estimate >= real, "estimate {estimate} < {real} bytes");
+}
+
+/// Chunks planned within a byte budget hold it, ancestor lists included, on the adversarial
+/// batch; and the bound holds the ancestors of every plan, and is restored when a candidate is
+/// undone.
+#[test]
+fn chunks_in_bytes_hold_the_budget_and_the_bound_holds_every_plan() {
+    let o = opts(Placement::Inline);
+    let cands = every_position_inline(1200);
+    let per_token = 64;
+    let whole = Plan::build(&cands, &o);
+    let budget = plan_bytes(&whole) / 4;
+    let mut chunks = 0;
+    for (range, plan) in chunked_in_bytes(&cands, &o, budget, per_token) {
+        chunks += 1;
+        let mut builder = PlanBuilder::new(&o);
+        for c in &cands[range.clone()] {
+            builder.push(c);
+        }
+        let held = builder_bytes(&builder);
+        assert_same_plan(&builder.finish(), &plan);
+        let real = plan.n_tokens() * per_token + held + plan_bytes(&plan);
+        assert!(
+            real <= budget || range.len() == 1,
+            "{range:?}: {real} bytes over the budget of {budget}"
+        );
+    }
+    assert!(chunks > 4, "{chunks} chunks");
+    for seed in 0..40 {
+        for placement in [Placement::Prefix, Placement::Inline] {
+            let o = opts(placement);
+            let cands = random_batch(seed, 30);
+            let limit = Plan::build(&cands, &o).n_tokens() / 2;
+            let mut builder = PlanBuilder::new(&o);
+            let mut accepted = Vec::new();
+            for c in &cands {
+                if builder.push_within(c, limit) {
+                    accepted.push(c.clone());
+                }
+            }
+            let mut fresh = PlanBuilder::new(&o);
+            for c in &accepted {
+                fresh.push(c);
+            }
+            assert_eq!(builder.ancestors_bound(), fresh.ancestors_bound());
+            let plan = builder.finish();
+            assert!(
+                fresh.ancestors_bound() >= plan.ancestors.len(),
+                "seed {seed}"
+            );
+        }
+    }
+}
