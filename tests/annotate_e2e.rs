@@ -1834,6 +1834,16 @@ fn merge_never_replaces_a_foreign_rejects_file_or_summary() {
 /// content hashes, device), however the corpus and the model folder are spelled on their
 /// command lines; shards that differ are refused naming the differing fields of their
 /// summaries, with both values.
+/// `toolsift merge --out OUT INPUTS..` run in `dir`.
+fn merge_in(dir: &Path, out: &str, inputs: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .current_dir(dir)
+        .args(["merge", "--out", out])
+        .args(inputs)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn shards_merge_however_their_corpus_and_model_paths_are_spelled() {
     let dir = tempfile::tempdir().unwrap();
@@ -1855,14 +1865,7 @@ fn shards_merge_however_their_corpus_and_model_paths_are_spelled() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
     };
-    let merge = |out: &str, inputs: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_toolsift"))
-            .current_dir(dir.path())
-            .args(["merge", "--out", out])
-            .args(inputs)
-            .output()
-            .unwrap()
-    };
+    let merge = |out: &str, inputs: &[&str]| merge_in(dir.path(), out, inputs);
     // Relative and absolute, the folder with and without a trailing "/".
     let relative = Path::new("corpus.jsonl");
     let absolute = dir.path().join("corpus.jsonl");
@@ -1947,14 +1950,7 @@ fn shards_merge_and_journals_resume_however_their_wikisearch_index_is_spelled() 
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
     };
-    let merge = |out: &str, inputs: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_toolsift"))
-            .current_dir(dir.path())
-            .args(["merge", "--out", out])
-            .args(inputs)
-            .output()
-            .unwrap()
-    };
+    let merge = |out: &str, inputs: &[&str]| merge_in(dir.path(), out, inputs);
     annotate(&config("rel.toml", "idx", 300), "sh/c.jsonl", 0);
     annotate(&config("abs.toml", &absolute, 300), "sh/c.jsonl", 1);
     annotate(&config("slash.toml", "idx/", 300), "sh/c.jsonl", 2);
