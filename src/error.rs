@@ -3,8 +3,11 @@
 
 use std::path::PathBuf;
 
+/// `std::result::Result` with the crate's `Error`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Every error of the library. `is_input` tells a bad request (`Input`, `Candidate`) from a
+/// problem of the files, the model or the backend. Non-exhaustive: a `match` needs a `_` arm.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -52,6 +55,7 @@ pub enum Error {
 }
 
 impl Error {
+    /// An OS error on `path`.
     pub fn io(path: impl Into<PathBuf>, error: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
@@ -59,6 +63,7 @@ impl Error {
         }
     }
 
+    /// A request that cannot be served (`Error::Input`).
     pub fn input(msg: impl Into<String>) -> Self {
         Error::Input(msg.into())
     }

@@ -34,7 +34,34 @@
 //! ```
 //!
 //! Token-level candidates (`TokenCandidate`) go to `Scorer::score` directly; the annotate driver
-//! that builds C* is `annotate::run_job`.
+//! that builds C* is `annotate::run_job`. With the scoring core alone (`default-features =
+//! false`), on a random model built in memory (`Model::load` reads a folder the same way):
+//!
+//! ```
+//! use toolsift::model::{DType, GptjWeights};
+//! use toolsift::{scorer_for, Device, Error, GptjConfig, Model, ScoreOptions, TokenCandidate};
+//! # fn main() -> toolsift::Result<()> {
+//! let config = GptjConfig::small(2, 32, 4, 8, 64); // n_layer, n_embd, n_head, rotary_dim, vocab
+//! let weights = GptjWeights::random(&config, 1, DType::F32);
+//! let model = Model::from_parts(config, weights, None)?;
+//! let scorer = scorer_for(&model, Device::Cpu)?;
+//! let candidate = TokenCandidate {
+//!     text_ids: vec![5, 6, 7, 8, 9, 10].into(), // x_1 .. x_n
+//!     position: 2,                              // x_i: the call goes before text_ids[2]
+//!     call_ids: vec![1, 20, 21, 2],             // e(c, eps), separator included
+//!     call_result_ids: vec![1, 20, 21, 30, 2],  // e(c, r)
+//!     weights: None,                            // the options' (the paper's)
+//! };
+//! let scores = scorer.score(&[candidate.clone()], &ScoreOptions::default())?;
+//! assert!(scores[0].delta.is_finite());
+//! // A bad candidate fails the batch, naming it: drop it and score the rest.
+//! let bad = TokenCandidate { call_ids: vec![64], ..candidate };
+//! match scorer.score(&[bad], &ScoreOptions::default()) {
+//!     Err(Error::Candidate { index, .. }) => assert_eq!(index, 0),
+//!     other => panic!("{other:?}"),
+//! }
+//! # Ok(()) }
+//! ```
 //!
 //! Features: the default, `cli`, is the `toolsift` command and the annotate driver (`annotate`:
 //! annotate, generate, the demo and the tools). An embedder that only scores takes

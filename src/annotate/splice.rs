@@ -9,31 +9,8 @@
 //! none (`"29[A(x) -> 1][B(y) -> 2]%"`), so that C* holds no space that a call's scored sequence
 //! lacked.
 
-/// `text` with `calls` (byte offset, call text) inserted; offsets must be character boundaries.
-/// The calls are stably ordered by offset, so calls at one offset keep their given order.
-pub fn splice(text: &str, calls: &[(usize, String)]) -> String {
-    let mut order: Vec<&(usize, String)> = calls.iter().collect();
-    order.sort_by_key(|(b, _)| *b);
-    let mut out =
-        String::with_capacity(text.len() + calls.iter().map(|c| c.1.len() + 1).sum::<usize>());
-    let mut at = 0;
-    let mut k = 0;
-    while k < order.len() {
-        let b = order[k].0.min(text.len());
-        out.push_str(&text[at..b]);
-        at = b;
-        let spaced = crate::score::text::spaced_at(text, b);
-        while k < order.len() && order[k].0.min(text.len()) == b {
-            if spaced {
-                out.push(' ');
-            }
-            out.push_str(&order[k].1);
-            k += 1;
-        }
-    }
-    out.push_str(&text[at..]);
-    out
-}
+// In the core, so that an embedder writes C* as it was scored without the driver.
+pub use crate::score::text::splice;
 
 #[cfg(test)]
 mod tests {

@@ -36,12 +36,25 @@ pub(crate) fn on_pool<R: Send>(op: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| op())
 }
 
+/// The fast CPU engine: `Scorer`, `Sampler` and `Decoder` over one f32 copy of the weights,
+/// `Send + Sync`, on the calling thread's rayon pool (`scorer_for` builds one for
+/// `Device::Cpu`).
 pub struct CpuScorer {
     config: GptjConfig,
     weights: CpuWeights,
     rotary: RotaryTable,
     memory_budget: usize,
     stats: std::sync::Mutex<RunStats>,
+}
+
+// By hand: the weights are gigabytes of floats.
+impl std::fmt::Debug for CpuScorer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuScorer")
+            .field("config", &self.config)
+            .field("memory_budget", &self.memory_budget)
+            .finish_non_exhaustive()
+    }
 }
 
 impl CpuScorer {
@@ -83,6 +96,7 @@ impl CpuScorer {
         self
     }
 
+    /// Bytes of the engine's f32 weights.
     pub fn weights_bytes(&self) -> usize {
         self.weights.bytes()
     }

@@ -30,6 +30,17 @@ pub struct Model {
     dir: PathBuf,
 }
 
+// By hand: the weights are gigabytes of tensors.
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("dir", &self.dir)
+            .field("config", &self.config)
+            .field("tokenizer", &self.tokenizer)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Model {
     /// Loads and validates a Hugging Face GPT-J folder. Every problem is reported with the file and
     /// tensor it concerns before any computation starts.

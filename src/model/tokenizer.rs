@@ -16,6 +16,8 @@ const HEAD_BYTES_PER_TOKEN: usize = 8;
 /// single unbroken word (1.3 GB here), and a 64 MiB line would take 10 GB.
 pub const MAX_UNCUT_BYTES: usize = 8 << 20;
 
+/// A Hugging Face tokenizer.json, with padding and truncation off (a text's own tokens).
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
@@ -30,7 +32,18 @@ pub struct Encoding {
     pub spans: Vec<(usize, usize)>,
 }
 
+// By hand: the inner tokenizer's Debug prints its whole vocabulary.
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("path", &self.path)
+            .field("vocab_size", &self.vocab_size())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Tokenizer {
+    /// Reads a tokenizer.json; errors name the file.
     pub fn from_file(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         let err = |msg: String| Error::Tokenizer {
@@ -62,6 +75,7 @@ impl Tokenizer {
         })
     }
 
+    /// The file this was read from.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -158,10 +172,13 @@ impl Tokenizer {
         }
     }
 
+    /// `encode`'s ids alone.
     pub fn encode_ids(&self, text: &str) -> Result<Vec<u32>> {
         Ok(self.encode(text)?.ids)
     }
 
+    /// The text of `ids`, special tokens included; the `tokenizers` crate skips an id it does
+    /// not know (one of the model's rows past the tokenizer's vocabulary) without an error.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner.decode(ids, false).map_err(|e| Error::Tokenizer {
             path: self.path.clone(),
@@ -174,6 +191,7 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// Tokens in the vocabulary, added tokens included (`id_count` when ids have gaps).
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
@@ -196,6 +214,7 @@ impl Tokenizer {
         ids
     }
 
+    /// The `tokenizers` crate's tokenizer, padding and truncation off.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }

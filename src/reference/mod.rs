@@ -84,7 +84,17 @@ fn to_layer_norm(l: &LayerNormWeights) -> RefLayerNorm {
     }
 }
 
+// By hand: the weights are gigabytes of f64.
+impl std::fmt::Debug for ReferenceModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReferenceModel")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ReferenceModel {
+    /// The weights widened to f64; `weights` must match `config` (a `Model`'s do).
     pub fn new(config: &GptjConfig, weights: &GptjWeights) -> Self {
         let h = weights
             .h

@@ -255,7 +255,7 @@ pub trait DecodeSession {
         let _ = rows;
     }
 
-    /// Tokens in sequence `sequence`.
+    /// Tokens in sequence `sequence`; 0 for an index that is no sequence of this session.
     fn len(&self, sequence: usize) -> usize;
 }
 

@@ -10,11 +10,14 @@ use crate::error::Result;
 use crate::model::Model;
 use crate::reference::ReferenceModel;
 
+/// `Sampler` over the f64 oracle, one full forward per token (see the module docs).
+#[derive(Debug)]
 pub struct ReferenceSampler {
     model: ReferenceModel,
 }
 
 impl ReferenceSampler {
+    /// Widens `model`'s weights to f64 (8 bytes per parameter).
     pub fn new(model: &Model) -> Self {
         ReferenceSampler {
             model: ReferenceModel::new(model.config(), model.weights()),

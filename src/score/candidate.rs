@@ -21,6 +21,7 @@ pub struct TokenCandidate {
 }
 
 impl TokenCandidate {
+    /// The call ids `variant` inserts (none for `Variant::None`).
     pub fn prefix(&self, variant: Variant) -> &[u32] {
         match variant {
             Variant::None => &[],
@@ -29,6 +30,7 @@ impl TokenCandidate {
         }
     }
 
+    /// This candidate's loss weights, or else `options`'.
     pub fn weights<'a>(&'a self, options: &'a ScoreOptions) -> &'a [f64] {
         self.weights
             .as_deref()
@@ -106,7 +108,14 @@ pub fn validate(
     config: &GptjConfig,
     options: &ScoreOptions,
 ) -> std::result::Result<(), String> {
-    validate_at(c, config, options, false)
+    validate_at(c, config, options, false)?;
+    if c.call_result_ids.is_empty() {
+        // e(c, r) would add no token: L_call_result would be L_none, and a delta of 0 (or
+        // less) would keep a call that is not there at any tau_f <= 0.
+        return Err("call_result_ids is empty: the call with its result would insert no                     token, so there is no call to measure"
+            .into());
+    }
+    Ok(())
 }
 
 /// `validate`, allowing position 0 when `position_0` is set (the caller has made sure that every
@@ -192,6 +201,26 @@ mod tests {
             call_result_ids: vec![1, 2, 3],
             weights: None,
         }
+    }
+
+    #[test]
+    fn a_call_that_inserts_nothing_is_refused() {
+        let config = GptjConfig::small(1, 8, 2, 2, 32);
+        let options = ScoreOptions::default();
+        let empty = TokenCandidate {
+            call_ids: Vec::new(),
+            call_result_ids: Vec::new(),
+            ..cand()
+        };
+        let err = validate(&empty, &config, &options).unwrap_err();
+        assert!(err.contains("call_result_ids is empty"), "{err}");
+        // The call without its result may be empty: L_call is then L_none, as the paper's
+        // min(L_none, L_call) allows.
+        let bare = TokenCandidate {
+            call_ids: Vec::new(),
+            ..cand()
+        };
+        assert_eq!(validate(&bare, &config, &options), Ok(()));
     }
 
     #[test]

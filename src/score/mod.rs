@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 pub use candidate::{validate, variant_sequence, TokenCandidate, VariantSequence};
 pub use reference::ReferenceScorer;
-pub use text::{call_text, score_texts, TextCandidate};
+pub use text::{call_text, score_texts, splice, TextCandidate};
 pub use weights::LossWeights;
 
 use crate::error::{Error, Result};
@@ -63,12 +63,14 @@ pub enum Variant {
 }
 
 impl Variant {
+    /// The three, in the order of `Scorer::variant_losses`' triples.
     pub const ALL: [Variant; 3] = [Variant::None, Variant::Call, Variant::CallResult];
 }
 
 /// How candidates are scored (the same for every candidate of a batch).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ScoreOptions {
+    /// Where the call goes (`score_texts` also tokenizes the call for it).
     pub placement: Placement,
     /// Loss weights w_0, w_1, ... used for candidates that carry none of their own.
     pub weights: LossWeights,
@@ -77,11 +79,17 @@ pub struct ScoreOptions {
 /// The filter's figures for one candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Scores {
+    /// L_i(empty): no call.
     pub l_none: f64,
+    /// L_i(e(c, eps)): the call without its result.
     pub l_call: f64,
+    /// L_i(e(c, r)): the call with its result.
     pub l_call_result: f64,
+    /// min(l_none, l_call).
     pub l_minus: f64,
+    /// l_call_result.
     pub l_plus: f64,
+    /// l_minus - l_plus: the call is kept when it is at least tau_f (`kept`).
     pub delta: f64,
 }
 
@@ -177,6 +185,44 @@ pub trait Scorer: Send + Sync {
             .collect())
     }
 }
+
+// A scorer behind a reference or a smart pointer is one: `scorer_for`'s `Box<dyn Scorer>` or a
+// shared `Arc` goes where a generic `S: Scorer` is taken. Every method forwards, so a backend's
+// own `variant_losses` or `score` (if it has one) still runs.
+macro_rules! forward_scorer {
+    ($($ptr:ty),*) => {$(
+        impl<S: Scorer + ?Sized> Scorer for $ptr {
+            fn name(&self) -> &str {
+                (**self).name()
+            }
+            fn config(&self) -> &GptjConfig {
+                (**self).config()
+            }
+            fn variant_losses_unchecked(
+                &self,
+                candidates: &[TokenCandidate],
+                options: &ScoreOptions,
+            ) -> Result<Vec<[f64; 3]>> {
+                (**self).variant_losses_unchecked(candidates, options)
+            }
+            fn variant_losses(
+                &self,
+                candidates: &[TokenCandidate],
+                options: &ScoreOptions,
+            ) -> Result<Vec<[f64; 3]>> {
+                (**self).variant_losses(candidates, options)
+            }
+            fn score(
+                &self,
+                candidates: &[TokenCandidate],
+                options: &ScoreOptions,
+            ) -> Result<Vec<Scores>> {
+                (**self).score(candidates, options)
+            }
+        }
+    )*};
+}
+forward_scorer!(&S, Box<S>, std::sync::Arc<S>);
 
 #[cfg(test)]
 mod tests {

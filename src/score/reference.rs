@@ -6,17 +6,21 @@ use crate::error::{Error, Result};
 use crate::model::{GptjConfig, Model};
 use crate::reference::ReferenceModel;
 
+/// The f64 oracle as a `Scorer`: slow, for small models and for rescoring candidates near tau_f.
+#[derive(Debug)]
 pub struct ReferenceScorer {
     model: ReferenceModel,
 }
 
 impl ReferenceScorer {
+    /// Widens `model`'s weights to f64 (8 bytes per parameter).
     pub fn new(model: &Model) -> Self {
         ReferenceScorer {
             model: ReferenceModel::new(model.config(), model.weights()),
         }
     }
 
+    /// The f64 forward it scores with.
     pub fn model(&self) -> &ReferenceModel {
         &self.model
     }

@@ -7,7 +7,7 @@
 //!   or "[Tool(input)]" (bare form);
 //! - prefix placement scores z = e(c) + " " before the text (a single space separates the call
 //!   from the text, and "[" is the sequence's first token, without a leading space);
-//! - inline placement scores z spliced before x_i as C* writes it (`annotate::splice`): " " + e(c)
+//! - inline placement scores z spliced before x_i as C* writes it (`splice`): " " + e(c)
 //!   where the text continues with whitespace (x_i carries its own leading space in byte-level
 //!   BPE): "... (or [Calculator(400 / 1400) -> 0.29] 29%)"; e(c) alone where it does not:
 //!   "29[Calculator(...) -> 0.29]%)".
@@ -34,8 +34,11 @@ pub struct TextCandidate {
     pub text: Arc<str>,
     /// Byte offset into `text` where the call goes.
     pub position: usize,
+    /// The tool's name: letters, digits and "_" (`check_call`).
     pub tool: String,
+    /// The call's input, as it is written between the parentheses.
     pub input: String,
+    /// The tool's result r, as written in e(c, r).
     pub result: String,
 }
 
@@ -64,6 +67,35 @@ pub fn call_insert(call: &str, placement: Placement, spaced: bool) -> String {
         Placement::Inline if spaced => format!(" {call}"),
         Placement::Inline => call.to_string(),
     }
+}
+
+/// `text` with `calls` (byte offset, call text) inserted, as C* writes kept calls and inline
+/// placement scores them (`call_insert`): with a space in front where the text continues with
+/// whitespace (`spaced_at`), alone elsewhere; several at one offset each stand as they would
+/// alone, in the order given. Offsets must be character boundaries (past the end is the end).
+/// The calls are stably ordered by offset.
+pub fn splice(text: &str, calls: &[(usize, String)]) -> String {
+    let mut order: Vec<&(usize, String)> = calls.iter().collect();
+    order.sort_by_key(|(b, _)| *b);
+    let mut out =
+        String::with_capacity(text.len() + calls.iter().map(|c| c.1.len() + 1).sum::<usize>());
+    let mut at = 0;
+    let mut k = 0;
+    while k < order.len() {
+        let b = order[k].0.min(text.len());
+        out.push_str(&text[at..b]);
+        at = b;
+        let spaced = spaced_at(text, b);
+        while k < order.len() && order[k].0.min(text.len()) == b {
+            if spaced {
+                out.push(' ');
+            }
+            out.push_str(&order[k].1);
+            k += 1;
+        }
+    }
+    out.push_str(&text[at..]);
+    out
 }
 
 /// Whether `name` can be a tool's name in a call: one word of letters (any script), digits and
@@ -642,7 +674,6 @@ mod tests {
     /// Inline, the scored call is what C* splices in: with a space only where the text
     /// continues with whitespace.
     #[test]
-    #[cfg(feature = "annotate")]
     fn inline_calls_are_scored_as_they_are_spliced() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/tiny-gptj/tokenizer.json");
@@ -659,7 +690,7 @@ mod tests {
             let t = c
                 .to_tokens(&tok, Placement::Inline, CallForm::Arrow, None)
                 .unwrap();
-            let spliced = crate::annotate::splice::splice(
+            let spliced = splice(
                 text,
                 &[(
                     at,

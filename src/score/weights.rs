@@ -22,6 +22,7 @@ impl LossWeights {
         Ok(LossWeights(weights))
     }
 
+    /// w_0, w_1, ...
     pub fn as_slice(&self) -> &[f64] {
         &self.0
     }

@@ -1,0 +1,149 @@
+//! The scoring core as an embedder holds it, without the driver (`default-features = false`):
+//! its types in the embedder's own structs, and what it needs to write C* as it scored.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use toolsift::model::Tokenizer;
+use toolsift::score::{splice, ReferenceScorer};
+use toolsift::{cpu::CpuScorer, CallForm, Model, Placement, TextCandidate};
+use toolsift::{scorer_for, Device, Error, ScoreOptions, Scorer, TokenCandidate};
+
+fn tiny() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj")
+}
+
+/// A service's state derives Debug and clones its tokenizer per worker; the printout names the
+/// model without dumping its weights or vocabulary.
+#[test]
+fn engines_and_models_are_debug_and_tokenizers_clone() {
+    #[derive(Debug)]
+    #[allow(dead_code)] // read by Debug alone
+    struct State {
+        model: Model,
+        cpu: CpuScorer,
+        reference: ReferenceScorer,
+        sampler: toolsift::sample::ReferenceSampler,
+        tokenizer: Tokenizer,
+    }
+    let model = Model::load(tiny()).unwrap();
+    let tokenizer = model.tokenizer().unwrap().clone();
+    let state = State {
+        cpu: CpuScorer::new(&model),
+        reference: ReferenceScorer::new(&model),
+        sampler: toolsift::sample::ReferenceSampler::new(&model),
+        tokenizer: tokenizer.clone(),
+        model,
+    };
+    let shown = format!("{state:?}");
+    for name in [
+        "Model",
+        "CpuScorer",
+        "ReferenceScorer",
+        "Tokenizer",
+        "vocab_size: 512",
+    ] {
+        assert!(shown.contains(name), "{name} in {shown}");
+    }
+    assert!(
+        shown.len() < 4000,
+        "{} bytes: weights or vocabulary printed",
+        shown.len()
+    );
+    let text = "Out of 1400 participants, 400 passed.";
+    assert_eq!(
+        tokenizer.encode_ids(text).unwrap(),
+        state.tokenizer.encode_ids(text).unwrap()
+    );
+}
+
+/// `splice` writes a kept call where inline placement scored it, space and all, without the
+/// annotate feature.
+#[test]
+fn splice_writes_calls_as_inline_placement_scores_them() {
+    let model = Model::load(tiny()).unwrap();
+    let tok = model.tokenizer().unwrap();
+    let text = "Out of 1400 participants, 400 (or 29%) passed.";
+    for at in [text.find(" 29%").unwrap(), text.find("%)").unwrap()] {
+        let c = TextCandidate {
+            text: text.into(),
+            position: at,
+            tool: "Calculator".into(),
+            input: "400 / 1400".into(),
+            result: "0.29".into(),
+        };
+        let t = c
+            .to_tokens(tok, Placement::Inline, CallForm::Arrow, None)
+            .unwrap();
+        let call = toolsift::score::call_text(&c.tool, &c.input, Some(&c.result), CallForm::Arrow);
+        let scored = [
+            &t.text_ids[..t.position],
+            &t.call_result_ids,
+            &t.text_ids[t.position..],
+        ];
+        assert_eq!(
+            tok.decode(&scored.concat()).unwrap(),
+            splice(text, &[(at, call)])
+        );
+    }
+    assert_eq!(
+        splice("29%", &[(2, "[A() -> 1]".into()), (2, "[B() -> 2]".into())]),
+        "29[A() -> 1][B() -> 2]%"
+    );
+}
+
+/// What `scorer_for` returns, or a scorer shared through an `Arc` or a reference, goes where
+/// a generic `S: Scorer` is taken, and scores as the scorer itself does.
+#[test]
+fn boxed_shared_and_borrowed_scorers_are_scorers() {
+    fn losses<S: Scorer>(scorer: S, batch: &[TokenCandidate]) -> Vec<[f64; 3]> {
+        assert_eq!(scorer.name(), "cpu");
+        scorer
+            .variant_losses(batch, &ScoreOptions::default())
+            .unwrap()
+    }
+    let model = Model::load(tiny()).unwrap();
+    let batch = [TokenCandidate {
+        text_ids: vec![5, 6, 7, 8, 9, 10].into(),
+        position: 2,
+        call_ids: vec![1, 20, 21, 2],
+        call_result_ids: vec![1, 20, 21, 30, 2],
+        weights: None,
+    }];
+    let cpu = CpuScorer::new(&model);
+    let direct = cpu
+        .variant_losses(&batch, &ScoreOptions::default())
+        .unwrap();
+    let boxed = scorer_for(&model, Device::Cpu).unwrap();
+    assert_eq!(losses(&cpu, &batch), direct);
+    assert_eq!(losses(&*boxed, &batch), direct);
+    assert_eq!(losses(Arc::new(cpu), &batch), direct);
+    assert_eq!(losses(boxed, &batch), direct);
+}
+
+/// A candidate whose call with its result is no token is refused, naming it: its L_call_result
+/// would be L_none, and delta 0 would keep it at any tau_f <= 0.
+#[test]
+fn a_call_that_inserts_no_token_is_refused() {
+    let model = Model::load(tiny()).unwrap();
+    let scorer = scorer_for(&model, Device::Cpu).unwrap();
+    let good = TokenCandidate {
+        text_ids: vec![5, 6, 7, 8, 9, 10].into(),
+        position: 2,
+        call_ids: vec![1, 20, 21, 2],
+        call_result_ids: vec![1, 20, 21, 30, 2],
+        weights: None,
+    };
+    let empty = TokenCandidate {
+        call_ids: Vec::new(),
+        call_result_ids: Vec::new(),
+        ..good.clone()
+    };
+    match scorer.score(&[good, empty], &ScoreOptions::default()) {
+        Err(Error::Candidate { index, msg }) => {
+            assert_eq!(index, 1);
+            assert!(msg.contains("call_result_ids is empty"), "{msg}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
