@@ -66,22 +66,39 @@ pub trait Engine: Scorer + crate::sample::Sampler + crate::sample::Decoder {}
 
 impl<T: Scorer + crate::sample::Sampler + crate::sample::Decoder> Engine for T {}
 
-/// The whole engine for `device` over `model`.
+/// The whole engine for `device` over `model`: scoring, sampling and decoding on one copy of
+/// the weights (a `scorer_for` and a `decoder_for` would hold two).
 pub fn engine_for(model: &Model, device: Device) -> Result<Box<dyn Engine>> {
+    engine_with_memory_budget(model, device, None)
+}
+
+/// `engine_for` with the memory budget of `scorer_with_memory_budget` (None: the backend's
+/// default).
+pub fn engine_with_memory_budget(
+    model: &Model,
+    device: Device,
+    memory_budget: Option<usize>,
+) -> Result<Box<dyn Engine>> {
     match device {
-        Device::Cpu => Ok(Box::new(crate::cpu::CpuScorer::new(model))),
-        Device::Cuda => cuda_engine(model),
+        Device::Cpu => Ok(Box::new(
+            crate::cpu::CpuScorer::new(model)
+                .with_memory_budget(memory_budget.unwrap_or(crate::cpu::DEFAULT_MEMORY_BUDGET)),
+        )),
+        Device::Cuda => cuda_engine(model, memory_budget),
     }
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_engine(model: &Model) -> Result<Box<dyn Engine>> {
-    let engine = crate::cuda::CudaScorer::new(model, &crate::cuda::CudaOptions::default())?;
-    Ok(Box::new(engine))
+fn cuda_engine(model: &Model, memory_budget: Option<usize>) -> Result<Box<dyn Engine>> {
+    let options = crate::cuda::CudaOptions {
+        memory_budget,
+        ..Default::default()
+    };
+    Ok(Box::new(crate::cuda::CudaScorer::new(model, &options)?))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_engine(_model: &Model) -> Result<Box<dyn Engine>> {
+fn cuda_engine(_model: &Model, _memory_budget: Option<usize>) -> Result<Box<dyn Engine>> {
     Err(cuda_not_built())
 }
 
@@ -106,7 +123,10 @@ pub fn scorer_with_memory_budget(
             crate::cpu::CpuScorer::new(model)
                 .with_memory_budget(memory_budget.unwrap_or(crate::cpu::DEFAULT_MEMORY_BUDGET)),
         )),
-        Device::Cuda => cuda_scorer(model, memory_budget),
+        Device::Cuda => {
+            let engine: Box<dyn Scorer> = cuda_engine(model, memory_budget)?;
+            Ok(engine)
+        }
     }
 }
 
@@ -123,25 +143,19 @@ pub fn scorer_from_model(
             crate::cpu::CpuScorer::from_model(model)
                 .with_memory_budget(memory_budget.unwrap_or(crate::cpu::DEFAULT_MEMORY_BUDGET)),
         )),
-        Device::Cuda => cuda_scorer(&model, memory_budget),
+        Device::Cuda => {
+            let engine: Box<dyn Scorer> = cuda_engine(&model, memory_budget)?;
+            Ok(engine)
+        }
     }
 }
 
 /// The incremental decoder (KV-cached generation) for `device` over `model`; shareable across
-/// threads, each opening its own sessions.
+/// threads, each opening its own sessions. It holds its own copy of the weights: to score and
+/// decode with one, take `engine_for`.
 pub fn decoder_for(model: &Model, device: Device) -> Result<Box<dyn Decoder + Send + Sync>> {
     let engine: Box<dyn Decoder + Send + Sync> = engine_for(model, device)?;
     Ok(engine)
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_scorer(model: &Model, memory_budget: Option<usize>) -> Result<Box<dyn Scorer>> {
-    let options = crate::cuda::CudaOptions {
-        memory_budget,
-        ..Default::default()
-    };
-    let scorer = crate::cuda::CudaScorer::new(model, &options)?;
-    Ok(Box::new(scorer))
 }
 
 /// The error for asking a build without the `cuda` feature for the CUDA backend.
@@ -149,11 +163,6 @@ pub fn cuda_not_built() -> Error {
     Error::Backend(
         "toolsift was built without the `cuda` feature; rebuild with --features cuda".into(),
     )
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_scorer(_model: &Model, _memory_budget: Option<usize>) -> Result<Box<dyn Scorer>> {
-    Err(cuda_not_built())
 }
 
 #[cfg(test)]

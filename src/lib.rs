@@ -92,7 +92,10 @@ pub mod score;
 pub mod util;
 pub mod workload;
 
-pub use backend::{scorer_for, scorer_from_model, scorer_with_memory_budget, Device};
+pub use backend::{
+    engine_for, engine_with_memory_budget, scorer_for, scorer_from_model,
+    scorer_with_memory_budget, Device, Engine,
+};
 pub use error::{Error, Result};
 pub use model::{GptjConfig, Model};
 pub use score::{

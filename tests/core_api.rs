@@ -7,7 +7,8 @@ use std::sync::Arc;
 use toolsift::model::Tokenizer;
 use toolsift::score::{splice, ReferenceScorer};
 use toolsift::{cpu::CpuScorer, CallForm, Model, Placement, TextCandidate};
-use toolsift::{scorer_for, Device, Error, ScoreOptions, Scorer, TokenCandidate};
+use toolsift::{engine_with_memory_budget, scorer_for, scorer_with_memory_budget, Device, Error};
+use toolsift::{ScoreOptions, Scorer, TokenCandidate};
 
 fn tiny() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj")
@@ -146,4 +147,29 @@ fn a_call_that_inserts_no_token_is_refused() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// One engine scores, samples and decodes on one copy of the weights, under the budget given.
+#[test]
+fn one_engine_scores_and_decodes() {
+    let model = Model::load(tiny()).unwrap();
+    let batch = [TokenCandidate {
+        text_ids: vec![5, 6, 7, 8, 9, 10].into(),
+        position: 2,
+        call_ids: vec![1, 20, 21, 2],
+        call_result_ids: vec![1, 20, 21, 30, 2],
+        weights: None,
+    }];
+    let options = ScoreOptions::default();
+    let engine = engine_with_memory_budget(&model, Device::Cpu, Some(1)).unwrap();
+    let scorer = scorer_with_memory_budget(&model, Device::Cpu, Some(1)).unwrap();
+    assert_eq!(
+        engine.variant_losses(&batch, &options).unwrap(),
+        scorer.variant_losses(&batch, &options).unwrap()
+    );
+    let mut session = engine.session();
+    let s = session.new_sequence();
+    let log_probs = session.extend(&[s], &[vec![5, 6, 7]]).unwrap();
+    assert_eq!(log_probs[0].len(), model.config().vocab_size);
+    assert_eq!(session.len(s), 3);
 }
