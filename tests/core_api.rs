@@ -173,3 +173,25 @@ fn one_engine_scores_and_decodes() {
     assert_eq!(log_probs[0].len(), model.config().vocab_size);
     assert_eq!(session.len(s), 3);
 }
+
+/// A tokenizer held in memory loads as its file does; a bad one is named by the path given.
+#[test]
+fn a_tokenizer_loads_from_bytes() {
+    let path = tiny().join("tokenizer.json");
+    let bytes = std::fs::read(&path).unwrap();
+    let label = std::path::Path::new("embedded/tokenizer.json");
+    let from_bytes = Tokenizer::from_bytes(&bytes, label).unwrap();
+    let from_file = Tokenizer::from_file(&path).unwrap();
+    let text = "Out of 1400 participants, 400 passed.";
+    assert_eq!(
+        from_bytes.encode_ids(text).unwrap(),
+        from_file.encode_ids(text).unwrap()
+    );
+    assert_eq!(from_bytes.path(), label);
+    let err = Tokenizer::from_bytes(b"{\"not\": 1}", label).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("embedded/tokenizer.json") && msg.contains("not a Hugging Face tokenizer"),
+        "{msg}"
+    );
+}

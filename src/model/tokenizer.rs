@@ -46,14 +46,20 @@ impl Tokenizer {
     /// Reads a tokenizer.json; errors name the file.
     pub fn from_file(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        Self::from_bytes(&bytes, path)
+    }
+
+    /// A tokenizer.json's bytes (one embedded in a binary, or fetched by the caller); `path`
+    /// names it in errors and is what `path` returns.
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
         let err = |msg: String| Error::Tokenizer {
             path: path.to_owned(),
             msg,
         };
-        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+        let mut inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| {
             // The crate says the same ("expected `,` or `}` at line 1 column 5") of a file that
             // is no JSON and of JSON that is no tokenizer (a config.json copied over it, say).
-            match serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+            match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
                 Ok(_) => err(format!(
                     "is JSON, but not a Hugging Face tokenizer (the tokenizer.json that \
                      `tokenizers` or transformers saves): {e}"
@@ -71,7 +77,7 @@ impl Tokenizer {
         Ok(Tokenizer {
             inner,
             path: path.to_owned(),
-            source_xxh3: xxhash_rust::xxh3::xxh3_64(&bytes),
+            source_xxh3: xxhash_rust::xxh3::xxh3_64(bytes),
         })
     }
 
