@@ -5,6 +5,8 @@
 //! tuned, naive), and each ratio is the median of its rounds' ratios, so that a change in the
 //! machine's load moves both sides of a ratio together.
 
+#![warn(missing_docs)]
+
 use std::time::Instant;
 
 use serde::Serialize;
@@ -20,17 +22,27 @@ use crate::workload::Workload;
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchArgs {
+    /// Where every variant's call goes; the workload's calls take the matching form
+    /// (`Workload::generate`).
     pub placement: Placement,
+    /// The random model's sizes; unused with `model_dir` (the folder's config.json decides).
     pub config: GptjConfig,
+    /// Texts of the standard workload, 25 candidates each.
     pub n_texts: usize,
+    /// Seed of the workload and of the random weights (`GptjWeights::random`).
     pub seed: u64,
     /// Timed rounds: toolsift runs in each of max(reps, baseline_reps), the baselines in the
     /// first `baseline_reps`.
     pub reps: usize,
+    /// Rounds the baselines are timed in, the first ones; at least 1 when `run_baselines`
+    /// (`run` refuses 0).
     pub baseline_reps: usize,
     /// Sequences per padded batch in the baselines.
     pub batch_size: usize,
+    /// Whether to run and time the candle baselines against toolsift; true needs the
+    /// `baselines` feature and the CPU device (`run` refuses either, before any work).
     pub run_baselines: bool,
+    /// Where toolsift's engine runs; the baselines always run on the CPU.
     pub device: Device,
     /// Benchmark these weights (a checkpoint folder) instead of random ones of `config`.
     pub model_dir: Option<std::path::PathBuf>,
@@ -129,24 +141,56 @@ fn open_cuda(_: &BenchArgs, _: Option<Model>) -> Result<Box<dyn Engine>> {
 }
 
 /// The contract line printed last by `toolsift bench` (field names are an interface).
+///
+/// Times are wall-clock seconds of one run over the whole workload (`variant_losses_unchecked`
+/// on every candidate; the warm-up run is not timed). "Naive" and "tuned" are the two candle
+/// baselines (`baselines::naive`, `baselines::tuned`); their fields are None, 0 or empty when
+/// they were not run (`--skip-baselines`).
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
+    /// The placement every variant was scored in.
     pub placement: Placement,
+    /// The model's shape, "gptj L{n_layer} d{n_embd} h{n_head} r{rotary_dim} v{vocab_size}".
     pub model: String,
+    /// Candidates of the workload, scored in each run: 25 per text.
     pub candidates: usize,
+    /// `candidates` over the naive baseline's median seconds (`baseline_secs`).
     pub baseline_cands_per_s: Option<f64>,
+    /// `candidates` over the tuned baseline's median seconds (`tuned_secs`).
     pub tuned_cands_per_s: Option<f64>,
+    /// `candidates` over toolsift's median seconds (`toolsift_secs`).
     pub toolsift_cands_per_s: f64,
+    /// The naive baseline's time over toolsift's: the median of `speedup_rounds`.
     pub speedup: Option<f64>,
+    /// The tuned baseline's time over toolsift's: the median of `speedup_vs_tuned_rounds`.
     pub speedup_vs_tuned: Option<f64>,
+    /// Tokens toolsift's engine computed in the median round: its plans' unique tokens, summed
+    /// over plan chunks (`RunStats::unique_tokens`).
     pub unique_tokens: usize,
+    /// Tokens the naive baseline pushes through the trunk, padding included (every variant of
+    /// every candidate over its whole text); 0 without baselines.
     pub baseline_tokens: usize,
+    /// Tokens the tuned baseline pushes through the trunk, padding included; 0 without
+    /// baselines.
     pub tuned_tokens: usize,
+    /// `unique_tokens` over `toolsift_secs`.
     pub toolsift_tokens_per_s: f64,
+    /// The machine's GEMM rate in GFLOP/s that the fractions below divide by, median over the
+    /// rounds: on the CPU a 1536^3 f32 GEMM through the `gemm` crate, measured in every round
+    /// right after toolsift's run; on CUDA the H200's measured dense bf16 rate, 790,000 (a
+    /// constant, see `peak_source`).
     pub gemm_gflops_peak: f64,
+    /// What toolsift's layer GEMMs reached, GFLOP/s, median over the rounds: unique tokens x
+    /// `GptjConfig::trunk_flops_per_token` over the seconds in those GEMMs, or over the whole
+    /// run where the backend does not time them (CUDA without `TOOLSIFT_CUDA_PROFILE`).
     pub trunk_gflops: f64,
+    /// The largest |toolsift - baseline| over every loss of every candidate, both baselines
+    /// (toolsift's losses of the warm-up run, each baseline's of its last round); infinite when
+    /// a loss of either side is not finite. `toolsift bench` fails, after printing the report,
+    /// when it is over `LOSS_TOLERANCE`.
     pub max_abs_diff: Option<f64>,
     // Additions beyond the contract.
+    /// The device toolsift's engine ran on.
     pub device: Device,
     /// "measured" (this machine's f32 GEMM, same run) or the H200's measured bf16 rate.
     pub peak_source: String,
@@ -162,35 +206,53 @@ pub struct BenchReport {
     /// row, about as much work again at the bench's size, so its figure understates how well
     /// its GEMMs run (it measures useful work per second, as toolsift's does).
     pub baseline_fraction_of_peak: Option<f64>,
+    /// The same for the tuned baseline: `tuned_tokens` x trunk FLOPs per token over
+    /// `tuned_secs`, over the peak.
     pub tuned_fraction_of_peak: Option<f64>,
-    /// Medians over the rounds (`rounds`; the baselines' over their rounds).
+    /// Toolsift's seconds per run, the median over the `rounds`: one run per round, the extra
+    /// runs after each baseline's not counted.
     pub toolsift_secs: f64,
+    /// The naive baseline's seconds per run, the median over its `baseline_reps` rounds.
     pub baseline_secs: Option<f64>,
+    /// The tuned baseline's seconds per run, the median over its `baseline_reps` rounds.
     pub tuned_secs: Option<f64>,
-    /// Timed rounds, and each baseline round's ratio: baseline s over the mean of the toolsift
-    /// runs just before and just after it (those after a baseline are extra runs, not in
-    /// `toolsift_secs`); `speedup` and `speedup_vs_tuned` are their medians.
+    /// Timed rounds: max(reps, baseline_reps) with the baselines, else max(reps, 1).
     pub rounds: usize,
+    /// Each naive baseline round's ratio, in round order: its seconds over the mean of the
+    /// toolsift runs just before and just after it (those after a baseline are extra runs, not
+    /// in `toolsift_secs`); `speedup` is their median. Empty without baselines.
     pub speedup_rounds: Vec<f64>,
+    /// The same for each tuned baseline round; `speedup_vs_tuned` is their median.
     pub speedup_vs_tuned_rounds: Vec<f64>,
+    /// Seconds in tree attention in toolsift's median round (`RunStats::attention_secs`; 0 on
+    /// CUDA without `TOOLSIFT_CUDA_PROFILE`).
     pub attention_secs: f64,
+    /// Seconds in the LM head (ln_f, logits, log-softmax, targets) in the same round; 0 on
+    /// CUDA without `TOOLSIFT_CUDA_PROFILE`.
     pub head_secs: f64,
-    /// Rows through the LM head (weighted rows, deduplicated: fewer than the targets) and its
-    /// FLOP rate (2 d vocab per row).
+    /// Rows through the LM head in the median round (weighted rows, deduplicated: fewer than
+    /// the targets).
     pub head_rows: usize,
+    /// The LM head's FLOP rate in GFLOP/s: `head_rows` x 2 x n_embd x vocab_size over
+    /// `head_secs`.
     pub head_gflops: f64,
     /// This process's peak RSS while toolsift scores: its high-water mark is reset once the
     /// engine is built (`peak_rss_reset`) and read before the baselines load, so it is the
     /// engine's weights and the plan's activations (host memory: on CUDA the device's are not
     /// in it).
     pub peak_rss_bytes: Option<u64>,
+    /// Bytes of the engine's weights: the CPU engine's f32 copy, or the CUDA engine's device
+    /// copy (bf16 or f16).
     pub weights_bytes: usize,
     /// unique tokens x n_layer x 2 x d x 4 bytes: an f32 KV cache for the whole plan, the
     /// memory a cached engine would hold. The CPU engine holds none when it scores (each
     /// layer's K/V live in its activations, one layer at a time), so `memory_ratio` =
     /// peak / (weights + this) can be under 1; it is a yardstick, not the engine's accounting.
     pub kv_bytes: usize,
+    /// `peak_rss_bytes` / (`weights_bytes` + `kv_bytes`); None where the peak RSS is unknown.
     pub memory_ratio: Option<f64>,
+    /// Threads of the rayon pool `run` was called in (the global one unless the caller
+    /// installed another): the CPU engine's and its GEMMs' parallelism.
     pub threads: usize,
     /// Whether the peak RSS was reset after the engine was built (Linux); false: the peak also
     /// holds the bench's random weights' construction.
@@ -245,6 +307,10 @@ pub fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
+/// Runs the benchmark `args` describes (the module's docs give the order of the runs) and
+/// returns its figures. Fails before any work on a request it cannot serve (baselines not
+/// built, on CUDA, or in 0 rounds; a random model too large for this machine's memory; a
+/// workload that does not fit the model's n_positions), and on any engine's error.
 pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     if args.run_baselines {
         // Before any work: the comparison is the point of the run.

@@ -1,6 +1,8 @@
 //! One error type for the library. Every variant names what it is about (a file, a tensor, an input
 //! line) so that a user can act on the message without a debugger.
 
+#![warn(missing_docs)]
+
 use std::path::PathBuf;
 
 /// `std::result::Result` with the crate's `Error`.
@@ -15,28 +17,53 @@ pub enum Error {
     /// print the whole chain (anyhow's `{:#}`) would show it twice.
     #[error("{}: {error}", path.display())]
     Io {
+        /// The file or folder the operation was on, as the caller gave it; a stream is named in
+        /// angle brackets instead (`<output>`, `<input line 3>`).
         path: PathBuf,
+        /// What the OS reported.
         error: std::io::Error,
     },
 
     /// config.json is unreadable or describes a model this engine cannot run.
     #[error("{}: {msg}", path.display())]
-    Config { path: PathBuf, msg: String },
+    Config {
+        /// The config.json; "(in memory)" for a config checked with weights built in memory.
+        path: PathBuf,
+        /// What is wrong, naming the field (`GptjConfig::validate`'s message, or the parser's).
+        msg: String,
+    },
 
     /// A checkpoint file is corrupt, truncated or not what it claims to be.
     #[error("{}: {msg}", path.display())]
-    Checkpoint { path: PathBuf, msg: String },
+    Checkpoint {
+        /// The file or folder at fault: a weights file or shard index being read, or what
+        /// `checkpoint::convert` was writing to or copying from.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
 
     /// One tensor of a checkpoint is missing, unexpected, or has the wrong shape or dtype.
     #[error("{}: tensor `{tensor}`: {msg}", path.display())]
     Tensor {
+        /// The file holding the tensor; the checkpoint folder when no file holds it (missing),
+        /// "(in memory)" for weights built in memory (`GptjWeights::check`).
         path: PathBuf,
+        /// The tensor's Hugging Face name (`transformer.h.0.attn.q_proj.weight`).
         tensor: String,
+        /// What is wrong with it (missing, unexpected, shape, dtype, a value that is not finite).
         msg: String,
     },
 
+    /// tokenizer.json cannot be used (not JSON, not a Hugging Face tokenizer, not a file), or
+    /// the tokenizer failed on a text or on ids.
     #[error("tokenizer {}: {msg}", path.display())]
-    Tokenizer { path: PathBuf, msg: String },
+    Tokenizer {
+        /// The tokenizer.json (for `Tokenizer::from_bytes`, the path its caller named it by).
+        path: PathBuf,
+        /// What went wrong.
+        msg: String,
+    },
 
     /// A scoring request that cannot be scored (position off a token boundary, ids outside the
     /// vocabulary, a sequence longer than n_positions, ...).
@@ -47,7 +74,12 @@ pub enum Error {
     /// batch, so a caller can drop it and score the rest (or run `score::validate` on each
     /// first). Like `Input`, it is about the request, not the engine.
     #[error("candidate {index}: {msg}")]
-    Candidate { index: usize, msg: String },
+    Candidate {
+        /// 0-based place of the candidate in the batch given to the call.
+        index: usize,
+        /// Why it cannot be scored.
+        msg: String,
+    },
 
     /// A backend could not run (no GPU, kernels not built, out of memory budget, ...).
     #[error("{0}")]

@@ -7,6 +7,8 @@
 //! inline, " [" ... "]" with no separator, 11), e(c, r) adds 4 result tokens before "]". Each
 //! position draws its tool from five, and its five calls differ in input.
 
+#![warn(missing_docs)]
+
 use std::sync::Arc;
 
 use crate::score::{Placement, TokenCandidate};
@@ -15,19 +17,27 @@ use crate::util::rng::Rng;
 /// Parameters of a workload; `standard()` is the one every benchmark quotes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Workload {
+    /// Texts (bench's `--texts`); each gives `positions_per_text * calls_per_position`
+    /// candidates.
     pub n_texts: usize,
+    /// Tokens per text, uniform random ids below min(vocab_size, 50257): 256 in the standard one.
     pub text_len: usize,
+    /// Positions drawn per text (independently: two may coincide); 5.
     pub positions_per_text: usize,
+    /// Calls per position, one tool drawn from five, each call with its own input; 5.
     pub calls_per_position: usize,
     /// Inclusive range positions are drawn from.
     pub position_range: (usize, usize),
     /// Tokens of a call's input (the rest of e(c, eps) is 8 tokens of syntax in prefix placement).
     pub input_len: usize,
+    /// Tokens of a call's result, the difference between e(c, r) and e(c, eps); 4.
     pub result_len: usize,
+    /// Seed of every draw (`Rng`): the same workload gives the same candidates on any machine.
     pub seed: u64,
 }
 
 impl Workload {
+    /// The standard workload of `n_texts` texts (the module's docs give its shape).
     pub fn standard(n_texts: usize, seed: u64) -> Self {
         Workload {
             n_texts,
@@ -41,6 +51,7 @@ impl Workload {
         }
     }
 
+    /// Candidates `generate` returns: texts x positions per text x calls per position.
     pub fn n_candidates(&self) -> usize {
         self.n_texts * self.positions_per_text * self.calls_per_position
     }

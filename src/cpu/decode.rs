@@ -25,6 +25,8 @@ pub struct HostKv {
 pub type KvTree = crate::sample::kv_tree::KvTree<HostKv>;
 
 impl KvTree {
+    /// An empty tree for a model of `n_layer` layers: no cached rows, no sequences (`root`
+    /// starts one).
     pub fn new(n_layer: usize) -> Self {
         KvTree::with_store(HostKv {
             k: vec![Vec::new(); n_layer],

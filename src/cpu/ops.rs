@@ -27,6 +27,8 @@ pub fn layer_norm(x: &[f32], ln: &CpuLayerNorm, eps: f32, d: usize, out: &mut [f
         });
 }
 
+/// LayerNorm of one row `x` (`[d]`, d = `x.len()`) into `out` (`[d]`): mean, then biased
+/// variance, both accumulated in f32 over the row, `eps` added to the variance.
 pub fn layer_norm_row(x: &[f32], ln: &CpuLayerNorm, eps: f32, out: &mut [f32]) {
     let d = x.len() as f32;
     let mean = x.iter().sum::<f32>() / d;

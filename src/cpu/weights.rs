@@ -15,28 +15,45 @@ use crate::model::tensor::{bf16_to_f32, f16_to_f32};
 use crate::model::weights::{GptjWeights, LayerNormWeights};
 use crate::model::{DType, GptjConfig, Tensor};
 
+/// A LayerNorm's parameters in f32 (`ln_1`, `ln_f`).
 pub struct CpuLayerNorm {
-    pub weight: Vec<f32>, // [n_embd]
-    pub bias: Vec<f32>,   // [n_embd]
+    /// The scale, `[n_embd]`.
+    pub weight: Vec<f32>,
+    /// The shift, `[n_embd]`.
+    pub bias: Vec<f32>,
 }
 
-/// One layer; matrices [in, out].
+/// One layer; matrices [in, out], row-major.
 pub struct CpuBlock {
+    /// The block's LayerNorm, read by both attention and the MLP.
     pub ln_1: CpuLayerNorm,
-    pub qkv: Vec<f32>, // [n_embd, 3 * n_embd]: columns of q_proj, then k_proj, then v_proj
-    pub out_proj: Vec<f32>, // [n_embd, n_embd]
-    pub fc_in: Vec<f32>, // [n_embd, n_inner]
-    pub fc_in_b: Vec<f32>, // [n_inner]
-    pub fc_out: Vec<f32>, // [n_inner, n_embd]
-    pub fc_out_b: Vec<f32>, // [n_embd]
+    /// [n_embd, 3 * n_embd], stored [in, out]: columns of q_proj, then k_proj, then v_proj.
+    pub qkv: Vec<f32>,
+    /// [n_embd, n_embd], stored [in, out].
+    pub out_proj: Vec<f32>,
+    /// [n_embd, n_inner], stored [in, out].
+    pub fc_in: Vec<f32>,
+    /// fc_in's bias, `[n_inner]`.
+    pub fc_in_b: Vec<f32>,
+    /// [n_inner, n_embd], stored [in, out].
+    pub fc_out: Vec<f32>,
+    /// fc_out's bias, `[n_embd]`.
+    pub fc_out_b: Vec<f32>,
 }
 
+/// The whole model in f32, as the CPU engine reads it (the module's docs give the layout).
 pub struct CpuWeights {
-    pub wte: Vec<f32>, // [vocab_size, n_embd]: rows are looked up, not multiplied
+    /// [vocab_size, n_embd], PyTorch's layout: rows are looked up, not multiplied.
+    pub wte: Vec<f32>,
+    /// The blocks in order, `n_layer` of them.
     pub h: Vec<CpuBlock>,
+    /// The final LayerNorm before the LM head.
     pub ln_f: CpuLayerNorm,
-    pub lm_head: Vec<f32>,   // [n_embd, vocab_size]
-    pub lm_head_b: Vec<f32>, // [vocab_size]
+    /// [n_embd, vocab_size], stored [in, out] (a transposed copy of `wte` when the embeddings
+    /// are tied).
+    pub lm_head: Vec<f32>,
+    /// `[vocab_size]`; zeros when the weights had no LM head bias.
+    pub lm_head_b: Vec<f32>,
 }
 
 /// Consumes a tensor: its storage is freed on return unless shared.
@@ -166,7 +183,8 @@ impl CpuWeights {
         }
     }
 
-    /// Bytes held.
+    /// Bytes held by the f32 matrices and vectors (4 per element; capacity beyond the lengths
+    /// and the structs themselves not counted).
     pub fn bytes(&self) -> usize {
         let block: usize = self
             .h

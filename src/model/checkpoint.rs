@@ -32,18 +32,23 @@ pub struct TensorMap {
 }
 
 impl TensorMap {
+    /// The tensor under its Hugging Face name, with the file it was read from; None when the
+    /// checkpoint has no such tensor.
     pub fn get(&self, name: &str) -> Option<&(Tensor, PathBuf)> {
         self.tensors.get(name)
     }
 
+    /// Every tensor's name, in no particular order (the ignored buffers are not in the map).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)
     }
 
+    /// Number of tensors, over all files of the checkpoint.
     pub fn len(&self) -> usize {
         self.tensors.len()
     }
 
+    /// Whether the checkpoint holds no tensor at all.
     pub fn is_empty(&self) -> bool {
         self.tensors.is_empty()
     }

@@ -17,10 +17,18 @@ pub const MAX_ROTARY_TABLE: usize = 1 << 26;
 /// config.json (dropout rates, token ids, ...) are ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GptjConfig {
+    /// Rows of `transformer.wte` and of the LM head: token ids are `0..vocab_size` (config.json
+    /// `vocab_size`; 50400 for GPT-J-6B).
     pub vocab_size: usize,
+    /// Longest sequence the model scores, in tokens: positions are `0..n_positions`
+    /// (`n_positions`; at most `MAX_POSITIONS`).
     pub n_positions: usize,
+    /// Width of the residual stream, the model dimension d (`n_embd`; a multiple of `n_head`).
     pub n_embd: usize,
+    /// Number of transformer blocks, `transformer.h.0` .. `transformer.h.{n_layer - 1}`
+    /// (`n_layer`).
     pub n_layer: usize,
+    /// Attention heads per layer, each `n_embd / n_head` wide (`n_head`).
     pub n_head: usize,
     /// Rotary embedding covers the first `rotary_dim` dims of each head. Absent means 64,
     /// transformers' default (GPT-J-6B's); `null` means the whole head, as transformers rotates
@@ -31,12 +39,21 @@ pub struct GptjConfig {
     /// MLP width; `null` means 4 * n_embd, as in transformers.
     #[serde(default)]
     pub n_inner: Option<usize>,
+    /// The MLP's activation (`activation_function`); absent means "gelu_new", the only one
+    /// `validate` accepts.
     #[serde(default = "default_activation")]
     pub activation_function: String,
+    /// The epsilon added to the variance in every LayerNorm (`layer_norm_epsilon`); absent
+    /// means 1e-5. Positive and finite.
     #[serde(default = "default_eps")]
     pub layer_norm_epsilon: f64,
+    /// The LM head's weight is `transformer.wte.weight` (`tie_word_embeddings`; absent means
+    /// false): the checkpoint needs no `lm_head.weight`, and one it has is ignored with a
+    /// warning. `lm_head.bias` is still read.
     #[serde(default)]
     pub tie_word_embeddings: bool,
+    /// The architecture's name (`model_type`); `validate` refuses anything but "gptj", and
+    /// absent is accepted.
     #[serde(default)]
     pub model_type: Option<String>,
 }
@@ -159,14 +176,19 @@ impl GptjConfig {
         Ok(())
     }
 
+    /// Width of one attention head: `n_embd / n_head`.
     pub fn head_dim(&self) -> usize {
         self.n_embd / self.n_head
     }
 
+    /// Dims of each head that are rotated: the `rotary_dim` field, or the whole head when it is
+    /// `null`.
     pub fn rotary_dim(&self) -> usize {
         self.rotary_dim.unwrap_or_else(|| self.head_dim())
     }
 
+    /// Width of the MLP (fc_in's outputs): the `n_inner` field, or `4 * n_embd` when it is
+    /// `null` (saturating, so that `validate` can report absurd sizes instead of overflowing).
     pub fn inner_dim(&self) -> usize {
         self.n_inner
             .unwrap_or_else(|| self.n_embd.saturating_mul(4))

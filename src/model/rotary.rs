@@ -3,12 +3,17 @@
 
 /// cos/sin of pos * 10000^(-2i / rotary_dim), [max_pos, rotary_dim / 2] each; built in f64.
 pub struct RotaryTable {
+    /// Pairs rotated per head, `rotary_dim / 2`: the row length of `cos` and `sin`.
     pub half: usize,
+    /// cos of the angles, row-major [max_pos, half]: position `p`, pair `i` at `p * half + i`.
     pub cos: Vec<f32>,
+    /// sin of the same angles, laid out as `cos`.
     pub sin: Vec<f32>,
 }
 
 impl RotaryTable {
+    /// The table for positions `0..max_pos` (the engines pass `n_positions`) and an even
+    /// `rotary_dim` (`GptjConfig::rotary_dim()`); 0 gives an empty table, no rotation.
     pub fn new(max_pos: usize, rotary_dim: usize) -> Self {
         let half = rotary_dim / 2;
         let mut cos = Vec::with_capacity(max_pos * half);

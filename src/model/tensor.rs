@@ -10,12 +10,16 @@ use memmap2::Mmap;
 /// Storage precisions a GPT-J checkpoint may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE binary32, 4 bytes.
     F32,
+    /// IEEE binary16 (half), 2 bytes.
     F16,
+    /// bfloat16 (f32's exponent, 8 bits of mantissa), 2 bytes.
     BF16,
 }
 
 impl DType {
+    /// Bytes per element: 4 or 2.
     pub fn size(self) -> usize {
         match self {
             DType::F32 => 4,
@@ -23,6 +27,8 @@ impl DType {
         }
     }
 
+    /// PyTorch's name of the type ("float32", "float16", "bfloat16"), as config.json's
+    /// `torch_dtype` writes it; what messages and `Model::content_xxh3` name it by.
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "float32",
@@ -74,6 +80,8 @@ impl Tensor {
         }
     }
 
+    /// An owned f32 tensor of `values`, row-major; panics unless `values` has exactly the
+    /// product of `shape` elements.
     pub fn from_f32(shape: Vec<usize>, values: &[f32]) -> Self {
         assert_eq!(shape.iter().product::<usize>(), values.len());
         Tensor {
@@ -104,14 +112,17 @@ impl Tensor {
         }
     }
 
+    /// The storage precision.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// Dimensions, outermost first (PyTorch's order: a linear weight is [out, in]).
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
+    /// Elements: the product of `shape` (1 for a scalar's empty shape).
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }

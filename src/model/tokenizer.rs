@@ -28,7 +28,10 @@ pub struct Tokenizer {
 /// A tokenized text: ids and, per id, the byte range of the text it covers.
 #[derive(Debug, Clone)]
 pub struct Encoding {
+    /// Token ids, in text order.
     pub ids: Vec<u32>,
+    /// Per id, `(start, end)`: the byte range `start..end` of the text it covers (the
+    /// `tokenizers` crate's offsets); as long as `ids`.
     pub spans: Vec<(usize, usize)>,
 }
 

@@ -10,47 +10,73 @@ use super::tensor::{DType, Tensor};
 use crate::error::{Error, Result};
 use crate::util::rng::Rng;
 
+/// A LayerNorm's affine parameters (`ln_1`, `ln_f`): y = (x - mean) / sqrt(var + eps) * weight +
+/// bias, with eps the config's `layer_norm_epsilon`.
 #[derive(Debug, Clone)]
 pub struct LayerNormWeights {
-    pub weight: Tensor, // [n_embd]
-    pub bias: Tensor,   // [n_embd]
+    /// The scale, `[n_embd]` (`*.weight`).
+    pub weight: Tensor,
+    /// The shift, `[n_embd]` (`*.bias`).
+    pub bias: Tensor,
 }
 
 /// A linear layer in PyTorch's layout: `weight` is [out_features, in_features]; y = x W^T + b.
 #[derive(Debug, Clone)]
 pub struct Linear {
+    /// [out_features, in_features] (`*.weight`).
     pub weight: Tensor,
+    /// `[out_features]` (`*.bias`); None for the attention projections, which have none in GPT-J.
     pub bias: Option<Tensor>,
 }
 
+/// One layer's attention projections, `transformer.h.N.attn.*`. None has a bias.
 #[derive(Debug, Clone)]
 pub struct AttnWeights {
-    pub q_proj: Linear,   // [n_embd, n_embd], no bias
-    pub k_proj: Linear,   // [n_embd, n_embd], no bias
-    pub v_proj: Linear,   // [n_embd, n_embd], no bias
-    pub out_proj: Linear, // [n_embd, n_embd], no bias
+    /// Queries, [n_embd, n_embd]: heads side by side, `head_dim` output features each.
+    pub q_proj: Linear,
+    /// Keys, [n_embd, n_embd], laid out as `q_proj`.
+    pub k_proj: Linear,
+    /// Values, [n_embd, n_embd], laid out as `q_proj`.
+    pub v_proj: Linear,
+    /// The heads' concatenated outputs back to the residual stream, [n_embd, n_embd].
+    pub out_proj: Linear,
 }
 
+/// One layer's MLP, `transformer.h.N.mlp.*`: fc_out(gelu_new(fc_in(x))).
 #[derive(Debug, Clone)]
 pub struct MlpWeights {
-    pub fc_in: Linear,  // [n_inner, n_embd] + [n_inner]
-    pub fc_out: Linear, // [n_embd, n_inner] + [n_embd]
+    /// `[n_inner, n_embd]` + bias `[n_inner]` (n_inner: `GptjConfig::inner_dim`).
+    pub fc_in: Linear,
+    /// `[n_embd, n_inner]` + bias `[n_embd]`.
+    pub fc_out: Linear,
 }
 
+/// One transformer block, `transformer.h.N`: x + attn(ln_1(x)) + mlp(ln_1(x)) (GPT-J's
+/// parallel attention and MLP share the one norm).
 #[derive(Debug, Clone)]
 pub struct BlockWeights {
+    /// The block's only LayerNorm, read by both branches.
     pub ln_1: LayerNormWeights,
+    /// `attn.q_proj`, `k_proj`, `v_proj`, `out_proj`.
     pub attn: AttnWeights,
+    /// `mlp.fc_in`, `mlp.fc_out`.
     pub mlp: MlpWeights,
 }
 
 /// `transformer.wte`, `transformer.h.N.*`, `transformer.ln_f`, `lm_head`.
 #[derive(Debug, Clone)]
 pub struct GptjWeights {
-    pub wte: Tensor, // [vocab_size, n_embd]
+    /// Token embeddings, [vocab_size, n_embd] (`transformer.wte.weight`): row `id` is the
+    /// input of token `id`.
+    pub wte: Tensor,
+    /// The blocks in order, `n_layer` of them (`transformer.h.0` first).
     pub h: Vec<BlockWeights>,
+    /// The final LayerNorm before the LM head (`transformer.ln_f`).
     pub ln_f: LayerNormWeights,
-    pub lm_head: Linear, // [vocab_size, n_embd] + [vocab_size]
+    /// Logits, `[vocab_size, n_embd]` + bias `[vocab_size]` (`lm_head.*`). With
+    /// `tie_word_embeddings` its weight is `wte` (the same shared bytes). Loading and `check`
+    /// require the bias; where it is None all the same, the engines read zeros.
+    pub lm_head: Linear,
 }
 
 /// Every tensor GPT-J needs, with its shape under `config`, in checkpoint order. Lazy, so that

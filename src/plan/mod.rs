@@ -14,6 +14,8 @@
 //! Weighted targets name the row whose hidden state predicts them; the LM head runs only at the
 //! unique such rows, and each target adds `weight * log p(token | row)` into its (candidate, variant).
 
+#![warn(missing_docs)]
+
 use rustc_hash::FxHashMap;
 
 use crate::score::{variant_sequence, ScoreOptions, TokenCandidate, Variant};
@@ -23,6 +25,7 @@ use crate::score::{variant_sequence, ScoreOptions, TokenCandidate, Variant};
 pub struct Segment {
     /// First token of the segment in the flat schedule.
     pub start: u32,
+    /// Tokens in the segment, at least 1.
     pub len: u32,
     /// Position id of the first token (the number of ancestor tokens).
     pub depth: u32,
@@ -35,7 +38,10 @@ pub struct Segment {
 pub struct Target {
     /// Index into `Plan::head_rows` (not a token index: rows are deduplicated).
     pub head_row: u32,
+    /// The token id whose log-probability the term reads (x_{i+t}).
     pub token: u32,
+    /// The term's weight w_t (`LossWeights`), > 0 (a zero weight makes no target); the loss is
+    /// minus the weighted sum.
     pub weight: f64,
     /// `candidate * 3 + variant`: the loss this term adds into.
     pub slot: u32,
@@ -50,6 +56,8 @@ pub struct Plan {
     pub positions: Vec<u32>,
     /// Segment of every token, `[n_tokens]`.
     pub token_segment: Vec<u32>,
+    /// The trie's maximal chains, in the order their tokens appear in `tokens`: a parent's
+    /// index is below its children's.
     pub segments: Vec<Segment>,
     /// CSR: segment s attends to `ancestors[ancestor_offsets[s]..ancestor_offsets[s + 1]]`, root
     /// first, then causally to itself.
@@ -60,7 +68,11 @@ pub struct Plan {
     pub ancestor_offsets: Vec<usize>,
     /// Token indices whose hidden state feeds the LM head, ascending and unique.
     pub head_rows: Vec<u32>,
+    /// Every weighted term of every candidate's three losses, in the order the candidates and
+    /// their variants were added (`reduce` takes their log-probabilities in this order).
     pub targets: Vec<Target>,
+    /// Candidates planned: `reduce` returns one `[L_none, L_call, L_call_result]` per candidate,
+    /// in the order they were added; 0 for `from_sequences`' plans.
     pub n_candidates: usize,
     /// Tokens of all variant sequences before sharing (what a no-sharing engine would compute).
     pub naive_tokens: usize,
@@ -97,6 +109,7 @@ impl Plan {
         (plan, rows)
     }
 
+    /// Unique tokens of the plan: the length of `tokens`, the rows every layer computes.
     pub fn n_tokens(&self) -> usize {
         self.tokens.len()
     }
@@ -354,6 +367,8 @@ pub struct PlanBuilder<'o> {
 }
 
 impl<'o> PlanBuilder<'o> {
+    /// An empty plan whose candidates will be scored under `options` (placement and loss
+    /// weights decide each variant's sequence and targets).
     pub fn new(options: &'o ScoreOptions) -> Self {
         PlanBuilder {
             options,
@@ -460,6 +475,8 @@ impl<'o> PlanBuilder<'o> {
         false
     }
 
+    /// The plan of every candidate added: the trie flattened into segments, targets bound to
+    /// deduplicated head rows.
     pub fn finish(mut self) -> Plan {
         let mut plan = self.trie.flatten();
         plan.n_candidates = self.n_candidates;

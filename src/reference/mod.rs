@@ -7,18 +7,24 @@
 //! Against the float64 golden fixtures it agrees to ~1e-12: the rotary table, the attention
 //! scores and the softmax are all f64 (stock transformers builds the rotary table in f32).
 
+#![warn(missing_docs)]
+
 use crate::model::weights::{GptjWeights, LayerNormWeights, Linear};
 use crate::model::GptjConfig;
 
 /// A dense row-major matrix of f64.
 #[derive(Debug, Clone)]
 pub struct Mat {
+    /// Number of rows (tokens, for activations).
     pub rows: usize,
+    /// Number of columns: the length of each row.
     pub cols: usize,
+    /// The elements, row after row: (r, c) at `r * cols + c`; `rows * cols` of them.
     pub data: Vec<f64>,
 }
 
 impl Mat {
+    /// A `rows` x `cols` matrix of zeros.
     pub fn zeros(rows: usize, cols: usize) -> Self {
         Mat {
             rows,
@@ -27,10 +33,12 @@ impl Mat {
         }
     }
 
+    /// Row `r` (0-based), `cols` values; panics past the last row.
     pub fn row(&self, r: usize) -> &[f64] {
         &self.data[r * self.cols..(r + 1) * self.cols]
     }
 
+    /// Row `r`, writable.
     pub fn row_mut(&mut self, r: usize) -> &mut [f64] {
         &mut self.data[r * self.cols..(r + 1) * self.cols]
     }
@@ -122,6 +130,7 @@ impl ReferenceModel {
         }
     }
 
+    /// The config the model was built with.
     pub fn config(&self) -> &GptjConfig {
         &self.config
     }

@@ -10,6 +10,8 @@
 //!   positions) sampled off the KV that the log-probs were computed with, so P(x) ++ x is
 //!   computed once per document and tool.
 
+#![warn(missing_docs)]
+
 pub(crate) mod batch;
 pub(crate) mod cached;
 pub mod kv_tree;
@@ -51,7 +53,10 @@ impl Default for SampleOptions {
 /// One prefix and how many continuations to draw from it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SampleRequest {
+    /// Token ids the continuations follow: not empty, each below vocab_size, its length plus
+    /// `max_new_tokens` at most n_positions (every sampler refuses the request otherwise).
     pub prefix: Vec<u32>,
+    /// Continuations to draw from it; sample s draws from `sample_rng(seed, r, s)`.
     pub n_samples: usize,
 }
 
@@ -68,8 +73,12 @@ pub struct Sample {
 /// `token` (the request whose prefix is `ids[..at] ++ [token]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Branch {
+    /// Tokens of the sequence the branch keeps, `0..=ids.len()`: samples continue from
+    /// `ids[..at]`, then `token`.
     pub at: usize,
+    /// The token appended after `ids[..at]` (the driver's "[" or " [").
     pub token: u32,
+    /// Continuations to draw from the branch (a `SampleRequest`'s `n_samples`).
     pub n_samples: usize,
 }
 

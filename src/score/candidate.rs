@@ -74,7 +74,10 @@ pub fn window_len(weights: &[f64]) -> usize {
 /// L = -sum weight * log p(token | ids[0..=row]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct VariantSequence {
+    /// The token ids, cut after the last weighted token.
     pub ids: Vec<u32>,
+    /// `(row, token, weight)`: a 0-based index into `ids` whose hidden state predicts `token`
+    /// (the id at `row + 1`), and its loss weight w_t; only non-zero weights, in window order.
     pub targets: Vec<(usize, u32, f64)>,
 }
 
@@ -112,8 +115,11 @@ pub fn validate(
     if c.call_result_ids.is_empty() {
         // e(c, r) would add no token: L_call_result would be L_none, and a delta of 0 (or
         // less) would keep a call that is not there at any tau_f <= 0.
-        return Err("call_result_ids is empty: the call with its result would insert no                     token, so there is no call to measure"
-            .into());
+        return Err(
+            "call_result_ids is empty: the call with its result would insert no \
+                    token, so there is no call to measure"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -213,7 +219,10 @@ mod tests {
             ..cand()
         };
         let err = validate(&empty, &config, &options).unwrap_err();
-        assert!(err.contains("call_result_ids is empty"), "{err}");
+        assert!(
+            err.contains("call_result_ids is empty") && !err.contains("  "),
+            "{err}"
+        );
         // The call without its result may be empty: L_call is then L_none, as the paper's
         // min(L_none, L_call) allows.
         let bare = TokenCandidate {

@@ -22,7 +22,9 @@ use crate::util::jsonl::{JsonlLines, Line};
 /// Settings of a `score` run.
 #[derive(Debug, Clone)]
 pub struct JsonlOptions {
+    /// Placement and loss weights of every line; a line's own "weights" replace the latter.
     pub score: ScoreOptions,
+    /// How a text-level line's call is written into tokens (token-level lines carry theirs).
     pub call_form: CallForm,
     /// Default filter threshold; a line may carry its own "tau_f".
     pub tau_f: f64,
@@ -53,9 +55,13 @@ impl Default for JsonlOptions {
 /// What a run did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JsonlSummary {
+    /// Input lines answered by this run, one output line each (the `skip_lines` not counted).
     pub lines: usize,
+    /// Lines answered with scores (finite losses).
     pub scored: usize,
+    /// Lines answered with an error line instead: `lines = scored + failed`.
     pub failed: usize,
+    /// Scored lines whose call was kept at their tau_f (`Scores::kept`).
     pub kept: usize,
 }
 

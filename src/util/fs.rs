@@ -205,6 +205,9 @@ impl AtomicFile {
         PathBuf::from(tmp)
     }
 
+    /// Opens and locks `<path>.tmp`, emptied once the lock is held (never through a symbolic
+    /// link on unix); `path` itself is not touched until `commit`. Fails, naming the temporary
+    /// file, when another process holds its lock or renamed it into place meanwhile.
     pub fn create(path: &Path) -> Result<Self> {
         let tmp = Self::tmp_path(path);
         let io = |e| Error::io(&tmp, e);

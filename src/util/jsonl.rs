@@ -65,6 +65,8 @@ pub struct JsonlLines<R> {
 }
 
 impl<R: BufRead> JsonlLines<R> {
+    /// The lines of `reader` from its current position, numbered from 1, at most
+    /// `MAX_LINE_BYTES` each.
     pub fn new(reader: R) -> Self {
         JsonlLines {
             reader,

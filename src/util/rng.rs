@@ -11,12 +11,15 @@ fn finalise(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// SplitMix64: 64 bits of state, one addition and one output mix per draw. The same seed gives
+/// the same numbers on every platform and build.
 #[derive(Debug, Clone)]
 pub struct Rng {
     state: u64,
 }
 
 impl Rng {
+    /// The generator of `seed` (any value, 0 included).
     pub fn new(seed: u64) -> Self {
         Rng {
             state: seed ^ GOLDEN,
@@ -35,6 +38,7 @@ impl Rng {
         Rng::new(seed)
     }
 
+    /// The next 64 uniformly distributed bits; every other draw is made from these.
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(GOLDEN);
         finalise(self.state)
