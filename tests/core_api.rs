@@ -149,7 +149,8 @@ fn a_call_that_inserts_no_token_is_refused() {
     }
 }
 
-/// One engine scores, samples and decodes on one copy of the weights, under the budget given.
+/// One engine scores, samples and decodes on one copy of the weights, under the budget given;
+/// its decoding sessions are `Send`.
 #[test]
 fn one_engine_scores_and_decodes() {
     let model = Model::load(tiny()).unwrap();
@@ -169,7 +170,13 @@ fn one_engine_scores_and_decodes() {
     );
     let mut session = engine.session();
     let s = session.new_sequence();
-    let log_probs = session.extend(&[s], &[vec![5, 6, 7]]).unwrap();
+    // A session moves to another thread (a worker, or an async task across an await).
+    let (log_probs, session) = std::thread::scope(|scope| {
+        scope
+            .spawn(move || (session.extend(&[s], &[vec![5, 6, 7]]).unwrap(), session))
+            .join()
+            .unwrap()
+    });
     assert_eq!(log_probs[0].len(), model.config().vocab_size);
     assert_eq!(session.len(s), 3);
 }

@@ -13,8 +13,7 @@
 
 mod common;
 
-use std::cell::RefCell;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use toolsift::annotate::tools::{Calculator, DocContext, Tool, ToolError, ToolRegistry};
@@ -49,7 +48,7 @@ fn calculator() -> ToolRegistry {
 // A decoder that records what it computed, and optionally forces scripted tokens.
 
 /// Every sequence the decoder computed (after its extension) and the row it returned.
-type Log = Rc<RefCell<Vec<(Vec<u32>, Vec<f32>)>>>;
+type Log = Arc<Mutex<Vec<(Vec<u32>, Vec<f32>)>>>;
 
 /// Wraps a real decoder: records, per `extend`, each sequence's full token list and the row the
 /// real decoder returned; then, while a sequence's script lasts, returns a row that forces the
@@ -61,14 +60,14 @@ struct Recording<'a> {
 }
 
 struct RecordingSession<'a> {
-    inner: Box<dyn DecodeSession + 'a>,
+    inner: Box<dyn DecodeSession + Send + 'a>,
     scripts: Vec<Vec<u32>>,
     seqs: Vec<(Vec<u32>, usize)>,
     log: Log,
 }
 
 impl Decoder for Recording<'_> {
-    fn session(&self) -> Box<dyn DecodeSession + '_> {
+    fn session(&self) -> Box<dyn DecodeSession + Send + '_> {
         Box::new(RecordingSession {
             inner: self.inner.session(),
             scripts: self.scripts.clone(),
@@ -92,7 +91,8 @@ impl DecodeSession for RecordingSession<'_> {
         for ((&s, t), row) in sequences.iter().zip(tokens).zip(rows.iter_mut()) {
             self.seqs[s].0.extend(t);
             self.log
-                .borrow_mut()
+                .lock()
+                .unwrap()
                 .push((self.seqs[s].0.clone(), row.clone()));
             let (_, used) = &mut self.seqs[s];
             if let Some(&next) = self.scripts.get(s).and_then(|sc| sc.get(*used)) {
@@ -175,7 +175,7 @@ fn every_step_of_the_loop_equals_a_full_forward_of_the_same_sequence() {
     assert_eq!(gens[1].calls.len(), 1, "{:?}", gens[1]);
     assert_eq!(gens[1].calls[0].position, 0);
     // The final sequences are what the decoder was fed (the last token, never fed, aside).
-    let log = recording.log.borrow();
+    let log = recording.log.lock().unwrap();
     for (p, g) in prompts.iter().zip(&gens) {
         let mut full = tokenizer.encode_ids(&p.text).unwrap();
         full.extend(&g.tokens);
@@ -230,13 +230,13 @@ fn recorded_log_probs_of_a_plain_run_equal_the_oracle() {
 // ---------------------------------------------------------------------------------------------
 // A scripted mock decoder: rows are a function of the sequence so far.
 
-type RowFn = dyn Fn(&[u32]) -> Vec<f32>;
+type RowFn = dyn Fn(&[u32]) -> Vec<f32> + Send + Sync;
 
 struct Mock {
     vocab: usize,
     f: Box<RowFn>,
     /// Every sequence the mock was asked about, after its extension.
-    seen: Rc<RefCell<Vec<Vec<u32>>>>,
+    seen: Arc<Mutex<Vec<Vec<u32>>>>,
 }
 
 struct MockSession<'a> {
@@ -245,7 +245,7 @@ struct MockSession<'a> {
 }
 
 impl Decoder for Mock {
-    fn session(&self) -> Box<dyn DecodeSession + '_> {
+    fn session(&self) -> Box<dyn DecodeSession + Send + '_> {
         Box::new(MockSession {
             mock: self,
             seqs: Vec::new(),
@@ -269,7 +269,7 @@ impl DecodeSession for MockSession<'_> {
             .map(|(&s, t)| {
                 assert!(!t.is_empty());
                 self.seqs[s].extend(t);
-                self.mock.seen.borrow_mut().push(self.seqs[s].clone());
+                self.mock.seen.lock().unwrap().push(self.seqs[s].clone());
                 let row = (self.mock.f)(&self.seqs[s]);
                 assert_eq!(row.len(), self.mock.vocab);
                 row
@@ -292,7 +292,7 @@ fn ranked(order: &[u32]) -> Vec<f32> {
     row
 }
 
-fn mock(f: impl Fn(&[u32]) -> Vec<f32> + 'static) -> Mock {
+fn mock(f: impl Fn(&[u32]) -> Vec<f32> + Send + Sync + 'static) -> Mock {
     Mock {
         vocab: VOCAB,
         f: Box::new(f),
@@ -334,7 +334,7 @@ fn scripted(
     tokenizer: &Tokenizer,
     prompt_len: usize,
     call: &str,
-    rank_at: impl Fn(usize) -> usize + 'static,
+    rank_at: impl Fn(usize) -> usize + Send + Sync + 'static,
 ) -> Mock {
     let Ids { open, x, fillers } = ids(tokenizer);
     let call = tokenizer.encode_ids(call).unwrap();
@@ -519,7 +519,7 @@ fn text_after_the_arrow_in_the_arrow_token_is_cut() {
         assert_eq!(g.calls[0].result, "3");
         // The decoder was fed the cut token, never the one drawn.
         let drawn = *ids.last().unwrap();
-        assert!(m.seen.borrow().iter().all(|s| !s.contains(&drawn)));
+        assert!(m.seen.lock().unwrap().iter().all(|s| !s.contains(&drawn)));
         assert_eq!(g.tokens.len(), g.token_log_probs.len());
     }
 }
@@ -584,7 +584,7 @@ fn results_are_spliced_and_decoding_resumes_after_them() {
     assert_eq!(c.status, CallStatus::Ok);
     // The decoder was fed the spliced result in one step with the arrow, then resumed from it.
     let spliced = tokenizer.encode_ids(" 0.29]").unwrap();
-    let seen = m.seen.borrow();
+    let seen = m.seen.lock().unwrap();
     let with_result = seen
         .iter()
         .find(|s| s.ends_with(&spliced))
@@ -1528,7 +1528,7 @@ fn demo_model_kv_cached_loop_equals_full_forwards_and_calls_start_exactly_within
             ..Default::default()
         };
         let gens = generate(&recording, tokenizer, &calculator(), &texts, &options).unwrap();
-        let log = recording.log.borrow();
+        let log = recording.log.lock().unwrap();
         // KV-cache correctness: every row the loop used equals the oracle's full forward.
         assert_rows_match_oracle(&model, &log);
         for (p, g) in prompts.iter().zip(&gens) {

@@ -147,7 +147,7 @@ pub struct CpuDecodeSession<'a> {
 }
 
 impl Decoder for CpuScorer {
-    fn session(&self) -> Box<dyn DecodeSession + '_> {
+    fn session(&self) -> Box<dyn DecodeSession + Send + '_> {
         Box::new(CpuDecodeSession {
             engine: self,
             tree: KvTree::new(self.config.n_layer),

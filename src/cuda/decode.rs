@@ -607,7 +607,7 @@ pub struct CudaDecodeSession<'a> {
 }
 
 impl Decoder for CudaScorer {
-    fn session(&self) -> Box<dyn DecodeSession + '_> {
+    fn session(&self) -> Box<dyn DecodeSession + Send + '_> {
         Box::new(CudaDecodeSession {
             engine: self,
             tree: None,

@@ -242,8 +242,9 @@ pub fn draw(log_probs: &[f32], options: &SampleOptions, rng: &mut Rng) -> u32 {
 /// generation: sequences grow by any tokens (sampled ones, or a tool's result spliced in), and
 /// only the new tokens are computed.
 pub trait Decoder {
-    /// A fresh cache for a batch of sequences.
-    fn session(&self) -> Box<dyn DecodeSession + '_>;
+    /// A fresh cache for a batch of sequences. `Send`: a session may move to another thread
+    /// (a worker, an async task across an await) while it borrows the engine.
+    fn session(&self) -> Box<dyn DecodeSession + Send + '_>;
 }
 
 /// A batch of growing sequences sharing one KV cache.
