@@ -120,16 +120,8 @@ pub fn scorer_with_memory_budget(
     device: Device,
     memory_budget: Option<usize>,
 ) -> Result<Box<dyn Scorer>> {
-    match device {
-        Device::Cpu => Ok(Box::new(
-            crate::cpu::CpuScorer::new(model)
-                .with_memory_budget(memory_budget.unwrap_or(crate::cpu::DEFAULT_MEMORY_BUDGET)),
-        )),
-        Device::Cuda => {
-            let engine: Box<dyn Scorer> = cuda_engine(model, memory_budget)?;
-            Ok(engine)
-        }
-    }
+    let engine: Box<dyn Scorer> = engine_with_memory_budget(model, device, memory_budget)?;
+    Ok(engine)
 }
 
 /// As `scorer_with_memory_budget`, taking the model: on the CPU its weights are converted and

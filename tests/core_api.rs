@@ -14,6 +14,17 @@ fn tiny() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj")
 }
 
+/// A valid token-level candidate for the tiny fixture (vocabulary 512).
+fn candidate() -> TokenCandidate {
+    TokenCandidate {
+        text_ids: vec![5, 6, 7, 8, 9, 10].into(),
+        position: 2,
+        call_ids: vec![1, 20, 21, 2],
+        call_result_ids: vec![1, 20, 21, 30, 2],
+        weights: None,
+    }
+}
+
 /// A service's state derives Debug and clones its tokenizer per worker; the printout names the
 /// model without dumping its weights or vocabulary.
 #[test]
@@ -104,13 +115,7 @@ fn boxed_shared_and_borrowed_scorers_are_scorers() {
             .unwrap()
     }
     let model = Model::load(tiny()).unwrap();
-    let batch = [TokenCandidate {
-        text_ids: vec![5, 6, 7, 8, 9, 10].into(),
-        position: 2,
-        call_ids: vec![1, 20, 21, 2],
-        call_result_ids: vec![1, 20, 21, 30, 2],
-        weights: None,
-    }];
+    let batch = [candidate()];
     let cpu = CpuScorer::new(&model);
     let direct = cpu
         .variant_losses(&batch, &ScoreOptions::default())
@@ -128,13 +133,7 @@ fn boxed_shared_and_borrowed_scorers_are_scorers() {
 fn a_call_that_inserts_no_token_is_refused() {
     let model = Model::load(tiny()).unwrap();
     let scorer = scorer_for(&model, Device::Cpu).unwrap();
-    let good = TokenCandidate {
-        text_ids: vec![5, 6, 7, 8, 9, 10].into(),
-        position: 2,
-        call_ids: vec![1, 20, 21, 2],
-        call_result_ids: vec![1, 20, 21, 30, 2],
-        weights: None,
-    };
+    let good = candidate();
     let empty = TokenCandidate {
         call_ids: Vec::new(),
         call_result_ids: Vec::new(),
@@ -154,13 +153,7 @@ fn a_call_that_inserts_no_token_is_refused() {
 #[test]
 fn one_engine_scores_and_decodes() {
     let model = Model::load(tiny()).unwrap();
-    let batch = [TokenCandidate {
-        text_ids: vec![5, 6, 7, 8, 9, 10].into(),
-        position: 2,
-        call_ids: vec![1, 20, 21, 2],
-        call_result_ids: vec![1, 20, 21, 30, 2],
-        weights: None,
-    }];
+    let batch = [candidate()];
     let options = ScoreOptions::default();
     let engine = engine_with_memory_budget(&model, Device::Cpu, Some(1)).unwrap();
     let scorer = scorer_with_memory_budget(&model, Device::Cpu, Some(1)).unwrap();

@@ -339,6 +339,23 @@ fn duplicates_of_an_oversized_candidate_share_its_chunk() {
     assert_eq!(ranges, [0..3, 3..4]);
 }
 
+/// `cands` pushed one by one within half the tokens of their whole plan (so that some are
+/// refused and later ones reuse what a refused one created): the builder and what it accepted.
+fn push_within_half<'o>(
+    cands: &[TokenCandidate],
+    o: &'o ScoreOptions,
+) -> (PlanBuilder<'o>, Vec<TokenCandidate>) {
+    let limit = Plan::build(cands, o).n_tokens() / 2;
+    let mut builder = PlanBuilder::new(o);
+    let mut accepted = Vec::new();
+    for c in cands {
+        if builder.push_within(c, limit) {
+            accepted.push(c.clone());
+        }
+    }
+    (builder, accepted)
+}
+
 #[test]
 fn a_refused_candidate_leaves_no_trace() {
     // Keep pushing after a refusal: later candidates reuse the prefixes the refused one created
@@ -346,14 +363,7 @@ fn a_refused_candidate_leaves_no_trace() {
     for seed in 0..40 {
         let o = opts(Placement::Prefix);
         let cands = random_batch(seed, 30);
-        let limit = Plan::build(&cands, &o).n_tokens() / 2;
-        let mut builder = PlanBuilder::new(&o);
-        let mut accepted = Vec::new();
-        for c in &cands {
-            if builder.push_within(c, limit) {
-                accepted.push(c.clone());
-            }
-        }
+        let (builder, accepted) = push_within_half(&cands, &o);
         assert!(
             accepted.len() < cands.len(),
             "seed {seed}: something was refused"
@@ -456,14 +466,7 @@ fn chunks_in_bytes_hold_the_budget_and_the_bound_holds_every_plan() {
         for placement in [Placement::Prefix, Placement::Inline] {
             let o = opts(placement);
             let cands = random_batch(seed, 30);
-            let limit = Plan::build(&cands, &o).n_tokens() / 2;
-            let mut builder = PlanBuilder::new(&o);
-            let mut accepted = Vec::new();
-            for c in &cands {
-                if builder.push_within(c, limit) {
-                    accepted.push(c.clone());
-                }
-            }
+            let (builder, accepted) = push_within_half(&cands, &o);
             let mut fresh = PlanBuilder::new(&o);
             for c in &accepted {
                 fresh.push(c);
