@@ -690,26 +690,34 @@ fn bad_requests_are_the_cpu_engines_errors() {
         let w = cpu.token_log_probs(&ids, &toks).unwrap_err().to_string();
         assert_eq!(g, w);
     }
-    // More samples than any memory holds: the cache allocation's error, not an overflow.
+    // More sampled rows than u32 indexes: the CPU engine's input error, not an overflow or an
+    // allocation attempt; the same through `propose`'s branches.
     let huge = [SampleRequest {
         prefix: vec![1, 2],
         n_samples: usize::MAX / 4,
     }];
-    let err = cuda.sample(&huge, &opts).unwrap_err().to_string();
-    assert!(err.contains("KV cache"), "{err}");
-    // The same through `propose`'s branches (its growth is exact and was not saturated).
+    let g = cuda.sample(&huge, &opts).unwrap_err();
+    assert!(g.is_input(), "{g}");
+    assert_eq!(
+        g.to_string(),
+        cpu.sample(&huge, &opts).unwrap_err().to_string()
+    );
     let huge = vec![Branch {
         at: 2,
         token: 1,
         n_samples: usize::MAX / 4,
     }];
-    for engine in [&cuda as &dyn Sampler, &cpu] {
-        let err = engine
-            .propose(&[1, 2, 3], &[1], &mut |_| huge.clone(), &opts)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("KV cache"), "{err}");
-    }
+    let errs: Vec<String> = [&cuda as &dyn Sampler, &cpu]
+        .into_iter()
+        .map(|engine| {
+            let err = engine
+                .propose(&[1, 2, 3], &[1], &mut |_| huge.clone(), &opts)
+                .unwrap_err();
+            assert!(err.to_string().contains("token rows"), "{err}");
+            err.to_string()
+        })
+        .collect();
+    assert_eq!(errs[0], errs[1]);
 }
 
 /// `propose` on the device: one forward over the sequence (several attention tiles, head chunks

@@ -254,10 +254,27 @@ fn bad_requests_are_errors() {
             Vec::<Vec<f32>>::new()
         );
     }
-    // More samples than any memory holds: the cache allocation's error, not an overflow.
+    // More sampled rows than u32 indexes, with or without new tokens: the caller's mistake, an
+    // input error on every sampler (it was a backend error, and a capacity-overflow panic at 0).
+    for (n_samples, max_new_tokens) in [(usize::MAX / 4, 8), (usize::MAX, 0), (1 << 31, 2)] {
+        let huge = [SampleRequest {
+            prefix: vec![1, 2],
+            n_samples,
+        }];
+        let opts = SampleOptions {
+            max_new_tokens,
+            ..opts.clone()
+        };
+        for sampler in samplers {
+            let err = sampler.sample(&huge, &opts).unwrap_err();
+            assert!(err.is_input(), "{n_samples} x {max_new_tokens}: {err}");
+            assert!(err.to_string().contains("token rows"), "{err}");
+        }
+    }
+    // Within the bound but more than any memory holds: the cache allocation's error.
     let huge = [SampleRequest {
         prefix: vec![1, 2],
-        n_samples: usize::MAX / 4,
+        n_samples: u32::MAX as usize / 8,
     }];
     let opts = SampleOptions {
         max_new_tokens: 8,

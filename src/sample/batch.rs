@@ -71,8 +71,25 @@ pub(crate) fn check_requests(
             )));
         }
     }
+    let samples = requests
+        .iter()
+        .try_fold(0usize, |n, r| n.checked_add(r.n_samples));
+    let rows = samples.and_then(|n| n.checked_mul(options.max_new_tokens.max(1)));
+    if rows.is_none_or(|rows| rows > MAX_SAMPLED_ROWS) {
+        let samples = requests.iter().map(|r| r.n_samples as u128).sum::<u128>();
+        return Err(Error::input(format!(
+            "{samples} samples of up to {} new tokens make more than {MAX_SAMPLED_ROWS} \
+             token rows, the most one call can index (u32 rows); ask for fewer samples per call",
+            options.max_new_tokens
+        )));
+    }
     Ok(())
 }
+
+/// The most rows (a sample's new tokens, or one per sample when `max_new_tokens` is 0) one
+/// `sample` or `propose` call may ask for: the engines index rows with u32, and an absurd count
+/// is the caller's mistake, not an allocation failure of the backend.
+pub(crate) const MAX_SAMPLED_ROWS: usize = u32::MAX as usize;
 
 /// `propose`'s middle step on a KV-cached backend: the branches `choose` picks from `log_probs`
 /// and their `sample` requests, checked as `sample` checks its own (errors name the branch).
