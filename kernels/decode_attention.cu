@@ -17,7 +17,8 @@
 //   with O_w in shared memory (each lane owns its columns: no barrier, any head_dim);
 //   at the end the 4 warps' (m, l, O) are merged. P stays f32 (the tile kernel rounds P to T
 //   for its P.V MMA); both are within the tests' tolerance of the f64 reference.
-// Launch: grid (n_tiles, n_head), block 128, dynamic shared memory (4 + 1) * head_dim * 4 + 64 B.
+// Launch: grid (n_tiles, n_head), block 128, dynamic shared memory (1 + 4) * head_dim * 4 + 32 B
+// (decode_smem_bytes: q, the four warps' O_w, then their m and l).
 #include "common.cuh"
 
 using namespace toolsift;

@@ -2,8 +2,6 @@
 //! The CUDA backend exists only in builds with the `cuda` feature; asking for it otherwise, or
 //! without a GPU, kernels or loadable CUDA libraries, is a clear `Error::Backend`.
 
-#![warn(missing_docs)]
-
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};

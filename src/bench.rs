@@ -5,8 +5,6 @@
 //! tuned, naive), and each ratio is the median of its rounds' ratios, so that a change in the
 //! machine's load moves both sides of a ratio together.
 
-#![warn(missing_docs)]
-
 use std::time::Instant;
 
 use serde::Serialize;

@@ -9,9 +9,11 @@
 //!   fiber that runs until a barrier; the order of the threads between barriers is drawn from a
 //!   seed, so a missing barrier shows as a result that depends on it. A barrier that can never
 //!   complete is an `Error::Backend` naming the block and where each warp waits.
-//! - [`Buffer`] is host memory that ends flush against an inaccessible page: a kernel reading or
-//!   writing past its end stops the process with a message naming the kernel, the block, the
-//!   thread and the buffer (dynamic shared memory is guarded the same way).
+//! - [`Buffer`] is host memory that ends flush against an inaccessible page once rounded up to
+//!   16 bytes: a kernel reading or writing past that stops the process with a message naming the
+//!   kernel, the block, the thread and the buffer (dynamic shared memory is guarded the same
+//!   way, rounded to 128). The padding before the page is 0xFF bytes (NaN): a read of it poisons
+//!   the result, and a write to it fails the launch with an error naming the buffer.
 //! - [`kernels`] declares every exported kernel with its C signature; [`EmuFloat`] picks the
 //!   16-bit instantiation.
 
@@ -49,9 +51,16 @@ mod ffi {
 /// thread order (0: threads in index order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Launch {
+    /// Blocks in x, y, z (`LaunchConfig::grid_dim`), run one after another; a zero runs nothing.
     pub grid: (u32, u32, u32),
+    /// Threads per block in x, y, z: 1 to 1024 in all, anything else is an error. Warp w holds
+    /// the linear thread indices 32 w .. 32 w + 31 (x fastest).
     pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block in bytes: 128-byte aligned, guarded at its end, filled
+    /// with 0xFF bytes (NaN) at the start of every block.
     pub smem_bytes: usize,
+    /// 0 runs the ready threads in index order; any other value shuffles that order at every
+    /// round between barriers, drawn from the seed and the block index.
     pub seed: u64,
 }
 
@@ -100,7 +109,8 @@ pub fn launch(name: &str, cfg: &Launch, body: impl Fn()) -> Result<()> {
     run(name, cfg, &body)
 }
 
-/// Host memory for a kernel's arguments, ending flush against an inaccessible page.
+/// Host memory for a kernel's arguments, ending flush against an inaccessible page once rounded
+/// up to 16 bytes (the padding is a canary each launch checks).
 pub struct Buffer<T: Pod> {
     ptr: NonNull<T>,
     len: usize,
@@ -129,22 +139,28 @@ impl<T: Pod> Buffer<T> {
         Self::from_slice(label, &vec![T::zeroed(); len])
     }
 
+    /// The first element, for an argument the kernel only reads.
     pub fn ptr(&self) -> *const T {
         self.ptr.as_ptr()
     }
 
+    /// The first element, for an argument the kernel writes: take it before [`launch`], whose
+    /// body is `Fn`.
     pub fn mut_ptr(&mut self) -> *mut T {
         self.ptr.as_ptr()
     }
 
+    /// Elements of T it holds.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether it holds no elements.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// A copy of the contents, to read what a launch wrote.
     pub fn to_vec(&self) -> Vec<T> {
         // SAFETY: `ptr` holds `len` initialised values of a Pod type.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }.to_vec()
@@ -165,6 +181,9 @@ pub mod kernels {
     use half::{bf16, f16};
 
     extern "C" {
+        /// kernels/lm_head_xent.cu: per row of `logits` (+ `bias`), the log-softmax at each CSR
+        /// target `tokens[offsets[r]..offsets[r + 1]]`, written to `out[slots[..]]`
+        /// (`cuda::lm_head_xent::lm_head_xent`).
         pub fn lm_head_xent_f32(
             logits: *const f32,
             bias: *const f32,
@@ -176,6 +195,8 @@ pub mod kernels {
             vocab: u32,
             ld: u32,
         );
+        /// kernels/lm_head_xent.cu: full log-softmax rows of `logits` + `bias` into `out`
+        /// ([rows, ld_out] f32; `cuda::lm_head_xent::log_softmax`).
         pub fn log_softmax_f32(
             logits: *const f32,
             bias: *const f32,
@@ -195,41 +216,63 @@ pub mod kernels {
          mma_vec [$($mma_vec:ident),+], mma_scalar [$($mma_scalar:ident),+],
          decode_attention $decode:ident) => {
             extern "C" {
+                /// kernels/embedding.cu: `x[t, :] = wte[ids[t], :]` widened to f32; every id
+                /// must be a row of `wte` (`cuda::embedding::embedding`).
                 pub fn $embedding(
                     ids: *const u32, wte: *const $t, x: *mut f32, n: u32, d: u32, ld_wte: u32,
                     ld_x: u32,
                 );
+                /// kernels/layer_norm.cu: `out[i] = LN(x[r] + residual_bias) * weight + bias`,
+                /// r = `rows[i]`, or i with `rows` null (then x + residual_bias is written back);
+                /// `residual_bias` may be null (`cuda::layer_norm::layer_norm`).
                 pub fn $layer_norm(
                     x: *mut f32, residual_bias: *const f32, rows: *const u32,
                     weight: *const f32, bias: *const f32, out: *mut $t, n: u32, d: u32,
                     ld_x: u32, ld_out: u32, eps: f32,
                 );
+                /// kernels/rotary.cu: GPT-J rotary on q and k of the f32 `qkv` rows, split into
+                /// `q`, `k`, `v` rounded to T (`cuda::rotary::rotary`).
                 pub fn $rotary(
                     qkv: *const f32, positions: *const u32, cos: *const f32, sin: *const f32,
                     q: *mut $t, k: *mut $t, v: *mut $t, n: u32, n_head: u32, head_dim: u32,
                     rotary_dim: u32, ld_qkv: u32, ld: u32,
                 );
+                /// kernels/gelu.cu: `x = gelu_new(x + bias)` in place over [n, f], row stride
+                /// `ld` (`cuda::gelu::gelu`).
                 pub fn $gelu(x: *mut $t, bias: *const f32, n: u32, f: u32, ld: u32);
+                /// kernels/tree_attention.cu, WMMA, 16-byte row gathers (head_dim % 8 == 0,
+                /// ld % 8 == 0, 16-byte aligned q, k, v): `AttentionVariant::Vec`.
                 pub fn $vec(
                     q: *const $t, k: *const $t, v: *const $t, tiles: *const u32,
                     tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut $t, head_dim: u32,
                     hd_pad: u32, ld: u32, ld_out: u32, scale: f32,
                 );
+                /// kernels/tree_attention.cu, WMMA, element gathers (any shape):
+                /// `AttentionVariant::Scalar`.
                 pub fn $scalar(
                     q: *const $t, k: *const $t, v: *const $t, tiles: *const u32,
                     tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut $t, head_dim: u32,
                     hd_pad: u32, ld: u32, ld_out: u32, scale: f32,
                 );
-                $(pub fn $mma_vec(
+                $(
+                /// kernels/tree_attention_mma.cu, mma.sync, 16-byte row gathers
+                /// (`AttentionVariant::MmaVec`), for head_dim rounded up to 16 <= its HD_MAX.
+                pub fn $mma_vec(
                     q: *const $t, k: *const $t, v: *const $t, tiles: *const u32,
                     tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut $t, head_dim: u32,
                     hd_pad: u32, ld: u32, ld_out: u32, scale: f32,
                 );)+
-                $(pub fn $mma_scalar(
+                $(
+                /// kernels/tree_attention_mma.cu, mma.sync, element gathers
+                /// (`AttentionVariant::MmaScalar`), for head_dim rounded up to 16 <= its HD_MAX.
+                pub fn $mma_scalar(
                     q: *const $t, k: *const $t, v: *const $t, tiles: *const u32,
                     tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut $t, head_dim: u32,
                     hd_pad: u32, ld: u32, ld_out: u32, scale: f32,
                 );)+
+                /// kernels/decode_attention.cu: the tiles' attention, a tile's rows one after
+                /// another (made for single-query tiles); packed tiles are not supported
+                /// (`cuda::tree_attention::decode_attention`).
                 pub fn $decode(
                     q: *const $t, k: *const $t, v: *const $t, tiles: *const u32,
                     tile_ctx: *const u64, ctx_tokens: *const u32, out: *mut $t, head_dim: u32,
@@ -271,8 +314,10 @@ pub mod kernels {
         decode_attention decode_attention_f16);
 }
 
-/// The C signature of each 16-bit kernel family, for [`EmuFloat`].
+/// The C signature of `embedding_<T>`, for [`EmuFloat`]: (ids, wte, x, n, d, ld_wte, ld_x).
 pub type EmbeddingFn<T> = unsafe extern "C" fn(*const u32, *const T, *mut f32, u32, u32, u32, u32);
+/// The C signature of `layer_norm_<T>`: (x, residual_bias, rows, weight, bias, out, n, d, ld_x,
+/// ld_out, eps).
 pub type LayerNormFn<T> = unsafe extern "C" fn(
     *mut f32,
     *const f32,
@@ -286,6 +331,8 @@ pub type LayerNormFn<T> = unsafe extern "C" fn(
     u32,
     f32,
 );
+/// The C signature of `rotary_<T>`: (qkv, positions, cos, sin, q, k, v, n, n_head, head_dim,
+/// rotary_dim, ld_qkv, ld).
 pub type RotaryFn<T> = unsafe extern "C" fn(
     *const f32,
     *const u32,
@@ -301,7 +348,10 @@ pub type RotaryFn<T> = unsafe extern "C" fn(
     u32,
     u32,
 );
+/// The C signature of `gelu_<T>`: (x, bias, n, f, ld).
 pub type GeluFn<T> = unsafe extern "C" fn(*mut T, *const f32, u32, u32, u32);
+/// The C signature of every tree attention kernel, WMMA and mma: (q, k, v, tiles, tile_ctx,
+/// ctx_tokens, out, head_dim, hd_pad, ld, ld_out, scale).
 pub type TreeAttentionFn<T> = unsafe extern "C" fn(
     *const T,
     *const T,
@@ -316,6 +366,7 @@ pub type TreeAttentionFn<T> = unsafe extern "C" fn(
     u32,
     f32,
 );
+/// The C signature of `decode_attention_<T>`: that of [`TreeAttentionFn`] without hd_pad.
 pub type DecodeAttentionFn<T> = unsafe extern "C" fn(
     *const T,
     *const T,
@@ -333,15 +384,22 @@ pub type DecodeAttentionFn<T> = unsafe extern "C" fn(
 /// A 16-bit storage type and its instantiation of every kernel (the `_bf16` / `_f16` symbols;
 /// implemented in [`kernels`]).
 pub trait EmuFloat: DeviceFloat + Pod {
+    /// `embedding_<T>`.
     const EMBEDDING: EmbeddingFn<Self>;
+    /// `layer_norm_<T>`.
     const LAYER_NORM: LayerNormFn<Self>;
+    /// `rotary_<T>`.
     const ROTARY: RotaryFn<Self>;
+    /// `gelu_<T>`.
     const GELU: GeluFn<Self>;
+    /// `tree_attention_vec_<T>` (WMMA, 16-byte row gathers).
     const TREE_ATTENTION_VEC: TreeAttentionFn<Self>;
+    /// `tree_attention_scalar_<T>` (WMMA, element gathers).
     const TREE_ATTENTION_SCALAR: TreeAttentionFn<Self>;
     /// `tree_attention_mma<HD_MAX>_{vec,scalar}`: [vec, scalar] x HD_MAX 64, 128, 256
     /// (`tree_attention::mma_instance`).
     const TREE_ATTENTION_MMA: [[TreeAttentionFn<Self>; 3]; 2];
+    /// `decode_attention_<T>`.
     const DECODE_ATTENTION: DecodeAttentionFn<Self>;
     /// The symbol suffix.
     const SUFFIX: &'static str;
@@ -393,6 +451,7 @@ mod tests {
         fn emu_selftest_sums(warp_out: *mut f32, block_out: *mut f32);
         fn emu_selftest_partial_warp(out: *mut f32);
         fn emu_selftest_exit_before_barrier(out: *mut f32);
+        fn emu_selftest_write_at(out: *mut f32, at: i32);
     }
 
     fn block(threads: u32, seed: u64) -> Launch {
@@ -482,6 +541,31 @@ mod tests {
                 assert_eq!(bv, total, "thread {i}");
             }
         }
+    }
+
+    /// A write past a buffer's end that stays within its alignment padding (a 40-byte buffer
+    /// ends 8 bytes short of its guard page) cannot fault: the launch checks the padding and
+    /// fails naming the buffer, once (the padding is restored).
+    #[test]
+    fn a_write_into_the_alignment_padding_is_an_error() {
+        let mut out = Buffer::<f32>::zeroed("out", 10).unwrap();
+        let o = out.mut_ptr();
+        let write_at = |at: i32| {
+            launch("write_at", &block(32, 0), || unsafe {
+                emu_selftest_write_at(o, at)
+            })
+        };
+        write_at(9).unwrap();
+        let err = write_at(11).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "kernel write_at wrote past the end of buffer \"out\" (40 bytes), at byte 4 of \
+                 its alignment padding"
+            ),
+            "{err}"
+        );
+        write_at(9).unwrap();
+        assert_eq!(out.to_vec()[9], 1.0);
     }
 
     /// An out-of-bounds read stops the process with the kernel, block, thread and buffer named.

@@ -1,8 +1,6 @@
 //! One error type for the library. Every variant names what it is about (a file, a tensor, an input
 //! line) so that a user can act on the message without a debugger.
 
-#![warn(missing_docs)]
-
 use std::path::PathBuf;
 
 /// `std::result::Result` with the crate's `Error`.

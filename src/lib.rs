@@ -68,6 +68,9 @@
 //! `default-features = false`: model loading, the reference, the CPU engine, the planner and
 //! sampling, without tantivy, ureq or clap; `cuda` adds the GPU engine to either.
 
+// Every public item is documented (CI denies warnings, so a new one without docs fails it).
+#![warn(missing_docs)]
+
 #[cfg(feature = "annotate")]
 pub mod annotate;
 pub mod backend;

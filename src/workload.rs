@@ -7,8 +7,6 @@
 //! inline, " [" ... "]" with no separator, 11), e(c, r) adds 4 result tokens before "]". Each
 //! position draws its tool from five, and its five calls differ in input.
 
-#![warn(missing_docs)]
-
 use std::sync::Arc;
 
 use crate::score::{Placement, TokenCandidate};

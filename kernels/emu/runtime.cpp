@@ -4,11 +4,13 @@
 //
 // C API (src/emu.rs):
 //   toolsift_emu_launch  run body(ctx) as every thread of a grid; 0, or 1 with a message
-//   toolsift_emu_alloc   bytes ending flush against a PROT_NONE page (16-byte aligned)
+//   toolsift_emu_alloc   bytes ending flush against a PROT_NONE page once rounded up to 16
+//                        (the alignment); the padding is a canary every launch checks
 //   toolsift_emu_free
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -47,8 +49,13 @@ struct Mapping {
 std::mutex g_mappings_lock;
 std::vector<Mapping> g_mappings;
 
+// The padding between a buffer's end and its guard page holds this byte: all ones, a NaN in
+// f32, bf16 and f16, so a kernel that reads it poisons its result, and one that writes it is
+// caught by `check_padding` after the launch.
+constexpr unsigned char CANARY = 0xFF;
+
 // `bytes` (rounded up to `align`, a power of two up to a page) ending at a PROT_NONE page:
-// reading or writing past the end faults.
+// reading or writing past the rounded end faults; the padding up to it is CANARY.
 Mapping map_guarded(size_t bytes, const char* label, size_t align = 16) {
     const size_t page = page_size(), span = round_up(round_up(bytes, align), page);
     void* base = mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
@@ -56,7 +63,28 @@ Mapping map_guarded(size_t bytes, const char* label, size_t align = 16) {
     if (base == MAP_FAILED) return Mapping{nullptr, 0, nullptr, 0, label};
     unsigned char* b = static_cast<unsigned char*>(base);
     mprotect(b + span, page, PROT_NONE);
-    return Mapping{b, span + page, b + span - round_up(bytes, align), bytes, label};
+    unsigned char* data = b + span - round_up(bytes, align);
+    memset(data + bytes, CANARY, round_up(bytes, align) - bytes);
+    return Mapping{b, span + page, data, bytes, label};
+}
+
+// The first mapping whose padding a write changed (the write stayed short of the guard page),
+// as an error message naming the buffer, or "" when every padding holds. The padding is
+// restored, so that a later launch (another test's, in the same process) is not blamed for it.
+std::string check_padding(const char* kernel) {
+    std::lock_guard<std::mutex> lock(g_mappings_lock);
+    for (const Mapping& m : g_mappings) {
+        unsigned char* end = m.base + m.length - page_size();
+        for (unsigned char* p = m.data + m.bytes; p < end; ++p)
+            if (*p != CANARY) {
+                const size_t at = p - (m.data + m.bytes);
+                memset(m.data + m.bytes, CANARY, end - (m.data + m.bytes));
+                return std::string("kernel ") + kernel + " wrote past the end of buffer \"" +
+                       m.label + "\" (" + std::to_string(m.bytes) + " bytes), at byte " +
+                       std::to_string(at) + " of its alignment padding";
+            }
+    }
+    return "";
 }
 
 // ---- fibers ----------------------------------------------------------------------------------
@@ -488,6 +516,9 @@ extern "C" int toolsift_emu_launch(const char* name, const unsigned grid[3],
             }
     remove_fault_reporter();
     g = nullptr;
+    // Before the shared memory is unmapped: its padding is checked too.
+    const std::string overrun = ok ? check_padding(name) : "";
     toolsift_emu_free(launch.smem.data);
-    return ok ? 0 : fail(launch.error);
+    if (!ok) return fail(launch.error);
+    return overrun.empty() ? 0 : fail(overrun);
 }

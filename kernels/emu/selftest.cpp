@@ -35,3 +35,8 @@ extern "C" void emu_selftest_exit_before_barrier(float* out) {
     __syncthreads();
     out[threadIdx.x] = 1.0f;
 }
+
+// Thread 0 writes element `at` of `out`: past the end of a buffer of fewer elements.
+extern "C" void emu_selftest_write_at(float* out, int at) {
+    if (threadIdx.x == 0) out[at] = 1.0f;
+}

@@ -122,10 +122,20 @@ pub const MAX_SAMPLES: usize = 10_000;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "PerToolPartial")]
 pub struct PerTool {
+    /// `[per_tool.calculator]`; default `ToolParams::paper(ToolKind::Calculator)` (tau_s 0,
+    /// k 20, m 10, tau_f 0.5, min_numbers 3).
     pub calculator: ToolParams,
+    /// `[per_tool.calendar]`; default `ToolParams::paper(ToolKind::Calendar)` (tau_s 0.05,
+    /// k 5, m 5, tau_f 1.0, require_date).
     pub calendar: ToolParams,
+    /// `[per_tool.wikisearch]`; default `ToolParams::paper(ToolKind::WikiSearch)` (tau_s 0.05,
+    /// k 5, m 5, tau_f 1.0, no heuristic).
     pub wikisearch: ToolParams,
+    /// `[per_tool.qa]`; default `ToolParams::paper(ToolKind::Qa)` (tau_s 0.05, k 5, m 5,
+    /// tau_f 1.0, no heuristic).
     pub qa: ToolParams,
+    /// `[per_tool.mt]`; default `ToolParams::paper(ToolKind::Mt)` (tau_s 0, k 20, m 10,
+    /// tau_f 0.5, min_foreign_words 1).
     pub mt: ToolParams,
     /// Tools of the user's own, by the name their calls are written with
     /// (`[per_tool.custom.<Name>]`): the prompt is required, the rest defaults as
@@ -219,6 +229,7 @@ impl Default for PerTool {
 }
 
 impl PerTool {
+    /// The settings of built-in `tool` (custom tools: `params`).
     pub fn get(&self, tool: ToolKind) -> &ToolParams {
         match tool {
             ToolKind::Calculator => &self.calculator,
@@ -229,6 +240,7 @@ impl PerTool {
         }
     }
 
+    /// The settings of built-in `tool`, to change.
     pub fn get_mut(&mut self, tool: ToolKind) -> &mut ToolParams {
         match tool {
             ToolKind::Calculator => &mut self.calculator,
@@ -298,6 +310,8 @@ impl AnnotateConfig {
         Self::from_toml(&text).map_err(|e| Error::input(format!("{}: {e}", path.display())))
     }
 
+    /// Parses and validates TOML text; missing keys take their defaults. Fails (`Error::Input`)
+    /// on a syntax error, an unknown key or a value `validate` refuses.
     pub fn from_toml(text: &str) -> Result<Self> {
         let config: AnnotateConfig =
             toml::from_str(text).map_err(|e| Error::input(e.to_string()))?;
@@ -305,7 +319,8 @@ impl AnnotateConfig {
         Ok(config)
     }
 
-    /// The defaults as a TOML file.
+    /// This configuration as a TOML file (`annotate` records the run's own settings with it;
+    /// `AnnotateConfig::default().to_toml()` is the defaults).
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
     }

@@ -24,8 +24,12 @@ pub struct Document {
     pub line: u64,
     /// The "id" field as given (string, or integer within i64/u64), or null.
     pub id: Value,
+    /// The text to annotate: the string under the configured text field ("text" by default).
     pub text: String,
+    /// The "url" field, or None (also for null). Calendar and the `require_date` heuristic look
+    /// for a date in its path.
     pub url: Option<String>,
+    /// The "date" field as written, unparsed, or None (also for null): Calendar's first choice.
     pub date: Option<String>,
 }
 
@@ -54,11 +58,19 @@ impl Document {
 /// One line of the corpus.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Line {
+    /// A usable document.
     Doc(Document),
-    Reject { line: u64, reason: String },
+    /// A line that is not a usable document; the driver writes it to the rejects file.
+    Reject {
+        /// 1-based input line number.
+        line: u64,
+        /// Why it was refused ("invalid JSON: ...", "no field \"text\"", ...).
+        reason: String,
+    },
 }
 
 impl Line {
+    /// The line's 1-based input line number, document or reject.
     pub fn number(&self) -> u64 {
         match self {
             Line::Doc(d) => d.line,
@@ -151,6 +163,8 @@ pub struct Corpus<R> {
 }
 
 impl<R: BufRead> Corpus<R> {
+    /// Reads the corpus from `reader`, taking the text from `text_field`; `path` only names the
+    /// file in errors. A line over [`MAX_LINE_BYTES`] is a reject.
     pub fn new(reader: R, path: &Path, text_field: &str) -> Self {
         Corpus {
             reader,
@@ -231,6 +245,7 @@ pub fn count_lines(path: &Path) -> Result<u64> {
 /// What identifies a corpus file's content for resuming: its line count and a hash of its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fingerprint {
+    /// Number of lines (a last line without newline counts).
     pub lines: u64,
     /// XXH3-64 of the whole file (a stable, specified hash: a journal written by another build
     /// compares equal).

@@ -33,14 +33,22 @@ const HEURISTIC_KEY: u64 = 0x6865_7572_6973_7469;
 pub struct CallRecord {
     /// Byte offset into "text" where the call goes.
     pub position: usize,
+    /// The tool's call name ("Calculator", "QA", a custom tool's name), as written in the call.
     pub tool: String,
+    /// The call's input as sampled, between the parentheses.
     pub input: String,
     /// The tool's result; null when the tool failed.
     pub result: Option<String>,
+    /// L_i(empty), the weighted loss with no call; null when the call has no scores.
     pub l_none: Option<f64>,
+    /// L_i(e(c, eps)), the loss with the call but not its result; null when unscored.
     pub l_call: Option<f64>,
+    /// L_i(e(c, r)), the loss with the call and its result (L+); null when unscored.
     pub l_call_result: Option<f64>,
+    /// L- - L+ = min(l_none, l_call) - l_call_result; null when unscored.
     pub delta: Option<f64>,
+    /// Whether the call passed the filter (delta >= the tool's tau_f) and is spliced into
+    /// "annotated_text"; false for a call without scores.
     pub kept: bool,
     /// Why the call has no scores (tool failure, too long to score, a loss that is not finite).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -53,9 +61,13 @@ pub struct CallRecord {
 pub struct CStarRecord {
     /// 1-based input line number (orders shards in `toolsift merge`).
     pub line: u64,
+    /// The corpus document's "id" as given (string or integer), or null.
     pub id: Value,
+    /// The document's text, unchanged (the whole of it, not only the head the tools read).
     pub text: String,
+    /// "text" with the kept calls spliced in at their positions ("[Tool(input) -> result]").
     pub annotated_text: String,
+    /// Every executed call, kept or not, ordered by position.
     pub calls: Vec<CallRecord>,
 }
 
@@ -92,6 +104,7 @@ pub struct ToolStats {
     pub texts_truncated: u64,
     /// Positions kept (p_i > tau_s, top k).
     pub positions: u64,
+    /// Calls sampled at those positions (up to m each), before any is parsed.
     pub calls_sampled: u64,
     /// Samples that are not a call a tool can take: not "Tool(input)]" (unparsable, no "]" before
     /// the length cap, an arrow or unbalanced parentheses in the input) or an input with a line
@@ -111,11 +124,14 @@ pub struct ToolStats {
     /// Calls with a result that cannot be scored (too long for n_positions), or whose scores are
     /// not finite (the call's `error` says which).
     pub calls_unscorable: u64,
+    /// Calls with finite scores (delta computed).
     pub calls_scored: u64,
+    /// Scored calls that passed the filter (delta >= tau_f) and were spliced into C*.
     pub calls_kept: u64,
 }
 
 impl ToolStats {
+    /// Adds every counter of `o` to this one's.
     pub fn add(&mut self, o: &ToolStats) {
         self.texts_considered += o.texts_considered;
         self.texts_skipped_heuristic += o.texts_skipped_heuristic;
@@ -148,6 +164,7 @@ pub struct StageSecs {
 }
 
 impl StageSecs {
+    /// Adds each stage's seconds of `o` to this one's.
     pub fn add(&mut self, o: &StageSecs) {
         self.sampling += o.sampling;
         self.tools += o.tools;
@@ -161,6 +178,7 @@ impl StageSecs {
 pub struct DocStats {
     /// Per tool key ("calculator", ...).
     pub tools: BTreeMap<String, ToolStats>,
+    /// Wall-clock seconds the document spent in each stage, over all its tools.
     pub secs: StageSecs,
     /// Candidates scored (for candidates/s).
     pub candidates: u64,
@@ -350,10 +368,12 @@ impl<'a> Annotator<'a> {
         })
     }
 
+    /// The settings the annotator was built with (validated).
     pub fn config(&self) -> &AnnotateConfig {
         &self.config
     }
 
+    /// The active tools, sorted and each once, in the order a document runs them.
     pub fn tools(&self) -> &[ToolName] {
         &self.tools
     }

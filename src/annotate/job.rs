@@ -19,16 +19,23 @@ use crate::model::Model;
 pub struct Job {
     /// Hugging Face GPT-J folder with tokenizer.json.
     pub model_dir: PathBuf,
+    /// The corpus JSONL (a regular file: it is read more than once).
     pub corpus: PathBuf,
     /// C* output (rejects and summary are written next to it).
     pub out: PathBuf,
+    /// The run's settings (`--config`, else the defaults); `run_job` opens the tools of its
+    /// `[tools]`.
     pub config: AnnotateConfig,
     /// The active tools; None: every tool the config makes available (the built-ins it
     /// configures), then every custom tool it has settings for (one without its service under
     /// `[tools.custom]` is then an error, not left out in silence).
     pub tools: Option<Vec<ToolName>>,
+    /// Where the engine that samples and scores runs (CPU or CUDA).
     pub device: Device,
+    /// The part of the corpus this run annotates; a sharded run writes
+    /// `Shard::output_path(out)`.
     pub shard: Shard,
+    /// Show a progress bar on stderr (only drawn when stderr is a terminal).
     pub progress: bool,
 }
 

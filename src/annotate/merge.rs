@@ -19,7 +19,9 @@ use crate::util::jsonl::JsonlLines;
 /// What `merge` joined.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MergeReport {
+    /// C* lines written to the merged C* (annotated documents of every shard).
     pub documents: u64,
+    /// Lines written to the merged rejects file.
     pub rejects: u64,
     /// The shards joined (all of them: a missing one is an error).
     pub shards: u64,

@@ -51,9 +51,11 @@ use writer::Journal;
 /// What to annotate and where to write it.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
+    /// The corpus JSONL; must be a regular file (it is read more than once, not a pipe).
     pub corpus: PathBuf,
     /// `--out` as given; a sharded run writes `Shard::output_path(out)`.
     pub out: PathBuf,
+    /// The lines this run annotates (default 0/1: all of them).
     pub shard: Shard,
     /// Anything else that decides the output (model, device...): a journal written under other
     /// settings is refused.

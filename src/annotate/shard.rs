@@ -13,9 +13,13 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::util::fs::{strip_ext, with_suffix};
 
+/// One of `count` shards of a corpus: input line L is shard `(L - 1) % count`'s. 0/1 (the
+/// default) is the whole corpus. Serialized as `{"index", "count"}` in the summary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Shard {
+    /// This shard's 0-based index, below `count`.
     pub index: u64,
+    /// Number of shards the corpus is split into (at least 1).
     pub count: u64,
 }
 
@@ -42,6 +46,7 @@ impl std::str::FromStr for Shard {
 }
 
 impl Shard {
+    /// Shard `index` of `count`; fails (`Error::Input`) unless `index < count`.
     pub fn new(index: u64, count: u64) -> Result<Self> {
         if count == 0 || index >= count {
             return Err(Error::input(format!(

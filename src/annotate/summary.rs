@@ -15,36 +15,50 @@ pub const EXAMPLES: usize = 3;
 /// One scored call with its context.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Example {
+    /// 1-based input line of the document the call was sampled in.
     pub line: u64,
+    /// The tool's call name ("Calculator", ...).
     pub tool: String,
+    /// L- - L+ (`CallRecord::delta`): what the examples are ranked by.
     pub delta: f64,
     /// The three losses delta is derived from (absent in summaries of older versions).
     #[serde(default)]
     pub l_none: Option<f64>,
+    /// L_i(e(c, eps)), the loss with the call but not its result.
     #[serde(default)]
     pub l_call: Option<f64>,
+    /// L_i(e(c, r)), the loss with the call and its result.
     #[serde(default)]
     pub l_call_result: Option<f64>,
+    /// Whether the call passed the filter (delta >= tau_f) and is in C*.
     pub kept: bool,
-    /// The call spliced into ~100 characters of its text.
+    /// The call spliced into ~100 bytes of its text (widened to character boundaries).
     pub context: String,
 }
 
+/// One tool's part of the summary: its counters and its best and worst calls.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSummary {
+    /// The tool's call name ("Calculator", "QA", a custom tool's name).
     pub tool: String,
+    /// Its counters summed over the documents, flattened into this object in the JSON.
     #[serde(flatten)]
     pub stats: ToolStats,
+    /// The [`EXAMPLES`] scored calls of highest delta, highest first (ties: the earlier line).
     pub best: Vec<Example>,
+    /// The [`EXAMPLES`] scored calls of lowest delta, lowest first (ties: the earlier line).
     pub worst: Vec<Example>,
 }
 
+/// A finished run's (or a merge's) summary, written as JSON to `<out stem>.summary.json` beside
+/// C*; `render` makes the table printed at the end of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     /// The shard this output covers and the corpus's line count: what `merge` checks that the
     /// shards cover, every line exactly once (absent in summaries of older versions).
     #[serde(default)]
     pub shard: Option<Shard>,
+    /// Lines of the whole corpus (every shard's), as counted when the run started.
     #[serde(default)]
     pub corpus_lines: Option<u64>,
     /// The settings of the run that wrote it, as its journal recorded them (config, tools, corpus
@@ -55,11 +69,15 @@ pub struct Summary {
     pub run: Option<serde_json::Value>,
     /// Input lines of this shard.
     pub lines: u64,
+    /// Of those, the documents annotated: the lines of C*.
     pub documents: u64,
+    /// Of those, the lines rejected: the lines of the rejects file.
     pub rejected: u64,
     /// Documents with at least one kept call.
     pub documents_with_calls: u64,
+    /// Candidates handed to the scorer, summed over documents (`DocStats::candidates`).
     pub candidates_scored: u64,
+    /// One entry per active tool, in the run's tool order.
     pub tools: Vec<ToolSummary>,
     /// Seconds per stage, summed over documents.
     pub secs: StageSecs,
@@ -75,6 +93,7 @@ pub struct SummaryBuilder {
 }
 
 impl SummaryBuilder {
+    /// An empty summary of a run of `tools` (in that order), each with zero counters.
     pub fn new(tools: &[ToolName]) -> Self {
         SummaryBuilder {
             keys: tools.iter().map(|t| t.key().to_string()).collect(),
@@ -102,11 +121,14 @@ impl SummaryBuilder {
         }
     }
 
+    /// Counts one rejected input line.
     pub fn reject(&mut self) {
         self.summary.lines += 1;
         self.summary.rejected += 1;
     }
 
+    /// Counts one annotated document: adds its counters and stage seconds, and offers each of
+    /// its scored calls to its tool's best and worst examples.
     pub fn document(&mut self, record: &CStarRecord, stats: &DocStats) {
         let s = &mut self.summary;
         s.lines += 1;
@@ -146,6 +168,8 @@ impl SummaryBuilder {
         }
     }
 
+    /// The summary, with `wall_secs` as the run's wall-clock seconds; `shard`, `corpus_lines`
+    /// and `run` are left None for the caller to fill in.
     pub fn finish(mut self, wall_secs: f64) -> Summary {
         self.summary.wall_secs = wall_secs;
         self.summary
@@ -168,7 +192,7 @@ fn insert(
     }
 }
 
-/// ~60 characters before the call, the call, ~40 after.
+/// ~60 bytes before the call, the call, ~40 after (each widened to a character boundary).
 fn context(text: &str, position: usize, tool: &str, input: &str, result: Option<&str>) -> String {
     let position = position.min(text.len());
     let mut start = position.saturating_sub(60);

@@ -11,14 +11,21 @@ use crate::score::text::is_call_name;
 /// The five built-in tools: the key used in configs and `--tools`, and the name used in calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ToolKind {
+    /// "calculator" / "Calculator": arithmetic (`+ - * /`, parentheses).
     Calculator,
+    /// "calendar" / "Calendar": the document's date, else `[tools.calendar] date` ("Today is
+    /// Monday, January 30, 2023.").
     Calendar,
+    /// "wikisearch" / "WikiSearch": BM25 search over a local index.
     WikiSearch,
+    /// "qa" / "QA": question answering, through an external command or HTTP service.
     Qa,
+    /// "mt" / "MT": machine translation, through an external command or HTTP service.
     Mt,
 }
 
 impl ToolKind {
+    /// The five, in their order (as `Ord` sorts them and summaries list them).
     pub const ALL: [ToolKind; 5] = [
         ToolKind::Calculator,
         ToolKind::Calendar,
@@ -73,7 +80,9 @@ impl ToolKind {
 /// Ordered built-ins first (in [`ToolKind::ALL`]'s order), then custom tools by name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ToolName {
+    /// One of the paper's five tools.
     Builtin(ToolKind),
+    /// A tool of the user's, by its call name (checked by [`ToolName::custom`]).
     Custom(String),
 }
 

@@ -53,16 +53,21 @@ const CHECK_LEN: usize = CHECK_KEY.len() + 8 + 2;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JournalEntry {
+    /// 1-based input line this entry finishes; entries are in strictly increasing order.
     pub line: u64,
     /// XXH3 of the corpus's bytes up to and including this line, as the run that wrote the
     /// entry read them (hex). A resumed run compares it with the corpus it reads, so entries made
     /// from text that has changed since are never trusted. (Absent in older journals.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub corpus_xxh3: Option<String>,
+    /// The line's C* record, when it was annotated; an entry holds exactly one of `doc` and
+    /// `reject`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub doc: Option<CStarRecord>,
+    /// Why the line was rejected (its "reason" in the rejects file), when it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reject: Option<String>,
+    /// The document's counters and stage seconds for the summary; written with `doc` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats: Option<DocStats>,
 }
@@ -130,9 +135,13 @@ struct Header {
 /// The files of one output: C*, rejects, summary, journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputPaths {
+    /// C*, as given (a sharded run's: `Shard::output_path` of `--out`).
     pub out: PathBuf,
+    /// The rejects file: `<stem>.rejects.jsonl` beside C* (stem: C*'s name less ".jsonl").
     pub rejects: PathBuf,
+    /// The summary: `<stem>.summary.json` beside C*.
     pub summary: PathBuf,
+    /// The journal, `<C* name>.partial`: present only while a run is in progress or resumable.
     pub journal: PathBuf,
 }
 

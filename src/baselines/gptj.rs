@@ -117,10 +117,12 @@ impl CandleGptj {
         })
     }
 
+    /// The configuration the model was built from.
     pub fn config(&self) -> &GptjConfig {
         &self.config
     }
 
+    /// Where its tensors live: always the CPU (`CandleGptj::new`).
     pub fn device(&self) -> &Device {
         &self.device
     }

@@ -59,7 +59,9 @@ pub(crate) fn padded_tokens(lengths: impl IntoIterator<Item = usize>, batch_size
 /// Which baseline a `BaselineScorer` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Baseline {
+    /// `naive_losses`: three full forwards per candidate over the whole text, full logits.
     Naive,
+    /// `tuned_losses`: cut, deduplicated, length-sorted sequences, the LM head at weighted rows.
     Tuned,
 }
 
@@ -72,6 +74,8 @@ pub struct BaselineScorer {
 }
 
 impl BaselineScorer {
+    /// Runs `baseline` on `model`, `batch_size` sequences per forward (0 makes every scoring
+    /// call fail with an input error).
     pub fn new(model: CandleGptj, baseline: Baseline, batch_size: usize) -> Self {
         BaselineScorer {
             model,
@@ -80,6 +84,7 @@ impl BaselineScorer {
         }
     }
 
+    /// The candle model it runs.
     pub fn model(&self) -> &CandleGptj {
         &self.model
     }

@@ -3,8 +3,6 @@
 //! segments, and the LM head only at weighted rows, fused with log-softmax and the target gather.
 //! Computes in f32 whatever the checkpoint's storage type.
 
-#![warn(missing_docs)]
-
 pub mod attention;
 pub mod decode;
 pub mod gemm;

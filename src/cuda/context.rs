@@ -61,9 +61,13 @@ pub const KERNELS_BUILT: bool = cfg!(toolsift_ptx);
 pub trait DeviceFloat:
     DeviceRepr + ValidAsZeroBits + BlasType + Copy + Default + Send + Sync + std::fmt::Debug + 'static
 {
+    /// The `CudaDType` this Rust type stores.
     const DTYPE: CudaDType;
+    /// Rounds an f32 to this type (round to nearest even, as the kernels' `from_f32`).
     fn from_f32(v: f32) -> Self;
+    /// Widens to f32 (exact).
     fn to_f32(self) -> f32;
+    /// This type's instantiation of a kernel exported for both (`k.bf16` or `k.f16`).
     fn pick(k: &PerType) -> &CudaFunction;
 }
 
@@ -96,11 +100,16 @@ impl DeviceFloat for f16 {
 /// Device storage precision of weights and of the activations that feed GEMMs and attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CudaDType {
+    /// bfloat16 (f32's 8-bit exponent, 8-bit significand): the default for every checkpoint not
+    /// stored as float16.
     BF16,
+    /// IEEE binary16 (11-bit significand, largest finite 65504): the default for float16
+    /// checkpoints.
     F16,
 }
 
 impl CudaDType {
+    /// Lower-case name, as in the kernels' symbol suffix and the logs: "bf16" or "f16".
     pub fn name(self) -> &'static str {
         match self {
             CudaDType::BF16 => "bf16",
@@ -119,25 +128,37 @@ impl CudaDType {
 
 /// A kernel exported for both 16-bit types.
 pub struct PerType {
+    /// `<name>_bf16`.
     pub bf16: CudaFunction,
+    /// `<name>_f16`.
     pub f16: CudaFunction,
 }
 
 /// Every kernel's function handle, loaded once per context.
 pub struct Kernels {
     ctx: Arc<CudaContext>,
+    /// kernels/embedding.cu (`embedding::embedding`).
     pub embedding: PerType,
+    /// kernels/layer_norm.cu (`layer_norm::layer_norm`).
     pub layer_norm: PerType,
+    /// kernels/rotary.cu (`rotary::rotary`).
     pub rotary: PerType,
+    /// kernels/gelu.cu (`gelu::gelu`).
     pub gelu: PerType,
+    /// kernels/tree_attention.cu's WMMA kernel with 16-byte row loads (`AttentionVariant::Vec`).
     pub tree_attention_vec: PerType,
+    /// kernels/tree_attention.cu's WMMA kernel with element loads (`AttentionVariant::Scalar`).
     pub tree_attention_scalar: PerType,
     /// `tree_attention_mma<HD_MAX>_{vec,scalar}`: [vec, scalar] x HD_MAX 64, 128, 256, loaded
     /// on first use (`Kernels::tree_attention_mma`): the mma attention is opt-in, so its PTX
     /// failing to load must not keep the default kernels from starting.
     tree_attention_mma: OnceLock<MmaKernels>,
+    /// kernels/decode_attention.cu: one block per (tile, head), made for decode steps'
+    /// single-query tiles.
     pub decode_attention: PerType,
+    /// kernels/lm_head_xent.cu's fused log-softmax and target gather (`lm_head_xent`); f32 only.
     pub lm_head_xent_f32: CudaFunction,
+    /// kernels/lm_head_xent.cu's full log-softmax rows for the sampling steps (`log_softmax`).
     pub log_softmax_f32: CudaFunction,
     // Keep the modules alive as long as the handles (CudaFunction also holds them; explicit here).
     // The lazily loaded mma module lives in its handles.
@@ -146,11 +167,17 @@ pub struct Kernels {
 
 /// A device, its stream, the kernels and cuBLASLt: everything a launcher needs.
 pub struct Gpu {
+    /// The CUDA context of the device (event tracking off: all work goes to `stream`).
     pub ctx: Arc<CudaContext>,
+    /// The one stream every launch, copy and GEMM of the backend is issued on, in order.
     pub stream: Arc<CudaStream>,
+    /// Every kernel's function handle.
     pub kernels: Kernels,
+    /// cuBLASLt on `stream`: the layer and LM-head GEMMs.
     pub blas: Blas,
+    /// The device's name, as the driver reports it (e.g. "NVIDIA H200").
     pub name: String,
+    /// Streaming multiprocessors on the device (sizes `gelu`'s grid cap).
     pub sm_count: u32,
     /// Largest dynamic shared memory a block may opt into (bytes).
     pub max_smem_optin: u32,

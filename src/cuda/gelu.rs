@@ -6,6 +6,7 @@ use super::context::{DeviceFloat, Gpu};
 use super::{check, need};
 use crate::error::{driver_err, Result};
 
+/// Threads per block of every gelu launch (the grid-stride loop does not depend on it).
 pub const BLOCK: u32 = 256;
 
 /// Grid sizes the launcher may pick: enough blocks to cover the elements, capped (grid-stride

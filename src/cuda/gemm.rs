@@ -31,20 +31,17 @@ const MAX_CACHED: usize = 4096;
 
 /// Element types cuBLASLt sees.
 pub trait BlasType {
+    /// cuBLASLt's name for the type (`CUDA_R_32F`, `CUDA_R_16BF`, `CUDA_R_16F`).
     const CUDA: sys::cudaDataType;
-    const SIZE: usize;
 }
 impl BlasType for f32 {
     const CUDA: sys::cudaDataType = sys::cudaDataType::CUDA_R_32F;
-    const SIZE: usize = 4;
 }
 impl BlasType for bf16 {
     const CUDA: sys::cudaDataType = sys::cudaDataType::CUDA_R_16BF;
-    const SIZE: usize = 2;
 }
 impl BlasType for f16 {
     const CUDA: sys::cudaDataType = sys::cudaDataType::CUDA_R_16F;
-    const SIZE: usize = 2;
 }
 
 fn blas_err(what: &str) -> impl FnOnce(lt::CublasError) -> Error + '_ {
@@ -116,6 +113,8 @@ fn alignment(ptr: u64) -> u32 {
 }
 
 impl Blas {
+    /// Creates the cuBLASLt handle and allocates its 32 MiB workspace on `stream`; every GEMM runs
+    /// on that stream. Fails with a backend error if either fails.
     pub fn new(stream: Arc<CudaStream>) -> Result<Self> {
         let handle = lt::create_handle().map_err(blas_err("creating the handle"))?;
         // SAFETY: u8 needs no initialisation; cuBLASLt treats the workspace as scratch.
@@ -129,8 +128,8 @@ impl Blas {
         })
     }
 
-    /// `out[m, n] = beta * out + a[m, k] @ w[n, k]^T`, row-major with row strides `lda`, `ldw`,
-    /// `ldo`; `beta` is 0 (overwrite) or 1 (accumulate: the fused residual add).
+    /// `out[m, n] = a[m, k] @ w[n, k]^T`, or `out += ...` with `accumulate` (the fused residual
+    /// add), row-major with row strides `lda`, `ldw`, `ldo`.
     #[allow(clippy::too_many_arguments)]
     pub fn linear<T: BlasType, O: BlasType>(
         &self,
@@ -232,9 +231,9 @@ impl Blas {
             c: std::ptr::null_mut(),
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
         };
-        let transa: i32 = 1; // CUBLAS_OP_T
-        let transb: i32 = 0; // CUBLAS_OP_N
-                             // SAFETY: attribute buffers are i32 as cuBLASLt documents for TRANSA / TRANSB.
+        // CUBLAS_OP_T for the weights, CUBLAS_OP_N for the activations.
+        let (transa, transb): (i32, i32) = (1, 0);
+        // SAFETY: attribute buffers are i32 as cuBLASLt documents for TRANSA / TRANSB.
         unsafe {
             lt::set_matmul_desc_attribute(
                 plan.desc,

@@ -10,6 +10,8 @@ use crate::error::{driver_err, Result};
 /// Block sizes the launcher may pick; the fuzz test runs every one.
 pub const BLOCK_CHOICES: [u32; 4] = [32, 128, 512, 1024];
 
+/// The launcher's block size for a vocabulary: 512 from 8192 entries up (GPT-J's 50400), 128
+/// below.
 pub fn default_block(vocab: usize) -> u32 {
     if vocab >= 8192 {
         512

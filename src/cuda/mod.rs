@@ -78,6 +78,8 @@ pub struct CudaOptions {
     /// Activation budget of one plan chunk in bytes; None: 90% of what is free after the weights,
     /// the LM head's scratch and 1 GiB held back (`RESERVE_BYTES`).
     pub memory_budget: Option<usize>,
+    /// LM-head rows computed at once (scoring and sampling heads): sizes the [rows, vocab] f32
+    /// logits scratch and its log-softmax twin. Default `DEFAULT_HEAD_CHUNK_ROWS`; 0 counts as 1.
     pub head_chunk_rows: usize,
     /// Pack small sibling subtrees into shared attention tiles (`TreeTiles::from_plan`).
     /// Off by default until the GPU suite has run with it (written after the last H200 run;
@@ -271,6 +273,8 @@ impl CudaScorer {
         &self.gpu
     }
 
+    /// The storage type the weights were uploaded in: `CudaOptions::dtype`, else f16 for float16
+    /// checkpoints and bf16 otherwise.
     pub fn dtype(&self) -> CudaDType {
         match self.weights {
             DeviceWeights::Bf16(_) => CudaDType::BF16,
@@ -278,6 +282,7 @@ impl CudaScorer {
         }
     }
 
+    /// Device bytes the uploaded weights hold (padded rows included; counted at upload).
     pub fn weights_bytes(&self) -> usize {
         match &self.weights {
             DeviceWeights::Bf16(w) => w.bytes,
@@ -477,6 +482,7 @@ impl CudaScorer {
             ld_out: ds,
         };
 
+        laps.mark(gpu, Stage::Setup)?;
         embedding::embedding(
             gpu,
             &t.ids.as_view(),
@@ -485,7 +491,7 @@ impl CudaScorer {
             &mut x.as_view_mut(),
             [n, d, ds, ds],
         )?;
-        laps.mark(gpu, Stage::Setup)?;
+        laps.mark(gpu, Stage::Elementwise)?;
         let mut pending_bias: Option<&CudaSlice<f32>> = None;
         for (l, blk) in w.h.iter().enumerate() {
             let _span = tracing::trace_span!("cuda_layer", l).entered();

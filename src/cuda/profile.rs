@@ -24,10 +24,17 @@ pub(crate) enum Stage {
 /// Seconds per stage, summed over a call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct StageSecs {
+    /// Allocation and zeroing of the activations, and the embedding kernel; for scoring also the
+    /// plan's uploads (tokens, positions, tiles) and its K/V cache.
     pub setup: f64,
+    /// The per-layer memory-bound kernels: ln_1, rotary and gelu.
     pub elementwise: f64,
+    /// The trunk's cuBLASLt GEMMs (qkv, fc_in, out_proj and fc_out).
     pub gemm: f64,
+    /// `tree_attention` or `decode_attention`, every layer.
     pub attention: f64,
+    /// Scoring's head: ln_f, the LM-head GEMMs, `lm_head_xent` and the copy of the log-probs to
+    /// the host (the sampling heads are not timed).
     pub head: f64,
 }
 

@@ -7,14 +7,21 @@ use super::context::{DeviceFloat, Gpu};
 use super::{check, need};
 use crate::error::{driver_err, Result};
 
+/// Threads per block of a rotary launch: one block per token, its threads striding over the
+/// token's n_embd columns (the kernel takes any multiple of 32).
 pub const BLOCK: u32 = 256;
 
 /// Shapes of a rotary launch.
 #[derive(Debug, Clone, Copy)]
 pub struct RotaryShape {
+    /// Tokens (rows of qkv and positions); the grid has one block per token.
     pub n: usize,
+    /// Attention heads; n_head * head_dim = n_embd.
     pub n_head: usize,
+    /// Dimensions per head.
     pub head_dim: usize,
+    /// Leading dimensions of each head that are rotated (even, <= head_dim); the cos/sin tables
+    /// have rotary_dim / 2 columns.
     pub rotary_dim: usize,
     /// Row stride of qkv (>= 3 * n_embd).
     pub ld_qkv: usize,

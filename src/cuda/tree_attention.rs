@@ -13,10 +13,14 @@ use crate::error::{driver_err, Result};
 use crate::plan::Plan;
 use crate::sample::kv_tree::Group;
 
-/// Query rows per tile (4 warps x 16) and keys per step: the attention kernels' tile contract
-/// (kernels/attention_tile.cuh).
+/// Query rows per tile (4 warps x 16): with `BN` and `THREADS`, the attention kernels' tile
+/// contract (kernels/attention_tile.cuh).
 pub const BM: usize = 64;
+/// Context keys (and values) a `tree_attention` / `tree_attention_mma` block gathers into shared
+/// memory per step.
 pub const BN: usize = 64;
+/// Threads per block of every attention kernel (`tree_attention`, `tree_attention_mma`,
+/// `decode_attention`): 4 warps.
 pub const THREADS: u32 = 128;
 
 /// The exported variants of the same contract: `Vec` and `Scalar` (kernels/tree_attention.cu,
@@ -26,9 +30,13 @@ pub const THREADS: u32 = 128;
 /// aligned buffers), the scalar ones element by element (any shape).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionVariant {
+    /// `tree_attention_vec_<T>` (WMMA), 16-byte row gathers: the default where `vec_allowed`.
     Vec,
+    /// `tree_attention_scalar_<T>` (WMMA), element-wise gathers: any shape and alignment.
     Scalar,
+    /// `tree_attention_mma<HD_MAX>_vec_<T>` (mma.sync), 16-byte row gathers.
     MmaVec,
+    /// `tree_attention_mma<HD_MAX>_scalar_<T>` (mma.sync), element-wise gathers.
     MmaScalar,
 }
 
@@ -44,10 +52,12 @@ impl AttentionVariant {
         }
     }
 
+    /// Whether this is a `tree_attention_mma` kernel (loaded on first use, head_dim <= 256).
     pub fn is_mma(self) -> bool {
         matches!(self, AttentionVariant::MmaVec | AttentionVariant::MmaScalar)
     }
 
+    /// Whether the kernel gathers rows as 16-byte vectors (only where `vec_allowed`).
     pub fn loads_vectors(self) -> bool {
         matches!(self, AttentionVariant::Vec | AttentionVariant::MmaVec)
     }
@@ -107,7 +117,9 @@ pub struct TreeTiles {
     pub tiles: Vec<u32>,
     /// `[n_tiles]`: offset of the tile's context map in `ctx_tokens`.
     pub tile_ctx: Vec<u64>,
-    /// Per segment: the flat token index of each context position (ancestors, then itself).
+    /// The context maps, one per segment or packed tile (shared by a segment's tiles), at
+    /// `tile_ctx`: the flat token index of each context position (ancestors, then the segment's
+    /// or tile's own tokens); a packed tile's map is followed by its rows' masks (two u32 each).
     pub ctx_tokens: Vec<u32>,
     /// One past the largest query token index.
     pub q_rows: usize,
@@ -254,10 +266,13 @@ impl TreeTiles {
         self.tiles.chunks(4).all(|t| t[1] == 1)
     }
 
+    /// Query tiles: the attention grid's x dimension.
     pub fn n_tiles(&self) -> usize {
         self.tile_ctx.len()
     }
 
+    /// Copies the tiles and context maps to the device (an empty array as one zero element:
+    /// zero-length allocations are refused); fails if an allocation or copy does.
     pub fn upload(&self, gpu: &Gpu) -> Result<DeviceTiles> {
         let s = &gpu.stream;
         // Zero-length device buffers are not allocatable; keep one element.
@@ -286,11 +301,19 @@ impl TreeTiles {
 
 /// `TreeTiles` on the device.
 pub struct DeviceTiles {
+    /// `TreeTiles::tiles`: [n_tiles, 4] u32 (first query, query count, context position of the
+    /// first query, packed flag).
     pub tiles: CudaSlice<u32>,
+    /// `[n_tiles]` u64: offset of each tile's context map in `ctx_tokens`.
     pub tile_ctx: CudaSlice<u64>,
+    /// The context maps: K/V row of every context position (then, for a packed tile, each row's
+    /// 64-bit mask as two u32, low first).
     pub ctx_tokens: CudaSlice<u32>,
+    /// Tiles in `tiles` (0 for an empty upload, whose arrays hold one padding element).
     pub n_tiles: usize,
+    /// One past the largest query row the tiles name: the rows q and out must hold.
     pub q_rows: usize,
+    /// One past the largest K/V row the context maps name: the rows k and v must hold.
     pub kv_rows: usize,
     /// Whether any tile is packed (`tree_attention` only; `decode_attention` refuses them).
     pub packed: bool,
@@ -299,7 +322,10 @@ pub struct DeviceTiles {
 /// Shapes of an attention launch.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
+    /// Attention heads: the grid's y dimension.
     pub n_head: usize,
+    /// Dimensions per head (scores are scaled by 1/sqrt(head_dim)); sets the shared memory a
+    /// block needs, which must fit the device (the mma variants: head_dim <= 256).
     pub head_dim: usize,
     /// Row stride of q, k and v.
     pub ld: usize,

@@ -11,27 +11,46 @@ use crate::error::{driver_err, Result};
 use crate::model::weights::{GptjWeights, LayerNormWeights};
 use crate::model::{GptjConfig, Tensor};
 
+/// A LayerNorm's parameters on the device, in f32.
 pub struct CudaLayerNorm {
-    pub weight: CudaSlice<f32>, // [n_embd]
-    pub bias: CudaSlice<f32>,   // [n_embd]
+    /// Scale (gamma), `[n_embd]`.
+    pub weight: CudaSlice<f32>,
+    /// Shift (beta), `[n_embd]`.
+    pub bias: CudaSlice<f32>,
 }
 
+/// One transformer block's weights on the device: matrices in T as [out, stride(in)] (PyTorch's
+/// [out, in], rows zero-padded), biases in f32.
 pub struct CudaBlock<T> {
+    /// ln_1, applied before both attention and the MLP (GPT-J's parallel residual).
     pub ln_1: CudaLayerNorm,
-    pub qkv: CudaSlice<T>, // [3 * n_embd, stride(n_embd)]: q_proj, k_proj, v_proj rows
-    pub out_proj: CudaSlice<T>, // [n_embd, stride(n_embd)]
-    pub fc_in: CudaSlice<T>, // [n_inner, stride(n_embd)]
-    pub fc_in_b: CudaSlice<f32>, // [n_inner]
-    pub fc_out: CudaSlice<T>, // [n_embd, stride(n_inner)]
-    pub fc_out_b: CudaSlice<f32>, // [n_embd]
+    /// [3 * n_embd, stride(n_embd)]: q_proj, k_proj, v_proj rows stacked (no biases in GPT-J).
+    pub qkv: CudaSlice<T>,
+    /// [n_embd, stride(n_embd)]: the attention output projection (no bias).
+    pub out_proj: CudaSlice<T>,
+    /// [n_inner, stride(n_embd)]: the MLP's input projection.
+    pub fc_in: CudaSlice<T>,
+    /// `[n_inner]`: fc_in's bias, added by the gelu kernel.
+    pub fc_in_b: CudaSlice<f32>,
+    /// [n_embd, stride(n_inner)]: the MLP's output projection.
+    pub fc_out: CudaSlice<T>,
+    /// `[n_embd]`: fc_out's bias, added to the residual stream by the next LayerNorm (the next
+    /// block's ln_1, or ln_f).
+    pub fc_out_b: CudaSlice<f32>,
 }
 
+/// GPT-J's weights on the device, in storage type T (bf16 or f16).
 pub struct CudaWeights<T> {
-    pub wte: CudaSlice<T>, // [vocab_size, stride(n_embd)]
+    /// Token embeddings, [vocab_size, stride(n_embd)].
+    pub wte: CudaSlice<T>,
+    /// The blocks, in layer order.
     pub h: Vec<CudaBlock<T>>,
+    /// The final LayerNorm, before the LM head.
     pub ln_f: CudaLayerNorm,
-    pub lm_head: CudaSlice<T>,     // [vocab_size, stride(n_embd)]
-    pub lm_head_b: CudaSlice<f32>, // [vocab_size]
+    /// LM head, [vocab_size, stride(n_embd)].
+    pub lm_head: CudaSlice<T>,
+    /// LM head bias, `[vocab_size]` (zeros when the model has none).
+    pub lm_head_b: CudaSlice<f32>,
     /// Device bytes held.
     pub bytes: usize,
 }
@@ -84,6 +103,8 @@ fn upload_ln(gpu: &Gpu, l: &LayerNormWeights, bytes: &mut usize) -> Result<CudaL
 }
 
 impl<T: DeviceFloat> CudaWeights<T> {
+    /// Uploads `w`: matrices rounded to T on the host (to nearest), LayerNorms and biases in f32.
+    /// Fails if a block's fc_in or fc_out has no bias, or an allocation or copy fails.
     pub fn new(gpu: &Gpu, config: &GptjConfig, w: &GptjWeights) -> Result<Self> {
         let _span = tracing::info_span!("cuda_upload_weights", dtype = T::DTYPE.name()).entered();
         let (d, f, vocab) = (config.n_embd, config.inner_dim(), config.vocab_size);

@@ -71,10 +71,15 @@ pub fn demo_config() -> Result<AnnotateConfig> {
 /// The sampling and filter knobs of one demo tool.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Knobs {
+    /// The tool; its knobs go under `[per_tool.<key>]` (`ToolKind::key`).
     pub tool: ToolKind,
+    /// Position threshold: positions whose p("[") + p(" [") is above it are kept (`tau_s`).
     pub tau_s: f64,
+    /// At most this many of those positions per text, the most probable (`k`).
     pub k: usize,
+    /// Calls sampled per position (`m`).
     pub m: usize,
+    /// Filter threshold: a call is kept iff L- - L+ >= tau_f (`tau_f`).
     pub tau_f: f64,
 }
 

@@ -28,16 +28,23 @@ use crate::annotate::tool_kind::ToolKind;
 use crate::annotate::tools::{evaluate, format_result, Date};
 use crate::util::rng::Rng;
 
-/// What a document is for.
+/// What a document is for. Any kind may end with one more sentence without numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DocKind {
+    /// One or two sentences whose last number is the result of arithmetic on numbers written
+    /// before it: one Calculator site per sentence.
     Arithmetic,
+    /// A sentence stating the document's weekday, month or year: one Calendar site.
     Calendar,
+    /// Three numbers, none the sum, difference, product, quotient or percentage of two earlier
+    /// ones: no site, so a kept Calculator call there is a false positive.
     Control,
+    /// A sentence without numbers: no site.
     Plain,
 }
 
 impl DocKind {
+    /// The name in a corpus line's "kind": "arithmetic", "calendar", "control" or "plain".
     pub fn name(self) -> &'static str {
         match self {
             DocKind::Arithmetic => "arithmetic",
@@ -47,6 +54,7 @@ impl DocKind {
         }
     }
 
+    /// The kind whose [`name`](Self::name) is `name` (exactly, lowercase); None for any other.
     pub fn from_name(name: &str) -> Option<Self> {
         [
             DocKind::Arithmetic,
@@ -62,6 +70,8 @@ impl DocKind {
 /// A place where a call helps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Site {
+    /// The tool whose call belongs here: Calculator or Calendar (the corpus line's "tool" is
+    /// its key, "calculator" or "calendar").
     pub tool: ToolKind,
     /// Byte offset where the call is spliced: the space before the answer (the annotate driver
     /// puts a call before the whitespace that precedes a word).
@@ -127,11 +137,16 @@ pub fn number_after(text: &str, position: usize) -> Option<f64> {
 /// One generated document.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DemoDoc {
+    /// `demo-<seed>-<i>`, i the 0-based place in the generated set (the corpus line's "id").
     pub id: String,
+    /// What the document is for (the corpus line's "kind", as [`DocKind::name`]).
     pub kind: DocKind,
+    /// The text annotate reads (the corpus line's "text"); the sites' offsets are bytes into it.
     pub text: String,
     /// The date the document was written (the Calendar tool's answer).
     pub date: Date,
+    /// Where calls belong, in text order; empty for control and plain documents (the corpus
+    /// line's "sites", without `answer_offset`, which is always `offset + 1`).
     pub sites: Vec<Site>,
 }
 

@@ -27,6 +27,8 @@ pub const RECALL_TARGET: f64 = 0.5;
 /// Control rate target (at most).
 pub const CONTROL_TARGET: f64 = 0.05;
 
+/// The Calculator's metrics: precision, site recall and control rate, with the counts behind
+/// them (eval.json's "metrics"."calculator").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CalculatorMetrics {
     /// Kept Calculator calls.
@@ -49,6 +51,7 @@ pub struct CalculatorMetrics {
     pub control_rate: Option<f64>,
 }
 
+/// The Calendar's counts and site recall (eval.json's "metrics"."calendar"); it has no target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CalendarMetrics {
     /// Kept Calendar calls.
@@ -61,6 +64,7 @@ pub struct CalendarMetrics {
     pub recall: Option<f64>,
 }
 
+/// What [`evaluate`] measures of one C* against its set (eval.json's "metrics").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Metrics {
     /// Documents of the set.
@@ -69,7 +73,9 @@ pub struct Metrics {
     pub records: u64,
     /// C* records whose id is not a document of the set (should be 0).
     pub unmatched_records: u64,
+    /// Kept Calculator calls against the arithmetic sites and the control documents.
     pub calculator: CalculatorMetrics,
+    /// Kept Calendar calls against the calendar sites.
     pub calendar: CalendarMetrics,
 }
 
@@ -179,11 +185,15 @@ pub fn evaluate(docs: &[DemoDoc], records: &[CStarRecord]) -> Metrics {
 /// One target and whether the run meets it (a metric without a value misses).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TargetCheck {
+    /// Which metric: "calculator_precision", "site_recall" or "control_rate".
     pub metric: String,
+    /// Its value in this run; None when it has no denominator (e.g. nothing kept).
     pub value: Option<f64>,
     /// ">=" or "<=".
     pub op: String,
+    /// The bound (`PRECISION_TARGET`, `RECALL_TARGET` or `CONTROL_TARGET`).
     pub target: f64,
+    /// Whether `value op target` holds; false without a value.
     pub pass: bool,
 }
 
@@ -216,9 +226,13 @@ pub fn targets(m: &Metrics) -> Vec<TargetCheck> {
 /// Calls per tool, from the run's summary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCounts {
+    /// The tool's name as the summary writes it ("Calculator").
     pub tool: String,
+    /// Calls sampled (the summary's `calls_sampled`).
     pub sampled: u64,
+    /// Calls executed (`calls_executed`).
     pub executed: u64,
+    /// Calls kept by the filter (`calls_kept`).
     pub kept: u64,
 }
 
@@ -227,12 +241,16 @@ pub struct ToolCounts {
 pub struct EvalReport {
     /// Seed of the generated set.
     pub seed: u64,
+    /// The metrics of the C* against the set's sites ([`evaluate`]).
     pub metrics: Metrics,
+    /// Calls per tool, in the summary's order.
     pub tools: Vec<ToolCounts>,
+    /// The three targets ([`targets`]), in the order precision, recall, control rate.
     pub targets: Vec<TargetCheck>,
     /// Seconds of the annotate run (its summary's wall time).
     pub annotate_secs: f64,
-    /// Seconds of the whole command (materializing, generating, model load, annotate, metrics).
+    /// Seconds of the whole command (materializing, model load, generating the set, annotate,
+    /// metrics, and the tool-use comparison when it runs).
     pub wall_secs: f64,
     /// The C* file evaluated.
     pub cstar: String,
@@ -242,6 +260,9 @@ pub struct EvalReport {
 }
 
 impl EvalReport {
+    /// The report of a run: `targets` from `metrics`, the per-tool counts and `annotate_secs`
+    /// from `summary`, `cstar` as `Path::display` writes it; `tool_use` is None (the caller
+    /// sets it).
     pub fn new(
         seed: u64,
         metrics: Metrics,

@@ -23,6 +23,7 @@ use crate::util::fs::write_atomic;
 /// What `annotate --demo` takes.
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
+    /// The backend for sampling and scoring (`--device`); opened before anything is removed.
     pub device: Device,
     /// Base seed; None: the embedded settings' seed.
     pub seed: Option<u64>,
@@ -32,6 +33,7 @@ pub struct DemoOptions {
     pub tools: Option<Vec<ToolKind>>,
     /// The C* file; rejects and summary go next to it. An earlier C* there is replaced.
     pub out: PathBuf,
+    /// Show progress bars (false with `--no-progress`).
     pub progress: bool,
 }
 
@@ -48,6 +50,10 @@ pub struct DemoRun {
 }
 
 impl DemoRun {
+    /// Writes or reuses the assets, loads the model, opens the engine, checks the tools and
+    /// `out`, then removes an earlier finished output at `out` (listed in `replaced`). Fails
+    /// before anything is removed when one of those cannot be done or a file at `out` is not
+    /// toolsift's (`remove_previous_output`).
     pub fn prepare(options: DemoOptions) -> Result<Self> {
         let opened = Opened::new(options.seed, options.device)?;
         let corpus = match options.docs {
@@ -78,6 +84,8 @@ impl DemoRun {
         &self.job.out
     }
 
+    /// Annotates the corpus into the C* file (resuming from the journal an interrupted demo
+    /// run left there) and returns how the run ended.
     pub fn run(self) -> Result<RunOutcome> {
         self.opened.run(&self.job)
     }
@@ -90,19 +98,23 @@ pub struct EvalOptions {
     pub seed: u64,
     /// Documents in the set.
     pub docs: usize,
+    /// The backend for sampling, scoring and generation (`--device`).
     pub device: Device,
     /// Folder for the set (corpus.jsonl), its C* (cstar.jsonl, replaced) and eval.json.
     pub out_dir: PathBuf,
     /// Also compare generation with and without tools on the set's arithmetic prompts.
     pub tool_use: bool,
+    /// Show progress bars (false with `--no-progress`).
     pub progress: bool,
 }
 
 /// `eval-demo`, ready to run: the set generated and written.
 pub struct EvalRun {
+    /// The materialized assets: model, tokenizer, corpus.jsonl, annotate.toml.
     pub assets_dir: PathBuf,
     /// The generated set, written as JSONL.
     pub corpus: PathBuf,
+    /// Earlier output files removed to make way for this run (C*, rejects, summary, journal).
     pub replaced: Vec<PathBuf>,
     docs: Vec<DemoDoc>,
     options: EvalOptions,
@@ -115,12 +127,18 @@ pub struct EvalRun {
 pub struct EvalOutcome {
     /// The annotate run's summary.
     pub summary: Summary,
+    /// The metrics, targets and timings (what `--json` prints).
     pub report: EvalReport,
     /// Where the report was written (eval.json).
     pub report_path: PathBuf,
 }
 
 impl EvalRun {
+    /// Writes or reuses the assets, loads the model, opens the engine, generates the set and
+    /// writes it to `<out_dir>/corpus.jsonl`, after removing an earlier C* there (listed in
+    /// `replaced`). Fails before any file in `out_dir` is written or removed when `out_dir` is
+    /// not a folder, its corpus.jsonl or eval.json is not eval-demo's, or a C* file there is not
+    /// toolsift's (`remove_previous_output`).
     pub fn prepare(options: EvalOptions) -> Result<Self> {
         let started = Instant::now();
         // One model and engine for the annotate run and the generation comparison after it.
@@ -169,6 +187,7 @@ impl EvalRun {
         self.docs.len()
     }
 
+    /// Seed of the set (`EvalOptions::seed`).
     pub fn seed(&self) -> u64 {
         self.options.seed
     }

@@ -24,7 +24,10 @@ use super::corpus::{number_after, DemoDoc};
 /// One prompt and the number that should follow it.
 #[derive(Debug, Clone)]
 pub struct ArithmeticPrompt {
+    /// The document's text up to the site, without the space before the answer; id
+    /// `<document id>#<k>` (its k-th calculator site), and the document's date.
     pub prompt: Prompt,
+    /// The number the document writes at the site, as written ("20").
     pub answer: String,
 }
 
@@ -72,20 +75,28 @@ pub fn answer_in(completion: &str) -> Option<f64> {
 /// Correct answers with and without tools, on the same prompts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolUseReport {
+    /// Prompts, each generated once with tools and once without.
     pub prompts: usize,
+    /// Completions with tools whose first number outside calls is the answer.
     pub correct_with_tools: usize,
+    /// The same with calls disabled (`max_calls` 0).
     pub correct_without_tools: usize,
-    /// Completions (with tools) that made a call, and those whose call returned a result.
+    /// Completions (with tools) that made a call.
     pub calls_made: usize,
+    /// Completions (with tools) with a call that returned a non-empty result.
     pub calls_with_result: usize,
+    /// correct_with_tools / prompts (0 without prompts).
     pub accuracy_with_tools: f64,
+    /// correct_without_tools / prompts (0 without prompts).
     pub accuracy_without_tools: f64,
+    /// Wall seconds of both generation passes and the counting.
     pub secs: f64,
     /// A few completions with tools, for the eye: (prompt, completion, answer).
     pub examples: Vec<(String, String, String)>,
 }
 
 impl ToolUseReport {
+    /// The line `eval-demo` prints under its table (newline-terminated).
     pub fn render(&self) -> String {
         format!(
             "tool use (generate, greedy, same {} arithmetic prompts): with tools {}/{} correct \

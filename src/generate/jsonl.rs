@@ -26,11 +26,15 @@ use crate::util::jsonl::JsonlLines;
 /// What a run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GenerateSummary {
+    /// Input lines answered by this call (lines skipped by a resumed run not counted).
     pub lines: usize,
+    /// Of those, the lines answered with a completion.
     pub generated: usize,
+    /// Of those, the lines answered with an error line (unusable line or prompt, failed batch).
     pub failed: usize,
-    /// Calls started, and those executed with a result.
+    /// Calls started in the completions, whatever their status.
     pub calls: usize,
+    /// Of those, the calls executed with a result (`CallStatus::Ok`).
     pub calls_ok: usize,
 }
 

@@ -104,6 +104,7 @@ impl GenerateOptions {
 /// One prompt and the document context its tool calls see.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Prompt {
+    /// The prompt text the completion continues (the JSONL input's "prompt").
     pub text: String,
     /// Passed to tools as `DocContext::id`.
     pub id: String,
@@ -114,6 +115,7 @@ pub struct Prompt {
 }
 
 impl Prompt {
+    /// A prompt of `text` with no id, URL or date.
     pub fn new(text: impl Into<String>) -> Self {
         Prompt {
             text: text.into(),
@@ -159,6 +161,7 @@ pub struct CallRecord {
     pub input: String,
     /// The spliced result ("" when none was).
     pub result: String,
+    /// How the call ended (JSON: "ok", "tool_error", "unknown_tool", ...).
     pub status: CallStatus,
     /// Why there is no result, when there is none.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -180,7 +183,9 @@ pub enum Finish {
 pub struct Generation {
     /// The decoded completion tokens (calls and results included).
     pub completion: String,
+    /// Every call the model started, in completion order, whatever its status.
     pub calls: Vec<CallRecord>,
+    /// Why the completion ended: end-of-text or the length cap.
     pub finish: Finish,
     /// The completion's token ids.
     #[serde(skip)]

@@ -1,7 +1,5 @@
 //! GPT-J as stored on disk: config.json, weights (safetensors or pytorch_model.bin), tokenizer.json.
 
-#![warn(missing_docs)]
-
 pub mod checkpoint;
 pub mod config;
 pub mod rotary;

@@ -14,8 +14,6 @@
 //! Weighted targets name the row whose hidden state predicts them; the LM head runs only at the
 //! unique such rows, and each target adds `weight * log p(token | row)` into its (candidate, variant).
 
-#![warn(missing_docs)]
-
 use rustc_hash::FxHashMap;
 
 use crate::score::{variant_sequence, ScoreOptions, TokenCandidate, Variant};

@@ -7,8 +7,6 @@
 //! Against the float64 golden fixtures it agrees to ~1e-12: the rotary table, the attention
 //! scores and the softmax are all f64 (stock transformers builds the rotary table in f32).
 
-#![warn(missing_docs)]
-
 use crate::model::weights::{GptjWeights, LayerNormWeights, Linear};
 use crate::model::GptjConfig;
 

@@ -10,8 +10,6 @@
 //!   positions) sampled off the KV that the log-probs were computed with, so P(x) ++ x is
 //!   computed once per document and tool.
 
-#![warn(missing_docs)]
-
 pub(crate) mod batch;
 pub(crate) mod cached;
 pub mod kv_tree;

@@ -10,8 +10,6 @@
 //! This module defines candidates, variants, placements and the sequences each variant scores
 //! (`variant_sequence`: the specification every backend must match). Backends implement `Scorer`.
 
-#![warn(missing_docs)]
-
 pub mod candidate;
 pub mod jsonl;
 pub mod reference;

@@ -1,7 +1,5 @@
 //! Small helpers shared by several modules.
 
-#![warn(missing_docs)]
-
 pub mod fs;
 pub mod json;
 pub mod jsonl;

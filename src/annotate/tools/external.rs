@@ -1100,7 +1100,10 @@ mod tests {
             .with_timeout(Duration::from_millis(100))
             .with_retries(1);
         let err = run(&tool, "x").unwrap_err();
-        assert_eq!(err.to_string(), "timed out after 100ms (each of 2 tries)");
+        assert_eq!(
+            err.to_string(),
+            "timed out after 100ms (the last of 2 tries)"
+        );
     }
 
     #[test]

@@ -59,15 +59,21 @@ pub enum ToolError {
     /// The tool ran but has no result (no hit, division by zero, service error, ...).
     #[error("{0}")]
     Failed(String),
-    /// The tool did not answer within its time limit, on each of `tries` attempts.
+    /// The tool did not answer within its time limit on its last attempt (of `tries`).
     #[error("timed out after {after:?}{}", after_tries(*.tries))]
-    Timeout { after: Duration, tries: u32 },
+    Timeout {
+        /// The time limit of one attempt (an external tool's `timeout_ms`).
+        after: Duration,
+        /// Attempts made, the last of which timed out (1: the call was not retried).
+        tries: u32,
+    },
 }
 
-/// " (each of N tries)" when a call was retried, else nothing.
+/// " (the last of N tries)" when a call was retried, else nothing (an earlier try may have
+/// failed otherwise, e.g. a refused connection, and been retried).
 fn after_tries(tries: u32) -> String {
     if tries > 1 {
-        format!(" (each of {tries} tries)")
+        format!(" (the last of {tries} tries)")
     } else {
         String::new()
     }

@@ -11,20 +11,23 @@ use super::{encode_pieces, TrainModel, TrainOptions};
 /// The reference check's result: candle's log-probs against the f64 oracle's.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReferenceCheck {
+    /// Sequences compared.
     pub sequences: usize,
     /// Positions compared, each over all vocab_size ids.
     pub positions: usize,
     /// max |log p candle - log p f64| over every position and id.
     pub max_abs_diff: f64,
-    /// Where it is: (sequence, position, id) and the f64 log p there.
+    /// Where it is: (sequence, position, id), all 0-based.
     pub worst: (usize, usize, u32),
+    /// The f64 log p at `worst`.
     pub worst_log_p: f64,
     /// The same maximum over the entries with an f64 log p >= -20 (the ids a sampler can draw):
     /// f32 rounding grows with |log p|, so the improbable ids carry the largest differences.
     pub max_abs_diff_likely: f64,
     /// For scale: max |log p - log p f64| of toolsift's own f32 CPU engine (`cpu::CpuScorer`) on
-    /// the same folder and sequences, and max |log p candle - log p engine|.
+    /// the same folder and sequences.
     pub engine_vs_reference: f64,
+    /// max |log p candle - log p engine| over the same entries.
     pub candle_vs_engine: f64,
 }
 
@@ -90,8 +93,8 @@ pub fn check_against_reference(
         for (i, (row, erow)) in c.iter().zip(&e).enumerate() {
             for ((a, b), x) in row.iter().zip(r.row(i)).zip(erow) {
                 let (a, x) = (*a as f64, *x as f64);
-                check.engine_vs_reference = check.engine_vs_reference.max((x - b).abs());
-                check.candle_vs_engine = check.candle_vs_engine.max((a - x).abs());
+                check.engine_vs_reference = worst_of(check.engine_vs_reference, (x - b).abs());
+                check.candle_vs_engine = worst_of(check.candle_vs_engine, (a - x).abs());
             }
             for (id, (a, b)) in row.iter().zip(r.row(i)).enumerate() {
                 let d = (*a as f64 - b).abs();
@@ -102,13 +105,23 @@ pub fn check_against_reference(
                     check.worst_log_p = *b;
                 }
                 if *b >= -20.0 {
-                    check.max_abs_diff_likely = check.max_abs_diff_likely.max(d);
+                    check.max_abs_diff_likely = worst_of(check.max_abs_diff_likely, d);
                 }
             }
         }
         check.positions += s.len();
     }
     Ok(check)
+}
+
+/// The larger of a running worst difference and a new one, NaN counting as infinite (`f64::max`
+/// would drop it, hiding a NaN from the figures).
+fn worst_of(worst: f64, d: f64) -> f64 {
+    if d.is_nan() {
+        f64::INFINITY
+    } else {
+        worst.max(d)
+    }
 }
 
 /// Checks an existing model folder (one `train-demo` wrote, or any GPT-J folder with a
@@ -127,4 +140,16 @@ pub fn check_folder(dir: &Path, o: &TrainOptions) -> Result<ReferenceCheck> {
     }
     seqs.truncate(o.check_sequences.max(1));
     check_against_reference(dir, &model, &seqs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worst_of;
+
+    #[test]
+    fn a_nan_difference_is_the_worst_and_stays_so() {
+        let worst = [0.5, f64::NAN, 2.0].into_iter().fold(0.0, worst_of);
+        assert_eq!(worst, f64::INFINITY);
+        assert_eq!([0.5, 2.0, 1.0].into_iter().fold(0.0, worst_of), 2.0);
+    }
 }

@@ -8,12 +8,16 @@ use crate::util::rng::Rng;
 
 /// One padded batch: ids [B, T] (u32, right-padded), the flat rows that predict and their targets.
 pub struct Batch {
+    /// `[B, T]` u32: each sequence without its last token, right-padded with the pad id to T,
+    /// the longest of those inputs.
     pub ids: Tensor,
     /// Flat indices into `[B * T]` of the positions that have a next token: `[M]` u32.
     pub rows: Tensor,
     /// The next token of each of those positions: `[M]` u32.
     pub targets: Tensor,
+    /// M: the predicted positions (targets) of the batch, padding excluded.
     pub tokens: usize,
+    /// T: input tokens per row, padding included.
     pub padded_len: usize,
 }
 

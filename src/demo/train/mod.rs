@@ -58,30 +58,44 @@ pub struct TrainOptions {
     pub data_seed: u64,
     /// Documents asked of the corpus generator.
     pub docs: usize,
+    /// Optimizer steps (default 3000); a new epoch is shuffled whenever the batches run out.
     pub steps: usize,
+    /// Sequences per batch (default 32).
     pub batch: usize,
     /// Peak learning rate (AdamW), reached after `warmup` steps, then cosine decay to
     /// `final_lr_frac * lr` at the last step.
     pub lr: f64,
+    /// Steps of linear warmup, from `lr / warmup` at step 0 to `lr` (default 100; 0: none).
     pub warmup: usize,
+    /// Floor of the cosine decay as a fraction of `lr` (default 0.1).
     pub final_lr_frac: f64,
     /// Decoupled weight decay on matrices and embeddings (not on biases and LayerNorms).
     pub weight_decay: f64,
+    /// AdamW's first-moment decay (default 0.9; no `train-demo` flag).
     pub beta1: f64,
+    /// AdamW's second-moment decay (default 0.98; no `train-demo` flag).
     pub beta2: f64,
+    /// AdamW's epsilon (default 1e-8; no `train-demo` flag).
     pub adam_eps: f64,
     /// Clip the global gradient norm to this (0 = no clipping).
     pub grad_clip: f64,
     /// Tokenizer size asked of the BPE trainer, `<|endoftext|>` included.
     pub vocab_size: usize,
+    /// Transformer blocks (default 4).
     pub n_layer: usize,
+    /// Hidden size (default 128); head_dim is `n_embd / n_head`.
     pub n_embd: usize,
+    /// Attention heads (default 4).
     pub n_head: usize,
+    /// Dims of each head that rotary rotates, from the first (default 16).
     pub rotary_dim: usize,
+    /// Context length (default 256); longer training sequences are cut to it.
     pub n_positions: usize,
     /// Documents per bucket of the batcher are `batch * bucket_batches`: a bucket is sorted by
     /// length and cut into batches, so a batch pads little.
     pub bucket_batches: usize,
+    /// A `LogEntry` and a progress line every this many steps and at the last step (default
+    /// 50; 0 counts as 1).
     pub log_every: usize,
     /// Training sequences checked against the f64 reference after training.
     pub check_sequences: usize,
@@ -157,46 +171,75 @@ pub struct LogEntry {
     pub step: usize,
     /// Mean loss of the steps since the previous entry.
     pub loss: f64,
+    /// Learning rate of the entry's last step.
     pub lr: f64,
+    /// Global gradient norm of the entry's last step, before clipping.
     pub grad_norm: f64,
-    /// Mean wall seconds per step since the previous entry, and by phase.
+    /// Mean wall seconds per step since the previous entry.
     pub step_s: f64,
+    /// Mean seconds per step by phase since the previous entry.
     pub phases: PhaseTimes,
-    /// Mean padded length and real tokens per batch since the previous entry.
+    /// Mean padded length (input tokens per row) of the batches since the previous entry.
     pub padded_len: f64,
+    /// Mean predicted tokens (padding excluded) per batch since the previous entry.
     pub tokens: f64,
 }
 
+/// The training data after tokenization (training.json's "data").
 #[derive(Debug, Clone, Serialize)]
 pub struct DataStats {
+    /// Documents asked of the corpus generator (`TrainOptions::docs`).
     pub docs: usize,
+    /// Training sequences kept (two per document, less `dropped_short`).
     pub sequences: usize,
+    /// Sequences left out for having fewer than 2 tokens.
     pub dropped_short: usize,
+    /// Sequences cut to `n_positions` tokens.
     pub truncated: usize,
+    /// Tokens of the kept sequences, after cutting.
     pub tokens: usize,
+    /// Mean tokens per kept sequence.
     pub mean_len: f64,
+    /// Tokens of the longest kept sequence.
     pub max_len: usize,
+    /// Ids of the trained tokenizer, `<|endoftext|>` included (before the vocabulary is padded
+    /// to a multiple of 8).
     pub tokenizer_size: usize,
+    /// The `<|endoftext|>` id, also the padding id.
     pub eot_id: u32,
 }
 
 /// training.json: what was run and what came out.
 #[derive(Debug, Clone, Serialize)]
 pub struct TrainReport {
+    /// The command line as given to `run` (`train-demo` passes its own: program and arguments
+    /// joined by spaces).
     pub command: String,
+    /// `TrainOptions::seed`.
     pub seed: u64,
+    /// `TrainOptions::steps`.
     pub steps: usize,
+    /// `TrainOptions::threads`.
     pub threads: usize,
+    /// Every option of the run.
     pub options: TrainOptions,
+    /// The model's config, as written to config.json.
     pub config: GptjConfig,
+    /// Parameters of the model (`GptjConfig::n_params`).
     pub n_params: usize,
+    /// The training data's statistics.
     pub data: DataStats,
+    /// One entry every `log_every` steps and one at the last step.
     pub losses: Vec<LogEntry>,
     /// The loss of every step, in order (for determinism checks).
     pub step_losses: Vec<f32>,
+    /// Seconds for the corpus, the tokenizer's training and the tokenization of the sequences.
     pub tokenizer_s: f64,
+    /// Seconds of the training loop.
     pub train_s: f64,
+    /// `train_s / steps`.
     pub mean_step_s: f64,
+    /// Seconds of the whole run up to writing training.json, the reference check included.
     pub wall_s: f64,
     /// candle against the f64 reference on the written folder.
     pub reference: ReferenceCheck,

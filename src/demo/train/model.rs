@@ -150,6 +150,7 @@ impl TrainModel {
         })
     }
 
+    /// The model's config (validated when the model was built).
     pub fn config(&self) -> &GptjConfig {
         &self.config
     }

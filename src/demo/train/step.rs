@@ -21,6 +21,9 @@ pub struct Optim {
 }
 
 impl Optim {
+    /// Both AdamW optimizers over `model`'s parameters, with `o`'s lr, betas, eps and
+    /// `grad_clip`: `o.weight_decay` on the parameters of rank 2 and up (embedding, matrices),
+    /// none on the rest (biases, LayerNorms). Fails if candle cannot build an optimizer.
     pub fn new(model: &TrainModel, o: &TrainOptions) -> Result<Self> {
         let params = |weight_decay| ParamsAdamW {
             lr: o.lr,
@@ -74,13 +77,18 @@ impl Optim {
 /// Seconds spent in each phase of a step.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct PhaseTimes {
+    /// Building the batch's tensors (set by the caller; `train_step` leaves it 0).
     pub batch: f64,
+    /// The forward pass and the loss, read back as a number.
     pub forward: f64,
+    /// candle's backward pass.
     pub backward: f64,
+    /// The global gradient norm, clipping and both AdamW updates.
     pub optimizer: f64,
 }
 
 impl PhaseTimes {
+    /// Seconds of the four phases together.
     pub fn total(&self) -> f64 {
         self.batch + self.forward + self.backward + self.optimizer
     }
