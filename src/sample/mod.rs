@@ -54,7 +54,9 @@ pub struct SampleRequest {
     /// Token ids the continuations follow: not empty, each below vocab_size, its length plus
     /// `max_new_tokens` at most n_positions (every sampler refuses the request otherwise).
     pub prefix: Vec<u32>,
-    /// Continuations to draw from it; sample s draws from `sample_rng(seed, r, s)`.
+    /// Continuations to draw from it; sample s draws from `sample_rng(seed, r, s)`. Over one
+    /// call, the samples times `max(max_new_tokens, 1)` may not exceed `u32::MAX` (the engines'
+    /// row index): more is an input error.
     pub n_samples: usize,
 }
 
