@@ -24,6 +24,10 @@ pub struct Batch {
 impl Batch {
     /// Sequences `seqs[i]` for i in `idx`, inputs `s[..n-1]`, targets `s[1..]`, padded with `pad`.
     pub fn new(seqs: &[Vec<u32>], idx: &[usize], pad: u32) -> Result<Self> {
+        ensure!(
+            idx.iter().all(|&i| !seqs[i].is_empty()),
+            "a batch cannot hold an empty sequence"
+        );
         let t = idx.iter().map(|&i| seqs[i].len() - 1).max().unwrap_or(0);
         ensure!(t > 0, "a batch needs sequences of at least 2 tokens");
         let mut ids = Vec::with_capacity(idx.len() * t);
@@ -81,4 +85,19 @@ pub fn encode_pieces(tok: &crate::model::Tokenizer, pieces: &[String]) -> Result
         ids.extend(tok.encode_ids(p)?);
     }
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Batch;
+
+    #[test]
+    fn a_batch_refuses_an_empty_sequence_and_one_with_nothing_to_predict() {
+        let seqs = vec![vec![], vec![1, 2, 3], vec![4]];
+        let err = |idx: &[usize]| Batch::new(&seqs, idx, 0).err().unwrap().to_string();
+        assert!(err(&[0, 1]).contains("empty sequence"));
+        assert!(err(&[2]).contains("at least 2 tokens"));
+        let b = Batch::new(&seqs, &[1, 2], 0).unwrap();
+        assert_eq!((b.tokens, b.padded_len), (2, 2));
+    }
 }
