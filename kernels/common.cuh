@@ -1,8 +1,10 @@
 // Shared helpers for toolsift's kernels: storage types, f32 conversion, warp and block reductions.
 //
 // Conventions for every kernel in this folder:
-// - extern "C" entry points named <stem>_<dtype> (layer_norm_bf16, layer_norm_f16, ...), one .cu per
-//   op, launched from src/cuda/<stem>.rs with the C signature restated there.
+// - extern "C" entry points named <stem>_<dtype> (layer_norm_bf16, layer_norm_f16, ...), one .cu
+//   per op, launched from src/cuda/<stem>.rs with the C signature restated there (the attention
+//   variants, decode_attention and tree_attention_mma, from src/cuda/tree_attention.rs; the
+//   sampling steps' log_softmax_f32, in lm_head_xent.cu, from src/cuda/lm_head_xent.rs).
 // - Matrices are row-major with an explicit row stride `ld` (elements); the Rust side pads strides
 //   to multiples of 8 so that rows are 16-byte aligned for cuBLASLt and vector loads.
 // - Every offset into a [tokens x width] buffer is computed in 64 bits (size_t).

@@ -1,7 +1,7 @@
 // lm_head_xent: log-softmax over all vocab_size logits of a row, fused with the target gather.
 //
-//   lse_i          = log sum_v exp(logits[i, v] + bias[v])              (f32, one pass)
-//   out[slot[t]]   = logits[i, token[t]] + bias[token[t]] - lse_i      for t in offsets[i]..offsets[i+1]
+//   lse_i        = log sum_v exp(logits[i, v] + bias[v])           (f32, one pass)
+//   out[slot[t]] = logits[i, token[t]] + bias[token[t]] - lse_i   for t in offsets[i]..offsets[i+1]
 //
 // `logits` is the f32 output of the LM head GEMM over ONE chunk of the plan's weighted rows
 // ([rows, ld], rows <= the chunk bound): the batch never has a [tokens x vocab] buffer, only this

@@ -2,7 +2,8 @@
 // fill its fragments from shared memory, and the packing of 16-bit pairs into 32-bit fragment
 // registers. Fragment layouts (PTX ISA, "Matrix fragments for
 // mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
-//   A (16 x 16, row-major) a[0]: (g, 2t..2t+1)  a[1]: (g+8, 2t..)  a[2]: (g, 2t+8..)  a[3]: (g+8, 2t+8..)
+//   A (16 x 16, row-major) a[0]: (g, 2t..2t+1)  a[1]: (g+8, 2t..)
+//                          a[2]: (g, 2t+8..)    a[3]: (g+8, 2t+8..)
 //   B (16 x 8, k x n)      b[0]: (k 2t..2t+1, n g)                  b[1]: (k 2t+8.., n g)
 //   C, D (16 x 8)          c[0], c[1]: (g, 2t + 0/1)                c[2], c[3]: (g+8, 2t + 0/1)
 // A pair (lo, hi) sits in one register with the lower column (or k) in the low 16 bits.

@@ -1,7 +1,8 @@
 // rotary: GPT-J's rotary embedding ("rotate every two") on q and k, fused with the split of the
 // qkv GEMM output into the query buffer and this layer's K/V cache, and the narrowing to T.
 //
-//   for every token t, head h, dim c < rotary_dim (pairs (2i, 2i+1), angle pos_t * 10000^(-2i/rot)):
+//   for every token t, head h, dim c < rotary_dim (pairs (2i, 2i+1), angle
+//   pos_t * 10000^(-2i/rot)):
 //     out[2i]   = x[2i] cos - x[2i+1] sin
 //     out[2i+1] = x[2i+1] cos + x[2i] sin
 //   dims c >= rotary_dim and all of v are copied.

@@ -19,10 +19,11 @@
 // FlashAttention does), l sums the unrounded p.
 //
 // Launch: grid (n_tiles, n_head), block 128 = 4 warps, BM = 64 query rows (16 per warp), BN = 64
-// keys per step, dynamic shared memory (see smem_bytes below; 190.5 KiB at head_dim 256, so one
-// block per SM on an H200 -- attention is ~1% of GPT-J's FLOPs at these sequence lengths, so
-// simplicity wins over occupancy here). head_dim is zero-padded to hd_pad (multiple of 16) in
-// shared memory, so any head_dim up to 256 works, odd ones included.
+// keys per step, dynamic shared memory (the Layout below; its size is smem_bytes in
+// src/cuda/tree_attention.rs: 191.25 KiB at head_dim 256, so one block per SM on an H200 --
+// attention is ~1% of GPT-J's FLOPs at these sequence lengths, so simplicity wins over occupancy
+// here). head_dim is zero-padded to hd_pad (multiple of 16) in shared memory, so any head_dim up
+// to 256 works, odd ones included.
 // Per key tile: the block loads K and V rows through the ctx map (gather), then each warp, on its
 // own 16 rows only (no block barrier between these steps):
 //   S = Q K^T     WMMA 16x16x16 (tensor cores), f32 accumulate, stored to shared

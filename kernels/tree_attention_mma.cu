@@ -101,8 +101,8 @@ __device__ void tree_attention_mma(const T* __restrict__ q, const T* __restrict_
             ldmatrix_x4(a, sQ + (row0 + (lane & 15)) * lds + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
             for (int n = 0; n < BN / 8; n += 2) {
-                // Keys 8 n .. 8 n + 15 (lane / 16 picks the block), dims 16 kk + 8 ((lane / 8) % 2):
-                // the B fragments of blocks n and n + 1.
+                // Keys 8 n .. 8 n + 15 (lane / 16 picks the block), dims
+                // 16 kk + 8 ((lane / 8) % 2): the B fragments of blocks n and n + 1.
                 uint32_t b[4];
                 ldmatrix_x4(b, sK + ((n + (lane >> 4)) * 8 + (lane & 7)) * lds + kk * 16 +
                                    ((lane >> 3) & 1) * 8);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one script of a GPU session (docs/gpu.md), run on the GPU machine from the repository root with
-# gpu-bundle/ (made by scripts/gpu-prep.sh) next to it:
+# The one script of a GPU session (docs/gpu.md), run on the GPU machine from the repository root
+# with gpu-bundle/ (made by scripts/gpu-prep.sh) next to it:
 #
 #   scripts/gpu-check.sh OUT_DIR          (or OUT=... scripts/gpu-check.sh)
 #
@@ -14,6 +14,7 @@
 #    and tuned scorers, and toolsift on the same weights and workload (also with the opt-in
 #    packed tiles and mma attention kernel); at 6B also the sampling steps (position log-probs
 #    over a 512-token sequence, 5 prefixes x 5 samples of 16 tokens, and both as one propose call);
+#    last, `toolsift bench --device cuda --skip-baselines` at its default size;
 # 4. writes logs and one summary.json into OUT_DIR, whatever happened before (an EXIT trap).
 #
 # Time: every step has its own timeout, cut to what is left before GPU_CHECK_DEADLINE seconds
@@ -265,7 +266,7 @@ if [[ -n "${GPU_CHECK_QUICK:-}" ]]; then
 else
   rm -rf "$BENCH"
   # 6B first: its figures are the ones that matter, and transformers' step (weights made and
-  # saved, both scorers timed) took ~100 s of the first run's 214.
+  # saved, both scorers timed) took ~100 s of the 214 of the run in docs/results/h200.md.
   if (( $(left) >= 150 )); then
     bench 6b "$TEXTS_6B" 170
   else
@@ -282,7 +283,8 @@ else
   fi
   rm -rf "$BENCH"/gptj-6b # 12 GB of /tmp
   bench default "$TEXTS_DEFAULT" 60
-  # toolsift bench's own harness (CPU/candle side written separately), toolsift alone at its default.
+  # toolsift bench's own harness, toolsift alone at its default size (its candle baselines run on
+  # the CPU only: bench refuses them with --device cuda).
   step toolsift_bench_cli 40 "$BIN/toolsift" bench --device cuda --skip-baselines
 fi # GPU_CHECK_QUICK
 # Extra checks a caller appends: EXTRA_CHECK="cmd ..." runs last.

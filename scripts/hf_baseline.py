@@ -3,16 +3,17 @@
 
 Builds a GPT-J of the requested size with random bf16 weights directly on the GPU (scaled like
 toolsift's GptjWeights::random so that next-token distributions are peaked, not uniform; the
-rotary table rebuilt in float32), saves it as a safetensors folder that toolsift loads, writes
-the standard scoring workload as token-level JSONL, and times two transformers scorers on it:
+rotary table rebuilt in float32), saves it as a safetensors folder that toolsift loads
+(OUT/gptj-<size>), writes the standard scoring workload as token-level JSONL (one file per
+placement, OUT/workload-<size>-<placement>.jsonl), and times two transformers scorers on it:
 
-- naive: every candidate, three full forward passes over z ++ x (all text tokens), full logits,
-  loss computed afterwards, padded batches;
+- naive: every candidate, three full forward passes over the whole text with z (z ++ x in prefix
+  placement, x_<i ++ z ++ x_>=i inline), full logits, loss computed afterwards, padded batches;
 - tuned: each sequence cut at its last weighted token, the no-call pass once per text, identical
   inputs deduplicated, the LM head only at weighted rows, length-sorted padded batches.
 
-Prints (and writes to OUT/hf_<size>.json) one JSON object: timings, tokens, and the tuned
-scorer's losses per candidate for the agreement check against toolsift.
+Writes one JSON object to OUT/hf_<size>.json: timings, tokens, and the tuned scorer's losses per
+candidate for the agreement check against toolsift; prints it without the losses.
 """
 
 import argparse

@@ -1,4 +1,4 @@
-//! Every CUDA kernel against its CPU reference (STYLE.md 7), through proptest Problems: random
+//! Every CUDA kernel against its CPU reference, through proptest Problems: random
 //! non-zero data, awkward sizes that straddle warp (32) and block edges, GPT-J-6B's real sizes
 //! (n_embd 4096, 16 heads of 256 with rotary 64, n_inner 16384, vocab 50400), both 16-bit types,
 //! and every launch configuration the launcher can pick (block sizes, grid caps, attention

@@ -2,7 +2,8 @@
 //!
 //! The shard comes from, in order: `--shard INDEX/COUNT`; Kubernetes Indexed Jobs'
 //! JOB_COMPLETION_INDEX with `--shards COUNT`; Slurm job arrays' SLURM_ARRAY_TASK_ID and
-//! SLURM_ARRAY_TASK_COUNT (minus SLURM_ARRAY_TASK_MIN, so `--array=1-8` works too); else 0/1.
+//! SLURM_ARRAY_TASK_COUNT (index (ID - SLURM_ARRAY_TASK_MIN) / SLURM_ARRAY_TASK_STEP, so
+//! `--array=1-8` and `--array=0-14:2` work too); else 0/1.
 //! A sharded run writes `<stem>.shard-IIIII-of-CCCCC.jsonl` (zero-padded to five digits, e.g.
 //! `cstar.shard-00003-of-00008.jsonl`) next to `--out`, so every task of
 //! an array can be given the same command; `toolsift merge` joins them.
