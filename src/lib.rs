@@ -1,8 +1,9 @@
 //! toolsift: a fast engine for Toolformer's API-call filter.
 //!
-//! Toolformer (Schick et al., NeurIPS 2023) keeps a sampled API call only when its result lowers the
-//! model's loss on the next few tokens. toolsift scores those candidates with a hand-written GPT-J
-//! forward: a plain f64 reference (the oracle) and faster backends proven equal to it.
+//! Toolformer (Schick et al., NeurIPS 2023) keeps a sampled API call only when its result lowers
+//! the model's loss on the next few tokens. toolsift scores those candidates with a hand-written
+//! GPT-J forward: a plain f64 reference (the oracle) and faster backends property-tested against
+//! it within float tolerance.
 //!
 //! Text-level candidates on the fast CPU engine, with the demo model embedded in the crate
 //! (`demo::assets::materialize` writes it to a folder once; any Hugging Face GPT-J folder loads
@@ -28,7 +29,8 @@
 //! // The paper's weights; the call spliced into the text, as the demo model was trained to read it
 //! // (the default is the paper's prefix placement).
 //! let options = ScoreOptions { placement: Placement::Inline, ..ScoreOptions::default() };
-//! let scores = score_texts(&*scorer, model.tokenizer()?, &[candidate], &options, CallForm::Arrow)?;
+//! let tokenizer = model.tokenizer()?;
+//! let scores = score_texts(&*scorer, tokenizer, &[candidate], &options, CallForm::Arrow)?;
 //! assert!(scores[0].kept(0.5)); // L- - L+ >= tau_f: the result helps predict " 300"
 //! # Ok(()) }
 //! ```

@@ -466,12 +466,17 @@ fn resume_point(
         return Ok(None);
     }
     let point = toolsift::util::jsonl::resume_point(input, output, answer_key)?;
-    if let Some(p) = point {
-        note!(
+    // The output exists by now (locking creates it), so an empty one is a fresh start.
+    match point {
+        Some(p) if p.lines > 0 => note!(
             "resuming: {} lines of {} already answered",
             p.lines,
             output.display()
-        );
+        ),
+        _ => note!(
+            "resuming: {} holds no answered line yet; starting from the first",
+            output.display()
+        ),
     }
     Ok(point)
 }

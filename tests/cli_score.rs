@@ -837,7 +837,11 @@ fn resume_goes_on_from_an_interrupted_output() {
         cut_after(n, extra);
         let resume = ["--chunk-lines", "1", "--resume"];
         let (ok, _, stderr) = run_score_raw(&model, &input, &out, &resume);
-        assert!(stderr.contains(&format!("resuming: {n} lines")), "{stderr}");
+        let said = match n {
+            0 => "holds no answered line yet".to_string(),
+            n => format!("resuming: {n} lines"),
+        };
+        assert!(stderr.contains(&said), "{stderr}");
         // Line 2 failed, in this run or the one it resumes: the run fails either way, and
         // says so when it was the earlier run.
         assert!(!ok, "cut after {n} lines + {extra}");
@@ -852,10 +856,15 @@ fn resume_goes_on_from_an_interrupted_output() {
             "cut after {n} lines + {extra}"
         );
     }
-    // No output yet: a fresh run.
+    // No output yet: a fresh run, and said so (it said "0 lines ... already answered").
     std::fs::remove_file(&out).unwrap();
     let (_, results, stderr) = run_score_raw(&model, &input, &out, &["--resume"]);
     assert_eq!(results.len(), lines.len(), "{stderr}");
+    assert!(
+        stderr.contains("holds no answered line yet; starting from the first")
+            && !stderr.contains("already answered"),
+        "{stderr}"
+    );
     // Another input's output.
     let foreign = "{\"id\":\"someone-else\",\"l_none\":1}\n";
     std::fs::write(&out, foreign).unwrap();
