@@ -249,8 +249,8 @@ fn decode_samples<E: KvEngine>(
     })
 }
 
-/// Cache rows the decoding of `requests` can add: at most `max_new_tokens` per sample (saturated:
-/// an absurd request fails at the cache allocation, as `batch::sample_groups` counts it).
+/// Cache rows the decoding of `requests` can add: at most `max_new_tokens` per sample (checked
+/// requests keep this within `batch::MAX_SAMPLED_ROWS`; the saturation only guards the sum).
 fn decode_rows(requests: &[SampleRequest], options: &SampleOptions) -> usize {
     requests
         .iter()
