@@ -841,7 +841,16 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
         "m5.jsonl",
         &[parts[0].clone(), cut.clone(), parts[2].clone()],
     );
-    assert!(err.contains("is in no output"), "{err}");
+    assert!(err.contains("is missing from its shard's output"), "{err}");
+    // Two lines swapped: the first one out of place is named, missing or out of order.
+    let mut swapped: Vec<&str> = text.lines().collect();
+    swapped.swap(0, 1);
+    std::fs::write(&cut, swapped.join("\n") + "\n").unwrap();
+    let err = merge_err(
+        "m5.jsonl",
+        &[parts[0].clone(), cut.clone(), parts[2].clone()],
+    );
+    assert!(err.contains("or out of order there"), "{err}");
     // A byte that is not UTF-8 is named by file and line.
     let mut bytes = std::fs::read(&src.out).unwrap();
     let second_line = bytes.iter().position(|&b| b == b'\n').unwrap() + 1;

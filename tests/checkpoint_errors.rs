@@ -429,6 +429,24 @@ fn convert_leaves_sources_and_earlier_outputs_whole() {
     std::fs::remove_dir(out.join("tokenizer.json.tmp")).unwrap();
     assert!(before == read_all(), "the earlier output changed");
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 3);
+    // A destination name that is a folder is refused before anything is written (the weights
+    // were renamed into place, then config.json's rename failed).
+    for name in files {
+        let other = tmp.path().join(format!("folder-{name}"));
+        std::fs::create_dir_all(other.join(name).join("sub")).unwrap();
+        let err = toolsift::model::checkpoint::convert(&model, &other, None)
+            .unwrap_err()
+            .to_string();
+        assert_names(&err, &[&format!("{name} is a folder there")]);
+        assert_eq!(std::fs::read_dir(&other).unwrap().count(), 1, "{name}");
+    }
+    // A dangling symlink as the output folder is named as such.
+    let dangling = tmp.path().join("dangling");
+    std::os::unix::fs::symlink(tmp.path().join("nowhere"), &dangling).unwrap();
+    let err = toolsift::model::checkpoint::convert(&model, &dangling, None)
+        .unwrap_err()
+        .to_string();
+    assert_names(&err, &["dangling", "symbolic link to nothing"]);
     // Another conversion into the folder (it holds config.json's temporary file locked) is
     // refused before anything is written, and its temporary weights are left to it.
     let lock = std::fs::File::create(out.join("config.json.tmp")).unwrap();

@@ -24,6 +24,18 @@ fn run_score_raw(
     output: &Path,
     extra: &[&str],
 ) -> (bool, Vec<Value>, String) {
+    let (ok, stderr) = run_score_unread(model, input, output, extra);
+    let results = std::fs::read_to_string(output)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (ok, results, stderr)
+}
+
+/// Runs `score` and returns its success and stderr, leaving the output unread (it may hold
+/// anything: a test's file that is no output).
+fn run_score_unread(model: &Path, input: &Path, output: &Path, extra: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
         .args(["score", "--model"])
         .arg(model)
@@ -35,12 +47,7 @@ fn run_score_raw(
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let results = std::fs::read_to_string(output)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    (out.status.success(), results, stderr)
+    (out.status.success(), stderr)
 }
 
 fn token_lines() -> Vec<Value> {
@@ -882,6 +889,21 @@ fn resume_goes_on_from_an_interrupted_output() {
         "{stderr}"
     );
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&input).unwrap());
+    // A file without a newline that does not start as a row does is no output cut off by a
+    // crash: refused and left as it was (it was emptied as a torn first line).
+    for other in [
+        &b"notes, no newline"[..],
+        &[0u8, 1, 2, 0xff][..],
+        b" {\"l_none\":1}",
+    ] {
+        std::fs::write(&out, other).unwrap();
+        let (ok, stderr) = run_score_unread(&model, &input, &out, &["--resume"]);
+        assert!(
+            !ok && stderr.contains("line 1: its last line ends without a newline"),
+            "{stderr}"
+        );
+        assert_eq!(std::fs::read(&out).unwrap(), other);
+    }
     // An input that cannot be read twice (a pipe, a device) cannot be resumed from.
     #[cfg(unix)]
     {

@@ -217,8 +217,10 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
                 )
             } else if next <= corpus_lines {
                 let owner = (next - 1) % count;
+                // Later lines came first: `next` is missing, or comes after them there.
                 format!(
-                    "input line {next} is in no output (it belongs to shard {owner}/{count}, {})",
+                    "input line {next} is missing from its shard's output (shard \
+                     {owner}/{count}, {}), or out of order there",
                     seen[&owner].display()
                 )
             } else {
@@ -245,7 +247,7 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     if next <= corpus_lines {
         let owner = (next - 1) % count;
         return Err(Error::input(format!(
-            "input line {next} is in no output (it belongs to shard {owner}/{count})"
+            "input line {next} is missing from its shard's output (shard {owner}/{count})"
         )));
     }
     let shard_summaries: Vec<Summary> = outputs.into_iter().map(|o| o.summary).collect();

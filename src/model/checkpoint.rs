@@ -403,6 +403,11 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
         msg,
     };
     let loaded = !model.dir.as_os_str().is_empty();
+    if !out.exists() && out.is_symlink() {
+        return Err(refuse(
+            "is a symbolic link to nothing: create the folder it points to, or give another".into(),
+        ));
+    }
     if out.exists() && !out.is_dir() {
         return Err(refuse(
             "is not a folder: give the folder to write config.json, model.safetensors and \
@@ -440,6 +445,13 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
     }
     for name in names {
         let dst = out.join(name);
+        // Checked before anything is written: the renames into place would fail on a folder
+        // after the weights had been committed beside an old config.json.
+        if dst.is_dir() {
+            return Err(refuse(format!(
+                "{name} is a folder there, where the converted {name} goes; remove it or write                  to another folder"
+            )));
+        }
         if let Some(src) = sources.iter().find(|src| is_same_file(src, &dst)) {
             return Err(refuse(format!(
                 "{name} is the source's {} (a link to it); write to another folder",

@@ -10,6 +10,12 @@ use std::io::BufRead;
 /// in memory, so one runaway line (a file without newlines, say) cannot exhaust memory.
 pub const MAX_LINE_BYTES: usize = 64 << 20;
 
+/// The longest output line `resume_point` reads as a row: 8 times the longest input line, room
+/// for a row echoing an id as long as its input line with every byte escaped (6 bytes each)
+/// beside its answer. A longer line (a file with no newline, say) is refused without being
+/// held in memory whole.
+const MAX_ROW_BYTES: usize = 8 * MAX_LINE_BYTES;
+
 /// Reads one line, through its "\n" if it has one, passing every byte to `seen` and appending
 /// at most `keep` of them to `buf`. Returns the line's length in bytes, newline included (0 at
 /// the end of the input), and whether it ended in a newline.
@@ -172,7 +178,7 @@ pub struct ResumePoint {
 /// row's since 2026-12-02, an error row's before) is that number and whose "id", other than
 /// null, is the input line's "id" (an output whose answers are not this input's, a copy of the
 /// input say, is an error, never appended to). A last line without its "\n" was cut off by a
-/// crash and is not counted. The check reads ids, not the settings: a run resumes with the
+/// crash and is not counted, if it starts as a row does ("{"); otherwise the file is refused. The check reads ids, not the settings: a run resumes with the
 /// flags it was started with.
 pub fn resume_point(
     input: &std::path::Path,
@@ -212,12 +218,30 @@ pub fn resume_point(
     let (mut lines, mut output_bytes, mut failed, mut buf) = (0usize, 0u64, 0usize, Vec::new());
     loop {
         buf.clear();
-        let (len, ended) = read_line_capped(&mut answers, &mut buf, usize::MAX, |_| {})
+        let (len, ended) = read_line_capped(&mut answers, &mut buf, MAX_ROW_BYTES + 1, |_| {})
             .map_err(|e| Error::io(output, e))?;
-        if len == 0 || !ended {
+        let k = lines + 1;
+        if len == 0 {
             break;
         }
-        let k = lines + 1;
+        if !ended {
+            // A crash cuts a row after its first byte, "{", or not at all: anything else
+            // without a newline (a binary file, a note with no "\n") is no output of ours, and
+            // must not be cut away as a torn row.
+            if buf.first() != Some(&b'{') || len > MAX_ROW_BYTES {
+                return Err(not_ours(
+                    k,
+                    "its last line ends without a newline and is no row cut off by a crash".into(),
+                ));
+            }
+            break;
+        }
+        if len > MAX_ROW_BYTES {
+            return Err(not_ours(
+                k,
+                format!("a line of {len} bytes is longer than any row"),
+            ));
+        }
         let answer: Value = serde_json::from_slice(&buf)
             .map_err(|e| not_ours(k, format!("not a JSON line ({e})")))?;
         let question = match questions.next() {

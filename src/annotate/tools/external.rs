@@ -6,8 +6,9 @@
 //! - Command: `argv` is spawned directly (no shell, so the model's text is never
 //!   interpreted); the input plus a newline is written to its stdin, and its stdout,
 //!   trimmed, is the result (invalid UTF-8 replaced). Non-zero exit, empty output, more than
-//!   [`MAX_OUTPUT_BYTES`] of output, or running past the timeout (the child is killed) is
-//!   an error. A program that exits while a process it left in the background still holds
+//!   [`MAX_OUTPUT_BYTES`] of output (the child is killed as soon as it has printed that much,
+//!   whatever its exit status), or running past the timeout (the child is killed) is an
+//!   error. A program that exits while a process it left in the background still holds
 //!   its stdout open fails once the timeout has passed, with an error saying so (not a
 //!   timeout, and not retried): wrappers should `exec` the real program. On Unix the command
 //!   runs in a process group of its own, and both failures kill the whole group, so nothing a
@@ -345,7 +346,9 @@ fn spawn(work: impl FnOnce() + Send + 'static) -> Result<(), Attempt> {
 }
 
 /// Reads `pipe` on a thread: up to `keep` bytes are sent back, the rest drained (so the
-/// child never blocks on a full pipe); the flag says whether anything was dropped.
+/// child never blocks on a full pipe); the flag says whether there was more. That is sent as
+/// soon as the first byte past `keep` arrives, not at the end of the output: a program that
+/// prints without end is stopped then, not at its timeout.
 fn read_pipe(
     pipe: impl Read + Send + 'static,
     keep: usize,
@@ -355,8 +358,15 @@ fn read_pipe(
         let mut pipe = pipe;
         let mut kept = Vec::new();
         let _ = (&mut pipe).take(keep as u64).read_to_end(&mut kept);
-        let dropped = std::io::copy(&mut pipe, &mut std::io::sink()).unwrap_or(0) > 0;
-        let _ = tx.send((kept, dropped));
+        let mut probe = [0u8; 1];
+        let more = loop {
+            match pipe.read(&mut probe) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                read => break matches!(read, Ok(n) if n > 0),
+            }
+        };
+        let _ = tx.send((kept, more));
+        let _ = std::io::copy(&mut pipe, &mut std::io::sink());
     })?;
     Ok(rx)
 }
@@ -400,12 +410,27 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
         .map(|p| read_pipe(p, STDERR_KEEP))
         .transpose()?;
 
-    let status = wait_until(&mut child.0, deadline)
-        .map_err(|e| retry_err(format!("waiting for {program:?} failed: {e}")))?;
+    // What stdout's reader sent while the program ran: too much output ends the wait.
+    let mut printed: Option<(Vec<u8>, bool)> = None;
+    let status = wait_until(&mut child.0, deadline, || {
+        if let (None, Some(rx)) = (&printed, &stdout) {
+            printed = rx.try_recv().ok();
+        }
+        printed.as_ref().is_some_and(|&(_, more)| more)
+    })
+    .map_err(|e| retry_err(format!("waiting for {program:?} failed: {e}")))?;
+    let too_much = || {
+        final_err(format!(
+            "{program:?} printed more than {MAX_OUTPUT_BYTES} bytes"
+        ))
+    };
     let Some(status) = status else {
         // Still running, so the group exists: it goes with everything it started.
         kill_group(&child.0);
-        return Err(timeout_err(timeout));
+        return Err(match printed {
+            Some((_, true)) => too_much(),
+            _ => timeout_err(timeout),
+        });
     };
     // The program has exited: what it printed is in the pipe, so stdout ends at once unless
     // another process (a child it left in the background) still holds it open. A program that
@@ -413,9 +438,10 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
     let remaining = deadline
         .saturating_duration_since(Instant::now())
         .max(EXIT_GRACE);
-    let output = match stdout {
-        Some(rx) => rx.recv_timeout(remaining).ok(),
-        None => Some((Vec::new(), false)),
+    let output = match (printed, stdout) {
+        (Some(printed), _) => Some(printed),
+        (None, Some(rx)) => rx.recv_timeout(remaining).ok(),
+        (None, None) => Some((Vec::new(), false)),
     };
     let err_text = stderr
         .and_then(|rx| rx.recv_timeout(Duration::from_millis(50)).ok())
@@ -438,6 +464,11 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
              wrappers should exec)"
         )));
     };
+    // Before the exit status: however the program ended, too much output is the failure
+    // (when the wait saw it first, there was no status to report).
+    if out_dropped {
+        return failed(too_much());
+    }
     if !status.success() {
         let detail = if err_text.is_empty() {
             String::new()
@@ -446,11 +477,6 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
         };
         return failed(retry_err(format!("{program:?} {status}{detail}")));
     }
-    if out_dropped {
-        return failed(final_err(format!(
-            "{program:?} printed more than {MAX_OUTPUT_BYTES} bytes"
-        )));
-    }
     let text = String::from_utf8_lossy(&out).trim().to_string();
     if text.is_empty() {
         return failed(final_err(format!("{program:?} printed nothing")));
@@ -458,8 +484,13 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
     Ok(text)
 }
 
-/// Waits for the child until `deadline`; Ok(None) if it is still running then.
-fn wait_until(child: &mut Child, deadline: Instant) -> std::io::Result<Option<ExitStatus>> {
+/// Waits for the child until `deadline`, or until `stop` says to give up (it is asked between
+/// polls); Ok(None) if it is still running then.
+fn wait_until(
+    child: &mut Child,
+    deadline: Instant,
+    mut stop: impl FnMut() -> bool,
+) -> std::io::Result<Option<ExitStatus>> {
     // Poll quickly at first: most services answer in milliseconds.
     let mut pause = Duration::from_millis(1);
     loop {
@@ -467,7 +498,7 @@ fn wait_until(child: &mut Child, deadline: Instant) -> std::io::Result<Option<Ex
             return Ok(Some(status));
         }
         let now = Instant::now();
-        if now >= deadline {
+        if now >= deadline || stop() {
             return Ok(None);
         }
         thread::sleep(pause.min(deadline - now));
@@ -887,6 +918,24 @@ mod tests {
         let tool = sh("head -c 1100000 /dev/zero | tr '\\0' a");
         let err = run(&tool, "x").unwrap_err();
         assert!(err.to_string().contains("more than"), "{err}");
+        // Whatever the exit status, and not retried.
+        let tool = sh("head -c 1100000 /dev/zero | tr '\\0' a; exit 3").with_retries(2);
+        let err = run(&tool, "x").unwrap_err();
+        assert!(err.to_string().contains("more than"), "{err}");
+        assert!(!err.to_string().contains("tries"), "{err}");
+    }
+
+    /// A program that prints without end is stopped once it has printed too much, not at
+    /// its timeout, and not retried (it was: as a timeout, `timeout × tries` per call).
+    #[test]
+    fn endless_output_is_refused_at_once() {
+        let tool = ExternalTool::command("QA", argv(&["yes"]))
+            .with_timeout(Duration::from_secs(30))
+            .with_retries(2);
+        let started = Instant::now();
+        let err = run(&tool, "x").unwrap_err();
+        assert!(err.to_string().contains("printed more than"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(20), "{err}");
     }
 
     /// Serves each connection with `respond(request_body)` -> (status, JSON body), or never

@@ -199,16 +199,21 @@ impl ToolRegistry {
             .ok_or_else(|| ToolError::Failed(format!("no tool named {name:?} is registered")))?;
         match catch_unwind(AssertUnwindSafe(|| tool.call(input, doc))) {
             Ok(result) => result,
-            Err(payload) => {
-                let why = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_string());
-                Err(ToolError::Failed(format!("tool {name:?} panicked: {why}")))
-            }
+            Err(payload) => Err(ToolError::Failed(format!(
+                "tool {name:?} panicked: {}",
+                panic_text(payload.as_ref())
+            ))),
         }
     }
+}
+
+/// The message a caught panic carried.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
 }
 
 /// Settings of the Calculator.

@@ -108,6 +108,18 @@ pub enum IndexError {
         /// The underlying error (in the message, not a `source()`).
         error: tantivy::TantivyError,
     },
+    /// Reading the index at `path` failed in a way tantivy does not check for (it panicked):
+    /// its files are damaged.
+    #[error(
+        "{}: the index is damaged ({message}); rebuild it with `toolsift index`",
+        path.display()
+    )]
+    Damaged {
+        /// The index directory.
+        path: PathBuf,
+        /// What tantivy said.
+        message: String,
+    },
     /// The directory holds an index, but not one made by [`build_index`].
     #[error("{}: not a WikiSearch index: {message}", path.display())]
     WrongSchema {
@@ -503,14 +515,24 @@ impl WikiSearch {
         }
         // Read just before the index is: what a resumed run compares is what this one reads.
         let opened_xxh3 = Self::index_xxh3(dir).map_err(io_err(&dir.join("meta.json")))?;
-        let index = Index::open_in_dir(dir).map_err(tantivy_err)?;
-        let (id, title, text) = fields(&index.schema(), dir)?;
-        // The index does not change while a run reads it: no reload thread.
-        let reader = index
-            .reader_builder()
-            .reload_policy(ReloadPolicy::Manual)
-            .try_into()
-            .map_err(tantivy_err)?;
+        // tantivy asserts, rather than checks, some of what it reads from a segment's files: a
+        // damaged index can panic while it opens, and that is the index's error, not a crash.
+        let open = || {
+            let index = Index::open_in_dir(dir).map_err(tantivy_err)?;
+            let (id, title, text) = fields(&index.schema(), dir)?;
+            // The index does not change while a run reads it: no reload thread.
+            let reader: IndexReader = index
+                .reader_builder()
+                .reload_policy(ReloadPolicy::Manual)
+                .try_into()
+                .map_err(tantivy_err)?;
+            Ok::<_, IndexError>((index, reader, id, title, text))
+        };
+        let (index, reader, id, title, text) =
+            std::panic::catch_unwind(open).map_err(|panic| IndexError::Damaged {
+                path: dir.to_path_buf(),
+                message: super::panic_text(panic.as_ref()),
+            })??;
         Ok(Self {
             index,
             reader,
@@ -1216,6 +1238,25 @@ mod tests {
 
         let err = WikiSearch::open(tmp.path()).unwrap_err();
         assert!(err.to_string().contains("meta.json"), "{err}");
+
+        // Damaged fast fields make tantivy panic as the index opens: an error naming it.
+        let (tmp, _) = small_index();
+        let dir = tmp.path().join("index");
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "fast") {
+                let mut bytes = fs::read(&path).unwrap();
+                bytes.iter_mut().take(30).for_each(|b| *b ^= 0xff);
+                fs::write(&path, bytes).unwrap();
+            }
+        }
+        let err = WikiSearch::open(&dir).unwrap_err();
+        assert!(
+            matches!(err, IndexError::Damaged { .. })
+                && err.to_string().contains("index is damaged")
+                && err.to_string().contains(&dir.display().to_string()),
+            "{err}"
+        );
         let cfg = WikiSearchConfig {
             index: tmp.path().join("nope"),
             max_snippet_chars: 10,
