@@ -484,7 +484,7 @@ fn resume_point(
 fn score(args: ScoreArgs) -> Result<ExitCode> {
     // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
     let weights = match args.weights {
-        Some(w) => LossWeights::new(w)?,
+        Some(w) => LossWeights::new(w).context("--weights")?,
         None => LossWeights::default(),
     };
     if args.reference && args.device != Device::Cpu {

@@ -792,6 +792,8 @@ fn convert_refuses_what_f16_cannot_hold_and_writes_what_transformers_reads() {
     let (tmp, dir) = copy_fixture();
     edit_config(&dir, |c| {
         c.as_object_mut().unwrap().remove("model_type");
+        // transformers 4.56+'s name for torch_dtype.
+        c["dtype"] = "float32".into();
     });
     let out = tmp.path().join("f16");
     let model = Model::load(&dir).unwrap();
@@ -803,6 +805,10 @@ fn convert_refuses_what_f16_cannot_hold_and_writes_what_transformers_reads() {
     let cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["model_type"], "gptj");
+    assert_eq!(
+        (&cfg["torch_dtype"], &cfg["dtype"]),
+        (&"float16".into(), &"float16".into())
+    );
     drop(model);
 
     rewrite(&dir, |tensors| {

@@ -379,6 +379,40 @@ fn ids_outside_the_vocabulary() {
     );
 }
 
+/// A text-level line whose tokenizer gives ids the model has no row for blames the tokenizer,
+/// not a "text_ids" the line never wrote.
+#[test]
+fn a_tokenizer_with_more_ids_than_the_model_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    std::fs::create_dir(&dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(tiny("f32").join(f), dir.join(f)).unwrap();
+    }
+    let mut tokenizer: Value =
+        serde_json::from_slice(&std::fs::read(tiny("f32").join("tokenizer.json")).unwrap())
+            .unwrap();
+    for id in tokenizer["model"]["vocab"]
+        .as_object_mut()
+        .unwrap()
+        .values_mut()
+    {
+        *id = json!(id.as_u64().unwrap() + 10_000);
+    }
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let text = json!({"id": "t", "text": "Out of 1400 participants, 400 passed", "position": 24,
+                      "tool": "Calculator", "input": "400 / 1400", "result": "0.29"});
+    let (ok, results, stderr) = run_score(&dir, &[text], &[]);
+    assert!(!ok, "{stderr}");
+    let err = results[0]["error"].as_str().unwrap();
+    assert!(
+        err.contains("is outside the vocabulary (vocab_size 512)")
+            && err.contains("the tokenizer has more ids than the model")
+            && !err.contains("text_ids"),
+        "{err}"
+    );
+}
+
 #[test]
 fn sequence_longer_than_n_positions() {
     let mut bad = token_lines()[0].clone();

@@ -25,6 +25,7 @@ use serde::Serialize;
 use crate::annotate::calls::{cleaned_answer, input_problem};
 use crate::annotate::tools::{DocContext, ToolRegistry};
 use crate::error::{Error, Result};
+use crate::model::tokenizer::check_vocab;
 use crate::model::Tokenizer;
 use crate::sample::{draw, sample_rng, DecodeSession, Decoder, SampleOptions};
 use crate::util::rng::Rng;
@@ -260,18 +261,6 @@ pub(crate) fn prepare(
         }
     }
     Ok(ids)
-}
-
-/// Fails on the first id the model has no row for (a tokenizer with more ids than the model's
-/// `vocab_size`, which `Model::load` warns about).
-fn check_vocab(ids: &[u32], vocab_size: usize) -> std::result::Result<(), String> {
-    match ids.iter().find(|&&t| t as usize >= vocab_size) {
-        Some(bad) => Err(format!(
-            "token id {bad} is outside the vocabulary (vocab_size {vocab_size}); the tokenizer \
-             has more ids than the model"
-        )),
-        None => Ok(()),
-    }
 }
 
 /// Where a sequence stands.

@@ -543,7 +543,8 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 }
 
 /// The source's config.json (when the model was loaded from a folder) with the engine's fields
-/// and `torch_dtype` overwritten; the engine's fields alone otherwise.
+/// and `torch_dtype` (and `dtype`, if it has one) overwritten; the engine's fields alone
+/// otherwise.
 fn config_json(model: &super::Model, dtype: Option<DType>) -> Result<String> {
     let src = model.dir.join("config.json");
     let mut cfg = if model.dir.as_os_str().is_empty() || !src.is_file() {
@@ -573,6 +574,11 @@ fn config_json(model: &super::Model, dtype: Option<DType>) -> Result<String> {
     }
     if let Some(dtype) = dtype {
         cfg.insert("torch_dtype".into(), dtype.name().into());
+        // transformers 4.56+ writes `dtype` instead (and reads it first): a source's would
+        // misstate the converted weights.
+        if cfg.contains_key("dtype") {
+            cfg.insert("dtype".into(), dtype.name().into());
+        }
     }
     Ok(serde_json::to_string_pretty(&cfg).expect("a JSON map serializes"))
 }

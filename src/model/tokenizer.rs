@@ -229,6 +229,18 @@ impl Tokenizer {
     }
 }
 
+/// Fails on the first id the model has no row for (a tokenizer with more ids than the model's
+/// `vocab_size`, which `Model::load` warns about), saying so.
+pub(crate) fn check_vocab(ids: &[u32], vocab_size: usize) -> std::result::Result<(), String> {
+    match ids.iter().find(|&&t| t as usize >= vocab_size) {
+        Some(bad) => Err(format!(
+            "token id {bad} is outside the vocabulary (vocab_size {vocab_size}); the tokenizer \
+             has more ids than the model"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The end of a head of `text` of at most `bytes` bytes and more than half that: a character
 /// boundary followed by whitespace and preceded by something else.
 fn head_cut(text: &str, bytes: usize) -> Option<usize> {

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use super::text::TextHeads;
 use super::{validate, CallForm, ScoreOptions, Scorer, Scores, TextCandidate, TokenCandidate};
 use crate::error::{Error, Result};
+use crate::model::tokenizer::check_vocab;
 use crate::model::Tokenizer;
 use crate::util::json::{self, LineError};
 use crate::util::jsonl::{JsonlLines, Line};
@@ -190,7 +191,19 @@ fn parse_chunk(
             };
             parsed.candidate = line
                 .clone()
-                .and_then(|line| parse_line(&line, tokenizer, options, &mut texts, &mut parsed))
+                .and_then(|line| {
+                    parse_line(&line, tokenizer, options, &mut texts, &mut parsed).and_then(
+                        |(c, text_level)| {
+                            if text_level {
+                                // Ids no line wrote: the tokenizer's, not the line's, fault.
+                                for ids in [&c.text_ids[..], &c.call_ids, &c.call_result_ids] {
+                                    check_vocab(ids, scorer.config().vocab_size)?;
+                                }
+                            }
+                            Ok(c)
+                        },
+                    )
+                })
                 .and_then(|c| {
                     validate(&c, scorer.config(), &options.score)?;
                     Ok(c)
@@ -201,13 +214,15 @@ fn parse_chunk(
         .collect()
 }
 
+/// The candidate of one input line, and whether it was text-level (its ids are the
+/// tokenizer's); `parsed` takes the line's id and tau_f as they are read.
 fn parse_line(
     line: &str,
     tokenizer: Option<&Tokenizer>,
     options: &JsonlOptions,
     texts: &mut TextHeads,
     parsed: &mut Parsed,
-) -> std::result::Result<TokenCandidate, String> {
+) -> std::result::Result<(TokenCandidate, bool), String> {
     let (value, duplicate) = json::parse_line(line).map_err(|e| match e {
         LineError::Blank | LineError::ByteOrderMark => e.to_string(),
         LineError::Syntax(e) => format!("malformed JSON: {e}"),
@@ -252,13 +267,14 @@ fn parse_line(
     if obj.contains_key("text_ids") {
         let t: TokenLine =
             json::from_object(obj).map_err(|e| format!("bad token-level line: {e}"))?;
-        Ok(TokenCandidate {
+        let c = TokenCandidate {
             text_ids: t.text_ids.into(),
             position: t.position,
             call_ids: t.call_ids,
             call_result_ids: t.call_result_ids,
             weights: t.weights,
-        })
+        };
+        Ok((c, false))
     } else if obj.contains_key("text") {
         let t: TextLine =
             json::from_object(obj).map_err(|e| format!("bad text-level line: {e}"))?;
@@ -290,7 +306,7 @@ fn parse_line(
             )
             .map_err(|e| e.to_string())?;
         c.weights = t.weights;
-        Ok(c)
+        Ok((c, true))
     } else {
         Err(
             "neither a token-level line (\"text_ids\", ...) nor a text-level line (\"text\", ...)"
