@@ -974,4 +974,17 @@ fn an_output_another_run_is_writing_is_refused_and_left_alone() {
     drop(held);
     let (ok, rows, err) = run_score_raw(&model, &input, &output, &["--resume"]);
     assert!(ok && rows.len() == token_lines().len(), "{err}");
+    // A device is no file two runs write over each other: not locked (unrelated runs writing
+    // to /dev/null refused each other), and no earlier output to resume from.
+    #[cfg(unix)]
+    {
+        let null = Path::new("/dev/null");
+        let held = std::fs::File::open(null).unwrap();
+        held.lock().unwrap();
+        let (ok, err) = run_score_unread(&model, &input, null, &[]);
+        drop(held);
+        assert!(ok, "{err}");
+        let (ok, err) = run_score_unread(&model, &input, null, &["--resume"]);
+        assert!(!ok && err.contains("must be a regular file"), "{err}");
+    }
 }

@@ -295,15 +295,47 @@ fn demo_runs_as_library_calls() {
     }
 
     let eval_dir = dir.path().join("eval");
-    let eval = EvalRun::prepare(EvalOptions {
+    let eval_options = EvalOptions {
         seed: 7,
         docs: 6,
         device: toolsift::Device::Cpu,
         out_dir: eval_dir.clone(),
         tool_use: false,
         progress: false,
+    };
+    let eval = EvalRun::prepare(eval_options.clone()).unwrap();
+    // The folder is this run's until it ends: a second one would replace the set and C* it
+    // measures.
+    let err = EvalRun::prepare(EvalOptions {
+        seed: 8,
+        ..eval_options.clone()
     })
-    .unwrap();
+    .err()
+    .expect("a second eval-demo into a folder in use")
+    .to_string();
+    assert!(
+        err.contains("another eval-demo run is writing into this folder"),
+        "{err}"
+    );
+    // The demo's own folder is no output: it is rewritten when found altered.
+    let assets = eval.assets_dir.clone();
+    let err = EvalRun::prepare(EvalOptions {
+        out_dir: assets.join("eval"),
+        ..eval_options.clone()
+    })
+    .err()
+    .expect("eval-demo into the demo's folder")
+    .to_string();
+    assert!(err.contains("inside the demo's own folder"), "{err}");
+    let err = DemoRun::prepare(DemoOptions {
+        out: assets.join("c.jsonl"),
+        ..options.clone()
+    })
+    .err()
+    .expect("annotate --demo into the demo's folder")
+    .to_string();
+    assert!(err.contains("inside the demo's own folder"), "{err}");
+    assert!(!assets.join("eval").exists() && !assets.join("c.jsonl").exists());
     assert_eq!((eval.documents(), eval.seed()), (6, 7));
     assert_eq!(lines(&eval.corpus).len(), 6);
     let outcome = eval.run().unwrap();

@@ -877,6 +877,16 @@ fn n_positions_caps_completions_and_rejects_prompts_without_room() {
         err.contains("prompt 0") && err.contains("n_positions"),
         "{err}"
     );
+    // A prompt of megabytes is refused on a head of it, not tokenized whole (seconds and
+    // gigabytes for a line within the 64 MiB limit).
+    let long = "Q ".repeat(1 << 20);
+    let err = generate(&m, tokenizer, &calculator(), &[Prompt::new(&long)], &o)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("prompt of more than") && err.contains("n_positions (6)"),
+        "{err}"
+    );
     let err = generate(&m, tokenizer, &calculator(), &[Prompt::new("")], &o)
         .unwrap_err()
         .to_string();

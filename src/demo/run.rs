@@ -68,6 +68,7 @@ impl DemoRun {
         let names: Vec<ToolName> = tools.iter().map(|&t| t.into()).collect();
         crate::annotate::check_tools(&registry, &names)?;
         crate::annotate::check_out(&options.out)?;
+        refuse_in_assets(&opened.dir, &options.out)?;
         let replaced = prepare_output(&options.out, false)?;
         let job = opened.job(corpus, options.out, names, options.progress);
         Ok(DemoRun {
@@ -121,6 +122,8 @@ pub struct EvalRun {
     job: Job,
     opened: Opened,
     started: Instant,
+    /// `out_dir`'s lock, held until the report is written (`lock_folder`).
+    _lock: Option<std::fs::File>,
 }
 
 /// What an `eval-demo` run produced.
@@ -150,7 +153,9 @@ impl EvalRun {
                 out_dir.display()
             )));
         }
+        refuse_in_assets(&opened.dir, out_dir)?;
         std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
+        let lock = lock_folder(out_dir)?;
         let docs = super::corpus::generate(options.seed, options.docs);
         let corpus = out_dir.join("corpus.jsonl");
         // Every file this replaces is checked before any is written or removed.
@@ -179,6 +184,7 @@ impl EvalRun {
             job,
             opened,
             started,
+            _lock: lock,
         })
     }
 
@@ -329,6 +335,71 @@ fn refuse_foreign(
         "{} exists and is not {what}; not replacing it (choose another --out)",
         path.display()
     )))
+}
+
+/// Refuses an output `out` (a file or a folder, existing or not) inside the demo's assets
+/// folder `assets`: that folder is rewritten whenever it is found altered, which would lose the
+/// output, and eval-demo's corpus.jsonl would replace the embedded one.
+fn refuse_in_assets(assets: &Path, out: &Path) -> Result<()> {
+    let Ok(assets) = std::fs::canonicalize(assets) else {
+        return Ok(());
+    };
+    // `out` may not exist yet: its nearest existing ancestor says where it would go.
+    for probe in out.ancestors() {
+        let probe = if probe.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            probe
+        };
+        if let Ok(there) = std::fs::canonicalize(probe) {
+            if there.starts_with(&assets) {
+                return Err(Error::input(format!(
+                    "{} (--out) is inside the demo's own folder {}, which toolsift rewrites \
+                     whenever it finds it altered; choose another --out",
+                    out.display(),
+                    assets.display()
+                )));
+            }
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Takes `dir`'s exclusive advisory lock, held while the returned file is open: a second
+/// eval-demo into the same folder would replace the set and C* this one is measuring. A
+/// folder that cannot be opened or locked (no such locks on its file system) is a warning.
+fn lock_folder(dir: &Path) -> Result<Option<std::fs::File>> {
+    let file = match std::fs::File::open(dir) {
+        Ok(file) => file,
+        Err(e) => {
+            tracing::warn!(
+                "{}: cannot open the folder to lock it ({e}); make sure no other eval-demo \
+                 writes into it",
+                dir.display()
+            );
+            return Ok(None);
+        }
+    };
+    crate::util::fs::lock_in_place(
+        &file,
+        dir,
+        || {
+            format!(
+                "{} (--out): another eval-demo run is writing into this folder; wait for it to \
+                 finish or choose another --out",
+                dir.display()
+            )
+        },
+        || {
+            format!(
+                "{}: another process replaced or removed this folder while eval-demo started; \
+                 rerun",
+                dir.display()
+            )
+        },
+    )?;
+    Ok(Some(file))
 }
 
 /// Makes the parent folder of `out` and removes an earlier finished output there (see

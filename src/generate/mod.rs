@@ -245,20 +245,29 @@ pub(crate) fn prepare(
     text: &str,
     options: &GenerateOptions,
 ) -> std::result::Result<Vec<u32>, String> {
-    let ids = tokenizer.encode_ids(text).map_err(|e| e.to_string())?;
+    // Only a head of a prompt too long to generate from is tokenized: a line of megabytes
+    // would take seconds and gigabytes to tokenize whole, only to be refused.
+    let (ids, whole) = match options.n_positions {
+        Some(n) => {
+            let (encoding, whole) = tokenizer
+                .encode_head_whole(text, n)
+                .map_err(|e| e.to_string())?;
+            (encoding.ids, whole)
+        }
+        None => (tokenizer.encode_ids(text).map_err(|e| e.to_string())?, true),
+    };
     if ids.is_empty() {
         return Err("empty prompt: generation needs at least one token of context".into());
     }
+    if let Some(n) = options.n_positions.filter(|&n| ids.len() >= n) {
+        let at_least = if whole { "" } else { "more than " };
+        return Err(format!(
+            "prompt of {at_least}{} tokens leaves no room to generate within n_positions ({n})",
+            ids.len()
+        ));
+    }
     if let Some(vocab_size) = options.vocab_size {
         check_vocab(&ids, vocab_size)?;
-    }
-    if let Some(n) = options.n_positions {
-        if ids.len() >= n {
-            return Err(format!(
-                "prompt of {} tokens leaves no room to generate within n_positions ({n})",
-                ids.len()
-            ));
-        }
     }
     Ok(ids)
 }

@@ -192,6 +192,14 @@ pub fn resume_point(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(output, e)),
     };
+    // Read from a pipe or a terminal, it would wait for input that never comes.
+    if !file.metadata().map_err(|e| Error::io(output, e))?.is_file() {
+        return Err(Error::input(format!(
+            "{}: --resume goes on from the output an earlier run wrote, so it must be a regular \
+             file, not a pipe or a device",
+            output.display()
+        )));
+    }
     let mut answers = std::io::BufReader::new(file);
     let input_file = std::fs::File::open(input).map_err(|e| Error::io(input, e))?;
     // Read here, then again by the run: a pipe would have nothing left the second time.
@@ -286,6 +294,7 @@ pub fn resume_point(
 /// Opens `output` (created if missing, nothing cut yet) and takes its exclusive lock, held while
 /// the returned file is open: a second run on the same output is refused, instead of cutting
 /// the file and writing its lines over this run's. Take it before reading the output to resume.
+/// A pipe or a device is opened unlocked.
 pub fn lock_output(output: &std::path::Path) -> crate::error::Result<std::fs::File> {
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -294,6 +303,15 @@ pub fn lock_output(output: &std::path::Path) -> crate::error::Result<std::fs::Fi
         .truncate(false)
         .open(output)
         .map_err(|e| crate::error::Error::io(output, e))?;
+    // A pipe or a device (/dev/null, /dev/stdout) is no file two runs could write over each
+    // other: locked, it would keep unrelated runs from sharing it.
+    if !file
+        .metadata()
+        .map_err(|e| crate::error::Error::io(output, e))?
+        .is_file()
+    {
+        return Ok(file);
+    }
     crate::util::fs::lock_in_place(
         &file,
         output,
