@@ -281,7 +281,9 @@ struct GenerateArgs {
     /// Go on from an interrupted run's --output (with the same flags): the lines it answers are
     /// checked against the input's and kept, a last line cut off is dropped, the rest is
     /// generated and appended (each prompt keeps its sampling stream).
-    #[arg(long, requires_all = ["input", "output"])]
+    // Conflicting with --prompt said outright: clap does not require --input when --prompt,
+    // which conflicts with it, is given.
+    #[arg(long, requires_all = ["input", "output"], conflicts_with = "prompt")]
     resume: bool,
     /// TOML or JSON file whose `tools` table configures the tools (as for annotate).
     #[arg(long)]
@@ -871,6 +873,14 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
     let tools = generate::tools_from_config(args.config.as_deref(), args.tools.as_deref())?;
     check_io(args.input.as_deref(), args.output.as_deref(), None)?;
+    if let (Some(config), Some(output)) = (&args.config, &args.output) {
+        if toolsift::util::fs::is_same_file(config, output) {
+            anyhow::bail!(
+                "{}: the output is the --config file; writing it would destroy the config",
+                output.display()
+            );
+        }
+    }
     // Locked before it is read to resume, and held to the end, as score's.
     let locked = (args.output.as_deref())
         .map(toolsift::util::jsonl::lock_output)

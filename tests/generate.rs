@@ -1200,6 +1200,19 @@ fn options_that_would_mean_something_else_are_errors() {
             .to_string();
         assert!(err.contains(want), "{err}");
     }
+    // The config is checked as annotate checks it: a service without its annotation prompt
+    // (annotate refuses it; generate took it).
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("tools.toml");
+    std::fs::write(&config, "[tools.custom.Qz]\ncommand = [\"cat\"]\n").unwrap();
+    let err = toolsift::generate::tools_from_config(Some(&config), None)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("tools.toml") && err.contains("has no [per_tool.custom.Qz]"),
+        "{err}"
+    );
     // "none" in any case: no tools.
     let none = toolsift::generate::tools_from_config(None, Some(&["None".to_string()])).unwrap();
     assert!(none.get("Calculator").is_none());
@@ -1233,6 +1246,37 @@ fn cli_refuses_to_overwrite_its_input_and_names_files_in_io_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("the output is the input"));
     assert_eq!(std::fs::read_to_string(&prompts).unwrap(), text);
+    // Nor its --config.
+    let config = tmp.path().join("tools.toml");
+    std::fs::write(&config, "[tools.calculator]\nenabled = true\n").unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["generate", "--max-new-tokens", "3", "--model"])
+        .arg(&model)
+        .arg("--input")
+        .arg(&prompts)
+        .arg("--config")
+        .arg(&config)
+        .arg("--output")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the output is the --config file"));
+    assert_eq!(
+        std::fs::read_to_string(&config).unwrap(),
+        "[tools.calculator]\nenabled = true\n"
+    );
+    // --resume goes on from a file of prompts, not from --prompt (it was silently ignored).
+    let out = std::process::Command::new(bin)
+        .args(["generate", "--prompt", "The sum", "--resume", "--model"])
+        .arg(&model)
+        .arg("--output")
+        .arg(tmp.path().join("one.jsonl"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+    assert!(!tmp.path().join("one.jsonl").exists());
 
     let folder = tmp.path().join("prompts_dir");
     std::fs::create_dir(&folder).unwrap();

@@ -85,10 +85,11 @@ pub struct ToolUseReport {
     pub calls_made: usize,
     /// Completions (with tools) with a call that returned a non-empty result.
     pub calls_with_result: usize,
-    /// correct_with_tools / prompts (0 without prompts).
-    pub accuracy_with_tools: f64,
-    /// correct_without_tools / prompts (0 without prompts).
-    pub accuracy_without_tools: f64,
+    /// correct_with_tools / prompts (None, null in JSON, without prompts, as the other
+    /// metrics without a value).
+    pub accuracy_with_tools: Option<f64>,
+    /// correct_without_tools / prompts (None without prompts).
+    pub accuracy_without_tools: Option<f64>,
     /// Wall seconds of both generation passes and the counting.
     pub secs: f64,
     /// A few completions with tools, for the eye: (prompt, completion, answer).
@@ -98,18 +99,19 @@ pub struct ToolUseReport {
 impl ToolUseReport {
     /// The line `eval-demo` prints under its table (newline-terminated).
     pub fn render(&self) -> String {
+        let pct = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.3}"));
         format!(
             "tool use (generate, greedy, same {} arithmetic prompts): with tools {}/{} correct \
-             ({:.3}; {} made a call, {} got a result), without tools {}/{} ({:.3}); {:.1} s\n",
+             ({}; {} made a call, {} got a result), without tools {}/{} ({}); {:.1} s\n",
             self.prompts,
             self.correct_with_tools,
             self.prompts,
-            self.accuracy_with_tools,
+            pct(self.accuracy_with_tools),
             self.calls_made,
             self.calls_with_result,
             self.correct_without_tools,
             self.prompts,
-            self.accuracy_without_tools,
+            pct(self.accuracy_without_tools),
             self.secs
         )
     }
@@ -152,7 +154,7 @@ pub fn compare(
             .count()
     };
     let (cw, cwo) = (count(&gens_with), count(&gens_without));
-    let ratio = |c: usize| if n == 0 { 0.0 } else { c as f64 / n as f64 };
+    let ratio = |c: usize| (n > 0).then(|| c as f64 / n as f64);
     Ok(ToolUseReport {
         prompts: n,
         correct_with_tools: cw,
@@ -184,6 +186,30 @@ pub fn compare(
 mod tests {
     use super::*;
     use crate::demo::corpus::{generate as generate_docs, DocKind};
+
+    /// No prompts (a set without calculator sites): no accuracy, as the other metrics without
+    /// a value, not 0/0 = 0.
+    #[test]
+    fn no_prompts_is_no_accuracy() {
+        let report = ToolUseReport {
+            prompts: 0,
+            correct_with_tools: 0,
+            correct_without_tools: 0,
+            calls_made: 0,
+            calls_with_result: 0,
+            accuracy_with_tools: None,
+            accuracy_without_tools: None,
+            secs: 0.0,
+            examples: Vec::new(),
+        };
+        let text = report.render();
+        assert!(
+            text.contains("0/0 correct (n/a;") && text.contains("0/0 (n/a)"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert!(json["accuracy_with_tools"].is_null(), "{json}");
+    }
 
     #[test]
     fn answers_skip_calls() {
