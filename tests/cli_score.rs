@@ -946,6 +946,31 @@ fn resume_goes_on_from_an_interrupted_output() {
     }
 }
 
+/// A run that cannot start (its model does not load) leaves no empty output behind, and an
+/// earlier output as it was.
+#[test]
+fn a_run_that_cannot_start_leaves_the_output_as_it_was() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in.jsonl"), tmp.path().join("out.jsonl"));
+    let text: String = token_lines().iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, text).unwrap();
+    let broken = tmp.path().join("broken");
+    std::fs::create_dir(&broken).unwrap();
+    std::fs::write(broken.join("config.json"), "{}").unwrap();
+    for extra in [&[][..], &["--resume"][..]] {
+        let (ok, err) = run_score_unread(&broken, &input, &output, extra);
+        assert!(!ok && err.contains("config.json"), "{err}");
+        assert!(
+            !output.exists(),
+            "{extra:?}: an empty output was left behind"
+        );
+    }
+    std::fs::write(&output, "earlier\n").unwrap();
+    let (ok, _) = run_score_unread(&broken, &input, &output, &[]);
+    assert!(!ok);
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), "earlier\n");
+}
+
 /// A second run on an output another run is writing (here: this test holds its lock) is
 /// refused, fresh or resuming, and leaves the file as it was: unlocked, it cut the file and
 /// wrote its lines over the first run's.

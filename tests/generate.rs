@@ -1200,19 +1200,6 @@ fn options_that_would_mean_something_else_are_errors() {
             .to_string();
         assert!(err.contains(want), "{err}");
     }
-    // The config is checked as annotate checks it: a service without its annotation prompt
-    // (annotate refuses it; generate took it).
-    let tmp = tempfile::tempdir().unwrap();
-    let config = tmp.path().join("tools.toml");
-    std::fs::write(&config, "[tools.custom.Qz]\ncommand = [\"cat\"]\n").unwrap();
-    let err = toolsift::generate::tools_from_config(Some(&config), None)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        err.contains("tools.toml") && err.contains("has no [per_tool.custom.Qz]"),
-        "{err}"
-    );
     // "none" in any case: no tools.
     let none = toolsift::generate::tools_from_config(None, Some(&["None".to_string()])).unwrap();
     assert!(none.get("Calculator").is_none());

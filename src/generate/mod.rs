@@ -690,10 +690,6 @@ pub fn tools_from_config(
             } else {
                 toml::from_str(&text).map_err(|e| config_err(path, e.to_string()))?
             };
-            // One file serves both commands: what annotate refuses, generate refuses too.
-            annotate
-                .validate()
-                .map_err(|e| config_err(path, e.to_string()))?;
             annotate.tools
         }
     };

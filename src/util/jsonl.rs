@@ -291,26 +291,60 @@ pub fn resume_point(
     }))
 }
 
+/// An output opened and locked by [`lock_output`], not yet started by [`start_output`]. Dropped
+/// before it is started (the run could not start: a model that does not load, a device that is
+/// not there), it removes the file if this run created it and it is still empty, so a failed
+/// start leaves no empty output behind; the lock goes with it.
+#[derive(Debug)]
+pub struct LockedOutput {
+    file: Option<std::fs::File>,
+    path: std::path::PathBuf,
+    created: bool,
+}
+
+impl Drop for LockedOutput {
+    fn drop(&mut self) {
+        if let Some(file) = self.file.take() {
+            // Still locked here, and checked to be the file at the path: another run's file
+            // is never removed.
+            let empty = file.metadata().is_ok_and(|m| m.is_file() && m.len() == 0);
+            if self.created && empty && crate::util::fs::same_file(&file, &self.path) {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
 /// Opens `output` (created if missing, nothing cut yet) and takes its exclusive lock, held while
-/// the returned file is open: a second run on the same output is refused, instead of cutting
-/// the file and writing its lines over this run's. Take it before reading the output to resume.
-/// A pipe or a device is opened unlocked.
-pub fn lock_output(output: &std::path::Path) -> crate::error::Result<std::fs::File> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(output)
-        .map_err(|e| crate::error::Error::io(output, e))?;
+/// the returned output is (and then the file [`start_output`] makes of it): a second run on the
+/// same output is refused, instead of cutting the file and writing its lines over this run's.
+/// Take it before reading the output to resume. A pipe or a device is opened unlocked.
+pub fn lock_output(output: &std::path::Path) -> crate::error::Result<LockedOutput> {
+    let io = |e| crate::error::Error::io(output, e);
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true);
+    // Whether this run creates it: only then may a failed start remove it.
+    let (file, created) = match options.clone().create_new(true).open(output) {
+        Ok(file) => (file, true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => (
+            options
+                .create(true)
+                .truncate(false)
+                .open(output)
+                .map_err(io)?,
+            false,
+        ),
+        Err(e) => return Err(io(e)),
+    };
+    let locked = |file| LockedOutput {
+        file: Some(file),
+        path: output.to_owned(),
+        created,
+    };
     // A pipe or a device (/dev/null, /dev/stdout) is no file two runs could write over each
     // other: locked, it would keep unrelated runs from sharing it.
-    if !file
-        .metadata()
-        .map_err(|e| crate::error::Error::io(output, e))?
-        .is_file()
-    {
-        return Ok(file);
+    if !file.metadata().map_err(io)?.is_file() {
+        return Ok(locked(file));
     }
     crate::util::fs::lock_in_place(
         &file,
@@ -329,19 +363,23 @@ pub fn lock_output(output: &std::path::Path) -> crate::error::Result<std::fs::Fi
             )
         },
     )?;
-    Ok(file)
+    Ok(locked(file))
 }
 
-/// `file`, the locked `output` (`lock_output`), made ready to write: emptied, or cut to the
-/// answered lines of `point` and positioned at their end. Not a regular file (a pipe, a device):
-/// written as it is, as `File::create` would.
+/// The locked `output` ([`lock_output`]) made ready to write: emptied, or cut to the answered
+/// lines of `point` and positioned at their end. Not a regular file (a pipe, a device): written
+/// as it is, as `File::create` would.
 pub fn start_output(
-    mut file: std::fs::File,
+    mut locked: LockedOutput,
     output: &std::path::Path,
     point: Option<ResumePoint>,
 ) -> crate::error::Result<std::fs::File> {
     use std::io::Seek;
     let io = |e| crate::error::Error::io(output, e);
+    let mut file = locked
+        .file
+        .take()
+        .expect("an unstarted output holds its file");
     if file.metadata().map_err(io)?.is_file() {
         file.set_len(point.map_or(0, |p| p.output_bytes))
             .map_err(io)?;
