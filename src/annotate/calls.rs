@@ -115,8 +115,8 @@ pub fn input_only_ahead(text: &str, at: usize, input: &str) -> bool {
 
 /// A tool's result made safe to splice: the text of the tokenizer's special tokens (`special`,
 /// e.g. "<|endoftext|>") is removed, since it would be tokenized as that token (an end of text
-/// in the middle of the sequence); whitespace runs become one space; "[" and "]" become "(" and
-/// ")" so that the call stays parsable; and it is trimmed.
+/// in the middle of the sequence); control characters become spaces and whitespace runs one
+/// space; "[" and "]" become "(" and ")" so that the call stays parsable; and it is trimmed.
 pub fn clean_result(result: &str, special: &[String]) -> String {
     // One pass, the longest special token at each place first; each becomes a space (the
     // halves around it cannot join into another one).
@@ -133,7 +133,8 @@ pub fn clean_result(result: &str, special: &[String]) -> String {
                 s.len()
             }
             None => {
-                spaced.push(c);
+                // A control character (NUL, ESC, ...) is no text to train on: a space.
+                spaced.push(if c.is_control() { ' ' } else { c });
                 c.len_utf8()
             }
         };
@@ -254,6 +255,7 @@ mod tests {
     #[test]
     fn results_are_cleaned() {
         assert_eq!(clean_result(" a\n b [c] ", &[]), "a b (c)");
+        assert_eq!(clean_result("a\0b\u{1b}[0m c\u{7f}", &[]), "a b (0m c");
         let eos = ["<|endoftext|>".to_string()];
         assert_eq!(clean_result("a<|endoftext|>b", &eos), "a b");
         // Replaced by a space, so the halves around it cannot join into another.
