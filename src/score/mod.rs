@@ -1,7 +1,7 @@
 //! The math of Toolformer's filter (Schick et al. 2023, §2), exactly:
 //!
 //! ```text
-//! L_i(z) = - sum_t w_t * log p(x_{i+t} | z, x_1 .. x_{i+t-1})      t = 0 .. len(w)-1, i+t < n
+//! L_i(z) = - sum_t w_t * log p(x_{i+t} | z, x_1 .. x_{i+t-1})      t = 0 .. len(w)-1, i+t <= n
 //! w_t    = max(0, 1 - 0.2 t) / 3                                 (not renormalised at the end)
 //! L-     = min(L_i(empty), L_i(e(c, eps)))        L+ = L_i(e(c, r))
 //! keep   iff  L- - L+ >= tau_f

@@ -11,7 +11,8 @@ impl Default for LossWeights {
     /// The paper's w_t = max(0, 1 - 0.2 t) / 3: [1, .8, .6, .4, .2] / 3. The division by 3 (their
     /// sum) is the paper's normalisation; dropping it makes tau_f three times more permissive.
     fn default() -> Self {
-        LossWeights((0..5).map(|t| (1.0 - 0.2 * t as f64) / 3.0).collect())
+        // The paper's values as written: (1 - 0.2 t) in floating point is one ulp off at t = 3.
+        LossWeights([1.0, 0.8, 0.6, 0.4, 0.2].map(|w| w / 3.0).to_vec())
     }
 }
 
