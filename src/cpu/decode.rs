@@ -56,6 +56,11 @@ impl CpuScorer {
     /// returns the final residual stream of the new tokens ([n_new, d], before ln_f) in order.
     /// A group may continue a node that another group of the same call creates tokens for only if
     /// it was forked from it beforehand (prefill of a prefix tree does exactly that).
+    ///
+    /// # Panics
+    /// On what the samplers check first (`sample::batch::check_requests`, the `Decoder`'s
+    /// sessions): a token id past `vocab_size`, a sequence past `n_positions`, a node not of
+    /// `tree`, `nodes` and `tokens` of other lengths.
     pub fn extend(&self, tree: &mut KvTree, nodes: &[NodeId], tokens: &[Vec<u32>]) -> Vec<f32> {
         let (ids, positions, groups) = tree.append(nodes, tokens);
         super::on_pool(|| self.forward_new(tree, &ids, &positions, &groups))
@@ -64,6 +69,10 @@ impl CpuScorer {
     /// Prefills a prefix tree: every segment of `plan` becomes a node of `tree` (returned per
     /// segment) holding its ancestors' rows and its own; returns the final residual stream of the
     /// plan's tokens ([n_tokens, d]).
+    ///
+    /// # Panics
+    /// On a plan of candidates that were not validated (`score::validate`): ids past
+    /// `vocab_size`, sequences past `n_positions`.
     pub fn prefill(&self, tree: &mut KvTree, plan: &Plan) -> (Vec<NodeId>, Vec<f32>) {
         let (nodes, groups) = tree.add_plan(plan);
         let x = super::on_pool(|| self.forward_new(tree, &plan.tokens, &plan.positions, &groups));
@@ -104,7 +113,16 @@ impl CpuScorer {
     }
 
     /// Full log-softmax rows ([rows, vocab]) from final residual rows ([rows, d]).
+    ///
+    /// # Panics
+    /// When `x` is not whole rows (its length not a multiple of `n_embd`).
     pub fn log_softmax_rows(&self, x: &[f32]) -> Vec<f32> {
+        let d = self.config.n_embd;
+        assert!(
+            x.len().is_multiple_of(d),
+            "{} floats are not whole rows of n_embd = {d}",
+            x.len()
+        );
         super::on_pool(|| {
             let (d, vocab) = (self.config.n_embd, self.config.vocab_size);
             let rows = x.len() / d;

@@ -195,6 +195,10 @@ impl GptjConfig {
     }
 
     /// Parameter count (embedding, blocks, final norm, LM head with bias).
+    ///
+    /// # Panics
+    /// When the count overflows `usize` (a config `validate` refuses); `checked_n_params`
+    /// returns None instead.
     pub fn n_params(&self) -> usize {
         self.checked_n_params()
             .expect("parameter count overflows usize")

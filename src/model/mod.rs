@@ -337,6 +337,15 @@ mod tests {
         let mut nan_head = random(&tied);
         nan_head.lm_head.weight = Tensor::from_f32(vec![32, 16], &[f32::NAN; 512]);
         refused(&tied, nan_head, &["lm_head.weight"]);
+        // Nor another head of its shape: the engines would score with it, but the model saves
+        // (and hashes) wte alone.
+        let mut other_head = random(&tied);
+        other_head.lm_head.weight = Tensor::from_f32(vec![32, 16], &[0.25; 512]);
+        refused(
+            &tied,
+            other_head,
+            &["lm_head.weight", "differs from transformer.wte.weight"],
+        );
         assert!(Model::from_parts(tied.clone(), random(&tied), None).is_ok());
         // The CPU engine's own constructor checks too.
         let mut wide_w = config.clone();

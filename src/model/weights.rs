@@ -74,8 +74,8 @@ pub struct GptjWeights {
     /// The final LayerNorm before the LM head (`transformer.ln_f`).
     pub ln_f: LayerNormWeights,
     /// Logits, `[vocab_size, n_embd]` + bias `[vocab_size]` (`lm_head.*`). With
-    /// `tie_word_embeddings` its weight is `wte` (the same shared bytes). Loading and `check`
-    /// require the bias; where it is None all the same, the engines read zeros.
+    /// `tie_word_embeddings` its weight is `wte` (the same shared bytes; `check` refuses other
+    /// values). Loading and `check` require the bias; where it is None all the same, the engines read zeros.
     pub lm_head: Linear,
 }
 
@@ -326,6 +326,17 @@ impl GptjWeights {
                     ),
                 });
             }
+            // The engines compute with lm_head.weight, but a saved model (and its content
+            // hash) has wte alone: another head would score one way and save as another model.
+            if head.dtype() != wte.dtype() || head.bytes() != wte.bytes() {
+                return Err(Error::Tensor {
+                    path: here.to_owned(),
+                    tensor: "lm_head.weight".into(),
+                    msg: "differs from transformer.wte.weight, which it is with \
+                          tie_word_embeddings; give wte's values, or untie the config"
+                        .into(),
+                });
+            }
             named.push(("lm_head.weight".into(), head, here));
         }
         check_finite(&named)
@@ -416,6 +427,9 @@ impl GptjWeights {
     /// Random weights for tests and benchmarks, scaled so that next-token distributions are peaked
     /// (as in a trained model) rather than uniform: a default N(0, 0.02) init makes every loss
     /// ~log(vocab) and every delta ~0, which proves nothing. Deterministic in `seed`.
+    ///
+    /// # Panics
+    /// On a config `GptjConfig::validate` refuses, or sizes past memory.
     pub fn random(config: &GptjConfig, seed: u64, dtype: DType) -> Self {
         let mut rng = Rng::new(seed);
         let (d, f) = (config.n_embd as f32, config.inner_dim() as f32);

@@ -78,6 +78,9 @@ pub struct Plan {
 
 impl Plan {
     /// Builds the plan of `candidates` (already validated) under `options`.
+    ///
+    /// # Panics
+    /// On a candidate `score::validate` refuses (position 0, inline past the text, ...).
     pub fn build(candidates: &[TokenCandidate], options: &ScoreOptions) -> Plan {
         let mut builder = PlanBuilder::new(options);
         for cand in candidates {
@@ -119,6 +122,9 @@ impl Plan {
 
     /// Sums per-target contributions into [L_none, L_call, L_call_result] per candidate:
     /// `log_probs[k]` is `log p(targets[k].token | row)`.
+    ///
+    /// # Panics
+    /// When `log_probs` is not one value per target.
     pub fn reduce(&self, log_probs: &[f64]) -> Vec<[f64; 3]> {
         assert_eq!(log_probs.len(), self.targets.len());
         let mut losses = vec![[0.0; 3]; self.n_candidates];
@@ -408,6 +414,9 @@ impl<'o> PlanBuilder<'o> {
     }
 
     /// Adds `cand` (already validated) as the next candidate.
+    ///
+    /// # Panics
+    /// On a candidate `score::validate` refuses (position 0, inline past the text, ...).
     pub fn push(&mut self, cand: &TokenCandidate) {
         let c = self.n_candidates;
         for variant in Variant::ALL {

@@ -196,6 +196,11 @@ impl ReferenceModel {
     }
 
     /// log p(v | ids[0..=i]) for every position i and every v < vocab_size: [n, vocab_size].
+    /// The caller has checked `ids` as for `hidden_states`.
+    ///
+    /// # Panics
+    /// On an id past `vocab_size`. Past `n_positions` it computes what the rotary formula
+    /// gives there, which no checkpoint was trained on.
     pub fn log_softmax(&self, ids: &[u32]) -> Mat {
         let hidden = self.hidden_states(ids);
         let mut logits = linear(&hidden, &self.lm_head); // [n, vocab_size]
@@ -206,6 +211,10 @@ impl ReferenceModel {
     }
 
     /// log p(target | ids[0..=row]) for each (row, target), computing the LM head only at those rows.
+    /// The caller has checked `ids` as for `hidden_states`.
+    ///
+    /// # Panics
+    /// On an id or a target past `vocab_size`, or a row past the end of `ids`.
     pub fn log_probs_at(&self, ids: &[u32], targets: &[(usize, u32)]) -> Vec<f64> {
         let hidden = self.hidden_states(ids);
         targets

@@ -179,7 +179,9 @@ pub fn sample_rng(seed: u64, request: usize, sample: usize) -> Rng {
 }
 
 /// Draws the next token from a row of log-probabilities under `options` (greedy when the
-/// temperature is 0; ties go to the lowest id).
+/// temperature is 0; ties go to the lowest id). `options` are taken as `check_draw_options`
+/// passes them (the samplers check them first): here `top_k: Some(0)` keeps the whole
+/// vocabulary, as None does. An empty row, or one with no finite value, gives id 0.
 pub fn draw(log_probs: &[f32], options: &SampleOptions, rng: &mut Rng) -> u32 {
     let argmax = || {
         log_probs

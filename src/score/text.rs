@@ -74,6 +74,10 @@ pub fn call_insert(call: &str, placement: Placement, spaced: bool) -> String {
 /// whitespace (`spaced_at`), alone elsewhere; several at one offset each stand as they would
 /// alone, in the order given. Offsets must be character boundaries (past the end is the end).
 /// The calls are stably ordered by offset.
+///
+/// # Panics
+/// On an offset inside a character (`check_call` and the annotate driver give only token
+/// boundaries).
 pub fn splice(text: &str, calls: &[(usize, String)]) -> String {
     let mut order: Vec<&(usize, String)> = calls.iter().collect();
     order.sort_by_key(|(b, _)| *b);
