@@ -302,7 +302,7 @@ struct GenerateArgs {
     #[arg(long, default_value_t = 64)]
     max_new_tokens: usize,
     /// Tokens after "[" without an arrow before the call is closed.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     max_call_tokens: usize,
     /// 0: greedy; otherwise sample at this temperature.
     #[arg(long, default_value_t = 0.0, value_parser = temperature, allow_negative_numbers = true)]
@@ -400,7 +400,8 @@ fn finite_f64(s: &str) -> std::result::Result<f64, String> {
 fn temperature(s: &str) -> std::result::Result<f32, String> {
     match s.parse::<f32>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        Ok(_) => Err("must be a finite number >= 0 (0: greedy)".into()),
+        // "1e39" parses, as f32's infinity.
+        Ok(_) => Err("must be a number >= 0 within f32's range, at most 3.4e38 (0: greedy)".into()),
         Err(e) => Err(e.to_string()),
     }
 }

@@ -1264,6 +1264,22 @@ fn cli_refuses_to_overwrite_its_input_and_names_files_in_io_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
     assert!(!tmp.path().join("one.jsonl").exists());
+    // Flag values are refused as flags, naming them.
+    for (flag, value, want) in [
+        ("--max-call-tokens", "0", "must be at least 1"),
+        ("--temperature", "1e39", "within f32's range"),
+    ] {
+        let out = std::process::Command::new(bin)
+            .args(["generate", "--prompt", "The sum", flag, value, "--model"])
+            .arg(&model)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(flag) && stderr.contains(want),
+            "{stderr}"
+        );
+    }
 
     let folder = tmp.path().join("prompts_dir");
     std::fs::create_dir(&folder).unwrap();

@@ -250,6 +250,9 @@ pub fn resume_point(
                 format!("a line of {len} bytes is longer than any row"),
             ));
         }
+        if buf.trim_ascii().is_empty() {
+            return Err(not_ours(k, "a blank line, which no run writes".into()));
+        }
         let answer: Value = serde_json::from_slice(&buf)
             .map_err(|e| not_ours(k, format!("not a JSON line ({e})")))?;
         let question = match questions.next() {
@@ -431,6 +434,11 @@ mod tests {
             format!("{answered}{{\"id\":7,\"x\":2}}\n")
         );
         assert_eq!(point("").unwrap().unwrap().lines, 0);
+        let blank = point("{\"id\":\"a\",\"x\":1}\n\n").unwrap_err();
+        assert!(
+            blank.to_string().contains("line 2: a blank line"),
+            "{blank}"
+        );
         // Answers that are not this input's.
         for (text, why) in [
             (
