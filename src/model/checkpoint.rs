@@ -449,7 +449,8 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
         // after the weights had been committed beside an old config.json.
         if dst.is_dir() {
             return Err(refuse(format!(
-                "{name} is a folder there, where the converted {name} goes; remove it or write                  to another folder"
+                "{name} is a folder there, where the converted {name} goes; remove it or write \
+                 to another folder"
             )));
         }
         if let Some(src) = sources.iter().find(|src| is_same_file(src, &dst)) {
