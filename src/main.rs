@@ -523,7 +523,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         (false, device) => toolsift::backend::scorer_from_model(model, device, memory_budget)?,
     };
     // Emptied (or cut to where it resumes) only now that the model has loaded.
-    let output = toolsift::util::jsonl::start_output(locked, &args.output, resume_at)?;
+    let output = toolsift::util::jsonl::start_output(locked, resume_at)?;
     let summary = score_jsonl(
         BufReader::new(input),
         BufWriter::new(output),
@@ -932,9 +932,9 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let limits = toolsift::generate::GenerateOptions::for_model(model.config());
     (options.n_positions, options.vocab_size) = (limits.n_positions, limits.vocab_size);
     let decoder = toolsift::backend::decoder_for(&model, args.device)?;
-    let output: Box<dyn std::io::Write> = match args.output.as_deref().zip(locked) {
-        Some((path, file)) => Box::new(BufWriter::new(toolsift::util::jsonl::start_output(
-            file, path, resume_at,
+    let output: Box<dyn std::io::Write> = match locked {
+        Some(locked) => Box::new(BufWriter::new(toolsift::util::jsonl::start_output(
+            locked, resume_at,
         )?)),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };

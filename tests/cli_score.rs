@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{assert_close, cases, tiny};
@@ -248,17 +248,23 @@ fn a_byte_order_mark_past_line_1_is_named() {
     );
 }
 
+/// A copy of the tiny f32 model under `parent` ("model"), with `tokenizer` as its tokenizer.json.
+fn tiny_with_tokenizer(parent: &Path, tokenizer: &str) -> PathBuf {
+    let dir = parent.join("model");
+    std::fs::create_dir(&dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(tiny("f32").join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(dir.join("tokenizer.json"), tokenizer).unwrap();
+    dir
+}
+
 /// Token-level lines need no tokenizer: a tokenizer.json that does not load fails the text-level
 /// lines alone, each naming the file and why, after a warning; token-level input alone passes.
 #[test]
 fn a_tokenizer_that_does_not_load_fails_only_text_level_lines() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("model");
-    std::fs::create_dir(&dir).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(tiny("f32").join(f), dir.join(f)).unwrap();
-    }
-    std::fs::write(dir.join("tokenizer.json"), r#"{"not": "a tokenizer"}"#).unwrap();
+    let dir = tiny_with_tokenizer(tmp.path(), r#"{"not": "a tokenizer"}"#);
     let (ok, results, stderr) = run_score(&dir, &token_lines(), &[]);
     assert!(ok, "{stderr}");
     assert_eq!(results.len(), token_lines().len());
@@ -383,12 +389,6 @@ fn ids_outside_the_vocabulary() {
 /// not a "text_ids" the line never wrote.
 #[test]
 fn a_tokenizer_with_more_ids_than_the_model_is_named() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("model");
-    std::fs::create_dir(&dir).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(tiny("f32").join(f), dir.join(f)).unwrap();
-    }
     let mut tokenizer: Value =
         serde_json::from_slice(&std::fs::read(tiny("f32").join("tokenizer.json")).unwrap())
             .unwrap();
@@ -399,7 +399,8 @@ fn a_tokenizer_with_more_ids_than_the_model_is_named() {
     {
         *id = json!(id.as_u64().unwrap() + 10_000);
     }
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_with_tokenizer(tmp.path(), &tokenizer.to_string());
     let text = json!({"id": "t", "text": "Out of 1400 participants, 400 passed", "position": 24,
                       "tool": "Calculator", "input": "400 / 1400", "result": "0.29"});
     let (ok, results, stderr) = run_score(&dir, &[text], &[]);

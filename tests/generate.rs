@@ -1221,32 +1221,39 @@ fn cli_refuses_to_overwrite_its_input_and_names_files_in_io_errors() {
     let prompts = tmp.path().join("p.jsonl");
     let text = "{\"id\": 1, \"prompt\": \"The sum\"}\n";
     std::fs::write(&prompts, text).unwrap();
-    let out = std::process::Command::new(bin)
-        .args(["generate", "--max-new-tokens", "3", "--model"])
-        .arg(&model)
-        .arg("--input")
-        .arg(&prompts)
-        .arg("--output")
-        .arg(tmp.path().join(".").join("p.jsonl"))
-        .output()
-        .unwrap();
+    // `generate --model <tiny> ARGS`.
+    let generate = |args: &[&std::ffi::OsStr]| {
+        std::process::Command::new(bin)
+            .args(["generate", "--model"])
+            .arg(&model)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = generate(&[
+        "--max-new-tokens".as_ref(),
+        "3".as_ref(),
+        "--input".as_ref(),
+        prompts.as_ref(),
+        "--output".as_ref(),
+        tmp.path().join(".").join("p.jsonl").as_ref(),
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("the output is the input"));
     assert_eq!(std::fs::read_to_string(&prompts).unwrap(), text);
     // Nor its --config.
     let config = tmp.path().join("tools.toml");
     std::fs::write(&config, "[tools.calculator]\nenabled = true\n").unwrap();
-    let out = std::process::Command::new(bin)
-        .args(["generate", "--max-new-tokens", "3", "--model"])
-        .arg(&model)
-        .arg("--input")
-        .arg(&prompts)
-        .arg("--config")
-        .arg(&config)
-        .arg("--output")
-        .arg(&config)
-        .output()
-        .unwrap();
+    let out = generate(&[
+        "--max-new-tokens".as_ref(),
+        "3".as_ref(),
+        "--input".as_ref(),
+        prompts.as_ref(),
+        "--config".as_ref(),
+        config.as_ref(),
+        "--output".as_ref(),
+        config.as_ref(),
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("the output is the --config file"));
     assert_eq!(
@@ -1254,13 +1261,14 @@ fn cli_refuses_to_overwrite_its_input_and_names_files_in_io_errors() {
         "[tools.calculator]\nenabled = true\n"
     );
     // --resume goes on from a file of prompts, not from --prompt (it was silently ignored).
-    let out = std::process::Command::new(bin)
-        .args(["generate", "--prompt", "The sum", "--resume", "--model"])
-        .arg(&model)
-        .arg("--output")
-        .arg(tmp.path().join("one.jsonl"))
-        .output()
-        .unwrap();
+    let one = tmp.path().join("one.jsonl");
+    let out = generate(&[
+        "--prompt".as_ref(),
+        "The sum".as_ref(),
+        "--resume".as_ref(),
+        "--output".as_ref(),
+        one.as_ref(),
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
     assert!(!tmp.path().join("one.jsonl").exists());
@@ -1269,11 +1277,12 @@ fn cli_refuses_to_overwrite_its_input_and_names_files_in_io_errors() {
         ("--max-call-tokens", "0", "must be at least 1"),
         ("--temperature", "1e39", "within f32's range"),
     ] {
-        let out = std::process::Command::new(bin)
-            .args(["generate", "--prompt", "The sum", flag, value, "--model"])
-            .arg(&model)
-            .output()
-            .unwrap();
+        let out = generate(&[
+            "--prompt".as_ref(),
+            "The sum".as_ref(),
+            flag.as_ref(),
+            value.as_ref(),
+        ]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success() && stderr.contains(flag) && stderr.contains(want),
@@ -1283,13 +1292,7 @@ fn cli_refuses_to_overwrite_its_input_and_names_files_in_io_errors() {
 
     let folder = tmp.path().join("prompts_dir");
     std::fs::create_dir(&folder).unwrap();
-    let out = std::process::Command::new(bin)
-        .args(["generate", "--model"])
-        .arg(&model)
-        .arg("--input")
-        .arg(&folder)
-        .output()
-        .unwrap();
+    let out = generate(&["--input".as_ref(), folder.as_ref()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("prompts_dir"),

@@ -324,28 +324,29 @@ mod tests {
         values[3] = f32::NAN;
         nan.ln_f.bias = Tensor::from_f32(vec![16], &values);
         refused(&config, nan, &["transformer.ln_f.bias", "(in memory)"]);
-        // With tied embeddings the head is wte's shape (the engines read the field).
+        // With tied embeddings the head is wte (the engines read the field): not another shape,
+        // nor other values of its shape, which the engines would score with while the model
+        // saves (and hashes) wte alone.
         let mut tied = config.clone();
         tied.tie_word_embeddings = true;
-        let mut short_head = random(&tied);
-        short_head.lm_head.weight = Tensor::from_f32(vec![8, 16], &[0.5; 128]);
-        refused(
-            &tied,
-            short_head,
-            &["lm_head.weight", "tie_word_embeddings"],
-        );
-        let mut nan_head = random(&tied);
-        nan_head.lm_head.weight = Tensor::from_f32(vec![32, 16], &[f32::NAN; 512]);
-        refused(&tied, nan_head, &["lm_head.weight"]);
-        // Nor another head of its shape: the engines would score with it, but the model saves
-        // (and hashes) wte alone.
-        let mut other_head = random(&tied);
-        other_head.lm_head.weight = Tensor::from_f32(vec![32, 16], &[0.25; 512]);
-        refused(
-            &tied,
-            other_head,
-            &["lm_head.weight", "differs from transformer.wte.weight"],
-        );
+        for (shape, value, names) in [
+            (
+                vec![8, 16],
+                0.5,
+                &["lm_head.weight", "tie_word_embeddings"][..],
+            ),
+            (vec![32, 16], f32::NAN, &["lm_head.weight"][..]),
+            (
+                vec![32, 16],
+                0.25,
+                &["lm_head.weight", "differs from transformer.wte.weight"][..],
+            ),
+        ] {
+            let mut weights = random(&tied);
+            let n = shape.iter().product();
+            weights.lm_head.weight = Tensor::from_f32(shape, &vec![value; n]);
+            refused(&tied, weights, names);
+        }
         assert!(Model::from_parts(tied.clone(), random(&tied), None).is_ok());
         // The CPU engine's own constructor checks too.
         let mut wide_w = config.clone();

@@ -178,8 +178,8 @@ pub struct ResumePoint {
 /// row's since 2026-12-02, an error row's before) is that number and whose "id", other than
 /// null, is the input line's "id" (an output whose answers are not this input's, a copy of the
 /// input say, is an error, never appended to). A last line without its "\n" was cut off by a
-/// crash and is not counted, if it starts as a row does ("{"); otherwise the file is refused. The check reads ids, not the settings: a run resumes with the
-/// flags it was started with.
+/// crash and is not counted, if it starts as a row does ("{"); otherwise the file is refused.
+/// The check reads ids, not the settings: a run resumes with the flags it was started with.
 pub fn resume_point(
     input: &std::path::Path,
     output: &std::path::Path,
@@ -369,16 +369,16 @@ pub fn lock_output(output: &std::path::Path) -> crate::error::Result<LockedOutpu
     Ok(locked(file))
 }
 
-/// The locked `output` ([`lock_output`]) made ready to write: emptied, or cut to the answered
+/// The locked output ([`lock_output`]) made ready to write: emptied, or cut to the answered
 /// lines of `point` and positioned at their end. Not a regular file (a pipe, a device): written
 /// as it is, as `File::create` would.
 pub fn start_output(
     mut locked: LockedOutput,
-    output: &std::path::Path,
     point: Option<ResumePoint>,
 ) -> crate::error::Result<std::fs::File> {
     use std::io::Seek;
-    let io = |e| crate::error::Error::io(output, e);
+    let output = locked.path.clone();
+    let io = |e| crate::error::Error::io(&output, e);
     let mut file = locked
         .file
         .take()
@@ -426,7 +426,7 @@ mod tests {
         assert_eq!(p.lines, 2);
         assert_eq!(p.output_bytes, answered.len() as u64);
         assert_eq!(p.failed, 1);
-        let mut file = start_output(lock_output(&output).unwrap(), &output, Some(p)).unwrap();
+        let mut file = start_output(lock_output(&output).unwrap(), Some(p)).unwrap();
         std::io::Write::write_all(&mut file, b"{\"id\":7,\"x\":2}\n").unwrap();
         drop(file);
         assert_eq!(
