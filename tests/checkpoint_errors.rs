@@ -710,7 +710,15 @@ fn bad_shard_names_in_the_index_are_named() {
         map.insert(first.clone(), first_shard.into());
         std::fs::write(&index, serde_json::json!({"weight_map": map}).to_string()).unwrap();
     };
-    for bad in [".", "", "..", "sub/x.safetensors", "sub\\x.safetensors"] {
+    // A NUL (the fuzz test's find) was an OS error naming only the shard.
+    for bad in [
+        ".",
+        "",
+        "..",
+        "sub/x.safetensors",
+        "sub\\x.safetensors",
+        "a\0b",
+    ] {
         write_index(bad);
         let err = load_err(&dir);
         assert_names(
@@ -881,4 +889,123 @@ fn config_json_that_is_a_pipe_is_reported() {
     }
     let err = load_err(&dir);
     assert_names(&err, &["config.json", "not a regular file"]);
+}
+
+/// A tokenizer.json that makes the tokenizers crate panic (an `expect` in its deserializers: a
+/// syntax error inside "decoder", a "Precompiled" normalizer whose charsmap is not a string) is
+/// an error naming the file, not a crash (found by tests/checkpoint_fuzz.rs).
+#[test]
+fn tokenizer_json_that_panics_the_tokenizers_crate_is_an_error() {
+    let (_tmp, dir) = copy_fixture();
+    let path = dir.join("tokenizer.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    // A vertical tab is not JSON whitespace.
+    let broken = text.replacen("\"decoder\": {", "\"decoder\": {\u{b}", 1);
+    assert_ne!(broken, text);
+    std::fs::write(&path, broken).unwrap();
+    assert_names(
+        &load_err(&dir),
+        &["tokenizer.json", "is not valid JSON", " column "],
+    );
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["normalizer"] = serde_json::json!({"type": "Precompiled", "precompiled_charsmap": 5});
+    std::fs::write(&path, v.to_string()).unwrap();
+    assert_names(
+        &load_err(&dir),
+        &[
+            "tokenizer.json",
+            "not a Hugging Face tokenizer",
+            "the tokenizers crate failed on it",
+        ],
+    );
+}
+
+/// A UTF-8 byte order mark before tokenizer.json or model.safetensors.index.json is skipped, as
+/// before config.json (both were "not valid JSON: expected value at line 1 column 1").
+#[test]
+fn byte_order_marks_are_skipped_in_every_json_file() {
+    let (_tmp, dir) = copy_fixture();
+    for name in ["config.json", "tokenizer.json"] {
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        std::fs::write(dir.join(name), format!("\u{feff}{text}")).unwrap();
+    }
+    let names: Vec<String> = tensors_of(&dir).into_iter().map(|(n, _)| n).collect();
+    std::fs::rename(
+        dir.join("model.safetensors"),
+        dir.join("model-00001-of-00001.safetensors"),
+    )
+    .unwrap();
+    let map: serde_json::Map<String, serde_json::Value> = names
+        .iter()
+        .map(|n| (n.clone(), "model-00001-of-00001.safetensors".into()))
+        .collect();
+    let index = serde_json::json!({"metadata": {}, "weight_map": map}).to_string();
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        format!("\u{feff}{index}"),
+    )
+    .unwrap();
+    let model = Model::load(&dir).unwrap();
+    let tokenizer = model.tokenizer().unwrap();
+    assert!(!tokenizer.encode("Hello world").unwrap().ids.is_empty());
+    // Only one: a second is a character before the JSON.
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        format!("\u{feff}\u{feff}{index}"),
+    )
+    .unwrap();
+    assert_names(
+        &load_err(&dir),
+        &["model.safetensors.index.json", "not valid JSON"],
+    );
+}
+
+/// A tensor named twice in the index's weight_map is an error naming it and the index (serde
+/// keeps the last silently: which shard holds it?), whether or not the two shards agree.
+#[test]
+fn a_tensor_listed_twice_in_the_index_is_named() {
+    let (_tmp, dir) = copy_fixture();
+    let names: Vec<String> = tensors_of(&dir).into_iter().map(|(n, _)| n).collect();
+    let shard = "model-00001-of-00001.safetensors";
+    std::fs::rename(dir.join("model.safetensors"), dir.join(shard)).unwrap();
+    let map: serde_json::Map<String, serde_json::Value> =
+        names.iter().map(|n| (n.clone(), shard.into())).collect();
+    let index = serde_json::json!({"weight_map": map}).to_string();
+    let path = dir.join("model.safetensors.index.json");
+    std::fs::write(&path, &index).unwrap();
+    Model::load(&dir).unwrap();
+    let twice = &names[3];
+    for other in ["model-00002-of-00002.safetensors", shard] {
+        let text = index.replacen(
+            "\"weight_map\":{",
+            &format!("\"weight_map\":{{\"{twice}\":\"{other}\","),
+            1,
+        );
+        assert_ne!(text, index);
+        std::fs::write(&path, text).unwrap();
+        assert_names(
+            &load_err(&dir),
+            &["model.safetensors.index.json", twice, "listed twice"],
+        );
+    }
+    // weight_map itself twice, and not an object at all.
+    let text = index.replacen("{", "{\"weight_map\":{},", 1);
+    std::fs::write(&path, text).unwrap();
+    assert_names(
+        &load_err(&dir),
+        &[
+            "model.safetensors.index.json",
+            "\"weight_map\" appears twice",
+        ],
+    );
+    std::fs::write(&path, "[{\"weight_map\": {}}]").unwrap();
+    assert_names(
+        &load_err(&dir),
+        &["model.safetensors.index.json", "invalid type: sequence"],
+    );
+    std::fs::write(&path, "{\"weight_map\": null}").unwrap();
+    assert_names(
+        &load_err(&dir),
+        &["model.safetensors.index.json", "no \"weight_map\" object"],
+    );
 }

@@ -246,8 +246,10 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     }
     if next <= corpus_lines {
         let owner = (next - 1) % count;
+        // Named as above: which shard's files lost their last lines (a cut copy, say).
         return Err(Error::input(format!(
-            "input line {next} is missing from its shard's output (shard {owner}/{count})"
+            "input line {next} is missing from its shard's output (shard {owner}/{count}, {})",
+            seen[&owner].display()
         )));
     }
     let shard_summaries: Vec<Summary> = outputs.into_iter().map(|o| o.summary).collect();

@@ -224,45 +224,127 @@ impl TensorMap {
     }
 }
 
-/// The `weight_map` (tensor -> shard file name) of a `model.safetensors.index.json`.
+/// The `weight_map` (tensor -> shard file name) of a `model.safetensors.index.json`. A tensor
+/// listed twice is an error: serde_json's own map keeps the last silently, and which shard
+/// would hold it?
 fn read_index(index: &Path) -> Result<BTreeMap<String, String>> {
     let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
     let bad = |msg: String| Error::Checkpoint {
         path: index.to_owned(),
         msg,
     };
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-    let weight_map = json
-        .get("weight_map")
-        .and_then(|m| m.as_object())
+    // A byte order mark is skipped, as in config.json and tokenizer.json.
+    let text = crate::util::json::strip_bom(&text);
+    let file: IndexFile = serde_json::from_str(text).map_err(|e| {
+        if e.is_data() {
+            bad(e.to_string())
+        } else {
+            bad(format!("not valid JSON: {e}"))
+        }
+    })?;
+    let weight_map = file
+        .weight_map
         .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
     let mut map = BTreeMap::new();
-    for (tensor, file) in weight_map {
+    for (tensor, file) in weight_map.0 {
         let file = file
             .as_str()
             .ok_or_else(|| bad(format!("weight_map entry {tensor:?} is not a file name")))?;
         if !is_plain_file_name(file) {
             return Err(Error::Tensor {
                 path: index.to_owned(),
-                tensor: tensor.clone(),
+                tensor,
                 msg: format!(
                     "shard {file:?} is not a plain file name (a name in the index's folder: \
-                     not empty, no path separator, not \".\" or \"..\")"
+                     not empty, no path separator or NUL, not \".\" or \"..\")"
                 ),
             });
         }
-        map.insert(tensor.clone(), file.to_owned());
+        if let Some(first) = map.insert(tensor.clone(), file.to_owned()) {
+            return Err(Error::Tensor {
+                path: index.to_owned(),
+                tensor,
+                msg: format!(
+                    "is listed twice in weight_map (in {first:?} and {file:?}): which shard \
+                     holds it?"
+                ),
+            });
+        }
     }
     Ok(map)
 }
 
-/// A name of a file in the folder itself: not empty, "." or "..", no separator, no prefix.
+/// The part of a shard index the loader reads; every other key is ignored, unchecked.
+struct IndexFile {
+    /// None when the key is absent or `null`.
+    weight_map: Option<WeightMap>,
+}
+
+/// `weight_map`'s entries in file order, each as written: a key held twice is kept twice.
+struct WeightMap(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for IndexFile {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = IndexFile;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object with a \"weight_map\"")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<IndexFile, A::Error> {
+                let mut weight_map = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key != "weight_map" {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    } else if weight_map.is_some() {
+                        return Err(serde::de::Error::custom("\"weight_map\" appears twice"));
+                    } else {
+                        weight_map = Some(map.next_value::<Option<WeightMap>>()?);
+                    }
+                }
+                Ok(IndexFile {
+                    weight_map: weight_map.flatten(),
+                })
+            }
+        }
+        // Only an object: a derived struct would also read an array of the fields in order.
+        d.deserialize_map(Fields)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for WeightMap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = WeightMap;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a \"weight_map\" object of tensor names to shard files")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<WeightMap, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(WeightMap(entries))
+            }
+        }
+        d.deserialize_map(Entries)
+    }
+}
+
+/// A name of a file in the folder itself: not empty, "." or "..", no separator, no prefix, no
+/// NUL (which no file name holds: the OS error would name neither the index nor the tensor).
 fn is_plain_file_name(name: &str) -> bool {
     !name.is_empty()
         && name != "."
         && name != ".."
-        && !name.contains(['/', '\\'])
+        && !name.contains(['/', '\\', '\0'])
         && matches!(
             Path::new(name).components().collect::<Vec<_>>().as_slice(),
             [std::path::Component::Normal(_)]

@@ -59,17 +59,30 @@ impl Tokenizer {
             path: path.to_owned(),
             msg,
         };
-        let mut inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| {
-            // The crate says the same ("expected `,` or `}` at line 1 column 5") of a file that
-            // is no JSON and of JSON that is no tokenizer (a config.json copied over it, say).
-            match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
-                Ok(_) => err(format!(
-                    "is JSON, but not a Hugging Face tokenizer (the tokenizer.json that \
-                     `tokenizers` or transformers saves): {e}"
-                )),
-                Err(_) => err(format!("is not valid JSON: {e}")),
-            }
-        })?;
+        // A byte order mark is skipped, as in config.json; the hash stays the file's.
+        let json = crate::util::json::strip_bom_bytes(bytes);
+        // Syntax first: the crate panics on some text that is no JSON (an `expect` in its
+        // decoder's deserializer) instead of returning the error. Its message would also be the
+        // same for JSON that is no tokenizer (a config.json copied over it, say).
+        if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(json) {
+            return Err(err(format!("is not valid JSON: {e}")));
+        }
+        let not_tokenizer = |e: &dyn std::fmt::Display| {
+            err(format!(
+                "is JSON, but not a Hugging Face tokenizer (the tokenizer.json that `tokenizers` \
+                 or transformers saves): {e}"
+            ))
+        };
+        // And some JSON that is no tokenizer panics it too (a "Precompiled" normalizer whose
+        // charsmap is not a string): a corrupt file is an error, not a crash. The crate's own
+        // state is not shared with the caller, so nothing half-built survives the unwind.
+        let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(json)).map_err(
+            |panic| {
+                let msg = crate::util::panic_text(panic.as_ref());
+                not_tokenizer(&format_args!("the tokenizers crate failed on it ({msg})"))
+            },
+        )?;
+        let mut inner = parsed.map_err(|e| not_tokenizer(&e))?;
         // A text's own tokens, as transformers' tokenizers give them unless a call asks for
         // more: a saved padding or truncation setting would put pad tokens into the scored
         // sequences or cut the text.

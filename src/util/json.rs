@@ -249,6 +249,18 @@ pub fn from_object<T: DeserializeOwned>(obj: Map<String, Value>) -> Result<T, se
     })
 }
 
+/// `text` without one leading UTF-8 byte order mark, which Windows editors write and serde_json
+/// reads as "expected value at line 1 column 1". Every JSON file of a checkpoint folder is read
+/// through it (config.json, tokenizer.json, model.safetensors.index.json), so that they agree.
+pub fn strip_bom(text: &str) -> &str {
+    text.strip_prefix('\u{feff}').unwrap_or(text)
+}
+
+/// [`strip_bom`] of bytes not yet known to be UTF-8.
+pub fn strip_bom_bytes(bytes: &[u8]) -> &[u8] {
+    bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes)
+}
+
 /// `T` from a whole JSON text that must be one object (a config file, an output record, a
 /// server's reply), read as strictly as a line: a key held twice (at any depth) and anything but
 /// an object are errors. serde alone builds a struct from an array of its fields in order
@@ -256,7 +268,7 @@ pub fn from_object<T: DeserializeOwned>(obj: Map<String, Value>) -> Result<T, se
 /// field (a struct's own fields it refuses twice). A leading UTF-8 byte order mark is skipped.
 /// The error says what is wrong, without the file's name (the caller adds it).
 pub fn object_from_str<T: DeserializeOwned>(text: &str) -> Result<T, String> {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let text = strip_bom(text);
     let (value, duplicate) = parse_line(text).map_err(|e| match e {
         LineError::Blank => "empty".to_string(),
         // Only a second one is left to find here.

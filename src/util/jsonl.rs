@@ -272,9 +272,11 @@ pub fn resume_point(
         }
         let id = answer.get("id").unwrap_or(&Value::Null);
         if !id.is_null() {
+            // Read as the run read it (`json::parse_line`): serde_json's own reader refuses
+            // some lines the run answered, a lone surrogate in a key held twice, say.
             let asked = question
-                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-                .and_then(|v| v.get("id").cloned());
+                .and_then(|t| crate::util::json::parse_line(&t).ok())
+                .and_then(|(v, _)| v.get("id").cloned());
             if asked.as_ref() != Some(id) {
                 let asked = asked.map_or("none".to_string(), |a| a.to_string());
                 return Err(not_ours(
@@ -482,6 +484,24 @@ mod tests {
             e.contains("the input ends at line 4, before the 5 lines"),
             "{e}"
         );
+    }
+
+    /// Found by tests/input_fuzz.rs: `score` echoes the id of a line whose other key, held
+    /// twice, holds a lone surrogate (which serde_json's own reader refuses); resuming from
+    /// that output was refused as "not an output of" its input.
+    #[test]
+    fn ids_are_read_back_as_the_run_read_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (input, output) = (dir.path().join("in.jsonl"), dir.path().join("out.jsonl"));
+        std::fs::write(
+            &input,
+            "{\"zz\": 0.1, \"zz\": \"\\ud800\", \"id\": false}\n{}\n",
+        )
+        .unwrap();
+        let row = "{\"id\":false,\"line\":1,\"error\":\"line 1: duplicate key \\\"zz\\\"\"}\n";
+        std::fs::write(&output, row).unwrap();
+        let point = resume_point(&input, &output, "x").unwrap().unwrap();
+        assert_eq!((point.lines, point.failed), (1, 1));
     }
 
     #[test]

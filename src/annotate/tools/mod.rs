@@ -201,19 +201,10 @@ impl ToolRegistry {
             Ok(result) => result,
             Err(payload) => Err(ToolError::Failed(format!(
                 "tool {name:?} panicked: {}",
-                panic_text(payload.as_ref())
+                crate::util::panic_text(payload.as_ref())
             ))),
         }
     }
-}
-
-/// The message a caught panic carried.
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_string())
 }
 
 /// Settings of the Calculator.

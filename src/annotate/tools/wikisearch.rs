@@ -531,7 +531,7 @@ impl WikiSearch {
         let (index, reader, id, title, text) =
             std::panic::catch_unwind(open).map_err(|panic| IndexError::Damaged {
                 path: dir.to_path_buf(),
-                message: super::panic_text(panic.as_ref()),
+                message: crate::util::panic_text(panic.as_ref()),
             })??;
         Ok(Self {
             index,
