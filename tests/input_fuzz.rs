@@ -928,17 +928,7 @@ fn corpus_text(seed: u64, n: usize) -> String {
 /// uninterrupted run, or an error that names the journal. Never a line lost or written twice.
 #[test]
 fn annotate_resumes_from_a_journal_cut_anywhere() {
-    let mut config = AnnotateConfig {
-        max_call_tokens: 8,
-        ..Default::default()
-    };
-    for t in ToolKind::ALL {
-        let p = config.per_tool.get_mut(t);
-        p.k = 2;
-        p.m = 2;
-        p.prompt = format!("[{}(1)] 1\nInput: {{x}}\nOutput: ", t.call_name());
-    }
-    config.per_tool.calculator.tau_f = -1e9;
+    let config = journal_config();
     let model = tiny();
     let tok = model.tokenizer().unwrap();
     let sampler = MockSampler::new(tok);
@@ -1204,7 +1194,8 @@ proptest! {
     }
 }
 
-fn annotate_config() -> AnnotateConfig {
+/// Two short-prompted calls per tool; every scored calculator call kept.
+fn journal_config() -> AnnotateConfig {
     let mut config = AnnotateConfig {
         max_call_tokens: 8,
         ..Default::default()
@@ -1216,6 +1207,11 @@ fn annotate_config() -> AnnotateConfig {
         p.prompt = format!("[{}(1)] 1\nInput: {{x}}\nOutput: ", t.call_name());
     }
     config.per_tool.calculator.tau_f = -1e9;
+    config
+}
+
+fn annotate_config() -> AnnotateConfig {
+    let mut config = journal_config();
     config.per_tool.calculator.min_numbers = 0;
     config.per_tool.calendar.tau_f = -1e9;
     config.tools.calendar.date = Some("2023-01-30".into());
