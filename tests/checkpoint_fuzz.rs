@@ -25,27 +25,43 @@ use serde_json::Value;
 use toolsift::model::checkpoint::write_safetensors;
 use toolsift::Model;
 
-/// The system allocator, noting the largest single request: a corrupt length or shape that
-/// makes the loader allocate by it shows up here (the fixtures are under a megabyte).
+/// The system allocator, noting the largest single request and the peak of the bytes held: a
+/// corrupt length or shape that makes the loader allocate by it shows up here (the fixtures are
+/// under a megabyte).
 struct Watched;
 
 static LARGEST_ALLOC: AtomicUsize = AtomicUsize::new(0);
+static HELD: AtomicUsize = AtomicUsize::new(0);
+static PEAK_HELD: AtomicUsize = AtomicUsize::new(0);
+
+impl Watched {
+    fn took(size: usize) {
+        LARGEST_ALLOC.fetch_max(size, Ordering::Relaxed);
+        let held = HELD.fetch_add(size, Ordering::Relaxed) + size;
+        PEAK_HELD.fetch_max(held, Ordering::Relaxed);
+    }
+    fn gave(size: usize) {
+        HELD.fetch_sub(size, Ordering::Relaxed);
+    }
+}
 
 // SAFETY: forwards to `System` unchanged.
 unsafe impl GlobalAlloc for Watched {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LARGEST_ALLOC.fetch_max(layout.size(), Ordering::Relaxed);
+        Self::took(layout.size());
         System.alloc(layout)
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        LARGEST_ALLOC.fetch_max(layout.size(), Ordering::Relaxed);
+        Self::took(layout.size());
         System.alloc_zeroed(layout)
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        Self::gave(layout.size());
         System.dealloc(ptr, layout)
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LARGEST_ALLOC.fetch_max(new_size, Ordering::Relaxed);
+        Self::took(new_size);
+        Self::gave(layout.size());
         System.realloc(ptr, layout, new_size)
     }
 }
@@ -55,6 +71,10 @@ static GLOBAL: Watched = Watched;
 
 /// The largest single allocation one load may make: 64 times the largest fixture file.
 const ALLOC_LIMIT: usize = 64 << 20;
+/// The most one load may hold at once above what was held before it (other tests' threads
+/// allocate too, a little): 32 times the largest safetensors header read, whose every JSON value
+/// the safetensors crate holds.
+const HELD_LIMIT: usize = 128 << 20;
 /// The longest one load of the tiny model may take (a few milliseconds when well).
 const TIME_LIMIT: Duration = Duration::from_secs(10);
 
@@ -66,6 +86,8 @@ static SERIAL: Mutex<()> = Mutex::new(());
 fn check_load(dir: &Path) -> Result<Option<String>, TestCaseError> {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     LARGEST_ALLOC.store(0, Ordering::Relaxed);
+    let held_before = HELD.load(Ordering::Relaxed);
+    PEAK_HELD.store(held_before, Ordering::Relaxed);
     let start = Instant::now();
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         match Model::load_deferring_tokenizer(dir) {
@@ -86,6 +108,9 @@ fn check_load(dir: &Path) -> Result<Option<String>, TestCaseError> {
     }));
     let elapsed = start.elapsed();
     let largest = LARGEST_ALLOC.load(Ordering::Relaxed);
+    let peak = PEAK_HELD
+        .load(Ordering::Relaxed)
+        .saturating_sub(held_before);
     let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(panic) => {
@@ -103,6 +128,10 @@ fn check_load(dir: &Path) -> Result<Option<String>, TestCaseError> {
         largest <= ALLOC_LIMIT,
         "loading allocated {largest} bytes at once"
     );
+    prop_assert!(peak <= HELD_LIMIT, "loading held {peak} bytes at once");
+    if std::env::var_os("FUZZ_PEAK").is_some() {
+        eprintln!("PEAK {peak} LARGEST {largest}");
+    }
     if std::env::var_os("FUZZ_VERBOSE").is_some() {
         eprintln!("OUTCOME {err:?}");
     }
@@ -871,4 +900,72 @@ fn unmutated_fixtures_load() {
         &[],
     ));
     assert_eq!(check_load(&dir).unwrap(), None, "header rewritten");
+}
+
+/// Headers built to the size limit (4 MiB) to make the loader allocate by what they declare:
+/// one tensor with millions of dimensions, metadata holding a huge array, tens of thousands of
+/// empty tensors. Each is refused within the allocation limits (the first made the safetensors
+/// crate allocate 576 MiB at once when the limit was 16 MiB).
+#[test]
+fn headers_at_the_size_limit_stay_small() {
+    const BUDGET: usize = (4 << 20) - 4096;
+    let fill = |head: &str, item: &str, tail: &str| {
+        let n = (BUDGET - head.len() - tail.len()) / item.len();
+        let mut s = String::with_capacity(BUDGET);
+        s.push_str(head);
+        for i in 0..n {
+            s.push_str(if i == 0 { &item[1..] } else { item });
+        }
+        s.push_str(tail);
+        s
+    };
+    let many_tensors = {
+        let mut s = String::from("{");
+        let mut i = 0;
+        while s.len() < BUDGET - 100 {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push_str(&format!(
+                r#""t{i}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}"#
+            ));
+            i += 1;
+        }
+        s.push('}');
+        s
+    };
+    let headers = [
+        (
+            "a shape of millions of dimensions",
+            fill(
+                r#"{"w":{"dtype":"F32","data_offsets":[0,0],"shape":["#,
+                ",0",
+                "]}}",
+            ),
+            "tensor `w`: in the safetensors header: shape has more than 64 dimensions",
+        ),
+        (
+            "metadata holding a huge array",
+            fill(r#"{"__metadata__":{"a":["#, ",0", "]}}"),
+            "its safetensors header's __metadata__ is malformed",
+        ),
+        // Well formed: the crate reads it all, and the tensors GPT-J needs are missing.
+        (
+            "tens of thousands of empty tensors",
+            many_tensors,
+            "missing from the checkpoint",
+        ),
+    ];
+    for (what, header, says) in headers {
+        let mut header = header.into_bytes();
+        while !header.len().is_multiple_of(8) {
+            header.push(b' ');
+        }
+        let mut st = (header.len() as u64).to_le_bytes().to_vec();
+        st.extend_from_slice(&header);
+        let (_tmp, dir) = safetensors_folder(&st);
+        let err = check_load(&dir).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let err = err.unwrap_or_else(|| panic!("{what}: loaded"));
+        assert!(err.contains(says), "{what}: {err}");
+    }
 }

@@ -15,7 +15,7 @@ use memmap2::Mmap;
 use safetensors::SafeTensors;
 
 use super::tensor::{DType, Tensor};
-use super::torch_bin;
+use super::{safetensors_header, torch_bin};
 use crate::error::{Error, Result};
 
 /// Buffers that old GPT-J checkpoints carry (causal mask, masking constant). They are not weights.
@@ -105,7 +105,8 @@ impl TensorMap {
                     }
                     Err(e) => return Err(Error::io(&path, e)),
                 }
-                map.read_safetensors(&path)?;
+                map.read_safetensors(&path)
+                    .map_err(|e| as_shard(e, &index))?;
             }
             map.check_index(&index, dir, &weight_map)?;
         } else if bin.is_file() {
@@ -157,16 +158,6 @@ impl TensorMap {
                     })
                 }
             };
-            if view.shape().len() > MAX_DIMS {
-                return Err(Error::Tensor {
-                    path: path.to_owned(),
-                    tensor: name,
-                    msg: format!(
-                        "has {} dimensions, more than the {MAX_DIMS} a tensor may have",
-                        view.shape().len()
-                    ),
-                });
-            }
             let data = view.data();
             let start = data.as_ptr() as usize - base;
             entries.push((name, dtype, view.shape().to_vec(), start, data.len()));
@@ -221,6 +212,27 @@ impl TensorMap {
             ));
         }
         Ok(())
+    }
+}
+
+/// An error reading a shard, saying that the index names it: a shard named `config.json` would
+/// otherwise be "config.json: not a valid safetensors file", with no word of why it was read.
+fn as_shard(e: Error, index: &Path) -> Error {
+    let named_by = |msg: String| {
+        let index = index.file_name().unwrap_or_default().to_string_lossy();
+        format!("{msg} (read as a shard that {index} names)")
+    };
+    match e {
+        Error::Checkpoint { path, msg } => Error::Checkpoint {
+            path,
+            msg: named_by(msg),
+        },
+        Error::Tensor { path, tensor, msg } => Error::Tensor {
+            path,
+            tensor,
+            msg: named_by(msg),
+        },
+        other => other,
     }
 }
 
@@ -354,14 +366,15 @@ fn is_plain_file_name(name: &str) -> bool {
 /// torch's limit on a tensor's number of dimensions (the pickle reader applies it too).
 const MAX_DIMS: usize = 64;
 
-/// The largest safetensors header read: GPT-J 6B's is about 30 KB. The crate itself allows
-/// 100 MB, and parses every shape in it before a single one can be checked, so a small corrupt
-/// file could otherwise declare hundreds of MB of dimensions.
-const MAX_HEADER_BYTES: u64 = 16 << 20;
+/// The largest safetensors header read: GPT-J 6B's is about 30 KB (some 100 bytes a tensor),
+/// so this is room for some 40,000 tensors. The crate itself allows 100 MB, and holds every
+/// JSON value of a header in memory before it checks one (see `safetensors_header`); with the
+/// screen, what it holds stays a small multiple of this.
+const MAX_HEADER_BYTES: u64 = 4 << 20;
 
-/// Refuses a header longer than [`MAX_HEADER_BYTES`] before the crate parses it (safetensors:
-/// an 8-byte little-endian length, then that much JSON), and one that names a tensor twice,
-/// which the crate reads as the last of the two.
+/// Refuses a header longer than [`MAX_HEADER_BYTES`], or one that is not the shape of a
+/// safetensors header ([`safetensors_header::screen`]), before the crate parses it
+/// (safetensors: an 8-byte little-endian length, then that much JSON).
 fn check_header(bytes: &[u8], path: &Path) -> Result<()> {
     let Some(len) = bytes.first_chunk::<8>().map(|b| u64::from_le_bytes(*b)) else {
         return Ok(()); // too short to hold a length: the crate names that
@@ -376,16 +389,24 @@ fn check_header(bytes: &[u8], path: &Path) -> Result<()> {
              checkpoint's header needs (corrupt or not a safetensors file?)"
         )));
     }
-    let header = bytes
-        .get(8..8 + len as usize)
-        .and_then(|h| std::str::from_utf8(h).ok());
-    // Anything else wrong with the header is the crate's to say.
-    if let Some(Ok((_, Some(twice)))) = header.map(crate::util::json::parse_line) {
-        return Err(bad(format!(
-            "its safetensors header holds {twice}: which tensor would be loaded?"
-        )));
-    }
-    Ok(())
+    let Some(header) = bytes.get(8..8 + len as usize) else {
+        return Ok(()); // the file ends inside the header: the crate names that
+    };
+    safetensors_header::screen(header, MAX_DIMS).map_err(|flaw| match flaw.entry {
+        Some(tensor) if tensor != safetensors_header::METADATA => Error::Tensor {
+            path: path.to_owned(),
+            tensor,
+            msg: format!("in the safetensors header: {}", flaw.msg),
+        },
+        Some(metadata) => bad(format!(
+            "its safetensors header's {metadata} is malformed: {}",
+            flaw.msg
+        )),
+        None => bad(format!(
+            "not a valid safetensors file (corrupt?): its header: {}",
+            flaw.msg
+        )),
+    })
 }
 
 fn map_file(path: &Path) -> Result<Mmap> {

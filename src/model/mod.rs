@@ -3,6 +3,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod rotary;
+mod safetensors_header;
 pub mod tensor;
 pub mod tokenizer;
 pub mod torch_bin;
