@@ -969,3 +969,88 @@ fn headers_at_the_size_limit_stay_small() {
         assert!(err.contains(says), "{what}: {err}");
     }
 }
+
+/// config.json, the shard index and tokenizer.json past their size limits are refused unread,
+/// and a shard name that is a huge array is refused as it is read.
+#[test]
+fn json_files_past_their_limits_are_refused_unread() {
+    let zeros = |bytes: usize| {
+        let mut s = String::from("[0");
+        while s.len() < bytes {
+            s.push_str(",0");
+        }
+        s.push(']');
+        s
+    };
+    let config = fixture("f32", "config.json");
+    let tokenizer = fixture("f32", "tokenizer.json");
+    let (a, b, index) = sharded();
+    // Built as text: the watch on allocations is process-wide, and a JSON value of a million
+    // items built here would be charged to another test's load.
+    let big_shard_name = format!(
+        r#"{{"weight_map": {{"transformer.wte.weight": {}}}}}"#,
+        zeros(3 << 20)
+    );
+    let padded = |json: &[u8], bytes: usize| {
+        let mut v = json.to_vec();
+        v.resize(bytes, b' ');
+        v
+    };
+    // (what, the file replaced, its bytes, what the error says)
+    let cases: [(&str, &str, Vec<u8>, &str); 5] = [
+        (
+            "config.json over 1 MiB",
+            "config.json",
+            padded(config, (1 << 20) + 1),
+            "config.json: is larger than 1 MiB",
+        ),
+        (
+            "config.json of a million numbers, under 1 MiB",
+            "config.json",
+            format!(r#"{{"a": {}}}"#, zeros((1 << 20) - 100)).into_bytes(),
+            "config.json: not a GPT-J config",
+        ),
+        (
+            "an index over 4 MiB",
+            "model.safetensors.index.json",
+            padded(index, (4 << 20) + 1),
+            "model.safetensors.index.json: is larger than 4 MiB",
+        ),
+        (
+            "a shard name that is an array of a million numbers",
+            "model.safetensors.index.json",
+            big_shard_name.into_bytes(),
+            "is not a file name",
+        ),
+        (
+            "tokenizer.json over 64 MiB",
+            "tokenizer.json",
+            Vec::new(),
+            "tokenizer.json: is larger than 64 MiB",
+        ),
+    ];
+    for (what, name, bytes, says) in cases {
+        let (_tmp, dir) = folder(&[
+            ("config.json", config),
+            ("tokenizer.json", tokenizer),
+            (SHARDS[0], a),
+            (SHARDS[1], b),
+            ("model.safetensors.index.json", index),
+        ]);
+        std::fs::write(dir.join(name), bytes).unwrap();
+        if what.starts_with("tokenizer.json") {
+            // Sparse: no 64 MiB written to the disk.
+            let f = std::fs::File::options()
+                .write(true)
+                .open(dir.join("tokenizer.json"))
+                .unwrap();
+            f.set_len((64 << 20) + 1).unwrap();
+        }
+        let err = check_load(&dir).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let err = err.unwrap_or_else(|| panic!("{what}: loaded"));
+        if std::env::var_os("FUZZ_VERBOSE").is_some() {
+            eprintln!("{what}: {err}");
+        }
+        assert!(err.contains(says), "{what}: {err}");
+    }
+}

@@ -240,11 +240,11 @@ fn as_shard(e: Error, index: &Path) -> Error {
 /// listed twice is an error: serde_json's own map keeps the last silently, and which shard
 /// would hold it?
 fn read_index(index: &Path) -> Result<BTreeMap<String, String>> {
-    let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
     let bad = |msg: String| Error::Checkpoint {
         path: index.to_owned(),
         msg,
     };
+    let text = super::read_small_text(index, MAX_INDEX_BYTES, bad)?;
     // A byte order mark is skipped, as in config.json and tokenizer.json.
     let text = crate::util::json::strip_bom(&text);
     let file: IndexFile = serde_json::from_str(text).map_err(|e| {
@@ -259,9 +259,7 @@ fn read_index(index: &Path) -> Result<BTreeMap<String, String>> {
         .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
     let mut map = BTreeMap::new();
     for (tensor, file) in weight_map.0 {
-        let file = file
-            .as_str()
-            .ok_or_else(|| bad(format!("weight_map entry {tensor:?} is not a file name")))?;
+        let file = file.as_str();
         if !is_plain_file_name(file) {
             return Err(Error::Tensor {
                 path: index.to_owned(),
@@ -286,6 +284,9 @@ fn read_index(index: &Path) -> Result<BTreeMap<String, String>> {
     Ok(map)
 }
 
+/// The largest shard index read: GPT-J 6B's is about 25 KB (some 80 bytes a tensor).
+const MAX_INDEX_BYTES: u64 = 4 << 20;
+
 /// The part of a shard index the loader reads; every other key is ignored, unchecked.
 struct IndexFile {
     /// None when the key is absent or `null`.
@@ -293,7 +294,9 @@ struct IndexFile {
 }
 
 /// `weight_map`'s entries in file order, each as written: a key held twice is kept twice.
-struct WeightMap(Vec<(String, serde_json::Value)>);
+/// Each value must be a string, checked as it is read: a value held as JSON could be an array
+/// of millions of items.
+struct WeightMap(Vec<(String, String)>);
 
 impl<'de> serde::Deserialize<'de> for IndexFile {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
@@ -340,8 +343,13 @@ impl<'de> serde::Deserialize<'de> for WeightMap {
                 mut map: A,
             ) -> std::result::Result<WeightMap, A::Error> {
                 let mut entries = Vec::new();
-                while let Some(entry) = map.next_entry()? {
-                    entries.push(entry);
+                while let Some(tensor) = map.next_key::<String>()? {
+                    let file = map.next_value::<String>().map_err(|e| {
+                        serde::de::Error::custom(format!(
+                            "weight_map entry {tensor:?} is not a file name: {e}"
+                        ))
+                    })?;
+                    entries.push((tensor, file));
                 }
                 Ok(WeightMap(entries))
             }
@@ -654,7 +662,11 @@ fn config_json(model: &super::Model, dtype: Option<DType>) -> Result<String> {
     let mut cfg = if model.dir.as_os_str().is_empty() || !src.is_file() {
         serde_json::Map::new()
     } else {
-        let text = std::fs::read_to_string(&src).map_err(|e| Error::io(&src, e))?;
+        let text =
+            super::read_small_text(&src, super::config::MAX_CONFIG_BYTES, |msg| Error::Config {
+                path: src.clone(),
+                msg,
+            })?;
         // Read as the load read it (a byte order mark skipped).
         match crate::util::json::object_from_str::<serde_json::Map<String, serde_json::Value>>(
             &text,

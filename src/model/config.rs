@@ -9,6 +9,9 @@ use crate::error::{Error, Result};
 /// Longest context a config may declare (GPT-J-6B has 2048).
 pub const MAX_POSITIONS: usize = 1 << 20;
 
+/// The largest config.json read: GPT-J 6B's is under 1 KB; its JSON is held whole as values.
+pub(super) const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// Most entries of the rotary table (n_positions x rotary_dim, f32), built for every position up
 /// front: 256 MB, GPT-J's rotary_dim 64 at `MAX_POSITIONS`.
 pub const MAX_ROTARY_TABLE: usize = 1 << 26;
@@ -82,7 +85,11 @@ impl GptjConfig {
                 });
             }
         }
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let err = |msg| Error::Config {
+            path: path.to_owned(),
+            msg,
+        };
+        let text = super::read_small_text(path, MAX_CONFIG_BYTES, err)?;
         let config: GptjConfig =
             crate::util::json::object_from_str(&text).map_err(|e| Error::Config {
                 path: path.to_owned(),

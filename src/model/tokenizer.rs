@@ -16,6 +16,10 @@ const HEAD_BYTES_PER_TOKEN: usize = 8;
 /// single unbroken word (1.3 GB here), and a 64 MiB line would take 10 GB.
 pub const MAX_UNCUT_BYTES: usize = 8 << 20;
 
+/// The largest tokenizer.json read: GPT-J's is 1.4 MB; the largest on the Hugging Face hub are
+/// some 35 MB.
+const MAX_FILE_BYTES: u64 = 64 << 20;
+
 /// A Hugging Face tokenizer.json, with padding and truncation off (a text's own tokens).
 #[derive(Clone)]
 pub struct Tokenizer {
@@ -48,7 +52,10 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Reads a tokenizer.json; errors name the file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = super::read_small_file(path, MAX_FILE_BYTES, |msg| Error::Tokenizer {
+            path: path.to_owned(),
+            msg,
+        })?;
         Self::from_bytes(&bytes, path)
     }
 

@@ -1,11 +1,12 @@
 //! File-system helpers of the commands that write outputs: all-or-nothing files
 //! (`AtomicFile`: a locked temporary sibling, fsync'ed and renamed into place), the checks an
-//! output path gets before a run starts, and path spelling.
+//! output path gets before a run starts, and path spelling; and `read_at_most`, for the small
+//! files a loader reads whole.
 
 #[cfg(feature = "annotate")]
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,19 @@ pub(crate) fn with_suffix(base: &OsStr, suffix: &str) -> OsString {
     let mut s = base.to_owned();
     s.push(suffix);
     s
+}
+
+/// The whole of a file of at most `max` bytes, or `Ok(None)` when it holds more: refused by its
+/// size before a byte is read, and (a file growing as it is read) after at most `max + 1`.
+pub fn read_at_most(path: &Path, max: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let file = File::open(path)?;
+    let len = file.metadata()?.len();
+    if len > max {
+        return Ok(None);
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= max).then_some(bytes))
 }
 
 /// Why `out` cannot name a file this run creates or replaces, if it cannot: a folder, a path
@@ -323,6 +337,19 @@ impl Drop for AtomicFile {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn read_at_most_refuses_what_is_past_its_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"12345").unwrap();
+        assert_eq!(
+            super::read_at_most(&p, 5).unwrap().as_deref(),
+            Some(&b"12345"[..])
+        );
+        assert_eq!(super::read_at_most(&p, 4).unwrap(), None);
+        assert!(super::read_at_most(&dir.path().join("none"), 4).is_err());
+    }
+
     use super::*;
 
     #[test]
