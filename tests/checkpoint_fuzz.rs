@@ -1054,3 +1054,68 @@ fn json_files_past_their_limits_are_refused_unread() {
         assert!(err.contains(says), "{what}: {err}");
     }
 }
+
+/// A data.pkl at its size limit (4 MiB) that is the fixture's state dict followed by millions
+/// of opcodes that each add a value, a stack entry, a mark or a memo entry: it loads, or is
+/// refused, within the allocation limits (four million empty tuples took 352 MiB at once before
+/// values were capped).
+#[test]
+fn a_pickle_at_its_size_limit_stays_small() {
+    const BUDGET: usize = (4 << 20) - 64;
+    let entries = unzip(fixture("bin", "pytorch_model.bin"));
+    let pkl_at = entries
+        .iter()
+        .position(|(name, _)| name.ends_with("/data.pkl"))
+        .unwrap();
+    let state_dict = &entries[pkl_at].1;
+    // Memo 13 is the first tensor (`pickletools.dis` of the fixture).
+    /// Opcodes after the state dict: `open`, `push` until the budget, `close`.
+    struct Filler {
+        what: &'static str,
+        open: &'static [u8],
+        push: &'static [u8],
+        close: &'static [u8],
+        /// Whether the cap on values refuses it.
+        capped: bool,
+    }
+    let filler = |what, open, push, close, capped| Filler {
+        what,
+        open,
+        push,
+        close,
+        capped,
+    };
+    let fillers = [
+        filler("a re-used tensor", b"(", b"h\x0d", b"l0", false),
+        filler("an empty tuple", b"(", b")", b"l0", true),
+        filler("an empty list", b"(", b"]", b"l0", true),
+        filler("None", b"(", b"N", b"l0", true),
+        filler("the top of the stack again", b"(", b"2", b"l0", false),
+        filler("a mark", b"", b"(", b"", false),
+        filler("a memo entry", b")", b"\x94", b"0", true),
+    ];
+    for Filler {
+        what,
+        open,
+        push,
+        close,
+        capped,
+    } in fillers
+    {
+        let mut pkl = state_dict[..state_dict.len() - 1].to_vec(); // less the STOP
+        pkl.extend_from_slice(open);
+        while pkl.len() + push.len() + close.len() < BUDGET {
+            pkl.extend_from_slice(push);
+        }
+        pkl.extend_from_slice(close);
+        pkl.push(b'.');
+        let mut bin = entries.clone();
+        bin[pkl_at].1 = pkl;
+        let (_tmp, dir) = bin_folder(&rezip(&bin));
+        let err = check_load(&dir).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let refused = err
+            .as_deref()
+            .is_some_and(|e| e.contains("builds more than 262144"));
+        assert_eq!(refused, capped, "{what}: {err:?}");
+    }
+}

@@ -26,10 +26,10 @@ use crate::error::{Error, Result};
 use crate::model::checkpoint::is_ignored_buffer;
 use crate::model::tensor::{DType, Tensor};
 
-/// Largest `data.pkl` read. Its interpreter holds a value per opcode, ~20 bytes per byte of a
-/// pickle of nothing but re-used tensors (a 16 MiB one: 340 MB, 0.6 s; one run on 2026-12-03);
-/// a state dict's pickle is a few hundred bytes per tensor (GPT-J-6B's: ~30 KB).
-const MAX_PICKLE_BYTES: usize = 16 << 20;
+/// Largest `data.pkl` read: a state dict's pickle is a few hundred bytes per tensor (GPT-J-6B's:
+/// ~30 KB). Its interpreter holds up to 8 bytes of stack or marks per pickle byte besides its
+/// values, which it caps (`pickle::MAX_VALUES`).
+const MAX_PICKLE_BYTES: usize = 4 << 20;
 
 /// Reads every tensor of a torch.save zip checkpoint, memory-mapped.
 ///
