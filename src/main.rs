@@ -335,6 +335,9 @@ struct ConvertArgs {
 }
 
 fn main() -> ExitCode {
+    // A dependency's panic that the library turns into an error (a corrupt tokenizer.json) is
+    // reported once, as that error.
+    toolsift::util::install_quiet_panic_hook();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),

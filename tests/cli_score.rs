@@ -288,6 +288,26 @@ fn a_tokenizer_that_does_not_load_fails_only_text_level_lines() {
     );
 }
 
+/// A tokenizer.json that panics the tokenizers crate is reported once, as toolsift's warning:
+/// no "panicked at" from the crate before it, which would read as a crash.
+#[test]
+fn a_tokenizer_that_panics_the_tokenizers_crate_is_reported_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut tokenizer: Value =
+        serde_json::from_slice(&std::fs::read(tiny("f32").join("tokenizer.json")).unwrap())
+            .unwrap();
+    tokenizer["normalizer"] = json!({"type": "Precompiled", "precompiled_charsmap": 5});
+    let dir = tiny_with_tokenizer(tmp.path(), &tokenizer.to_string());
+    let (ok, results, stderr) = run_score(&dir, &token_lines()[..1], &[]);
+    assert!(ok, "{stderr}");
+    assert_eq!(results.len(), 1);
+    assert!(
+        stderr.contains("warning: tokenizer") && stderr.contains("the tokenizers crate failed"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// A key held twice (which of the two would count?), a blank line and a field of the wrong type:
 /// each is its line's error, naming the key, between good lines that are scored.
 #[test]

@@ -83,12 +83,10 @@ impl Tokenizer {
         // And some JSON that is no tokenizer panics it too (a "Precompiled" normalizer whose
         // charsmap is not a string): a corrupt file is an error, not a crash. The crate's own
         // state is not shared with the caller, so nothing half-built survives the unwind.
-        let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(json)).map_err(
-            |panic| {
-                let msg = crate::util::panic_text(panic.as_ref());
-                not_tokenizer(&format_args!("the tokenizers crate failed on it ({msg})"))
-            },
-        )?;
+        let parsed = crate::util::catch_panic_quietly(|| tokenizers::Tokenizer::from_bytes(json))
+            .map_err(|msg| {
+            not_tokenizer(&format_args!("the tokenizers crate failed on it ({msg})"))
+        })?;
         let mut inner = parsed.map_err(|e| not_tokenizer(&e))?;
         // A text's own tokens, as transformers' tokenizers give them unless a call asks for
         // more: a saved padding or truncation setting would put pad tokens into the scored

@@ -529,9 +529,9 @@ impl WikiSearch {
             Ok::<_, IndexError>((index, reader, id, title, text))
         };
         let (index, reader, id, title, text) =
-            std::panic::catch_unwind(open).map_err(|panic| IndexError::Damaged {
+            crate::util::catch_panic_quietly(open).map_err(|message| IndexError::Damaged {
                 path: dir.to_path_buf(),
-                message: crate::util::panic_text(panic.as_ref()),
+                message,
             })??;
         Ok(Self {
             index,
