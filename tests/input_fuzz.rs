@@ -924,18 +924,46 @@ fn corpus_text(seed: u64, n: usize) -> String {
     text
 }
 
+/// What an `Annotator` over the tiny model borrows: the mock sampler, the CPU scorer and the
+/// tools' registry.
+struct AnnotateParts {
+    sampler: MockSampler,
+    scorer: CpuScorer,
+    registry: ToolRegistry,
+}
+
+impl AnnotateParts {
+    fn new(config: &AnnotateConfig) -> Self {
+        AnnotateParts {
+            sampler: MockSampler::new(tiny().tokenizer().unwrap()),
+            scorer: CpuScorer::new(tiny()),
+            registry: ToolRegistry::from_config(&config.tools).unwrap(),
+        }
+    }
+
+    /// An annotator with the calculator and the calendar.
+    fn annotator(&self, config: &AnnotateConfig) -> Annotator<'_> {
+        let tools = [ToolKind::Calculator, ToolKind::Calendar];
+        let tok = tiny().tokenizer().unwrap();
+        Annotator::new(
+            tok,
+            &self.sampler,
+            &self.scorer,
+            &self.registry,
+            config,
+            &tools,
+        )
+        .unwrap()
+    }
+}
+
 /// An annotate journal cut at random bytes (a crash mid-write), then resumed: the output of one
 /// uninterrupted run, or an error that names the journal. Never a line lost or written twice.
 #[test]
 fn annotate_resumes_from_a_journal_cut_anywhere() {
     let config = journal_config();
-    let model = tiny();
-    let tok = model.tokenizer().unwrap();
-    let sampler = MockSampler::new(tok);
-    let scorer = CpuScorer::new(model);
-    let registry = ToolRegistry::from_config(&config.tools).unwrap();
-    let tools = [ToolKind::Calculator, ToolKind::Calendar];
-    let a = Annotator::new(tok, &sampler, &scorer, &registry, &config, &tools).unwrap();
+    let parts = AnnotateParts::new(&config);
+    let a = parts.annotator(&config);
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("c.jsonl");
     std::fs::write(&corpus, corpus_text(3, 9)).unwrap();
@@ -1145,13 +1173,8 @@ proptest! {
         ),
     ) {
         let config = annotate_config();
-        let model = tiny();
-        let tok = model.tokenizer().unwrap();
-        let sampler = MockSampler::new(tok);
-        let scorer = CpuScorer::new(model);
-        let registry = ToolRegistry::from_config(&config.tools).unwrap();
-        let tools = [ToolKind::Calculator, ToolKind::Calendar];
-        let a = Annotator::new(tok, &sampler, &scorer, &registry, &config, &tools).unwrap();
+        let parts = AnnotateParts::new(&config);
+        let a = parts.annotator(&config);
         let dir = tempfile::tempdir().unwrap();
         let corpus = dir.path().join("c.jsonl");
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
@@ -1223,13 +1246,8 @@ fn annotate_config() -> AnnotateConfig {
 #[test]
 fn merge_of_damaged_shards_is_whole_or_refused() {
     let config = annotate_config();
-    let model = tiny();
-    let tok = model.tokenizer().unwrap();
-    let sampler = MockSampler::new(tok);
-    let scorer = CpuScorer::new(model);
-    let registry = ToolRegistry::from_config(&config.tools).unwrap();
-    let tools = [ToolKind::Calculator, ToolKind::Calendar];
-    let a = Annotator::new(tok, &sampler, &scorer, &registry, &config, &tools).unwrap();
+    let parts = AnnotateParts::new(&config);
+    let a = parts.annotator(&config);
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("c.jsonl");
     std::fs::write(&corpus, corpus_text(5, 11)).unwrap();

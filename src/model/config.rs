@@ -76,29 +76,20 @@ fn default_eps() -> f64 {
 impl GptjConfig {
     /// Reads and validates `path` (a config.json).
     pub fn from_file(path: &Path) -> Result<Self> {
-        // A pipe or a device under the name would block or never end.
-        if let Ok(m) = std::fs::metadata(path) {
-            if !m.is_file() {
-                return Err(Error::Config {
-                    path: path.to_owned(),
-                    msg: "exists but is not a regular file".into(),
-                });
-            }
-        }
-        let err = |msg| Error::Config {
+        let err = |msg: String| Error::Config {
             path: path.to_owned(),
             msg,
         };
+        // A pipe or a device under the name would block or never end.
+        if let Ok(m) = std::fs::metadata(path) {
+            if !m.is_file() {
+                return Err(err("exists but is not a regular file".into()));
+            }
+        }
         let text = super::read_small_text(path, MAX_CONFIG_BYTES, err)?;
-        let config: GptjConfig =
-            crate::util::json::object_from_str(&text).map_err(|e| Error::Config {
-                path: path.to_owned(),
-                msg: format!("not a GPT-J config: {e}"),
-            })?;
-        config.validate().map_err(|msg| Error::Config {
-            path: path.to_owned(),
-            msg,
-        })?;
+        let config: GptjConfig = crate::util::json::object_from_str(&text)
+            .map_err(|e| err(format!("not a GPT-J config: {e}")))?;
+        config.validate().map_err(err)?;
         Ok(config)
     }
 

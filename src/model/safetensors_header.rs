@@ -119,7 +119,9 @@ impl<'de> Visitor<'de> for Entry {
                 return Err(de::Error::custom(format!("field {key:?} appears twice")));
             }
             match field {
-                0 => map.next_value_seed(Text)?,
+                0 => {
+                    map.next_value::<String>()?;
+                }
                 1 => map.next_value_seed(Sizes {
                     what: "shape",
                     unit: "dimensions",
@@ -168,29 +170,9 @@ impl<'de> Visitor<'de> for Metadata {
             if keys.contains(&key) {
                 return Err(de::Error::custom(format!("key {key:?} appears twice")));
             }
-            map.next_value_seed(Text)?;
+            map.next_value::<String>()?;
             keys.insert(key);
         }
-        Ok(())
-    }
-}
-
-/// A JSON string, not kept.
-struct Text;
-
-impl<'de> DeserializeSeed<'de> for Text {
-    type Value = ();
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Text {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a string")
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
         Ok(())
     }
 }
