@@ -56,6 +56,13 @@ fn build_ptx() {
     let arch = std::env::var("TOOLSIFT_CUDA_ARCH").unwrap_or_else(|_| DEFAULT_ARCH.into());
     println!("cargo:rustc-env=TOOLSIFT_PTX_ARCH={arch}");
     let Some(nvcc) = find_nvcc() else {
+        // Found nowhere: build again once a pip install could have brought it (cargo would keep
+        // this PTX-less build otherwise, whatever was installed since).
+        if let Some(purelib) = python_purelib() {
+            let nvidia = purelib.join("nvidia");
+            let watch = if nvidia.is_dir() { nvidia } else { purelib };
+            println!("cargo:rerun-if-changed={}", watch.display());
+        }
         println!(
             "cargo:warning=toolsift: nvcc not found (NVCC, CUDA_HOME, PATH, PyPI nvidia-cuda-nvcc); \
              the CUDA kernels are NOT built and the cuda backend will refuse to start. \
@@ -124,7 +131,19 @@ fn find_nvcc() -> Option<PathBuf> {
             }
         }
     }
-    let purelib = Command::new("python3")
+    let purelib = python_purelib()?;
+    let nvcc = ["nvidia/cu13/bin/nvcc", "nvidia/cuda_nvcc/bin/nvcc"]
+        .iter()
+        .map(|rel| purelib.join(rel))
+        .find(|p| p.is_file())?;
+    // A reinstalled or upgraded wheel builds the PTX again.
+    println!("cargo:rerun-if-changed={}", nvcc.display());
+    Some(nvcc)
+}
+
+/// Where python3's pip installs wheels (site-packages), if there is a python3.
+fn python_purelib() -> Option<PathBuf> {
+    let out = Command::new("python3")
         .args([
             "-c",
             "import sysconfig; print(sysconfig.get_paths()['purelib'])",
@@ -132,11 +151,7 @@ fn find_nvcc() -> Option<PathBuf> {
         .output()
         .ok()
         .filter(|o| o.status.success())?;
-    let purelib = PathBuf::from(String::from_utf8_lossy(&purelib.stdout).trim());
-    ["nvidia/cu13/bin/nvcc", "nvidia/cuda_nvcc/bin/nvcc"]
-        .iter()
-        .map(|rel| purelib.join(rel))
-        .find(|p| p.is_file())
+    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 /// The CUDA 12 wheels split headers over several packages (nvidia/cuda_runtime/include, ...);

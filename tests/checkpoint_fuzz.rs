@@ -10,11 +10,9 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -25,49 +23,9 @@ use serde_json::Value;
 use toolsift::model::checkpoint::write_safetensors;
 use toolsift::Model;
 
-/// The system allocator, noting the largest single request and the peak of the bytes held: a
-/// corrupt length or shape that makes the loader allocate by it shows up here (the fixtures are
-/// under a megabyte).
-struct Watched;
-
-static LARGEST_ALLOC: AtomicUsize = AtomicUsize::new(0);
-static HELD: AtomicUsize = AtomicUsize::new(0);
-static PEAK_HELD: AtomicUsize = AtomicUsize::new(0);
-
-impl Watched {
-    fn took(size: usize) {
-        LARGEST_ALLOC.fetch_max(size, Ordering::Relaxed);
-        let held = HELD.fetch_add(size, Ordering::Relaxed) + size;
-        PEAK_HELD.fetch_max(held, Ordering::Relaxed);
-    }
-    fn gave(size: usize) {
-        HELD.fetch_sub(size, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: forwards to `System` unchanged.
-unsafe impl GlobalAlloc for Watched {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        Self::took(layout.size());
-        System.alloc(layout)
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        Self::took(layout.size());
-        System.alloc_zeroed(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        Self::gave(layout.size());
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        Self::took(new_size);
-        Self::gave(layout.size());
-        System.realloc(ptr, layout, new_size)
-    }
-}
-
+// The allocation watch (tests/common/watched.rs).
 #[global_allocator]
-static GLOBAL: Watched = Watched;
+static GLOBAL: common::watched::Watched = common::watched::Watched;
 
 /// The largest single allocation one load may make: 64 times the largest fixture file.
 const ALLOC_LIMIT: usize = 64 << 20;
@@ -78,39 +36,32 @@ const HELD_LIMIT: usize = 128 << 20;
 /// The longest one load of the tiny model may take (a few milliseconds when well).
 const TIME_LIMIT: Duration = Duration::from_secs(10);
 
-/// The allocation watch is process-wide: loads are measured one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
 /// Loads `dir` as the CLI does and checks the outcome (see the module's doc). Returns the
 /// error's text when the load failed.
 fn check_load(dir: &Path) -> Result<Option<String>, TestCaseError> {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    LARGEST_ALLOC.store(0, Ordering::Relaxed);
-    let held_before = HELD.load(Ordering::Relaxed);
-    PEAK_HELD.store(held_before, Ordering::Relaxed);
     let start = Instant::now();
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        match Model::load_deferring_tokenizer(dir) {
-            Ok((model, tokenizer_error)) => {
-                if let Err(e) = model.weights().check(model.config()) {
-                    return Err(format!("loaded, but the weights fail their check: {e}"));
-                }
-                if let Some(tok) = model.tokenizer_if_any() {
-                    // A tokenizer that loads is used: a corrupt one must not panic then either.
-                    if let Ok(enc) = tok.encode("Hello world, 12 + 3 = 15. <|endoftext|>") {
-                        let _ = tok.decode(&enc.ids);
+    let (outcome, usage) = common::watched::watch(|| {
+        catch_unwind(AssertUnwindSafe(|| {
+            match Model::load_deferring_tokenizer(dir) {
+                Ok((model, tokenizer_error)) => {
+                    if let Err(e) = model.weights().check(model.config()) {
+                        return Err(format!("loaded, but the weights fail their check: {e}"));
                     }
+                    if let Some(tok) = model.tokenizer_if_any() {
+                        // A tokenizer that loads is used: a corrupt one must not panic then
+                        // either.
+                        if let Ok(enc) = tok.encode("Hello world, 12 + 3 = 15. <|endoftext|>") {
+                            let _ = tok.decode(&enc.ids);
+                        }
+                    }
+                    Ok(tokenizer_error.map(|e| e.to_string()))
                 }
-                Ok(tokenizer_error.map(|e| e.to_string()))
+                Err(e) => Ok(Some(e.to_string())),
             }
-            Err(e) => Ok(Some(e.to_string())),
-        }
-    }));
+        }))
+    });
     let elapsed = start.elapsed();
-    let largest = LARGEST_ALLOC.load(Ordering::Relaxed);
-    let peak = PEAK_HELD
-        .load(Ordering::Relaxed)
-        .saturating_sub(held_before);
+    let (largest, peak) = (usage.largest, usage.peak_held);
     let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(panic) => {

@@ -188,9 +188,13 @@ fn parse_line(
 /// one that is echoed exactly (a string, or an integer within i64/u64).
 fn read_fields(line: &str, line_no: usize) -> (Value, std::result::Result<Line, String>) {
     let fail = |message: String| (Value::Null, Err(format!("line {line_no}: {message}")));
-    let (value, duplicate) = match json::parse_line(line) {
+    // Other keys are ignored: checked, never built.
+    let reads = |key: &str| json::struct_fields::<Line>().contains(&key);
+    let (value, duplicate) = match json::parse_line_reading(line, reads) {
         Ok(v) => v,
-        Err(e @ (LineError::Blank | LineError::ByteOrderMark)) => return fail(e.to_string()),
+        Err(e @ (LineError::Blank | LineError::ByteOrderMark | LineError::TooManyValues)) => {
+            return fail(e.to_string())
+        }
         Err(LineError::Syntax(e)) => return fail(format!("malformed JSON: {e}")),
     };
     // serde would fill the struct from an array by position ("[1, 2]": "invalid type: integer

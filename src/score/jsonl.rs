@@ -223,8 +223,13 @@ fn parse_line(
     texts: &mut TextHeads,
     parsed: &mut Parsed,
 ) -> std::result::Result<(TokenCandidate, bool), String> {
-    let (value, duplicate) = json::parse_line(line).map_err(|e| match e {
-        LineError::Blank | LineError::ByteOrderMark => e.to_string(),
+    // A key neither line kind has is refused by name, without its value ever being built.
+    let reads = |key: &str| {
+        json::struct_fields::<TokenLine>().contains(&key)
+            || json::struct_fields::<TextLine>().contains(&key)
+    };
+    let (value, duplicate) = json::parse_line_reading(line, reads).map_err(|e| match e {
+        LineError::Blank | LineError::ByteOrderMark | LineError::TooManyValues => e.to_string(),
         LineError::Syntax(e) => format!("malformed JSON: {e}"),
     })?;
     let Value::Object(obj) = value else {

@@ -1,9 +1,13 @@
-//! Reading one JSONL input line strictly, as `score`, `generate` and the corpus do.
+//! Reading one JSONL input line strictly, as `score`, `generate`, `index` and the corpus do.
 //!
 //! - [`parse_line`]: a line's JSON value, also telling of a key that an object holds twice (at
 //!   any depth). serde_json's own `Value` keeps the last one silently, and a struct deserialized
 //!   from a `Value` never sees the first, so `{"text": "a", "text": ""}` would read as an empty
 //!   text: the same class of mistake as a misspelled key, which the formats refuse.
+//! - [`parse_line_reading`]: the same, building only the fields a reader reads (the others are
+//!   checked, not built), and at most [`MAX_LINE_VALUES`] values and keys: a line of 64 MiB
+//!   could otherwise hold gigabytes as a `Value`. [`struct_fields`] names a typed reader's
+//!   fields.
 //! - [`from_object`]: a line's typed fields, from its object, with an error that names the field
 //!   it is about (`field "position": invalid type: string "33", expected usize`; serde alone says
 //!   only `invalid type: ...`).
@@ -23,6 +27,8 @@ pub enum LineError {
     ByteOrderMark,
     /// Not JSON (serde_json's message, with its position).
     Syntax(serde_json::Error),
+    /// More than [`MAX_LINE_VALUES`] values and keys held at once.
+    TooManyValues,
 }
 
 impl fmt::Display for LineError {
@@ -34,6 +40,11 @@ impl fmt::Display for LineError {
                  first line may (were files with one joined?); remove it",
             ),
             LineError::Syntax(e) => e.fmt(f),
+            LineError::TooManyValues => write!(
+                f,
+                "too many JSON values: more than {MAX_LINE_VALUES} values and keys in the fields \
+                 read (the limit for one line; a field not read counts only its keys)"
+            ),
         }
     }
 }
@@ -60,28 +71,92 @@ impl fmt::Display for Duplicate {
     }
 }
 
+/// The most JSON values and object keys one line may hold at once while it is read (each
+/// scalar, array and object of the fields a reader reads counts, and each key): about 80 MB
+/// at most, where serde_json's own `Value` of a 64 MiB line could take 2.4 GB (an array of
+/// numbers: 32 bytes each, more in a map). No document, candidate or prompt comes near it: a
+/// GPT-J context is 2,048 tokens.
+pub const MAX_LINE_VALUES: usize = 1 << 19;
+
 /// A line's JSON value, and the first key held twice by one of its objects, if any (the value
 /// then keeps the first of the two, but a caller refuses the line: it can still read other
 /// fields first, to echo an id). A line of whitespace only is [`LineError::Blank`], one that
 /// starts with a byte order mark [`LineError::ByteOrderMark`] (a reader strips the one before
 /// line 1 before asking).
 pub fn parse_line(line: &str) -> Result<(Value, Option<Duplicate>), LineError> {
+    parse_line_reading(line, |_| true)
+}
+
+/// [`parse_line`] for a reader of some fields only: a field of the line's object that `reads`
+/// does not name keeps its key, with null for its value, and is only checked (valid JSON, no key
+/// held twice inside it), never built. A strict reader still refuses the key by name; an
+/// ignored field costs no memory but its keys. The line's value must be an object for this to
+/// skip anything.
+pub fn parse_line_reading(
+    line: &str,
+    reads: impl Fn(&str) -> bool,
+) -> Result<(Value, Option<Duplicate>), LineError> {
     if line.starts_with('\u{feff}') {
         return Err(LineError::ByteOrderMark);
     }
     if line.trim().is_empty() {
         return Err(LineError::Blank);
     }
-    let mut duplicate = None;
+    let mut reading = Reading {
+        duplicate: None,
+        held: 0,
+        over: false,
+        reads: &reads,
+    };
     let mut de = serde_json::Deserializer::from_str(line);
     let value = ValueSeed {
-        duplicate: &mut duplicate,
+        reading: &mut reading,
         at: None,
+        build: true,
     }
     .deserialize(&mut de)
-    .and_then(|v| de.end().map(|()| v))
-    .map_err(LineError::Syntax)?;
-    Ok((value, duplicate))
+    .and_then(|v| de.end().map(|()| v));
+    match value {
+        Ok(v) => Ok((v, reading.duplicate)),
+        Err(_) if reading.over => Err(LineError::TooManyValues),
+        Err(e) => Err(LineError::Syntax(e)),
+    }
+}
+
+/// The names of the fields a derived `Deserialize` of struct `T` reads (serde hands them to
+/// `deserialize_struct`), renames applied: what a strict reader passes to
+/// [`parse_line_reading`]. Empty for a type that is not such a struct.
+pub fn struct_fields<T: DeserializeOwned>() -> &'static [&'static str] {
+    /// A deserializer that only notes the fields it is asked for, then stops.
+    struct Fields(&'static [&'static str]);
+
+    impl<'de> de::Deserializer<'de> for &mut Fields {
+        type Error = de::value::Error;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0 = fields;
+            Err(de::Error::custom("fields noted"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+
+    let mut fields = Fields(&[]);
+    let _ = T::deserialize(&mut fields);
+    fields.0
 }
 
 /// One step of the path from the line's object to the value being read.
@@ -132,13 +207,61 @@ fn render(path: Option<&Path<'_>>) -> String {
     out
 }
 
-/// Builds a `Value` as serde_json's own `Deserialize` does, noting the first duplicate key.
-struct ValueSeed<'a, 'p> {
-    duplicate: &'a mut Option<Duplicate>,
-    at: Option<&'p Path<'p>>,
+/// What one line's read has found so far, across its values.
+struct Reading<'r> {
+    /// The first key held twice.
+    duplicate: Option<Duplicate>,
+    /// Values and keys held now (built values stay; an unread object's keys go when it ends).
+    held: usize,
+    /// Whether `held` went past [`MAX_LINE_VALUES`] (the read was stopped there).
+    over: bool,
+    /// Which fields of the line's object are built.
+    reads: &'r dyn Fn(&str) -> bool,
 }
 
-impl<'de> DeserializeSeed<'de> for ValueSeed<'_, '_> {
+impl Reading<'_> {
+    /// Counts `n` more values or keys held, or stops the read past the limit.
+    fn hold<E: de::Error>(&mut self, n: usize) -> Result<(), E> {
+        self.held += n;
+        if self.held > MAX_LINE_VALUES {
+            self.over = true;
+            return Err(E::custom("too many values"));
+        }
+        Ok(())
+    }
+
+    /// Notes `key` held twice in the object at `at`, if it is the first such.
+    fn duplicate(&mut self, key: &str, at: Option<&Path<'_>>) {
+        if self.duplicate.is_none() {
+            self.duplicate = Some(Duplicate {
+                field: at.map_or(key, Path::field).to_owned(),
+                within: render(at),
+                key: key.to_owned(),
+            });
+        }
+    }
+}
+
+/// Builds a `Value` as serde_json's own `Deserialize` does, noting the first duplicate key and
+/// counting what it holds; or, when not `build`, only checks the value (and answers null).
+struct ValueSeed<'a, 'r, 'p> {
+    reading: &'a mut Reading<'r>,
+    at: Option<&'p Path<'p>>,
+    build: bool,
+}
+
+impl ValueSeed<'_, '_, '_> {
+    /// `value`, counted, if this value is built; null otherwise.
+    fn scalar<E: de::Error>(self, value: impl FnOnce() -> Value) -> Result<Value, E> {
+        if !self.build {
+            return Ok(Value::Null);
+        }
+        self.reading.hold(1)?;
+        Ok(value())
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for ValueSeed<'_, '_, '_> {
     type Value = Value;
 
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
@@ -146,89 +269,115 @@ impl<'de> DeserializeSeed<'de> for ValueSeed<'_, '_> {
     }
 }
 
-impl<'de> Visitor<'de> for ValueSeed<'_, '_> {
+impl<'de> Visitor<'de> for ValueSeed<'_, '_, '_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any valid JSON value")
     }
 
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        self.scalar(|| Value::Bool(v))
     }
 
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::Number(v.into()))
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        self.scalar(|| Value::Number(v.into()))
     }
 
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::Number(v.into()))
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        self.scalar(|| Value::Number(v.into()))
     }
 
-    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
         // As serde_json's `Value` (a parsed number is always finite).
-        Ok(Number::from_f64(v).map_or(Value::Null, Value::Number))
+        self.scalar(|| Number::from_f64(v).map_or(Value::Null, Value::Number))
     }
 
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::String(v.to_owned()))
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        self.scalar(|| Value::String(v.to_owned()))
     }
 
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        self.scalar(|| Value::String(v))
     }
 
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        self.scalar(|| Value::Null)
     }
 
-    fn visit_none<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        self.scalar(|| Value::Null)
     }
 
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        loop {
+        if self.build {
+            self.reading.hold(1)?;
+        }
+        let mut out = Vec::new();
+        for index in 0.. {
             let at = Path {
-                step: Step::Index(out.len()),
+                step: Step::Index(index),
                 parent: self.at,
             };
             let seed = ValueSeed {
-                duplicate: &mut *self.duplicate,
+                reading: &mut *self.reading,
                 at: Some(&at),
+                build: self.build,
             };
             match seq.next_element_seed(seed)? {
-                Some(v) => out.push(v),
-                None => return Ok(Value::Array(out)),
+                Some(v) if self.build => out.push(v),
+                Some(_) => {}
+                None => break,
             }
         }
+        Ok(if self.build {
+            Value::Array(out)
+        } else {
+            Value::Null
+        })
     }
 
     fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut out = Map::new();
+        if self.build {
+            self.reading.hold(1)?;
+        }
+        // The keys seen: the object itself when it is built, a set of them otherwise.
+        let (mut out, mut seen) = (Map::new(), std::collections::HashSet::new());
         while let Some(key) = map.next_key::<String>()? {
-            if out.contains_key(&key) {
+            let held_twice = if self.build {
+                out.contains_key(&key)
+            } else {
+                seen.contains(&key)
+            };
+            if held_twice {
                 map.next_value::<IgnoredAny>()?;
-                if self.duplicate.is_none() {
-                    *self.duplicate = Some(Duplicate {
-                        field: self.at.map_or(key.as_str(), Path::field).to_owned(),
-                        within: render(self.at),
-                        key,
-                    });
-                }
+                self.reading.duplicate(&key, self.at);
                 continue;
             }
+            self.reading.hold(1)?;
+            // Of the line's object, only the fields read are built.
+            let build = self.build && (self.at.is_some() || (self.reading.reads)(&key));
             let at = Path {
                 step: Step::Key(&key),
                 parent: self.at,
             };
             let value = map.next_value_seed(ValueSeed {
-                duplicate: &mut *self.duplicate,
+                reading: &mut *self.reading,
                 at: Some(&at),
+                build,
             })?;
-            out.insert(key, value);
+            if self.build {
+                out.insert(key, value);
+            } else {
+                seen.insert(key);
+            }
         }
-        Ok(Value::Object(out))
+        self.reading.held -= seen.len();
+        Ok(if self.build {
+            Value::Object(out)
+        } else {
+            Value::Null
+        })
     }
 }
 
@@ -276,6 +425,7 @@ pub fn object_from_str<T: DeserializeOwned>(text: &str) -> Result<T, String> {
             "not valid JSON: it starts with two UTF-8 byte order marks (U+FEFF)".to_string()
         }
         LineError::Syntax(e) => format!("not valid JSON: {e}"),
+        LineError::TooManyValues => e.to_string(),
     })?;
     if let Some(d) = duplicate {
         return Err(d.to_string());
@@ -436,6 +586,88 @@ mod tests {
             dup(r#"{"a": {"a": {"a": 1}}, "b": [{"a": 1}, {"a": 2}]}"#),
             None
         );
+    }
+
+    #[test]
+    fn fields_not_read_are_checked_not_built() {
+        let text_only = |line: &str| parse_line_reading(line, |k| k == "text");
+        let line = r#"{"a": [1, {"b": 2}], "text": "t", "c": "x"}"#;
+        let (value, d) = text_only(line).unwrap();
+        assert_eq!(d, None);
+        // The keys stay, in order, for a strict reader to refuse by name.
+        assert_eq!(value.to_string(), r#"{"a":null,"text":"t","c":null}"#);
+        // Inside them, a key held twice is still found, with its path.
+        let d = text_only(r#"{"x": [{"k": 1, "k": 2}], "text": "t"}"#)
+            .unwrap()
+            .1
+            .unwrap();
+        assert_eq!(
+            (d.to_string().as_str(), d.field.as_str()),
+            ("duplicate key \"k\" in x[0]", "x")
+        );
+        assert_eq!(
+            text_only(r#"{"x": 1, "x": 2}"#).unwrap().1.unwrap().key,
+            "x"
+        );
+        // And a syntax error is serde_json's, as anywhere.
+        let bad = r#"{"x": [1, 2,], "text": "t"}"#;
+        let theirs = serde_json::from_str::<Value>(bad).unwrap_err().to_string();
+        assert_eq!(text_only(bad).unwrap_err().to_string(), theirs);
+        // Only the line's own object has fields to skip.
+        assert_eq!(
+            text_only("[1, {\"a\": 2}]").unwrap().0,
+            serde_json::json!([1, {"a": 2}])
+        );
+    }
+
+    #[test]
+    fn a_line_holds_at_most_max_line_values() {
+        let numbers =
+            |field: &str, n: usize| format!(r#"{{"{field}": [{}0]}}"#, "0,".repeat(n - 1));
+        let reading_a = |line: &str| parse_line_reading(line, |k| k == "a");
+        // The object, its key "a", the array and its numbers.
+        let fits = MAX_LINE_VALUES - 3;
+        let (value, _) = reading_a(&numbers("a", fits)).unwrap();
+        assert_eq!(value["a"].as_array().map(Vec::len), Some(fits));
+        let e = reading_a(&numbers("a", fits + 1)).unwrap_err();
+        assert!(matches!(e, LineError::TooManyValues), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("too many JSON values: more than 524288"),
+            "{e}"
+        );
+        // Numbers of a field not read cost nothing; keys are held while their object is read.
+        assert!(reading_a(&numbers("b", 4 * MAX_LINE_VALUES)).is_ok());
+        let keys = |n: usize| {
+            let keys: Vec<String> = (0..n).map(|i| format!(r#""{i}":0"#)).collect();
+            format!(r#"{{"b": {{{}}}}}"#, keys.join(","))
+        };
+        // The object and its key "b", then the inner object's keys.
+        assert!(reading_a(&keys(MAX_LINE_VALUES - 2)).is_ok());
+        let e = reading_a(&keys(MAX_LINE_VALUES - 1)).unwrap_err();
+        assert!(matches!(e, LineError::TooManyValues), "{e}");
+        let small = format!(
+            r#"{{"b": [{}{{"k":0}}]}}"#,
+            r#"{"k":0},"#.repeat(MAX_LINE_VALUES)
+        );
+        assert!(reading_a(&small).is_ok());
+    }
+
+    #[test]
+    fn struct_fields_are_serdes() {
+        assert_eq!(
+            struct_fields::<Fields>(),
+            ["position", "text", "weights", "id"]
+        );
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct Renamed {
+            #[serde(rename = "tau_f")]
+            tau: f64,
+        }
+        assert_eq!(struct_fields::<Renamed>(), ["tau_f"]);
+        assert!(struct_fields::<Value>().is_empty());
+        assert!(struct_fields::<Vec<u32>>().is_empty());
     }
 
     #[derive(Debug, Deserialize)]

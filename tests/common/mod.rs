@@ -1,6 +1,8 @@
 //! Shared helpers for the integration tests: fixture paths and the golden cases.
 #![allow(dead_code)]
 
+pub mod watched;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

@@ -400,10 +400,12 @@ struct JsonDoc {
 }
 
 fn parse_doc(line: &str, text_field: &str) -> Result<JsonDoc, String> {
-    let (value, duplicate) = crate::util::json::parse_line(line).map_err(|e| match e {
-        LineError::Syntax(e) => format!("invalid JSON: {e}"),
-        e => e.to_string(),
-    })?;
+    let reads = |key: &str| [ID, TITLE, text_field].contains(&key);
+    let (value, duplicate) =
+        crate::util::json::parse_line_reading(line, reads).map_err(|e| match e {
+            LineError::Syntax(e) => format!("invalid JSON: {e}"),
+            e => e.to_string(),
+        })?;
     // A key held twice would be read as its first value: refuse it where the index reads it,
     // as the corpus refuses it anywhere (the same file may be both).
     if let Some(d) = duplicate.filter(|d| [ID, TITLE, text_field].contains(&d.field.as_str())) {
