@@ -1294,6 +1294,17 @@ fn merge_of_damaged_shards_is_whole_or_refused() {
         assert!(e.contains("input line 11 is missing") && named, "{e}");
         std::fs::write(file, &body).unwrap();
     }
+    // A summary past the size limit (a sparse file: no disk) is refused unread, named.
+    let summary = read(&shards[0].summary);
+    let big = std::fs::File::create(&shards[0].summary).unwrap();
+    big.set_len((256 << 20) + 1).unwrap();
+    let inputs: Vec<_> = shards.iter().map(|p| p.out.clone()).collect();
+    let e = toolsift::annotate::merge(&dir.path().join("big.jsonl"), &inputs)
+        .unwrap_err()
+        .to_string();
+    let named = e.starts_with(&format!("{}: ", shards[0].summary.display()));
+    assert!(named && e.contains("is larger than 256 MiB"), "{e}");
+    std::fs::write(&shards[0].summary, summary).unwrap();
     let mut rng = Rng::new(5);
     for case in 0..common::fuzz_cases(40) {
         let which = rng.range(0, 1);

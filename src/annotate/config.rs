@@ -118,6 +118,10 @@ impl ToolParams {
 /// Most calls sampled per document and tool (k * m; the paper's largest is 20 * 10).
 pub const MAX_SAMPLES: usize = 10_000;
 
+/// The largest settings file read (`annotate --config`, `generate --config`), in bytes: a few KB
+/// when it is one; a larger file is refused unread (is it the right file?).
+pub const MAX_SETTINGS_BYTES: u64 = 1 << 20;
+
 /// Per-tool settings, one table each. A key left out of a table keeps that tool's default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "PerToolPartial")]
@@ -306,7 +310,8 @@ impl Default for AnnotateConfig {
 impl AnnotateConfig {
     /// Reads and validates a TOML file; missing keys take their defaults.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let err = |msg: String| Error::input(format!("{}: {msg}", path.display()));
+        let text = crate::util::fs::read_small_text(path, MAX_SETTINGS_BYTES, err)?;
         Self::from_toml(&text).map_err(|e| Error::input(format!("{}: {e}", path.display())))
     }
 
@@ -399,6 +404,26 @@ impl AnnotateConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_settings_file_past_its_limit_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.toml");
+        // Sparse: no disk, and nothing of it would be read anyway.
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(MAX_SETTINGS_BYTES + 1).unwrap();
+        let e = AnnotateConfig::from_file(&path).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("{}: is larger than 1 MiB", path.display())),
+            "{e}"
+        );
+        std::fs::write(&path, b"[per_tool.calculator]\nk = 7\n\xff\n").unwrap();
+        let e = AnnotateConfig::from_file(&path).unwrap_err().to_string();
+        assert!(e.contains("is not UTF-8 text"), "{e}");
+        std::fs::write(&path, "[per_tool.calculator]\nk = 7\n").unwrap();
+        let c = AnnotateConfig::from_file(&path).unwrap();
+        assert_eq!(c.per_tool.get(ToolKind::Calculator).k, 7);
+    }
 
     #[test]
     fn paper_defaults() {

@@ -16,6 +16,11 @@ use crate::util::fs::{
 };
 use crate::util::jsonl::JsonlLines;
 
+/// The largest summary.json a merge reads, in bytes. A run's is a few KB, its examples' calls
+/// included (a command tool's result can be 1 MiB, and each tool keeps six); a larger file is
+/// refused unread.
+const MAX_SUMMARY_BYTES: u64 = 256 << 20;
+
 /// What `merge` joined.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MergeReport {
@@ -332,14 +337,14 @@ fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
                 )));
             }
         }
-        let text =
-            std::fs::read_to_string(&paths.summary).map_err(|e| Error::io(&paths.summary, e))?;
-        let summary: Summary = crate::util::json::object_from_str(&text).map_err(|e| {
+        let not_ours = |e: String| {
             Error::input(format!(
                 "{}: not a toolsift summary: {e}",
                 paths.summary.display()
             ))
-        })?;
+        };
+        let text = crate::util::fs::read_small_text(&paths.summary, MAX_SUMMARY_BYTES, not_ours)?;
+        let summary: Summary = crate::util::json::object_from_str(&text).map_err(not_ours)?;
         let (Some(shard), Some(corpus_lines), Some(run)) =
             (summary.shard, summary.corpus_lines, summary.run.clone())
         else {

@@ -684,7 +684,11 @@ pub fn tools_from_config(
     let mut config = match path {
         None => ToolsConfig::default(),
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+            let text = crate::util::fs::read_small_text(
+                path,
+                crate::annotate::config::MAX_SETTINGS_BYTES,
+                |msg| config_err(path, msg),
+            )?;
             let annotate: AnnotateConfig = if path.extension().is_some_and(|e| e == "json") {
                 crate::util::json::object_from_str(&text).map_err(|e| config_err(path, e))?
             } else {

@@ -244,7 +244,7 @@ fn read_index(index: &Path) -> Result<BTreeMap<String, String>> {
         path: index.to_owned(),
         msg,
     };
-    let text = super::read_small_text(index, MAX_INDEX_BYTES, bad)?;
+    let text = crate::util::fs::read_small_text(index, MAX_INDEX_BYTES, bad)?;
     // A byte order mark is skipped, as in config.json and tokenizer.json.
     let text = crate::util::json::strip_bom(&text);
     let file: IndexFile = serde_json::from_str(text).map_err(|e| {
@@ -663,9 +663,11 @@ fn config_json(model: &super::Model, dtype: Option<DType>) -> Result<String> {
         serde_json::Map::new()
     } else {
         let text =
-            super::read_small_text(&src, super::config::MAX_CONFIG_BYTES, |msg| Error::Config {
-                path: src.clone(),
-                msg,
+            crate::util::fs::read_small_text(&src, super::config::MAX_CONFIG_BYTES, |msg| {
+                Error::Config {
+                    path: src.clone(),
+                    msg,
+                }
             })?;
         // Read as the load read it (a byte order mark skipped).
         match crate::util::json::object_from_str::<serde_json::Map<String, serde_json::Value>>(

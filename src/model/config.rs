@@ -86,7 +86,7 @@ impl GptjConfig {
                 return Err(err("exists but is not a regular file".into()));
             }
         }
-        let text = super::read_small_text(path, MAX_CONFIG_BYTES, err)?;
+        let text = crate::util::fs::read_small_text(path, MAX_CONFIG_BYTES, err)?;
         let config: GptjConfig = crate::util::json::object_from_str(&text)
             .map_err(|e| err(format!("not a GPT-J config: {e}")))?;
         config.validate().map_err(err)?;

@@ -18,36 +18,6 @@ pub use weights::GptjWeights;
 
 use crate::error::{Error, Result};
 
-/// A JSON file of a checkpoint folder (config.json, the shard index, tokenizer.json), read
-/// whole, or refused unread when it is over `max` bytes: each is a few KB to a few MB, and its
-/// parser holds tens of bytes per byte of it, so a large file under one of these names (a
-/// weights file copied over it, say) would exhaust memory before it is found not to be one.
-/// `err` makes the file's own error from a message.
-pub(crate) fn read_small_file(
-    path: &Path,
-    max: u64,
-    err: impl Fn(String) -> Error,
-) -> Result<Vec<u8>> {
-    match crate::util::fs::read_at_most(path, max) {
-        Ok(Some(bytes)) => Ok(bytes),
-        Ok(None) => Err(err(format!(
-            "is larger than {} MiB, more than such a file needs (is it the right file?)",
-            max >> 20
-        ))),
-        Err(e) => Err(Error::io(path, e)),
-    }
-}
-
-/// [`read_small_file`] as UTF-8 text.
-pub(crate) fn read_small_text(
-    path: &Path,
-    max: u64,
-    err: impl Fn(String) -> Error,
-) -> Result<String> {
-    let bytes = read_small_file(path, max, &err)?;
-    String::from_utf8(bytes).map_err(|e| err(format!("is not UTF-8 text: {e}")))
-}
-
 /// A loaded checkpoint folder: validated config and weights (memory-mapped), and the tokenizer when
 /// the folder has a tokenizer.json.
 ///

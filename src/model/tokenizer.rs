@@ -52,10 +52,11 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Reads a tokenizer.json; errors name the file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let bytes = super::read_small_file(path, MAX_FILE_BYTES, |msg| Error::Tokenizer {
-            path: path.to_owned(),
-            msg,
-        })?;
+        let bytes =
+            crate::util::fs::read_small_file(path, MAX_FILE_BYTES, |msg| Error::Tokenizer {
+                path: path.to_owned(),
+                msg,
+            })?;
         Self::from_bytes(&bytes, path)
     }
 

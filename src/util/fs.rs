@@ -1,7 +1,7 @@
 //! File-system helpers of the commands that write outputs: all-or-nothing files
 //! (`AtomicFile`: a locked temporary sibling, fsync'ed and renamed into place), the checks an
-//! output path gets before a run starts, and path spelling; and `read_at_most`, for the small
-//! files a loader reads whole.
+//! output path gets before a run starts, and path spelling; and `read_at_most` and
+//! `read_small_file`, for the small files a loader reads whole.
 
 #[cfg(feature = "annotate")]
 use std::ffi::{OsStr, OsString};
@@ -42,6 +42,36 @@ pub fn read_at_most(path: &Path, max: u64) -> std::io::Result<Option<Vec<u8>>> {
     let mut bytes = Vec::with_capacity(len as usize);
     file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
     Ok((bytes.len() as u64 <= max).then_some(bytes))
+}
+
+/// A file that is read whole and is a few KB to a few MB when it is what its name says (a
+/// checkpoint folder's JSON files, a settings file, a run's summary), or refused unread when it
+/// is over `max` bytes: its parser holds tens of bytes per byte of it, so a large file under
+/// one of these names (a weights file copied over it, say) would exhaust memory before it is
+/// found not to be one. `err` makes the file's own error from a message.
+pub(crate) fn read_small_file(
+    path: &Path,
+    max: u64,
+    err: impl Fn(String) -> Error,
+) -> Result<Vec<u8>> {
+    match read_at_most(path, max) {
+        Ok(Some(bytes)) => Ok(bytes),
+        Ok(None) => Err(err(format!(
+            "is larger than {} MiB, more than such a file needs (is it the right file?)",
+            max >> 20
+        ))),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// [`read_small_file`] as UTF-8 text.
+pub(crate) fn read_small_text(
+    path: &Path,
+    max: u64,
+    err: impl Fn(String) -> Error,
+) -> Result<String> {
+    let bytes = read_small_file(path, max, &err)?;
+    String::from_utf8(bytes).map_err(|e| err(format!("is not UTF-8 text: {e}")))
 }
 
 /// Why `out` cannot name a file this run creates or replaces, if it cannot: a folder, a path

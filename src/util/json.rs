@@ -43,7 +43,7 @@ impl fmt::Display for LineError {
             LineError::TooManyValues => write!(
                 f,
                 "too many JSON values: more than {MAX_LINE_VALUES} values and keys in the fields \
-                 read (the limit for one line; a field not read counts only its keys)"
+                 read (a field not read counts only its keys)"
             ),
         }
     }
