@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::util::json::{self, LineError};
-use crate::util::jsonl::{over_limit, read_line_capped, MAX_LINE_BYTES};
+use crate::util::jsonl::{clear_line_buffer, over_limit, read_line_capped, MAX_LINE_BYTES};
 
 /// One document of the corpus.
 #[derive(Debug, Clone, PartialEq)]
@@ -206,7 +206,7 @@ impl<R: BufRead> Corpus<R> {
     pub fn next_line(&mut self, want: impl Fn(u64) -> bool) -> Result<Option<Option<Line>>> {
         let number = self.line + 1;
         let keep = want(number);
-        self.buf.clear();
+        clear_line_buffer(&mut self.buf);
         // Only enough of the line is kept to know it is too long; every byte is hashed.
         let room = if keep {
             self.max_line_bytes.saturating_add(1)

@@ -51,6 +51,19 @@ pub fn read_line_capped<R: BufRead>(
     Ok((len, ended))
 }
 
+/// The capacity a line buffer keeps from one line to the next: one that a long line grew past
+/// it (a 64 MiB line grows it to 128 MiB) is freed, not held for the rest of the run.
+const KEPT_BUFFER_BYTES: usize = 1 << 20;
+
+/// Empties `buf` for the next line, freeing it if a long line grew it past `KEPT_BUFFER_BYTES`.
+pub fn clear_line_buffer(buf: &mut Vec<u8>) {
+    if buf.capacity() > KEPT_BUFFER_BYTES {
+        *buf = Vec::new();
+    } else {
+        buf.clear();
+    }
+}
+
 /// Why a line of `len` bytes (newline included when `ended`) is refused, if it is over `max`.
 pub fn over_limit(len: usize, ended: bool, max: usize) -> Option<String> {
     let text_len = len - usize::from(ended);
@@ -113,7 +126,7 @@ impl<R: BufRead> Iterator for JsonlLines<R> {
     type Item = std::io::Result<Line>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.buf.clear();
+        clear_line_buffer(&mut self.buf);
         let keep = self.max_line_bytes.saturating_add(1);
         let (len, ended) = match read_line_capped(&mut self.reader, &mut self.buf, keep, |_| {}) {
             Err(e) => return Some(Err(e)),
@@ -225,7 +238,7 @@ pub fn resume_point(
     };
     let (mut lines, mut output_bytes, mut failed, mut buf) = (0usize, 0u64, 0usize, Vec::new());
     loop {
-        buf.clear();
+        clear_line_buffer(&mut buf);
         let (len, ended) = read_line_capped(&mut answers, &mut buf, MAX_ROW_BYTES + 1, |_| {})
             .map_err(|e| Error::io(output, e))?;
         let k = lines + 1;
@@ -537,5 +550,16 @@ mod tests {
                 "capacity {capacity}"
             );
         }
+    }
+
+    #[test]
+    fn a_long_line_does_not_keep_its_buffer() {
+        let long = "x".repeat(3 * KEPT_BUFFER_BYTES);
+        let input = format!("{long}\nshort\n");
+        let mut lines = JsonlLines::new(input.as_bytes());
+        assert_eq!(lines.next().unwrap().unwrap(), (1, Ok(long)));
+        assert!(lines.buf.capacity() > KEPT_BUFFER_BYTES);
+        assert_eq!(lines.next().unwrap().unwrap(), (2, Ok("short".into())));
+        assert!(lines.buf.capacity() <= KEPT_BUFFER_BYTES);
     }
 }
