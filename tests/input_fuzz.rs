@@ -1305,6 +1305,21 @@ fn merge_of_damaged_shards_is_whole_or_refused() {
     let named = e.starts_with(&format!("{}: ", shards[0].summary.display()));
     assert!(named && e.contains("is larger than 256 MiB"), "{e}");
     std::fs::write(&shards[0].summary, summary).unwrap();
+    // A record of more calls than the JSON value cap of input lines allows (19 values and keys
+    // a call; k * m samples a tool, several tools) is merged: it is a run's own.
+    let out = read(&shards[0].out);
+    let first = expected_lines(&out)[0];
+    let mut record: Value = serde_json::from_slice(first).unwrap();
+    let call = json!({"position": 0, "tool": "Calculator", "input": "1+1", "result": "2",
+        "l_none": 1.0, "l_call": 1.0, "l_call_result": 0.5, "delta": 0.5, "kept": false});
+    let calls = toolsift::util::json::MAX_LINE_VALUES / 10;
+    record["calls"] = Value::Array(vec![call; calls]);
+    let mut big = record.to_string().into_bytes();
+    big.extend_from_slice(&out[first.len()..]);
+    std::fs::write(&shards[0].out, &big).unwrap();
+    let inputs: Vec<_> = shards.iter().map(|p| p.out.clone()).collect();
+    toolsift::annotate::merge(&dir.path().join("many-calls.jsonl"), &inputs).unwrap();
+    std::fs::write(&shards[0].out, out).unwrap();
     let mut rng = Rng::new(5);
     for case in 0..common::fuzz_cases(40) {
         let which = rng.range(0, 1);

@@ -416,11 +416,12 @@ impl MergeStream {
         let text = text.map_err(|e| Error::input(format!("{}: {e}", at())))?;
         // Read as strictly as annotate's own records: one object, each key once, no key of
         // another kind of record, every field of its type.
-        use crate::util::json::object_from_str;
+        // Records of annotate's own output: as large as the run held them (no value cap).
+        use crate::util::json::object_from_str_within as read;
         let parsed = if self.rejects {
-            object_from_str::<writer::RejectRecord>(&text).map(|r| r.line)
+            read::<writer::RejectRecord>(&text, usize::MAX).map(|r| r.line)
         } else {
-            object_from_str::<CStarRecord>(&text).and_then(|d| {
+            read::<CStarRecord>(&text, usize::MAX).and_then(|d| {
                 use serde_json::Value;
                 let id_ok = match &d.id {
                     Value::Null | Value::String(_) => true,

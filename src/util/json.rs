@@ -96,6 +96,15 @@ pub fn parse_line_reading(
     line: &str,
     reads: impl Fn(&str) -> bool,
 ) -> Result<(Value, Option<Duplicate>), LineError> {
+    parse(line, &reads, MAX_LINE_VALUES)
+}
+
+/// [`parse_line_reading`] holding at most `max_values` values and keys.
+fn parse(
+    line: &str,
+    reads: &dyn Fn(&str) -> bool,
+    max_values: usize,
+) -> Result<(Value, Option<Duplicate>), LineError> {
     if line.starts_with('\u{feff}') {
         return Err(LineError::ByteOrderMark);
     }
@@ -105,8 +114,9 @@ pub fn parse_line_reading(
     let mut reading = Reading {
         duplicate: None,
         held: 0,
+        max: max_values,
         over: false,
-        reads: &reads,
+        reads,
     };
     let mut de = serde_json::Deserializer::from_str(line);
     let value = ValueSeed {
@@ -213,7 +223,9 @@ struct Reading<'r> {
     duplicate: Option<Duplicate>,
     /// Values and keys held now (built values stay; an unread object's keys go when it ends).
     held: usize,
-    /// Whether `held` went past [`MAX_LINE_VALUES`] (the read was stopped there).
+    /// The most `held` may be.
+    max: usize,
+    /// Whether `held` went past `max` (the read was stopped there).
     over: bool,
     /// Which fields of the line's object are built.
     reads: &'r dyn Fn(&str) -> bool,
@@ -223,7 +235,7 @@ impl Reading<'_> {
     /// Counts `n` more values or keys held, or stops the read past the limit.
     fn hold<E: de::Error>(&mut self, n: usize) -> Result<(), E> {
         self.held += n;
-        if self.held > MAX_LINE_VALUES {
+        if self.held > self.max {
             self.over = true;
             return Err(E::custom("too many values"));
         }
@@ -416,9 +428,21 @@ pub fn strip_bom_bytes(bytes: &[u8]) -> &[u8] {
 /// (`[2, "id", ...]`), and keeps the last of two keys in a map, a `Value` or a flattened
 /// field (a struct's own fields it refuses twice). A leading UTF-8 byte order mark is skipped.
 /// The error says what is wrong, without the file's name (the caller adds it).
+/// At most [`MAX_LINE_VALUES`] values and keys are held (a settings file, a summary or a reply
+/// holds a few hundred).
 pub fn object_from_str<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    object_from_str_within(text, MAX_LINE_VALUES)
+}
+
+/// [`object_from_str`] holding at most `max_values` values and keys: `usize::MAX` for a record
+/// this program wrote, as large as the run that wrote it held it (a document's calls can number
+/// tens of thousands).
+pub fn object_from_str_within<T: DeserializeOwned>(
+    text: &str,
+    max_values: usize,
+) -> Result<T, String> {
     let text = strip_bom(text);
-    let (value, duplicate) = parse_line(text).map_err(|e| match e {
+    let (value, duplicate) = parse(text, &|_| true, max_values).map_err(|e| match e {
         LineError::Blank => "empty".to_string(),
         // Only a second one is left to find here.
         LineError::ByteOrderMark => {
@@ -636,6 +660,11 @@ mod tests {
                 .starts_with("too many JSON values: more than 524288"),
             "{e}"
         );
+        // A whole text is capped the same, unless its reader lifts the cap (its own records).
+        let many = numbers("a", fits + 1);
+        let e = object_from_str::<Map<String, Value>>(&many).unwrap_err();
+        assert!(e.starts_with("too many JSON values"), "{e}");
+        assert!(object_from_str_within::<Map<String, Value>>(&many, usize::MAX).is_ok());
         // Numbers of a field not read cost nothing; keys are held while their object is read.
         assert!(reading_a(&numbers("b", 4 * MAX_LINE_VALUES)).is_ok());
         let keys = |n: usize| {
