@@ -216,7 +216,7 @@ fn json_value(depth: u32) -> impl Strategy<Value = Value> {
 }
 
 /// A field value as it is written in a line: valid JSON, or one of the texts that JSON readers
-/// trip over (huge numbers, lone surrogates, deep nesting).
+/// trip over (huge numbers, lone surrogates, deep nesting, a key held twice inside).
 fn field_text() -> impl Strategy<Value = String> {
     prop_oneof![
         6 => json_value(3).prop_map(|v| v.to_string()),
@@ -229,6 +229,8 @@ fn field_text() -> impl Strategy<Value = String> {
         1 => Just("\"\\u0000\"".to_string()),
         1 => (1usize..300).prop_map(|n| format!("{}1{}", "[".repeat(n), "]".repeat(n))),
         1 => (1usize..300).prop_map(|n| format!("{}{}", "{\"a\":".repeat(n), "}".repeat(n))),
+        1 => Just(r#"{"k": 1, "k": [2]}"#.to_string()),
+        1 => Just(r#"[0, {"a": {"b": 1, "c": 0, "b": 2}}]"#.to_string()),
         1 => Just("0.1".to_string()),
         1 => Just("-0".to_string()),
         1 => Just("7".to_string()),
@@ -411,6 +413,37 @@ proptest! {
         line in prop_oneof![texty(), json_line_text(&["id", "text", "a"])]
     ) {
         let _ = no_panic("json::parse_line", || json_line(&line));
+    }
+
+    /// Reading some fields only is reading them all, less the values of the others: the same
+    /// outcome (value, syntax error or the same first duplicate key), every key in its place,
+    /// each field read equal, each field not read null.
+    #[test]
+    fn reading_some_fields_is_reading_all_of_them(
+        line in prop_oneof![texty(), json_line_text(&["id", "text", "a"])],
+        read in prop::sample::subsequence(vec!["id", "text", "a", "zz"], 0..=4),
+    ) {
+        let reads = |key: &str| read.contains(&key);
+        let some = no_panic("json::parse_line_reading", || {
+            toolsift::util::json::parse_line_reading(&line, reads)
+        });
+        match (json_line(&line), some) {
+            (Ok((all, all_dup)), Ok((some, some_dup))) => {
+                prop_assert_eq!(all_dup, some_dup);
+                match (&all, &some) {
+                    (Value::Object(all), Value::Object(some)) => {
+                        prop_assert!(all.keys().eq(some.keys()));
+                        for (key, value) in all {
+                            let want = if reads(key) { value } else { &Value::Null };
+                            prop_assert_eq!(&some[key], want, "{}", key);
+                        }
+                    }
+                    _ => prop_assert_eq!(all, some),
+                }
+            }
+            (Err(all), Err(some)) => prop_assert_eq!(all.to_string(), some.to_string()),
+            (all, some) => prop_assert!(false, "{:?} but {:?}", all.map(|v| v.0), some.map(|v| v.0)),
+        }
     }
 
     /// A call the parser accepts is one `check_call` accepts, and written back with a result it
