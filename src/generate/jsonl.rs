@@ -189,7 +189,8 @@ fn parse_line(
 fn read_fields(line: &str, line_no: usize) -> (Value, std::result::Result<Line, String>) {
     let fail = |message: String| (Value::Null, Err(format!("line {line_no}: {message}")));
     // Other keys are ignored: checked, never built.
-    let reads = |key: &str| json::struct_fields::<Line>().contains(&key);
+    let fields = json::struct_fields::<Line>();
+    let reads = |key: &str| fields.contains(&key);
     let (value, duplicate) = match json::parse_line_reading(line, reads) {
         Ok(v) => v,
         Err(e @ (LineError::Blank | LineError::ByteOrderMark | LineError::TooManyValues)) => {

@@ -224,10 +224,11 @@ fn parse_line(
     parsed: &mut Parsed,
 ) -> std::result::Result<(TokenCandidate, bool), String> {
     // A key neither line kind has is refused by name, without its value ever being built.
-    let reads = |key: &str| {
-        json::struct_fields::<TokenLine>().contains(&key)
-            || json::struct_fields::<TextLine>().contains(&key)
-    };
+    let (token_fields, text_fields) = (
+        json::struct_fields::<TokenLine>(),
+        json::struct_fields::<TextLine>(),
+    );
+    let reads = |key: &str| token_fields.contains(&key) || text_fields.contains(&key);
     let (value, duplicate) = json::parse_line_reading(line, reads).map_err(|e| match e {
         LineError::Blank | LineError::ByteOrderMark | LineError::TooManyValues => e.to_string(),
         LineError::Syntax(e) => format!("malformed JSON: {e}"),

@@ -292,7 +292,7 @@ pub fn resume_point(
         }
         let id = answer.get("id").unwrap_or(&Value::Null);
         if !id.is_null() {
-            // Read as the run read it (`json::parse_line`): serde_json's own reader refuses
+            // Read as the run read it (`json::parse_line_reading`): serde_json's own reader refuses
             // some lines the run answered, a lone surrogate in a key held twice, say.
             let asked = question
                 .and_then(|t| crate::util::json::parse_line_reading(&t, |key| key == "id").ok())

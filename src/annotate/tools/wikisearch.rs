@@ -408,7 +408,7 @@ fn parse_doc(line: &str, text_field: &str) -> Result<JsonDoc, String> {
         })?;
     // A key held twice would be read as its first value: refuse it where the index reads it,
     // as the corpus refuses it anywhere (the same file may be both).
-    if let Some(d) = duplicate.filter(|d| [ID, TITLE, text_field].contains(&d.field.as_str())) {
+    if let Some(d) = duplicate.filter(|d| reads(&d.field)) {
         return Err(format!("{d} (which value is meant?)"));
     }
     let obj = value
