@@ -278,6 +278,57 @@ fn json_line_text(keys: &'static [&'static str]) -> impl Strategy<Value = String
         })
 }
 
+/// The first key held twice in the fields of `line`'s object that `reads` names, found apart
+/// from the parser's own choice: the line is written again with only those fields' text, each
+/// other field once with null for its value, and read whole. None when serde_json cannot split
+/// the line into fields (not an object, or not JSON it reads).
+fn duplicate_in_fields_read(
+    line: &str,
+    reads: impl Fn(&str) -> bool,
+) -> Option<Option<toolsift::util::json::Duplicate>> {
+    use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+    use serde_json::value::RawValue;
+
+    /// An object's fields in order, keys held twice included, each value as its text.
+    struct Fields(Vec<(String, Box<RawValue>)>);
+    impl<'de> Deserialize<'de> for Fields {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Each;
+            impl<'de> Visitor<'de> for Each {
+                type Value = Fields;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("an object")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+                    let mut fields = Vec::new();
+                    while let Some(field) = map.next_entry()? {
+                        fields.push(field);
+                    }
+                    Ok(Fields(fields))
+                }
+            }
+            d.deserialize_map(Each)
+        }
+    }
+
+    let Fields(fields) = serde_json::from_str(line).ok()?;
+    let mut others = std::collections::HashSet::new();
+    let body: Vec<String> = fields
+        .iter()
+        .filter_map(|(key, value)| {
+            let text = if reads(key) {
+                value.get()
+            } else if others.insert(key) {
+                "null"
+            } else {
+                return None;
+            };
+            Some(format!("{}: {text}", Value::from(key.as_str())))
+        })
+        .collect();
+    Some(json_line(&format!("{{{}}}", body.join(", "))).ok()?.1)
+}
+
 /// The lines of `bytes` as a line reader must see them: split after each "\n", a last line
 /// without one counting.
 fn expected_lines(bytes: &[u8]) -> Vec<&[u8]> {
@@ -429,7 +480,12 @@ proptest! {
         });
         match (json_line(&line), some) {
             (Ok((all, all_dup)), Ok((some, some_dup))) => {
-                prop_assert_eq!(all_dup, some_dup);
+                // The first duplicate in a field read, if any; else the first.
+                let want = match duplicate_in_fields_read(&line, reads) {
+                    Some(read) if all.is_object() => read.or(all_dup),
+                    _ => all_dup,
+                };
+                prop_assert_eq!(want, some_dup);
                 match (&all, &some) {
                     (Value::Object(all), Value::Object(some)) => {
                         prop_assert!(all.keys().eq(some.keys()));

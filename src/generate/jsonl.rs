@@ -328,6 +328,12 @@ mod tests {
                 Value::Null,
                 r#"line 3: duplicate key "id""#,
             ),
+            // Not even behind an earlier duplicate in a field no line has.
+            (
+                r#"{"meta": {"k": 1, "k": 1}, "id": "a", "prompt": "p", "id": "b"}"#,
+                Value::Null,
+                r#"line 3: duplicate key "id""#,
+            ),
         ] {
             assert_eq!(error(line), (id, want.to_string()), "{line}");
         }

@@ -374,6 +374,12 @@ mod tests {
                 Value::Null,
                 "duplicate key \"id\"",
             ),
+            // Not even behind an earlier duplicate in a field the line should not have.
+            (
+                format!(r#"{{"x": {{"k": 1, "k": 2}}, "id": "a", {TOKENS}, "id": "b"}}"#),
+                Value::Null,
+                "duplicate key \"id\"",
+            ),
         ] {
             assert_eq!(error(&line), (id, want.to_string()), "{line}");
         }

@@ -49,7 +49,8 @@ impl fmt::Display for LineError {
     }
 }
 
-/// A key that one object of a line holds twice: the first such, in the order of the text.
+/// A key that one object of a line holds twice: the first such in the order of the text among
+/// the fields the reader reads, or when they hold none, among the others.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Duplicate {
     /// The key held twice.
@@ -91,7 +92,8 @@ pub fn parse_line(line: &str) -> Result<(Value, Option<Duplicate>), LineError> {
 /// does not name keeps its key, with null for its value, and is only checked (valid JSON, no key
 /// held twice inside it), never built. A strict reader still refuses the key by name; an
 /// ignored field costs no memory but its keys. The line's value must be an object for this to
-/// skip anything.
+/// skip anything. The duplicate answered is the first in a field read, if any: one in a field
+/// not read comes only when the fields read hold none.
 pub fn parse_line_reading(
     line: &str,
     reads: impl Fn(&str) -> bool,
@@ -242,11 +244,19 @@ impl Reading<'_> {
         Ok(())
     }
 
-    /// Notes `key` held twice in the object at `at`, if it is the first such.
+    /// Notes `key` held twice in the object at `at`, if it is the first such, or the first in a
+    /// field read after others in fields not read: the duplicate a reader must hear of is one
+    /// in what it reads (a caller that refuses duplicates only there, or echoes a field unless
+    /// it holds the duplicate, would otherwise miss it behind one it ignores).
     fn duplicate(&mut self, key: &str, at: Option<&Path<'_>>) {
-        if self.duplicate.is_none() {
+        let field = at.map_or(key, Path::field);
+        let noted = match &self.duplicate {
+            None => true,
+            Some(first) => (self.reads)(field) && !(self.reads)(&first.field),
+        };
+        if noted {
             self.duplicate = Some(Duplicate {
-                field: at.map_or(key, Path::field).to_owned(),
+                field: field.to_owned(),
                 within: render(at),
                 key: key.to_owned(),
             });
@@ -642,6 +652,37 @@ mod tests {
             text_only("[1, {\"a\": 2}]").unwrap().0,
             serde_json::json!([1, {"a": 2}])
         );
+    }
+
+    #[test]
+    fn a_duplicate_in_a_field_read_outranks_an_earlier_one_elsewhere() {
+        let reading = |line: &str, field: &'static str| {
+            parse_line_reading(line, move |k| k == field)
+                .unwrap()
+                .1
+                .map(|d| d.to_string())
+        };
+        let line = r#"{"x": {"a": 1, "a": 2}, "text": "a", "text": "b", "y": 1, "y": 2}"#;
+        assert_eq!(
+            reading(line, "text").as_deref(),
+            Some("duplicate key \"text\"")
+        );
+        // Reading every field, or none that holds one, the first in the text is the one.
+        assert_eq!(
+            dup(line).map(|d| d.to_string()).as_deref(),
+            Some("duplicate key \"a\" in x")
+        );
+        assert_eq!(
+            reading(line, "id").as_deref(),
+            Some("duplicate key \"a\" in x")
+        );
+        // Of two in fields read, the first still.
+        let line = r#"{"x": [1, 1], "id": [{"k": 0, "k": 1}], "x": 2, "id": 3}"#;
+        assert_eq!(
+            reading(line, "id").as_deref(),
+            Some("duplicate key \"k\" in id[0]")
+        );
+        assert_eq!(reading(line, "x").as_deref(), Some("duplicate key \"x\""));
     }
 
     #[test]

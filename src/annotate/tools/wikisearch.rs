@@ -983,7 +983,7 @@ mod tests {
     #[test]
     fn malformed_lines_are_errors_naming_file_and_line() {
         let tmp = tempfile::tempdir().unwrap();
-        let cases: [(&[u8], u64, &str); 9] = [
+        let cases: [(&[u8], u64, &str); 10] = [
             (
                 b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"b\",\"text\":",
                 2,
@@ -1008,6 +1008,12 @@ mod tests {
                 b"{\"id\":\"a\",\"text\":\"x\",\"id\":\"b\"}\n",
                 1,
                 "duplicate key \"id\"",
+            ),
+            // Behind a duplicate in a field the index does not read, too.
+            (
+                b"{\"x\":{\"k\":1,\"k\":2},\"id\":\"a\",\"text\":\"x\",\"text\":\"y\"}\n",
+                1,
+                "duplicate key \"text\"",
             ),
         ];
         for (content, line, needle) in cases {
