@@ -190,9 +190,10 @@ fn parse_chunk(
                 candidate: Err(String::new()),
             };
             parsed.candidate = line
-                .clone()
+                .as_deref()
+                .map_err(String::clone)
                 .and_then(|line| {
-                    parse_line(&line, tokenizer, options, &mut texts, &mut parsed).and_then(
+                    parse_line(line, tokenizer, options, &mut texts, &mut parsed).and_then(
                         |(c, text_level)| {
                             if text_level {
                                 // Ids no line wrote: the tokenizer's, not the line's, fault.

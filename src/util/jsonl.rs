@@ -43,8 +43,14 @@ pub fn read_line_capped<R: BufRead>(
             None => chunk.len(),
         };
         seen(&chunk[..take]);
-        let room = keep.saturating_sub(buf.len());
-        buf.extend_from_slice(&chunk[..take.min(room)]);
+        let kept = take.min(keep.saturating_sub(buf.len()));
+        if buf.capacity() - buf.len() < kept {
+            // Doubling, but never past `keep`: a line at the limit gets a buffer of its size,
+            // not twice it.
+            let grown = (buf.capacity() * 2).max(buf.len() + kept).min(keep);
+            buf.reserve_exact(grown - buf.len());
+        }
+        buf.extend_from_slice(&chunk[..kept]);
         len += take;
         reader.consume(take);
     }
@@ -137,14 +143,26 @@ impl<R: BufRead> Iterator for JsonlLines<R> {
         if let Some(why) = over_limit(len, ended, self.max_line_bytes) {
             return Some(Ok((self.line, Err(why))));
         }
-        let mut bytes = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
-        bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
-        if self.line == 1 {
-            bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
+        for end in [b'\n', b'\r'] {
+            if self.buf.last() == Some(&end) {
+                self.buf.pop();
+            }
         }
-        let text = std::str::from_utf8(bytes)
-            .map(str::to_owned)
-            .map_err(|e| format!("not UTF-8 (invalid byte at offset {})", e.valid_up_to()));
+        let bom = "\u{feff}".as_bytes();
+        if self.line == 1 && self.buf.starts_with(bom) {
+            self.buf.drain(..bom.len());
+        }
+        // A long line's buffer becomes its text, not copied to it: one 64 MiB line is held
+        // once. A short one is copied, and the buffer kept for the next.
+        let bytes = if self.buf.capacity() > KEPT_BUFFER_BYTES {
+            std::mem::take(&mut self.buf)
+        } else {
+            self.buf.clone()
+        };
+        let text = String::from_utf8(bytes).map_err(|e| {
+            let at = e.utf8_error().valid_up_to();
+            format!("not UTF-8 (invalid byte at offset {at})")
+        });
         Some(Ok((self.line, text)))
     }
 }
@@ -553,12 +571,18 @@ mod tests {
     }
 
     #[test]
-    fn a_long_line_does_not_keep_its_buffer() {
-        let long = "x".repeat(3 * KEPT_BUFFER_BYTES);
+    fn a_long_line_becomes_its_text_and_its_buffer_is_not_kept() {
+        let long = "x".repeat(3 * KEPT_BUFFER_BYTES + 5);
         let input = format!("{long}\nshort\n");
-        let mut lines = JsonlLines::new(input.as_bytes());
-        assert_eq!(lines.next().unwrap().unwrap(), (1, Ok(long)));
-        assert!(lines.buf.capacity() > KEPT_BUFFER_BYTES);
+        // Read in pieces, as from a file, with the limit at the long line's length.
+        let reader = std::io::BufReader::with_capacity(4096, input.as_bytes());
+        let mut lines = JsonlLines::new(reader).with_max_line_bytes(long.len());
+        let (n, text) = lines.next().unwrap().unwrap();
+        let text = text.unwrap();
+        assert_eq!((n, &text), (1, &long));
+        // The buffer grew to the limit (and its newline), not past it, and was handed over.
+        assert!(text.capacity() <= long.len() + 1, "{}", text.capacity());
+        assert_eq!(lines.buf.capacity(), 0);
         assert_eq!(lines.next().unwrap().unwrap(), (2, Ok("short".into())));
         assert!(lines.buf.capacity() <= KEPT_BUFFER_BYTES);
     }
