@@ -485,7 +485,22 @@ proptest! {
                     Some(read) if all.is_object() => read.or(all_dup),
                     _ => all_dup,
                 };
-                prop_assert_eq!(want, some_dup);
+                prop_assert_eq!(&want, &some_dup);
+                // And whether one field holds one, whichever was named.
+                for field in ["id", "text", "a"] {
+                    if let Some(held) = duplicate_in_fields_read(&line, |k| k == field) {
+                        prop_assert_eq!(
+                            toolsift::util::json::field_holds_duplicate(
+                                &line,
+                                field,
+                                some_dup.as_ref()
+                            ),
+                            held.is_some(),
+                            "{}",
+                            field
+                        );
+                    }
+                }
                 match (&all, &some) {
                     (Value::Object(all), Value::Object(some)) => {
                         prop_assert!(all.keys().eq(some.keys()));

@@ -211,7 +211,7 @@ fn read_fields(line: &str, line_no: usize) -> (Value, std::result::Result<Line, 
     // An id held twice (or holding a key twice) is none of the two.
     let id = match obj
         .get("id")
-        .filter(|_| duplicate.as_ref().is_none_or(|d| d.field != "id"))
+        .filter(|_| !json::field_holds_duplicate(line, "id", duplicate.as_ref()))
     {
         None | Some(Value::Null) => Value::Null,
         Some(v @ Value::String(_)) => v.clone(),
@@ -328,11 +328,17 @@ mod tests {
                 Value::Null,
                 r#"line 3: duplicate key "id""#,
             ),
-            // Not even behind an earlier duplicate in a field no line has.
+            // Not even behind an earlier duplicate in a field no line has,
             (
                 r#"{"meta": {"k": 1, "k": 1}, "id": "a", "prompt": "p", "id": "b"}"#,
                 Value::Null,
                 r#"line 3: duplicate key "id""#,
+            ),
+            // nor behind one in a field read, which is the one named.
+            (
+                r#"{"prompt": "p", "prompt": "q", "id": "a", "id": "b"}"#,
+                Value::Null,
+                r#"line 3: duplicate key "prompt""#,
             ),
         ] {
             assert_eq!(error(line), (id, want.to_string()), "{line}");

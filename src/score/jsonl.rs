@@ -238,7 +238,7 @@ fn parse_line(
         return Err("expected a JSON object".to_string());
     };
     // The id is echoed unless it is the key held twice (or holds one): which would it be?
-    if duplicate.as_ref().is_none_or(|d| d.field != "id") {
+    if !json::field_holds_duplicate(line, "id", duplicate.as_ref()) {
         parsed.id = obj.get("id").cloned().unwrap_or(Value::Null);
     }
     if let Some(n) = json::first_inexact_number(&parsed.id) {
@@ -375,11 +375,17 @@ mod tests {
                 Value::Null,
                 "duplicate key \"id\"",
             ),
-            // Not even behind an earlier duplicate in a field the line should not have.
+            // Not even behind an earlier duplicate in a field the line should not have,
             (
                 format!(r#"{{"x": {{"k": 1, "k": 2}}, "id": "a", {TOKENS}, "id": "b"}}"#),
                 Value::Null,
                 "duplicate key \"id\"",
+            ),
+            // nor behind one in a field read, which is the one named.
+            (
+                format!(r#"{{"weights": [1], "weights": [0], "id": "a", {TOKENS}, "id": "b"}}"#),
+                Value::Null,
+                "duplicate key \"weights\"",
             ),
         ] {
             assert_eq!(error(&line), (id, want.to_string()), "{line}");

@@ -101,6 +101,21 @@ pub fn parse_line_reading(
     parse(line, &reads, MAX_LINE_VALUES)
 }
 
+/// Whether `field` of the line's object is held twice or holds a key held twice, given the
+/// duplicate [`parse_line_reading`] reported: that names one, the first in the fields read, so
+/// another field's may hide `field`'s. Then the line (which parsed already) is read again for
+/// `field` alone.
+pub fn field_holds_duplicate(line: &str, field: &str, reported: Option<&Duplicate>) -> bool {
+    match reported {
+        None => false,
+        Some(d) if d.field == field => true,
+        Some(_) => matches!(
+            parse_line_reading(line, |key| key == field),
+            Ok((_, Some(d))) if d.field == field
+        ),
+    }
+}
+
 /// [`parse_line_reading`] holding at most `max_values` values and keys.
 fn parse(
     line: &str,
@@ -683,6 +698,34 @@ mod tests {
             Some("duplicate key \"k\" in id[0]")
         );
         assert_eq!(reading(line, "x").as_deref(), Some("duplicate key \"x\""));
+    }
+
+    #[test]
+    fn a_field_holding_a_duplicate_is_found_behind_another() {
+        let all = |line: &str| parse_line(line).unwrap().1;
+        for (line, id, text) in [
+            (r#"{"id": 1, "text": "a"}"#, false, false),
+            (r#"{"text": "a", "text": "b", "id": 1}"#, false, true),
+            (
+                r#"{"text": "a", "text": "b", "id": 1, "id": 2}"#,
+                true,
+                true,
+            ),
+            (
+                r#"{"text": {"k": 1, "k": 2}, "id": {"k": 1, "k": 2}}"#,
+                true,
+                true,
+            ),
+            (r#"{"x": 1, "x": 2, "id": [{"k": 1, "k": 2}]}"#, true, false),
+        ] {
+            let d = all(line);
+            assert_eq!(field_holds_duplicate(line, "id", d.as_ref()), id, "{line}");
+            assert_eq!(
+                field_holds_duplicate(line, "text", d.as_ref()),
+                text,
+                "{line}"
+            );
+        }
     }
 
     #[test]
