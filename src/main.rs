@@ -345,6 +345,14 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // Commands that run tools: a signal that ends the run ends what their command tools
+    // started, too.
+    #[cfg(unix)]
+    if matches!(cli.command, Command::Annotate(_) | Command::Generate(_)) {
+        if let Err(e) = toolsift::annotate::tools::stop_tools_on_signals() {
+            note!("warning: cannot watch for signals ({e}): an interrupted run's command tools may leave processes behind");
+        }
+    }
     let result = match cli.command {
         Command::Score(args) => score(args),
         Command::Convert(args) => convert(args),

@@ -13,7 +13,8 @@
 //!   timeout, and not retried): wrappers should `exec` the real program. On Unix the command
 //!   runs in a process group of its own, and both failures kill the whole group, so nothing a
 //!   failed call started outlives it. A background process whose program succeeded (it closed
-//!   its stdout) is left alone: a daemon a tool starts on purpose keeps running.
+//!   its stdout) is left alone: a daemon a tool starts on purpose keeps running. A process
+//!   ending on a signal kills every running command's group first ([`stop_tools_on_signals`]).
 //! - HTTP: `POST url` with JSON `{"input": ..., "tool": name}`; the reply must be a 2xx
 //!   with JSON `{"result": "..."}` (an `{"error": "..."}` reply is reported). The body is
 //!   read as bytes whatever its Content-Type, invalid UTF-8 replaced, and a failed status
@@ -30,7 +31,8 @@
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -319,12 +321,90 @@ fn own_group(command: &mut Command) -> &mut Command {
     command
 }
 
+/// The process groups of the command tools running now (each its leader's pid), for
+/// [`stop_command_tools`].
+static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Set by [`stop_command_tools`]: the process is ending, and no call may report any more.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// Kills the process group of every command tool running now, everything the tools started
+/// included, and holds every call in progress or still to come where it is, never to report:
+/// a call whose tool was killed here would otherwise be recorded as failed, and a resumed run
+/// would not call it again. For a process about to end, as on a signal
+/// ([`stop_tools_on_signals`]); a tool's own process dies with the process anyway (Linux), but
+/// not what it started.
+pub fn stop_command_tools() {
+    STOPPING.store(true, Ordering::SeqCst);
+    let running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+    for &pid in running.iter() {
+        kill_group_of(pid);
+    }
+}
+
+/// Ends the process on SIGINT, SIGTERM or SIGHUP as the signal would, after
+/// [`stop_command_tools`]: so that Ctrl-C, `kill` or a scheduler's stop (Slurm, Kubernetes)
+/// leaves no process a command tool started. The signals' default action stays otherwise
+/// (the output and journal are as a killed run leaves them: `--resume` goes on). For the
+/// `toolsift` command; a program that embeds the driver chooses whether to call it. Not on
+/// SIGKILL, which no process can catch.
+#[cfg(unix)]
+pub fn stop_tools_on_signals() -> std::io::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    thread::Builder::new()
+        .name("toolsift-signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                stop_command_tools();
+                let _ = signal_hook::low_level::emulate_default_handler(signal);
+                // Not reached: the default action of these three ends the process.
+                std::process::exit(128 + signal);
+            }
+        })?;
+    Ok(())
+}
+
+/// Where a call stops once [`stop_command_tools`] has run: the process is ending.
+fn hold_if_stopping() {
+    while STOPPING.load(Ordering::SeqCst) {
+        thread::park();
+    }
+}
+
+/// Lists a started tool's group in [`RUNNING`] while the call runs.
+struct Running(u32);
+
+impl Running {
+    fn start(child: &Child) -> Self {
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(child.id());
+        Running(child.id())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = running.iter().position(|&pid| pid == self.0) {
+            running.swap_remove(i);
+        }
+    }
+}
+
 /// Kills every process left in the group `own_group` gave `child`. Called only while the group
 /// has a live member (the child itself, or the process that holds its stdout), so its id cannot
 /// have been reused for another group.
 fn kill_group(child: &Child) {
+    kill_group_of(child.id());
+}
+
+/// Kills the process group whose leader's pid is `pid`.
+fn kill_group_of(pid: u32) {
     #[cfg(unix)]
-    if let Ok(pgid) = libc::pid_t::try_from(child.id()) {
+    if let Ok(pgid) = libc::pid_t::try_from(pid) {
         // SAFETY: kill(2) takes plain integers and touches no memory of ours; a negative pid
         // names the process group.
         unsafe {
@@ -332,7 +412,7 @@ fn kill_group(child: &Child) {
         }
     }
     #[cfg(not(unix))]
-    let _ = child;
+    let _ = pid;
 }
 
 /// Runs `work` on a new thread; failing to start one (OS limits) fails the attempt
@@ -388,6 +468,13 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
         .spawn()
         .map_err(|e| final_err(format!("cannot run {program:?}: {e}")))?;
     let mut child = Reaper(child);
+    // Listed until the call ends (dropped before `child`, whose drop reaps the program).
+    let _running = Running::start(&child.0);
+    if STOPPING.load(Ordering::SeqCst) {
+        // Started as the process was being stopped, after the others were killed.
+        kill_group(&child.0);
+        hold_if_stopping();
+    }
 
     if let Some(mut stdin) = child.0.stdin.take() {
         let mut bytes = input.as_bytes().to_vec();
@@ -418,7 +505,10 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
         }
         printed.as_ref().is_some_and(|&(_, more)| more)
     })
-    .map_err(|e| retry_err(format!("waiting for {program:?} failed: {e}")))?;
+    .map_err(|e| retry_err(format!("waiting for {program:?} failed: {e}")));
+    // A program killed by `stop_command_tools` did not fail: the process is ending.
+    hold_if_stopping();
+    let status = status?;
     let too_much = || {
         final_err(format!(
             "{program:?} printed more than {MAX_OUTPUT_BYTES} bytes"
@@ -890,6 +980,101 @@ mod tests {
             ends_within(&pid, Duration::from_secs(5)),
             "the tool outlived the run"
         );
+    }
+
+    /// A run ended by a signal (SIGTERM here, as `kill` or a scheduler sends; Ctrl-C's SIGINT
+    /// is the same path) takes its tools' process groups with it: the tool and what it started
+    /// in the background, which the kernel's death signal alone would leave running. The run
+    /// ends by the signal itself, and the killed call is not reported. The test runs itself as
+    /// the run.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_signal_ends_the_tools_and_what_they_started() {
+        use std::os::unix::process::ExitStatusExt;
+        if let Ok(dir) = std::env::var("TOOLSIFT_TEST_SIGNALLED_RUN") {
+            stop_tools_on_signals().unwrap();
+            let tool = sh(&format!(
+                "sleep 60 >/dev/null & echo $! > {dir}/started; echo $$ > {dir}/tool; wait"
+            ))
+            .with_timeout(Duration::from_secs(60));
+            let reported = run(&tool, "x");
+            // Not reached: the call is held until the signal ends the process.
+            std::fs::write(format!("{dir}/reported"), format!("{reported:?}")).unwrap();
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        let mut signalled = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "annotate::tools::external::tests::a_signal_ends_the_tools_and_what_they_started",
+            ])
+            .env("TOOLSIFT_TEST_SIGNALLED_RUN", dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let read_pid = |name: &str| loop {
+            match std::fs::read_to_string(path(name)) {
+                Ok(p) if p.ends_with('\n') => break p.trim().to_string(),
+                _ if started.elapsed() > Duration::from_secs(30) => panic!("no {name} pid"),
+                _ => thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        let (tool, background) = (read_pid("tool"), read_pid("started"));
+        let pid = libc::pid_t::try_from(signalled.id()).unwrap();
+        // SAFETY: kill(2) on the child this test started and has not reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let status = signalled.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}");
+        for (what, pid) in [("the tool", &tool), ("its background process", &background)] {
+            assert!(
+                ends_within(pid, Duration::from_secs(5)),
+                "{what} outlived the run"
+            );
+        }
+        assert!(!path("reported").exists(), "the killed call was reported");
+    }
+
+    /// The race a signal leaves is closed: once `stop_command_tools` has killed a call's tool,
+    /// the call never reports (a failed call would be recorded, and not called again on
+    /// `--resume`). Here the process is not ended after the stop, so a call that reported
+    /// would be seen. The test runs itself as the stopped run (the stop is process-wide).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_call_stopped_never_reports() {
+        if let Ok(dir) = std::env::var("TOOLSIFT_TEST_STOPPED_RUN") {
+            let tool = sh(&format!("echo $$ > {dir}/tool; exec sleep 60"))
+                .with_timeout(Duration::from_secs(60))
+                .with_retries(0);
+            let (tx, rx) = mpsc::channel();
+            thread::spawn(move || tx.send(run(&tool, "x")));
+            let tool_pid = dir.clone() + "/tool";
+            while !std::fs::read_to_string(&tool_pid).is_ok_and(|p| p.ends_with('\n')) {
+                thread::sleep(Duration::from_millis(20));
+            }
+            stop_command_tools();
+            let reported = rx.recv_timeout(Duration::from_secs(1));
+            assert!(reported.is_err(), "the stopped call reported {reported:?}");
+            std::fs::write(format!("{dir}/held"), "").unwrap();
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "annotate::tools::external::tests::a_call_stopped_never_reports",
+            ])
+            .env("TOOLSIFT_TEST_STOPPED_RUN", dir.path())
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(
+            status.success() && dir.path().join("held").exists(),
+            "{status}"
+        );
+        let tool = std::fs::read_to_string(dir.path().join("tool")).unwrap();
+        assert!(ends_within(tool.trim(), Duration::from_secs(5)));
     }
 
     #[test]

@@ -32,7 +32,11 @@ use serde::{Deserialize, Serialize};
 
 pub use calculator::{evaluate, format_result, Calculator, MAX_DEPTH, MAX_INPUT_LEN};
 pub use calendar::{Calendar, CalendarConfig, Date, Weekday};
-pub use external::{ExternalBackend, ExternalTool, ExternalToolConfig, MAX_OUTPUT_BYTES};
+#[cfg(unix)]
+pub use external::stop_tools_on_signals;
+pub use external::{
+    stop_command_tools, ExternalBackend, ExternalTool, ExternalToolConfig, MAX_OUTPUT_BYTES,
+};
 pub use wikisearch::{
     build_index, IndexError, IndexStats, SearchHit, WikiSearch, WikiSearchConfig,
     DEFAULT_SNIPPET_CHARS,
