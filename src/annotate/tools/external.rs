@@ -943,6 +943,35 @@ mod tests {
         let _ = Command::new("kill").arg(&pid).status();
     }
 
+    /// This test binary running test `name` alone, with `var` set to `value`: the tests of
+    /// what happens to tools when the process running them dies or stops run themselves.
+    #[cfg(target_os = "linux")]
+    fn this_test_as_a_run(name: &str, var: &str, value: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut run = Command::new(std::env::current_exe().unwrap());
+        run.args([
+            "--exact",
+            &format!("annotate::tools::external::tests::{name}"),
+        ])
+        .env(var, value)
+        .stdout(Stdio::null());
+        run
+    }
+
+    /// The pid a tool wrote to `path` (a line), once it has.
+    #[cfg(target_os = "linux")]
+    fn pid_written_to(path: &std::path::Path) -> String {
+        let started = Instant::now();
+        loop {
+            match std::fs::read_to_string(path) {
+                Ok(p) if p.ends_with('\n') => break p.trim().to_string(),
+                _ if started.elapsed() > Duration::from_secs(30) => {
+                    panic!("no pid in {}", path.display())
+                }
+                _ => thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
     /// A tool runs in a process group of its own, so no signal to toolsift's group reaches it:
     /// when the run dies (killed here) mid-call, the kernel kills the tool instead of leaving
     /// it running. The test runs itself as the dying run.
@@ -956,24 +985,15 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let pid_path = dir.path().join("tool").display().to_string();
-        let mut dying = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "annotate::tools::external::tests::a_tool_dies_with_the_run",
-            ])
-            .env("TOOLSIFT_TEST_DYING_RUN", &pid_path)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let started = Instant::now();
-        let pid = loop {
-            match std::fs::read_to_string(&pid_path) {
-                Ok(p) if p.ends_with('\n') => break p.trim().to_string(),
-                _ if started.elapsed() > Duration::from_secs(30) => panic!("the tool never ran"),
-                _ => thread::sleep(Duration::from_millis(20)),
-            }
-        };
+        let pid_path = dir.path().join("tool");
+        let mut dying = this_test_as_a_run(
+            "a_tool_dies_with_the_run",
+            "TOOLSIFT_TEST_DYING_RUN",
+            &pid_path,
+        )
+        .spawn()
+        .unwrap();
+        let pid = pid_written_to(&pid_path);
         dying.kill().unwrap();
         dying.wait().unwrap();
         assert!(
@@ -1004,24 +1024,17 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let path = |name: &str| dir.path().join(name);
-        let mut signalled = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "annotate::tools::external::tests::a_signal_ends_the_tools_and_what_they_started",
-            ])
-            .env("TOOLSIFT_TEST_SIGNALLED_RUN", dir.path())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let started = Instant::now();
-        let read_pid = |name: &str| loop {
-            match std::fs::read_to_string(path(name)) {
-                Ok(p) if p.ends_with('\n') => break p.trim().to_string(),
-                _ if started.elapsed() > Duration::from_secs(30) => panic!("no {name} pid"),
-                _ => thread::sleep(Duration::from_millis(20)),
-            }
-        };
-        let (tool, background) = (read_pid("tool"), read_pid("started"));
+        let mut signalled = this_test_as_a_run(
+            "a_signal_ends_the_tools_and_what_they_started",
+            "TOOLSIFT_TEST_SIGNALLED_RUN",
+            dir.path(),
+        )
+        .spawn()
+        .unwrap();
+        let (tool, background) = (
+            pid_written_to(&path("tool")),
+            pid_written_to(&path("started")),
+        );
         let pid = libc::pid_t::try_from(signalled.id()).unwrap();
         // SAFETY: kill(2) on the child this test started and has not reaped.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
@@ -1049,10 +1062,7 @@ mod tests {
                 .with_retries(0);
             let (tx, rx) = mpsc::channel();
             thread::spawn(move || tx.send(run(&tool, "x")));
-            let tool_pid = dir.clone() + "/tool";
-            while !std::fs::read_to_string(&tool_pid).is_ok_and(|p| p.ends_with('\n')) {
-                thread::sleep(Duration::from_millis(20));
-            }
+            pid_written_to(&std::path::Path::new(&dir).join("tool"));
             stop_command_tools();
             let reported = rx.recv_timeout(Duration::from_secs(1));
             assert!(reported.is_err(), "the stopped call reported {reported:?}");
@@ -1060,15 +1070,13 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let status = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "annotate::tools::external::tests::a_call_stopped_never_reports",
-            ])
-            .env("TOOLSIFT_TEST_STOPPED_RUN", dir.path())
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
+        let status = this_test_as_a_run(
+            "a_call_stopped_never_reports",
+            "TOOLSIFT_TEST_STOPPED_RUN",
+            dir.path(),
+        )
+        .status()
+        .unwrap();
         assert!(
             status.success() && dir.path().join("held").exists(),
             "{status}"
