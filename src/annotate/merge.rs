@@ -415,8 +415,8 @@ impl MergeStream {
         let at = || format!("{}:{}", self.path.display(), self.file_line);
         let text = text.map_err(|e| Error::input(format!("{}: {e}", at())))?;
         // Read as strictly as annotate's own records: one object, each key once, no key of
-        // another kind of record, every field of its type.
-        // Records of annotate's own output: as large as the run held them (no value cap).
+        // another kind of record, every field of its type; and with no value cap, as large as
+        // the run that wrote them held them.
         use crate::util::json::object_from_str_within as read;
         let parsed = if self.rejects {
             read::<writer::RejectRecord>(&text, usize::MAX).map(|r| r.line)

@@ -58,7 +58,8 @@ pub fn read_line_capped<R: BufRead>(
 }
 
 /// The capacity a line buffer keeps from one line to the next: one that a long line grew past
-/// it (a 64 MiB line grows it to 128 MiB) is freed, not held for the rest of the run.
+/// it (to the line limit, or a `--resume` row's 128 MiB) is freed, not held for the rest of the
+/// run. `JsonlLines` hands such a buffer over as the line's text instead.
 const KEPT_BUFFER_BYTES: usize = 1 << 20;
 
 /// Empties `buf` for the next line, freeing it if a long line grew it past `KEPT_BUFFER_BYTES`.
