@@ -85,11 +85,18 @@ pub(crate) fn attend(rows: &[usize], q: &[f32], kv: KeysValues, out: &mut [f32])
     if n_q <= DIRECT_MAX_QUERIES {
         attend_direct(rows, q, kv, out);
     } else {
-        let block = SCORE_BYTES / (4 * rows.len().max(1));
+        let block = (SCORE_BYTES / (4 * rows.len().max(1))).min(QUERY_BLOCK);
         let parallel = n_q * rows.len() >= PARALLEL_HEADS_MIN_SCORES;
         attend_gathered(rows, q, kv, out, block, parallel);
     }
 }
+
+/// Queries per block of [`attend_gathered`]: a block's products stop at its last query's row,
+/// so the smaller the block, the less of the causal mask's upper triangle is computed and
+/// thrown away (all queries in one block computed every score of a segment's own rows, ~1.8x the
+/// visible ones in prefix placement's text branches). 64 rows keep the products wide enough
+/// for the gemm microkernels (docs/benchmarks.md, "Attention").
+const QUERY_BLOCK: usize = 64;
 
 /// Queries x context at and above which [`attend_gathered`] runs its heads as parallel tasks:
 /// a plan of one long segment (a document's P(x) ++ x, a group's prefill) would otherwise
@@ -135,15 +142,15 @@ fn attend_direct(rows: &[usize], q: &[f32], kv: KeysValues, out: &mut [f32]) {
     }
 }
 
-/// Bytes of scores [`attend_gathered`] holds at once: queries go in blocks of
-/// `SCORE_BYTES / (4 * n_ctx)` rows, so the [queries, n_ctx] block stays linear in the context
-/// (a 32k-token group would need 4 GB for all its queries at once, a 2^20-position model 4 TB).
-/// 16 MiB is 2048 x 2048 scores: at GPT-J's 2048 positions every group is one block.
+/// Bytes of scores [`attend_gathered`] holds at once: queries go in blocks of at most
+/// `SCORE_BYTES / (4 * n_ctx)` rows, so the [queries, n_ctx] block stays bounded however long
+/// the context (a 2^20-position model would otherwise need 256 MiB per block of 64 queries).
+/// 16 MiB is 64 queries over 65,536 rows: below that, [`QUERY_BLOCK`] sets the block.
 const SCORE_BYTES: usize = 16 << 20;
 
 /// [`attend`] head by head (the heads as parallel tasks with `parallel`): the context's keys and
 /// values gathered into dense [n_ctx, head_dim] blocks, then, `query_block` queries at a time,
-/// q K^T, a masked softmax, and P V.
+/// q K^T over the context rows the block sees, a masked softmax, and P V.
 fn attend_gathered(
     rows: &[usize],
     q_rows: &[f32],
@@ -218,16 +225,18 @@ fn attend_head(
             s.q[a * head_dim..][..head_dim]
                 .copy_from_slice(&q_rows[(a0 + a) * 3 * d + col..][..head_dim]);
         }
-        let scores = &mut s.scores[..m * n_ctx];
+        // The block's last query sees the first n_seen context rows; no query sees past them.
+        let n_seen = n_old + a0 + m;
+        let scores = &mut s.scores[..m * n_seen]; // [m, n_seen]
         matmul_wt(
             &s.q[..m * head_dim],
-            &s.k,
+            &s.k[..n_seen * head_dim],
             scores,
-            [m, n_ctx, head_dim],
+            [m, n_seen, head_dim],
             false,
             false,
         );
-        for (a, srow) in scores.chunks_mut(n_ctx).enumerate() {
+        for (a, srow) in scores.chunks_mut(n_seen).enumerate() {
             // Query a0 + a sees every older row and the queries up to itself.
             let visible = n_old + a0 + a + 1;
             for x in &mut srow[..visible] {
@@ -237,7 +246,14 @@ fn attend_head(
             srow[visible..].fill(0.0);
         }
         let o = &mut s.o[..m * head_dim];
-        matmul(scores, &s.v, o, [m, head_dim, n_ctx], false, false);
+        matmul(
+            scores,
+            &s.v[..n_seen * head_dim],
+            o,
+            [m, head_dim, n_seen],
+            false,
+            false,
+        );
         for (a, oa) in o.chunks(head_dim).enumerate() {
             emit(a0 + a, oa);
         }
