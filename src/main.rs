@@ -42,6 +42,32 @@ fn emit(text: &str) -> Result<()> {
     }
 }
 
+/// `-` as a path: standard input for `--input`, standard output for `--output`, as Unix filters
+/// take it (neither can be locked, resumed from or read twice).
+fn is_std_stream(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+/// A path as messages name it: `<stdin>` or `<stdout>` for `-`.
+fn stream_name(path: &Path, std_name: &str) -> String {
+    if is_std_stream(path) {
+        std_name.to_string()
+    } else {
+        path.display().to_string()
+    }
+}
+
+/// `--resume` goes on from an output file, after checking it against a re-readable input.
+fn refuse_resume_on_std_streams(resume: bool, paths: &[&Path]) -> Result<()> {
+    if resume && paths.iter().any(|p| is_std_stream(p)) {
+        anyhow::bail!(
+            "--resume checks the output an earlier run wrote against the input, so both must be \
+             files, not `-` (standard input or output)"
+        );
+    }
+    Ok(())
+}
+
 #[derive(Parser)]
 #[command(
     name = "toolsift",
@@ -217,10 +243,10 @@ struct ScoreArgs {
     /// Hugging Face GPT-J folder (config.json, weights, tokenizer.json for text-level input).
     #[arg(long)]
     model: PathBuf,
-    /// Candidates, JSONL (text-level or token-level lines).
+    /// Candidates, JSONL (text-level or token-level lines); `-`: standard input.
     #[arg(long)]
     input: PathBuf,
-    /// Where to write the scores, JSONL.
+    /// Where to write the scores, JSONL; `-`: standard output.
     #[arg(long)]
     output: PathBuf,
     /// Go on from an interrupted run's --output (with the same flags): the lines it answers are
@@ -272,10 +298,10 @@ struct GenerateArgs {
         allow_hyphen_values = true
     )]
     prompt: Option<String>,
-    /// Prompts, JSONL lines {"id", "prompt"}.
+    /// Prompts, JSONL lines {"id", "prompt"}; `-`: standard input.
     #[arg(long)]
     input: Option<PathBuf>,
-    /// Where to write the completions, JSONL (default: stdout).
+    /// Where to write the completions, JSONL (default, or `-`: standard output).
     #[arg(long)]
     output: Option<PathBuf>,
     /// Go on from an interrupted run's --output (with the same flags): the lines it answers are
@@ -504,10 +530,23 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
     if args.reference && args.device != Device::Cpu {
         anyhow::bail!("--reference scores with the f64 oracle on the CPU: leave out --device");
     }
-    check_io(Some(&args.input), Some(&args.output), Some(&args.model))?;
-    let input = File::open(&args.input).with_context(|| format!("{}", args.input.display()))?;
-    let locked = toolsift::util::jsonl::lock_output(&args.output)?;
-    let resume_at = resume_point(args.resume, &args.input, &args.output, "l_none")?;
+    refuse_resume_on_std_streams(args.resume, &[&args.input, &args.output])?;
+    let input_path = (!is_std_stream(&args.input)).then_some(args.input.as_path());
+    let output_path = (!is_std_stream(&args.output)).then_some(args.output.as_path());
+    check_io(input_path, output_path, Some(&args.model))?;
+    let input: Box<dyn std::io::BufRead> = match input_path {
+        Some(path) => Box::new(BufReader::new(
+            File::open(path).with_context(|| format!("{}", path.display()))?,
+        )),
+        None => Box::new(std::io::stdin().lock()),
+    };
+    let locked = output_path
+        .map(toolsift::util::jsonl::lock_output)
+        .transpose()?;
+    let resume_at = match output_path {
+        Some(output) => resume_point(args.resume, &args.input, output, "l_none")?,
+        None => None,
+    };
     // Token-level lines need no tokenizer: a tokenizer.json that does not load fails the
     // text-level lines only (each says why), not the run.
     let (mut model, tokenizer_error) = Model::load_deferring_tokenizer(&args.model)?;
@@ -534,30 +573,38 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
         (false, device) => toolsift::backend::scorer_from_model(model, device, memory_budget)?,
     };
     // Emptied (or cut to where it resumes) only now that the model has loaded.
-    let output = toolsift::util::jsonl::start_output(locked, resume_at)?;
-    let summary = score_jsonl(
-        BufReader::new(input),
-        BufWriter::new(output),
-        scorer.as_ref(),
-        tokenizer.as_ref(),
-        &options,
-    )
-    .with_context(|| {
+    let output: Box<dyn std::io::Write> = match locked {
+        Some(locked) => Box::new(BufWriter::new(toolsift::util::jsonl::start_output(
+            locked, resume_at,
+        )?)),
+        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+    };
+    let output_name = stream_name(&args.output, "<stdout>");
+    let scored = score_jsonl(input, output, scorer.as_ref(), tokenizer.as_ref(), &options);
+    if output_path.is_none() && is_broken_pipe(&scored) {
+        // A reader of stdout that has gone (`| head -1`) ends the output quietly, as `emit`.
+        return Ok(ExitCode::SUCCESS);
+    }
+    let summary = scored.with_context(|| {
         format!(
-            "scoring {} into {}",
-            args.input.display(),
-            args.output.display()
+            "scoring {} into {output_name}",
+            stream_name(&args.input, "<stdin>")
         )
     })?;
     note!(
-        "{} lines: {} scored ({} kept), {} failed -> {}",
+        "{} lines: {} scored ({} kept), {} failed -> {output_name}",
         summary.lines,
         summary.scored,
         summary.kept,
         summary.failed,
-        args.output.display()
     );
     Ok(exit_status(summary.failed, resume_at))
+}
+
+/// Whether a run into stdout ended because its reader went away.
+fn is_broken_pipe<T>(result: &toolsift::Result<T>) -> bool {
+    matches!(result, Err(toolsift::Error::Io { error, .. })
+        if error.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// Failure when a line of the output failed, in this run or in the earlier one it resumed
@@ -884,8 +931,21 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     use toolsift::generate::{self, jsonl::generate_jsonl_after, GenerateOptions};
     // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
     let tools = generate::tools_from_config(args.config.as_deref(), args.tools.as_deref())?;
-    check_io(args.input.as_deref(), args.output.as_deref(), None)?;
-    if let (Some(config), Some(output)) = (&args.config, &args.output) {
+    // `-` is standard input or output: from here on, a path is a file.
+    let std_streams: Vec<&Path> = args
+        .input
+        .iter()
+        .chain(&args.output)
+        .map(|p| p.as_path())
+        .collect();
+    refuse_resume_on_std_streams(args.resume, &std_streams)?;
+    let input_stdin = args.input.as_deref().is_some_and(is_std_stream);
+    let (input_path, output_path) = (
+        args.input.as_deref().filter(|p| !is_std_stream(p)),
+        args.output.as_deref().filter(|p| !is_std_stream(p)),
+    );
+    check_io(input_path, output_path, None)?;
+    if let (Some(config), Some(output)) = (&args.config, output_path) {
         if toolsift::util::fs::is_same_file(config, output) {
             anyhow::bail!(
                 "{}: the output is the --config file; writing it would destroy the config",
@@ -894,13 +954,14 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         }
     }
     // Locked before it is read to resume, and held to the end, as score's.
-    let locked = (args.output.as_deref())
+    let locked = output_path
         .map(toolsift::util::jsonl::lock_output)
         .transpose()?;
     let mut resume_at = None;
-    let input: Box<dyn std::io::BufRead> = match (&args.input, &args.prompt) {
+    let input: Box<dyn std::io::BufRead> = match (input_path, &args.prompt) {
+        _ if input_stdin => Box::new(std::io::stdin().lock()),
         (Some(path), _) => {
-            if let Some(output) = &args.output {
+            if let Some(output) = output_path {
                 resume_at = resume_point(args.resume, path, output, "completion")?;
             }
             let file = File::open(path).with_context(|| format!("{}", path.display()))?;
@@ -935,7 +996,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         Some(dir) => dir.clone(),
         None => toolsift::demo::assets::materialize().context("writing the demo assets")?,
     };
-    check_io(None, args.output.as_deref(), Some(&model_dir))?;
+    check_io(None, output_path, Some(&model_dir))?;
     let model = Model::load(&model_dir)?;
     let tokenizer = model
         .tokenizer_if_any()
@@ -949,9 +1010,9 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         )?)),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
-    let name = |p: &Option<PathBuf>, none: &str| {
+    let name = |p: &Option<PathBuf>, none: &str, std_name: &str| {
         p.as_ref()
-            .map_or(none.to_string(), |p| p.display().to_string())
+            .map_or(none.to_string(), |p| stream_name(p, std_name))
     };
     let skip = resume_at.map_or(0, |p| p.lines);
     let generated = generate_jsonl_after(
@@ -963,17 +1024,15 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         &tools,
         &options,
     );
-    if let Err(toolsift::Error::Io { error, .. }) = &generated {
-        if args.output.is_none() && error.kind() == std::io::ErrorKind::BrokenPipe {
-            // A reader of stdout that has gone (`| head -1`) ends the output quietly, as `emit`.
-            return Ok(ExitCode::SUCCESS);
-        }
+    if output_path.is_none() && is_broken_pipe(&generated) {
+        // A reader of stdout that has gone (`| head -1`) ends the output quietly, as `emit`.
+        return Ok(ExitCode::SUCCESS);
     }
     let summary = generated.with_context(|| {
         format!(
             "generating from {} into {}",
-            name(&args.input, "--prompt"),
-            name(&args.output, "<stdout>")
+            name(&args.input, "--prompt", "<stdin>"),
+            name(&args.output, "<stdout>", "<stdout>")
         )
     })?;
     note!(

@@ -1034,3 +1034,73 @@ fn an_output_another_run_is_writing_is_refused_and_left_alone() {
         assert!(!ok && err.contains("must be a regular file"), "{err}");
     }
 }
+
+/// `-` is standard input for `--input` and standard output for `--output`: the same rows as
+/// through files. `--resume` needs files on both sides (it reads the input twice and the
+/// output an earlier run wrote) and is refused with `-`, before the model loads.
+#[test]
+fn a_dash_reads_stdin_and_writes_stdout() {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let model = tiny("f32");
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let text: String = token_lines().iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, &text).unwrap();
+    let through_files = tmp.path().join("out.jsonl");
+    let (ok, _, err) = run_score_raw(&model, &input, &through_files, &[]);
+    assert!(ok, "{err}");
+    let want = std::fs::read(&through_files).unwrap();
+    let run = |input_arg: &str, output_arg: &str, extra: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["score", "--model"])
+            .arg(&model)
+            .args(["--input", input_arg, "--output", output_arg])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // A run refused at the start never reads its input: the pipe may be closed.
+        let _ = stdin.write_all(text.as_bytes());
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    };
+    let input_arg = input.to_str().unwrap();
+    let to_file = tmp.path().join("from-stdin.jsonl");
+    for (i, o) in [
+        ("-", "-"),
+        (input_arg, "-"),
+        ("-", to_file.to_str().unwrap()),
+    ] {
+        let out = run(i, o, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{i} {o}: {stderr}");
+        let got = if o == "-" {
+            out.stdout
+        } else {
+            std::fs::read(&to_file).unwrap()
+        };
+        assert_eq!(got, want, "{i} {o}");
+        if o == "-" {
+            assert!(stderr.contains("-> <stdout>"), "{stderr}");
+        }
+    }
+    for (i, o) in [
+        ("-", "-"),
+        (input_arg, "-"),
+        ("-", to_file.to_str().unwrap()),
+    ] {
+        let out = run(i, o, &["--resume"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && out.stdout.is_empty(), "{i} {o}");
+        assert!(
+            stderr.contains("--resume") && stderr.contains("not `-`"),
+            "{stderr}"
+        );
+    }
+    // The refused runs left the file an earlier run wrote as it was.
+    assert_eq!(std::fs::read(&to_file).unwrap(), want);
+}

@@ -1672,6 +1672,59 @@ fn demo_model_budget_and_tools_on_versus_off() {
     );
 }
 
+/// `--input -` reads the prompts from standard input and `--output -` writes to standard
+/// output: the same lines as from and to files; `--resume` with `-` is refused.
+#[test]
+fn cli_a_dash_reads_stdin_and_writes_stdout() {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let prompts: String = (0..3)
+        .map(|k| format!("{{\"id\": {k}, \"prompt\": \"The sum of {k} and\"}}\n"))
+        .collect();
+    std::fs::write(&input, &prompts).unwrap();
+    let model = common::tiny("f32");
+    let run = |input_arg: &std::ffi::OsStr, extra: &[&str]| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["generate", "--max-new-tokens", "4", "--model"])
+            .arg(&model)
+            .arg("--input")
+            .arg(input_arg)
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // A run refused at the start never reads its input: the pipe may be closed.
+        let _ = stdin.write_all(prompts.as_bytes());
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    };
+    let from_file = run(input.as_os_str(), &[]);
+    assert!(from_file.status.success() && !from_file.stdout.is_empty());
+    for extra in [&[][..], &["--output", "-"][..]] {
+        let out = run("-".as_ref(), extra);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, from_file.stdout, "{extra:?}");
+    }
+    let output = tmp.path().join("out.jsonl");
+    let output = output.to_str().unwrap();
+    for (i, o) in [("-".as_ref(), output), (input.as_os_str(), "-")] {
+        let out = run(i, &["--output", o, "--resume"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{i:?} {o}");
+        assert!(stderr.contains("not `-`"), "{stderr}");
+    }
+    assert!(!std::path::Path::new(output).exists());
+}
+
 /// `generate --resume` goes on from an interrupted output: each prompt keeps its sampling
 /// stream (its line number), so a run resumed after any line, or mid-line, writes the
 /// uninterrupted run's output (one prompt per batch on both sides).
