@@ -2,11 +2,13 @@
 //! schedule that every backend (cpu, cuda) executes.
 //!
 //! Every variant of every candidate is one causal sequence (`score::variant_sequence`, already cut
-//! after its last weighted token). Inserting all of them into one token trie computes each distinct
-//! prefix once, whatever produced the sharing: the no-call variant of a text serves all of that
-//! text's candidates; in prefix placement e(c, eps) and e(c, r) share their head ("[Tool(input) ->")
-//! and calls of one tool share "[Tool("; in inline placement x_1..x_{i-1} is shared by the three
-//! variants and by every later position of the text; identical candidates collapse entirely.
+//! after its last weighted token), fed up to the token before that one: the last weighted token
+//! is only a target, no row predicts from it. Inserting all of them into one token trie computes
+//! each distinct prefix once, whatever produced the sharing: the no-call variant of a text serves
+//! all of that text's candidates; in prefix placement e(c, eps) and e(c, r) share their head
+//! ("[Tool(input) ->") and calls of one tool share "[Tool("; in inline placement x_1..x_{i-1} is
+//! shared by the three variants and by every later position of the text; identical candidates
+//! collapse entirely.
 //!
 //! The trie is then compressed into segments (maximal chains without branching). A token attends to
 //! every token of its segment's ancestors and causally to its own segment: tree (cascade) attention.
@@ -425,8 +427,11 @@ impl<'o> PlanBuilder<'o> {
                 continue; // no weighted token (`validate` refuses such a candidate): nothing to run
             }
             self.naive_tokens += seq.ids.len();
+            // The last token is only ever a target: no row predicts from it, so it is not fed.
+            let fed = &seq.ids[..seq.ids.len() - 1];
+            debug_assert!(seq.targets.iter().all(|&(row, _, _)| row < fed.len()));
             self.nodes.clear();
-            self.trie.insert(&seq.ids, &mut self.nodes);
+            self.trie.insert(fed, &mut self.nodes);
             let slot = (c * 3 + variant as usize) as u32;
             for &(row, token, weight) in &seq.targets {
                 self.raw_targets

@@ -93,8 +93,9 @@ fn one_candidate_in_prefix_placement() {
     let o = opts(Placement::Prefix);
     let plan = Plan::build(std::slice::from_ref(&c), &o);
     check_plan(&plan, &[c], &o);
-    // none: x[..13]; call: 1 2 3 | 4 x[..13]; result: 1 2 3 | 5 6 x[..13].
-    assert_eq!(plan.n_tokens(), 13 + 3 + (1 + 13) + (2 + 13));
+    // none: x[..12]; call: 1 2 3 | 4 x[..12]; result: 1 2 3 | 5 6 x[..12]. Each sequence ends
+    // at x[11] (x_(i+3)), whose row predicts the last weighted token x[12]: x[12] is not fed.
+    assert_eq!(plan.n_tokens(), 12 + 3 + (1 + 12) + (2 + 12));
     assert_eq!(plan.naive_tokens, 13 + 17 + 18);
     assert_eq!(plan.segments.len(), 4);
     assert_eq!(plan.targets.len(), 15);
@@ -108,17 +109,18 @@ fn inline_placement_shares_the_text_before_the_call() {
     let o = opts(Placement::Inline);
     let plan = Plan::build(std::slice::from_ref(&c), &o);
     check_plan(&plan, std::slice::from_ref(&c), &o);
-    // x[..8] shared; none continues x[8..13]; calls share 1 2 3 then branch.
-    assert_eq!(plan.n_tokens(), 8 + 5 + 3 + (1 + 5) + (2 + 5));
+    // x[..8] shared; none continues x[8..12]; calls share 1 2 3 then branch (x[12], the last
+    // weighted token, is not fed).
+    assert_eq!(plan.n_tokens(), 8 + 4 + 3 + (1 + 4) + (2 + 4));
     // A second position of the same text shares x[..8] and the no-call branch up to x[13].
     let c2 = cand(&x, 11, &[1, 2, 3, 4], &[1, 2, 3, 5, 6]);
     let both = [c, c2];
     let plan2 = Plan::build(&both, &o);
     check_plan(&plan2, &both, &o);
-    // The no-call branch grows by x[13..16]; the calls branch off it after x[..11] and share 1 2 3.
+    // The no-call branch grows by x[12..15]; the calls branch off it after x[..11] and share 1 2 3.
     assert_eq!(
         plan2.n_tokens(),
-        plan.n_tokens() + 3 + 3 + (1 + 5) + (2 + 5)
+        plan.n_tokens() + 3 + 3 + (1 + 4) + (2 + 4)
     );
 }
 
@@ -131,9 +133,10 @@ fn no_call_variant_is_shared_by_all_candidates_of_a_text() {
         .collect();
     let plan = Plan::build(&cands, &o);
     check_plan(&plan, &cands, &o);
-    let none_tokens = 5 + 3 * 3 + 5; // the longest no-call sequence covers the others
+    // Each sequence is fed up to x_(i+3): the last weighted token is not fed.
+    let none_tokens = 5 + 3 * 3 + 4; // the longest no-call sequence covers the others
     let call_tokens: usize = (0..4)
-        .map(|k| 1 + (5 + 3 * k + 5) + 1 + (5 + 3 * k + 5))
+        .map(|k| 1 + (5 + 3 * k + 4) + 1 + (5 + 3 * k + 4))
         .sum();
     // "[" (token 1) is shared by every call; each call id token branches below it.
     assert_eq!(plan.n_tokens(), none_tokens + 1 + call_tokens);
@@ -161,11 +164,16 @@ fn windows_are_cut_at_the_end_of_the_text_and_nothing_after_the_window_is_comput
     let plan = Plan::build(std::slice::from_ref(&c), &o);
     check_plan(&plan, std::slice::from_ref(&c), &o);
     assert_eq!(plan.targets.len(), 3 * 2);
-    assert_eq!(plan.n_tokens(), 10 + 11 + 11);
+    // Fed up to x[8], whose row predicts the text's last token x[9].
+    assert_eq!(plan.n_tokens(), 9 + 10 + 10);
     let long = text(100);
     let c = cand(&long, 8, &[1], &[2]);
     let plan = Plan::build(std::slice::from_ref(&c), &o);
-    assert_eq!(plan.n_tokens(), 13 * 3 + 2, "cut after x_(i+4)");
+    assert_eq!(
+        plan.n_tokens(),
+        12 * 3 + 2,
+        "fed up to x_(i+3), which predicts x_(i+4)"
+    );
 }
 
 #[test]
