@@ -1040,8 +1040,6 @@ fn an_output_another_run_is_writing_is_refused_and_left_alone() {
 /// output an earlier run wrote) and is refused with `-`, before the model loads.
 #[test]
 fn a_dash_reads_stdin_and_writes_stdout() {
-    use std::io::Write as _;
-    use std::process::Stdio;
     let model = tiny("f32");
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("in.jsonl");
@@ -1052,21 +1050,12 @@ fn a_dash_reads_stdin_and_writes_stdout() {
     assert!(ok, "{err}");
     let want = std::fs::read(&through_files).unwrap();
     let run = |input_arg: &str, output_arg: &str, extra: &[&str]| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_toolsift"))
-            .args(["score", "--model"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolsift"));
+        cmd.args(["score", "--model"])
             .arg(&model)
             .args(["--input", input_arg, "--output", output_arg])
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        // A run refused at the start never reads its input: the pipe may be closed.
-        let _ = stdin.write_all(text.as_bytes());
-        drop(stdin);
-        child.wait_with_output().unwrap()
+            .args(extra);
+        common::output_with_stdin(&mut cmd, text.as_bytes())
     };
     let input_arg = input.to_str().unwrap();
     let to_file = tmp.path().join("from-stdin.jsonl");

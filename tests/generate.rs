@@ -1676,8 +1676,6 @@ fn demo_model_budget_and_tools_on_versus_off() {
 /// output: the same lines as from and to files; `--resume` with `-` is refused.
 #[test]
 fn cli_a_dash_reads_stdin_and_writes_stdout() {
-    use std::io::Write as _;
-    use std::process::Stdio;
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("in.jsonl");
     let prompts: String = (0..3)
@@ -1686,22 +1684,13 @@ fn cli_a_dash_reads_stdin_and_writes_stdout() {
     std::fs::write(&input, &prompts).unwrap();
     let model = common::tiny("f32");
     let run = |input_arg: &std::ffi::OsStr, extra: &[&str]| {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_toolsift"))
-            .args(["generate", "--max-new-tokens", "4", "--model"])
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_toolsift"));
+        cmd.args(["generate", "--max-new-tokens", "4", "--model"])
             .arg(&model)
             .arg("--input")
             .arg(input_arg)
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        // A run refused at the start never reads its input: the pipe may be closed.
-        let _ = stdin.write_all(prompts.as_bytes());
-        drop(stdin);
-        child.wait_with_output().unwrap()
+            .args(extra);
+        common::output_with_stdin(&mut cmd, prompts.as_bytes())
     };
     let from_file = run(input.as_os_str(), &[]);
     assert!(from_file.status.success() && !from_file.stdout.is_empty());

@@ -12,6 +12,23 @@ use toolsift::score::variant_sequence;
 use toolsift::util::rng::Rng;
 use toolsift::{ScoreOptions, Scores, TokenCandidate, Variant};
 
+/// Runs `cmd` with `input` on its standard input, its stdout and stderr captured. A run refused
+/// at the start never reads its input and may close the pipe first: not an error.
+pub fn output_with_stdin(cmd: &mut std::process::Command, input: &[u8]) -> std::process::Output {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let _ = stdin.write_all(input);
+    drop(stdin);
+    child.wait_with_output().unwrap()
+}
+
 /// Property-test case count: `default`, or TOOLSIFT_FUZZ_CASES for a longer fuzz run.
 pub fn fuzz_cases(default: u32) -> u32 {
     std::env::var("TOOLSIFT_FUZZ_CASES")
