@@ -93,9 +93,9 @@ pub(crate) fn attend(rows: &[usize], q: &[f32], kv: KeysValues, out: &mut [f32])
 
 /// Queries per block of [`attend_gathered`]: a block's products stop at its last query's row,
 /// so the smaller the block, the less of the causal mask's upper triangle is computed and
-/// thrown away (all queries in one block computed every score of a segment's own rows, ~1.8x the
-/// visible ones in prefix placement's text branches). 64 rows keep the products wide enough
-/// for the gemm microkernels (docs/benchmarks.md, "Attention").
+/// thrown away (one block of all queries computed twice the needed products for one long
+/// sequence). 32, 64 and 128 measured the same; 64 rows keep the products wide enough for the
+/// gemm microkernels (docs/benchmarks.md, "Causal query blocks").
 const QUERY_BLOCK: usize = 64;
 
 /// Queries x context at and above which [`attend_gathered`] runs its heads as parallel tasks:
