@@ -58,8 +58,11 @@ fn stream_name(path: &Path, std_name: &str) -> String {
 }
 
 /// `--resume` goes on from an output file, after checking it against a re-readable input.
-fn refuse_resume_on_std_streams(resume: bool, paths: &[&Path]) -> Result<()> {
-    if resume && paths.iter().any(|p| is_std_stream(p)) {
+fn refuse_resume_on_std_streams<'a>(
+    resume: bool,
+    paths: impl IntoIterator<Item = &'a PathBuf>,
+) -> Result<()> {
+    if resume && paths.into_iter().any(|p| is_std_stream(p)) {
         anyhow::bail!(
             "--resume checks the output an earlier run wrote against the input, so both must be \
              files, not `-` (standard input or output)"
@@ -530,7 +533,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
     if args.reference && args.device != Device::Cpu {
         anyhow::bail!("--reference scores with the f64 oracle on the CPU: leave out --device");
     }
-    refuse_resume_on_std_streams(args.resume, &[&args.input, &args.output])?;
+    refuse_resume_on_std_streams(args.resume, [&args.input, &args.output])?;
     let input_path = (!is_std_stream(&args.input)).then_some(args.input.as_path());
     let output_path = (!is_std_stream(&args.output)).then_some(args.output.as_path());
     check_io(input_path, output_path, Some(&args.model))?;
@@ -932,13 +935,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
     let tools = generate::tools_from_config(args.config.as_deref(), args.tools.as_deref())?;
     // `-` is standard input or output: from here on, a path is a file.
-    let std_streams: Vec<&Path> = args
-        .input
-        .iter()
-        .chain(&args.output)
-        .map(|p| p.as_path())
-        .collect();
-    refuse_resume_on_std_streams(args.resume, &std_streams)?;
+    refuse_resume_on_std_streams(args.resume, args.input.iter().chain(&args.output))?;
     let input_stdin = args.input.as_deref().is_some_and(is_std_stream);
     let (input_path, output_path) = (
         args.input.as_deref().filter(|p| !is_std_stream(p)),

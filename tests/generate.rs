@@ -1672,15 +1672,20 @@ fn demo_model_budget_and_tools_on_versus_off() {
     );
 }
 
+/// `n` prompt lines `{"id": k, "prompt": "The sum of k and"}` for the CLI tests.
+fn sum_prompts(n: usize) -> String {
+    (0..n)
+        .map(|k| format!("{{\"id\": {k}, \"prompt\": \"The sum of {k} and\"}}\n"))
+        .collect()
+}
+
 /// `--input -` reads the prompts from standard input and `--output -` writes to standard
 /// output: the same lines as from and to files; `--resume` with `-` is refused.
 #[test]
 fn cli_a_dash_reads_stdin_and_writes_stdout() {
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("in.jsonl");
-    let prompts: String = (0..3)
-        .map(|k| format!("{{\"id\": {k}, \"prompt\": \"The sum of {k} and\"}}\n"))
-        .collect();
+    let prompts = sum_prompts(3);
     std::fs::write(&input, &prompts).unwrap();
     let model = common::tiny("f32");
     let run = |input_arg: &std::ffi::OsStr, extra: &[&str]| {
@@ -1721,10 +1726,7 @@ fn cli_a_dash_reads_stdin_and_writes_stdout() {
 fn cli_resume_goes_on_from_an_interrupted_output() {
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("in.jsonl");
-    let prompts: String = (0..5)
-        .map(|k| format!("{{\"id\": {k}, \"prompt\": \"The sum of {k} and\"}}\n"))
-        .collect();
-    std::fs::write(&input, prompts).unwrap();
+    std::fs::write(&input, sum_prompts(5)).unwrap();
     let bin = env!("CARGO_BIN_EXE_toolsift");
     let model = common::tiny("f32");
     let run = |output: &std::path::Path, resume: bool| {
