@@ -106,6 +106,33 @@ impl Error {
         }
     }
 
+    /// The same error with `at` (a corpus line, `corpus.jsonl:48213`) before its message, for
+    /// an error raised deep in a run that only its caller can place; the variant, and so
+    /// `is_input`, is kept.
+    pub fn context(self, at: impl std::fmt::Display) -> Self {
+        let at = |msg: String| format!("{at}: {msg}");
+        match self {
+            Error::Io { path, error } => Error::Io {
+                path,
+                error: std::io::Error::new(error.kind(), at(error.to_string())),
+            },
+            Error::Config { path, msg } => Error::Config { path, msg: at(msg) },
+            Error::Checkpoint { path, msg } => Error::Checkpoint { path, msg: at(msg) },
+            Error::Tensor { path, tensor, msg } => Error::Tensor {
+                path,
+                tensor,
+                msg: at(msg),
+            },
+            Error::Tokenizer { path, msg } => Error::Tokenizer { path, msg: at(msg) },
+            Error::Input(msg) => Error::Input(at(msg)),
+            Error::Candidate { index, msg } => Error::Candidate {
+                index,
+                msg: at(msg),
+            },
+            Error::Backend(msg) => Error::Backend(at(msg)),
+        }
+    }
+
     /// Whether the error is about the request (`Input` or `Candidate`) rather than the files,
     /// the model or the backend: the annotate driver rejects the document and goes on.
     pub fn is_input(&self) -> bool {
@@ -123,5 +150,47 @@ pub(crate) fn driver_err(what: &str) -> impl FnOnce(cudarc::driver::DriverError)
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         Error::Backend(format!("cuda: {what}: {e:?} {text}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `context` puts its place before the message and keeps the variant, so `is_input` and a
+    /// caller's `match` still see what the error was.
+    #[test]
+    fn context_keeps_the_variant() {
+        let at = "annotating c.jsonl:7";
+        let backend = Error::Backend("cuda: out of memory".into()).context(at);
+        assert!(matches!(&backend, Error::Backend(_)) && !backend.is_input());
+        assert_eq!(
+            backend.to_string(),
+            "annotating c.jsonl:7: cuda: out of memory"
+        );
+        let input = Error::input("bad").context(at);
+        assert!(input.is_input());
+        let io = Error::io("idx/meta.json", std::io::ErrorKind::NotFound.into()).context(at);
+        let Error::Io { path, error } = &io else {
+            panic!("{io:?}")
+        };
+        assert_eq!(
+            (path.to_str(), error.kind()),
+            (Some("idx/meta.json"), std::io::ErrorKind::NotFound)
+        );
+        assert!(
+            io.to_string()
+                .starts_with("idx/meta.json: annotating c.jsonl:7: "),
+            "{io}"
+        );
+        let tok = Error::Tokenizer {
+            path: "t.json".into(),
+            msg: "cannot decode".into(),
+        }
+        .context(at);
+        assert_eq!(
+            tok.to_string(),
+            "tokenizer t.json: annotating c.jsonl:7: cannot decode"
+        );
     }
 }

@@ -691,6 +691,88 @@ fn a_line_over_64_mib_is_a_reject_not_an_out_of_memory() {
     );
 }
 
+/// A backend error (a device lost, out of memory) stops the run with the corpus line it was
+/// annotating named; the lines before it stay journaled, and a rerun ends with the output of a
+/// run that never failed.
+#[test]
+fn a_backend_error_stops_the_run_naming_its_line_and_the_rerun_finishes() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    /// The real scorer, but its `fail_at`-th call (0-based) is a backend error.
+    struct FailsOnce<'a> {
+        scorer: &'a CpuScorer,
+        calls: AtomicUsize,
+        fail_at: usize,
+    }
+    impl toolsift::score::Scorer for FailsOnce<'_> {
+        fn name(&self) -> &str {
+            "fails-once"
+        }
+        fn config(&self) -> &toolsift::GptjConfig {
+            self.scorer.config()
+        }
+        fn variant_losses_unchecked(
+            &self,
+            candidates: &[toolsift::score::TokenCandidate],
+            options: &toolsift::score::ScoreOptions,
+        ) -> toolsift::Result<Vec<[f64; 3]>> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) == self.fail_at {
+                return Err(toolsift::Error::Backend("cuda: the device was lost".into()));
+            }
+            self.scorer.variant_losses_unchecked(candidates, options)
+        }
+    }
+    let mut config = test_config();
+    config.per_tool.calculator.min_numbers = 0; // every document scores calls
+    let parts = Parts::new(&config);
+    let failing = FailsOnce {
+        scorer: &parts.scorer,
+        calls: AtomicUsize::new(0),
+        fail_at: 3,
+    };
+    let tok = parts.model.tokenizer().unwrap();
+    let tools = [ToolKind::Calculator];
+    let a = Annotator::new(
+        tok,
+        &parts.sampler,
+        &failing,
+        &parts.registry,
+        &config,
+        &tools,
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 12);
+    let opts = |out: &str| RunOptions {
+        corpus: corpus.clone(),
+        out: dir.path().join(out),
+        shard: Shard::default(),
+        run_info: json!(null),
+        progress: false,
+        stop_after: None,
+    };
+    let err = annotate::annotate(&a, &opts("c-out.jsonl")).expect_err("the 4th scoring fails");
+    assert!(!err.is_input(), "a backend error stops the run: {err}");
+    let msg = err.to_string();
+    let at = format!("annotating {}:", corpus.display());
+    let line: u64 = msg
+        .strip_prefix(&at)
+        .and_then(|rest| rest.split_once(": cuda: the device was lost"))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("{msg}"));
+    let journal = std::fs::read_to_string(dir.path().join("c-out.jsonl.partial")).unwrap();
+    // The header, then one entry per line before the failing one.
+    assert_eq!(journal.lines().count() as u64, line, "{journal}");
+    assert!(line > 1, "lines were annotated before the failure");
+
+    let a = parts.annotator(&config, &tools);
+    annotate::annotate(&a, &opts("c-out.jsonl")).unwrap();
+    annotate::annotate(&a, &opts("fresh.jsonl")).unwrap();
+    let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
+    assert_eq!(read("c-out.jsonl"), read("fresh.jsonl"));
+    assert_eq!(read("c-out.rejects.jsonl"), read("fresh.rejects.jsonl"));
+}
+
 #[test]
 fn library_run_resumes_after_a_stop_with_identical_output() {
     let config = test_config();
@@ -1544,6 +1626,29 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
         [before[1].clone(), before[2].clone()]
     );
     assert!(!dir.path().join("f").exists());
+    // With only the C* left ("f.jsonl"), a run on its other spelling ("f") is still refused:
+    // its rejects and summary would sit beside that C*, another run's. A file of the other
+    // spelling that is no C* (nothing of a run's) does not stop a run.
+    std::fs::write(&done, &before[0]).unwrap();
+    for name in ["f.rejects.jsonl", "f.summary.json"] {
+        std::fs::remove_file(dir.path().join(name)).unwrap();
+    }
+    let err = annotate::annotate(
+        &a,
+        &opts(&corpus, dir.path().join("f"), Shard::default(), None),
+    )
+    .expect_err("a run beside the other spelling's C*")
+    .to_string();
+    assert!(err.contains("is a finished run's C*"), "{err}");
+    for name in ["f", "f.partial", "f.rejects.jsonl", "f.summary.json"] {
+        assert!(!dir.path().join(name).exists(), "{name} written");
+    }
+    std::fs::write(dir.path().join("g"), "my notes\n").unwrap();
+    annotate::annotate(
+        &a,
+        &opts(&corpus, dir.path().join("g.jsonl"), Shard::default(), None),
+    )
+    .unwrap();
     std::fs::remove_file(&corpus).unwrap();
 
     // A journal whose lines were made from other text than the corpus now holds (edited during

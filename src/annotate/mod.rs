@@ -171,8 +171,24 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
             paths.summary.display()
         ))
     };
+    // Its finished C* too: these rejects and summary would then sit beside it, of another run.
+    let other_done = || -> Result<Option<Error>> {
+        let done = other.out.is_file() && writer::not_a_cstar(&other.out)?.is_none();
+        Ok(done.then(|| {
+            Error::input(format!(
+                "{} is a finished run's C*, and its rejects and summary are the ones this run \
+                 would write ({}, {}); delete the three, or give another output (--out)",
+                other.out.display(),
+                paths.rejects.display(),
+                paths.summary.display()
+            ))
+        }))
+    };
     if other.journal.exists() {
         return Err(other_running());
+    }
+    if let Some(e) = other_done()? {
+        return Err(e);
     }
     let (mut journal, last_done) = Journal::open(&paths.journal, &run)?;
     if journal.created() && paths.out.exists() {
@@ -186,6 +202,10 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     if other.journal.exists() {
         journal.discard()?;
         return Err(other_running());
+    }
+    if let Some(e) = other_done()? {
+        journal.discard()?;
+        return Err(e);
     }
     let shard_total = shard.lines_of(total);
     let already = shard.lines_of(last_done);
@@ -251,7 +271,14 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
                     reject: Some(format!("annotation failed: {e}")),
                     stats: None,
                 },
-                Err(e) => return Err(e),
+                // Named by its line: the run resumes from it.
+                Err(e) => {
+                    return Err(e.context(format!(
+                        "annotating {}:{}",
+                        options.corpus.display(),
+                        doc.line
+                    )))
+                }
             },
         };
         journal.append(&entry)?;
@@ -388,7 +415,12 @@ fn finish(
     rejects.commit()?;
     out.commit()?;
     writer::write_summary(&paths.summary, &summary)?;
-    std::fs::remove_file(&paths.journal).map_err(|e| Error::io(&paths.journal, e))?;
-    fs::sync_dir(&paths.journal)?;
+    if !journal.remove_finished()? {
+        tracing::warn!(
+            "{}: the journal was deleted or replaced while this run wrote its outputs \
+             (another run may have started on them); what is there now is left alone",
+            paths.journal.display()
+        );
+    }
     Ok(summary)
 }

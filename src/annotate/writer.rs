@@ -39,7 +39,7 @@ use serde_json::Value;
 use super::document::{CStarRecord, DocStats};
 use super::summary::Summary;
 use crate::error::{Error, Result};
-use crate::util::fs::{lock_in_place, same_file, strip_ext, with_suffix, AtomicFile};
+use crate::util::fs::{lock_in_place, same_file, strip_ext, sync_dir, with_suffix, AtomicFile};
 
 /// The journal format. /2: entries carry a checksum and are checked; sampling streams keyed
 /// through `Rng::keyed` (a /1 journal may hold samples drawn from the streams before).
@@ -483,6 +483,18 @@ impl Journal {
         Ok(entries_of(file, &self.path))
     }
 
+    /// Removes the journal of a finished run, by its path, if the path still names the file
+    /// this run holds; false (left alone) if another run's journal has taken its place
+    /// meanwhile, say after it was deleted by hand while C* was being written.
+    pub fn remove_finished(&self) -> Result<bool> {
+        if !same_file(&self.file, &self.path) {
+            return Ok(false);
+        }
+        std::fs::remove_file(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        sync_dir(&self.path)?;
+        Ok(true)
+    }
+
     /// Removes a journal this run created and has not written to (for a run that refuses to
     /// go on after all).
     pub fn discard(self) -> Result<()> {
@@ -840,7 +852,11 @@ mod tests {
         let (other, _) = Journal::open(&p, &json!({"seed": 1})).unwrap();
         let err = j.entries().err().unwrap().to_string();
         assert!(err.contains("deleted or replaced"), "{err}");
-        drop(other);
+        // Nor its to remove: the other run's journal stays; its own is removed.
+        assert!(!j.remove_finished().unwrap());
+        assert!(p.exists());
+        assert!(other.remove_finished().unwrap());
+        assert!(!p.exists());
     }
 
     #[test]

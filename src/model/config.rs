@@ -165,10 +165,17 @@ impl GptjConfig {
                 self.inner_dim()
             ));
         }
-        if !(self.layer_norm_epsilon > 0.0 && self.layer_norm_epsilon.is_finite()) {
+        // The fast paths add it in f32: one that rounds to 0 there (or to a subnormal, which a
+        // kernel may flush) turns a constant row's LayerNorm into 0 x inf = NaN, where the f64
+        // reference returns the bias.
+        let eps_f32 = self.layer_norm_epsilon as f32;
+        if !(eps_f32 >= f32::MIN_POSITIVE && eps_f32.is_finite()) {
             return Err(format!(
-                "layer_norm_epsilon ({}) must be positive and finite",
-                self.layer_norm_epsilon
+                "layer_norm_epsilon ({}) must be positive and finite, and a normal f32 (between \
+                 {:e} and {:e}): the fast paths compute in f32",
+                self.layer_norm_epsilon,
+                f32::MIN_POSITIVE,
+                f32::MAX
             ));
         }
         Ok(())
@@ -310,6 +317,21 @@ mod tests {
         c.rotary_dim = None;
         let err = c.validate().unwrap_err();
         assert!(err.contains("x rotary_dim"), "{err}");
+    }
+
+    /// Every path computes LayerNorm with this epsilon, the f32 ones included.
+    #[test]
+    fn layer_norm_epsilon_must_be_a_normal_f32() {
+        let mut c = GptjConfig::gptj_6b();
+        for eps in [1e-5, 1e-12, f32::MIN_POSITIVE as f64, 1.0] {
+            c.layer_norm_epsilon = eps;
+            assert!(c.validate().is_ok(), "{eps}");
+        }
+        for eps in [0.0, -1e-5, 1e-50, 1e-40, 1e39, f64::NAN, f64::INFINITY] {
+            c.layer_norm_epsilon = eps;
+            let err = c.validate().unwrap_err();
+            assert!(err.contains("layer_norm_epsilon"), "{eps}: {err}");
+        }
     }
 
     #[test]

@@ -35,7 +35,8 @@ pub struct Encoding {
     /// Token ids, in text order.
     pub ids: Vec<u32>,
     /// Per id, `(start, end)`: the byte range `start..end` of the text it covers (the
-    /// `tokenizers` crate's offsets); as long as `ids`.
+    /// `tokenizers` crate's offsets, checked to lie on the text's character boundaries); as
+    /// long as `ids`.
     pub spans: Vec<(usize, usize)>,
 }
 
@@ -136,9 +137,23 @@ impl Tokenizer {
                 path: self.path.clone(),
                 msg: format!("cannot encode {:?}: {e}", preview(text)),
             })?;
+        let spans = enc.get_offsets().to_vec();
+        // Callers slice the text at these offsets: one off a character boundary (a tokenizer
+        // whose offsets are not the input's bytes) is this text's error, not a panic later.
+        if let Some((start, end)) = span_off_boundaries(text, &spans) {
+            return Err(Error::Tokenizer {
+                path: self.path.clone(),
+                msg: format!(
+                    "encoding {:?} gave the token offsets {start}..{end}, which are not a span \
+                     of its {} bytes on character boundaries",
+                    preview(text),
+                    text.len()
+                ),
+            });
+        }
         Ok(Encoding {
             ids: enc.get_ids().to_vec(),
-            spans: enc.get_offsets().to_vec(),
+            spans,
         })
     }
 
@@ -317,6 +332,13 @@ impl Encoding {
     }
 }
 
+/// The first span that is not a byte range of `text` on character boundaries.
+fn span_off_boundaries(text: &str, spans: &[(usize, usize)]) -> Option<(usize, usize)> {
+    spans.iter().copied().find(|&(start, end)| {
+        start > end || !text.is_char_boundary(start) || !text.is_char_boundary(end)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,6 +347,23 @@ mod tests {
     fn demo_tokenizer() -> Tokenizer {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo/tokenizer.json");
         Tokenizer::from_file(&path).unwrap()
+    }
+
+    #[test]
+    fn spans_must_lie_on_character_boundaries() {
+        let text = "a\u{e9}b"; // bytes: a, 0xC3 0xA9, b
+        assert_eq!(span_off_boundaries(text, &[(0, 1), (1, 3), (3, 4)]), None);
+        assert_eq!(span_off_boundaries(text, &[(0, 4), (4, 4)]), None);
+        for bad in [(1, 2), (2, 3), (3, 5), (3, 1)] {
+            assert_eq!(span_off_boundaries(text, &[(0, 1), bad]), Some(bad));
+        }
+        // The tokenizers' own: byte-level BPE may split a character over two tokens, each
+        // given the whole character's span.
+        for tok in [demo_tokenizer(), gptj_tokenizer()] {
+            let text = "Caf\u{e9} \u{1F600} na\u{ef}ve \u{4e2d}\u{6587}";
+            let enc = tok.encode(text).unwrap();
+            assert_eq!(span_off_boundaries(text, &enc.spans), None);
+        }
     }
 
     fn gptj_tokenizer() -> Tokenizer {

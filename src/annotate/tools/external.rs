@@ -652,6 +652,18 @@ fn post_json(url: &str, tool: &str, input: &str, timeout: Duration) -> Result<St
             final_err(message)
         }
     };
+    // Before the body: a redirect names its target whatever its body (unreadable, too large).
+    if (300..400).contains(&status) {
+        let to = response
+            .headers()
+            .get("location")
+            .and_then(|l| l.to_str().ok())
+            .unwrap_or("nowhere given");
+        return Err(final_err(format!(
+            "POST {url}: HTTP {status} redirects to {to}; redirects are not followed: give the \
+             service's own URL"
+        )));
+    }
     // Bytes, whatever the Content-Type says (ureq decodes only text/* leniently): invalid
     // UTF-8 is replaced, as in a command's output.
     let body = match response
@@ -675,17 +687,6 @@ fn post_json(url: &str, tool: &str, input: &str, timeout: Duration) -> Result<St
         }
         Err(other) => return Err(transport(other)),
     };
-    if (300..400).contains(&status) {
-        let to = response
-            .headers()
-            .get("location")
-            .and_then(|l| l.to_str().ok())
-            .unwrap_or("nowhere given");
-        return Err(final_err(format!(
-            "POST {url}: HTTP {status} redirects to {to}; redirects are not followed: give the \
-             service's own URL"
-        )));
-    }
     if !success {
         return Err(by_status(format!(
             "POST {url}: HTTP {status}: {}",
@@ -1295,14 +1296,15 @@ mod tests {
     }
 
     /// A redirect is not followed (a 302 would turn the POST into a GET without the input, and
-    /// the target's answer would be taken for the tool's): it is an error naming the target.
+    /// the target's answer would be taken for the tool's): it is an error naming the target,
+    /// whatever its body (301: one cut short, which cannot be read).
     #[test]
     fn http_redirects_are_errors_naming_the_target() {
-        for status in [302, 307] {
+        for (status, length, body) in [(302, 0, ""), (307, 0, ""), (301, 100, "cut short")] {
             let (url, count) = raw_server(move |_| {
                 format!(
-                    "HTTP/1.1 {status} X\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\
-                     Connection: close\r\n\r\n"
+                    "HTTP/1.1 {status} X\r\nLocation: /elsewhere\r\nContent-Length: {length}\r\n\
+                     Connection: close\r\n\r\n{body}"
                 )
                 .into_bytes()
             });
