@@ -694,6 +694,53 @@ fn lines_read_before_an_input_error_are_still_scored() {
     }
 }
 
+/// A backend error (a lost device, out of memory) stops the run, naming the chunk of input
+/// lines it was scoring; the chunks before it are written, so `--resume` starts at its first.
+#[test]
+fn a_backend_error_names_the_lines_it_was_scoring() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
+    use toolsift::score::{ScoreOptions, Scorer, TokenCandidate};
+    struct FailsSecond<'a>(&'a toolsift::cpu::CpuScorer, AtomicUsize);
+    impl Scorer for FailsSecond<'_> {
+        fn name(&self) -> &str {
+            "fails-second"
+        }
+        fn config(&self) -> &toolsift::GptjConfig {
+            self.0.config()
+        }
+        fn variant_losses_unchecked(
+            &self,
+            candidates: &[TokenCandidate],
+            options: &ScoreOptions,
+        ) -> toolsift::Result<Vec<[f64; 3]>> {
+            if self.1.fetch_add(1, Ordering::SeqCst) == 1 {
+                return Err(toolsift::Error::Backend("cuda: out of memory".into()));
+            }
+            self.0.variant_losses_unchecked(candidates, options)
+        }
+    }
+    let model = toolsift::Model::load(tiny("f32")).unwrap();
+    let cpu = toolsift::cpu::CpuScorer::new(&model);
+    let scorer = FailsSecond(&cpu, AtomicUsize::new(0));
+    let lines = token_lines();
+    assert!(lines.len() >= 3);
+    let input: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let options = JsonlOptions {
+        chunk_lines: 2,
+        ..JsonlOptions::default()
+    };
+    let mut out = Vec::new();
+    let err = score_jsonl(input.as_bytes(), &mut out, &scorer, None, &options).unwrap_err();
+    assert!(!err.is_input());
+    let last = 4.min(lines.len());
+    assert_eq!(
+        err.to_string(),
+        format!("scoring input lines 3-{last}: cuda: out of memory")
+    );
+    assert_eq!(String::from_utf8(out).unwrap().lines().count(), 2);
+}
+
 /// Text-level lines tokenize only the head of the text their window reads: the scores of a
 /// candidate in a long text are those of the same candidate tokenized whole (as a token-level
 /// line), early in the text or deep into it.

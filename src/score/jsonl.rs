@@ -132,8 +132,16 @@ pub fn score_jsonl(
             .iter()
             .filter_map(|p| p.candidate.as_ref().ok().cloned())
             .collect();
+        // A backend error (a lost device, out of memory) stops the run: named by the chunk's
+        // lines, which the output does not hold yet (`--resume` starts at the first).
         let mut scores = scorer
-            .variant_losses_unchecked(&valid, &options.score)?
+            .variant_losses_unchecked(&valid, &options.score)
+            .map_err(|e| match (chunk.first(), chunk.last()) {
+                (Some((first, _)), Some((last, _))) => {
+                    e.context(format!("scoring input lines {first}-{last}"))
+                }
+                _ => e,
+            })?
             .into_iter()
             .map(Scores::from_losses);
         for ((line_no, _), p) in chunk.iter().zip(parsed) {
