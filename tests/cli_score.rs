@@ -694,6 +694,41 @@ fn lines_read_before_an_input_error_are_still_scored() {
     }
 }
 
+/// Each chunk's rows are flushed as the chunk ends (a pipeline's next stage sees them then,
+/// behind the CLI's buffered output).
+#[test]
+fn each_chunk_is_flushed_as_it_ends() {
+    use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
+    /// Lines written, and the count at each flush.
+    #[derive(Default)]
+    struct Flushes {
+        text: Vec<u8>,
+        at_flush: Vec<usize>,
+    }
+    impl std::io::Write for Flushes {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.text.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.at_flush
+                .push(self.text.iter().filter(|&&b| b == b'\n').count());
+            Ok(())
+        }
+    }
+    let model = toolsift::Model::load(tiny("f32")).unwrap();
+    let scorer = toolsift::cpu::CpuScorer::new(&model);
+    let lines = token_lines();
+    let input: String = lines.iter().take(3).map(|l| format!("{l}\n")).collect();
+    let options = JsonlOptions {
+        chunk_lines: 2,
+        ..JsonlOptions::default()
+    };
+    let mut out = Flushes::default();
+    score_jsonl(input.as_bytes(), &mut out, &scorer, None, &options).unwrap();
+    assert_eq!(out.at_flush, [2, 3]);
+}
+
 /// A backend error (a lost device, out of memory) stops the run, naming the chunk of input
 /// lines it was scoring; the chunks before it are written, so `--resume` starts at its first.
 #[test]

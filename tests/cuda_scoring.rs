@@ -387,6 +387,38 @@ fn cuda_reproduces_the_golden_filter_cases() {
     }
 }
 
+/// A weight that f16 cannot hold, in a checkpoint of another dtype, is an error naming its
+/// tensor when f16 storage is asked for (rounded, it would be inf, and every loss NaN); bf16,
+/// the default for such a checkpoint, holds it.
+#[test]
+fn a_weight_past_the_f16_range_is_refused_for_f16_storage() {
+    if gpu().is_none() {
+        return;
+    }
+    let config = GptjConfig::small(2, 16, 2, 4, 32);
+    let mut weights = GptjWeights::random(&config, 3, DType::F32);
+    let fc_out = &mut weights.h[1].mlp.fc_out.weight;
+    let mut values = fc_out.to_f32();
+    values[5] = 1.0e5;
+    *fc_out = toolsift::model::Tensor::from_f32(fc_out.shape().to_vec(), &values);
+    let model = Model::from_parts(config, weights, None).unwrap();
+    let f16 = CudaOptions {
+        dtype: Some(CudaDType::F16),
+        ..CudaOptions::default()
+    };
+    let err = CudaScorer::new(&model, &f16)
+        .err()
+        .expect("f16 storage refused")
+        .to_string();
+    assert!(
+        err.contains("`transformer.h.1.mlp.fc_out.weight`")
+            && err.contains("100000")
+            && err.contains("overflows f16"),
+        "{err}"
+    );
+    assert!(CudaScorer::new(&model, &CudaOptions::default()).is_ok());
+}
+
 /// Asking for CUDA where it cannot run is an error that says why (checked on GPU-less machines).
 #[test]
 fn cuda_unavailable_is_a_clear_error() {

@@ -1002,6 +1002,82 @@ fn lines_read_before_an_input_error_are_still_answered() {
     }
 }
 
+/// A backend error (a lost device, out of memory) stops the run, naming the batch's input
+/// lines, with every earlier batch written: a `--resume` answers that batch, where error lines
+/// would have been kept for good. A batch whose prompts fail still gets error lines.
+#[test]
+fn a_backend_error_stops_the_run_naming_its_batch() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    /// `inner`'s sessions, but the `fail_at`-th (0-based) fails with a backend error.
+    struct FailsOnce<'a> {
+        inner: &'a dyn Decoder,
+        sessions: AtomicUsize,
+        fail_at: usize,
+    }
+    struct Broken;
+    impl DecodeSession for Broken {
+        fn new_sequence(&mut self) -> usize {
+            0
+        }
+        fn extend(&mut self, _: &[usize], _: &[Vec<u32>]) -> toolsift::Result<Vec<Vec<f32>>> {
+            Err(toolsift::Error::Backend("cuda: the device was lost".into()))
+        }
+        fn len(&self, _: usize) -> usize {
+            0
+        }
+    }
+    impl Decoder for FailsOnce<'_> {
+        fn session(&self) -> Box<dyn DecodeSession + Send + '_> {
+            if self.sessions.fetch_add(1, Ordering::SeqCst) == self.fail_at {
+                Box::new(Broken)
+            } else {
+                self.inner.session()
+            }
+        }
+    }
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
+    let failing = FailsOnce {
+        inner: &m,
+        sessions: AtomicUsize::new(0),
+        fail_at: 1,
+    };
+    let input = (0..5)
+        .map(|k| format!("{{\"id\": {k}, \"prompt\": \"Q\"}}\n"))
+        .collect::<String>();
+    let o = GenerateOptions {
+        max_new_tokens: 12,
+        batch_size: 2,
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    let err = generate_jsonl(
+        input.as_bytes(),
+        &mut out,
+        &failing,
+        tokenizer,
+        &calculator(),
+        &o,
+    )
+    .unwrap_err();
+    assert!(!err.is_input());
+    assert_eq!(
+        err.to_string(),
+        "generating input lines 3-4: cuda: the device was lost"
+    );
+    let lines: Vec<Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l["completion"].is_string()),
+        "{lines:?}"
+    );
+}
+
 #[test]
 fn sampling_is_deterministic_for_a_seed_whatever_the_batching() {
     let model = tiny();

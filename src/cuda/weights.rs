@@ -55,31 +55,51 @@ pub struct CudaWeights<T> {
     pub bytes: usize,
 }
 
-/// Stacks `tensors` (each [rows_i, cols]) into one [sum rows_i, ld] matrix of T on the host
-/// (rounding to nearest; padding columns are zero), then uploads it.
+/// Stacks `tensors` (each [rows_i, cols], with its Hugging Face name) into one [sum rows_i, ld]
+/// matrix of T on the host (rounding to nearest; padding columns are zero), then uploads it. A
+/// weight that T cannot hold (|w| > 65504 stored as f16 from a bf16 or f32 checkpoint) is an
+/// error naming its tensor: rounded, it would be inf, and every loss NaN.
 fn upload_matrix<T: DeviceFloat>(
     gpu: &Gpu,
-    tensors: &[&Tensor],
+    tensors: &[(&Tensor, String)],
     cols: usize,
     ld: usize,
     bytes: &mut usize,
 ) -> Result<CudaSlice<T>> {
-    let rows: usize = tensors.iter().map(|t| t.numel() / cols).sum();
+    let rows: usize = tensors.iter().map(|(t, _)| t.numel() / cols).sum();
     let mut host = vec![T::default(); rows * ld];
     let mut rest = host.as_mut_slice();
-    for t in tensors {
+    for (t, name) in tensors {
         let r = t.numel() / cols;
         let (mine, tail) = rest.split_at_mut(r * ld);
         rest = tail;
-        mine.par_chunks_mut(ld).enumerate().for_each_init(
-            || vec![0f32; cols],
-            |wide, (i, row)| {
-                t.widen_into(i * cols, wide);
-                for (v, &x) in row.iter_mut().zip(wide.iter()) {
-                    *v = T::from_f32(x);
-                }
-            },
-        );
+        // The loader refused non-finite weights: one that is not finite now overflowed T.
+        let overflow = mine
+            .par_chunks_mut(ld)
+            .enumerate()
+            .map_init(
+                || vec![0f32; cols],
+                |wide, (i, row)| {
+                    t.widen_into(i * cols, wide);
+                    let mut overflow = None;
+                    for (v, &x) in row.iter_mut().zip(wide.iter()) {
+                        *v = T::from_f32(x);
+                        if !v.to_f32().is_finite() {
+                            overflow = Some(x);
+                        }
+                    }
+                    overflow
+                },
+            )
+            .find_any(Option::is_some)
+            .flatten();
+        if let Some(x) = overflow {
+            return Err(crate::error::Error::Backend(format!(
+                "cuda: tensor `{name}`: the weight {x} overflows {} storage; store the weights \
+                 as bf16 or f32 (CudaOptions::dtype)",
+                T::DTYPE.name()
+            )));
+        }
     }
     *bytes += host.len() * std::mem::size_of::<T>();
     gpu.stream
@@ -116,21 +136,44 @@ impl<T: DeviceFloat> CudaWeights<T> {
             })
         };
         let mut h = Vec::with_capacity(w.h.len());
-        for b in &w.h {
+        for (i, b) in w.h.iter().enumerate() {
             let a = &b.attn;
+            let name = |what: &str| format!("transformer.h.{i}.{what}.weight");
             h.push(CudaBlock {
                 ln_1: upload_ln(gpu, &b.ln_1, &mut bytes)?,
                 qkv: upload_matrix(
                     gpu,
-                    &[&a.q_proj.weight, &a.k_proj.weight, &a.v_proj.weight],
+                    &[
+                        (&a.q_proj.weight, name("attn.q_proj")),
+                        (&a.k_proj.weight, name("attn.k_proj")),
+                        (&a.v_proj.weight, name("attn.v_proj")),
+                    ],
                     d,
                     ds,
                     &mut bytes,
                 )?,
-                out_proj: upload_matrix(gpu, &[&a.out_proj.weight], d, ds, &mut bytes)?,
-                fc_in: upload_matrix(gpu, &[&b.mlp.fc_in.weight], d, ds, &mut bytes)?,
+                out_proj: upload_matrix(
+                    gpu,
+                    &[(&a.out_proj.weight, name("attn.out_proj"))],
+                    d,
+                    ds,
+                    &mut bytes,
+                )?,
+                fc_in: upload_matrix(
+                    gpu,
+                    &[(&b.mlp.fc_in.weight, name("mlp.fc_in"))],
+                    d,
+                    ds,
+                    &mut bytes,
+                )?,
                 fc_in_b: upload_f32(gpu, &bias(&b.mlp.fc_in.bias, "fc_in")?, &mut bytes)?,
-                fc_out: upload_matrix(gpu, &[&b.mlp.fc_out.weight], f, fs, &mut bytes)?,
+                fc_out: upload_matrix(
+                    gpu,
+                    &[(&b.mlp.fc_out.weight, name("mlp.fc_out"))],
+                    f,
+                    fs,
+                    &mut bytes,
+                )?,
                 fc_out_b: upload_f32(gpu, &bias(&b.mlp.fc_out.bias, "fc_out")?, &mut bytes)?,
             });
         }
@@ -145,10 +188,22 @@ impl<T: DeviceFloat> CudaWeights<T> {
             }
         };
         Ok(CudaWeights {
-            wte: upload_matrix(gpu, &[&w.wte], d, ds, &mut bytes)?,
+            wte: upload_matrix(
+                gpu,
+                &[(&w.wte, "transformer.wte.weight".into())],
+                d,
+                ds,
+                &mut bytes,
+            )?,
             h,
             ln_f: upload_ln(gpu, &w.ln_f, &mut bytes)?,
-            lm_head: upload_matrix(gpu, &[&w.lm_head.weight], d, ds, &mut bytes)?,
+            lm_head: upload_matrix(
+                gpu,
+                &[(&w.lm_head.weight, "lm_head.weight".into())],
+                d,
+                ds,
+                &mut bytes,
+            )?,
             lm_head_b,
             bytes,
         })

@@ -51,8 +51,10 @@ struct Line {
 }
 
 /// Generates a completion for every line of `input`, writing one line per input line to
-/// `output`. Lines are read `options.batch_size` at a time; a batch the decoder fails on gets an
-/// error line per prompt, and the run goes on.
+/// `output`. Lines are read `options.batch_size` at a time. A batch whose prompts cannot be
+/// generated from gets an error line per prompt, and the run goes on; a backend or I/O error
+/// (`Error::Backend`, `Error::Io`: a lost device, out of memory) stops the run, naming the
+/// batch's input lines, with every earlier batch written.
 pub fn generate_jsonl(
     input: impl BufRead,
     output: impl Write,
@@ -114,8 +116,24 @@ pub fn generate_jsonl_after(
             })
             .collect();
         let generated: std::result::Result<Vec<Generation>, String> =
-            generate_batch(decoder, tokenizer, &tokens, tools, &jobs, options)
-                .map_err(|e| format!("generation failed: {e}"));
+            match generate_batch(decoder, tokenizer, &tokens, tools, &jobs, options) {
+                Ok(g) => Ok(g),
+                // The decoder or the files failed, not these prompts (a lost device, out of
+                // memory): stop, naming the batch's lines, as `score` does; every earlier
+                // batch is written, and `--resume` starts at this one's first line rather
+                // than keeping error lines that a rerun could answer.
+                Err(e @ (Error::Backend(_) | Error::Io { .. })) => {
+                    output.flush().map_err(out_err)?;
+                    let lines = match (chunk.first(), chunk.last()) {
+                        (Some((first, _)), Some((last, _))) => {
+                            format!("generating input lines {}-{}", first + 1, last + 1)
+                        }
+                        _ => "generating".to_string(),
+                    };
+                    return Err(e.context(lines));
+                }
+                Err(e) => Err(format!("generation failed: {e}")),
+            };
         let mut generations = generated.as_ref().ok().map(|g| g.iter());
         for ((id, p), (k, _)) in parsed.iter().zip(&chunk) {
             summary.lines += 1;
@@ -145,12 +163,12 @@ pub fn generate_jsonl_after(
             };
             writeln!(output, "{value}").map_err(out_err)?;
         }
+        // A batch's rows go out as a whole, as `score`'s chunks do.
+        output.flush().map_err(out_err)?;
         if let Some(e) = read_error {
-            output.flush().map_err(out_err)?;
             return Err(e);
         }
     }
-    output.flush().map_err(out_err)?;
     Ok(summary)
 }
 

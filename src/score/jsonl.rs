@@ -172,12 +172,13 @@ pub fn score_jsonl(
             };
             writeln!(output, "{value}").map_err(out_err)?;
         }
+        // A chunk's rows go out as a whole: a pipeline's next stage sees them now, and a run
+        // killed later has them in its output for `--resume`.
+        output.flush().map_err(out_err)?;
         if let Some(e) = read_error {
-            output.flush().map_err(out_err)?;
             return Err(e);
         }
     }
-    output.flush().map_err(out_err)?;
     Ok(summary)
 }
 

@@ -26,6 +26,7 @@ use tantivy::{
 };
 
 use super::{DocContext, Tool, ToolConfigError, ToolError};
+use crate::util::fs::with_suffix;
 use crate::util::json::LineError;
 use crate::util::jsonl::JsonlLines;
 
@@ -163,21 +164,23 @@ pub fn build_index(
     text_field: &str,
 ) -> Result<IndexStats, IndexError> {
     let file = fs::File::open(docs_jsonl).map_err(io_err(docs_jsonl))?;
-    let name = out_dir
-        .file_name()
-        .ok_or_else(|| IndexError::Io {
-            path: out_dir.to_path_buf(),
-            error: std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "output directory needs a name (not '.' or '/')",
-            ),
-        })?
-        .to_string_lossy()
-        .into_owned();
+    let name = out_dir.file_name().ok_or_else(|| IndexError::Io {
+        path: out_dir.to_path_buf(),
+        error: std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "output directory needs a name (not '.' or '/')",
+        ),
+    })?;
     // A fixed name, not one with this process's id: a killed build's folder is the next one's
-    // to remove (under the lock, so never a live build's).
-    let partial = out_dir.with_file_name(format!(".{name}.partial"));
-    let lock_path = out_dir.with_file_name(format!(".{name}.lock"));
+    // to remove (under the lock, so never a live build's). Built as OS strings: two names that
+    // differ only in bytes that are not UTF-8 get locks of their own.
+    let hidden = |suffix: &str| {
+        let mut hidden = std::ffi::OsString::from(".");
+        hidden.push(name);
+        out_dir.with_file_name(with_suffix(&hidden, suffix))
+    };
+    let partial = hidden(".partial");
+    let lock_path = hidden(".lock");
     if let Some(parent) = out_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent).map_err(io_err(parent))?;
     }
@@ -207,7 +210,7 @@ pub fn build_index(
         },
     )
     .map_err(|e| IndexError::Busy(e.to_string()))?;
-    warn_of_legacy_partials(out_dir, &name);
+    warn_of_legacy_partials(out_dir, &name.to_string_lossy());
     let result = build_locked(file, docs_jsonl, out_dir, &partial, text_field);
     // Removed while still held: a run that opened it meanwhile finds it gone and stops.
     let _ = fs::remove_file(&lock_path);
@@ -1175,6 +1178,24 @@ mod tests {
         drop(lock);
         build_index(&docs, &out, "text").expect("built once the lock is let go");
         assert!(!partial.exists());
+    }
+
+    /// Names that differ only in bytes that are not UTF-8 have locks of their own (a lossy
+    /// name would give both ".idx\u{FFFD}.lock").
+    #[cfg(unix)]
+    #[test]
+    fn out_dirs_named_by_other_bytes_lock_apart() {
+        use std::os::unix::ffi::OsStrExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(tmp.path(), "{\"id\":\"a\",\"text\":\"zebra\"}\n");
+        let name = |b: u8| std::ffi::OsStr::from_bytes(&[b'i', b'd', b'x', b]).to_owned();
+        let mut busy = std::ffi::OsString::from(".");
+        busy.push(name(0xff));
+        busy.push(".lock");
+        let lock = fs::File::create(tmp.path().join(busy)).unwrap();
+        lock.try_lock().unwrap();
+        assert!(build_index(&docs, &tmp.path().join(name(0xff)), "text").is_err());
+        build_index(&docs, &tmp.path().join(name(0xfe)), "text").expect("a lock of its own");
     }
 
     #[test]
