@@ -290,8 +290,9 @@ impl AtomicFile {
         })
     }
 
-    /// Flushes, fsyncs and renames the file into place (and fsyncs its folder). On failure the
-    /// temporary file is removed and `path` is untouched.
+    /// Flushes, fsyncs and renames the file into place (and fsyncs its folder). On a failure
+    /// before the rename the temporary file is removed and `path` is untouched; a failure of the
+    /// folder's fsync, after it, is reported with the new file in place (not known durable).
     pub fn commit(mut self) -> Result<()> {
         let Some(w) = self.writer.take() else {
             return Ok(());
@@ -315,7 +316,9 @@ fn persist(w: BufWriter<File>, tmp: &Path, path: &Path) -> Result<()> {
 
 /// Makes the renames and removals of `path`'s folder durable (fsync of the folder), so that a
 /// power loss cannot undo them after the caller has gone on (removed the journal, say). A
-/// file system that cannot sync a folder is let be; any other failure is an error.
+/// file system that cannot sync a folder, or a folder this user may write but not read (mode
+/// 300: it cannot be opened to sync), is let be, with a warning for the latter; any other
+/// failure is an error.
 pub(crate) fn sync_dir(path: &Path) -> Result<()> {
     #[cfg(unix)]
     {
@@ -325,6 +328,12 @@ pub(crate) fn sync_dir(path: &Path) -> Result<()> {
         };
         let synced = File::open(dir).and_then(|d| d.sync_all());
         match synced {
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                tracing::warn!(
+                    "{}: cannot open the folder to make its renames durable ({e}); going on",
+                    dir.display()
+                );
+            }
             Err(e)
                 if !matches!(
                     e.kind(),
@@ -395,6 +404,29 @@ mod tests {
         let mut f = AtomicFile::create(&p).unwrap();
         writeln!(f, "new").unwrap();
         f.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "new\n");
+    }
+
+    /// A folder this user may write but not read (mode 300) cannot be opened to sync its
+    /// renames: the commit is not an error for that, with its file in place.
+    #[cfg(unix)]
+    #[test]
+    fn a_folder_that_cannot_be_read_still_takes_a_commit() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("w");
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o300)).unwrap();
+        if File::open(&sub).is_ok() {
+            eprintln!("SKIPPED: this user reads a mode-300 folder (root)");
+            return;
+        }
+        let p = sub.join("out.jsonl");
+        let mut f = AtomicFile::create(&p).unwrap();
+        writeln!(f, "new").unwrap();
+        let committed = f.commit();
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o700)).unwrap();
+        committed.unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "new\n");
     }
 
