@@ -3,10 +3,11 @@
 //! model.safetensors, tokenizer.json: a small GPT-J folder), the corpus (corpus.jsonl) and the
 //! annotate settings (annotate.toml).
 //!
-//! [`materialize`] writes them into `<temp dir>/toolsift-demo-<hash of the contents>/` once
-//! (a fresh temporary folder, every file fsync'ed, then renamed into place) and reuses that
-//! folder while its contents are exactly the embedded bytes; a folder that is not (half
-//! written, edited) is moved aside, removed and written again.
+//! [`materialize`] writes them into `<temp dir>/toolsift-demo-<hash of the contents>-u<uid>/`
+//! once (a fresh temporary folder of the user's alone, every file fsync'ed, then renamed into
+//! place) and reuses that folder while its contents are exactly the embedded bytes; a folder
+//! that is not (half written, edited, writable by others) is moved aside, removed and written
+//! again, and one of another user's is refused.
 //!
 //! corpus.jsonl and annotate.toml are generated ([`corpus_jsonl`], [`annotate_toml`]);
 //! `cargo run --example demo_assets` rewrites them and a unit test checks that the committed
@@ -188,17 +189,32 @@ pub fn content_hash() -> String {
     format!("{:012x}", h >> 16)
 }
 
-/// Writes the embedded files into `std::env::temp_dir()/toolsift-demo-<hash>/` (or reuses that
-/// folder when it already holds exactly them) and returns the folder: a GPT-J model folder
-/// that also holds corpus.jsonl and annotate.toml.
+/// Writes the embedded files into `std::env::temp_dir()/toolsift-demo-<hash>-u<uid>/` (or
+/// reuses that folder when it already holds exactly them) and returns the folder: a GPT-J model
+/// folder that also holds corpus.jsonl and annotate.toml.
 pub fn materialize() -> Result<PathBuf> {
     materialize_in(&std::env::temp_dir())
 }
 
+/// The demo folder's name: the assets' hash, and on Unix the user's id, since the temp dir is
+/// shared: another user's folder of the same assets is neither reused (its files could change
+/// under this run) nor in the way (it could not be moved aside in a sticky /tmp).
+pub fn folder_name() -> String {
+    #[cfg(unix)]
+    {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        format!("toolsift-demo-{}-u{uid}", content_hash())
+    }
+    #[cfg(not(unix))]
+    format!("toolsift-demo-{}", content_hash())
+}
+
 /// [`materialize`] under `parent` instead of the temp dir.
 pub fn materialize_in(parent: &Path) -> Result<PathBuf> {
-    let name = format!("toolsift-demo-{}", content_hash());
+    let name = folder_name();
     let target = parent.join(&name);
+    check_owner(&target)?;
     if is_complete(&target)? {
         return Ok(target);
     }
@@ -245,10 +261,44 @@ pub fn materialize_in(parent: &Path) -> Result<PathBuf> {
     result.map(|()| target)
 }
 
-/// Whether `dir` holds every embedded file with exactly its contents. A missing folder or file
-/// is `false`; a folder that cannot be read is an error.
+/// On Unix, a folder at the demo's name must be this user's and writable by no one else:
+/// its files are checked once, then read by the run, and no other user may change them in
+/// between. (A folder of its own that others may write is this user's to replace, and is
+/// replaced: `is_complete` says it is not.)
+fn check_owner(dir: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        match fs::symlink_metadata(dir) {
+            Ok(m) if m.uid() != uid => {
+                return Err(Error::input(format!(
+                    "{}: the demo's folder belongs to another user (uid {}), so its files cannot \
+                     be trusted; delete it, or set TMPDIR to a folder of your own",
+                    dir.display(),
+                    m.uid()
+                )))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(dir, e)),
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
+/// Whether `dir` holds every embedded file with exactly its contents (and, on Unix, is a
+/// folder no other user may write). A missing folder or file is `false`; a folder that cannot
+/// be read is an error.
 pub fn is_complete(dir: &Path) -> Result<bool> {
-    match fs::metadata(dir) {
+    match fs::symlink_metadata(dir) {
+        #[cfg(unix)]
+        Ok(m) if std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o022 != 0 => {
+            return Ok(false)
+        }
         Ok(m) if m.is_dir() => {}
         Ok(_) => return Ok(false),
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
@@ -292,7 +342,11 @@ pub fn corpus_prefix(dir: &Path, n: usize) -> Result<PathBuf> {
 }
 
 fn write_folder(dir: &Path) -> Result<()> {
-    fs::create_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let mut builder = fs::DirBuilder::new();
+    // The user's alone (see `check_owner`).
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).map_err(|e| Error::io(dir, e))?;
     for (name, bytes) in FILES {
         write_synced(&dir.join(name), bytes)?;
     }
@@ -402,6 +456,36 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    /// The temp dir is shared: the folder is the user's alone, named by the user's id; one
+    /// that others may write is replaced, and one of another user's is refused.
+    #[cfg(unix)]
+    #[test]
+    fn the_demo_folder_is_the_users_alone() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let parent = tempfile::tempdir().unwrap();
+        let dir = materialize_in(parent.path()).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        assert!(
+            dir.to_string_lossy().ends_with(&format!("-u{uid}")),
+            "{dir:?}"
+        );
+        let meta = fs::metadata(&dir).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o077), (uid, 0));
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(!is_complete(&dir).unwrap());
+        assert_eq!(materialize_in(parent.path()).unwrap(), dir);
+        assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o077, 0);
+        // Another user's folder at that name (only root can make one here).
+        if std::os::unix::fs::chown(&dir, Some(65534), None).is_ok() {
+            let err = materialize_in(parent.path()).unwrap_err().to_string();
+            assert!(err.contains("belongs to another user (uid 65534)"), "{err}");
+            assert_eq!(fs::metadata(&dir).unwrap().uid(), 65534, "left alone");
+        } else {
+            eprintln!("SKIPPED (not root): a folder of another user's");
+        }
     }
 
     #[test]
