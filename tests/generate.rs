@@ -1002,6 +1002,54 @@ fn lines_read_before_an_input_error_are_still_answered() {
     }
 }
 
+/// A model whose next-token row holds NaN (it overflowed) ends that completion with
+/// `Finish::NotFinite`, and `generate_jsonl` answers its line with an error line; the other
+/// prompts of the batch are generated.
+#[test]
+fn a_row_that_is_not_finite_fails_its_line_alone() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let x = tokenizer.encode_ids("x").unwrap()[0];
+    let poison = tokenizer.encode_ids("P").unwrap()[0];
+    // A prompt ending in "P" gets NaN rows once it has 2 completion tokens.
+    let m = mock(move |seq| {
+        let p_at = seq.iter().position(|&t| t == poison);
+        match p_at {
+            Some(at) if seq.len() >= at + 3 => vec![f32::NAN; VOCAB],
+            _ => ranked(&[x]),
+        }
+    });
+    let input = concat!(
+        r#"{"id": 1, "prompt": "Q"}"#,
+        "\n",
+        r#"{"id": 2, "prompt": "P"}"#,
+        "\n",
+    );
+    let o = GenerateOptions {
+        max_new_tokens: 6,
+        batch_size: 2,
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    let summary =
+        generate_jsonl(input.as_bytes(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
+    assert_eq!((summary.generated, summary.failed), (1, 1));
+    let lines: Vec<Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["finish"], "length", "{lines:?}");
+    let error = lines[1]["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("line 2: the model's next-token scores are not finite")
+            && error.contains("after 2 completion tokens"),
+        "{error}"
+    );
+    let g = generate(&m, tokenizer, &calculator(), &[Prompt::new("P")], &o).unwrap();
+    assert_eq!((g[0].finish, g[0].tokens.len()), (Finish::NotFinite, 2));
+}
+
 /// A backend error (a lost device, out of memory) stops the run, naming the batch's input
 /// lines, with every earlier batch written: a `--resume` answers that batch, where error lines
 /// would have been kept for good. A batch whose prompts fail still gets error lines.

@@ -15,7 +15,9 @@ use std::io::{BufRead, Write};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{generate_batch, prepare, CallTokens, GenerateOptions, Generation, Job, Prompt};
+use super::{
+    generate_batch, prepare, CallTokens, Finish, GenerateOptions, Generation, Job, Prompt,
+};
 use crate::annotate::tools::ToolRegistry;
 use crate::error::{Error, Result};
 use crate::model::Tokenizer;
@@ -143,18 +145,28 @@ pub fn generate_jsonl_after(
                     summary.failed += 1;
                     json!({"id": id, "line": line_no, "error": e})
                 }
-                (Ok(_), Some(gens), _) => {
-                    let g = gens.next().expect("one generation per valid line");
-                    summary.generated += 1;
-                    summary.calls += g.calls.len();
-                    summary.calls_ok += g
-                        .calls
-                        .iter()
-                        .filter(|c| c.status == super::CallStatus::Ok)
-                        .count();
-                    json!({"id": id, "line": line_no, "completion": g.completion,
+                (Ok(_), Some(gens), _) => match gens.next().expect("one generation per line") {
+                    g if g.finish == Finish::NotFinite => {
+                        summary.failed += 1;
+                        let error = format!(
+                            "line {line_no}: the model's next-token scores are not finite (NaN \
+                             or +inf) after {} completion tokens: the model overflowed",
+                            g.tokens.len()
+                        );
+                        json!({"id": id, "line": line_no, "error": error})
+                    }
+                    g => {
+                        summary.generated += 1;
+                        summary.calls += g.calls.len();
+                        summary.calls_ok += g
+                            .calls
+                            .iter()
+                            .filter(|c| c.status == super::CallStatus::Ok)
+                            .count();
+                        json!({"id": id, "line": line_no, "completion": g.completion,
                            "calls": g.calls, "finish": g.finish})
-                }
+                    }
+                },
                 (Ok(_), None, Err(e)) => {
                     summary.failed += 1;
                     json!({"id": id, "line": line_no, "error": e})

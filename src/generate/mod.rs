@@ -177,6 +177,10 @@ pub enum Finish {
     Eos,
     /// `max_new_tokens` or the model's `n_positions` was reached.
     Length,
+    /// The decoder's next-token row held NaN or +inf (a model that overflowed, f16 weights
+    /// past their range say): nothing can be drawn from it, so the completion ends there, as
+    /// far as it got. `generate_jsonl` answers such a line with an error line.
+    NotFinite,
 }
 
 /// One completion.
@@ -186,7 +190,7 @@ pub struct Generation {
     pub completion: String,
     /// Every call the model started, in completion order, whatever its status.
     pub calls: Vec<CallRecord>,
-    /// Why the completion ended: end-of-text or the length cap.
+    /// Why the completion ended: end-of-text, the length cap, or a row not finite.
     pub finish: Finish,
     /// The completion's token ids.
     #[serde(skip)]
@@ -370,6 +374,12 @@ pub(crate) fn generate_batch(
             .collect();
         let rows = session.extend(&ids, &feed)?;
         for (&i, row) in live.iter().zip(&rows) {
+            if row.iter().any(|&v| v.is_nan() || v == f32::INFINITY) {
+                // Every draw would be the lowest id, or argmax of what is left: no completion.
+                seqs[i].finish = Some(Finish::NotFinite);
+                seqs[i].unfinished_call(&ctx)?;
+                continue;
+            }
             seqs[i].step(row, &ctx)?;
         }
     }
