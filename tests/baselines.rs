@@ -291,13 +291,10 @@ fn token_counts_include_padding_and_reflect_deduplication() {
         assert_eq!(naive_tokens(&candidates, &options, 1), 3 * 35);
         assert_eq!(naive_tokens(&candidates, &options, 3), 3 * (3 * 13));
         // Tuned: one no-call pass for the text, up to C's window (10); A's calls 10, 11 (its
-        // duplicate shares them), C's calls 12, 13.
-        assert_eq!(
-            tuned_tokens(&candidates, &options, 1),
-            10 + 10 + 11 + 12 + 13
-        );
-        // Longest first: [13, 12, 11, 10] then [10].
-        assert_eq!(tuned_tokens(&candidates, &options, 4), 4 * 13 + 10);
+        // duplicate shares them), C's calls 12, 13; each less its last token, only a target.
+        assert_eq!(tuned_tokens(&candidates, &options, 1), 9 + 9 + 10 + 11 + 12);
+        // Longest first: [12, 11, 10, 9] then [9].
+        assert_eq!(tuned_tokens(&candidates, &options, 4), 4 * 12 + 9);
     }
 }
 

@@ -1,6 +1,7 @@
 //! The "tuned" baseline (docs/benchmarks.md): what a careful engineer writes with candle and no custom
-//! engine. Each call variant is exactly `variant_sequence(..).ids` (cut after the last weighted
-//! token); the no-call pass runs once per text, up to the furthest window of its candidates;
+//! engine. Each call variant is `variant_sequence(..).ids` (cut after the last weighted token)
+//! less that last token, which is only ever a target (no row predicts from it; toolsift's plan
+//! drops it too); the no-call pass runs once per text, up to the furthest window of its candidates;
 //! identical sequences run once (a duplicated candidate costs nothing); the distinct sequences are
 //! sorted by length and run in right-padded batches of up to `batch_size`, which keeps padding
 //! small; the LM head runs only at the weighted rows (hidden rows gathered, one matmul per batch).
@@ -55,6 +56,8 @@ fn plan(candidates: &[TokenCandidate], options: &ScoreOptions, batch_size: usize
             if seq.targets.is_empty() {
                 continue; // no weighted token (`validate` refuses such a candidate): nothing to run
             }
+            // Every target's row is before the last token (targets: (row, ids[row + 1], w)).
+            seq.ids.pop();
             let sequence = *index.entry(seq.ids.clone()).or_insert_with(|| {
                 unique.push(seq.ids);
                 unique.len() - 1

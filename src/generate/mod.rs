@@ -145,7 +145,8 @@ pub enum CallStatus {
     Unparsable,
     /// The model wrote "]" before any arrow: nothing executed, nothing spliced.
     ClosedWithoutArrow,
-    /// No arrow within `max_call_tokens`: "]" was spliced.
+    /// No arrow within `max_call_tokens`: "]" was spliced (cut off, like any splice, where the
+    /// completion reaches its length cap).
     TooLong,
     /// Generation ended (end of text or length cap) inside the call.
     Unfinished,

@@ -539,8 +539,9 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
         .unwrap_or_default();
     // Every failure below ends what the call started: the program has exited, and whatever
     // it left in its group goes too (a failed call is retried, and each try would leave one
-    // more). The group's id cannot name another group while any of its members lives, and
-    // with none left the kill finds no one.
+    // more). The group's id cannot name another group while any of its members lives; with
+    // none left, only a pid counter that wrapped round within these microseconds could give
+    // the id to a new group.
     let failed = |attempt: Attempt| {
         kill_group(&child.0);
         Err(attempt)

@@ -261,11 +261,14 @@ pub struct ToolsConfig {
 
 impl ToolsConfig {
     /// Checks every setting that can be checked without opening anything: the Calendar's date,
-    /// the QA and MT services' command, URL, timeout and retries (`ToolRegistry::from_config`
-    /// checks them the same way, and opens WikiSearch's index). So that `--print-config` does
-    /// not print a config the run would refuse.
+    /// WikiSearch's snippet length, the QA and MT services' command, URL, timeout and retries
+    /// (`ToolRegistry::from_config` checks them the same way, and opens WikiSearch's index). So
+    /// that `--print-config` does not print a config the run would refuse.
     pub fn check(&self) -> Result<(), ToolConfigError> {
         Calendar::from_config(&self.calendar)?;
+        if let Some(wiki) = &self.wikisearch {
+            WikiSearch::check_config(wiki)?;
+        }
         if let Some(qa) = &self.qa {
             ExternalTool::from_config("QA", qa)?;
         }
@@ -410,5 +413,17 @@ mod tests {
         assert!(err.contains("MT") && err.contains("99999"), "{err}");
 
         assert!(serde_json::from_str::<ToolsConfig>(r#"{"calculater":{}}"#).is_err());
+
+        // Told before any index is opened (this one does not exist).
+        let cfg: ToolsConfig = serde_json::from_str(
+            r#"{"wikisearch":{"index":"/no/such/index","max_snippet_chars":0}}"#,
+        )
+        .unwrap();
+        let err = ToolRegistry::from_config(&cfg).unwrap_err().to_string();
+        assert!(
+            err.contains("max_snippet_chars must be at least 1"),
+            "{err}"
+        );
+        assert_eq!(cfg.check().unwrap_err().to_string(), err);
     }
 }

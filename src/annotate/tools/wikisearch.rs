@@ -565,14 +565,20 @@ impl WikiSearch {
 
     /// The tool `config` describes.
     pub fn from_config(config: &WikiSearchConfig) -> Result<Self, ToolConfigError> {
+        Self::check_config(config)?;
         let tool = Self::open(&config.index)?;
+        Ok(tool.with_max_snippet_chars(config.max_snippet_chars))
+    }
+
+    /// What `from_config` checks without opening the index (`ToolsConfig::check`).
+    pub fn check_config(config: &WikiSearchConfig) -> Result<(), ToolConfigError> {
         if config.max_snippet_chars == 0 {
             return Err(ToolConfigError::Invalid {
                 tool: "WikiSearch".into(),
                 message: "max_snippet_chars must be at least 1".into(),
             });
         }
-        Ok(tool.with_max_snippet_chars(config.max_snippet_chars))
+        Ok(())
     }
 
     /// Sets the longest snippet, in characters (at least 1).
