@@ -38,6 +38,22 @@ fn tok(model: &Model) -> &Tokenizer {
     model.tokenizer().unwrap()
 }
 
+/// The JSON rows a run wrote.
+fn rows(out: &[u8]) -> Vec<Value> {
+    std::str::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `n` input lines, ids 0..n, each the prompt "Q".
+fn q_lines(n: usize) -> String {
+    (0..n)
+        .map(|k| format!("{{\"id\": {k}, \"prompt\": \"Q\"}}\n"))
+        .collect()
+}
+
 fn calculator() -> ToolRegistry {
     let mut tools = ToolRegistry::new();
     tools.register(Calculator::new());
@@ -933,11 +949,7 @@ fn jsonl_answers_every_line_in_order_with_error_lines() {
         ),
         (6, 2, 4, 2, 2)
     );
-    let lines: Vec<Value> = String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = rows(&out);
     assert_eq!(lines.len(), 6);
     assert!(lines[5]["error"].as_str().unwrap().contains("not UTF-8"));
     assert_eq!(lines[0]["id"], "a");
@@ -971,9 +983,7 @@ fn lines_read_before_an_input_error_are_still_answered() {
     let model = tiny();
     let tokenizer = tok(&model);
     let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
-    let input = (0..3)
-        .map(|k| format!("{{\"id\": {k}, \"prompt\": \"Q\"}}\n"))
-        .collect::<String>();
+    let input = q_lines(3);
     let o = GenerateOptions {
         max_new_tokens: 12,
         batch_size: 2,
@@ -988,11 +998,7 @@ fn lines_read_before_an_input_error_are_still_answered() {
         err.contains("<input line 4>") && err.contains("went away"),
         "{err}"
     );
-    let lines: Vec<Value> = String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = rows(&out);
     assert_eq!(lines.len(), 3, "{lines:?}");
     for (k, l) in lines.iter().enumerate() {
         assert_eq!(
@@ -1034,11 +1040,7 @@ fn a_row_that_is_not_finite_fails_its_line_alone() {
     let summary =
         generate_jsonl(input.as_bytes(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
     assert_eq!((summary.generated, summary.failed), (1, 1));
-    let lines: Vec<Value> = String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = rows(&out);
     assert_eq!(lines[0]["finish"], "length", "{lines:?}");
     let error = lines[1]["error"].as_str().unwrap();
     assert!(
@@ -1091,9 +1093,7 @@ fn a_backend_error_stops_the_run_naming_its_batch() {
         sessions: AtomicUsize::new(0),
         fail_at: 1,
     };
-    let input = (0..5)
-        .map(|k| format!("{{\"id\": {k}, \"prompt\": \"Q\"}}\n"))
-        .collect::<String>();
+    let input = q_lines(5);
     let o = GenerateOptions {
         max_new_tokens: 12,
         batch_size: 2,
@@ -1114,11 +1114,7 @@ fn a_backend_error_stops_the_run_naming_its_batch() {
         err.to_string(),
         "generating input lines 3-4: cuda: the device was lost"
     );
-    let lines: Vec<Value> = String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = rows(&out);
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(
         lines.iter().all(|l| l["completion"].is_string()),
@@ -1558,11 +1554,7 @@ fn a_prompt_outside_the_vocabulary_fails_alone() {
     )
     .unwrap();
     assert_eq!((summary.generated, summary.failed), (3, 2));
-    let lines: Vec<Value> = String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = rows(&out);
     for (k, line) in lines.iter().enumerate() {
         assert_eq!(line["id"], k);
         if prompts[k] == &outside {
