@@ -201,13 +201,16 @@ pub fn materialize() -> Result<PathBuf> {
 /// under this run) nor in the way (it could not be moved aside in a sticky /tmp).
 pub fn folder_name() -> String {
     #[cfg(unix)]
-    {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::geteuid() };
-        format!("toolsift-demo-{}-u{uid}", content_hash())
-    }
+    return format!("toolsift-demo-{}-u{}", content_hash(), user_id());
     #[cfg(not(unix))]
     format!("toolsift-demo-{}", content_hash())
+}
+
+/// This process's effective user id: the owner of what it creates.
+#[cfg(unix)]
+fn user_id() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 /// [`materialize`] under `parent` instead of the temp dir.
@@ -269,10 +272,8 @@ fn check_owner(dir: &Path) -> Result<()> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::geteuid() };
         match fs::symlink_metadata(dir) {
-            Ok(m) if m.uid() != uid => {
+            Ok(m) if m.uid() != user_id() => {
                 return Err(Error::input(format!(
                     "{}: the demo's folder belongs to another user (uid {}), so its files cannot \
                      be trusted; delete it, or set TMPDIR to a folder of your own",
@@ -466,8 +467,7 @@ mod tests {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let parent = tempfile::tempdir().unwrap();
         let dir = materialize_in(parent.path()).unwrap();
-        // SAFETY: geteuid has no preconditions.
-        let uid = unsafe { libc::geteuid() };
+        let uid = user_id();
         assert!(
             dir.to_string_lossy().ends_with(&format!("-u{uid}")),
             "{dir:?}"
