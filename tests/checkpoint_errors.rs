@@ -214,6 +214,37 @@ fn too_many_dimensions_are_reported() {
     );
 }
 
+/// Offsets past the end of the data are refused with the tensor's name. The crate (0.8) checks
+/// that offsets tile and match the shapes, then sums the last one unchecked: eight legal
+/// 2^61-1-byte tensors in a chain overflowed that sum, a panic in debug and test builds.
+#[test]
+fn offsets_past_the_data_are_reported_not_summed() {
+    let (_tmp, dir) = copy_fixture();
+    let size: u64 = (1 << 61) - 1;
+    let entries: Vec<String> = (0..8u64)
+        .map(|i| {
+            format!(
+                r#""t{i}":{{"dtype":"U8","shape":[{size}],"data_offsets":[{},{}]}}"#,
+                i * size,
+                (i + 1) * size
+            )
+        })
+        .collect();
+    let header = format!("{{{}}}", entries.join(","));
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &[
+            "model.safetensors",
+            "t0",
+            &format!("data_offsets holds {size}, past the end of the data (0 bytes)"),
+        ],
+    );
+}
+
 #[test]
 fn weights_that_are_a_folder_are_named() {
     let (_tmp, dir) = copy_fixture();

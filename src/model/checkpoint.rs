@@ -400,7 +400,8 @@ fn check_header(bytes: &[u8], path: &Path) -> Result<()> {
     let Some(header) = bytes.get(8..8 + len as usize) else {
         return Ok(()); // the file ends inside the header: the crate names that
     };
-    safetensors_header::screen(header, MAX_DIMS).map_err(|flaw| match flaw.entry {
+    let data_bytes = (bytes.len() - 8 - header.len()) as u64;
+    safetensors_header::screen(header, MAX_DIMS, data_bytes).map_err(|flaw| match flaw.entry {
         Some(tensor) if tensor != safetensors_header::METADATA => Error::Tensor {
             path: path.to_owned(),
             tensor,

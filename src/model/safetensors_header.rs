@@ -8,11 +8,13 @@
 //!
 //! - one JSON object, each key once;
 //! - per tensor, an object of exactly `dtype` (a string), `shape` (at most `max_dims` sizes) and
-//!   `data_offsets` (two offsets), each once;
+//!   `data_offsets` (two offsets, neither past the end of the data), each once;
 //! - optionally `__metadata__`: `null` or an object of strings, each key once.
 //!
 //! What passes costs the crate a bounded multiple of the header's size. Whether a dtype is known
-//! and the offsets tile the data is still the crate's to check.
+//! and the offsets tile the data is still the crate's to check; offsets past the data are refused
+//! here because the crate (0.8) sums them unchecked, and a chain of huge ones overflows that sum
+//! (a panic where overflow checks are on, as in debug and test builds).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -28,12 +30,14 @@ pub(super) struct Flaw {
     pub msg: String,
 }
 
-/// Checks `header` (the JSON after the 8-byte length) as the module's doc describes.
-pub(super) fn screen(header: &[u8], max_dims: usize) -> Result<(), Flaw> {
+/// Checks `header` (the JSON after the 8-byte length) as the module's doc describes;
+/// `data_bytes` is the length of the data after it.
+pub(super) fn screen(header: &[u8], max_dims: usize, data_bytes: u64) -> Result<(), Flaw> {
     let mut at = None;
     let mut de = serde_json::Deserializer::from_slice(header);
     let result = HeaderSeed {
         max_dims,
+        data_bytes,
         at: &mut at,
     }
     .deserialize(&mut de)
@@ -51,6 +55,7 @@ const FIELDS: [&str; 3] = ["dtype", "shape", "data_offsets"];
 /// The header's object; leaves in `at` the key whose entry was being read when reading failed.
 struct HeaderSeed<'a> {
     max_dims: usize,
+    data_bytes: u64,
     at: &'a mut Option<String>,
 }
 
@@ -81,6 +86,7 @@ impl<'de> Visitor<'de> for HeaderSeed<'_> {
             } else {
                 map.next_value_seed(Entry {
                     max_dims: self.max_dims,
+                    data_bytes: self.data_bytes,
                 })?;
             }
             names.extend(self.at.take());
@@ -92,6 +98,7 @@ impl<'de> Visitor<'de> for HeaderSeed<'_> {
 /// One tensor's entry.
 struct Entry {
     max_dims: usize,
+    data_bytes: u64,
 }
 
 impl<'de> DeserializeSeed<'de> for Entry {
@@ -127,12 +134,14 @@ impl<'de> Visitor<'de> for Entry {
                     unit: "dimensions",
                     min: 0,
                     max: self.max_dims,
+                    max_value: u64::MAX,
                 })?,
                 _ => map.next_value_seed(Sizes {
                     what: "data_offsets",
                     unit: "entries",
                     min: 2,
                     max: 2,
+                    max_value: self.data_bytes,
                 })?,
             }
         }
@@ -177,13 +186,14 @@ impl<'de> Visitor<'de> for Metadata {
     }
 }
 
-/// An array of `min..=max` unsigned integers, counted as they stream by.
+/// An array of `min..=max` unsigned integers of at most `max_value`, counted as they stream by.
 struct Sizes {
     what: &'static str,
     /// What one entry is, for errors.
     unit: &'static str,
     min: usize,
     max: usize,
+    max_value: u64,
 }
 
 impl<'de> DeserializeSeed<'de> for Sizes {
@@ -200,7 +210,14 @@ impl<'de> Visitor<'de> for Sizes {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut n = 0;
-        while seq.next_element::<u64>()?.is_some() {
+        while let Some(value) = seq.next_element::<u64>()? {
+            if value > self.max_value {
+                return Err(de::Error::custom(format!(
+                    "{} holds {value}, past the end of the data ({} bytes): the file is \
+                     truncated or corrupt",
+                    self.what, self.max_value
+                )));
+            }
             n += 1;
             if n > self.max {
                 return Err(de::Error::custom(format!(
@@ -224,7 +241,9 @@ mod tests {
     use super::*;
 
     fn flaw(header: &str) -> Option<(Option<String>, String)> {
-        screen(header.as_bytes(), 4).err().map(|f| (f.entry, f.msg))
+        screen(header.as_bytes(), 4, 1000)
+            .err()
+            .map(|f| (f.entry, f.msg))
     }
 
     #[test]
@@ -296,6 +315,11 @@ mod tests {
                 r#"{"__metadata__": {"k": [0, 0, 0]}}"#,
                 entry(METADATA),
                 "expected a string",
+            ),
+            (
+                r#"{"a": {"dtype": "U8", "shape": [1001], "data_offsets": [0,1001]}}"#,
+                entry("a"),
+                "data_offsets holds 1001, past the end of the data (1000 bytes)",
             ),
             (r#"{"a": [0, 0, 0]}"#, entry("a"), "expected a tensor entry"),
             (r#"[0, 0, 0]"#, None, "expected a JSON object"),

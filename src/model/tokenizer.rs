@@ -97,6 +97,13 @@ impl Tokenizer {
         inner
             .with_truncation(None)
             .map_err(|e| err(format!("cannot turn truncation off: {e}")))?;
+        if let Some(token) = empty_added_token(&inner) {
+            return Err(err(format!(
+                "the added token {token:?} is empty once normalized, so it matches everywhere: \
+                 the tokenizers crate then panics or allocates without bound when it encodes \
+                 (tokenizers issue 1349)"
+            )));
+        }
         Ok(Tokenizer {
             inner,
             path: path.to_owned(),
@@ -130,13 +137,18 @@ impl Tokenizer {
 
     /// Tokenizes `text` as is: no special tokens added.
     pub fn encode(&self, text: &str) -> Result<Encoding> {
-        let enc = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| Error::Tokenizer {
-                path: self.path.clone(),
-                msg: format!("cannot encode {:?}: {e}", preview(text)),
-            })?;
+        let failed = |e: &dyn std::fmt::Display| Error::Tokenizer {
+            path: self.path.clone(),
+            msg: format!("cannot encode {:?}: {e}", preview(text)),
+        };
+        // The crate has `expect`s on its encoding path (an added token that splits a normalized
+        // string badly); the load refuses the one known cause, and whatever else reaches them
+        // is this text's error, not a crash. Nothing of the crate's is left half-changed: its
+        // caches take their locks with `try_` and skip a poisoned one.
+        let inner = std::panic::AssertUnwindSafe(&self.inner);
+        let enc = crate::util::catch_panic_quietly(move || inner.encode(text, false))
+            .map_err(|msg| failed(&format_args!("the tokenizers crate failed ({msg})")))?
+            .map_err(|e| failed(&e))?;
         let spans = enc.get_offsets().to_vec();
         // Callers slice the text at these offsets: one off a character boundary (a tokenizer
         // whose offsets are not the input's bytes) is this text's error, not a panic later.
@@ -223,10 +235,14 @@ impl Tokenizer {
     /// The text of `ids`, special tokens included; the `tokenizers` crate skips an id it does
     /// not know (one of the model's rows past the tokenizer's vocabulary) without an error.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.decode(ids, false).map_err(|e| Error::Tokenizer {
+        let failed = |e: &dyn std::fmt::Display| Error::Tokenizer {
             path: self.path.clone(),
             msg: format!("cannot decode: {e}"),
-        })
+        };
+        let inner = std::panic::AssertUnwindSafe(&self.inner);
+        crate::util::catch_panic_quietly(move || inner.decode(ids, false))
+            .map_err(|msg| failed(&format_args!("the tokenizers crate failed ({msg})")))?
+            .map_err(|e| failed(&e))
     }
 
     /// The id of a string that is exactly one token, if it is one.
@@ -296,6 +312,32 @@ fn head_cut(text: &str, bytes: usize) -> Option<usize> {
     None
 }
 
+/// The first added token whose text is empty, or empty once the tokenizer's normalizer has run
+/// on it (a `normalized` one: the crate matches those in normalized text). The crate builds a
+/// matcher with an empty pattern from it, and encoding then panics or allocates without bound.
+fn empty_added_token(inner: &tokenizers::Tokenizer) -> Option<String> {
+    let mut added: Vec<_> = inner.get_added_tokens_decoder().into_iter().collect();
+    added.sort_by_key(|(id, _)| *id);
+    added.into_iter().map(|(_, t)| t).find_map(|t| {
+        let empty = match (t.normalized, inner.get_normalizer()) {
+            (true, Some(normalizer)) => {
+                let mut text = tokenizers::NormalizedString::from(t.content.as_str());
+                let normalizer = std::panic::AssertUnwindSafe(normalizer);
+                // A normalizer that fails or panics on the token's text is not this check's
+                // to report: encoding will say so, text by text.
+                crate::util::catch_panic_quietly(move || {
+                    tokenizers::Normalizer::normalize(*normalizer, &mut text).map(|()| text)
+                })
+                .ok()
+                .and_then(|r| r.ok())
+                .is_some_and(|text| text.get().is_empty())
+            }
+            _ => t.content.is_empty(),
+        };
+        empty.then_some(t.content)
+    })
+}
+
 /// The start of a text, for an error message.
 fn preview(text: &str) -> String {
     const SHOWN: usize = 200;
@@ -347,6 +389,69 @@ mod tests {
     fn demo_tokenizer() -> Tokenizer {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo/tokenizer.json");
         Tokenizer::from_file(&path).unwrap()
+    }
+
+    /// A WordPiece tokenizer with BERT's normalizer and added tokens, as in tokenizers issue
+    /// 1349: "\u200c" normalizes to nothing, and with it encoding "£" panicked the crate
+    /// (added_vocabulary.rs) and encoding "aa" tried to allocate 6 GiB and aborted.
+    fn wordpiece_json(added: &[(&str, bool)]) -> String {
+        let added: Vec<serde_json::Value> = added
+            .iter()
+            .enumerate()
+            .map(|(i, (content, normalized))| {
+                serde_json::json!({"id": 10 + i, "content": content, "single_word": false,
+                    "lstrip": false, "rstrip": false, "normalized": normalized,
+                    "special": false})
+            })
+            .collect();
+        serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+            "normalizer": {"type": "BertNormalizer", "clean_text": true,
+                "handle_chinese_chars": true, "strip_accents": null, "lowercase": true},
+            "pre_tokenizer": {"type": "BertPreTokenizer"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordPiece", "unk_token": "[UNK]",
+                "continuing_subword_prefix": "##", "max_input_chars_per_word": 100,
+                "vocab": {"[UNK]": 0, "a": 1, "b": 2, "c": 3, "\u{a3}": 4}}
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn an_added_token_that_normalizes_to_nothing_is_refused_at_load() {
+        let path = Path::new("bad/tokenizer.json");
+        let bad = wordpiece_json(&[("aaaa", true), ("eg", true), ("\u{200c}", true)]);
+        match Tokenizer::from_bytes(bad.as_bytes(), path) {
+            Err(Error::Tokenizer { path: p, msg }) => {
+                assert_eq!(p, path);
+                assert!(
+                    msg.contains(r#"the added token "\u{200c}" is empty once normalized"#),
+                    "{msg}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // The same token matched in the raw text is not empty, and encodes.
+        let ok = wordpiece_json(&[("aaaa", true), ("eg", true), ("\u{200c}", false)]);
+        let tok = Tokenizer::from_bytes(ok.as_bytes(), path).unwrap();
+        assert_eq!(tok.encode_ids("\u{a3}").unwrap(), [4]);
+        assert_eq!(tok.encode_ids("aa").unwrap(), [0]);
+
+        // Past the load check (built by hand here), the crate's panic on "£" is the text's
+        // error. ("aa" is not tried: an allocation failure aborts, which nothing can catch.)
+        crate::util::install_quiet_panic_hook();
+        let unchecked = Tokenizer {
+            inner: tokenizers::Tokenizer::from_bytes(bad.as_bytes()).unwrap(),
+            path: path.to_owned(),
+            source_xxh3: 0,
+        };
+        match unchecked.encode("\u{a3}") {
+            Err(Error::Tokenizer { msg, .. }) => assert!(
+                msg.contains("cannot encode \"\u{a3}\": the tokenizers crate failed"),
+                "{msg}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
