@@ -14,9 +14,10 @@
 //! - the byte offset must fall on a token boundary of the text; otherwise it is an error;
 //! - the call must read as the call it is (`check_call`): a tool name of letters, digits and "_"
 //!   (what `annotate::calls::parse_call` accepts), an input that parser reads back unchanged
-//!   (trimmed, no arrow, balanced parentheses), no "[" or "]" in the input (the parser's input
-//!   never has one) or the result (`annotate::calls::clean_result` turns them into "(" and ")"):
-//!   a "]" would end the call early, a "[" open a nested one.
+//!   (trimmed, no arrow, balanced parentheses), a result that is not empty and not padded with
+//!   whitespace (annotate's never is), no "[" or "]" in the input (the parser's input never has
+//!   one) or the result (`annotate::calls::clean_result` turns them into "(" and ")"): a "]"
+//!   would end the call early, a "[" open a nested one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -120,8 +121,9 @@ fn shown(value: &str) -> String {
 /// Refuses a call that would not read as "[Tool(input) -> result]" with these parts: a tool
 /// name that is empty or not one word of letters, digits and "_" (`annotate::calls::parse_call`'s
 /// rule), an input that reader would read otherwise (leading or trailing whitespace, an arrow,
-/// unbalanced parentheses), or a "[" or "]" in the input or the result. Exactly what annotate's
-/// parser accepts, with a result cleaned by `annotate::calls::clean_result`, passes.
+/// unbalanced parentheses), a result that is empty or has leading or trailing whitespace, or a
+/// "[" or "]" in the input or the result. Exactly what annotate's parser accepts, with a result
+/// as annotate cleans it (`annotate::calls::cleaned_answer`), passes.
 pub fn check_call(tool: &str, input: &str, result: &str) -> Result<()> {
     if tool.is_empty() {
         return Err(Error::input("tool name is empty"));
@@ -151,6 +153,21 @@ pub fn check_call(tool: &str, input: &str, result: &str) -> Result<()> {
             "input {} has unbalanced parentheses, so the call's \")\" could not be told from \
              the input's",
             shown(input)
+        )));
+    }
+    // annotate's results are cleaned (`annotate::calls::cleaned_answer`): never empty, never
+    // padded. An empty one would make e(c, r) e(c, eps) plus a space, so delta would measure a
+    // space, not a result; a padded one would score spaces a C* line never holds.
+    if result.is_empty() {
+        return Err(Error::input(
+            "result is empty: e(c, r) would be e(c, eps) with a space, and delta would \
+             measure no result",
+        ));
+    }
+    if result.trim() != result {
+        return Err(Error::input(format!(
+            "result {} has leading or trailing whitespace, which annotate's results never have",
+            shown(result)
         )));
     }
     for (field, value) in [("input", input), ("result", result)] {
@@ -471,6 +488,21 @@ mod tests {
             Err(Error::Input(msg)) => msg,
             other => panic!("{tool:?} {input:?} {result:?}: {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_empty_or_padded_result_is_refused() {
+        assert!(refusal("Calculator", "1 + 2", "").starts_with("result is empty"));
+        for padded in [" 3", "3 ", "3\n", "\t3"] {
+            let msg = refusal("Calculator", "1 + 2", padded);
+            assert!(
+                msg.starts_with(&format!(
+                    "result {padded:?} has leading or trailing whitespace"
+                )),
+                "{msg}"
+            );
+        }
+        assert!(check_call("Calculator", "1 + 2", "3 and 4").is_ok());
     }
 
     #[test]
