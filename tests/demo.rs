@@ -222,9 +222,11 @@ fn demo_flags_conflict_with_model_corpus_and_config() {
     assert!(text.contains("Add Calculator calls."), "{text}");
 }
 
-/// The report's shape, and the demo model's quality as a regression guard: on 80 documents of
-/// the held-out seed every target passes (the full 240 give precision 0.97, recall 0.95,
-/// control 0.00: docs/demo.md), and generation with tools beats generation without.
+/// The report's shape, and the targets on the documented evaluation set itself (seed 2,
+/// all 240 documents: precision 0.977, recall 0.947, control 0.000 in docs/demo.md), and
+/// generation with tools beats generation without. The whole set, not a sample: its 49 control
+/// documents leave room for two calls under the 5% target, where 80 documents' 18 left none (one
+/// seed-2 control call scores a delta of 0.46 against tau_f 0.5).
 #[test]
 fn eval_demo_json_parses_and_meets_the_targets() {
     let cwd = tempfile::tempdir().unwrap();
@@ -232,13 +234,13 @@ fn eval_demo_json_parses_and_meets_the_targets() {
     let o = toolsift(
         cwd.path(),
         tmp.path(),
-        &["eval-demo", "--docs", "80", "--json", "--no-progress"],
+        &["eval-demo", "--json", "--no-progress"],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let report: Value = serde_json::from_slice(&o.stdout).expect("one JSON object on stdout");
     assert_eq!(report["seed"], 2);
-    assert_eq!(report["metrics"]["docs"], 80);
-    assert_eq!(report["metrics"]["records"], 80);
+    assert_eq!(report["metrics"]["docs"], 240);
+    assert_eq!(report["metrics"]["records"], 240);
     for t in report["targets"].as_array().unwrap() {
         assert_eq!(t["pass"], true, "{t}");
     }
@@ -256,12 +258,19 @@ fn eval_demo_json_parses_and_meets_the_targets() {
         assert!(calc.get(key).is_some(), "{key}: {report}");
     }
     assert!(report["metrics"]["calendar"]["kept"].is_u64());
+    // Without the filter, more calls and a worse precision: the filter is what selects.
+    let all = &report["unfiltered"]["calculator"];
+    assert!(all["kept"].as_u64() > calc["kept"].as_u64(), "{all}");
+    assert!(
+        all["precision"].as_f64() < calc["precision"].as_f64(),
+        "{all}"
+    );
     assert_eq!(report["targets"].as_array().unwrap().len(), 3);
     assert_eq!(report["tools"].as_array().unwrap().len(), 2);
     assert!(report["wall_secs"].as_f64().unwrap() > 0.0);
     let dir = cwd.path().join("toolsift-demo-eval");
-    assert_eq!(lines(&dir.join("corpus.jsonl")).len(), 80);
-    assert_eq!(lines(&dir.join("cstar.jsonl")).len(), 80);
+    assert_eq!(lines(&dir.join("corpus.jsonl")).len(), 240);
+    assert_eq!(lines(&dir.join("cstar.jsonl")).len(), 240);
     assert!(dir.join("eval.json").exists());
 }
 

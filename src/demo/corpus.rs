@@ -113,9 +113,21 @@ impl Site {
 }
 
 /// The number written at `position` of `text` after optional whitespace: ASCII digits with an
-/// optional "." and more digits. None if there is none (or `position` is not in the text).
+/// optional "." and more digits. None if there is none, if `position` is inside a number (a
+/// call between the "7" and the "0" of "70" does not stand before a number "0": each digit is a
+/// token, so a call can be sampled there), or if `position` is not in the text.
 pub fn number_after(text: &str, position: usize) -> Option<f64> {
-    let rest = text.get(position..)?.trim_start();
+    let before = text.get(..position)?.as_bytes();
+    let next = text.as_bytes().get(position);
+    let inside = match before {
+        [.., d] if d.is_ascii_digit() => true,
+        [.., d, b'.'] if d.is_ascii_digit() => next.is_some_and(u8::is_ascii_digit),
+        _ => false,
+    };
+    if inside {
+        return None;
+    }
+    let rest = text[position..].trim_start();
     let b = rest.as_bytes();
     let int = b.iter().take_while(|c| c.is_ascii_digit()).count();
     if int == 0 {

@@ -8,6 +8,9 @@
 //!   position is the site's offset or its answer's offset);
 //! - control rate: the share of control documents with any kept Calculator call;
 //! - calendar: kept Calendar calls, and the share of calendar sites with a kept Calendar call.
+//!
+//! The same metrics with every scored call kept ([`unfiltered`]) show what the filter does:
+//! the sampled calls themselves, before tau_f, are mostly wrong.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -182,6 +185,27 @@ pub fn evaluate(docs: &[DemoDoc], records: &[CStarRecord]) -> Metrics {
     }
 }
 
+/// `records` with every scored call kept (finite L_none, L_call and L_call_result), as if
+/// tau_f were -inf: what [`evaluate`] measures then is the sampling alone, without the filter.
+/// The annotated texts are left as they are (the metrics read positions against "text").
+pub fn unfiltered(records: &[CStarRecord]) -> Vec<CStarRecord> {
+    let scored = |c: &CallRecord| {
+        [c.l_none, c.l_call, c.l_call_result]
+            .iter()
+            .all(|l| l.is_some_and(f64::is_finite))
+    };
+    records
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            for c in &mut r.calls {
+                c.kept = scored(c);
+            }
+            r
+        })
+        .collect()
+}
+
 /// One target and whether the run meets it (a metric without a value misses).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TargetCheck {
@@ -241,6 +265,9 @@ pub struct ToolCounts {
 pub struct EvalReport {
     /// Seed of the generated set.
     pub seed: u64,
+    /// Whether the set is held out: false for the demo model's training seed and the embedded
+    /// corpus's seed ([`super::held_out`]).
+    pub held_out: bool,
     /// The metrics of the C* against the set's sites ([`evaluate`]).
     pub metrics: Metrics,
     /// Calls per tool, in the summary's order.
@@ -257,6 +284,10 @@ pub struct EvalReport {
     /// Generation with and without tools on the set's arithmetic prompts (`tool_use`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_use: Option<super::tool_use::ToolUseReport>,
+    /// The metrics with every scored call kept ([`unfiltered`]): the sampling without the
+    /// filter, for comparison; no targets apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unfiltered: Option<Metrics>,
 }
 
 impl EvalReport {
@@ -282,6 +313,7 @@ impl EvalReport {
             .collect();
         EvalReport {
             seed,
+            held_out: super::held_out(seed),
             targets: targets(&metrics),
             metrics,
             tools,
@@ -289,6 +321,7 @@ impl EvalReport {
             wall_secs,
             cstar: cstar.display().to_string(),
             tool_use: None,
+            unfiltered: None,
         }
     }
 
@@ -297,8 +330,15 @@ impl EvalReport {
         let m = &self.metrics;
         let pct = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.3}", v));
         let mut s = format!(
-            "eval-demo: seed {}, {} documents ({} in C*)\n",
-            self.seed, m.docs, m.records
+            "eval-demo: seed {}, {} documents ({} in C*){}\n",
+            self.seed,
+            m.docs,
+            m.records,
+            if self.held_out {
+                ""
+            } else {
+                "; NOT held out: the demo trained on or annotates these documents"
+            }
         );
         s.push_str(&format!(
             "{:<11} {:>8} {:>9} {:>6}\n",
@@ -345,6 +385,20 @@ impl EvalReport {
                 t.target,
                 pct(t.value),
                 if t.pass { "PASS" } else { "MISS" }
+            ));
+        }
+        if let Some(u) = &self.unfiltered {
+            let c = &u.calculator;
+            s.push_str(&format!(
+                "without the filter (every scored call kept): precision {} ({} of {}), \
+                 recall {}, control rate {} ({} of {})\n",
+                pct(c.precision),
+                c.correct,
+                c.kept,
+                pct(c.recall),
+                pct(c.control_rate),
+                c.control_with_calls,
+                c.control_docs
             ));
         }
         s.push_str(&format!(
@@ -428,8 +482,10 @@ mod tests {
         let t = "so 70 in total, 2.5 each, 3. Done";
         assert_eq!(number_after(t, 2), Some(70.0));
         assert_eq!(number_after(t, 3), Some(70.0));
-        assert_eq!(number_after(t, 4), Some(0.0));
+        assert_eq!(number_after(t, 4), None, "inside 70");
         assert_eq!(number_after(t, 15), Some(2.5));
+        assert_eq!(number_after(t, 17), None, "inside 2.5, after its point");
+        assert_eq!(number_after(t, 18), None, "inside 2.5");
         assert_eq!(
             number_after(t, 25),
             Some(3.0),
@@ -446,6 +502,10 @@ mod tests {
             "text has \"(\" first"
         );
         assert!(!result_matches_text("Today is Monday.", "x 25", 1));
+        assert!(
+            !result_matches_text("0", t, 4),
+            "a call inside 70 does not stand before a 0"
+        );
     }
 
     #[test]
@@ -546,6 +606,28 @@ mod tests {
         assert_eq!(m.calculator.correct, 0, "\"s 70\": not a number first");
         assert_eq!(m.records, 1);
         assert_eq!(m.calendar.recall, Some(0.0));
+
+        // Without the filter every scored call counts as kept, whatever its flag; an unscored
+        // one (a failed tool, a loss that is not finite) still does not.
+        let mut records = records;
+        let mut failed = call("Calculator", s2.offset, "25", false);
+        (failed.result, failed.l_call_result, failed.delta) = (None, None, None);
+        let mut overflowed = call("Calculator", 3, "13", false);
+        overflowed.l_call = Some(f64::INFINITY);
+        records[1].calls.push(failed);
+        records[3].calls.push(overflowed);
+        let all = unfiltered(&records);
+        assert_eq!(all[0].calls.iter().filter(|c| c.kept).count(), 3);
+        assert!(!all[1].calls[1].kept && !all[3].calls[1].kept);
+        let m = evaluate(&docs, &all);
+        let c = &m.calculator;
+        assert_eq!(
+            (c.kept, c.correct),
+            (6, 4),
+            "the two unkept calls of a1 and c2 count"
+        );
+        assert_eq!((c.control_docs, c.control_with_calls), (2, 2));
+        assert!(!records[0].calls[2].kept, "the records are not changed");
     }
 
     #[test]
@@ -570,5 +652,18 @@ mod tests {
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["metrics"]["calculator"]["precision"], json!(null));
         assert_eq!(json["tools"][0]["tool"], "Calculator");
+        assert_eq!(json["held_out"], true);
+        assert!(!text.contains("NOT held out"), "{text}");
+        // The trainer's seed and the embedded corpus's are not held out, and say so.
+        for seed in [crate::demo::TRAIN_SEED, crate::demo::DEMO_CORPUS_SEED] {
+            let report =
+                EvalReport::new(seed, report.metrics.clone(), &summary, 2.0, Path::new("c"));
+            assert!(!report.held_out);
+            assert!(
+                report.render().contains("NOT held out"),
+                "{}",
+                report.render()
+            );
+        }
     }
 }

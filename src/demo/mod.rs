@@ -22,6 +22,17 @@ pub const DEMO_CORPUS_DOCS: usize = 240;
 /// `toolsift eval-demo`'s default seed: a second set, generated at run time.
 pub const EVAL_SEED: u64 = 2;
 
+/// The seed of the demo model's training documents (`train-demo --data-seed`, default its
+/// `--seed`): `corpus::generate(TRAIN_SEED, n)` is the first n documents it trained on.
+pub const TRAIN_SEED: u64 = 1;
+
+/// Whether a set generated with `seed` is held out from the demo model's training data and
+/// from the embedded corpus (an eval-demo run with a seed that is not measures what the model
+/// was trained on, or the documents the demo annotates).
+pub fn held_out(seed: u64) -> bool {
+    seed != TRAIN_SEED && seed != DEMO_CORPUS_SEED
+}
+
 use std::path::{Path, PathBuf};
 
 use crate::annotate::writer::{not_of_kind, OutputKind};

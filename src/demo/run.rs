@@ -156,6 +156,18 @@ impl EvalRun {
         refuse_in_assets(&opened.dir, out_dir)?;
         std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
         let lock = lock_folder(out_dir)?;
+        if !super::held_out(options.seed) {
+            tracing::warn!(
+                "eval-demo --seed {}: not a held-out set ({}); its figures say how the demo does \
+                 on documents it has seen, not on new ones",
+                options.seed,
+                if options.seed == super::TRAIN_SEED {
+                    "the demo model was trained on this seed's documents"
+                } else {
+                    "the embedded demo corpus is this seed's documents"
+                }
+            );
+        }
         let docs = super::corpus::generate(options.seed, options.docs);
         let corpus = out_dir.join("corpus.jsonl");
         // Every file this replaces is checked before any is written or removed.
@@ -210,7 +222,9 @@ impl EvalRun {
             }
         };
         let cstar = &self.job.out;
-        let metrics = eval::evaluate(&self.docs, &eval::read_cstar(cstar)?);
+        let records = eval::read_cstar(cstar)?;
+        let metrics = eval::evaluate(&self.docs, &records);
+        let unfiltered = eval::evaluate(&self.docs, &eval::unfiltered(&records));
         let tool_use = if self.options.tool_use {
             let tools = crate::generate::tools_from_config(None, None)?;
             let Opened { model, engine, .. } = &self.opened;
@@ -232,6 +246,7 @@ impl EvalRun {
             cstar,
         );
         report.tool_use = tool_use;
+        report.unfiltered = Some(unfiltered);
         let json = serde_json::to_string(&report)
             .map_err(|e| Error::input(format!("serializing the report: {e}")))?;
         let report_path = self.options.out_dir.join("eval.json");

@@ -106,8 +106,8 @@ pub struct TrainOptions {
 impl Default for TrainOptions {
     fn default() -> Self {
         TrainOptions {
-            seed: 1,
-            data_seed: 1,
+            seed: crate::demo::TRAIN_SEED,
+            data_seed: crate::demo::TRAIN_SEED,
             docs: 20_000,
             steps: 3000,
             batch: 32,
