@@ -104,8 +104,8 @@ pub use backend::{
 pub use error::{Error, Result};
 pub use model::{GptjConfig, Model};
 pub use score::{
-    score_texts, CallForm, LossWeights, Placement, ReferenceScorer, ScoreOptions, Scorer, Scores,
-    TextCandidate, TokenCandidate, Variant,
+    score_texts, score_texts_each, CallForm, LossWeights, Placement, ReferenceScorer, ScoreOptions,
+    Scorer, Scores, TextCandidate, TokenCandidate, Variant,
 };
 /// The JSON values of the public API (document ids, run settings, C* records).
 pub use serde_json;

@@ -826,7 +826,19 @@ fn tokenizer_json_that_is_a_folder_is_reported() {
     let err = load_err(&dir);
     assert_names(&err, &["tokenizer.json", "not a file"]);
     std::fs::remove_dir(dir.join("tokenizer.json")).unwrap();
-    assert!(Model::load(&dir).unwrap().tokenizer_if_any().is_none());
+    let model = Model::load(&dir).unwrap();
+    assert!(model.tokenizer_if_any().is_none());
+    // Asked for, the missing file is the model's problem, not the request's.
+    match model.tokenizer() {
+        Err(e @ toolsift::Error::Tokenizer { .. }) => {
+            assert!(!e.is_input());
+            assert_names(
+                &e.to_string(),
+                &["tokenizer.json", "not in the model folder"],
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// A tokenizer.json that is JSON but no tokenizer (a config.json copied over it) is reported as

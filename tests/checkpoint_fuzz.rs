@@ -315,7 +315,9 @@ fn apply_json(doc: &mut Value, edit: &JsonEdit) {
             // The empty pointer is the root.
             match doc.pointer_mut(parent) {
                 Some(Value::Object(m)) => {
-                    m.shift_remove(&key.replace("~1", "/").replace("~0", "~"));
+                    // `retain` keeps the others' order with and without preserve_order.
+                    let key = key.replace("~1", "/").replace("~0", "~");
+                    m.retain(|k, _| *k != key);
                 }
                 Some(Value::Array(a)) => {
                     if let Ok(i) = key.parse::<usize>() {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use common::tiny;
 use toolsift::generate::GenerateOptions;
 use toolsift::{
-    score_texts, scorer_for, CallForm, Device, Error, Model, Placement, ReferenceScorer,
-    ScoreOptions, Scorer, TextCandidate, TokenCandidate,
+    score_texts, score_texts_each, scorer_for, CallForm, Device, Error, Model, Placement,
+    ReferenceScorer, ScoreOptions, Scorer, TextCandidate, TokenCandidate,
 };
 
 fn model() -> Model {
@@ -198,6 +198,62 @@ fn score_texts_refuses_what_cannot_fit_and_names_the_first_bad_candidate() {
         matches!(&err, Error::Candidate { index: 0, msg } if msg.contains("tool name is empty")),
         "{err}"
     );
+}
+
+/// Candidate by candidate: each bad one gets its own error in its place, with its variant (no
+/// `Error::Candidate` wrapping), and the good ones get what a batch of only them gets.
+#[test]
+fn score_texts_each_answers_every_candidate_in_its_place() {
+    let model = model();
+    let tokenizer = model.tokenizer().unwrap();
+    let scorer = scorer_for(&model, Device::Cpu).unwrap();
+    let text = "Out of 1400 participants, 400 (or 29%) passed the test.";
+    let good = |input: &str, result: &str| TextCandidate {
+        text: text.into(),
+        position: text.find(" 29%").unwrap(),
+        tool: "Calculator".into(),
+        input: input.into(),
+        result: result.into(),
+    };
+    let batch = [
+        TextCandidate {
+            tool: String::new(),
+            ..good("1 + 1", "2")
+        },
+        good("400 / 1400", "0.29"),
+        TextCandidate {
+            position: text.len() + 1,
+            ..good("1 + 1", "2")
+        },
+        good("400 / 1400", ""),
+        good("1400 - 400", "1000"),
+    ];
+    let options = ScoreOptions::default();
+    let each = score_texts_each(&*scorer, tokenizer, &batch, &options, CallForm::Arrow).unwrap();
+    assert_eq!(each.len(), batch.len());
+    for (k, why) in [
+        (0, "tool name is empty"),
+        (2, "past the end"),
+        (3, "result is empty"),
+    ] {
+        match &each[k] {
+            Err(e @ Error::Input(msg)) => assert!(msg.contains(why) && e.is_input(), "{k}: {msg}"),
+            other => panic!("candidate {k}: {other:?}"),
+        }
+    }
+    let alone = score_texts(
+        &*scorer,
+        tokenizer,
+        &[batch[1].clone(), batch[4].clone()],
+        &options,
+        CallForm::Arrow,
+    )
+    .unwrap();
+    assert_eq!(each[1].as_ref().unwrap(), &alone[0]);
+    assert_eq!(each[4].as_ref().unwrap(), &alone[1]);
+    // score_texts stops at the first bad one and names it.
+    let err = score_texts(&*scorer, tokenizer, &batch, &options, CallForm::Arrow).unwrap_err();
+    assert!(matches!(err, Error::Candidate { index: 0, .. }), "{err}");
 }
 
 #[test]

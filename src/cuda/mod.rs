@@ -90,6 +90,9 @@ pub struct CudaOptions {
     /// not the WMMA kernel. Off by default until a GPU has run and timed it (verified by the
     /// host emulator, written without a GPU); `TOOLSIFT_ATTENTION_MMA=1` turns it on.
     pub mma_attention: bool,
+    /// Synchronise after every stage of a forward and time it (`stage_secs`, `RunStats`): a
+    /// measurement mode, slower. Default: `TOOLSIFT_CUDA_PROFILE=1` turns it on.
+    pub profile: bool,
 }
 
 /// Whether an on/off environment variable is set to something other than "" or "0".
@@ -106,6 +109,7 @@ impl Default for CudaOptions {
             head_chunk_rows: DEFAULT_HEAD_CHUNK_ROWS,
             pack_tiles: env_flag("TOOLSIFT_PACK_TILES"),
             mma_attention: env_flag("TOOLSIFT_ATTENTION_MMA"),
+            profile: profile::enabled_by_env(),
         }
     }
 }
@@ -139,7 +143,7 @@ pub struct CudaScorer {
     /// `choose` of `propose` that scores, say) is an error, not a wait for itself.
     device_holder: std::sync::Mutex<Option<std::thread::ThreadId>>,
     stats: std::sync::Mutex<RunStats>,
-    /// `TOOLSIFT_CUDA_PROFILE`: synchronise after every stage and time it (`profile.rs`).
+    /// `CudaOptions::profile`: synchronise after every stage and time it (`profile.rs`).
     profile: bool,
     stage_secs: std::sync::Mutex<StageSecs>,
 }
@@ -239,7 +243,7 @@ impl CudaScorer {
             device_calls: Default::default(),
             device_holder: Default::default(),
             stats: Default::default(),
-            profile: profile::enabled_by_env(),
+            profile: options.profile,
             stage_secs: Default::default(),
         };
         scorer.memory_budget = match options.memory_budget {
@@ -381,8 +385,8 @@ impl CudaScorer {
     }
 
     /// Seconds per stage since the last `variant_losses` call began (sampling and decoding
-    /// calls since then add theirs); all zero unless `TOOLSIFT_CUDA_PROFILE` is set (see
-    /// `profile.rs`).
+    /// calls since then add theirs); all zero unless `CudaOptions::profile` (by default
+    /// `TOOLSIFT_CUDA_PROFILE`) is set (see `profile.rs`).
     pub fn last_stage_secs(&self) -> StageSecs {
         *self.stage_secs.lock().expect("stage lock")
     }

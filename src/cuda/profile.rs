@@ -1,4 +1,5 @@
-//! Opt-in stage timing for the CUDA forward (`TOOLSIFT_CUDA_PROFILE=1`): the stream is
+//! Opt-in stage timing for the CUDA forward (`CudaOptions::profile`, by default from
+//! `TOOLSIFT_CUDA_PROFILE=1`): the stream is
 //! synchronised after every stage and the host wall time since the previous mark is charged to
 //! that stage. Synchronising costs throughput, so this is a diagnostic for "where does the time
 //! go", never on in benchmarks that report speed.

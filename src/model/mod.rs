@@ -186,14 +186,14 @@ impl Model {
         (self.config, self.weights, self.tokenizer)
     }
 
-    /// The tokenizer, or an error naming the folder that has no tokenizer.json.
+    /// The tokenizer, or an error naming the tokenizer.json the folder does not have: an
+    /// `Error::Tokenizer`, the model's problem rather than the request's (`is_input` is false).
     pub fn tokenizer(&self) -> Result<&Tokenizer> {
-        self.tokenizer.as_ref().ok_or_else(|| {
-            Error::input(format!(
-                "{}: no tokenizer.json, so text-level input cannot be tokenized; \
-                 give token-level input instead",
-                self.dir.display()
-            ))
+        self.tokenizer.as_ref().ok_or_else(|| Error::Tokenizer {
+            path: self.dir.join("tokenizer.json"),
+            msg: "not in the model folder, so text-level input cannot be tokenized; give \
+                  token-level input instead"
+                .into(),
         })
     }
 

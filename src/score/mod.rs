@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 pub use candidate::{validate, variant_sequence, TokenCandidate, VariantSequence};
 pub use reference::ReferenceScorer;
-pub use text::{call_text, score_texts, splice, TextCandidate};
+pub use text::{call_text, score_texts, score_texts_each, splice, TextCandidate};
 pub use weights::LossWeights;
 
 use crate::error::{Error, Result};

@@ -303,6 +303,54 @@ pub fn score_texts(
     options: &ScoreOptions,
     form: CallForm,
 ) -> Result<Vec<Scores>> {
+    let tokens = texts_to_tokens(scorer, tokenizer, candidates, options, form)
+        .into_iter()
+        .enumerate()
+        .map(|(k, t)| t.map_err(|e| Error::candidate(k, e)))
+        .collect::<Result<Vec<_>>>()?;
+    scorer.score(&tokens, options)
+}
+
+/// [`score_texts`], candidate by candidate: each candidate's scores or the reason it cannot be
+/// scored (its tokenizing or `validate` error, variant kept), in the order given, with every
+/// candidate that can be scored scored together. The outer error is one no candidate caused
+/// (the engine's: `Error::Backend`, ...), and then nothing is returned. A batch with a few bad
+/// candidates is tokenized once, where `score_texts` would stop at the first.
+pub fn score_texts_each(
+    scorer: &dyn Scorer,
+    tokenizer: &Tokenizer,
+    candidates: &[TextCandidate],
+    options: &ScoreOptions,
+    form: CallForm,
+) -> Result<Vec<Result<Scores>>> {
+    let tokens = texts_to_tokens(scorer, tokenizer, candidates, options, form);
+    let good: Vec<TokenCandidate> = tokens
+        .iter()
+        .filter_map(|t| t.as_ref().ok())
+        .cloned()
+        .collect();
+    let mut scores = scorer.score(&good, options)?.into_iter();
+    Ok(tokens
+        .into_iter()
+        .map(|t| {
+            t.map(|_| {
+                scores
+                    .next()
+                    .expect("the scorer returns one Scores per candidate")
+            })
+        })
+        .collect())
+}
+
+/// Each candidate tokenized ([`TextHeads`]: each distinct text once, as far as its candidates
+/// read, never past the model's n_positions) and checked by `validate`, in order.
+fn texts_to_tokens(
+    scorer: &dyn Scorer,
+    tokenizer: &Tokenizer,
+    candidates: &[TextCandidate],
+    options: &ScoreOptions,
+    form: CallForm,
+) -> Vec<Result<TokenCandidate>> {
     let weights = options.weights.as_slice();
     let config = scorer.config();
     let mut heads = TextHeads::within(config.n_positions);
@@ -313,16 +361,14 @@ pub fn score_texts(
             heads.ask(&c.text, n);
         }
     }
-    let mut tokens = Vec::with_capacity(candidates.len());
-    for (k, c) in candidates.iter().enumerate() {
-        let candidate = heads
-            .tokens_for(tokenizer, c, weights, options.placement, form)
-            .map_err(|e| Error::candidate(k, e))?;
-        super::candidate::validate(&candidate, config, options)
-            .map_err(|e| Error::candidate(k, e))?;
-        tokens.push(candidate);
-    }
-    scorer.score(&tokens, options)
+    candidates
+        .iter()
+        .map(|c| {
+            let candidate = heads.tokens_for(tokenizer, c, weights, options.placement, form)?;
+            super::candidate::validate(&candidate, config, options).map_err(Error::Input)?;
+            Ok(candidate)
+        })
+        .collect()
 }
 
 /// Texts tokenized once each, as far as their candidates read (`Tokenizer::encode_head`), so

@@ -566,7 +566,7 @@ mod tests {
             assert_eq!(duplicate, None, "{line}");
             let theirs: Value = serde_json::from_str(line).unwrap();
             assert_eq!(value, theirs, "{line}");
-            // Same key order (preserve_order), same text back.
+            // Same text back as serde_json's own, key order included.
             assert_eq!(value.to_string(), theirs.to_string(), "{line}");
         }
     }
