@@ -646,8 +646,14 @@ mod tests {
         let line = r#"{"a": [1, {"b": 2}], "text": "t", "c": "x"}"#;
         let (value, d) = text_only(line).unwrap();
         assert_eq!(d, None);
-        // The keys stay, in order, for a strict reader to refuse by name.
-        assert_eq!(value.to_string(), r#"{"a":null,"text":"t","c":null}"#);
+        // The keys stay for a strict reader to refuse by name: in order with the driver's
+        // serde_json (preserve_order), sorted in the core alone.
+        let order = if cfg!(feature = "annotate") {
+            r#"{"a":null,"text":"t","c":null}"#
+        } else {
+            r#"{"a":null,"c":null,"text":"t"}"#
+        };
+        assert_eq!(value.to_string(), order);
         // Inside them, a key held twice is still found, with its path.
         let d = text_only(r#"{"x": [{"k": 1, "k": 2}], "text": "t"}"#)
             .unwrap()
