@@ -6,12 +6,16 @@
 //! empty results and calls, loss weights with zeros), both placements, and tight memory budgets
 //! that force the batch to be split.
 //!
-//! Tolerance: 2e-3 absolute + 1e-4 relative on each loss, plus tests/cuda_scoring.rs's rounding
+//! Tolerance: 2e-4 absolute + 1e-5 relative on each loss, plus tests/cuda_scoring.rs's rounding
 //! budget at f32's unit roundoff u, which scales with the oracle's LayerNorm gain at each target
 //! (`ReferenceModel::layer_norm_gain`). The engine computes in f32: each loss is a weighted sum
 //! of <= 5 log-probabilities whose f32 rounding (LayerNorm, GEMM accumulation over n_embd,
-//! log-sum-exp over the vocabulary) stays around 1e-5..1e-4 per term at these sizes; the fixed
-//! part leaves an order of magnitude above that. The gain term is ~1e-6 except at widths of 2 to
+//! log-sum-exp over the vocabulary) stays small at these sizes: over 400 cases (17,001 losses,
+//! 2026-12-05) the largest |diff| was 5.5e-5 and the median 3.2e-7, and 3,000 cases passed with
+//! the fixed parts at 1e-5 + 1e-5 relative. The fixed part leaves 3.6x over the largest, and a
+//! change that moves a loss by 1e-3 fails (until 2026-12-05 the fixed part was 2e-3 + 1e-4
+//! relative, which let such a change pass wherever the budget was small, as it mostly is:
+//! median 6e-6). The gain term is ~1e-6 except at widths of 2 to
 //! 5, where the residual's terms now and then nearly cancel and a LayerNorm scales their rounding
 //! up by the ratio of their size to what is left (n_embd 2 once went to 109% of the fixed budget
 //! in 1,500 cases, when those widths were filtered out).
@@ -26,8 +30,8 @@ use toolsift::score::LossWeights;
 use toolsift::util::rng::Rng;
 use toolsift::{Model, Placement, ReferenceScorer, ScoreOptions, Scorer, TokenCandidate};
 
-const ABS: f64 = 2e-3;
-const REL: f64 = 1e-4;
+const ABS: f64 = 2e-4;
+const REL: f64 = 1e-5;
 
 #[derive(Debug, Clone)]
 struct Problem {

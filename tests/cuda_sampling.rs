@@ -256,6 +256,43 @@ fn a_session_never_holds_more_rows_than_its_sequences_can() {
     }
 }
 
+/// A session filled to exactly n_positions tokens: its last step reads the rotary table's last
+/// row, which scoring never does (a variant's last weighted token is not fed). Each step's row
+/// against the oracle, in both storage types; one token more is refused.
+#[test]
+fn a_session_filled_to_n_positions_matches_the_oracle_at_its_last_row() {
+    if gpu().is_none() {
+        return;
+    }
+    for (dtype, seed) in [(CudaDType::BF16, 8), (CudaDType::F16, 9)] {
+        let m = model(1, 2, 8, 31, dtype, seed);
+        let n_pos = m.config().n_positions;
+        let oracle = ReferenceModel::new(m.config(), m.weights());
+        let cuda = engine(&m, dtype, 16);
+        let mut session = cuda.session();
+        let a = session.new_sequence();
+        let mut rng = Rng::new(seed);
+        let mut seq = Vec::new();
+        for piece in [n_pos - 10, 9, 1] {
+            let toks = random_ids(&mut rng, piece, 31);
+            seq.extend(&toks);
+            let lp = session.extend(&[a], &[toks]).unwrap();
+            let (want, gain) = oracle_log_probs(&oracle, &seq);
+            let last = seq.len() - 1;
+            for (v, &w) in want.row(last).iter().enumerate() {
+                let g = lp[0][v] as f64;
+                assert!(
+                    (g - w).abs() <= tol(dtype, w, gain[last]),
+                    "{dtype:?} position {last} token {v}: cuda {g} vs oracle {w}"
+                );
+            }
+        }
+        assert_eq!(session.len(a), n_pos);
+        let err = session.extend(&[a], &[vec![1]]).unwrap_err();
+        assert!(err.to_string().contains("n_positions"), "{err}");
+    }
+}
+
 /// A session told a size the device cannot hold falls back to doubling, at its first `extend`
 /// and later, and keeps nothing of the failed allocations: on an emulated device of 256 MiB, in
 /// a process of its own (`announced_size_too_large_child`). On a GPU the size would fit; skipped.

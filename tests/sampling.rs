@@ -372,6 +372,40 @@ fn decode_session_matches_the_oracle(model: &Model, engine: &CpuScorer, reserve:
     assert!(session.extend(&[9], &[vec![1]]).is_err());
 }
 
+/// A session filled to exactly n_positions tokens: its last step reads the rotary table's last
+/// row, which scoring never does (a variant's last weighted token is not fed). Every step's row
+/// against the oracle; one token more is refused.
+#[test]
+fn a_session_filled_to_n_positions_matches_the_oracle_at_its_last_row() {
+    use toolsift::sample::Decoder;
+    let n_positions = 24;
+    let model = random_model_with(61, n_positions, 19);
+    let oracle = ReferenceModel::new(model.config(), model.weights());
+    let engine = CpuScorer::new(&model);
+    let mut session = engine.session();
+    let a = session.new_sequence();
+    let mut rng = Rng::new(23);
+    let mut seq = Vec::new();
+    for piece in [20, 3, 1] {
+        let toks = random_ids(&mut rng, piece, 61);
+        seq.extend(&toks);
+        let lp = session.extend(&[a], &[toks]).unwrap();
+        let want = oracle.log_softmax(&seq);
+        let row = want.row(seq.len() - 1);
+        for v in 0..61 {
+            assert!(
+                (lp[0][v] as f64 - row[v]).abs() < TOL,
+                "position {}, id {v}: {} vs {}",
+                seq.len() - 1,
+                lp[0][v],
+                row[v]
+            );
+        }
+    }
+    assert_eq!(session.len(a), n_positions);
+    assert!(session.extend(&[a], &[vec![1]]).is_err());
+}
+
 /// One sequence at a time over a vocabulary wider than 2048: each step's LM head is a one-row
 /// product, which the CPU engine computes outside the gemm crate (cpu::gemm::row_times_matrix).
 #[test]

@@ -7,20 +7,37 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use toolsift::cuda::Gpu;
 
 /// The GPU, or None after printing why the test is skipped (never a silent pass). Built with
-/// `emu` on a machine without a GPU, the emulated device (toolsift::emu::device).
+/// `emu` on a machine without a CUDA driver, the emulated device (toolsift::emu::device); an
+/// `emu` build never skips: a driver that is installed but opens no device (NVIDIA's libraries
+/// on a machine without a GPU) fails the test, since the emulated device only stands in for a
+/// missing driver and every CUDA test would otherwise pass unrun.
 pub fn gpu() -> Option<Gpu> {
     #[cfg(feature = "emu")]
-    if let Err(e) = toolsift::emu::device::use_unless_gpu() {
-        panic!("the emulated device does not load: {e}");
-    }
+    let emulated = match toolsift::emu::device::use_unless_gpu() {
+        Ok(emulated) => emulated,
+        Err(e) => panic!("the emulated device does not load: {e}"),
+    };
     match Gpu::new(0) {
         Ok(g) => {
             eprintln!("running on {} ({} SMs)", g.name, g.sm_count);
             Some(g)
         }
         Err(e) => {
-            eprintln!("SKIPPED: no CUDA device: {e}");
-            None
+            #[cfg(feature = "emu")]
+            panic!(
+                "{}: {e}",
+                if emulated {
+                    "the emulated device does not open"
+                } else {
+                    "a CUDA driver is installed but opens no device, and the emulated device \
+                     stands in only for a missing driver: run the emu suites where there is none"
+                }
+            );
+            #[cfg(not(feature = "emu"))]
+            {
+                eprintln!("SKIPPED: no CUDA device: {e}");
+                None
+            }
         }
     }
 }
