@@ -251,9 +251,39 @@ fn score_texts_each_answers_every_candidate_in_its_place() {
     .unwrap();
     assert_eq!(each[1].as_ref().unwrap(), &alone[0]);
     assert_eq!(each[4].as_ref().unwrap(), &alone[1]);
-    // score_texts stops at the first bad one and names it.
+    // score_texts fails the batch for the first bad one and names it.
     let err = score_texts(&*scorer, tokenizer, &batch, &options, CallForm::Arrow).unwrap_err();
     assert!(matches!(err, Error::Candidate { index: 0, .. }), "{err}");
+
+    // A batch of bad candidates only is answered without the scorer; a scorer's own refusal
+    // of a candidate (as the naive baseline's) names its place in the caller's batch.
+    struct Refuses<'a>(&'a dyn Scorer, std::sync::atomic::AtomicUsize);
+    impl Scorer for Refuses<'_> {
+        fn name(&self) -> &str {
+            "refuses the second"
+        }
+        fn config(&self) -> &toolsift::GptjConfig {
+            self.0.config()
+        }
+        fn variant_losses_unchecked(
+            &self,
+            candidates: &[TokenCandidate],
+            _: &ScoreOptions,
+        ) -> toolsift::Result<Vec<[f64; 3]>> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(Error::candidate(candidates.len() - 1, "too long for me"))
+        }
+    }
+    let refuses = Refuses(&*scorer, Default::default());
+    let bad_only = [batch[0].clone(), batch[3].clone()];
+    let each = score_texts_each(&refuses, tokenizer, &bad_only, &options, CallForm::Arrow).unwrap();
+    assert!(each.iter().all(|r| r.is_err()));
+    assert_eq!(refuses.1.load(std::sync::atomic::Ordering::Relaxed), 0);
+    let err = score_texts_each(&refuses, tokenizer, &batch, &options, CallForm::Arrow).unwrap_err();
+    assert!(
+        matches!(&err, Error::Candidate { index: 4, msg } if msg == "too long for me"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -118,10 +118,12 @@ impl Site {
 /// token, so a call can be sampled there), or if `position` is not in the text.
 pub fn number_after(text: &str, position: usize) -> Option<f64> {
     let before = text.get(..position)?.as_bytes();
-    let next = text.as_bytes().get(position);
-    let inside = match before {
-        [.., d] if d.is_ascii_digit() => true,
-        [.., d, b'.'] if d.is_ascii_digit() => next.is_some_and(u8::is_ascii_digit),
+    let after = &text.as_bytes()[position..];
+    // Digits on both sides of the position, or of a decimal point at it.
+    let inside = match (before, after) {
+        ([.., d], [n, ..]) if d.is_ascii_digit() && n.is_ascii_digit() => true,
+        ([.., d], [b'.', n, ..]) if d.is_ascii_digit() && n.is_ascii_digit() => true,
+        ([.., d, b'.'], [n, ..]) if d.is_ascii_digit() && n.is_ascii_digit() => true,
         _ => false,
     };
     if inside {

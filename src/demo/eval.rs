@@ -487,6 +487,19 @@ mod tests {
         assert_eq!(number_after(t, 17), None, "inside 2.5, after its point");
         assert_eq!(number_after(t, 18), None, "inside 2.5");
         assert_eq!(
+            number_after("3 5", 1),
+            Some(5.0),
+            "after a number, before another"
+        );
+        assert_eq!(
+            number_after("x 3.", 4),
+            None,
+            "after a number's full stop: no number"
+        );
+        assert_eq!(number_after(".5", 0), None, "a number starts with a digit");
+        assert_eq!(number_after(".5", 1), Some(5.0));
+        assert_eq!(number_after("é 7", 2), Some(7.0));
+        assert_eq!(
             number_after(t, 25),
             Some(3.0),
             "a full stop is not a decimal part"

@@ -12,8 +12,8 @@ pub mod tool_use;
 #[cfg(feature = "train")]
 pub mod train;
 
-/// Seed of the demo corpus embedded in the binary (assets/demo/corpus.jsonl): held out, neither
-/// the trainer's seed (1) nor `eval-demo`'s default (2).
+/// Seed of the demo corpus embedded in the binary (assets/demo/corpus.jsonl): neither the
+/// trainer's seed (1) nor `eval-demo`'s default (2), so the model has not trained on it.
 pub const DEMO_CORPUS_SEED: u64 = 20261129;
 
 /// Documents in the embedded demo corpus.

@@ -156,12 +156,13 @@ pub fn check_call(tool: &str, input: &str, result: &str) -> Result<()> {
         )));
     }
     // annotate's results are cleaned (`annotate::calls::cleaned_answer`): never empty, never
-    // padded. An empty one would make e(c, r) e(c, eps) plus a space, so delta would measure a
-    // space, not a result; a padded one would score spaces a C* line never holds.
+    // padded. An empty one would make e(c, r) "[T(x) -> ]" (in the arrow form, e(c, eps) plus a
+    // space), so delta would measure no result; a padded one would score spaces a C* line never
+    // holds.
     if result.is_empty() {
         return Err(Error::input(
-            "result is empty: e(c, r) would be e(c, eps) with a space, and delta would \
-             measure no result",
+            "result is empty: e(c, r) would hold no result (\"[Tool(input) -> ]\"), so delta \
+             would measure no result",
         ));
     }
     if result.trim() != result {
@@ -313,9 +314,11 @@ pub fn score_texts(
 
 /// [`score_texts`], candidate by candidate: each candidate's scores or the reason it cannot be
 /// scored (its tokenizing or `validate` error, variant kept), in the order given, with every
-/// candidate that can be scored scored together. The outer error is one no candidate caused
-/// (the engine's: `Error::Backend`, ...), and then nothing is returned. A batch with a few bad
-/// candidates is tokenized once, where `score_texts` would stop at the first.
+/// candidate that can be scored scored together. The outer error is the scorer's on the
+/// candidates that passed those checks (the engine's, `Error::Backend`, ...; an
+/// `Error::Candidate` from a scorer's own further checks names its place in `candidates`), and
+/// then nothing is returned. A batch with a few bad candidates is tokenized once, where
+/// `score_texts` fails it as a whole for the first.
 pub fn score_texts_each(
     scorer: &dyn Scorer,
     tokenizer: &Tokenizer,
@@ -324,12 +327,23 @@ pub fn score_texts_each(
     form: CallForm,
 ) -> Result<Vec<Result<Scores>>> {
     let tokens = texts_to_tokens(scorer, tokenizer, candidates, options, form);
-    let good: Vec<TokenCandidate> = tokens
+    let (places, good): (Vec<usize>, Vec<TokenCandidate>) = tokens
         .iter()
-        .filter_map(|t| t.as_ref().ok())
-        .cloned()
-        .collect();
-    let mut scores = scorer.score(&good, options)?.into_iter();
+        .enumerate()
+        .filter_map(|(k, t)| Some((k, t.as_ref().ok()?.clone())))
+        .unzip();
+    let scored = if good.is_empty() {
+        Vec::new()
+    } else {
+        scorer.score(&good, options).map_err(|e| match e {
+            Error::Candidate { index, msg } => Error::Candidate {
+                index: places.get(index).copied().unwrap_or(index),
+                msg,
+            },
+            e => e,
+        })?
+    };
+    let mut scores = scored.into_iter();
     Ok(tokens
         .into_iter()
         .map(|t| {
