@@ -42,6 +42,15 @@ fn rewrite(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Tensor)>)) {
     std::fs::rename(tmp, dir.join("model.safetensors")).unwrap();
 }
 
+/// `dir`/model.safetensors as the 8-byte length of `header`, `header`, then `data`: a header
+/// the crate's writer would never produce.
+fn write_raw_safetensors(dir: &Path, header: &str, data: &[u8]) {
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+}
+
 fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let path = dir.join("config.json");
     let mut v: serde_json::Value =
@@ -180,10 +189,7 @@ fn a_tensor_named_twice_is_reported() {
     let (_tmp, dir) = copy_fixture();
     let entry = r#""odd.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}"#;
     let header = format!("{{{entry},{entry}}}");
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header.as_bytes());
-    bytes.extend_from_slice(&1.0f32.to_le_bytes());
-    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    write_raw_safetensors(&dir, &header, &1.0f32.to_le_bytes());
     let err = load_err(&dir);
     assert_names(
         &err,
@@ -203,10 +209,7 @@ fn too_many_dimensions_are_reported() {
     let shape = vec!["1"; 65].join(",");
     let header =
         format!(r#"{{"odd.weight":{{"dtype":"F32","shape":[{shape}],"data_offsets":[0,4]}}}}"#);
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header.as_bytes());
-    bytes.extend_from_slice(&1.0f32.to_le_bytes());
-    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    write_raw_safetensors(&dir, &header, &1.0f32.to_le_bytes());
     let err = load_err(&dir);
     assert_names(
         &err,
@@ -231,9 +234,7 @@ fn offsets_past_the_data_are_reported_not_summed() {
         })
         .collect();
     let header = format!("{{{}}}", entries.join(","));
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header.as_bytes());
-    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    write_raw_safetensors(&dir, &header, &[]);
     let err = load_err(&dir);
     assert_names(
         &err,

@@ -137,18 +137,9 @@ impl Tokenizer {
 
     /// Tokenizes `text` as is: no special tokens added.
     pub fn encode(&self, text: &str) -> Result<Encoding> {
-        let failed = |e: &dyn std::fmt::Display| Error::Tokenizer {
-            path: self.path.clone(),
-            msg: format!("cannot encode {:?}: {e}", preview(text)),
-        };
-        // The crate has `expect`s on its encoding path (an added token that splits a normalized
-        // string badly); the load refuses the one known cause, and whatever else reaches them
-        // is this text's error, not a crash. Nothing of the crate's is left half-changed: its
-        // caches take their locks with `try_` and skip a poisoned one.
-        let inner = std::panic::AssertUnwindSafe(&self.inner);
-        let enc = crate::util::catch_panic_quietly(move || inner.encode(text, false))
-            .map_err(|msg| failed(&format_args!("the tokenizers crate failed ({msg})")))?
-            .map_err(|e| failed(&e))?;
+        let enc = self.guarded(format_args!("cannot encode {:?}", preview(text)), |inner| {
+            inner.encode(text, false)
+        })?;
         let spans = enc.get_offsets().to_vec();
         // Callers slice the text at these offsets: one off a character boundary (a tokenizer
         // whose offsets are not the input's bytes) is this text's error, not a panic later.
@@ -235,14 +226,30 @@ impl Tokenizer {
     /// The text of `ids`, special tokens included; the `tokenizers` crate skips an id it does
     /// not know (one of the model's rows past the tokenizer's vocabulary) without an error.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        let failed = |e: &dyn std::fmt::Display| Error::Tokenizer {
+        self.guarded("cannot decode", |inner| inner.decode(ids, false))
+    }
+
+    /// `call` on the crate's tokenizer, its error or panic as this file's `Error::Tokenizer`
+    /// (`what: ...`). The crate has `expect`s on its encoding path (an added token that splits
+    /// a normalized string badly); the load refuses the one known cause, and whatever else
+    /// reaches them is this text's error, not a crash. Nothing of the crate's is left
+    /// half-changed: its caches take their locks with `try_` and skip a poisoned one.
+    fn guarded<R, E: std::fmt::Display>(
+        &self,
+        what: impl std::fmt::Display,
+        call: impl FnOnce(&tokenizers::Tokenizer) -> std::result::Result<R, E>,
+    ) -> Result<R> {
+        let inner = &self.inner;
+        let msg =
+            match crate::util::catch_panic_quietly(std::panic::AssertUnwindSafe(|| call(inner))) {
+                Ok(Ok(r)) => return Ok(r),
+                Ok(Err(e)) => e.to_string(),
+                Err(panic) => format!("the tokenizers crate failed ({panic})"),
+            };
+        Err(Error::Tokenizer {
             path: self.path.clone(),
-            msg: format!("cannot decode: {e}"),
-        };
-        let inner = std::panic::AssertUnwindSafe(&self.inner);
-        crate::util::catch_panic_quietly(move || inner.decode(ids, false))
-            .map_err(|msg| failed(&format_args!("the tokenizers crate failed ({msg})")))?
-            .map_err(|e| failed(&e))
+            msg: format!("{what}: {msg}"),
+        })
     }
 
     /// The id of a string that is exactly one token, if it is one.
