@@ -39,13 +39,16 @@ __device__ __forceinline__ uint32_t pack_pair(T lo, T hi) {
 // gives the address of one row (16 bytes, 16-byte aligned): lanes 0-7 the rows of matrix 0,
 // 8-15 of matrix 1, 16-23 of 2, 24-31 of 3. Lane l receives of matrix m, in r[m], the pair at
 // row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (the A / B fragment layout above); with
-// .trans, the pair at rows 2 (l % 4) and 2 (l % 4) + 1 of column l / 4.
+// .trans, the pair at rows 2 (l % 4) and 2 (l % 4) + 1 of column l / 4. The "memory" clobber
+// keeps the compiler from moving shared-memory stores across the read (the kernels' barriers
+// already order them; this does not lean on that).
 template <typename T>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const T* row) {
     const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
 }
 
 template <typename T>
@@ -53,7 +56,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const T* row) {
     const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
 }
 
 // d = a b + c on one m16n8k16 tile held by the whole warp.

@@ -10,11 +10,11 @@
 #    embedded demo with --device cuda (its C* compared with the CPU engine's); then that kernel's
 #    cases alone, in processes of their own (a device fault poisons every test of its process);
 # 3. benchmarks at GPT-J-6B size, then at toolsift bench's default size: random bf16 weights made
-#    by transformers' GPTJForCausalLM on the GPU (scripts/hf_baseline.py), the transformers naive
-#    and tuned scorers, and toolsift on the same weights and workload (also with the opt-in
-#    packed tiles and mma attention kernel); at 6B also the sampling steps (position log-probs
-#    over a 512-token sequence, 5 prefixes x 5 samples of 16 tokens, and both as one propose call);
-#    last, `toolsift bench --device cuda --skip-baselines` at its default size;
+#    by transformers' GPTJForCausalLM on the GPU (scripts/hf_baseline.py), the transformers naive,
+#    tuned and tuned_sdpa scorers, and toolsift on the same weights and workload (also with the
+#    opt-in packed tiles and mma attention kernel); at 6B also the sampling steps (position
+#    log-probs over a 512-token sequence, 5 prefixes x 5 samples of 16 tokens, and both as one
+#    propose call); last, `toolsift bench --device cuda --skip-baselines` at its default size;
 # 4. writes logs and one summary.json into OUT_DIR, whatever happened before (an EXIT trap).
 #
 # Time: every step has its own timeout, cut to what is left before GPU_CHECK_DEADLINE seconds
@@ -91,6 +91,8 @@ if os.path.exists(p):
     pr = summary["sampling_6b"].get("propose", {})
     if pr.get("secs"):
         pr["_speedup_vs_two_calls"] = pr["two_calls_secs"] / pr["secs"]
+# transformers' scorers (scripts/hf_baseline.py): tuned_sdpa is tuned with flash attention.
+HF_SCORERS = ("tuned", "tuned_sdpa", "naive")
 TAU_F = 1.0  # the decision agreement is counted where |delta - tau_f| > 0.05 (issue 7)
 def delta(l):
     return min(l[0], l[1]) - l[2]
@@ -103,7 +105,9 @@ for size in ("default", "6b"):
                                 "entropy_nats_uniform") if k in hf}
     for placement in ("prefix", "inline"):
         h = hf.get(placement, {})
-        e = entry[placement] = {"hf": {k: h[k] for k in ("tuned", "naive", "peak_mem_gib") if k in h}}
+        e = entry[placement] = {"hf": {k: h[k] for k in HF_SCORERS + ("peak_mem_gib",
+                                                                     "sdpa_vs_tuned_max_abs_diff")
+                                         if k in h}}
         ts_p = os.path.join(out, f"toolsift_{size}_{placement}.json")
         if not os.path.exists(ts_p):
             continue
@@ -134,7 +138,7 @@ for size in ("default", "6b"):
             tv = json.load(open(vp))
             e[f"toolsift_{variant}"] = {k: v for k, v in tv.items() if k != "losses"}
             e[f"{variant}_speedup_vs_default"] = tv["cands_per_s"] / ts["cands_per_s"]
-            for base in ("tuned", "naive"):
+            for base in HF_SCORERS:
                 if base in h:
                     e[f"{variant}_speedup_vs_hf_{base}"] = tv["cands_per_s"] / h[base]["cands_per_s"]
             if "tuned_losses" in h:
@@ -147,7 +151,7 @@ for size in ("default", "6b"):
             prof = json.load(open(pp))
             e["stages_profiled"] = prof.get("stage_secs_profiled")
             e["profiled_total_secs"] = prof.get("secs_median")
-        for base in ("tuned", "naive"):
+        for base in HF_SCORERS:
             if base in h:
                 e[f"speedup_vs_hf_{base}"] = ts["cands_per_s"] / h[base]["cands_per_s"]
         # FLOP floor at the measured 790 TFLOP/s bf16.
@@ -241,7 +245,7 @@ ts_bench() {
     TOOLSIFT_BENCH_PLACEMENT="$placement" TOOLSIFT_BENCH_REPS="$reps" "$@" \
     "$BIN/cuda_scoring" --ignored --exact cuda_bench --nocapture
 }
-bench() { # size texts timeout: transformers' two scorers on both placements, then toolsift
+bench() { # size texts timeout: transformers' three scorers on both placements, then toolsift
   local size=$1 texts=$2 t=$3
   step "hf_$size" "$t" python3 scripts/hf_baseline.py --out "$BENCH" --size "$size" \
        --texts "$texts" --reps 3

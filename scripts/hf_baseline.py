@@ -5,24 +5,34 @@ Builds a GPT-J of the requested size with random bf16 weights directly on the GP
 toolsift's GptjWeights::random so that next-token distributions are peaked, not uniform; the
 rotary table rebuilt in float32), saves it as a safetensors folder that toolsift loads
 (OUT/gptj-<size>), writes the standard scoring workload as token-level JSONL (one file per
-placement, OUT/workload-<size>-<placement>.jsonl), and times two transformers scorers on it:
+placement, OUT/workload-<size>-<placement>.jsonl), and times three transformers scorers on it,
+all under torch.inference_mode (no autograd graph, no saved activations):
 
 - naive: every candidate, three full forward passes over the whole text with z (z ++ x in prefix
   placement, x_<i ++ z ++ x_>=i inline), full logits, loss computed afterwards, padded batches;
-- tuned: each sequence cut at its last weighted token, the no-call pass once per text, identical
-  inputs deduplicated, the LM head only at weighted rows, length-sorted padded batches.
+- tuned: each sequence ends at the token before its last weighted token (that one is only a
+  target: no row predicts from it), the no-call pass once per text, identical inputs
+  deduplicated, the LM head only at weighted rows, length-sorted padded batches, no KV cache;
+- tuned_sdpa: tuned with GPT-J's attention through torch's scaled_dot_product_attention (flash
+  attention in bf16 on the GPU). transformers' GPT-J offers only its eager attention (q and k
+  cast to fp32, [B, H, T, T] scores and mask) or flash_attention_2, a package the GPU machine does
+  not have; this is what a careful engineer would patch in.
 
-Writes one JSON object to OUT/hf_<size>.json: timings, tokens, and the tuned scorer's losses per
-candidate for the agreement check against toolsift; prints it without the losses.
+Writes one JSON object to OUT/hf_<size>.json: timings, tokens, each scorer's peak device memory,
+and the tuned scorers' losses per candidate for the agreement check against toolsift; prints it
+without the losses. `--device cpu` runs the same on the CPU (a smoke test of the script; its
+timings mean nothing).
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import time
 
 import torch
+import torch.nn.functional as F
 from transformers import GPTJConfig, GPTJForCausalLM
 
 SIZES = {
@@ -31,6 +41,12 @@ SIZES = {
     "6b": dict(n_layer=28, n_embd=4096, n_head=16, rotary_dim=64, vocab_size=50400),
 }
 WEIGHTS = [w / 3.0 for w in (1.0, 0.8, 0.6, 0.4, 0.2)]
+DEVICE = "cuda"  # --device
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def build_model(size, seed):
@@ -39,7 +55,7 @@ def build_model(size, seed):
     torch.manual_seed(seed)
     torch.set_default_dtype(torch.bfloat16)
     try:
-        with torch.device("cuda"):
+        with torch.device(DEVICE):
             model = GPTJForCausalLM(cfg)
     finally:
         torch.set_default_dtype(torch.float32)
@@ -60,7 +76,7 @@ def build_model(size, seed):
                 p.normal_(0.0, 1.0 / math.sqrt(d))
         # Rotary table in float32 (built under the bf16 default dtype above otherwise).
         from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
-        table = create_sinusoidal_positions(cfg.n_positions, cfg.rotary_dim).to("cuda", torch.float32)
+        table = create_sinusoidal_positions(cfg.n_positions, cfg.rotary_dim).to(DEVICE, torch.float32)
         for block in model.transformer.h:
             block.attn.embed_positions = table
     model.eval()
@@ -117,10 +133,9 @@ def pad(batch):
     for i, s in enumerate(batch):
         ids[i, :len(s)] = torch.tensor(s)
         mask[i, :len(s)] = 1
-    return ids.cuda(), mask.cuda()
+    return ids.to(DEVICE), mask.to(DEVICE)
 
 
-@torch.no_grad()
 def variant_seq(c, z, placement, end=None):
     """The variant's input: z ++ x (prefix) or x_{<i} ++ z ++ x_{>=i} (inline), cut at `end`.
     Either way x_j sits at index |z| + j, so `targets` serves both placements."""
@@ -130,6 +145,7 @@ def variant_seq(c, z, placement, end=None):
     return x[:c["position"]] + z + x[c["position"]:]
 
 
+@torch.inference_mode()
 def naive(model, cands, batch_size, placement):
     """Three full passes per candidate over the whole text with z, full logits."""
     seqs, tgts = [], []
@@ -141,26 +157,35 @@ def naive(model, cands, batch_size, placement):
     for b, bt in zip(batches(seqs, batch_size), batches(tgts, batch_size)):
         ids, mask = pad(b)
         logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
-        for i, ts in enumerate(bt):
-            losses.append(-sum(w * logp[i, row, tok].item() for row, tok, w in ts))
+        # Every target of the batch in one gather and one copy to the host.
+        at = [(i, row, tok) for i, ts in enumerate(bt) for row, tok, _ in ts]
+        idx = torch.tensor(at, device=DEVICE).T
+        picked = iter(logp[idx[0], idx[1], idx[2]].tolist())
+        for ts in bt:
+            losses.append(-sum(w * next(picked) for _, _, w in ts))
     return [losses[3 * k:3 * k + 3] for k in range(len(cands))], sum(len(s) for s in seqs)
 
 
-@torch.no_grad()
+def last_fed(c):
+    """The end of x a variant feeds: up to, not including, its last weighted token."""
+    return min(c["position"] + len(WEIGHTS), len(c["text_ids"])) - 1
+
+
+@torch.inference_mode()
 def tuned(model, cands, batch_size, placement):
-    """Cut at the last weighted token, no-call pass once per text, dedup, head at weighted rows,
-    length-sorted batches."""
+    """Cut before the last weighted token, no-call pass once per text, dedup, head at weighted
+    rows, length-sorted batches."""
     seqs = {}  # tuple(ids) -> list of (cand, variant, targets)
     by_text = {}
     for k, c in enumerate(cands):
-        end = min(c["position"] + len(WEIGHTS), len(c["text_ids"]))
+        end = last_fed(c)
         key = tuple(c["text_ids"])
         by_text.setdefault(key, []).append((k, c))
         for v, z in ((1, c["call_ids"]), (2, c["call_result_ids"])):
             s = tuple(variant_seq(c, z, placement, end))
             seqs.setdefault(s, []).append((k, v, targets(c, len(z))))
     for key, cs in by_text.items():  # one no-call pass per text, up to its last weighted token
-        end = max(min(c["position"] + len(WEIGHTS), len(key)) for _, c in cs)
+        end = max(last_fed(c) for _, c in cs)
         s = key[:end]
         for k, c in cs:
             seqs.setdefault(s, []).append((k, 0, targets(c, 0)))
@@ -169,7 +194,8 @@ def tuned(model, cands, batch_size, placement):
     lm_head = model.lm_head
     for b in batches(order, batch_size):
         ids, mask = pad([list(s) for s in b])
-        hidden = model.transformer(input_ids=ids, attention_mask=mask).last_hidden_state
+        hidden = model.transformer(input_ids=ids, attention_mask=mask,
+                                   use_cache=False).last_hidden_state
         rows, where = [], []
         for i, s in enumerate(b):
             for k, v, ts in seqs[s]:
@@ -178,27 +204,62 @@ def tuned(model, cands, batch_size, placement):
                     rows.append((i, row))
         if not rows:
             continue
-        idx_b = torch.tensor([r[0] for r in rows], device="cuda")
-        idx_r = torch.tensor([r[1] for r in rows], device="cuda")
+        idx_b = torch.tensor([r[0] for r in rows], device=DEVICE)
+        idx_r = torch.tensor([r[1] for r in rows], device=DEVICE)
         logp = torch.log_softmax(lm_head(hidden[idx_b, idx_r]).float(), -1)
-        toks = torch.tensor([w[2] for w in where], device="cuda")
-        picked = logp[torch.arange(len(where), device="cuda"), toks].tolist()
+        toks = torch.tensor([w[2] for w in where], device=DEVICE)
+        picked = logp[torch.arange(len(where), device=DEVICE), toks].tolist()
         for (k, v, _, w, _), lp in zip(where, picked):
             losses[k][v] -= w * lp
     return losses, sum(len(s) for s in seqs)
 
 
+@contextlib.contextmanager
+def sdpa_attention():
+    """GPT-J's attention through F.scaled_dot_product_attention, causal, with no mask: exact for
+    every real row of a right-padded batch (`pad`), whose real tokens see only earlier positions,
+    all real; rows past a sequence's end are padding that nothing reads. q, k and v stay in the
+    model's dtype, so the GPU runs flash attention (eager casts q and k to fp32)."""
+    from transformers.models.gptj.modeling_gptj import GPTJAttention
+    eager = GPTJAttention._attn
+
+    def attn(self, query, key, value, attention_mask=None):
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True,
+                                             scale=1.0 / float(self.scale_attn))
+        return out, None
+
+    GPTJAttention._attn = attn
+    try:
+        yield
+    finally:
+        GPTJAttention._attn = eager
+
+
+def tuned_sdpa(model, cands, batch_size, placement):
+    with sdpa_attention():
+        return tuned(model, cands, batch_size, placement)
+
+
+def max_abs(a, b):
+    return max(abs(x - y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+
+
 def timed(fn, reps):
+    """(the last run's result, the median seconds, all seconds, the peak device memory in GiB
+    over the warm-up and the runs; None on the CPU)."""
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     fn()  # warm-up
-    torch.cuda.synchronize()
+    sync()
     times, out = [], None
     for _ in range(reps):
         t = time.perf_counter()
         out = fn()
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t)
     times.sort()
-    return out, times[len(times) // 2], times
+    peak = torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None
+    return out, times[len(times) // 2], times, peak
 
 
 def main():
@@ -210,13 +271,17 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--skip-naive", action="store_true")
+    ap.add_argument("--skip-sdpa", action="store_true")
     ap.add_argument("--placements", default="prefix,inline")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
     os.makedirs(args.out, exist_ok=True)
     model_dir = os.path.join(args.out, f"gptj-{args.size}")
     t = time.perf_counter()
     model, cfg = build_model(args.size, args.seed)
-    torch.cuda.synchronize()
+    sync()
     build_secs = time.perf_counter() - t
     t = time.perf_counter()
     model.save_pretrained(model_dir, safe_serialization=True, max_shard_size="20GB")
@@ -230,10 +295,11 @@ def main():
             for i, c in enumerate(cands):
                 fh.write(json.dumps(dict(id=i, **c)) + "\n")
     report = dict(size=args.size, config=SIZES[args.size], model_dir=model_dir, workload=files,
-                  candidates=len(cands), device=torch.cuda.get_device_name(),
+                  candidates=len(cands),
+                  device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
                   torch=torch.__version__, build_secs=build_secs, save_secs=save_secs)
     with torch.no_grad():  # peakedness: entropy of next-token distributions on the first text
-        ids = torch.tensor([cands[0]["text_ids"]], device="cuda")
+        ids = torch.tensor([cands[0]["text_ids"]], device=DEVICE)
         logp = torch.log_softmax(model(input_ids=ids).logits.float(), -1)
         ent = -(logp.exp() * logp).sum(-1).flatten()
         report["entropy_nats_median"] = ent.median().item()
@@ -241,23 +307,28 @@ def main():
     for placement in placements:
         cands = workloads[placement]
         entry = report[placement] = {}
-        (tl, tok), secs, all_ = timed(lambda: tuned(model, cands, args.batch_size, placement),
-                                      args.reps)
-        entry["tuned"] = dict(secs_median=secs, secs_all=all_, tokens=tok,
-                              cands_per_s=len(cands) / secs)
-        entry["tuned_losses"] = tl
+        scorers = [("tuned", tuned, args.reps)]
+        if not args.skip_sdpa:
+            scorers.append(("tuned_sdpa", tuned_sdpa, args.reps))
         if not args.skip_naive:
-            (nl, tok), secs, all_ = timed(
-                lambda: naive(model, cands, args.batch_size, placement), max(1, args.reps // 2))
-            entry["naive"] = dict(secs_median=secs, secs_all=all_, tokens=tok,
-                                  cands_per_s=len(cands) / secs)
-            entry["naive_vs_tuned_max_abs_diff"] = max(
-                abs(a - b) for x, y in zip(nl, tl) for a, b in zip(x, y))
-        entry["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        torch.cuda.reset_peak_memory_stats()
+            scorers.append(("naive", naive, max(1, args.reps // 2)))
+        for name, scorer, reps in scorers:
+            (losses, tok), secs, all_, peak = timed(
+                lambda: scorer(model, cands, args.batch_size, placement), reps)
+            entry[name] = dict(secs_median=secs, secs_all=all_, tokens=tok,
+                               cands_per_s=len(cands) / secs, peak_mem_gib=peak)
+            if name == "naive":
+                entry["naive_vs_tuned_max_abs_diff"] = max_abs(losses, entry["tuned_losses"])
+            else:
+                entry[f"{name}_losses"] = losses
+        if "tuned_sdpa_losses" in entry:
+            entry["sdpa_vs_tuned_max_abs_diff"] = max_abs(entry["tuned_sdpa_losses"],
+                                                          entry["tuned_losses"])
+        peaks = [entry[name]["peak_mem_gib"] for name, _, _ in scorers]
+        entry["peak_mem_gib"] = max(peaks) if None not in peaks else None  # of all the scorers
     with open(os.path.join(args.out, f"hf_{args.size}.json"), "w") as fh:
         json.dump(report, fh, indent=1)
-    print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "tuned_losses"}
+    print(json.dumps({k: ({kk: vv for kk, vv in v.items() if not kk.endswith("_losses")}
                           if isinstance(v, dict) and "tuned" in v else v)
                       for k, v in report.items()}))
 
