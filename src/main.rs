@@ -131,7 +131,7 @@ struct AnnotateArgs {
     /// Print the settings in effect (defaults, or --config's) as TOML and exit.
     #[arg(long)]
     print_config: bool,
-    /// Backend for the filter's scoring.
+    /// Backend for the model: sampling (positions, calls) and the filter's scoring.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
     /// Base seed (overrides the config's `seed`).
@@ -367,12 +367,19 @@ fn main() -> ExitCode {
     // A dependency's panic that the library turns into an error (a corrupt tokenizer.json) is
     // reported once, as that error.
     toolsift::util::install_quiet_panic_hook();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+    // The library's warnings read like the CLI's own notes: no colour codes in a log file, and
+    // without RUST_LOG no timestamp or module path either (RUST_LOG asks for the full form).
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env();
+    let verbose = filter.is_ok();
+    let log = tracing_subscriber::fmt()
+        .with_env_filter(filter.unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if verbose {
+        log.init();
+    } else {
+        log.without_time().with_target(false).init();
+    }
     let cli = Cli::parse();
     // Commands that run tools: a signal that ends the run ends what their command tools
     // started, too.
@@ -726,13 +733,17 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     // flags could start.
     let shard_flag = args.shard.as_deref().map(str::parse::<Shard>).transpose()?;
     let shard = Shard::resolve(shard_flag, args.shards, |k| std::env::var(k).ok())?;
-    // Built-ins by key, custom tools by the names the config gives them.
+    // Built-ins by key, custom tools by the names the config gives them, each one the settings
+    // make available (a WikiSearch without [tools.wikisearch] fails here, not after the load).
     let tools = match &args.tools {
-        Some(keys) => Some(
-            keys.iter()
+        Some(keys) => {
+            let tools = keys
+                .iter()
                 .map(|k| config.tool_named(k))
-                .collect::<toolsift::Result<Vec<_>>>()?,
-        ),
+                .collect::<toolsift::Result<Vec<_>>>()?;
+            config.tools.check_provided(&tools)?;
+            Some(tools)
+        }
         None => None,
     };
     if args.print_config {
@@ -825,8 +836,13 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
     use toolsift::demo::run::{DemoOptions, DemoRun};
     let started = std::time::Instant::now();
     let tools = args.tools.as_deref().map(parse_tools).transpose()?;
+    let settings = toolsift::demo::run::settings(args.seed)?;
+    if let Some(tools) = &tools {
+        let names: Vec<toolsift::annotate::ToolName> = tools.iter().map(|&t| t.into()).collect();
+        settings.tools.check_provided(&names)?;
+    }
     if args.print_config {
-        emit(&toolsift::demo::run::settings(args.seed)?.to_toml())?;
+        emit(&settings.to_toml())?;
         return Ok(ExitCode::SUCCESS);
     }
     let demo = DemoRun::prepare(DemoOptions {
@@ -1032,12 +1048,19 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
             name(&args.output, "<stdout>", "<stdout>")
         )
     })?;
+    // A result the length cap cut off was still executed and spliced: it counts, and is said.
+    let cut = summary.calls_with_result.saturating_sub(summary.calls_ok);
     note!(
-        "{} prompts: {} generated ({} calls, {} with a result), {} failed",
+        "{} prompts: {} generated ({} calls, {} with a result{}), {} failed",
         summary.lines,
         summary.generated,
         summary.calls,
-        summary.calls_ok,
+        summary.calls_with_result,
+        if cut > 0 {
+            format!(", {cut} of them cut off by the length cap")
+        } else {
+            String::new()
+        },
         summary.failed
     );
     Ok(exit_status(summary.failed, resume_at))

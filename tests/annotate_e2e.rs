@@ -799,6 +799,10 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
             RunOutcome::Stopped(n) => assert_eq!(n, 4),
             RunOutcome::Done(s, _) => {
                 assert_eq!(s.tools, full.tools);
+                // The summary says the last run resumed after 20 lines (five stops of 4).
+                assert_eq!((full.lines_resumed, s.lines_resumed), (0, 20));
+                assert!(s.render().contains("(resumed after 20 lines:"));
+                assert!(!full.render().contains("resumed"));
                 break;
             }
         }
@@ -1519,6 +1523,15 @@ fn print_config_prints_parsable_defaults() {
             &["--demo", "--seed", "18446744073709551615"],
             "past TOML's integer range",
         ),
+        // A built-in the settings do not configure: a run would refuse it, so nothing prints.
+        (
+            &["--tools", "calculator,wikisearch"],
+            "tool wikisearch is not available: configure it under [tools.wikisearch]",
+        ),
+        (
+            &["--demo", "--tools", "qa"],
+            "tool qa is not available: configure it under [tools.qa]",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
             .args(["annotate", "--print-config"])
@@ -1612,15 +1625,34 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
         finished("f.rejects.jsonl"),
         finished("f.summary.json"),
     ];
-    for out in [dir.path().join("f"), done.clone()] {
-        let err = annotate::annotate(&a, &opts(&corpus, out.clone(), Shard::default(), None))
-            .err()
-            .unwrap_or_else(|| panic!("--out {} written over a finished run", out.display()))
-            .to_string();
-        assert!(err.contains("is a finished run's output"), "{err}");
-    }
+    let refusal = |out: &str| {
+        annotate::annotate(
+            &a,
+            &opts(&corpus, dir.path().join(out), Shard::default(), None),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("--out {out} written over a finished run"))
+        .to_string()
+    };
+    // Each refusal names the files that are there, and only those: the advice to delete them
+    // must not send a user after a file of the other spelling, nor past the C* that blocks.
+    let (f_jsonl, f) = (done.display().to_string(), dir.path().join("f"));
+    let err = refusal("f.jsonl");
+    assert!(err.contains("is a finished run's output"), "{err}");
+    assert!(err.contains(&format!("delete {f_jsonl}, ")), "{err}");
+    let err = refusal("f");
+    assert!(
+        err.starts_with(&format!("{f_jsonl} is a finished run's C*")),
+        "{err}"
+    );
+    assert!(!err.contains(&format!("{}, ", f.display())), "{err}");
     std::fs::remove_file(&done).unwrap();
-    assert!(annotate::annotate(&a, &opts(&corpus, done.clone(), Shard::default(), None)).is_err());
+    let err = refusal("f.jsonl");
+    assert!(err.contains("is a finished run's output"), "{err}");
+    assert!(
+        !err.contains(&format!("{f_jsonl},")),
+        "names the deleted C*: {err}"
+    );
     assert_eq!(
         [finished("f.rejects.jsonl"), finished("f.summary.json")],
         [before[1].clone(), before[2].clone()]

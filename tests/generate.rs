@@ -945,9 +945,10 @@ fn jsonl_answers_every_line_in_order_with_error_lines() {
             summary.generated,
             summary.failed,
             summary.calls,
-            summary.calls_ok
+            summary.calls_ok,
+            summary.calls_with_result
         ),
-        (6, 2, 4, 2, 2)
+        (6, 2, 4, 2, 2, 2)
     );
     let lines = rows(&out);
     assert_eq!(lines.len(), 6);
@@ -1199,6 +1200,15 @@ fn a_call_the_length_cap_cuts_is_unfinished() {
     assert_eq!(g.calls[0].status, CallStatus::Unfinished);
     assert_eq!(g.calls[0].result, "3");
     assert!(g.calls[0].error.as_deref().unwrap().contains("cut"));
+    // A run's summary counts that call as one with a result, though not as ok.
+    let mut out = Vec::new();
+    let input = r#"{"prompt": "Q"}"#.to_string() + "\n";
+    let summary =
+        generate_jsonl(input.as_bytes(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
+    assert_eq!(
+        (summary.calls, summary.calls_ok, summary.calls_with_result),
+        (1, 0, 1)
+    );
     // Room for all of it: ok.
     let o = GenerateOptions {
         max_new_tokens: 40,

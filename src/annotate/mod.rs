@@ -122,43 +122,10 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     if let Some(dir) = paths.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
-    // Without a journal, any of the three outputs is a finished run's: "--out x" and "--out
-    // x.jsonl" share their rejects and summary names, so C* alone is not enough to look at.
-    if !paths.journal.exists() {
-        if let Some(what) = writer::not_a_cstar(&paths.out)? {
-            return Err(Error::input(format!(
-                "{} (--out) exists and is not a C* file ({what}); give another output",
-                paths.out.display()
-            )));
-        }
-        if let Some(done) = [&paths.out, &paths.rejects, &paths.summary]
-            .into_iter()
-            .find(|p| p.exists())
-        {
-            return Err(Error::input(format!(
-                "{} exists and no run is in progress (no {}): it is a finished run's output; \
-                 delete {}, {} and {} to annotate again, or give another output (--out)",
-                done.display(),
-                paths.journal.display(),
-                paths.out.display(),
-                paths.rejects.display(),
-                paths.summary.display()
-            )));
-        }
-    }
-    let corpus_id = corpus::fingerprint(&options.corpus)?;
-    let total = corpus_id.lines;
-    let run = json!({
-        "config": annotator.config().to_toml(),
-        "tools": annotator.tools().iter().map(|t| t.key()).collect::<Vec<_>>(),
-        "shard": format!("{}/{}", shard.index, shard.count),
-        "corpus": options.corpus.display().to_string(),
-        "corpus_lines": total,
-        "corpus_xxh3": format!("{:016x}", corpus_id.xxh3),
-        "info": options.run_info,
-    });
     // A run on the other spelling ("x" / "x.jsonl") would write these rejects and summary
-    // too; looked at again once the journal is held, for a run that started meanwhile.
+    // too; looked at before this run's own outputs (which may be that run's rejects and
+    // summary, and the error should name its C*), and again once the journal is held, for a
+    // run that started meanwhile.
     let other = paths.other_spelling();
     let other_running = || {
         Error::input(format!(
@@ -190,6 +157,43 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     if let Some(e) = other_done()? {
         return Err(e);
     }
+    // Without a journal, any of the three outputs is a finished run's: "--out x" and "--out
+    // x.jsonl" share their rejects and summary names, so C* alone is not enough to look at.
+    if !paths.journal.exists() {
+        if let Some(what) = writer::not_a_cstar(&paths.out)? {
+            return Err(Error::input(format!(
+                "{} (--out) exists and is not a C* file ({what}); give another output",
+                paths.out.display()
+            )));
+        }
+        let done: Vec<String> = [&paths.out, &paths.rejects, &paths.summary]
+            .into_iter()
+            .filter(|p| p.exists())
+            .map(|p| p.display().to_string())
+            .collect();
+        if let [first, .., last] | [first @ last] = &done[..] {
+            let all = match &done[..done.len() - 1] {
+                [] => last.clone(),
+                rest => format!("{} and {last}", rest.join(", ")),
+            };
+            return Err(Error::input(format!(
+                "{first} exists and no run is in progress (no {}): it is a finished run's \
+                 output; delete {all} to annotate again, or give another output (--out)",
+                paths.journal.display(),
+            )));
+        }
+    }
+    let corpus_id = corpus::fingerprint(&options.corpus)?;
+    let total = corpus_id.lines;
+    let run = json!({
+        "config": annotator.config().to_toml(),
+        "tools": annotator.tools().iter().map(|t| t.key()).collect::<Vec<_>>(),
+        "shard": format!("{}/{}", shard.index, shard.count),
+        "corpus": options.corpus.display().to_string(),
+        "corpus_lines": total,
+        "corpus_xxh3": format!("{:016x}", corpus_id.xxh3),
+        "info": options.run_info,
+    });
     let (mut journal, last_done) = Journal::open(&paths.journal, &run)?;
     if journal.created() && paths.out.exists() {
         // Another run finished this output while this one read the corpus.
@@ -315,6 +319,7 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
         corpus_lines: total,
         settings,
         wall_secs: started.elapsed().as_secs_f64(),
+        lines_resumed: already,
     };
     let summary = finish(&journal, &paths, annotator.tools(), &run)?;
     // Unlocked only now: a second run must not start on this output while it is being written.
@@ -347,6 +352,8 @@ struct RunSummary {
     /// The journal's run description less the shard.
     settings: Value,
     wall_secs: f64,
+    /// Lines of the shard the journal held when this run started.
+    lines_resumed: u64,
 }
 
 fn progress_bar(enabled: bool, total: u64, done: u64) -> indicatif::ProgressBar {
@@ -412,6 +419,7 @@ fn finish(
     summary.shard = Some(run.shard);
     summary.corpus_lines = Some(run.corpus_lines);
     summary.run = Some(run.settings.clone());
+    summary.lines_resumed = run.lines_resumed;
     rejects.commit()?;
     out.commit()?;
     writer::write_summary(&paths.summary, &summary)?;

@@ -83,7 +83,33 @@ pub struct Summary {
     pub secs: StageSecs,
     /// Wall-clock seconds of the run that finished (resumed runs: the last one only).
     pub wall_secs: f64,
+    /// Lines of this shard that an interrupted run had already annotated when the run that
+    /// finished resumed its journal (0: no resume). `secs` counts every run, `wall_secs` only
+    /// the last. Merged: the shards' sum.
+    #[serde(default)]
+    pub lines_resumed: u64,
 }
+
+/// A column of the printed table: its header and the count it shows.
+type Column = (&'static str, fn(&ToolStats) -> u64);
+
+/// The printed table's columns. Those from "sampled" to "executed" add up: every sampled call
+/// is malformed, of an unknown tool, a duplicate, dropped as lookahead or executed. Each is the
+/// summary's field of that name (`calls_*`).
+const COLUMNS: [Column; 12] = [
+    ("texts", |st| st.texts_considered),
+    ("positions", |st| st.positions),
+    ("sampled", |st| st.calls_sampled),
+    ("malformed", |st| st.calls_malformed),
+    ("unknown", |st| st.calls_unknown_tool),
+    ("duplicate", |st| st.calls_duplicate),
+    ("lookahead", |st| st.calls_lookahead),
+    ("executed", |st| st.calls_executed),
+    ("failed", |st| st.calls_failed),
+    ("kept", |st| st.calls_kept),
+    ("heuristic", |st| st.texts_skipped_heuristic),
+    ("toolong", |st| st.texts_too_long),
+];
 
 /// Accumulates journal entries into a `Summary`.
 pub struct SummaryBuilder {
@@ -117,6 +143,7 @@ impl SummaryBuilder {
                     .collect(),
                 secs: StageSecs::default(),
                 wall_secs: 0.0,
+                lines_resumed: 0,
             },
         }
     }
@@ -227,6 +254,7 @@ impl Summary {
             tools: Vec::new(),
             secs: StageSecs::default(),
             wall_secs: 0.0,
+            lines_resumed: 0,
         };
         for s in shards {
             merged.lines += s.lines;
@@ -236,6 +264,7 @@ impl Summary {
             merged.candidates_scored += s.candidates_scored;
             merged.secs.add(&s.secs);
             merged.wall_secs = merged.wall_secs.max(s.wall_secs);
+            merged.lines_resumed += s.lines_resumed;
             for t in &s.tools {
                 let at = match merged.tools.iter().position(|m| m.tool == t.tool) {
                     Some(at) => at,
@@ -279,34 +308,27 @@ impl Summary {
             .iter()
             .map(|t| t.tool.chars().count())
             .fold(11, usize::max);
-        s.push_str(&format!(
-            "{:<w$} {:>8} {:>9} {:>8} {:>9} {:>8} {:>7} {:>6} {:>9} {:>7}\n",
-            "tool",
-            "texts",
-            "positions",
-            "sampled",
-            "malformed",
-            "executed",
-            "failed",
-            "kept",
-            "heuristic",
-            "toolong"
-        ));
+        // Lookahead is opt-in: its column only when a tool dropped any.
+        let lookahead = self.tools.iter().any(|t| t.stats.calls_lookahead > 0);
+        let columns: Vec<&Column> = COLUMNS
+            .iter()
+            .filter(|(name, _)| lookahead || *name != "lookahead")
+            .collect();
+        s.push_str(&format!("{:<w$}", "tool"));
+        for (name, _) in &columns {
+            s.push_str(&format!(" {name:>8}"));
+        }
+        s.push('\n');
         for t in &self.tools {
-            let st = &t.stats;
-            s.push_str(&format!(
-                "{:<w$} {:>8} {:>9} {:>8} {:>9} {:>8} {:>7} {:>6} {:>9} {:>7}\n",
-                t.tool,
-                st.texts_considered,
-                st.positions,
-                st.calls_sampled,
-                st.calls_malformed + st.calls_unknown_tool,
-                st.calls_executed,
-                st.calls_failed,
-                st.calls_kept,
-                st.texts_skipped_heuristic,
-                st.texts_too_long
-            ));
+            s.push_str(&format!("{:<w$}", t.tool));
+            for (name, value) in &columns {
+                s.push_str(&format!(
+                    " {:>width$}",
+                    value(&t.stats),
+                    width = name.len().max(8)
+                ));
+            }
+            s.push('\n');
         }
         let total = self.secs.sampling + self.secs.tools + self.secs.scoring;
         let pct = |x: f64| if total > 0.0 { 100.0 * x / total } else { 0.0 };
@@ -320,6 +342,13 @@ impl Summary {
             pct(self.secs.scoring),
             self.wall_secs
         ));
+        if self.lines_resumed > 0 {
+            s.push_str(&format!(
+                "(resumed after {} lines: the stage times add up every run of this output, the \
+                 wall time is the last run's)\n",
+                self.lines_resumed
+            ));
+        }
         for t in &self.tools {
             for (label, list) in [("best", &t.best), ("worst", &t.worst)] {
                 for e in list {
@@ -385,6 +414,9 @@ mod tests {
             "calculator".into(),
             ToolStats {
                 calls_sampled: 9,
+                calls_malformed: 1,
+                calls_unknown_tool: 2,
+                calls_duplicate: 1,
                 calls_executed: 5,
                 calls_kept: 2,
                 ..Default::default()
@@ -399,10 +431,26 @@ mod tests {
         assert_eq!(t.best[0].l_call_result, Some(0.25));
         assert_eq!(t.worst[0].delta, -1.0);
         let text = s.render();
-        assert!(
-            text.contains("sampled") && text.contains("executed"),
+        // The columns from sampled to executed add up (9 = 1 + 2 + 1 + 5), each a field's value;
+        // lookahead, opt-in and 0 here, has no column.
+        let lines: Vec<&str> = text.lines().collect();
+        let header: Vec<&str> = lines[1].split_whitespace().collect();
+        let row: Vec<&str> = lines[2].split_whitespace().collect();
+        let at = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+        assert_eq!(
+            [
+                "sampled",
+                "malformed",
+                "unknown",
+                "duplicate",
+                "executed",
+                "kept"
+            ]
+            .map(at),
+            ["9", "1", "2", "1", "5", "2"],
             "{text}"
         );
+        assert!(!header.contains(&"lookahead"), "{text}");
         assert!(
             text.contains(
                 "Calculator best delta +2.000 (L_none 2.500, L_call 2.250, L_call_result 0.250; line 1, kept)"

@@ -38,6 +38,9 @@ pub struct GenerateSummary {
     pub calls: usize,
     /// Of those, the calls executed with a result (`CallStatus::Ok`).
     pub calls_ok: usize,
+    /// Of those, the calls with a result spliced in, whole (`Ok`) or cut off where the
+    /// completion reached its length cap (`Unfinished` with a result).
+    pub calls_with_result: usize,
 }
 
 /// Other keys (e.g. an expected answer) are ignored.
@@ -163,6 +166,8 @@ pub fn generate_jsonl_after(
                             .iter()
                             .filter(|c| c.status == super::CallStatus::Ok)
                             .count();
+                        summary.calls_with_result +=
+                            g.calls.iter().filter(|c| !c.result.is_empty()).count();
                         json!({"id": id, "line": line_no, "completion": g.completion,
                            "calls": g.calls, "finish": g.finish})
                     }

@@ -30,6 +30,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::{ToolKind, ToolName};
+
 pub use calculator::{evaluate, format_result, Calculator, MAX_DEPTH, MAX_INPUT_LEN};
 pub use calendar::{Calendar, CalendarConfig, Date, Weekday};
 #[cfg(unix)]
@@ -280,6 +282,32 @@ impl ToolsConfig {
         }
         Ok(())
     }
+
+    /// Whether these settings make `tool` available (what `ToolRegistry::from_config` would
+    /// register), without opening anything.
+    pub fn provides(&self, tool: &ToolName) -> bool {
+        match tool {
+            ToolName::Builtin(ToolKind::Calculator) => self.calculator.enabled,
+            ToolName::Builtin(ToolKind::Calendar) => self.calendar.enabled,
+            ToolName::Builtin(ToolKind::WikiSearch) => self.wikisearch.is_some(),
+            ToolName::Builtin(ToolKind::Qa) => self.qa.is_some(),
+            ToolName::Builtin(ToolKind::Mt) => self.mt.is_some(),
+            ToolName::Custom(name) => self.custom.contains_key(name),
+        }
+    }
+
+    /// An error naming the first of `tools` that these settings do not provide, and the table
+    /// that would: for a run's `--tools`, before the model loads or `--print-config` prints.
+    pub fn check_provided(&self, tools: &[ToolName]) -> crate::Result<()> {
+        match tools.iter().find(|t| !self.provides(t)) {
+            Some(t) => Err(crate::Error::input(format!(
+                "tool {} is not available: configure it under {}",
+                t.key(),
+                t.service_table()
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The service of custom tool `name`, which must be a name calls can have and no built-in's.
@@ -287,7 +315,7 @@ fn custom_service(
     name: &str,
     service: &ExternalToolConfig,
 ) -> Result<ExternalTool, ToolConfigError> {
-    super::ToolName::custom(name).map_err(|e| ToolConfigError::Invalid {
+    ToolName::custom(name).map_err(|e| ToolConfigError::Invalid {
         tool: name.to_string(),
         message: e.to_string(),
     })?;
