@@ -91,7 +91,7 @@ if os.path.exists(p):
     pr = summary["sampling_6b"].get("propose", {})
     if pr.get("secs"):
         pr["_speedup_vs_two_calls"] = pr["two_calls_secs"] / pr["secs"]
-# transformers' scorers (scripts/hf_baseline.py): tuned_sdpa is tuned with flash attention.
+# transformers' scorers (scripts/hf_baseline.py): tuned_sdpa is tuned with fused SDPA attention.
 HF_SCORERS = ("tuned", "tuned_sdpa", "naive")
 TAU_F = 1.0  # the decision agreement is counted where |delta - tau_f| > 0.05 (issue 7)
 def delta(l):
@@ -102,7 +102,7 @@ for size in ("default", "6b"):
         continue
     hf = json.load(open(hf_p))
     entry = {k: hf[k] for k in ("candidates", "device", "torch", "entropy_nats_median",
-                                "entropy_nats_uniform") if k in hf}
+                                "entropy_nats_uniform", "sdpa_backend") if k in hf}
     for placement in ("prefix", "inline"):
         h = hf.get(placement, {})
         e = entry[placement] = {"hf": {k: h[k] for k in HF_SCORERS + ("peak_mem_gib",
@@ -270,7 +270,8 @@ if [[ -n "${GPU_CHECK_QUICK:-}" ]]; then
 else
   rm -rf "$BENCH"
   # 6B first: its figures are the ones that matter, and transformers' step (weights made and
-  # saved, both scorers timed) took ~100 s of the 214 of the run in docs/results/h200.md.
+  # saved, both scorers timed) took ~100 s of the 214 of the run in docs/results/h200.md; the
+  # third scorer (tuned_sdpa, since 2026-12-05) adds an estimated ~25 s at 12 texts.
   if (( $(left) >= 150 )); then
     bench 6b "$TEXTS_6B" 170
   else

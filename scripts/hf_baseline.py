@@ -13,10 +13,11 @@ all under torch.inference_mode (no autograd graph, no saved activations):
 - tuned: each sequence ends at the token before its last weighted token (that one is only a
   target: no row predicts from it), the no-call pass once per text, identical inputs
   deduplicated, the LM head only at weighted rows, length-sorted padded batches, no KV cache;
-- tuned_sdpa: tuned with GPT-J's attention through torch's scaled_dot_product_attention (flash
-  attention in bf16 on the GPU). transformers' GPT-J offers only its eager attention (q and k
-  cast to fp32, [B, H, T, T] scores and mask) or flash_attention_2, a package the GPU machine does
-  not have; this is what a careful engineer would patch in.
+- tuned_sdpa: tuned with GPT-J's attention through torch's fused scaled_dot_product_attention,
+  held to its flash kernel where that runs the model's shapes (`sdpa_backend` in the JSON says
+  which ran). transformers' GPT-J offers only its eager attention (q and k cast to fp32,
+  [B, H, T, T] scores and mask) or flash_attention_2, a package the GPU machine does not have;
+  this is what a careful engineer would patch in.
 
 Writes one JSON object to OUT/hf_<size>.json: timings, tokens, each scorer's peak device memory,
 and the tuned scorers' losses per candidate for the agreement check against toolsift; prints it
@@ -26,6 +27,7 @@ timings mean nothing).
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -76,7 +78,8 @@ def build_model(size, seed):
                 p.normal_(0.0, 1.0 / math.sqrt(d))
         # Rotary table in float32 (built under the bf16 default dtype above otherwise).
         from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
-        table = create_sinusoidal_positions(cfg.n_positions, cfg.rotary_dim).to(DEVICE, torch.float32)
+        table = create_sinusoidal_positions(cfg.n_positions, cfg.rotary_dim)
+        table = table.to(DEVICE, torch.float32)
         for block in model.transformer.h:
             block.attn.embed_positions = table
     model.eval()
@@ -156,7 +159,8 @@ def naive(model, cands, batch_size, placement):
     losses = []
     for b, bt in zip(batches(seqs, batch_size), batches(tgts, batch_size)):
         ids, mask = pad(b)
-        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        logp = torch.log_softmax(logits.float(), -1)
         # Every target of the batch in one gather and one copy to the host.
         at = [(i, row, tok) for i, ts in enumerate(bt) for row, tok, _ in ts]
         idx = torch.tensor(at, device=DEVICE).T
@@ -214,12 +218,27 @@ def tuned(model, cands, batch_size, placement):
     return losses, sum(len(s) for s in seqs)
 
 
+def flash_runs(cfg):
+    """Whether SDPA's flash kernel takes this model's q, k and v (bf16, its head_dim, causal)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    hd = cfg.n_embd // cfg.n_head
+    q = torch.randn(1, cfg.n_head, 16, hd, device=DEVICE, dtype=torch.bfloat16)
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        return True
+    except RuntimeError:
+        return False
+
+
 @contextlib.contextmanager
-def sdpa_attention():
+def sdpa_attention(flash):
     """GPT-J's attention through F.scaled_dot_product_attention, causal, with no mask: exact for
     every real row of a right-padded batch (`pad`), whose real tokens see only earlier positions,
     all real; rows past a sequence's end are padding that nothing reads. q, k and v stay in the
-    model's dtype, so the GPU runs flash attention (eager casts q and k to fp32)."""
+    model's dtype (eager casts q and k to fp32); `flash`: held to the flash kernel, else torch's
+    choice of fused kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers.models.gptj.modeling_gptj import GPTJAttention
     eager = GPTJAttention._attn
 
@@ -230,13 +249,14 @@ def sdpa_attention():
 
     GPTJAttention._attn = attn
     try:
-        yield
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else contextlib.nullcontext():
+            yield
     finally:
         GPTJAttention._attn = eager
 
 
-def tuned_sdpa(model, cands, batch_size, placement):
-    with sdpa_attention():
+def tuned_sdpa(model, cands, batch_size, placement, flash):
+    with sdpa_attention(flash):
         return tuned(model, cands, batch_size, placement)
 
 
@@ -309,7 +329,9 @@ def main():
         entry = report[placement] = {}
         scorers = [("tuned", tuned, args.reps)]
         if not args.skip_sdpa:
-            scorers.append(("tuned_sdpa", tuned_sdpa, args.reps))
+            flash = flash_runs(model.config)
+            report["sdpa_backend"] = "flash" if flash else "torch's choice"
+            scorers.append(("tuned_sdpa", functools.partial(tuned_sdpa, flash=flash), args.reps))
         if not args.skip_naive:
             scorers.append(("naive", naive, max(1, args.reps // 2)))
         for name, scorer, reps in scorers:

@@ -317,6 +317,15 @@ fn bad_input_is_refused_with_a_message() {
         call_result_ids: vec![1, 2],
         weights: None,
     };
+    // No candidates: no losses, not an error.
+    assert_eq!(
+        naive_losses(&candle, &[], &options, 2).unwrap(),
+        Vec::<[f64; 3]>::new()
+    );
+    assert_eq!(
+        tuned_losses(&candle, &[], &options, 2).unwrap(),
+        Vec::<[f64; 3]>::new()
+    );
     // The cut sequence (2 + 7) fits, the whole one (2 + 8) does too.
     assert!(naive_losses(&candle, std::slice::from_ref(&ok), &options, 2).is_ok());
     let long_call = TokenCandidate {

@@ -345,7 +345,7 @@ impl Summary {
         if self.lines_resumed > 0 {
             s.push_str(&format!(
                 "(resumed after {} lines: the stage times add up every run of this output, the \
-                 wall time is the last run's)\n",
+                 wall time is the last run's, in a merge the slowest shard's)\n",
                 self.lines_resumed
             ));
         }

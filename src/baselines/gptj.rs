@@ -2,7 +2,7 @@
 //! modules and ops, full [T, T] causal attention per head, nothing fused. It is the trunk both
 //! baselines run; toolsift's own engine is benchmarked against it, so it must be ordinary, not
 //! tuned, and it must not be handicapped either: its linear weights are stored [in, out]
-//! (`linear`), which made the tuned baseline ~12% faster (docs/benchmarks.md).
+//! (`linear`), which made the tuned baseline 1.13x faster (docs/benchmarks.md).
 //!
 //! The math is transformers' `GPTJForCausalLM` (see `crate::reference`, the f64 oracle): embedding;
 //! per layer `h = ln_1(x)`, `x = x + attn(h) + mlp(h)`; "rotate every two" rotary on the first
