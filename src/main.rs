@@ -735,6 +735,8 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
     let shard = Shard::resolve(shard_flag, args.shards, |k| std::env::var(k).ok())?;
     // Built-ins by key, custom tools by the names the config gives them, each one the settings
     // make available (a WikiSearch without [tools.wikisearch] fails here, not after the load).
+    // Without --tools the run takes every available built-in and every [per_tool.custom] tool,
+    // and a custom tool needs its service here: the command registers the config's tools only.
     let tools = match &args.tools {
         Some(keys) => {
             let tools = keys
@@ -744,7 +746,13 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
             config.tools.check_provided(&tools)?;
             Some(tools)
         }
-        None => None,
+        None => {
+            let custom = config.per_tool.custom.keys().map(|k| config.tool_named(k));
+            config
+                .tools
+                .check_provided(&custom.collect::<toolsift::Result<Vec<_>>>()?)?;
+            None
+        }
     };
     if args.print_config {
         emit(&config.to_toml())?;

@@ -1448,6 +1448,19 @@ command = ["cat"]
         !out.status.success() && stderr.contains("configure it under [tools.custom.Lonely]"),
         "{stderr}"
     );
+    // --print-config refuses those settings too: they could start no run.
+    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["annotate", "--print-config", "--config"])
+        .arg(&lonely)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && out.stdout.is_empty()
+            && stderr.contains("configure it under [tools.custom.Lonely]"),
+        "{stderr}"
+    );
 
     let out = run(&config, Some("Ekho"), "d.jsonl");
     let stderr = String::from_utf8_lossy(&out.stderr);
