@@ -3,6 +3,26 @@
 
 use std::path::PathBuf;
 
+/// An I/O error placed by `Error::context`: shown as "{at}: {error}", with the OS's error as its
+/// `source()`, which `std::io::Error::source` hands on.
+#[derive(Debug)]
+struct Placed {
+    at: String,
+    error: std::io::Error,
+}
+
+impl std::fmt::Display for Placed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.at, self.error)
+    }
+}
+
+impl std::error::Error for Placed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
 /// `std::result::Result` with the crate's `Error`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -108,28 +128,44 @@ impl Error {
 
     /// The same error with `at` (a corpus line, `corpus.jsonl:48213`) before its message, for
     /// an error raised deep in a run that only its caller can place; the variant, and so
-    /// `is_input`, is kept.
+    /// `is_input`, is kept. An `Io` error keeps its kind, and the OS's error stays reachable
+    /// as its `source()` (`raw_os_error` included).
     pub fn context(self, at: impl std::fmt::Display) -> Self {
-        let at = |msg: String| format!("{at}: {msg}");
+        let placed = |msg: String| format!("{at}: {msg}");
         match self {
             Error::Io { path, error } => Error::Io {
                 path,
-                error: std::io::Error::new(error.kind(), at(error.to_string())),
+                error: std::io::Error::new(
+                    error.kind(),
+                    Placed {
+                        at: at.to_string(),
+                        error,
+                    },
+                ),
             },
-            Error::Config { path, msg } => Error::Config { path, msg: at(msg) },
-            Error::Checkpoint { path, msg } => Error::Checkpoint { path, msg: at(msg) },
+            Error::Config { path, msg } => Error::Config {
+                path,
+                msg: placed(msg),
+            },
+            Error::Checkpoint { path, msg } => Error::Checkpoint {
+                path,
+                msg: placed(msg),
+            },
             Error::Tensor { path, tensor, msg } => Error::Tensor {
                 path,
                 tensor,
-                msg: at(msg),
+                msg: placed(msg),
             },
-            Error::Tokenizer { path, msg } => Error::Tokenizer { path, msg: at(msg) },
-            Error::Input(msg) => Error::Input(at(msg)),
+            Error::Tokenizer { path, msg } => Error::Tokenizer {
+                path,
+                msg: placed(msg),
+            },
+            Error::Input(msg) => Error::Input(placed(msg)),
             Error::Candidate { index, msg } => Error::Candidate {
                 index,
-                msg: at(msg),
+                msg: placed(msg),
             },
-            Error::Backend(msg) => Error::Backend(at(msg)),
+            Error::Backend(msg) => Error::Backend(placed(msg)),
         }
     }
 
@@ -183,6 +219,18 @@ mod tests {
                 .starts_with("idx/meta.json: annotating c.jsonl:7: "),
             "{io}"
         );
+        // The OS's error is still there, its code included, and told once in the message.
+        let os = Error::io("d/x", std::io::Error::from_raw_os_error(28)).context(at);
+        let Error::Io { error, .. } = &os else {
+            panic!("{os:?}")
+        };
+        let inner = std::error::Error::source(error)
+            .and_then(|e| e.downcast_ref::<std::io::Error>())
+            .expect("the OS's error as the source");
+        assert_eq!(inner.raw_os_error(), Some(28));
+        assert_eq!(error.kind(), std::io::ErrorKind::StorageFull);
+        let text = os.to_string();
+        assert_eq!(text.matches("(os error 28)").count(), 1, "{text}");
         let tok = Error::Tokenizer {
             path: "t.json".into(),
             msg: "cannot decode".into(),
