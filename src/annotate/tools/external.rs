@@ -347,11 +347,20 @@ pub fn stop_command_tools() {
 /// leaves no process a command tool started. The signals' default action stays otherwise
 /// (the output and journal are as a killed run leaves them: `--resume` goes on). For the
 /// `toolsift` command; a program that embeds the driver chooses whether to call it. Not on
-/// SIGKILL, which no process can catch.
+/// SIGKILL, which no process can catch. A signal the process was started ignoring stays ignored:
+/// `nohup` leaves SIGHUP so, and a non-interactive shell SIGINT for its background jobs, so that
+/// the run outlives the terminal or the Ctrl-C.
 #[cfg(unix)]
 pub fn stop_tools_on_signals() -> std::io::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    let watched: Vec<i32> = [SIGINT, SIGTERM, SIGHUP]
+        .into_iter()
+        .filter(|&signal| !is_ignored(signal))
+        .collect();
+    if watched.is_empty() {
+        return Ok(());
+    }
+    let mut signals = signal_hook::iterator::Signals::new(watched)?;
     thread::Builder::new()
         .name("toolsift-signals".into())
         .spawn(move || {
@@ -363,6 +372,18 @@ pub fn stop_tools_on_signals() -> std::io::Result<()> {
             }
         })?;
     Ok(())
+}
+
+/// Whether `signal`'s action is SIG_IGN now (a handler installed for it would undo that).
+#[cfg(unix)]
+fn is_ignored(signal: i32) -> bool {
+    // SAFETY: sigaction with no new action only writes the current one into `current`, a
+    // zeroed plain C struct.
+    unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut current) == 0
+            && current.sa_sigaction == libc::SIG_IGN
+    }
 }
 
 /// Where a call stops once [`stop_command_tools`] has run: the process is ending.
@@ -1049,6 +1070,36 @@ mod tests {
             );
         }
         assert!(!path("reported").exists(), "the killed call was reported");
+    }
+
+    /// A signal the run was started ignoring (SIGHUP under `nohup`) is left ignored: the run
+    /// goes on. The test runs itself as the run, ignoring SIGHUP as `nohup` would, and sends
+    /// itself one.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_signal_ignored_at_start_stays_ignored() {
+        if std::env::var_os("TOOLSIFT_TEST_NOHUP_RUN").is_some() {
+            // SAFETY: setting a signal's action to SIG_IGN, as nohup(1) does before exec.
+            unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
+            stop_tools_on_signals().unwrap();
+            // SAFETY: raise(3) of a signal whose action is SIG_IGN (or, with the bug, the
+            // handler that ends the process).
+            unsafe { libc::raise(libc::SIGHUP) };
+            // Time for the signal thread to act, had it been watching SIGHUP.
+            thread::sleep(Duration::from_millis(500));
+            return;
+        }
+        let status = this_test_as_a_run(
+            "a_signal_ignored_at_start_stays_ignored",
+            "TOOLSIFT_TEST_NOHUP_RUN",
+            "1",
+        )
+        .status()
+        .unwrap();
+        assert!(
+            status.success(),
+            "the run ended on an ignored SIGHUP: {status}"
+        );
     }
 
     /// The race a signal leaves is closed: once `stop_command_tools` has killed a call's tool,
