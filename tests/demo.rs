@@ -113,6 +113,19 @@ fn annotate_demo_runs_anywhere_and_replaces_its_output() {
     assert!(!err.contains("replacing"), "{err}");
     assert_eq!(lines(&out), cstar);
     assert!(out_dir.path().join("c.summary.json").exists());
+
+    // An output another model wrote (its summary says so) is a real run's: never replaced.
+    let summary_path = out_dir.path().join("c.summary.json");
+    let mut summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary_path).unwrap()).unwrap();
+    summary["run"]["info"]["model"] = "/data/gpt-j-6b".into();
+    std::fs::write(&summary_path, summary.to_string()).unwrap();
+    let fourth = toolsift(cwd.path(), tmp.path(), &args);
+    let err = stderr(&fourth);
+    assert!(!fourth.status.success(), "{err}");
+    assert!(err.contains("is not an earlier demo output"), "{err}");
+    assert!(err.contains("names the model /data/gpt-j-6b"), "{err}");
+    assert_eq!(lines(&out), cstar);
 }
 
 /// eval-demo checks every file it would replace before it writes or removes any: someone's

@@ -290,6 +290,30 @@ pub(crate) fn not_of_kind(path: &Path, kind: OutputKind) -> Result<Option<String
     })
 }
 
+/// The model folder of the run that wrote the summary or journal at `path` (its run
+/// description's `info.model`), or None when the file is not there or records none (an empty
+/// journal, a summary of a run without a journal). For files `not_of_kind` has passed.
+pub(crate) fn recorded_model(path: &Path, kind: OutputKind) -> Result<Option<PathBuf>> {
+    let Some(head) = crate::util::fs::read_head(path, kind == OutputKind::Summary)? else {
+        return Ok(None);
+    };
+    let run = match kind {
+        OutputKind::Summary => serde_json::from_slice::<Summary>(&head)
+            .ok()
+            .and_then(|s| s.run),
+        OutputKind::Journal => {
+            let first = head.split(|&b| b == b'\n').next().unwrap_or_default();
+            serde_json::from_slice::<Header>(first).ok().map(|h| h.run)
+        }
+        OutputKind::CStar | OutputKind::Rejects => None,
+    };
+    Ok(run
+        .as_ref()
+        .and_then(|run| run.pointer("/info/model"))
+        .and_then(Value::as_str)
+        .map(PathBuf::from))
+}
+
 /// Writes `summary` (pretty JSON) to `path`, atomically.
 pub fn write_summary(path: &Path, summary: &Summary) -> Result<()> {
     crate::util::fs::write_atomic(path, |w| {

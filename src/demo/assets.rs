@@ -196,14 +196,17 @@ pub fn materialize() -> Result<PathBuf> {
     materialize_in(&std::env::temp_dir())
 }
 
+/// How every demo folder's name starts, whatever version of the assets it holds.
+pub const FOLDER_PREFIX: &str = "toolsift-demo-";
+
 /// The demo folder's name: the assets' hash, and on Unix the user's id, since the temp dir is
 /// shared: another user's folder of the same assets is neither reused (its files could change
 /// under this run) nor in the way (it could not be moved aside in a sticky /tmp).
 pub fn folder_name() -> String {
     #[cfg(unix)]
-    return format!("toolsift-demo-{}-u{}", content_hash(), user_id());
+    return format!("{FOLDER_PREFIX}{}-u{}", content_hash(), user_id());
     #[cfg(not(unix))]
-    format!("toolsift-demo-{}", content_hash())
+    format!("{FOLDER_PREFIX}{}", content_hash())
 }
 
 /// This process's effective user id: the owner of what it creates.

@@ -35,7 +35,7 @@ pub fn held_out(seed: u64) -> bool {
 
 use std::path::{Path, PathBuf};
 
-use crate::annotate::writer::{not_of_kind, OutputKind};
+use crate::annotate::writer::{not_of_kind, recorded_model, OutputKind};
 use crate::annotate::OutputPaths;
 use crate::error::{Error, Result};
 
@@ -43,8 +43,10 @@ use crate::error::{Error, Result};
 /// run can write it again, and with `journal_too` also an interrupted run's journal. Returns
 /// what was removed. Every one of those files that exists is checked first, and if any is not
 /// the kind toolsift writes there (a C* whose first line is not a C* record, a summary that is
-/// not a summary, ...), nothing is removed and it is an error: the demo replaces only its own
-/// kind of output. Nothing is removed while another run holds the journal's lock (it is
+/// not a summary, ...), or the output was not written with the demo model (its summary, or the
+/// journal's header, names another model folder; a C* without its summary cannot be told
+/// apart), nothing is removed and it is an error: the demo replaces only its own output, never
+/// a real run's C*. Nothing is removed while another run holds the journal's lock (it is
 /// writing this output), and the lock is held here until the removals are done.
 pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathBuf>> {
     let paths = OutputPaths::new(out);
@@ -82,6 +84,7 @@ pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathB
         }
         doomed.push(path.clone());
     }
+    check_demo_model(&paths, journal_too)?;
     let mut removed = Vec::new();
     for p in doomed {
         match std::fs::remove_file(&p) {
@@ -91,6 +94,52 @@ pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathB
         }
     }
     Ok(removed)
+}
+
+/// Fails unless the output at `paths` was written with the demo model (a folder
+/// [`assets::materialize`] writes, this version's or an earlier one's), as its summary records,
+/// or for an output without a summary (a run killed between its final renames) its journal:
+/// checks the finished files when one is there, and with `journal_too` the journal (one that
+/// records no run, killed before its header was written, passes).
+fn check_demo_model(paths: &OutputPaths, journal_too: bool) -> Result<()> {
+    let is_demo = |m: &Path| {
+        m.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(assets::FOLDER_PREFIX))
+    };
+    let why_not = |path: &Path, kind: OutputKind| -> Result<Option<String>> {
+        Ok(match recorded_model(path, kind)? {
+            Some(m) if is_demo(&m) => None,
+            Some(m) => Some(format!(
+                "its {} names the model {}, not the demo's",
+                kind.name(),
+                m.display()
+            )),
+            None if kind == OutputKind::Journal => None,
+            None => Some(format!("its {} names no model", kind.name())),
+        })
+    };
+    let finished = [&paths.out, &paths.rejects, &paths.summary];
+    let mut why = None;
+    if finished.iter().any(|p| p.exists()) {
+        why = if paths.summary.exists() {
+            why_not(&paths.summary, OutputKind::Summary)?
+        } else if recorded_model(&paths.journal, OutputKind::Journal)?.is_some() {
+            why_not(&paths.journal, OutputKind::Journal)?
+        } else {
+            Some(format!("it has no summary ({})", paths.summary.display()))
+        };
+    }
+    if why.is_none() && journal_too {
+        why = why_not(&paths.journal, OutputKind::Journal)?;
+    }
+    match why {
+        None => Ok(()),
+        Some(why) => Err(Error::input(format!(
+            "{} is not an earlier demo output ({why}); not replacing it (choose another --out)",
+            paths.out.display()
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -115,12 +164,13 @@ mod tests {
             format!("{}\n", serde_json::to_string(&record).unwrap()),
         )
         .unwrap();
-        let summary = crate::annotate::summary::SummaryBuilder::new(&[]).finish(0.0);
-        std::fs::write(
-            dir.path().join("c.summary.json"),
-            serde_json::to_string(&summary).unwrap(),
-        )
-        .unwrap();
+        let summary_of = |model: &str| {
+            let mut summary = crate::annotate::summary::SummaryBuilder::new(&[]).finish(0.0);
+            summary.run = Some(serde_json::json!({"info": {"model": model}}));
+            serde_json::to_string(&summary).unwrap()
+        };
+        let demo_summary = summary_of("/tmp/toolsift-demo-0123456789ab-u1000");
+        std::fs::write(dir.path().join("c.summary.json"), &demo_summary).unwrap();
         std::fs::write(dir.path().join("c.rejects.jsonl"), "").unwrap();
         std::fs::write(dir.path().join("c.jsonl.partial"), "").unwrap();
         let removed = remove_previous_output(&out, false).unwrap();
@@ -129,7 +179,8 @@ mod tests {
         assert_eq!(remove_previous_output(&out, true).unwrap().len(), 1);
         // An empty C* (an empty corpus) is one too.
         std::fs::write(&out, "").unwrap();
-        assert_eq!(remove_previous_output(&out, false).unwrap().len(), 1);
+        std::fs::write(dir.path().join("c.summary.json"), &demo_summary).unwrap();
+        assert_eq!(remove_previous_output(&out, false).unwrap().len(), 2);
         // Anything else is not touched: a C* whose first line is blank or not a record, and any
         // companion that is not the kind toolsift writes there (nothing is removed then).
         for precious in ["precious data\n", "\nprecious data\n"] {
@@ -152,11 +203,58 @@ mod tests {
             assert!(out.exists(), "nothing is removed when one file is not ours");
             std::fs::remove_file(&path).unwrap();
         }
-        assert_eq!(remove_previous_output(&out, true).unwrap().len(), 1);
+        std::fs::write(dir.path().join("c.summary.json"), &demo_summary).unwrap();
+        assert_eq!(remove_previous_output(&out, true).unwrap().len(), 2);
+
+        // A real run's output is not the demo's: refused when its summary names another model,
+        // when it has no summary (nothing tells), and when its journal names another model.
+        let journal = dir.path().join("c.jsonl.partial");
+        let real_summary = summary_of("/data/gpt-j-6b");
+        for (summary, journal_header) in [
+            (Some(real_summary.as_str()), None),
+            (None, None),
+            (Some(demo_summary.as_str()), Some("/data/gpt-j-6b")),
+        ] {
+            std::fs::write(&out, &cstar).unwrap();
+            match summary {
+                Some(s) => std::fs::write(dir.path().join("c.summary.json"), s).unwrap(),
+                None => {
+                    crate::util::fs::remove_if_exists(&dir.path().join("c.summary.json")).unwrap()
+                }
+            }
+            if let Some(model) = journal_header {
+                let header = serde_json::json!({
+                    "journal": "toolsift-annotate/2", "run": {"info": {"model": model}}
+                });
+                std::fs::write(&journal, format!("{header}\n")).unwrap();
+            }
+            let err = remove_previous_output(&out, true).unwrap_err().to_string();
+            assert!(err.contains("is not an earlier demo output"), "{err}");
+            let why = match (summary, journal_header) {
+                (None, _) => "it has no summary",
+                (_, Some(_)) => "its journal names the model /data/gpt-j-6b",
+                _ => "its summary names the model /data/gpt-j-6b",
+            };
+            assert!(err.contains(why), "{err}");
+            assert_eq!(
+                std::fs::read_to_string(&out).unwrap(),
+                cstar,
+                "nothing removed"
+            );
+        }
+        // A C* without its summary whose journal names the demo model: a demo run killed
+        // between its final renames.
+        crate::util::fs::remove_if_exists(&dir.path().join("c.summary.json")).unwrap();
+        let header = serde_json::json!({
+            "journal": "toolsift-annotate/2",
+            "run": {"info": {"model": "/tmp/toolsift-demo-0123456789ab-u1000"}}
+        });
+        std::fs::write(&journal, format!("{header}\n")).unwrap();
+        assert_eq!(remove_previous_output(&out, true).unwrap().len(), 2);
+        std::fs::write(dir.path().join("c.summary.json"), &demo_summary).unwrap();
 
         // While a run holds the journal's lock, nothing is removed.
         std::fs::write(&out, &cstar).unwrap();
-        let journal = dir.path().join("c.jsonl.partial");
         std::fs::write(&journal, "").unwrap();
         let held = std::fs::File::open(&journal).unwrap();
         held.try_lock().unwrap();
@@ -168,6 +266,6 @@ mod tests {
             assert!(out.exists() && journal.exists());
         }
         drop(held);
-        assert_eq!(remove_previous_output(&out, true).unwrap().len(), 2);
+        assert_eq!(remove_previous_output(&out, true).unwrap().len(), 3);
     }
 }
