@@ -1727,7 +1727,7 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
     )
     .expect_err("a stale journal is refused")
     .to_string();
-    assert!(err.contains("are not the text the journal"), "{err}");
+    assert!(err.contains("are not the text it"), "{err}");
 
     // While that run is in progress (its journal there), a run on the other spelling of its
     // --out ("p" for "p.jsonl": the same rejects and summary names) is refused, and writes
@@ -2189,4 +2189,116 @@ fn shards_merge_and_journals_resume_however_their_wikisearch_index_is_spelled() 
     }
     let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
     assert_eq!(read("stepped.jsonl"), read("full.jsonl"));
+}
+
+/// The Calculator, but its first call edits the corpus the run is reading (`edit`).
+struct EditsTheCorpus {
+    corpus: PathBuf,
+    edit: fn(&Path),
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl toolsift::annotate::tools::Tool for EditsTheCorpus {
+    fn name(&self) -> &str {
+        "Calculator"
+    }
+
+    fn call(
+        &self,
+        input: &str,
+        doc: &toolsift::annotate::tools::DocContext<'_>,
+    ) -> Result<String, toolsift::annotate::tools::ToolError> {
+        if !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            (self.edit)(&self.corpus);
+        }
+        toolsift::annotate::tools::Calculator::new().call(input, doc)
+    }
+}
+
+/// A corpus changed during the run stops it before the final files, and the advice given is
+/// the one that works: lines only appended, the journal resumes once they are removed; a line
+/// the run annotated edited in place, neither text resumes it, and deleting it does.
+#[test]
+fn a_corpus_changed_during_the_run_gets_advice_that_works() {
+    use toolsift::annotate::tools::Calculator;
+    let config = test_config();
+    let mut parts = Parts::new(&config);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 12);
+    // Past the reader's 1 MiB buffer, so that the run reads the tail after the first call
+    // changed it: rejects (no text field) that cost nothing to annotate.
+    let mut text = std::fs::read_to_string(&corpus).unwrap();
+    for i in 0..700 {
+        text.push_str(&json!({"id": i, "body": "x".repeat(2200)}).to_string());
+        text.push('\n');
+    }
+    std::fs::write(&corpus, &text).unwrap();
+    let total = text.lines().count();
+    let opts = RunOptions {
+        corpus: corpus.clone(),
+        out: dir.path().join("out.jsonl"),
+        shard: Shard::default(),
+        run_info: json!(null),
+        progress: false,
+        stop_after: None,
+    };
+    let append: fn(&Path) = |p| {
+        let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
+        std::io::Write::write_all(&mut f, b"{\"id\": \"late\", \"text\": \"1 2 3\"}\n").unwrap();
+    };
+    let edit_last_line: fn(&Path) = |p| {
+        let mut bytes = std::fs::read(p).unwrap();
+        let at = bytes.len() - 10;
+        assert_eq!(bytes[at], b'x');
+        bytes[at] = b'y';
+        std::fs::write(p, bytes).unwrap();
+    };
+    for (edit, advice) in [
+        (append, format!("lines were added after line {total}")),
+        (edit_last_line, format!("a line among 1-{total} changed")),
+    ] {
+        parts.registry.register(EditsTheCorpus {
+            corpus: corpus.clone(),
+            edit,
+            done: false.into(),
+        });
+        let a = parts.annotator(&config, &[ToolKind::Calculator]);
+        let err = annotate::annotate(&a, &opts)
+            .expect_err("the corpus changed")
+            .to_string();
+        assert!(err.contains("the corpus changed during the run"), "{err}");
+        assert!(err.contains(&advice), "{err}");
+        assert!(!opts.out.exists() && dir.path().join("out.jsonl.partial").exists());
+        drop(a);
+        std::fs::write(&corpus, &text).unwrap();
+        parts.registry.register(Calculator::new());
+        let a = parts.annotator(&config, &[ToolKind::Calculator]);
+        match annotate::annotate(&a, &opts) {
+            Ok(RunOutcome::Done(summary, _)) => {
+                assert!(advice.starts_with("lines were added"), "{err}");
+                assert_eq!(summary.lines, total as u64);
+                assert_eq!(
+                    summary.lines_resumed, total as u64,
+                    "resumed, nothing redone"
+                );
+            }
+            Err(resumed) => {
+                assert!(advice.starts_with("a line among"), "{resumed}");
+                assert!(
+                    resumed.to_string().contains("delete the journal"),
+                    "{resumed}"
+                );
+                std::fs::remove_file(dir.path().join("out.jsonl.partial")).unwrap();
+                assert!(matches!(
+                    annotate::annotate(&a, &opts),
+                    Ok(RunOutcome::Done(..))
+                ));
+            }
+            Ok(other) => panic!("{other:?}"),
+        }
+        for name in ["out.jsonl", "out.rejects.jsonl", "out.summary.json"] {
+            std::fs::remove_file(dir.path().join(name)).unwrap();
+        }
+    }
 }

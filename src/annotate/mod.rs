@@ -226,7 +226,13 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     // resumable once the corpus is restored.
     let want = |n: u64| n > last_done && n <= total && shard.owns(n);
     let journaled_xxh3 = journal.last_corpus_xxh3().map(str::to_owned);
+    // The hash of lines 1-total as this run read them: equal to the start's unless a line the
+    // run annotates changed (not only lines appended after them).
+    let mut read_to_total = (total == 0).then_some(corpus.fingerprint());
     while let Some(line) = corpus.next_line(want)? {
+        if corpus.lines_read() == total {
+            read_to_total = Some(corpus.fingerprint());
+        }
         // The lines done are trusted only if they are the text the journal was made from: a
         // corpus edited during an earlier run and then restored has the header's hash again.
         // (Hashed only at that line and at lines journaled, not at every line skipped.)
@@ -234,9 +240,9 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
             let now = format!("{:016x}", corpus.fingerprint().xxh3);
             if &now != journaled {
                 return Err(Error::input(format!(
-                    "{}: lines 1-{last_done} are not the text the journal {} was made from \
-                     (XXH3 {journaled} then, {now} now; the corpus changed during an earlier \
-                     run); delete the journal to start over",
+                    "{}: lines 1-{last_done}, which the journal {} answers, are not the text it \
+                     was made from (XXH3 {journaled} then, {now} now: a line among them changed \
+                     during an earlier run); delete the journal to start over",
                     options.corpus.display(),
                     paths.journal.display()
                 )));
@@ -298,16 +304,31 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     bar.finish_and_clear();
     let read = corpus.fingerprint();
     if read != corpus_id {
+        // Lines only added after the run's: its journal holds the text it started from, and
+        // resumes once they are removed. A line it annotated changed: the journal holds lines
+        // of both texts, and neither corpus can resume it.
+        let appended = read_to_total == Some(corpus_id);
+        let advice = if appended {
+            format!(
+                "lines were added after line {total}; the journal {} is kept: remove them \
+                 (restore the corpus) and rerun to finish, or delete the journal to start over",
+                paths.journal.display()
+            )
+        } else {
+            format!(
+                "a line among 1-{total} changed, so the journal {} holds lines read from both \
+                 texts and neither can resume it: delete the journal and rerun",
+                paths.journal.display()
+            )
+        };
         return Err(Error::input(format!(
             "{}: the corpus changed during the run ({} lines, XXH3 {:016x} when it started; {} \
-             lines, {:016x} now); the journal {} is kept: restore the corpus and rerun, or \
-             delete the journal to start over",
+             lines, {:016x} now); {advice}",
             options.corpus.display(),
             corpus_id.lines,
             corpus_id.xxh3,
             read.lines,
             read.xxh3,
-            paths.journal.display()
         )));
     }
     let mut settings = run;

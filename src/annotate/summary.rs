@@ -95,8 +95,9 @@ type Column = (&'static str, fn(&ToolStats) -> u64);
 
 /// The printed table's columns. Those from "sampled" to "executed" add up: every sampled call
 /// is malformed, of an unknown tool, a duplicate, dropped as lookahead or executed. Each is the
-/// summary's field of that name (`calls_*`).
-const COLUMNS: [Column; 12] = [
+/// summary's field of that name (`calls_*`). Lookahead and unscorable are shown only when a tool
+/// has some.
+const COLUMNS: [Column; 13] = [
     ("texts", |st| st.texts_considered),
     ("positions", |st| st.positions),
     ("sampled", |st| st.calls_sampled),
@@ -106,6 +107,7 @@ const COLUMNS: [Column; 12] = [
     ("lookahead", |st| st.calls_lookahead),
     ("executed", |st| st.calls_executed),
     ("failed", |st| st.calls_failed),
+    ("unscorable", |st| st.calls_unscorable),
     ("kept", |st| st.calls_kept),
     ("heuristic", |st| st.texts_skipped_heuristic),
     ("toolong", |st| st.texts_too_long),
@@ -308,12 +310,17 @@ impl Summary {
             .iter()
             .map(|t| t.tool.chars().count())
             .fold(11, usize::max);
-        // Lookahead is opt-in: its column only when a tool dropped any.
-        let lookahead = self.tools.iter().any(|t| t.stats.calls_lookahead > 0);
-        let columns: Vec<&Column> = COLUMNS
-            .iter()
-            .filter(|(name, _)| lookahead || *name != "lookahead")
-            .collect();
+        // Columns that are mostly 0 (lookahead is opt-in), only when a tool has some.
+        let rare: [Column; 2] = [
+            ("lookahead", |st| st.calls_lookahead),
+            ("unscorable", |st| st.calls_unscorable),
+        ];
+        let shown = |name: &str| {
+            rare.iter()
+                .find(|(rare_name, _)| *rare_name == name)
+                .is_none_or(|(_, value)| self.tools.iter().any(|t| value(&t.stats) > 0))
+        };
+        let columns: Vec<&Column> = COLUMNS.iter().filter(|(name, _)| shown(name)).collect();
         s.push_str(&format!("{:<w$}", "tool"));
         for (name, _) in &columns {
             s.push_str(&format!(" {name:>8}"));
@@ -329,6 +336,16 @@ impl Summary {
                 ));
             }
             s.push('\n');
+        }
+        for t in &self.tools {
+            let st = &t.stats;
+            if st.calls_executed > 0 && st.calls_failed == st.calls_executed {
+                s.push_str(&format!(
+                    "warning: every call {} executed failed ({}): is the tool set up? (each \
+                     call's \"error\" in C* says why)\n",
+                    t.tool, st.calls_failed
+                ));
+            }
         }
         let total = self.secs.sampling + self.secs.tools + self.secs.scoring;
         let pct = |x: f64| if total > 0.0 { 100.0 * x / total } else { 0.0 };
@@ -362,13 +379,21 @@ impl Summary {
                         loss(e.l_call_result),
                         e.line,
                         if e.kept { "kept" } else { "rejected" },
-                        e.context.replace('\n', " ")
+                        printable(&e.context)
                     ));
                 }
             }
         }
         s
     }
+}
+
+/// `text` for a terminal: every control character (a line break, a NUL, an escape that would
+/// start a terminal sequence) as a space.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 #[cfg(test)]
@@ -398,7 +423,7 @@ mod tests {
         let record = CStarRecord {
             line: 1,
             id: serde_json::Value::Null,
-            text: "so 2 in total".into(),
+            text: "so 2\0 in\u{1b}[2J total".into(),
             annotated_text: String::new(),
             calls: (0..4)
                 .map(|k| call(2, k as f64 - 1.0, k >= 2))
@@ -418,6 +443,7 @@ mod tests {
                 calls_unknown_tool: 2,
                 calls_duplicate: 1,
                 calls_executed: 5,
+                calls_unscorable: 1,
                 calls_kept: 2,
                 ..Default::default()
             },
@@ -444,13 +470,20 @@ mod tests {
                 "unknown",
                 "duplicate",
                 "executed",
+                "unscorable",
                 "kept"
             ]
             .map(at),
-            ["9", "1", "2", "1", "5", "2"],
+            ["9", "1", "2", "1", "5", "1", "2"],
             "{text}"
         );
         assert!(!header.contains(&"lookahead"), "{text}");
+        // The corpus's control characters (a NUL, a terminal escape) do not reach the terminal.
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(!text.contains("warning"), "{text}");
         assert!(
             text.contains(
                 "Calculator best delta +2.000 (L_none 2.500, L_call 2.250, L_call_result 0.250; line 1, kept)"
@@ -459,6 +492,34 @@ mod tests {
         );
         assert!(
             text.contains("worst delta -1.000") && text.contains("rejected"),
+            "{text}"
+        );
+        // Without unscorable calls, no column for them; a tool whose every call failed is named.
+        let mut failing = SummaryBuilder::new(&[crate::annotate::ToolKind::Calculator.into()]);
+        let mut stats = DocStats::default();
+        stats.tools.insert(
+            "calculator".into(),
+            ToolStats {
+                calls_sampled: 3,
+                calls_executed: 3,
+                calls_failed: 3,
+                ..Default::default()
+            },
+        );
+        failing.document(
+            &CStarRecord {
+                calls: vec![],
+                ..record
+            },
+            &stats,
+        );
+        let text = failing.finish(1.0).render();
+        assert!(
+            !text.lines().nth(1).unwrap().contains("unscorable"),
+            "{text}"
+        );
+        assert!(
+            text.contains("warning: every call Calculator executed failed (3)"),
             "{text}"
         );
         // Summaries written before the losses were recorded still read.

@@ -30,6 +30,7 @@
 //! that is not the expected JSON. Between tries the tool waits 50 ms, doubling, at most 1 s.
 
 use std::io::{Read, Write};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
@@ -143,9 +144,12 @@ impl ExternalTool {
         };
         let backend = match (&config.command, &config.url) {
             (Some(argv), None) => {
-                if argv.first().is_none_or(|program| program.is_empty()) {
+                let Some(program) = argv.first().filter(|p| !p.is_empty()) else {
                     return Err(invalid("command must name a program".into()));
-                }
+                };
+                check_program(program).map_err(|why| {
+                    invalid(format!("command's program {program:?} cannot run: {why}"))
+                })?;
                 ExternalBackend::Command { argv: argv.clone() }
             }
             (None, Some(url)) => {
@@ -183,6 +187,42 @@ impl ExternalTool {
             ExternalBackend::Http { url } => post_json(url, &self.name, input, self.timeout),
         }
     }
+}
+
+/// Whether `program` can be started as `Command::new(program)` would start it: a path (with a
+/// slash) to an executable file, or a name an executable file in `PATH` has. Checked when the
+/// settings load, so that a typo is one config error naming the tool, not a failure of every
+/// call in a run that then finishes.
+fn check_program(program: &str) -> Result<(), String> {
+    let path = Path::new(program);
+    if program.contains('/') {
+        return match std::fs::metadata(path) {
+            Ok(m) if !m.is_file() => Err("it is not a file".into()),
+            Ok(m) if !is_executable(&m) => Err("it is not executable".into()),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        };
+    }
+    let search = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&search).any(|dir| {
+        std::fs::metadata(dir.join(path)).is_ok_and(|m| m.is_file() && is_executable(&m))
+    });
+    if found {
+        Ok(())
+    } else {
+        Err("no executable file of that name in PATH".into())
+    }
+}
+
+#[cfg(unix)]
+fn is_executable(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    m.permissions().mode() & 0o111 != 0
+}
+
+#[cfg(not(unix))]
+fn is_executable(_: &std::fs::Metadata) -> bool {
+    true
 }
 
 impl Tool for ExternalTool {
@@ -1510,6 +1550,46 @@ mod tests {
         ] {
             let err = ExternalTool::from_config("QA", &bad).unwrap_err();
             assert!(err.to_string().starts_with("tool QA:"), "{err}");
+        }
+    }
+
+    /// A command whose program cannot be started is a config error naming the tool and the
+    /// program, as `execvp` would look it up: a path is checked as given, a name in `PATH`.
+    #[cfg(unix)]
+    #[test]
+    fn a_program_that_cannot_run_is_a_config_error() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("qa.sh");
+        std::fs::write(&script, "#!/bin/sh\ncat\n").unwrap();
+        let not_executable = dir.path().join("notes.txt");
+        std::fs::write(&not_executable, "").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let command = |program: &str| ExternalToolConfig {
+            command: Some(argv(&[program, "--flag"])),
+            ..Default::default()
+        };
+        for program in ["sh", "/bin/sh", script.to_str().unwrap()] {
+            ExternalTool::from_config("QA", &command(program)).unwrap();
+        }
+        let missing = dir.path().join("missing");
+        let folder = dir.path().to_str().unwrap().to_owned();
+        for (program, why) in [
+            (
+                "toolsift-no-such-program",
+                "no executable file of that name in PATH",
+            ),
+            (missing.to_str().unwrap(), "No such file or directory"),
+            (not_executable.to_str().unwrap(), "it is not executable"),
+            (folder.as_str(), "it is not a file"),
+        ] {
+            let err = ExternalTool::from_config("QA", &command(program))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("tool QA:") && err.contains(program) && err.contains(why),
+                "{err}"
+            );
         }
     }
 }

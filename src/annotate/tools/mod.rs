@@ -25,7 +25,7 @@ mod external;
 mod wikisearch;
 
 use std::collections::BTreeMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -198,18 +198,20 @@ impl ToolRegistry {
     }
 
     /// Runs tool `name` on `input`. An unknown tool, or a tool that panics, fails this call
-    /// only (a user's tool must not be able to take the whole run down).
+    /// only (a user's tool must not be able to take the whole run down). The panic's message is
+    /// the call's error; under the CLI's hook (`install_quiet_panic_hook`) nothing is printed,
+    /// as a damaged WikiSearch index makes tantivy panic on every search.
     pub fn call(&self, name: &str, input: &str, doc: &DocContext<'_>) -> Result<String, ToolError> {
         let tool = self
             .get(name)
             .ok_or_else(|| ToolError::Failed(format!("no tool named {name:?} is registered")))?;
-        match catch_unwind(AssertUnwindSafe(|| tool.call(input, doc))) {
-            Ok(result) => result,
-            Err(payload) => Err(ToolError::Failed(format!(
-                "tool {name:?} panicked: {}",
-                crate::util::panic_text(payload.as_ref())
-            ))),
-        }
+        crate::util::catch_panic_quietly(AssertUnwindSafe(|| tool.call(input, doc))).unwrap_or_else(
+            |panic| {
+                Err(ToolError::Failed(format!(
+                    "tool {name:?} panicked: {panic}"
+                )))
+            },
+        )
     }
 }
 
