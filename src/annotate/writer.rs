@@ -323,6 +323,14 @@ pub fn write_summary(path: &Path, summary: &Summary) -> Result<()> {
     })
 }
 
+/// Whether `bytes` could be the start of a journal's header as [`Journal::open`] writes it
+/// (`{"journal":"<MAGIC>","run":...`): a header cut short by a crash.
+fn header_start_compatible(bytes: &[u8]) -> bool {
+    let start = format!("{{\"journal\":\"{MAGIC}\",\"run\":");
+    let n = bytes.len().min(start.len());
+    bytes[..n] == start.as_bytes()[..n]
+}
+
 /// Whether `line` (without its newline) is a journal's first line.
 pub fn is_journal_header(line: &[u8]) -> bool {
     serde_json::from_slice::<Header>(line).is_ok_and(|h| h.journal == MAGIC)
@@ -347,6 +355,19 @@ impl Journal {
     /// Returns it with the last input line already done (0 if none).
     pub fn open(path: &Path, run: &Value) -> Result<(Journal, u64)> {
         let io = |e| Error::io(path, e);
+        // (A named pipe there would open, then block the first read forever.)
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if !m.is_file() => {
+                return Err(Error::input(format!(
+                    "{}: the journal's path holds something that is not a regular file; \
+                     remove it or give another output",
+                    path.display()
+                )))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
+        }
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
@@ -396,6 +417,16 @@ impl Journal {
                     None
                 };
                 let ok = match (n, parsed) {
+                    // A header cut short by a crash starts as every header does; anything
+                    // else there is someone's file, not to be emptied.
+                    (1, None) if !header_start_compatible(&buf) => {
+                        return Err(Error::input(format!(
+                            "{}:1: not a toolsift journal (one line, without a newline, that \
+                             does not start as a journal's header); remove it or give another \
+                             output",
+                            path.display()
+                        )))
+                    }
                     (_, None) => false,
                     (1, Some(bytes)) => {
                         let header: Header = serde_json::from_slice(bytes).map_err(|e| {
@@ -1076,6 +1107,44 @@ mod tests {
         drop(j);
         let (_, last) = Journal::open(&p, &run).unwrap();
         assert_eq!(last, 1);
+    }
+
+    /// A header cut short by a crash (any prefix of a real one) starts over; someone's file
+    /// of one line there, or a named pipe, is refused and left as it was.
+    #[test]
+    fn only_a_cut_header_is_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.jsonl.partial");
+        let run = json!({"seed": 1});
+        drop(Journal::open(&p, &run).unwrap());
+        let header = std::fs::read(&p).unwrap();
+        assert!(
+            header_start_compatible(&header),
+            "{:?}",
+            String::from_utf8_lossy(&header)
+        );
+        for cut in [1, 5, 30, header.len() - 1] {
+            std::fs::write(&p, &header[..cut]).unwrap();
+            let (j, last) = Journal::open(&p, &run).unwrap();
+            assert!(j.created() && last == 0);
+            drop(j);
+            assert_eq!(std::fs::read(&p).unwrap(), header);
+        }
+        for precious in ["precious, one line, no newline", "{\"journal\":\"mine\""] {
+            std::fs::write(&p, precious).unwrap();
+            let err = Journal::open(&p, &run).err().unwrap().to_string();
+            assert!(err.contains("not a toolsift journal"), "{err}");
+            assert_eq!(std::fs::read_to_string(&p).unwrap(), precious);
+        }
+        std::fs::remove_file(&p).unwrap();
+        #[cfg(unix)]
+        {
+            let fifo = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+            // SAFETY: mkfifo(3) with a NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+            let err = Journal::open(&p, &run).err().unwrap().to_string();
+            assert!(err.contains("not a regular file"), "{err}");
+        }
     }
 
     #[test]
