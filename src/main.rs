@@ -244,8 +244,11 @@ struct BenchCli {
 #[derive(clap::Args)]
 struct ScoreArgs {
     /// Hugging Face GPT-J folder (config.json, weights, tokenizer.json for text-level input).
-    #[arg(long)]
-    model: PathBuf,
+    #[arg(long, required_unless_present = "demo")]
+    model: Option<PathBuf>,
+    /// Use the demo GPT-J built into the binary (docs/demo.md) instead of --model.
+    #[arg(long, conflicts_with = "model")]
+    demo: bool,
     /// Candidates, JSONL (text-level or token-level lines); `-`: standard input.
     #[arg(long)]
     input: PathBuf,
@@ -266,7 +269,7 @@ struct ScoreArgs {
     #[arg(long, value_enum, default_value_t = CallForm::Arrow)]
     call_form: CallForm,
     /// Loss weights w_0,w_1,... (default: the paper's 1,.8,.6,.4,.2 divided by 3).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
     weights: Option<Vec<f64>>,
     /// Score with the plain f64 reference (the oracle; slow) instead of the fast engine.
     #[arg(long)]
@@ -543,7 +546,11 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
     refuse_resume_on_std_streams(args.resume, [&args.input, &args.output])?;
     let input_path = (!is_std_stream(&args.input)).then_some(args.input.as_path());
     let output_path = (!is_std_stream(&args.output)).then_some(args.output.as_path());
-    check_io(input_path, output_path, Some(&args.model))?;
+    let model_dir = match &args.model {
+        Some(dir) => dir.clone(),
+        None => toolsift::demo::assets::materialize().context("writing the demo assets")?,
+    };
+    check_io(input_path, output_path, Some(&model_dir))?;
     let input: Box<dyn std::io::BufRead> = match input_path {
         Some(path) => Box::new(BufReader::new(
             File::open(path).with_context(|| format!("{}", path.display()))?,
@@ -559,7 +566,7 @@ fn score(args: ScoreArgs) -> Result<ExitCode> {
     };
     // Token-level lines need no tokenizer: a tokenizer.json that does not load fails the
     // text-level lines only (each says why), not the run.
-    let (mut model, tokenizer_error) = Model::load_deferring_tokenizer(&args.model)?;
+    let (mut model, tokenizer_error) = Model::load_deferring_tokenizer(&model_dir)?;
     if let Some(e) = &tokenizer_error {
         note!("warning: {e}; text-level lines will fail (token-level lines need no tokenizer)");
     }
@@ -617,8 +624,13 @@ fn is_broken_pipe<T>(result: &toolsift::Result<T>) -> bool {
         if error.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
-/// Failure when a line of the output failed, in this run or in the earlier one it resumed
-/// (said, since this run's summary does not count those).
+/// The exit status of a `score` or `generate` run that wrote every line but some failed: not
+/// 1, which a run that stopped (an unreadable input, a model that does not load, a full disk)
+/// exits with, nor clap's 2 for a usage error.
+const LINES_FAILED: u8 = 3;
+
+/// [`LINES_FAILED`] when a line of the output failed, in this run or in the earlier one it
+/// resumed (said, since this run's summary does not count those).
 fn exit_status(
     failed_now: usize,
     resume_at: Option<toolsift::util::jsonl::ResumePoint>,
@@ -628,7 +640,7 @@ fn exit_status(
         note!("the run this one resumed failed on {failed_before} of the output's lines");
     }
     if failed_now + failed_before > 0 {
-        ExitCode::FAILURE
+        ExitCode::from(LINES_FAILED)
     } else {
         ExitCode::SUCCESS
     }

@@ -358,8 +358,12 @@ fn duplicate_keys_blank_lines_and_wrong_types_are_named() {
 
 #[test]
 fn overflowing_weights_are_an_error_not_null_scores() {
+    // Weights that overflow their own sum are refused as such; one that overflows only times
+    // a loss (the tiny model's cross-entropy is above 1.8) makes the loss not finite.
     let mut bad = token_lines()[0].clone();
     bad["weights"] = json!([1e308, 1e308]);
+    assert_bad_line(bad.clone(), "past the largest f64");
+    bad["weights"] = json!([1e308]);
     assert_bad_line(bad, "not finite");
     let (ok, _, stderr) = run_score(&tiny("f32"), &token_lines(), &["--tau-f", "NaN"]);
     assert!(!ok && stderr.contains("finite"), "{stderr}");
@@ -1174,4 +1178,70 @@ fn a_dash_reads_stdin_and_writes_stdout() {
     }
     // The refused runs left the file an earlier run wrote as it was.
     assert_eq!(std::fs::read(&to_file).unwrap(), want);
+}
+
+/// `score --demo` scores with the demo model built into the binary, as `generate --demo` does;
+/// `--weights` takes a negative number as a value, refused by the weights' own check.
+#[test]
+fn score_runs_on_the_demo_model_and_reads_negative_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let output = tmp.path().join("out.jsonl");
+    let line = json!({
+        "id": "demo", "text": "Out of 540 voters, 108 (or 20%) said yes.",
+        "position": 26, "tool": "Calculator", "input": "108 / 540 * 100", "result": "20"
+    });
+    std::fs::write(&input, format!("{line}\n")).unwrap();
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["score", "--demo", "--input"])
+            .arg(&input)
+            .arg("--output")
+            .arg(&output)
+            .args(extra)
+            .env("TMPDIR", tmp.path())
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let result: Value =
+        serde_json::from_str(std::fs::read_to_string(&output).unwrap().trim()).unwrap();
+    assert_eq!(result["id"], "demo", "{result}");
+    assert!(
+        result["delta"].as_f64().is_some_and(f64::is_finite),
+        "{result}"
+    );
+
+    let out = run(&["--weights", "-1,2"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("weights[0] = -1 must be finite and non-negative"),
+        "{stderr}"
+    );
+    let both = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args([
+            "score", "--demo", "--model", "m", "--input", "i", "--output", "o",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(both.status.code(), Some(2), "--demo and --model conflict");
+
+    // Exit status: 3 for a run that wrote every line and some failed, 1 for one that stopped.
+    let bad = json!({"id": "bad", "text": "x", "position": 99, "tool": "Calculator",
+                     "input": "1", "result": "1"});
+    std::fs::write(&input, format!("{line}\n{bad}\n")).unwrap();
+    let some_failed = run(&[]);
+    assert_eq!(some_failed.status.code(), Some(3));
+    assert_eq!(std::fs::read_to_string(&output).unwrap().lines().count(), 2);
+    let stopped = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["score", "--model", "/nonexistent/model", "--input"])
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .output()
+        .unwrap();
+    assert_eq!(stopped.status.code(), Some(1));
 }

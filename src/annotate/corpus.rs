@@ -95,9 +95,12 @@ pub fn parse_line(line: u64, bytes: &[u8], text_field: &str) -> Line {
     let reads = |key: &str| key == text_field || matches!(key, "id" | "url" | "date");
     let (value, duplicate) = match json::parse_line_reading(s, reads) {
         Ok(v) => v,
-        Err(e @ (LineError::Blank | LineError::ByteOrderMark | LineError::TooManyValues)) => {
-            return reject(e.to_string())
-        }
+        Err(
+            e @ (LineError::Blank
+            | LineError::ByteOrderMark
+            | LineError::TooManyValues
+            | LineError::TooDeep(_)),
+        ) => return reject(e.to_string()),
         Err(LineError::Syntax(e)) => return reject(format!("invalid JSON: {e}")),
     };
     let Value::Object(mut obj) = value else {

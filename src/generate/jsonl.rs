@@ -228,9 +228,12 @@ fn read_fields(line: &str, line_no: usize) -> (Value, std::result::Result<Line, 
     let reads = |key: &str| fields.contains(&key);
     let (value, duplicate) = match json::parse_line_reading(line, reads) {
         Ok(v) => v,
-        Err(e @ (LineError::Blank | LineError::ByteOrderMark | LineError::TooManyValues)) => {
-            return fail(e.to_string())
-        }
+        Err(
+            e @ (LineError::Blank
+            | LineError::ByteOrderMark
+            | LineError::TooManyValues
+            | LineError::TooDeep(_)),
+        ) => return fail(e.to_string()),
         Err(LineError::Syntax(e)) => return fail(format!("malformed JSON: {e}")),
     };
     // serde would fill the struct from an array by position ("[1, 2]": "invalid type: integer

@@ -240,11 +240,14 @@ fn parse_line(
     );
     let reads = |key: &str| token_fields.contains(&key) || text_fields.contains(&key);
     let (value, duplicate) = json::parse_line_reading(line, reads).map_err(|e| match e {
-        LineError::Blank | LineError::ByteOrderMark | LineError::TooManyValues => e.to_string(),
         LineError::Syntax(e) => format!("malformed JSON: {e}"),
+        e => e.to_string(),
     })?;
     let Value::Object(obj) = value else {
-        return Err("expected a JSON object".to_string());
+        return Err(format!(
+            "expected a JSON object, got {}",
+            json::value_kind(&value)
+        ));
     };
     // The id is echoed unless it is the key held twice (or holds one): which would it be?
     if !json::field_holds_duplicate(line, "id", duplicate.as_ref()) {

@@ -43,6 +43,10 @@ pub fn check(weights: &[f64]) -> std::result::Result<(), String> {
             "weights[{t}] = {w} must be finite and non-negative"
         ));
     }
+    if !weights.iter().sum::<f64>().is_finite() {
+        // Every weighted loss would overflow: each line would fail as "not finite".
+        return Err("weights sum past the largest f64; scale them down".into());
+    }
     if !weights.iter().any(|&w| w > 0.0) {
         // Every loss would be 0 and every delta 0: "kept" at tau_f <= 0 with nothing measured.
         return Err("weights must have at least one positive weight".into());
@@ -72,5 +76,9 @@ mod tests {
         let zero = LossWeights::new(vec![0.0, 0.0]).unwrap_err().to_string();
         assert!(zero.contains("at least one positive weight"), "{zero}");
         assert!(LossWeights::new(vec![0.0, 0.5]).is_ok());
+        let huge = LossWeights::new(vec![1e308, 1e308])
+            .unwrap_err()
+            .to_string();
+        assert!(huge.contains("past the largest f64"), "{huge}");
     }
 }

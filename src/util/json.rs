@@ -29,6 +29,8 @@ pub enum LineError {
     Syntax(serde_json::Error),
     /// More than [`MAX_LINE_VALUES`] values and keys held at once.
     TooManyValues,
+    /// Arrays and objects nested past serde_json's limit (128), which may be valid JSON.
+    TooDeep(serde_json::Error),
 }
 
 impl fmt::Display for LineError {
@@ -40,6 +42,11 @@ impl fmt::Display for LineError {
                  first line may (were files with one joined?); remove it",
             ),
             LineError::Syntax(e) => e.fmt(f),
+            LineError::TooDeep(e) => write!(
+                f,
+                "arrays and objects nested more than 128 deep, the reader's limit (at column {})",
+                e.column()
+            ),
             LineError::TooManyValues => write!(
                 f,
                 "too many JSON values: more than {MAX_LINE_VALUES} values and keys in the fields \
@@ -146,6 +153,10 @@ fn parse(
     match value {
         Ok(v) => Ok((v, reading.duplicate)),
         Err(_) if reading.over => Err(LineError::TooManyValues),
+        // serde_json says so only in its message.
+        Err(e) if e.to_string().starts_with("recursion limit exceeded") => {
+            Err(LineError::TooDeep(e))
+        }
         Err(e) => Err(LineError::Syntax(e)),
     }
 }
@@ -474,6 +485,7 @@ pub fn object_from_str_within<T: DeserializeOwned>(
             "not valid JSON: it starts with two UTF-8 byte order marks (U+FEFF)".to_string()
         }
         LineError::Syntax(e) => format!("not valid JSON: {e}"),
+        e @ LineError::TooDeep(_) => e.to_string(),
         // Every field is read here: the line's wording ("in the fields read") would mislead.
         LineError::TooManyValues => {
             format!("too many JSON values: more than {max_values} values and keys")
@@ -585,6 +597,15 @@ mod tests {
             let theirs = serde_json::from_str::<Value>(line).unwrap_err();
             assert_eq!(e.to_string(), theirs.to_string(), "{line}");
         }
+        // Valid JSON nested past serde_json's limit is named as that, not as malformed.
+        let deep = format!("{{\"id\": {}1{}}}", "[".repeat(200), "]".repeat(200));
+        let e = parse_line(&deep).unwrap_err();
+        assert!(matches!(e, LineError::TooDeep(_)), "{e:?}");
+        assert!(e
+            .to_string()
+            .starts_with("arrays and objects nested more than 128 deep"));
+        let fine = format!("{{\"id\": {}1{}}}", "[".repeat(100), "]".repeat(100));
+        parse_line(&fine).unwrap();
     }
 
     /// A byte order mark past line 1 (files joined with `cat`) is named, not "expected value at
