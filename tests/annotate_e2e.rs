@@ -882,6 +882,22 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
     // The last shard lost: its lines are not silently missing from the merge.
     let err = merge_err("m3.jsonl", &parts[..2]);
     assert!(err.contains("1 of 3 shards missing"), "{err}");
+    let third = annotate::OutputPaths::new(&parts[2]);
+    assert!(
+        err.contains(&format!(
+            "its output {} is there, but was not given",
+            parts[2].display()
+        )),
+        "{err}"
+    );
+    // A shard still running (or interrupted) is named by its journal.
+    std::fs::write(&third.journal, "").unwrap();
+    let err = merge_err("m3.jsonl", &parts[..2]);
+    assert!(
+        err.contains(&format!("its journal {} is there", third.journal.display())),
+        "{err}"
+    );
+    std::fs::remove_file(&third.journal).unwrap();
     let err = merge_err("m4.jsonl", &[annotate::OutputPaths::new(&parts[0]).rejects]);
     assert!(err.contains("give merge the C* files"), "{err}");
     // A shard of a run with other settings does not merge with this run's.
@@ -1493,6 +1509,10 @@ command = ["cat"]
     assert!(
         !out.status.success() && stderr.contains("wiki.toml: tool WikiSearch"),
         "{stderr}"
+    );
+    assert!(
+        stderr.contains("/nonexistent: No such file or directory"),
+        "a missing index is said to be missing: {stderr}"
     );
 }
 

@@ -107,9 +107,10 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     if seen.len() as u64 != count {
         let first_missing = (0..count).find(|i| !seen.contains_key(i)).unwrap_or(0);
         return Err(Error::input(format!(
-            "{} of {count} shards missing, e.g. shard {first_missing}/{count} (merge needs \
+            "{} of {count} shards missing, e.g. shard {first_missing}/{count}{} (merge needs \
              every shard's output)",
-            count - seen.len() as u64
+            count - seen.len() as u64,
+            missing_shard_state(&first.paths.out, first.shard.index, first_missing, count)
         )));
     }
     let out_paths = OutputPaths::new(out);
@@ -460,5 +461,37 @@ impl MergeStream {
             None => text,
         };
         Ok(Some(line))
+    }
+}
+
+/// What is where a missing shard's output would be, named after a given shard's (`given`, of
+/// shard `index`): its journal (the shard is running or was interrupted), or its C* (not
+/// given to merge); "" when neither, or when the given file is not named as a shard's.
+fn missing_shard_state(given: &Path, index: u64, missing: u64, count: u64) -> String {
+    let shard_name = |i: u64| format!(".shard-{i:05}-of-{count:05}");
+    let Some(name) = given.file_name().and_then(|n| n.to_str()) else {
+        return String::new();
+    };
+    if !name.contains(&shard_name(index)) {
+        return String::new();
+    }
+    let paths = OutputPaths::new(&given.with_file_name(name.replacen(
+        &shard_name(index),
+        &shard_name(missing),
+        1,
+    )));
+    if paths.journal.exists() {
+        format!(
+            ": its journal {} is there, so it is still running or was interrupted; finish it \
+             (rerun its command) before merging",
+            paths.journal.display()
+        )
+    } else if paths.out.exists() {
+        format!(
+            ": its output {} is there, but was not given",
+            paths.out.display()
+        )
+    } else {
+        String::new()
     }
 }

@@ -512,6 +512,13 @@ impl WikiSearch {
             path: dir.to_path_buf(),
             error,
         };
+        // Not there at all (a typo in the path): said so, not "not an index".
+        if let Err(error) = std::fs::metadata(dir) {
+            return Err(IndexError::Io {
+                path: dir.to_path_buf(),
+                error,
+            });
+        }
         if !dir.join("meta.json").is_file() {
             return Err(IndexError::WrongSchema {
                 path: dir.to_path_buf(),
