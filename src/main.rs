@@ -117,7 +117,8 @@ struct AnnotateArgs {
     #[arg(long, required_unless_present_any = ["print_config", "demo"], conflicts_with = "demo")]
     corpus: Option<PathBuf>,
     /// C* output, JSONL; rejects and summary are written next to it (--demo: default
-    /// toolsift-demo/cstar.jsonl, replaced if it exists).
+    /// toolsift-demo/cstar.jsonl; an earlier demo output there is replaced, anything else
+    /// refused).
     #[arg(long, required_unless_present_any = ["print_config", "demo"])]
     out: Option<PathBuf>,
     /// Tools to use: built-ins by key, tools of the config's [per_tool.custom] by name

@@ -1451,6 +1451,34 @@ command = ["cat"]
     assert!(summary["tools"][0]["texts_considered"].as_u64().unwrap() > 0);
     assert_eq!(summary["run"]["tools"], json!(["Echo"]));
 
+    // A program this machine lacks stops a run that would call it, before anything is
+    // written; a run that does not call it (--tools leaves it out) does not look (it fails
+    // later here: the tiny model has no room for the calculator's prompt).
+    let missing = dir.path().join("missing.toml");
+    std::fs::write(
+        &missing,
+        std::fs::read_to_string(&config).unwrap().replace(
+            r#"command = ["cat"]"#,
+            r#"command = ["/nonexistent/echo-tool"]"#,
+        ),
+    )
+    .unwrap();
+    let out = run(&missing, None, "m.jsonl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr
+                .contains(r#"tool Echo: command's program "/nonexistent/echo-tool" cannot run"#),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("m.jsonl.partial").exists());
+    let out = run(&missing, Some("calculator"), "m.jsonl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("[per_tool.calculator] prompt") && !stderr.contains("cannot run"),
+        "{stderr}"
+    );
+
     // Settings without a service: an error naming the table to add, not a tool left out.
     let lonely = dir.path().join("lonely.toml");
     std::fs::write(
@@ -2274,9 +2302,18 @@ fn a_corpus_changed_during_the_run_gets_advice_that_works() {
         bytes[at] = b'y';
         std::fs::write(p, bytes).unwrap();
     };
+    let truncate: fn(&Path) = |p| {
+        let text = std::fs::read_to_string(p).unwrap();
+        let without_last = text.trim_end().rsplit_once('\n').unwrap().0;
+        std::fs::write(p, format!("{without_last}\n")).unwrap();
+    };
     for (edit, advice) in [
         (append, format!("lines were added after line {total}")),
         (edit_last_line, format!("a line among 1-{total} changed")),
+        (
+            truncate,
+            "restore the corpus and rerun to finish".to_string(),
+        ),
     ] {
         parts.registry.register(EditsTheCorpus {
             corpus: corpus.clone(),
@@ -2296,12 +2333,10 @@ fn a_corpus_changed_during_the_run_gets_advice_that_works() {
         let a = parts.annotator(&config, &[ToolKind::Calculator]);
         match annotate::annotate(&a, &opts) {
             Ok(RunOutcome::Done(summary, _)) => {
-                assert!(advice.starts_with("lines were added"), "{err}");
+                assert!(!advice.starts_with("a line among"), "{err}");
                 assert_eq!(summary.lines, total as u64);
-                assert_eq!(
-                    summary.lines_resumed, total as u64,
-                    "resumed, nothing redone"
-                );
+                // Resumed: nothing redone but the line the truncation took away.
+                assert!(summary.lines_resumed + 1 >= total as u64, "{summary:?}");
             }
             Err(resumed) => {
                 assert!(advice.starts_with("a line among"), "{resumed}");

@@ -50,6 +50,10 @@ pub fn run_job(job: &Job) -> Result<RunOutcome> {
 pub fn run_job_with(job: &Job, registry: &ToolRegistry) -> Result<RunOutcome> {
     // Before the load, which takes minutes for a 6B checkpoint.
     super::check_out(&job.out)?;
+    job.config
+        .tools
+        .check_programs(job.tools.as_deref())
+        .map_err(|e| Error::input(e.to_string()))?;
     let model = Model::load(&job.model_dir)?;
     // One engine samples positions and calls and scores the candidates.
     let engine = engine_for(&model, job.device)?;

@@ -305,20 +305,26 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     let read = corpus.fingerprint();
     if read != corpus_id {
         // Lines only added after the run's: its journal holds the text it started from, and
-        // resumes once they are removed. A line it annotated changed: the journal holds lines
-        // of both texts, and neither corpus can resume it.
-        let appended = read_to_total == Some(corpus_id);
-        let advice = if appended {
+        // resumes once they are removed. Unsharded, with lines 1..total read changed: the
+        // journal's last line was read from the changed text, so neither text resumes it.
+        // Otherwise (lines removed, or a shard whose own lines may not have changed) only the
+        // resume's own check can tell.
+        let journal = paths.journal.display();
+        let advice = if read_to_total == Some(corpus_id) {
             format!(
-                "lines were added after line {total}; the journal {} is kept: remove them \
-                 (restore the corpus) and rerun to finish, or delete the journal to start over",
-                paths.journal.display()
+                "lines were added after line {total}; the journal {journal} is kept: remove \
+                 them (restore the corpus) and rerun to finish, or delete the journal to start \
+                 over"
+            )
+        } else if shard.count == 1 && read_to_total.is_some() {
+            format!(
+                "a line among 1-{total} changed, so the journal {journal} holds lines read \
+                 from both texts and neither can resume it: delete the journal and rerun"
             )
         } else {
             format!(
-                "a line among 1-{total} changed, so the journal {} holds lines read from both \
-                 texts and neither can resume it: delete the journal and rerun",
-                paths.journal.display()
+                "the journal {journal} is kept: restore the corpus and rerun to finish; if the \
+                 rerun says the lines it has done changed, delete the journal and rerun"
             )
         };
         return Err(Error::input(format!(

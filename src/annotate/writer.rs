@@ -294,6 +294,10 @@ pub(crate) fn not_of_kind(path: &Path, kind: OutputKind) -> Result<Option<String
 /// description's `info.model`), or None when the file is not there or records none (an empty
 /// journal, a summary of a run without a journal). For files `not_of_kind` has passed.
 pub(crate) fn recorded_model(path: &Path, kind: OutputKind) -> Result<Option<PathBuf>> {
+    // (Not opened unless a file: a named pipe would block the read.)
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Ok(None);
+    }
     let Some(head) = crate::util::fs::read_head(path, kind == OutputKind::Summary)? else {
         return Ok(None);
     };
@@ -323,12 +327,13 @@ pub fn write_summary(path: &Path, summary: &Summary) -> Result<()> {
     })
 }
 
-/// Whether `bytes` could be the start of a journal's header as [`Journal::open`] writes it
-/// (`{"journal":"<MAGIC>","run":...`): a header cut short by a crash.
+/// Whether `bytes` could be the start of a journal's header as [`Journal::open`] writes it,
+/// this format's or an earlier one's (`{"journal":"toolsift-annotate/<n>",...`): a header cut
+/// short by a crash.
 fn header_start_compatible(bytes: &[u8]) -> bool {
-    let start = format!("{{\"journal\":\"{MAGIC}\",\"run\":");
+    let start = b"{\"journal\":\"toolsift-annotate/";
     let n = bytes.len().min(start.len());
-    bytes[..n] == start.as_bytes()[..n]
+    bytes[..n] == start[..n]
 }
 
 /// Whether `line` (without its newline) is a journal's first line.
@@ -356,7 +361,7 @@ impl Journal {
     pub fn open(path: &Path, run: &Value) -> Result<(Journal, u64)> {
         let io = |e| Error::io(path, e);
         // (A named pipe there would open, then block the first read forever.)
-        match std::fs::symlink_metadata(path) {
+        match std::fs::metadata(path) {
             Ok(m) if !m.is_file() => {
                 return Err(Error::input(format!(
                     "{}: the journal's path holds something that is not a regular file; \

@@ -50,6 +50,14 @@ use crate::error::{Error, Result};
 /// writing this output), and the lock is held here until the removals are done.
 pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathBuf>> {
     let paths = OutputPaths::new(out);
+    // (A named pipe there would block the open below.)
+    if let Some(why) = not_of_kind(&paths.journal, OutputKind::Journal)? {
+        return Err(Error::input(format!(
+            "{} exists and is not a toolsift journal ({why}); not replacing it (choose another \
+             --out)",
+            paths.journal.display()
+        )));
+    }
     let _lock = match std::fs::File::open(&paths.journal) {
         Ok(journal) => match crate::util::fs::lock_patiently(&journal) {
             Ok(false) => {
@@ -136,7 +144,8 @@ fn check_demo_model(paths: &OutputPaths, journal_too: bool) -> Result<()> {
     match why {
         None => Ok(()),
         Some(why) => Err(Error::input(format!(
-            "{} is not an earlier demo output ({why}); not replacing it (choose another --out)",
+            "{} is not an earlier demo output ({why}); not replacing it (choose another --out, \
+             or delete it if it is one from an older toolsift)",
             paths.out.display()
         ))),
     }

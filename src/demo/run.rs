@@ -31,7 +31,8 @@ pub struct DemoOptions {
     pub docs: Option<usize>,
     /// None: the demo's tools (calculator, calendar).
     pub tools: Option<Vec<ToolKind>>,
-    /// The C* file; rejects and summary go next to it. An earlier C* there is replaced.
+    /// The C* file; rejects and summary go next to it. An earlier demo output there is
+    /// replaced; another run's is refused (`remove_previous_output`).
     pub out: PathBuf,
     /// Show progress bars (false with `--no-progress`).
     pub progress: bool,

@@ -777,6 +777,10 @@ pub fn tools_from_config(
             .custom
             .retain(|name, _| names.contains(&name.as_str()));
     }
+    config.check_programs(None).map_err(|e| match path {
+        Some(path) => config_err(path, e.to_string()),
+        None => Error::input(e.to_string()),
+    })?;
     ToolRegistry::from_config(&config).map_err(|e| Error::input(e.to_string()))
 }
 

@@ -19,6 +19,7 @@ use serde_json::{Map, Number, Value};
 
 /// Why a line has no JSON value.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum LineError {
     /// Empty, or only whitespace.
     Blank,

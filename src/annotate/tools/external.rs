@@ -144,12 +144,9 @@ impl ExternalTool {
         };
         let backend = match (&config.command, &config.url) {
             (Some(argv), None) => {
-                let Some(program) = argv.first().filter(|p| !p.is_empty()) else {
+                if argv.first().is_none_or(|program| program.is_empty()) {
                     return Err(invalid("command must name a program".into()));
-                };
-                check_program(program).map_err(|why| {
-                    invalid(format!("command's program {program:?} cannot run: {why}"))
-                })?;
+                }
                 ExternalBackend::Command { argv: argv.clone() }
             }
             (None, Some(url)) => {
@@ -189,40 +186,34 @@ impl ExternalTool {
     }
 }
 
-/// Whether `program` can be started as `Command::new(program)` would start it: a path (with a
-/// slash) to an executable file, or a name an executable file in `PATH` has. Checked when the
-/// settings load, so that a typo is one config error naming the tool, not a failure of every
-/// call in a run that then finishes.
-fn check_program(program: &str) -> Result<(), String> {
-    let path = Path::new(program);
-    if program.contains('/') {
-        return match std::fs::metadata(path) {
-            Ok(m) if !m.is_file() => Err("it is not a file".into()),
-            Ok(m) if !is_executable(&m) => Err("it is not executable".into()),
-            Ok(_) => Ok(()),
-            Err(e) => Err(e.to_string()),
-        };
+/// Why `program` cannot be started as `Command::new(program)` would start it, if it cannot: a
+/// path (with a slash) must be an executable file, a name that of an executable file in `PATH`
+/// (unset: execvp's default, /bin:/usr/bin). For a run about to start (it reads the disk), so
+/// that a typo is one error naming the tool, not a failure of every call in a run that then
+/// finishes. Elsewhere than Unix the lookup has other rules (extensions), and nothing is checked.
+pub(crate) fn check_program(program: &str) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let runnable = |m: &std::fs::Metadata| m.is_file() && m.permissions().mode() & 0o111 != 0;
+        let path = Path::new(program);
+        if program.contains('/') {
+            return match std::fs::metadata(path) {
+                Ok(m) if !m.is_file() => Err("it is not a file".into()),
+                Ok(m) if !runnable(&m) => Err("it is not executable".into()),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            };
+        }
+        let search = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+        let found = std::env::split_paths(&search)
+            .any(|dir| std::fs::metadata(dir.join(path)).is_ok_and(|m| runnable(&m)));
+        if !found {
+            return Err("no executable file of that name in PATH".into());
+        }
     }
-    let search = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&search).any(|dir| {
-        std::fs::metadata(dir.join(path)).is_ok_and(|m| m.is_file() && is_executable(&m))
-    });
-    if found {
-        Ok(())
-    } else {
-        Err("no executable file of that name in PATH".into())
-    }
-}
-
-#[cfg(unix)]
-fn is_executable(m: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    m.permissions().mode() & 0o111 != 0
-}
-
-#[cfg(not(unix))]
-fn is_executable(_: &std::fs::Metadata) -> bool {
-    true
+    let _ = program;
+    Ok(())
 }
 
 impl Tool for ExternalTool {
@@ -1118,7 +1109,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_signal_ignored_at_start_stays_ignored() {
-        if std::env::var_os("TOOLSIFT_TEST_NOHUP_RUN").is_some() {
+        if let Some(marker) = std::env::var_os("TOOLSIFT_TEST_NOHUP_RUN") {
             // SAFETY: setting a signal's action to SIG_IGN, as nohup(1) does before exec.
             unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
             stop_tools_on_signals().unwrap();
@@ -1127,12 +1118,15 @@ mod tests {
             unsafe { libc::raise(libc::SIGHUP) };
             // Time for the signal thread to act, had it been watching SIGHUP.
             thread::sleep(Duration::from_millis(500));
+            std::fs::write(marker, "survived").unwrap();
             return;
         }
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("survived");
         let status = this_test_as_a_run(
             "a_signal_ignored_at_start_stays_ignored",
             "TOOLSIFT_TEST_NOHUP_RUN",
-            "1",
+            &marker,
         )
         .status()
         .unwrap();
@@ -1140,6 +1134,7 @@ mod tests {
             status.success(),
             "the run ended on an ignored SIGHUP: {status}"
         );
+        assert!(marker.exists(), "the run did not run this test");
     }
 
     /// The race a signal leaves is closed: once `stop_command_tools` has killed a call's tool,
@@ -1553,11 +1548,13 @@ mod tests {
         }
     }
 
-    /// A command whose program cannot be started is a config error naming the tool and the
-    /// program, as `execvp` would look it up: a path is checked as given, a name in `PATH`.
+    /// A command whose program cannot be started is an error naming the tool and the program,
+    /// as `execvp` would look it up: a path is checked as given, a name in `PATH`. Only for the
+    /// tools a run selects: settings that name a program this machine lacks still load.
     #[cfg(unix)]
     #[test]
-    fn a_program_that_cannot_run_is_a_config_error() {
+    fn a_program_that_cannot_run_is_an_error_before_the_run() {
+        use crate::annotate::tools::{ToolKind, ToolName, ToolsConfig};
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("qa.sh");
@@ -1569,8 +1566,13 @@ mod tests {
             command: Some(argv(&[program, "--flag"])),
             ..Default::default()
         };
+        let tools = |program: &str| ToolsConfig {
+            qa: Some(command(program)),
+            ..Default::default()
+        };
+        let qa = [ToolName::Builtin(ToolKind::Qa)];
         for program in ["sh", "/bin/sh", script.to_str().unwrap()] {
-            ExternalTool::from_config("QA", &command(program)).unwrap();
+            tools(program).check_programs(Some(&qa)).unwrap();
         }
         let missing = dir.path().join("missing");
         let folder = dir.path().to_str().unwrap().to_owned();
@@ -1583,13 +1585,17 @@ mod tests {
             (not_executable.to_str().unwrap(), "it is not executable"),
             (folder.as_str(), "it is not a file"),
         ] {
-            let err = ExternalTool::from_config("QA", &command(program))
-                .unwrap_err()
-                .to_string();
-            assert!(
-                err.starts_with("tool QA:") && err.contains(program) && err.contains(why),
-                "{err}"
-            );
+            let settings = tools(program);
+            settings.check().unwrap();
+            let calculator_only = [ToolName::Builtin(ToolKind::Calculator)];
+            settings.check_programs(Some(&calculator_only)).unwrap();
+            for selected in [Some(&qa[..]), None] {
+                let err = settings.check_programs(selected).unwrap_err().to_string();
+                assert!(
+                    err.starts_with("tool QA:") && err.contains(program) && err.contains(why),
+                    "{err}"
+                );
+            }
         }
     }
 }

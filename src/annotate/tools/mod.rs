@@ -285,6 +285,38 @@ impl ToolsConfig {
         Ok(())
     }
 
+    /// Fails on the first command tool among `tools` (None: every tool these settings
+    /// configure) whose program cannot be started (`external::check_program`): for a run about
+    /// to start, before its model loads. Not part of [`check`](Self::check), which reads no
+    /// disk: settings shared between machines name programs that only some of them have.
+    pub fn check_programs(&self, tools: Option<&[ToolName]>) -> Result<(), ToolConfigError> {
+        let commands = [
+            (ToolName::Builtin(ToolKind::Qa), self.qa.as_ref()),
+            (ToolName::Builtin(ToolKind::Mt), self.mt.as_ref()),
+        ]
+        .into_iter()
+        .chain(
+            self.custom
+                .iter()
+                .map(|(name, service)| (ToolName::Custom(name.clone()), Some(service))),
+        );
+        for (tool, service) in commands {
+            let Some(argv) = service.and_then(|s| s.command.as_ref()) else {
+                continue;
+            };
+            if tools.is_some_and(|t| !t.contains(&tool)) {
+                continue;
+            }
+            if let Some(program) = argv.first() {
+                external::check_program(program).map_err(|why| ToolConfigError::Invalid {
+                    tool: tool.call_name().to_string(),
+                    message: format!("command's program {program:?} cannot run: {why}"),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether these settings make `tool` available (what `ToolRegistry::from_config` would
     /// register), without opening anything.
     pub fn provides(&self, tool: &ToolName) -> bool {
