@@ -258,17 +258,22 @@ struct Pending<'t> {
 }
 
 /// Every tool of `tools` is registered in `registry` (else an error naming the first missing one
-/// and what is registered).
+/// and what is registered) and ready (`Tool::check_ready`: a command tool's program can be
+/// started).
 pub fn check_tools(registry: &ToolRegistry, tools: &[ToolName]) -> Result<()> {
-    match tools.iter().find(|t| registry.get(t.call_name()).is_none()) {
-        Some(t) => Err(Error::input(format!(
-            "tool {} is not available: configure it under {} (registered: {})",
-            t.key(),
-            t.service_table(),
-            registry.names().join(", ")
-        ))),
-        None => Ok(()),
+    for t in tools {
+        let Some(tool) = registry.get(t.call_name()) else {
+            return Err(Error::input(format!(
+                "tool {} is not available: configure it under {} (registered: {})",
+                t.key(),
+                t.service_table(),
+                registry.names().join(", ")
+            )));
+        };
+        tool.check_ready()
+            .map_err(|why| Error::input(format!("tool {}: {why}", t.call_name())))?;
     }
+    Ok(())
 }
 
 impl<'a> Annotator<'a> {

@@ -50,10 +50,8 @@ pub fn run_job(job: &Job) -> Result<RunOutcome> {
 pub fn run_job_with(job: &Job, registry: &ToolRegistry) -> Result<RunOutcome> {
     // Before the load, which takes minutes for a 6B checkpoint.
     super::check_out(&job.out)?;
-    job.config
-        .tools
-        .check_programs(job.tools.as_deref())
-        .map_err(|e| Error::input(e.to_string()))?;
+    // (`Annotator::new` checks them again, for the callers that come in below the load.)
+    super::check_tools(registry, &run_tools(job, registry))?;
     let model = Model::load(&job.model_dir)?;
     // One engine samples positions and calls and scores the candidates.
     let engine = engine_for(&model, job.device)?;
@@ -66,17 +64,10 @@ pub fn run_job_on(job: &Job, model: &Model, engine: &dyn Engine) -> Result<RunOu
     run_on(job, model, engine, &open_tools(job)?)
 }
 
-fn open_tools(job: &Job) -> Result<ToolRegistry> {
-    ToolRegistry::from_config(&job.config.tools).map_err(|e| Error::input(e.to_string()))
-}
-
-fn run_on(
-    job: &Job,
-    model: &Model,
-    engine: &dyn Engine,
-    registry: &ToolRegistry,
-) -> Result<RunOutcome> {
-    let tools: Vec<ToolName> = match &job.tools {
+/// The tools `job` runs: its `tools`, else every built-in `registry` holds and every tool of
+/// `[per_tool.custom]`.
+fn run_tools(job: &Job, registry: &ToolRegistry) -> Vec<ToolName> {
+    match &job.tools {
         Some(t) => t.clone(),
         None => ToolKind::ALL
             .into_iter()
@@ -91,7 +82,20 @@ fn run_on(
                     .map(ToolName::Custom),
             )
             .collect(),
-    };
+    }
+}
+
+fn open_tools(job: &Job) -> Result<ToolRegistry> {
+    ToolRegistry::from_config(&job.config.tools).map_err(|e| Error::input(e.to_string()))
+}
+
+fn run_on(
+    job: &Job,
+    model: &Model,
+    engine: &dyn Engine,
+    registry: &ToolRegistry,
+) -> Result<RunOutcome> {
+    let tools = run_tools(job, registry);
     if tools.is_empty() {
         // A run would copy the corpus into C* unannotated, and succeed.
         return Err(Error::input(if job.tools.is_some() {

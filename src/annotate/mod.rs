@@ -241,8 +241,9 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
             if &now != journaled {
                 return Err(Error::input(format!(
                     "{}: lines 1-{last_done}, which the journal {} answers, are not the text it \
-                     was made from (XXH3 {journaled} then, {now} now: a line among them changed \
-                     during an earlier run); delete the journal to start over",
+                     was made from (XXH3 {journaled} then, {now} now: a line among them \
+                     changed); if the corpus was edited since that run, restore it and rerun, \
+                     else delete the journal to start over",
                     options.corpus.display(),
                     paths.journal.display()
                 )));

@@ -50,11 +50,11 @@ use crate::error::{Error, Result};
 /// writing this output), and the lock is held here until the removals are done.
 pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathBuf>> {
     let paths = OutputPaths::new(out);
-    // (A named pipe there would block the open below.)
-    if let Some(why) = not_of_kind(&paths.journal, OutputKind::Journal)? {
+    // (A named pipe there would block the open below; what a journal holds is checked below
+    // when it is to be removed, else by the run that resumes it.)
+    if std::fs::metadata(&paths.journal).is_ok_and(|m| !m.is_file()) {
         return Err(Error::input(format!(
-            "{} exists and is not a toolsift journal ({why}); not replacing it (choose another \
-             --out)",
+            "{} exists and is not a regular file; not replacing it (choose another --out)",
             paths.journal.display()
         )));
     }

@@ -777,11 +777,18 @@ pub fn tools_from_config(
             .custom
             .retain(|name, _| names.contains(&name.as_str()));
     }
-    config.check_programs(None).map_err(|e| match path {
-        Some(path) => config_err(path, e.to_string()),
-        None => Error::input(e.to_string()),
-    })?;
-    ToolRegistry::from_config(&config).map_err(|e| Error::input(e.to_string()))
+    let registry = ToolRegistry::from_config(&config).map_err(|e| Error::input(e.to_string()))?;
+    // Every tool kept is one generate may call (`Tool::check_ready`: a command tool's program).
+    for name in registry.names() {
+        if let Some(Err(why)) = registry.get(name).map(|t| t.check_ready()) {
+            let msg = format!("tool {name}: {why}");
+            return Err(match path {
+                Some(path) => config_err(path, msg),
+                None => Error::input(msg),
+            });
+        }
+    }
+    Ok(registry)
 }
 
 #[cfg(test)]

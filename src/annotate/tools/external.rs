@@ -188,10 +188,11 @@ impl ExternalTool {
 
 /// Why `program` cannot be started as `Command::new(program)` would start it, if it cannot: a
 /// path (with a slash) must be an executable file, a name that of an executable file in `PATH`
-/// (unset: execvp's default, /bin:/usr/bin). For a run about to start (it reads the disk), so
-/// that a typo is one error naming the tool, not a failure of every call in a run that then
-/// finishes. Elsewhere than Unix the lookup has other rules (extensions), and nothing is checked.
-pub(crate) fn check_program(program: &str) -> Result<(), String> {
+/// (unset: execvp's default, /bin:/usr/bin). For a run about to start (it reads the disk;
+/// `Tool::check_ready`), so that a typo is one error naming the tool, not a failure of every
+/// call in a run that then finishes. Elsewhere than Unix the lookup has other rules
+/// (extensions), and nothing is checked.
+fn check_program(program: &str) -> Result<(), String> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -219,6 +220,18 @@ pub(crate) fn check_program(program: &str) -> Result<(), String> {
 impl Tool for ExternalTool {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn check_ready(&self) -> Result<(), String> {
+        match &self.backend {
+            ExternalBackend::Command { argv } => {
+                let program = argv.first().map_or("", String::as_str);
+                check_program(program)
+                    .map_err(|why| format!("command's program {program:?} cannot run: {why}"))
+            }
+            // A service may come up by the time the first call is made.
+            ExternalBackend::Http { .. } => Ok(()),
+        }
     }
 
     fn call(&self, input: &str, _doc: &DocContext<'_>) -> Result<String, ToolError> {
@@ -1550,11 +1563,12 @@ mod tests {
 
     /// A command whose program cannot be started is an error naming the tool and the program,
     /// as `execvp` would look it up: a path is checked as given, a name in `PATH`. Only for the
-    /// tools a run selects: settings that name a program this machine lacks still load.
+    /// tools a run will call (`check_tools`): settings that name a program this machine lacks
+    /// still load.
     #[cfg(unix)]
     #[test]
     fn a_program_that_cannot_run_is_an_error_before_the_run() {
-        use crate::annotate::tools::{ToolKind, ToolName, ToolsConfig};
+        use crate::annotate::tools::{ToolKind, ToolName, ToolRegistry, ToolsConfig};
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("qa.sh");
@@ -1562,17 +1576,21 @@ mod tests {
         let not_executable = dir.path().join("notes.txt");
         std::fs::write(&not_executable, "").unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let command = |program: &str| ExternalToolConfig {
-            command: Some(argv(&[program, "--flag"])),
-            ..Default::default()
-        };
-        let tools = |program: &str| ToolsConfig {
-            qa: Some(command(program)),
-            ..Default::default()
+        let registry = |program: &str| {
+            let settings = ToolsConfig {
+                qa: Some(ExternalToolConfig {
+                    command: Some(argv(&[program, "--flag"])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            settings.check().unwrap();
+            ToolRegistry::from_config(&settings).unwrap()
         };
         let qa = [ToolName::Builtin(ToolKind::Qa)];
+        let calculator = [ToolName::Builtin(ToolKind::Calculator)];
         for program in ["sh", "/bin/sh", script.to_str().unwrap()] {
-            tools(program).check_programs(Some(&qa)).unwrap();
+            crate::annotate::check_tools(&registry(program), &qa).unwrap();
         }
         let missing = dir.path().join("missing");
         let folder = dir.path().to_str().unwrap().to_owned();
@@ -1585,17 +1603,17 @@ mod tests {
             (not_executable.to_str().unwrap(), "it is not executable"),
             (folder.as_str(), "it is not a file"),
         ] {
-            let settings = tools(program);
-            settings.check().unwrap();
-            let calculator_only = [ToolName::Builtin(ToolKind::Calculator)];
-            settings.check_programs(Some(&calculator_only)).unwrap();
-            for selected in [Some(&qa[..]), None] {
-                let err = settings.check_programs(selected).unwrap_err().to_string();
-                assert!(
-                    err.starts_with("tool QA:") && err.contains(program) && err.contains(why),
-                    "{err}"
-                );
-            }
+            let registry = registry(program);
+            crate::annotate::check_tools(&registry, &calculator).unwrap();
+            let err = crate::annotate::check_tools(&registry, &qa)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("tool QA: command's program")
+                    && err.contains(program)
+                    && err.contains(why),
+                "{err}"
+            );
         }
     }
 }

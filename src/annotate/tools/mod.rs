@@ -94,6 +94,13 @@ pub trait Tool: Send + Sync {
     fn name(&self) -> &str;
     /// Executes one call's input; Ok(result text) or why there is none.
     fn call(&self, input: &str, doc: &DocContext<'_>) -> Result<String, ToolError>;
+    /// Why the tool cannot take any call, if that can be told before a run starts (a command
+    /// tool: its program cannot be started), so that a run stops with one error instead of
+    /// failing every call. Checked by [`check_tools`](crate::annotate::check_tools) for the
+    /// tools a run will call; the default has nothing to check.
+    fn check_ready(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The tools available to a run, by name (case-sensitive, as written in calls).
@@ -281,38 +288,6 @@ impl ToolsConfig {
         }
         for (name, service) in &self.custom {
             custom_service(name, service)?;
-        }
-        Ok(())
-    }
-
-    /// Fails on the first command tool among `tools` (None: every tool these settings
-    /// configure) whose program cannot be started (`external::check_program`): for a run about
-    /// to start, before its model loads. Not part of [`check`](Self::check), which reads no
-    /// disk: settings shared between machines name programs that only some of them have.
-    pub fn check_programs(&self, tools: Option<&[ToolName]>) -> Result<(), ToolConfigError> {
-        let commands = [
-            (ToolName::Builtin(ToolKind::Qa), self.qa.as_ref()),
-            (ToolName::Builtin(ToolKind::Mt), self.mt.as_ref()),
-        ]
-        .into_iter()
-        .chain(
-            self.custom
-                .iter()
-                .map(|(name, service)| (ToolName::Custom(name.clone()), Some(service))),
-        );
-        for (tool, service) in commands {
-            let Some(argv) = service.and_then(|s| s.command.as_ref()) else {
-                continue;
-            };
-            if tools.is_some_and(|t| !t.contains(&tool)) {
-                continue;
-            }
-            if let Some(program) = argv.first() {
-                external::check_program(program).map_err(|why| ToolConfigError::Invalid {
-                    tool: tool.call_name().to_string(),
-                    message: format!("command's program {program:?} cannot run: {why}"),
-                })?;
-            }
         }
         Ok(())
     }
