@@ -213,6 +213,7 @@ pub fn evaluate(input: &str) -> Result<Rational, ToolError> {
         return Err(invalid("empty expression".into()));
     }
     let mut parser = Parser {
+        input,
         tokens: &tokens,
         pos: 0,
         depth: 0,
@@ -222,7 +223,7 @@ pub fn evaluate(input: &str) -> Result<Rational, ToolError> {
     if let Some(tok) = parser.peek() {
         return Err(invalid(format!(
             "unexpected {} at byte {}",
-            tok.kind.describe(),
+            tok.describe(input),
             tok.at
         )));
     }
@@ -244,10 +245,12 @@ enum Kind {
     Close,
 }
 
-impl Kind {
-    fn describe(&self) -> String {
-        match self {
-            Kind::Num(v) => format!("number {}", v.to_f64()),
+impl Token {
+    /// The token for an error message: a number as written in `input` (its value printed
+    /// through f64 would not be what the input says).
+    fn describe(&self, input: &str) -> String {
+        match self.kind {
+            Kind::Num(_) => format!("number {}", &input[self.at..self.end]),
             Kind::Plus => "'+'".into(),
             Kind::Minus => "'-'".into(),
             Kind::Star => "'*'".into(),
@@ -263,6 +266,8 @@ struct Token {
     kind: Kind,
     /// Byte offset in the input, for error messages.
     at: usize,
+    /// Byte offset after it.
+    end: usize,
 }
 
 fn lex(input: &str) -> Result<Vec<Token>, ToolError> {
@@ -283,6 +288,7 @@ fn lex(input: &str) -> Result<Vec<Token>, ToolError> {
                 tokens.push(Token {
                     kind: Kind::Num(value),
                     at: i,
+                    end: next,
                 });
                 i = next;
                 continue;
@@ -298,7 +304,11 @@ fn lex(input: &str) -> Result<Vec<Token>, ToolError> {
                 return Err(invalid(format!("unexpected character {c:?} at byte {i}")));
             }
         };
-        tokens.push(Token { kind, at: i });
+        tokens.push(Token {
+            kind,
+            at: i,
+            end: i + 1,
+        });
         i += 1;
     }
     Ok(tokens)
@@ -354,6 +364,7 @@ fn lex_number(input: &str, start: usize) -> Result<(Rational, usize), ToolError>
 }
 
 struct Parser<'t> {
+    input: &'t str,
     tokens: &'t [Token],
     pos: usize,
     depth: usize,
@@ -445,7 +456,7 @@ impl Parser<'_> {
                                 "expected ')' at byte {} for '(' at byte {}, found {}",
                                 other.at,
                                 tok.at,
-                                other.kind.describe()
+                                other.describe(self.input)
                             )))
                         }
                         None => {
@@ -463,9 +474,9 @@ impl Parser<'_> {
                 self.depth -= 1;
                 Ok(value)
             }
-            other => Err(invalid(format!(
+            _ => Err(invalid(format!(
                 "unexpected {} at byte {}: expected a number or '('",
-                other.describe(),
+                tok.describe(self.input),
                 tok.at
             ))),
         }
@@ -656,6 +667,18 @@ mod tests {
         assert!(err.contains("'x'") && err.contains("byte 4"), "{err}");
         let err = calc("(1 + 2").unwrap_err().to_string();
         assert!(err.contains("unclosed '(' at byte 0"), "{err}");
+        // A number is named as written, not as f64 prints its value.
+        for (input, named) in [
+            (
+                "1 12345678901234567890123",
+                "unexpected number 12345678901234567890123 at byte 2",
+            ),
+            ("(1 2,400.50)", "found number 2,400.50"),
+            ("* 0.10", "unexpected '*' at byte 0"),
+        ] {
+            let err = calc(input).unwrap_err().to_string();
+            assert!(err.contains(named), "{input}: {err}");
+        }
     }
 
     /// The reference: an expression tree, evaluated directly.
