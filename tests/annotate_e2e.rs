@@ -2283,14 +2283,7 @@ fn a_corpus_changed_during_the_run_gets_advice_that_works() {
     }
     std::fs::write(&corpus, &text).unwrap();
     let total = text.lines().count();
-    let opts = RunOptions {
-        corpus: corpus.clone(),
-        out: dir.path().join("out.jsonl"),
-        shard: Shard::default(),
-        run_info: json!(null),
-        progress: false,
-        stop_after: None,
-    };
+    let opts = RunOptions::new(&corpus, dir.path().join("out.jsonl"));
     let append: fn(&Path) = |p| {
         let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
         std::io::Write::write_all(&mut f, b"{\"id\": \"late\", \"text\": \"1 2 3\"}\n").unwrap();

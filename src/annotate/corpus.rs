@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::util::json::{self, LineError};
+use crate::util::json;
 use crate::util::jsonl::{clear_line_buffer, over_limit, read_line_capped, MAX_LINE_BYTES};
 
 /// One document of the corpus.
@@ -95,13 +95,7 @@ pub fn parse_line(line: u64, bytes: &[u8], text_field: &str) -> Line {
     let reads = |key: &str| key == text_field || matches!(key, "id" | "url" | "date");
     let (value, duplicate) = match json::parse_line_reading(s, reads) {
         Ok(v) => v,
-        Err(
-            e @ (LineError::Blank
-            | LineError::ByteOrderMark
-            | LineError::TooManyValues
-            | LineError::TooDeep(_)),
-        ) => return reject(e.to_string()),
-        Err(LineError::Syntax(e)) => return reject(format!("invalid JSON: {e}")),
+        Err(e) => return reject(e.message("invalid JSON")),
     };
     let Value::Object(mut obj) = value else {
         return reject("not a JSON object".into());

@@ -468,7 +468,7 @@ impl MergeStream {
 /// shard `index`): its journal (the shard is running or was interrupted), or its C* (not
 /// given to merge); "" when neither, or when the given file is not named as a shard's.
 fn missing_shard_state(given: &Path, index: u64, missing: u64, count: u64) -> String {
-    let shard_name = |i: u64| format!(".shard-{i:05}-of-{count:05}");
+    let shard_name = |index: u64| Shard { index, count }.name_part();
     let Some(name) = given.file_name().and_then(|n| n.to_str()) else {
         return String::new();
     };

@@ -81,8 +81,14 @@ impl Shard {
             Some(stem) => (stem, ".jsonl"),
             None => (name, ""),
         };
-        let shard = format!(".shard-{:05}-of-{:05}{ext}", self.index, self.count);
+        let shard = format!("{}{ext}", self.name_part());
         out.with_file_name(with_suffix(stem, &shard))
+    }
+
+    /// What [`output_path`](Self::output_path) puts into a sharded output's name:
+    /// ".shard-00002-of-00008".
+    pub(crate) fn name_part(&self) -> String {
+        format!(".shard-{:05}-of-{:05}", self.index, self.count)
     }
 
     /// The shard from flags, then the environment (`env` reads a variable).

@@ -311,16 +311,13 @@ impl Summary {
             .map(|t| t.tool.chars().count())
             .fold(11, usize::max);
         // Columns that are mostly 0 (lookahead is opt-in), only when a tool has some.
-        let rare: [Column; 2] = [
-            ("lookahead", |st| st.calls_lookahead),
-            ("unscorable", |st| st.calls_unscorable),
-        ];
-        let shown = |name: &str| {
-            rare.iter()
-                .find(|(rare_name, _)| *rare_name == name)
-                .is_none_or(|(_, value)| self.tools.iter().any(|t| value(&t.stats) > 0))
-        };
-        let columns: Vec<&Column> = COLUMNS.iter().filter(|(name, _)| shown(name)).collect();
+        let columns: Vec<&Column> = COLUMNS
+            .iter()
+            .filter(|(name, value)| {
+                !["lookahead", "unscorable"].contains(name)
+                    || self.tools.iter().any(|t| value(&t.stats) > 0)
+            })
+            .collect();
         s.push_str(&format!("{:<w$}", "tool"));
         for (name, _) in &columns {
             s.push_str(&format!(" {name:>8}"));

@@ -331,9 +331,10 @@ pub fn write_summary(path: &Path, summary: &Summary) -> Result<()> {
 /// this format's or an earlier one's (`{"journal":"toolsift-annotate/<n>",...`): a header cut
 /// short by a crash.
 fn header_start_compatible(bytes: &[u8]) -> bool {
-    let start = b"{\"journal\":\"toolsift-annotate/";
+    let family = MAGIC.rsplit_once('/').map_or(MAGIC, |(family, _)| family);
+    let start = format!("{{\"journal\":\"{family}/");
     let n = bytes.len().min(start.len());
-    bytes[..n] == start[..n]
+    bytes[..n] == start.as_bytes()[..n]
 }
 
 /// Whether `line` (without its newline) is a journal's first line.

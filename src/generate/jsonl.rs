@@ -22,7 +22,7 @@ use crate::annotate::tools::ToolRegistry;
 use crate::error::{Error, Result};
 use crate::model::Tokenizer;
 use crate::sample::Decoder;
-use crate::util::json::{self, LineError};
+use crate::util::json;
 use crate::util::jsonl::JsonlLines;
 
 /// What a run did.
@@ -228,13 +228,7 @@ fn read_fields(line: &str, line_no: usize) -> (Value, std::result::Result<Line, 
     let reads = |key: &str| fields.contains(&key);
     let (value, duplicate) = match json::parse_line_reading(line, reads) {
         Ok(v) => v,
-        Err(
-            e @ (LineError::Blank
-            | LineError::ByteOrderMark
-            | LineError::TooManyValues
-            | LineError::TooDeep(_)),
-        ) => return fail(e.to_string()),
-        Err(LineError::Syntax(e)) => return fail(format!("malformed JSON: {e}")),
+        Err(e) => return fail(e.message("malformed JSON")),
     };
     // serde would fill the struct from an array by position ("[1, 2]": "invalid type: integer
     // `2`, expected a string"), which says nothing useful.

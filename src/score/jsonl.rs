@@ -17,7 +17,7 @@ use super::{validate, CallForm, ScoreOptions, Scorer, Scores, TextCandidate, Tok
 use crate::error::{Error, Result};
 use crate::model::tokenizer::check_vocab;
 use crate::model::Tokenizer;
-use crate::util::json::{self, LineError};
+use crate::util::json;
 use crate::util::jsonl::{JsonlLines, Line};
 
 /// Settings of a `score` run.
@@ -239,10 +239,8 @@ fn parse_line(
         json::struct_fields::<TextLine>(),
     );
     let reads = |key: &str| token_fields.contains(&key) || text_fields.contains(&key);
-    let (value, duplicate) = json::parse_line_reading(line, reads).map_err(|e| match e {
-        LineError::Syntax(e) => format!("malformed JSON: {e}"),
-        e => e.to_string(),
-    })?;
+    let (value, duplicate) =
+        json::parse_line_reading(line, reads).map_err(|e| e.message("malformed JSON"))?;
     let Value::Object(obj) = value else {
         return Err(format!(
             "expected a JSON object, got {}",

@@ -34,6 +34,17 @@ pub enum LineError {
     TooDeep(serde_json::Error),
 }
 
+impl LineError {
+    /// The error for a reader's message: a syntax error as serde_json says it, after `syntax`
+    /// ("invalid JSON"), anything else as it displays.
+    pub fn message(&self, syntax: &str) -> String {
+        match self {
+            LineError::Syntax(e) => format!("{syntax}: {e}"),
+            e => e.to_string(),
+        }
+    }
+}
+
 impl fmt::Display for LineError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

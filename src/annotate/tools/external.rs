@@ -30,7 +30,6 @@
 //! that is not the expected JSON. Between tries the tool waits 50 ms, doubling, at most 1 s.
 
 use std::io::{Read, Write};
-use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
@@ -192,28 +191,32 @@ impl ExternalTool {
 /// `Tool::check_ready`), so that a typo is one error naming the tool, not a failure of every
 /// call in a run that then finishes. Elsewhere than Unix the lookup has other rules
 /// (extensions), and nothing is checked.
+#[cfg(unix)]
 fn check_program(program: &str) -> Result<(), String> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let runnable = |m: &std::fs::Metadata| m.is_file() && m.permissions().mode() & 0o111 != 0;
-        let path = Path::new(program);
-        if program.contains('/') {
-            return match std::fs::metadata(path) {
-                Ok(m) if !m.is_file() => Err("it is not a file".into()),
-                Ok(m) if !runnable(&m) => Err("it is not executable".into()),
-                Ok(_) => Ok(()),
-                Err(e) => Err(e.to_string()),
-            };
-        }
-        let search = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
-        let found = std::env::split_paths(&search)
-            .any(|dir| std::fs::metadata(dir.join(path)).is_ok_and(|m| runnable(&m)));
-        if !found {
-            return Err("no executable file of that name in PATH".into());
-        }
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+    let runnable = |m: &std::fs::Metadata| m.is_file() && m.permissions().mode() & 0o111 != 0;
+    let path = Path::new(program);
+    if program.contains('/') {
+        return match std::fs::metadata(path) {
+            Ok(m) if !m.is_file() => Err("it is not a file".into()),
+            Ok(m) if !runnable(&m) => Err("it is not executable".into()),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        };
     }
-    let _ = program;
+    let search = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+    let found = std::env::split_paths(&search)
+        .any(|dir| std::fs::metadata(dir.join(path)).is_ok_and(|m| runnable(&m)));
+    if found {
+        Ok(())
+    } else {
+        Err("no executable file of that name in PATH".into())
+    }
+}
+
+#[cfg(not(unix))]
+fn check_program(_program: &str) -> Result<(), String> {
     Ok(())
 }
 

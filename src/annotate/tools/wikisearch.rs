@@ -27,7 +27,6 @@ use tantivy::{
 
 use super::{DocContext, Tool, ToolConfigError, ToolError};
 use crate::util::fs::with_suffix;
-use crate::util::json::LineError;
 use crate::util::jsonl::JsonlLines;
 
 /// Default longest snippet, in characters (a few sentences, like the paper's examples).
@@ -404,11 +403,8 @@ struct JsonDoc {
 
 fn parse_doc(line: &str, text_field: &str) -> Result<JsonDoc, String> {
     let reads = |key: &str| [ID, TITLE, text_field].contains(&key);
-    let (value, duplicate) =
-        crate::util::json::parse_line_reading(line, reads).map_err(|e| match e {
-            LineError::Syntax(e) => format!("invalid JSON: {e}"),
-            e => e.to_string(),
-        })?;
+    let (value, duplicate) = crate::util::json::parse_line_reading(line, reads)
+        .map_err(|e| e.message("invalid JSON"))?;
     // A key held twice would be read as its first value: refuse it where the index reads it,
     // as the corpus refuses it anywhere (the same file may be both).
     if let Some(d) = duplicate.filter(|d| reads(&d.field)) {
