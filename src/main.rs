@@ -119,7 +119,7 @@ struct AnnotateArgs {
     /// C* output, JSONL; rejects and summary are written next to it (--demo: default
     /// toolsift-demo/cstar.jsonl; an earlier demo output there is replaced, anything else
     /// refused).
-    #[arg(long, required_unless_present_any = ["print_config", "demo"])]
+    #[arg(long, required_unless_present_any = ["print_config", "demo"], value_parser = output_file)]
     out: Option<PathBuf>,
     /// Tools to use: built-ins by key, tools of the config's [per_tool.custom] by name
     /// (default: every configured one; calculator and calendar need no setup;
@@ -194,8 +194,8 @@ struct IndexArgs {
 
 #[derive(clap::Args)]
 struct MergeArgs {
-    /// Merged C*.
-    #[arg(long)]
+    /// Merged C*; rejects and summary are written next to it.
+    #[arg(long, value_parser = output_file)]
     out: PathBuf,
     /// Shard outputs.
     #[arg(required = true)]
@@ -270,7 +270,7 @@ struct ScoreArgs {
     #[arg(long, value_enum, default_value_t = CallForm::Arrow)]
     call_form: CallForm,
     /// Loss weights w_0,w_1,... (default: the paper's 1,.8,.6,.4,.2 divided by 3).
-    #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true, value_parser = weight)]
     weights: Option<Vec<f64>>,
     /// Score with the plain f64 reference (the oracle; slow) instead of the fast engine.
     #[arg(long)]
@@ -436,6 +436,33 @@ fn eval_docs(s: &str) -> std::result::Result<usize, String> {
         v if v <= 100_000 => Ok(v),
         _ => Err("must be at most 100000".into()),
     }
+}
+
+/// One of `--weights`' numbers. The flag takes values that start with a hyphen (`-1,2` reaches
+/// the weights' own check, which names the weight); a flag is not a number, so
+/// `--weights --reference` says the list is missing, not that "--reference" is a bad float.
+fn weight(s: &str) -> std::result::Result<f64, String> {
+    if s.starts_with("--") {
+        return Err(format!(
+            "expected a number, got the flag {s}: give the weights right after \
+                            --weights (--weights 1,0.5)"
+        ));
+    }
+    s.parse::<f64>().map_err(|e| e.to_string())
+}
+
+/// A C* output of annotate or merge: a file, since its rejects, summary (and journal) go next to
+/// it, so `-` is not standard output here as it is for score; it is refused rather than written
+/// as a file named `-` (`./-` is that file).
+fn output_file(s: &str) -> std::result::Result<PathBuf, String> {
+    if s == "-" {
+        return Err(
+            "C* is written to a file, with its rejects and summary next to it, not to \
+                    standard output (a file named - is ./-)"
+                .into(),
+        );
+    }
+    Ok(PathBuf::from(s))
 }
 
 /// A float flag that must be a finite number (NaN would compare false everywhere).
@@ -783,6 +810,11 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
             None => anyhow::bail!("{e}"),
         },
     };
+    let journal = toolsift::annotate::OutputPaths::new(&shard.output_path(&out)).journal;
+    set_stop_note(format!(
+        "run the same command again to resume from the journal {}",
+        journal.display()
+    ));
     let job = Job {
         model_dir,
         corpus,
@@ -884,6 +916,12 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
         demo.assets_dir.display()
     );
     note!("demo: C* will be written to {}", shown.display());
+    set_stop_note(format!(
+        "run the same command again to resume from the journal {}",
+        toolsift::annotate::OutputPaths::new(demo.out())
+            .journal
+            .display()
+    ));
     report_run(demo.run()?);
     note!("C*: {}", shown.display());
     note!(
@@ -891,6 +929,14 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a signal that ends the run prints (annotate and generate watch for them, on Unix).
+fn set_stop_note(note: String) {
+    #[cfg(unix)]
+    toolsift::annotate::tools::set_stop_note(note);
+    #[cfg(not(unix))]
+    let _ = note;
 }
 
 fn report_replaced(removed: &[PathBuf]) {
@@ -1048,6 +1094,12 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         p.as_ref()
             .map_or(none.to_string(), |p| stream_name(p, std_name))
     };
+    if let Some(output) = output_path {
+        set_stop_note(format!(
+            "{} keeps the lines done; rerun with --resume to go on",
+            output.display()
+        ));
+    }
     let skip = resume_at.map_or(0, |p| p.lines);
     let generated = generate_jsonl_after(
         skip,

@@ -2051,6 +2051,36 @@ fn merge_in(dir: &Path, out: &str, inputs: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `--out -` is not standard output for annotate and merge (their rejects, summary and journal
+/// go next to C*): refused as a usage error, no file named `-` written.
+#[test]
+fn out_dash_is_refused_not_a_file_named_dash() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 2);
+    let annotate = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .current_dir(dir.path())
+        .args(["annotate", "--no-progress", "--model"])
+        .arg(common::tiny("f32"))
+        .arg("--corpus")
+        .arg(&corpus)
+        .args(["--out", "-"])
+        .output()
+        .unwrap();
+    let merge = merge_in(dir.path(), "-", &["a.jsonl"]);
+    for out in [annotate, merge] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("not to standard output"), "{stderr}");
+    }
+    let mut names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["corpus.jsonl"]);
+}
+
 #[test]
 fn shards_merge_however_their_corpus_and_model_paths_are_spelled() {
     let dir = tempfile::tempdir().unwrap();

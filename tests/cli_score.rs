@@ -1221,6 +1221,14 @@ fn score_runs_on_the_demo_model_and_reads_negative_weights() {
         stderr.contains("weights[0] = -1 must be finite and non-negative"),
         "{stderr}"
     );
+    // A flag right after --weights is not taken for a bad number.
+    let out = run(&["--weights", "--reference"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("expected a number, got the flag --reference"),
+        "{stderr}"
+    );
     let both = Command::new(env!("CARGO_BIN_EXE_toolsift"))
         .args([
             "score", "--demo", "--model", "m", "--input", "i", "--output", "o",

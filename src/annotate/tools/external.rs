@@ -413,6 +413,15 @@ pub fn stop_tools_on_signals() -> std::io::Result<()> {
         .spawn(move || {
             if let Some(signal) = signals.forever().next() {
                 stop_command_tools();
+                if let Some(note) = STOP_NOTE.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                    let name = match signal {
+                        SIGINT => "SIGINT",
+                        SIGTERM => "SIGTERM",
+                        _ => "SIGHUP",
+                    };
+                    // On a line of its own: a progress bar may hold the cursor.
+                    eprintln!("\ntoolsift: stopped by {name}: {note}");
+                }
                 let _ = signal_hook::low_level::emulate_default_handler(signal);
                 // Not reached: the default action of these three ends the process.
                 std::process::exit(128 + signal);
@@ -431,6 +440,19 @@ fn is_ignored(signal: i32) -> bool {
         libc::sigaction(signal, std::ptr::null(), &mut current) == 0
             && current.sa_sigaction == libc::SIG_IGN
     }
+}
+
+/// What [`stop_tools_on_signals`] prints when a signal ends the run (see [`set_stop_note`]).
+#[cfg(unix)]
+static STOP_NOTE: Mutex<Option<String>> = Mutex::new(None);
+
+/// The line a signal that ends the run prints on stderr after "toolsift: stopped by SIGINT: ",
+/// say where the work done is kept and how to go on ("the journal X keeps the lines done; run
+/// the same command again to resume"). Replaces an earlier note; without one the run ends
+/// silently, as the signal's default action does.
+#[cfg(unix)]
+pub fn set_stop_note(note: impl Into<String>) {
+    *STOP_NOTE.lock().unwrap_or_else(|e| e.into_inner()) = Some(note.into());
 }
 
 /// Where a call stops once [`stop_command_tools`] has run: the process is ending.
@@ -1018,8 +1040,10 @@ mod tests {
     #[cfg(target_os = "linux")]
     fn this_test_as_a_run(name: &str, var: &str, value: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut run = Command::new(std::env::current_exe().unwrap());
+        // --nocapture: what the run prints on stderr reaches the test (libtest would hold it).
         run.args([
             "--exact",
+            "--nocapture",
             &format!("annotate::tools::external::tests::{name}"),
         ])
         .env(var, value)
@@ -1083,6 +1107,7 @@ mod tests {
         use std::os::unix::process::ExitStatusExt;
         if let Ok(dir) = std::env::var("TOOLSIFT_TEST_SIGNALLED_RUN") {
             stop_tools_on_signals().unwrap();
+            set_stop_note("rerun to resume");
             let tool = sh(&format!(
                 "sleep 60 >/dev/null & echo $! > {dir}/started; echo $$ > {dir}/tool; wait"
             ))
@@ -1094,11 +1119,12 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let path = |name: &str| dir.path().join(name);
-        let mut signalled = this_test_as_a_run(
+        let signalled = this_test_as_a_run(
             "a_signal_ends_the_tools_and_what_they_started",
             "TOOLSIFT_TEST_SIGNALLED_RUN",
             dir.path(),
         )
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
         let (tool, background) = (
@@ -1108,8 +1134,14 @@ mod tests {
         let pid = libc::pid_t::try_from(signalled.id()).unwrap();
         // SAFETY: kill(2) on the child this test started and has not reaped.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let status = signalled.wait().unwrap();
+        let ended = signalled.wait_with_output().unwrap();
+        let status = ended.status;
         assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}");
+        let stderr = String::from_utf8_lossy(&ended.stderr);
+        assert!(
+            stderr.contains("toolsift: stopped by SIGTERM: rerun to resume"),
+            "{stderr}"
+        );
         for (what, pid) in [("the tool", &tool), ("its background process", &background)] {
             assert!(
                 ends_within(pid, Duration::from_secs(5)),

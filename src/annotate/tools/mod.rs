@@ -35,7 +35,7 @@ use super::{ToolKind, ToolName};
 pub use calculator::{evaluate, format_result, Calculator, MAX_DEPTH, MAX_INPUT_LEN};
 pub use calendar::{Calendar, CalendarConfig, Date, Weekday};
 #[cfg(unix)]
-pub use external::stop_tools_on_signals;
+pub use external::{set_stop_note, stop_tools_on_signals};
 pub use external::{
     stop_command_tools, ExternalBackend, ExternalTool, ExternalToolConfig, MAX_OUTPUT_BYTES,
 };
