@@ -352,8 +352,10 @@ fn lex_number(input: &str, start: usize) -> Result<(Rational, usize), ToolError>
     if plain.is_empty() {
         return Err(invalid(format!("expected a number at byte {start}")));
     }
-    // The digits over 10^(digits after the dot).
+    // The digits over 10^(digits after the dot), less the dot's trailing zeros ("2.50" is 25/10):
+    // "1.000..." with 40 zeros is 1, not a denominator past i128.
     let (int, frac) = plain.split_once('.').unwrap_or((&plain, ""));
+    let frac = frac.trim_end_matches('0');
     let digits = format!("{int}{frac}");
     let num = digits.parse::<i128>().map_err(|_| too_large())?;
     let den = 10i128
@@ -611,6 +613,9 @@ mod tests {
                 "{input}: {got:?}"
             );
         }
+        // Trailing zeros after the dot are not places that count.
+        let one = format!("1.{}", "0".repeat(60));
+        assert_eq!(calc(&format!("{one} + 0.50")).unwrap(), "1.5");
     }
 
     #[test]
