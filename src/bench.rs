@@ -1,8 +1,8 @@
 //! `toolsift bench`: the standard workload (docs/benchmarks.md) on one random GPT-J, run by toolsift and
-//! by both candle baselines in the same process, their losses checked against each other, and one
+//! by the three candle baselines in the same process, their losses checked against each other, and one
 //! JSON line of figures. Ratios, not absolute times, are what this noisy machine can vouch for:
 //! every engine is warmed up first, then the timed runs go in rounds (toolsift, the GEMM peak,
-//! then in baseline rounds tuned, toolsift, naive, toolsift), and each ratio is the median of its
+//! then in baseline rounds tuned, toolsift, naive, toolsift, tuned-kv, toolsift), and each ratio is the median of its
 //! rounds' ratios, each baseline run over the mean of the toolsift runs on either side of it, so
 //! that a change in the machine's load moves both sides of a ratio together.
 
@@ -85,9 +85,9 @@ impl Baseline for crate::baselines::BaselineScorer {
     }
 }
 
-/// The candle baselines on the bench's weights: tuned, then naive.
+/// The candle baselines on the bench's weights: tuned, naive, tuned-kv.
 #[cfg(feature = "baselines")]
-fn open_baselines(args: &BenchArgs, config: &GptjConfig) -> Result<[Box<dyn Baseline>; 2]> {
+fn open_baselines(args: &BenchArgs, config: &GptjConfig) -> Result<[Box<dyn Baseline>; 3]> {
     use crate::baselines::{Baseline as Which, BaselineScorer, CandleGptj};
     let weights = match &args.model_dir {
         Some(dir) => Model::load(dir)?.into_parts().1,
@@ -97,11 +97,11 @@ fn open_baselines(args: &BenchArgs, config: &GptjConfig) -> Result<[Box<dyn Base
         CandleGptj::new(config, &weights).map_err(|e| Error::Backend(format!("candle: {e}")))?;
     drop(weights);
     let open = |which| Box::new(BaselineScorer::new(model.clone(), which, args.batch_size));
-    Ok([open(Which::Tuned), open(Which::Naive)])
+    Ok([open(Which::Tuned), open(Which::Naive), open(Which::TunedKv)])
 }
 
 #[cfg(not(feature = "baselines"))]
-fn open_baselines(_: &BenchArgs, _: &GptjConfig) -> Result<[Box<dyn Baseline>; 2]> {
+fn open_baselines(_: &BenchArgs, _: &GptjConfig) -> Result<[Box<dyn Baseline>; 3]> {
     run_baselines_unavailable()
 }
 
@@ -142,9 +142,9 @@ fn open_cuda(_: &BenchArgs, _: Option<Model>) -> Result<Box<dyn Engine>> {
 /// The contract line printed last by `toolsift bench` (field names are an interface).
 ///
 /// Times are wall-clock seconds of one run over the whole workload (`variant_losses_unchecked`
-/// on every candidate; the warm-up run is not timed). "Naive" and "tuned" are the two candle
-/// baselines (`baselines::naive`, `baselines::tuned`); their fields are None, 0 or empty when
-/// they were not run (`--skip-baselines`).
+/// on every candidate; the warm-up run is not timed). "Naive", "tuned" and "tuned_kv" are the
+/// three candle baselines (`baselines::naive`, `baselines::tuned`, `baselines::tuned_kv`); their
+/// fields are None, 0 or empty when they were not run (`--skip-baselines`).
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
     /// The placement every variant was scored in.
@@ -183,7 +183,7 @@ pub struct BenchReport {
     /// `GptjConfig::trunk_flops_per_token` over the seconds in those GEMMs, or over the whole
     /// run where the backend does not time them (CUDA without `TOOLSIFT_CUDA_PROFILE`).
     pub trunk_gflops: f64,
-    /// The largest |toolsift - baseline| over every loss of every candidate, both baselines
+    /// The largest |toolsift - baseline| over every loss of every candidate, every baseline
     /// (toolsift's losses of the warm-up run, each baseline's of its last round); infinite when
     /// a loss of either side is not finite. `toolsift bench` fails, after printing the report,
     /// when it is over `LOSS_TOLERANCE`.
@@ -256,6 +256,23 @@ pub struct BenchReport {
     /// Whether the peak RSS was reset after the engine was built (Linux); false: the peak also
     /// holds the bench's random weights' construction.
     pub peak_rss_reset: bool,
+    /// The third baseline, tuned-kv (`baselines::tuned_kv`): the tuned method with a KV cache
+    /// of each text, so that in inline placement a call variant runs only from where it leaves
+    /// the text (in prefix placement it is the tuned method). Its fields as the tuned
+    /// baseline's: tokens pushed through the trunk (padding included, cached tokens not),
+    /// candidates per second, median seconds, the median of its rounds' ratios and those
+    /// ratios, and its trunk FLOPs over its time over the peak. It is in `max_abs_diff` too.
+    pub tuned_kv_tokens: usize,
+    /// See `tuned_kv_tokens`.
+    pub tuned_kv_cands_per_s: Option<f64>,
+    /// See `tuned_kv_tokens`.
+    pub tuned_kv_secs: Option<f64>,
+    /// See `tuned_kv_tokens`.
+    pub speedup_vs_tuned_kv: Option<f64>,
+    /// See `tuned_kv_tokens`.
+    pub speedup_vs_tuned_kv_rounds: Vec<f64>,
+    /// See `tuned_kv_tokens`.
+    pub tuned_kv_fraction_of_peak: Option<f64>,
 }
 
 /// The median (the mean of the middle two of an even count); NaN for none.
@@ -408,10 +425,11 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         0
     });
     let mut toolsift = Vec::new(); // (secs, stats, GEMM peak GFLOP/s) per round
-    let mut timed: [Vec<f64>; 2] = Default::default(); // tuned, naive secs per round
-    let mut outputs: [Vec<[f64; 3]>; 2] = Default::default();
-    // toolsift secs around each baseline round (tuned, naive): the ratios' denominators.
-    let mut bracketing: [Vec<f64>; 2] = Default::default();
+    let mut timed: [Vec<f64>; 3] = Default::default(); // tuned, naive, tuned-kv secs per round
+    let mut outputs: [Vec<[f64; 3]>; 3] = Default::default();
+    // toolsift secs around each baseline round (tuned, naive, tuned-kv): the ratios'
+    // denominators.
+    let mut bracketing: [Vec<f64>; 3] = Default::default();
     for round in 0..rounds {
         let t = Instant::now();
         engine.variant_losses_unchecked(&candidates, &options)?;
@@ -514,8 +532,14 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         memory_ratio: peak.map(|p| p as f64 / (weights_bytes + kv_bytes) as f64),
         threads: rayon::current_num_threads(),
         peak_rss_reset: peak_reset,
+        tuned_kv_tokens: 0,
+        tuned_kv_cands_per_s: None,
+        tuned_kv_secs: None,
+        speedup_vs_tuned_kv: None,
+        speedup_vs_tuned_kv_rounds: Vec::new(),
+        tuned_kv_fraction_of_peak: None,
     };
-    if let Some([tuned, naive]) = &baselines {
+    if let Some([tuned, naive, tuned_kv]) = &baselines {
         let ratios = |secs: &[f64], toolsift: &[f64]| -> Vec<f64> {
             secs.iter().zip(toolsift).map(|(b, t)| b / t).collect()
         };
@@ -532,8 +556,19 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         report.speedup = Some(median(&report.speedup_rounds));
         report.tuned_fraction_of_peak = Some(fraction(report.tuned_tokens, tuned_secs));
         report.baseline_fraction_of_peak = Some(fraction(report.baseline_tokens, naive_secs));
-        report.max_abs_diff =
-            Some(max_abs_diff(&ours, &outputs[1]).max(max_abs_diff(&ours, &outputs[0])));
+        let kv_secs = median(&timed[2]);
+        report.tuned_kv_tokens = tuned_kv.tokens(&candidates, &options);
+        report.tuned_kv_cands_per_s = Some(n / kv_secs);
+        report.tuned_kv_secs = Some(kv_secs);
+        report.speedup_vs_tuned_kv_rounds = ratios(&timed[2], &bracketing[2]);
+        report.speedup_vs_tuned_kv = Some(median(&report.speedup_vs_tuned_kv_rounds));
+        report.tuned_kv_fraction_of_peak = Some(fraction(report.tuned_kv_tokens, kv_secs));
+        report.max_abs_diff = Some(
+            outputs
+                .iter()
+                .map(|o| max_abs_diff(&ours, o))
+                .fold(0.0, f64::max),
+        );
     }
     Ok(report)
 }

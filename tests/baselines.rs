@@ -1,6 +1,6 @@
 #![cfg(feature = "baselines")]
 //! The candle baselines (feature `baselines`): the candle GPT-J against the float64 golden fixture,
-//! and both scorers against the f64 `ReferenceScorer` on the fixture's filter cases and on random
+//! and the three scorers against the f64 `ReferenceScorer` on the fixture's filter cases and on random
 //! workloads that exercise what each baseline does differently (whole vs cut sequences,
 //! deduplication, padding, gathered LM-head rows).
 //!
@@ -15,7 +15,8 @@ use candle_core::{Device, Tensor, D};
 use common::{assert_close, cases, tiny};
 use toolsift::baselines::gptj::right_padded_batch;
 use toolsift::baselines::{
-    naive_losses, naive_tokens, tuned_losses, tuned_tokens, Baseline, BaselineScorer, CandleGptj,
+    naive_losses, naive_tokens, tuned_kv_losses, tuned_kv_tokens, tuned_losses, tuned_tokens,
+    Baseline, BaselineScorer, CandleGptj,
 };
 use toolsift::model::{DType, GptjWeights};
 use toolsift::score::LossWeights;
@@ -101,7 +102,7 @@ fn options(placement: Placement) -> ScoreOptions {
     }
 }
 
-/// Both baselines at several batch sizes against the reference, every variant of every candidate.
+/// The baselines at several batch sizes against the reference, every variant of every candidate.
 fn check_baselines(model: &Model, candidates: &[TokenCandidate], what: &str) {
     let reference = ReferenceScorer::new(model);
     let candle = candle_model(model);
@@ -117,6 +118,10 @@ fn check_baselines(model: &Model, candidates: &[TokenCandidate], what: &str) {
                 (
                     "tuned",
                     tuned_losses(&candle, candidates, &options, batch_size).unwrap(),
+                ),
+                (
+                    "tuned-kv",
+                    tuned_kv_losses(&candle, candidates, &options, batch_size).unwrap(),
                 ),
             ] {
                 assert_eq!(got.len(), candidates.len());
@@ -155,7 +160,7 @@ fn baselines_match_the_reference_on_the_fixture_filter_cases() {
         .collect();
     check_baselines(&model, &candidates, "fixture");
     // And the fixture's own numbers (prefix placement), through the Scorer trait.
-    for baseline in [Baseline::Naive, Baseline::Tuned] {
+    for baseline in [Baseline::Naive, Baseline::Tuned, Baseline::TunedKv] {
         let scorer = BaselineScorer::new(candle_model(&model), baseline, 4);
         let scores = scorer.score(&candidates, &ScoreOptions::default()).unwrap();
         for (f, s) in cases.filter.iter().zip(&scores) {
@@ -207,6 +212,12 @@ fn random_candidates(rng: &mut Rng, vocab: usize) -> Vec<TokenCandidate> {
         let same_position = out.last().unwrap().position;
         out.push(candidate(rng, same_position)); // another call at the same position
         out.push(out[out.len() - 3].clone()); // a duplicate
+                                              // A call that begins as the text goes on (x_i, x_{i+1}): it shares more than x_<i with
+                                              // the text, as far as the text's last token (tuned-kv's cache ends there).
+        let mut echo = candidate(rng, n - 2);
+        echo.call_ids = text[n - 2..].to_vec();
+        echo.call_result_ids = [echo.call_ids.clone(), random_ids(rng, 2, vocab)].concat();
+        out.push(echo);
     }
     let mut own = out[0].clone();
     own.weights = Some(vec![0.5, 0.0, 0.25]);
@@ -245,6 +256,7 @@ fn a_candidate_with_nothing_to_score_is_refused() {
         let errors = [
             reference.variant_losses(&both, &options).map(drop),
             tuned_losses(&candle, &both, &options, 4).map(drop),
+            tuned_kv_losses(&candle, &both, &options, 4).map(drop),
             naive_losses(&candle, &both, &options, 4).map(drop),
         ];
         for err in errors {
@@ -296,6 +308,19 @@ fn token_counts_include_padding_and_reflect_deduplication() {
         // Longest first: [12, 11, 10, 9] then [9].
         assert_eq!(tuned_tokens(&candidates, &options, 4), 4 * 12 + 9);
     }
+    // Tuned-kv, inline: the text pass (9) with its cache kept; A's calls continue its first 3
+    // tokens (suffixes of 6 and 7: the call, x_3 .. x_7, less the last), C's its first 8
+    // (suffixes of 3 and 4). Prefix: no call variant shares the text's start, so the tuned
+    // method's sequences, the calls in one batch across texts, the text pass on its own.
+    let inline = options(Placement::Inline);
+    assert_eq!(tuned_kv_tokens(&candidates, &inline, 1), 9 + 6 + 7 + 3 + 4);
+    assert_eq!(tuned_kv_tokens(&candidates, &inline, 4), 9 + 2 * 7 + 2 * 4);
+    let prefix = options(Placement::Prefix);
+    assert_eq!(
+        tuned_kv_tokens(&candidates, &prefix, 1),
+        9 + 9 + 10 + 11 + 12
+    );
+    assert_eq!(tuned_kv_tokens(&candidates, &prefix, 4), 4 * 12 + 9);
 }
 
 #[test]
@@ -326,6 +351,10 @@ fn bad_input_is_refused_with_a_message() {
         tuned_losses(&candle, &[], &options, 2).unwrap(),
         Vec::<[f64; 3]>::new()
     );
+    assert_eq!(
+        tuned_kv_losses(&candle, &[], &options, 2).unwrap(),
+        Vec::<[f64; 3]>::new()
+    );
     // The cut sequence (2 + 7) fits, the whole one (2 + 8) does too.
     assert!(naive_losses(&candle, std::slice::from_ref(&ok), &options, 2).is_ok());
     let long_call = TokenCandidate {
@@ -334,6 +363,7 @@ fn bad_input_is_refused_with_a_message() {
     };
     // 5 + 7 = 12 fits the engine's cut sequence; 5 + 8 = 13 does not fit the naive whole one.
     assert!(tuned_losses(&candle, std::slice::from_ref(&long_call), &options, 2).is_ok());
+    assert!(tuned_kv_losses(&candle, std::slice::from_ref(&long_call), &options, 2).is_ok());
     let err = naive_losses(&candle, &[ok.clone(), long_call], &options, 2).unwrap_err();
     assert!(
         err.to_string().contains("candidate 1") && err.to_string().contains("n_positions"),
@@ -346,11 +376,14 @@ fn bad_input_is_refused_with_a_message() {
     for result in [
         naive_losses(&candle, std::slice::from_ref(&bad_id), &options, 2),
         tuned_losses(&candle, std::slice::from_ref(&bad_id), &options, 2),
+        tuned_kv_losses(&candle, std::slice::from_ref(&bad_id), &options, 2),
     ] {
         let err = result.unwrap_err().to_string();
         assert!(err.contains("call_ids[0] = 50"), "{err}");
     }
-    let err = tuned_losses(&candle, &[ok], &options, 0).unwrap_err();
+    let err = tuned_losses(&candle, &[ok.clone()], &options, 0).unwrap_err();
+    assert!(err.to_string().contains("batch_size"), "{err}");
+    let err = tuned_kv_losses(&candle, &[ok], &options, 0).unwrap_err();
     assert!(err.to_string().contains("batch_size"), "{err}");
 }
 
@@ -388,6 +421,12 @@ fn bench_reports_per_round_ratios_that_agree_with_its_figures() {
         report.speedup_vs_tuned,
         Some(median(&report.speedup_vs_tuned_rounds))
     );
+    assert_eq!(report.speedup_vs_tuned_kv_rounds.len(), 3);
+    assert_eq!(
+        report.speedup_vs_tuned_kv,
+        Some(median(&report.speedup_vs_tuned_kv_rounds))
+    );
+    assert!(report.tuned_kv_tokens > 0 && report.tuned_kv_cands_per_s.is_some());
     assert!(report.max_abs_diff.unwrap() < LOSS_TOL);
     let per_token = config.trunk_flops_per_token();
     let whole = report.unique_tokens as f64 * per_token

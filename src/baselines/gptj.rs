@@ -44,12 +44,46 @@ fn masked_fill(on_false: &Tensor, mask: &Tensor, on_true: f32) -> Result<Tensor>
     mask.where_cond(&on_true, on_false)
 }
 
-/// 1 above the diagonal (key j > query i: the future), 0 elsewhere: [T, T] u8.
-fn causal_mask(t: usize, device: &Device) -> Result<Tensor> {
+/// For queries at positions past..past + T over keys at 0..past + T: 1 where the key is in the
+/// query's future (j > past + i), 0 elsewhere: [T, past + T] u8.
+fn causal_mask(t: usize, past: usize, device: &Device) -> Result<Tensor> {
     let mask: Vec<u8> = (0..t)
-        .flat_map(|i| (0..t).map(move |j| u8::from(j > i)))
+        .flat_map(|i| (0..past + t).map(move |j| u8::from(j > past + i)))
         .collect();
-    Tensor::from_slice(&mask, (t, t), device)
+    Tensor::from_slice(&mask, (t, past + t), device)
+}
+
+/// Every layer's keys (rotated) and values at a sequence's first `len` positions, each
+/// [1, H, len, hd]: what a KV-cached forward continues from (`CandleGptj::forward_cached`).
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<(Tensor, Tensor)>,
+    len: usize,
+}
+
+impl KvCache {
+    /// Positions it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no position.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The cache of the first `len` positions (views, no copy).
+    pub fn prefix(&self, len: usize) -> Result<KvCache> {
+        if len > self.len {
+            candle_core::bail!("a prefix of {len} positions of a cache of {}", self.len);
+        }
+        let layers = self
+            .layers
+            .iter()
+            .map(|(k, v)| Ok((k.narrow(2, 0, len)?, v.narrow(2, 0, len)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache { layers, len })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -137,22 +171,49 @@ impl CandleGptj {
     /// Every row starts at position 0 and only the causal mask is applied, so a batch must be
     /// right-padded: pad tokens then come after every real token and cannot affect it.
     pub fn forward_hidden(&self, ids: &Tensor) -> Result<Tensor> {
-        let (_b, t) = ids.dims2()?;
-        if t > self.config.n_positions {
+        Ok(self.forward_cached(ids, None, false)?.0)
+    }
+
+    /// `forward_hidden` continuing `past`: each row of `ids` [B, T] sits at positions
+    /// `past.len()..` and attends to all of `past` (the same for every row) and causally to
+    /// itself. With `keep` (B = 1) it also returns the cache of `past ++ ids`, for a later call
+    /// to continue. Right-padded batches as in `forward_hidden`.
+    pub fn forward_cached(
+        &self,
+        ids: &Tensor,
+        past: Option<&KvCache>,
+        keep: bool,
+    ) -> Result<(Tensor, Option<KvCache>)> {
+        let (b, t) = ids.dims2()?;
+        let p = past.map_or(0, KvCache::len);
+        if p + t > self.config.n_positions {
             candle_core::bail!(
-                "sequence of {t} tokens is longer than n_positions ({})",
+                "sequence of {} tokens is longer than n_positions ({})",
+                p + t,
                 self.config.n_positions
             );
         }
-        let mask = causal_mask(t, &self.device)?; // [T, T]
+        if keep && b != 1 {
+            candle_core::bail!("a kept cache is one sequence's, not a batch of {b}");
+        }
+        let mask = causal_mask(t, p, &self.device)?; // [T, P + T]
         let mut x = self.wte.forward(ids)?; // [B, T, d]
-        for block in &self.blocks {
+        let mut kept = Vec::new();
+        for (l, block) in self.blocks.iter().enumerate() {
             let h = block.ln_1.forward(&x)?; // [B, T, d]
-            let attn = self.attention(&h, block, &mask)?; // [B, T, d]
+            let layer_past = past.map(|c| &c.layers[l]);
+            let (attn, kv) = self.attention(&h, block, &mask, layer_past)?; // [B, T, d]
+            if keep {
+                kept.push(kv);
+            }
             let mlp = block.fc_out.forward(&block.fc_in.forward(&h)?.gelu()?)?; // [B, T, d]
             x = ((x + attn)? + mlp)?; // parallel residual
         }
-        self.ln_f.forward(&x)
+        let cache = keep.then_some(KvCache {
+            layers: kept,
+            len: p + t,
+        });
+        Ok((self.ln_f.forward(&x)?, cache))
     }
 
     /// LM-head logits of hidden states: [.., n_embd] -> [.., vocab_size].
@@ -160,44 +221,61 @@ impl CandleGptj {
         self.lm_head.forward(hidden)
     }
 
-    /// Causal self-attention of GPT-J (no biases) followed by out_proj: [B, T, d] -> [B, T, d].
-    fn attention(&self, h: &Tensor, block: &Block, mask: &Tensor) -> Result<Tensor> {
+    /// Causal self-attention of GPT-J (no biases) followed by out_proj: [B, T, d] -> [B, T, d],
+    /// after `past`'s keys and values ([1, H, P, hd], shared by every row) when given. Also
+    /// returns this layer's keys and values of past ++ h (for one row: a kept cache's).
+    fn attention(
+        &self,
+        h: &Tensor,
+        block: &Block,
+        mask: &Tensor,
+        past: Option<&(Tensor, Tensor)>,
+    ) -> Result<(Tensor, (Tensor, Tensor))> {
         let (b, t, d) = h.dims3()?;
         let (n_head, head_dim) = (self.config.n_head, self.config.head_dim());
+        let offset = past.map_or(Ok(0), |(k, _)| k.dim(2))?;
         let heads = |x: Tensor| -> Result<Tensor> {
             x.reshape((b, t, n_head, head_dim))?
                 .transpose(1, 2)? // [B, H, T, hd]
                 .contiguous()
         };
-        let q = self.rotary(&heads(block.q_proj.forward(h)?)?)?; // [B, H, T, hd]
-        let k = self.rotary(&heads(block.k_proj.forward(h)?)?)?; // [B, H, T, hd]
-        let v = heads(block.v_proj.forward(h)?)?; // [B, H, T, hd]
+        let q = self.rotary(&heads(block.q_proj.forward(h)?)?, offset)?; // [B, H, T, hd]
+        let mut k = self.rotary(&heads(block.k_proj.forward(h)?)?, offset)?; // [B, H, T, hd]
+        let mut v = heads(block.v_proj.forward(h)?)?; // [B, H, T, hd]
+        if let Some((past_k, past_v)) = past {
+            let shape = (b, n_head, offset, head_dim);
+            // (candle's cat on an inner dim leaves a strided layout its matmul refuses.)
+            k = Tensor::cat(&[&past_k.broadcast_as(shape)?, &k], 2)?.contiguous()?; // [B, H, P + T, hd]
+            v = Tensor::cat(&[&past_v.broadcast_as(shape)?, &v], 2)?.contiguous()?;
+            // [B, H, P + T, hd]
+        }
         let scale = 1.0 / (head_dim as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?; // [B, H, T, T]
+        let scores = (q.matmul(&k.t()?)? * scale)?; // [B, H, T, P + T]
         let scores = masked_fill(
             &scores,
             &mask.broadcast_as(scores.shape())?,
             f32::NEG_INFINITY,
         )?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?; // [B, H, T, T]
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?; // [B, H, T, P + T]
         let ctx = probs
             .matmul(&v)? // [B, H, T, hd]
             .transpose(1, 2)? // [B, T, H, hd]
             .reshape((b, t, d))?; // [B, T, d]
-        block.out_proj.forward(&ctx)
+        Ok((block.out_proj.forward(&ctx)?, (k, v)))
     }
 
     /// GPT-J's interleaved ("rotate every two") rotary embedding on the first rotary_dim dims of
-    /// each head, positions 0..T: [B, H, T, hd] -> [B, H, T, hd]. candle_nn's `rope_i` is exactly
-    /// this rotation of the pairs (x[2i], x[2i+1]); the remaining dims pass through.
-    fn rotary(&self, x: &Tensor) -> Result<Tensor> {
+    /// each head, positions offset..offset + T: [B, H, T, hd] -> [B, H, T, hd]. candle_nn's
+    /// `rope_i` is exactly this rotation of the pairs (x[2i], x[2i+1]); the remaining dims pass
+    /// through.
+    fn rotary(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (_b, _h, t, head_dim) = x.dims4()?;
         let rot = self.config.rotary_dim();
         if rot == 0 {
             return Ok(x.clone());
         }
-        let cos = self.cos.narrow(0, 0, t)?; // [T, rot / 2]
-        let sin = self.sin.narrow(0, 0, t)?; // [T, rot / 2]
+        let cos = self.cos.narrow(0, offset, t)?; // [T, rot / 2]
+        let sin = self.sin.narrow(0, offset, t)?; // [T, rot / 2]
         let rotated =
             candle_nn::rotary_emb::rope_i(&x.narrow(D::Minus1, 0, rot)?.contiguous()?, &cos, &sin)?; // [B, H, T, rot]
         if rot == head_dim {

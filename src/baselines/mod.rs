@@ -6,8 +6,11 @@
 //! - `tuned`: what a careful engineer writes without a custom engine. Sequences cut at the last
 //!   weighted token, identical sequences run once, the LM head only at weighted rows,
 //!   length-sorted batches.
+//! - `tuned_kv`: the tuned baseline with a KV cache of each text: in inline placement a call
+//!   variant runs only from where it leaves the text (DESIGN's tuned baseline does not share
+//!   x_<i; this one does, so that "vs tuned-kv" inline measures the engine, not the plan).
 //!
-//! Both run the same ordinary candle GPT-J (`gptj`) in f32 on the CPU and return
+//! All three run the same ordinary candle GPT-J (`gptj`) in f32 on the CPU and return
 //! [L_none, L_call, L_call_result] per candidate, equal to `ReferenceScorer` up to f32 rounding.
 //! Batches are right-padded with token 0; the pad tokens are counted in `*_tokens` because the
 //! trunk computes them.
@@ -15,10 +18,12 @@
 pub mod gptj;
 pub mod naive;
 pub mod tuned;
+pub mod tuned_kv;
 
 pub use gptj::CandleGptj;
 pub use naive::{check_whole_texts_fit, naive_losses, naive_tokens};
 pub use tuned::{tuned_losses, tuned_tokens};
+pub use tuned_kv::{tuned_kv_losses, tuned_kv_tokens};
 
 use crate::error::{Error, Result};
 use crate::model::GptjConfig;
@@ -63,6 +68,9 @@ pub enum Baseline {
     Naive,
     /// `tuned_losses`: cut, deduplicated, length-sorted sequences, the LM head at weighted rows.
     Tuned,
+    /// `tuned_kv_losses`: the tuned method, with each call variant run from where it leaves the
+    /// text, over the text's KV cache.
+    TunedKv,
 }
 
 /// A baseline behind the `Scorer` trait, so that benchmarks and tests drive it like any backend.
@@ -94,6 +102,7 @@ impl BaselineScorer {
         match self.baseline {
             Baseline::Naive => naive_tokens(candidates, options, self.batch_size),
             Baseline::Tuned => tuned_tokens(candidates, options, self.batch_size),
+            Baseline::TunedKv => tuned_kv_tokens(candidates, options, self.batch_size),
         }
     }
 }
@@ -103,6 +112,7 @@ impl Scorer for BaselineScorer {
         match self.baseline {
             Baseline::Naive => "candle-naive",
             Baseline::Tuned => "candle-tuned",
+            Baseline::TunedKv => "candle-tuned-kv",
         }
     }
 
@@ -118,6 +128,7 @@ impl Scorer for BaselineScorer {
         match self.baseline {
             Baseline::Naive => naive_losses(&self.model, candidates, options, self.batch_size),
             Baseline::Tuned => tuned_losses(&self.model, candidates, options, self.batch_size),
+            Baseline::TunedKv => tuned_kv_losses(&self.model, candidates, options, self.batch_size),
         }
     }
 }
