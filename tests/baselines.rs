@@ -381,7 +381,7 @@ fn bad_input_is_refused_with_a_message() {
         let err = result.unwrap_err().to_string();
         assert!(err.contains("call_ids[0] = 50"), "{err}");
     }
-    let err = tuned_losses(&candle, &[ok.clone()], &options, 0).unwrap_err();
+    let err = tuned_losses(&candle, std::slice::from_ref(&ok), &options, 0).unwrap_err();
     assert!(err.to_string().contains("batch_size"), "{err}");
     let err = tuned_kv_losses(&candle, &[ok], &options, 0).unwrap_err();
     assert!(err.to_string().contains("batch_size"), "{err}");
