@@ -489,6 +489,7 @@ fn tree_tiles_cover_the_plan() {
             inline: seed % 2 == 0,
             vocab: 7,
             seed,
+            qk_scale: 2.0,
         };
         let plan = random_plan(&p);
         for t in [
@@ -593,6 +594,7 @@ fn packed_tiles_keep_the_attention_of_the_plan() {
             inline: seed % 3 != 0,
             vocab: 5,
             seed,
+            qk_scale: 2.0,
         };
         let plan = random_plan(&p);
         let (nh, hd) = (p.n_head, p.head_dim);
@@ -631,6 +633,7 @@ fn tree_tiles_from_groups_equal_the_plans() {
             inline: seed % 2 == 1,
             vocab: 7,
             seed,
+            qk_scale: 2.0,
         };
         let plan = random_plan(&p);
         let groups: Vec<_> = plan

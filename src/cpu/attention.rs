@@ -337,6 +337,21 @@ mod tests {
     use super::*;
     use crate::util::rng::Rng;
 
+    /// Scores far past where exp overflows f32 (~88.7), as a peaked trained model's can reach:
+    /// the softmax is shifted by its max, so these are 1 / (1 + e^-1) and e^-1 / (1 + e^-1).
+    #[test]
+    fn softmax_of_large_scores_is_finite() {
+        for scale in [1.0f32, -1.0] {
+            let mut x = [1000.0 * scale, 1000.0 * scale - 1.0, -1e30];
+            softmax_in_place(&mut x);
+            let e = (-1f32).exp();
+            let want = [1.0 / (1.0 + e), e / (1.0 + e), 0.0];
+            for (g, w) in x.iter().zip(want) {
+                assert!((g - w).abs() < 1e-6, "{x:?}");
+            }
+        }
+    }
+
     /// Queries in blocks give what all at once gives, and what row by row gives.
     #[test]
     fn query_blocks_do_not_change_attention() {

@@ -151,9 +151,19 @@ mod tests {
     /// Tiled log-probs against whole rows in f64 (from the same ln_f output), at tiles that cut
     /// rows and vocabulary unevenly (a last pass of one row, a last block of one column), one
     /// tile for all, and the default tiles with a second pass of rows and a partial last block.
+    /// (The remainders are asserted: a wrong target offset in a partial later pass once passed
+    /// here because the row count divided evenly and stayed under one default pass.)
     #[test]
     fn tiles_match_whole_rows() {
-        let (d, vocab, n_tokens) = (16, 2 * VOCAB_BLOCK + 37, HEAD_ROWS + 90);
+        let (d, vocab, n_tokens) = (16, 2 * VOCAB_BLOCK + 53, 2 * 603);
+        let n_rows = n_tokens / 2;
+        assert_eq!(
+            (n_rows % 7, vocab % 100),
+            (1, 1),
+            "one row, one column left over"
+        );
+        assert!(n_rows > HEAD_ROWS && n_rows % HEAD_ROWS > 1 && vocab % VOCAB_BLOCK > 1);
+        assert!(n_rows < 1000 && vocab < 5000);
         let config = GptjConfig::small(1, d, 2, 4, vocab);
         let w = CpuWeights::from_owned(&config, GptjWeights::random(&config, 5, DType::F32));
         let eps = config.layer_norm_epsilon as f32;
