@@ -56,7 +56,8 @@
 //! };
 //! let scores = scorer.score(&[candidate.clone()], &ScoreOptions::default())?;
 //! assert!(scores[0].delta.is_finite());
-//! // A bad candidate fails the batch, naming it: drop it and score the rest.
+//! // A bad candidate fails the batch, naming it: drop it and score the rest (or `score_each`:
+//! // each candidate's scores or its error, in its place).
 //! let bad = TokenCandidate { call_ids: vec![64], ..candidate };
 //! match scorer.score(&[bad], &ScoreOptions::default()) {
 //!     Err(Error::Candidate { index, .. }) => assert_eq!(index, 0),
@@ -104,8 +105,8 @@ pub use backend::{
 pub use error::{Error, Result};
 pub use model::{GptjConfig, Model};
 pub use score::{
-    score_texts, score_texts_each, CallForm, LossWeights, Placement, ReferenceScorer, ScoreOptions,
-    Scorer, Scores, TextCandidate, TokenCandidate, Variant,
+    score_each, score_texts, score_texts_each, CallForm, LossWeights, Placement, ReferenceScorer,
+    ScoreOptions, Scorer, Scores, TextCandidate, TokenCandidate, Variant,
 };
 /// The JSON values of the public API (document ids, run settings, C* records).
 pub use serde_json;

@@ -37,6 +37,7 @@ fn engines_and_models_are_debug_and_tokenizers_clone() {
         reference: ReferenceScorer,
         sampler: toolsift::sample::ReferenceSampler,
         tokenizer: Tokenizer,
+        boxed: Box<dyn Scorer>,
     }
     let model = Model::load(tiny()).unwrap();
     let tokenizer = model.tokenizer().unwrap().clone();
@@ -45,6 +46,7 @@ fn engines_and_models_are_debug_and_tokenizers_clone() {
         reference: ReferenceScorer::new(&model),
         sampler: toolsift::sample::ReferenceSampler::new(&model),
         tokenizer: tokenizer.clone(),
+        boxed: scorer_for(&model, Device::Cpu).unwrap(),
         model,
     };
     let shown = format!("{state:?}");
@@ -54,6 +56,7 @@ fn engines_and_models_are_debug_and_tokenizers_clone() {
         "ReferenceScorer",
         "Tokenizer",
         "vocab_size: 512",
+        "Scorer { name: \"cpu\", .. }",
     ] {
         assert!(shown.contains(name), "{name} in {shown}");
     }
@@ -194,4 +197,37 @@ fn a_tokenizer_loads_from_bytes() {
         msg.contains("embedded/tokenizer.json") && msg.contains("not a Hugging Face tokenizer"),
         "{msg}"
     );
+}
+
+/// Token-level, candidate by candidate: a bad candidate gets its `validate` error in its place,
+/// and the good ones the bits that a batch of only them gets.
+#[test]
+fn score_each_answers_every_token_candidate_in_its_place() {
+    let model = Model::load(tiny()).unwrap();
+    let scorer = scorer_for(&model, Device::Cpu).unwrap();
+    let options = ScoreOptions::default();
+    let bad = TokenCandidate {
+        call_ids: vec![600], // the vocabulary is 512
+        ..candidate()
+    };
+    let other = TokenCandidate {
+        position: 3,
+        ..candidate()
+    };
+    let batch = [bad.clone(), candidate(), bad, other.clone()];
+    let each = toolsift::score_each(&*scorer, &batch, &options).unwrap();
+    let alone = scorer.score(&[candidate(), other], &options).unwrap();
+    assert_eq!(each.len(), 4);
+    for k in [0, 2] {
+        assert!(
+            matches!(&each[k], Err(Error::Input(m)) if m.contains("call_ids[0] = 600")),
+            "{:?}",
+            each[k]
+        );
+    }
+    assert_eq!(each[1].as_ref().unwrap(), &alone[0]);
+    assert_eq!(each[3].as_ref().unwrap(), &alone[1]);
+    assert!(toolsift::score_each(&*scorer, &[], &options)
+        .unwrap()
+        .is_empty());
 }

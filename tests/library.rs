@@ -173,10 +173,17 @@ fn score_texts_refuses_what_cannot_fit_and_names_the_first_bad_candidate() {
             position: long_text.len() - 5,
             ..good.clone()
         },
+        // Said as a token-level candidate's is.
+        TextCandidate {
+            text: "".into(),
+            position: 0,
+            ..good.clone()
+        },
     ];
     for (bad, why) in cases.into_iter().zip([
         "is longer than the model's n_positions (256) tokens",
         "is past the first n_positions (256) tokens of the text",
+        "text is empty",
     ]) {
         let err = score(&[good.clone(), bad]);
         assert!(

@@ -362,6 +362,10 @@ impl Encoding {
     /// with "t") reports the whole character, so its start is before the previous token's end:
     /// that offset falls inside it.
     pub fn token_at_byte(&self, offset: usize) -> std::result::Result<usize, String> {
+        if self.spans.is_empty() {
+            // As a token-level candidate says it (`validate`).
+            return Err("text is empty".into());
+        }
         for (k, &(start, end)) in self.spans.iter().enumerate() {
             let after_previous = k > 0 && self.spans[k - 1].1 == offset && start >= offset;
             if start == offset || (after_previous && offset < end) {

@@ -428,8 +428,11 @@ impl GptjWeights {
     /// (as in a trained model) rather than uniform: a default N(0, 0.02) init makes every loss
     /// ~log(vocab) and every delta ~0, which proves nothing. Deterministic in `seed`.
     ///
+    /// It does not check the config: one that `GptjConfig::validate` refuses (n_embd not a
+    /// multiple of n_head, say) gives weights that `Model::from_parts` then refuses.
+    ///
     /// # Panics
-    /// On a config `GptjConfig::validate` refuses, or sizes past memory.
+    /// On sizes past memory (an allocation failure).
     pub fn random(config: &GptjConfig, seed: u64, dtype: DType) -> Self {
         let mut rng = Rng::new(seed);
         let (d, f) = (config.n_embd as f32, config.inner_dim() as f32);

@@ -144,6 +144,13 @@ impl Scores {
 /// The fast backends' losses depend at the f32 rounding level (~1e-6) on the batch a candidate
 /// is scored in; the same batch gives the same bits. The CPU backend runs on the calling
 /// thread's rayon pool (`ThreadPool::install` gives a call a pool of its own).
+///
+/// Throughput comes from batches, not from concurrent calls: one CPU call already spreads over
+/// every thread of its pool, so calls from several threads at once share the cores (together
+/// they take about as long as one call with all their candidates), and each holds up to the
+/// scorer's memory budget (`scorer_with_memory_budget`: per call, so N calls at once may hold N
+/// budgets). A server that gathers requests into one `score` call gets the plan's sharing
+/// across them too. On CUDA the calls on one scorer run one at a time.
 pub trait Scorer: Send + Sync {
     /// A short name for logs and benchmark output.
     fn name(&self) -> &str;
@@ -183,6 +190,62 @@ pub trait Scorer: Send + Sync {
             .into_iter()
             .map(Scores::from_losses)
             .collect())
+    }
+}
+
+/// [`Scorer::score`], candidate by candidate: each candidate's scores or its `validate` error
+/// (`Error::Input`), in the order given, with every valid candidate scored in one batch (the
+/// token-level [`score_texts_each`]). The outer error is the scorer's on the valid candidates
+/// (an `Error::Candidate` from its own further checks names the place in `candidates`), and
+/// then nothing is returned.
+pub fn score_each(
+    scorer: &dyn Scorer,
+    candidates: &[TokenCandidate],
+    options: &ScoreOptions,
+) -> Result<Vec<Result<Scores>>> {
+    let checked: Vec<Result<()>> = candidates
+        .iter()
+        .map(|c| validate(c, scorer.config(), options).map_err(Error::input))
+        .collect();
+    let (places, good): (Vec<usize>, Vec<TokenCandidate>) = checked
+        .iter()
+        .enumerate()
+        .filter(|(_, ok)| ok.is_ok())
+        .map(|(k, _)| (k, candidates[k].clone()))
+        .unzip();
+    let scored = if good.is_empty() {
+        Vec::new()
+    } else {
+        let losses = scorer
+            .variant_losses_unchecked(&good, options)
+            .map_err(|e| match e {
+                Error::Candidate { index, msg } => Error::Candidate {
+                    index: places.get(index).copied().unwrap_or(index),
+                    msg,
+                },
+                e => e,
+            })?;
+        losses.into_iter().map(Scores::from_losses).collect()
+    };
+    let mut scores = scored.into_iter();
+    Ok(checked
+        .into_iter()
+        .map(|ok| {
+            ok.map(|()| {
+                scores
+                    .next()
+                    .expect("the scorer returns one Scores per candidate")
+            })
+        })
+        .collect())
+}
+
+/// A scorer as `{ name, .. }`, so that a struct holding a `Box<dyn Scorer>` can derive `Debug`.
+impl std::fmt::Debug for dyn Scorer + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scorer")
+            .field("name", &self.name())
+            .finish_non_exhaustive()
     }
 }
 
