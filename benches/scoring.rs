@@ -7,7 +7,7 @@
 //! The whole standard workload with the default bench model is `toolsift bench` (docs/benchmarks.md).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use toolsift::baselines::{naive_losses, tuned_losses, CandleGptj};
+use toolsift::baselines::{naive_losses, tuned_kv_losses, tuned_losses, CandleGptj};
 use toolsift::cpu::CpuScorer;
 use toolsift::model::{DType, GptjConfig, GptjWeights};
 use toolsift::score::{LossWeights, Placement, ScoreOptions, Scorer};
@@ -46,6 +46,11 @@ fn scoring(c: &mut Criterion) {
             BenchmarkId::new("candle-tuned", &name),
             &candidates,
             |b, cands| b.iter(|| tuned_losses(&candle, cands, &options, 8).expect("tuned")),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("candle-tuned-kv", &name),
+            &candidates,
+            |b, cands| b.iter(|| tuned_kv_losses(&candle, cands, &options, 8).expect("tuned-kv")),
         );
         group.bench_with_input(
             BenchmarkId::new("candle-naive", &name),
