@@ -1,10 +1,11 @@
-//! `toolsift bench`: the standard workload (docs/benchmarks.md) on one random GPT-J, run by toolsift and
-//! by the three candle baselines in the same process, their losses checked against each other, and one
-//! JSON line of figures. Ratios, not absolute times, are what this noisy machine can vouch for:
-//! every engine is warmed up first, then the timed runs go in rounds (toolsift, the GEMM peak,
-//! then in baseline rounds tuned, toolsift, naive, toolsift, tuned-kv, toolsift), and each ratio is the median of its
-//! rounds' ratios, each baseline run over the mean of the toolsift runs on either side of it, so
-//! that a change in the machine's load moves both sides of a ratio together.
+//! `toolsift bench`: the standard workload (docs/benchmarks.md) on one random GPT-J, run by
+//! toolsift and by the three candle baselines in the same process, their losses checked against
+//! each other, and one JSON line of figures. Ratios, not absolute times, are what this noisy
+//! machine can vouch for: every engine is warmed up first, then the timed runs go in rounds
+//! (toolsift, the GEMM peak, then in baseline rounds tuned, toolsift, naive, toolsift, tuned-kv,
+//! toolsift), and each ratio is the median of its rounds' ratios, each baseline run over the
+//! mean of the toolsift runs on either side of it, so that a change in the machine's load moves
+//! both sides of a ratio together.
 
 use std::time::Instant;
 

@@ -1103,7 +1103,8 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         p.as_ref()
             .map_or(none.to_string(), |p| stream_name(p, std_name))
     };
-    if let Some(output) = output_path {
+    // Only where --resume can go on: prompts from a file, into a file.
+    if let (Some(_), Some(output)) = (input_path, output_path) {
         set_stop_note(format!(
             "{} keeps the lines done; rerun with --resume to go on",
             output.display()

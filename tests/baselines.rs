@@ -95,6 +95,53 @@ fn candle_forward_right_padded_batch_matches_the_fixture() {
     }
 }
 
+/// A forward continuing a kept cache gives the fixture's values at the continued positions, for a
+/// right-padded batch of continuations sharing one cut of the cache; a cut past the cache, or a
+/// kept cache of a batch, is refused.
+#[test]
+fn candle_forward_continuing_a_cache_matches_the_fixture() {
+    let cases = cases();
+    let model = Model::load(tiny("f32")).unwrap();
+    let candle = candle_model(&model);
+    for case in cases.forward.iter().filter(|c| c.ids.len() >= 4) {
+        let n = case.ids.len();
+        let ids = |s: &[u32]| right_padded_batch(&[s], &Device::Cpu).unwrap();
+        let (_, cache) = candle
+            .forward_cached(&ids(&case.ids[..n - 1]), None, true)
+            .unwrap();
+        let cache = cache.unwrap();
+        assert_eq!(cache.len(), n - 1);
+        assert!(cache.prefix(n).is_err());
+        // Cut after 2 tokens; the rest, and a shorter continuation padded beside it.
+        let past = cache.prefix(2).unwrap();
+        let rest = &case.ids[2..];
+        let batch = right_padded_batch(&[rest, &rest[..1]], &Device::Cpu).unwrap();
+        let (hidden, kept) = candle.forward_cached(&batch, Some(&past), false).unwrap();
+        assert!(kept.is_none());
+        let got: Vec<Vec<Vec<f32>>> =
+            candle_nn::ops::log_softmax(&candle.logits(&hidden).unwrap(), D::Minus1)
+                .unwrap()
+                .to_vec3()
+                .unwrap();
+        for (b, len) in [(0, rest.len()), (1, 1)] {
+            for (i, row) in got[b].iter().take(len).enumerate() {
+                for (v, &want) in case.log_softmax[2 + i].iter().enumerate() {
+                    assert_close(
+                        &format!("{:?} row {b} position {}", case.name, 2 + i),
+                        f64::from(row[v]),
+                        want,
+                        FORWARD_TOL,
+                    );
+                }
+            }
+        }
+        let err = candle
+            .forward_cached(&batch, Some(&past), true)
+            .unwrap_err();
+        assert!(err.to_string().contains("not a batch of 2"), "{err}");
+    }
+}
+
 fn options(placement: Placement) -> ScoreOptions {
     ScoreOptions {
         placement,
@@ -212,12 +259,23 @@ fn random_candidates(rng: &mut Rng, vocab: usize) -> Vec<TokenCandidate> {
         let same_position = out.last().unwrap().position;
         out.push(candidate(rng, same_position)); // another call at the same position
         out.push(out[out.len() - 3].clone()); // a duplicate
-                                              // A call that begins as the text goes on (x_i, x_{i+1}): it shares more than x_<i with
-                                              // the text, as far as the text's last token (tuned-kv's cache ends there).
+
+        // Calls that share more than x_<i with the text, each bounding tuned-kv's cached part
+        // its own way. One that begins as the text goes on (x_i, x_{i+1}): its first weighted
+        // row and the text's cache both end at x_{n-1}.
         let mut echo = candidate(rng, n - 2);
         echo.call_ids = text[n - 2..].to_vec();
         echo.call_result_ids = [echo.call_ids.clone(), random_ids(rng, 2, vocab)].concat();
-        out.push(echo);
+        // The same weighing only x_{i+1}: its first weighted row is past the cache's end.
+        let late = TokenCandidate {
+            weights: Some(vec![0.0, 1.0]),
+            ..echo.clone()
+        };
+        // An empty call: e(c, eps) is the text itself, cut at its first weighted row.
+        let position = rng.range(1, n - 2);
+        let mut empty = candidate(rng, position);
+        empty.call_ids.clear();
+        out.extend([echo, late, empty]);
     }
     let mut own = out[0].clone();
     own.weights = Some(vec![0.5, 0.0, 0.25]);

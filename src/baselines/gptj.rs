@@ -1,6 +1,6 @@
 //! GPT-J in candle (f32, CPU), written the way a typical candle user would write it: candle_nn
-//! modules and ops, full [T, T] causal attention per head, nothing fused. It is the trunk both
-//! baselines run; toolsift's own engine is benchmarked against it, so it must be ordinary, not
+//! modules and ops, full causal attention per head ([T, T], or [T, P + T] after a cache of P
+//! positions), nothing fused. It is the trunk the baselines run; toolsift's own engine is benchmarked against it, so it must be ordinary, not
 //! tuned, and it must not be handicapped either: its linear weights are stored [in, out]
 //! (`linear`), which made the tuned baseline 1.13x faster (docs/benchmarks.md).
 //!
@@ -244,10 +244,10 @@ impl CandleGptj {
         let mut v = heads(block.v_proj.forward(h)?)?; // [B, H, T, hd]
         if let Some((past_k, past_v)) = past {
             let shape = (b, n_head, offset, head_dim);
-            // (candle's cat on an inner dim leaves a strided layout its matmul refuses.)
-            k = Tensor::cat(&[&past_k.broadcast_as(shape)?, &k], 2)?.contiguous()?; // [B, H, P + T, hd]
+            // [B, H, P + T, hd] each (candle's cat on an inner dim leaves a strided layout its
+            // matmul refuses, hence contiguous).
+            k = Tensor::cat(&[&past_k.broadcast_as(shape)?, &k], 2)?.contiguous()?;
             v = Tensor::cat(&[&past_v.broadcast_as(shape)?, &v], 2)?.contiguous()?;
-            // [B, H, P + T, hd]
         }
         let scale = 1.0 / (head_dim as f64).sqrt();
         let scores = (q.matmul(&k.t()?)? * scale)?; // [B, H, T, P + T]

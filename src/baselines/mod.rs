@@ -1,4 +1,4 @@
-//! The two candle baselines toolsift's engine is benchmarked against (docs/benchmarks.md), behind the
+//! The three candle baselines toolsift's engine is benchmarked against (docs/benchmarks.md), behind the
 //! `baselines` feature so that the default build never compiles candle.
 //!
 //! - `naive`: what most people write first. Every variant of every candidate is its own full
@@ -8,7 +8,8 @@
 //!   length-sorted batches.
 //! - `tuned_kv`: the tuned baseline with a KV cache of each text: in inline placement a call
 //!   variant runs only from where it leaves the text (DESIGN's tuned baseline does not share
-//!   x_<i; this one does, so that "vs tuned-kv" inline measures the engine, not the plan).
+//!   x_<i; this one does, so that "vs tuned-kv" inline measures the engine and the sharing a
+//!   cache alone does not give, not x_<i's).
 //!
 //! All three run the same ordinary candle GPT-J (`gptj`) in f32 on the CPU and return
 //! [L_none, L_call, L_call_result] per candidate, equal to `ReferenceScorer` up to f32 rounding.

@@ -152,7 +152,8 @@ fn batch_log_probs(
         .to_vec1::<f32>()
 }
 
-/// Tokens `tuned_losses` pushes through the trunk with this `batch_size`, padding included.
+/// Tokens `tuned_losses` pushes through the trunk with this `batch_size`, padding included. The
+/// candidates must pass `validate`, as `tuned_losses` checks.
 pub fn tuned_tokens(
     candidates: &[TokenCandidate],
     options: &ScoreOptions,

@@ -3,16 +3,17 @@
 //! text position i starts with the text's x_<i; here the text runs once (the no-call pass, its
 //! cache kept), and each call variant runs only from where it leaves the text, continuing the
 //! text's cache cut at that point. What is left to toolsift's engine over it is engine quality
-//! and the sharing a KV cache alone does not give (a call's tokens shared across positions or
-//! between e(c, eps) and e(c, r); no padding).
+//! and the sharing a KV cache of the text alone does not give: toolsift's prefix tree also shares
+//! e(c, eps)'s tokens with e(c, r)'s and the common start of calls at one position (here each
+//! suffix runs whole), and it pads nothing.
 //!
 //! Per text: the no-call sequence (cut after its furthest weighted token, less that token) runs
 //! once with its cache kept. A call variant's sequence shares the text's first `past` tokens,
 //! `past` its common prefix with the text but no further than its first weighted row (the rows
 //! it reads must be computed), so only the rest, its suffix, runs. Suffixes of one text and one
 //! `past` are deduplicated and run in length-sorted, right-padded batches over that cut of the
-//! cache. Variants that share nothing with the text (`past` 0: every call variant in prefix
-//! placement) are deduplicated across all texts and run as the tuned baseline runs them, so in
+//! cache. Variants that share nothing with the text (`past` 0: in prefix placement every call
+//! variant whose z does not start as the text does) are deduplicated across all texts and run as the tuned baseline runs them, so in
 //! prefix placement this baseline is the tuned one.
 
 use std::collections::HashMap;
@@ -281,7 +282,8 @@ fn head_log_probs(
 }
 
 /// Tokens `tuned_kv_losses` pushes through the trunk with this `batch_size`, padding included
-/// (the cached tokens a batch attends to are not recomputed, so not counted).
+/// (the cached tokens a batch attends to are not recomputed, so not counted). The candidates
+/// must pass `validate`, as `tuned_kv_losses` checks (an empty text would panic here).
 pub fn tuned_kv_tokens(
     candidates: &[TokenCandidate],
     options: &ScoreOptions,

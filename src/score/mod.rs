@@ -216,16 +216,14 @@ pub fn score_each(
     let scored = if good.is_empty() {
         Vec::new()
     } else {
-        let losses = scorer
-            .variant_losses_unchecked(&good, options)
-            .map_err(|e| match e {
-                Error::Candidate { index, msg } => Error::Candidate {
-                    index: places.get(index).copied().unwrap_or(index),
-                    msg,
-                },
-                e => e,
-            })?;
-        losses.into_iter().map(Scores::from_losses).collect()
+        // Through `score`, so that a scorer's own `score` or `variant_losses` runs.
+        scorer.score(&good, options).map_err(|e| match e {
+            Error::Candidate { index, msg } => Error::Candidate {
+                index: places.get(index).copied().unwrap_or(index),
+                msg,
+            },
+            e => e,
+        })?
     };
     let mut scores = scored.into_iter();
     Ok(checked

@@ -356,7 +356,8 @@ fn lex_number(input: &str, start: usize) -> Result<(Rational, usize), ToolError>
     // "1.000..." with 40 zeros is 1, not a denominator past i128.
     let (int, frac) = plain.split_once('.').unwrap_or((&plain, ""));
     let frac = frac.trim_end_matches('0');
-    let digits = format!("{int}{frac}");
+    // A leading 0: ".0" leaves no digit otherwise.
+    let digits = format!("0{int}{frac}");
     let num = digits.parse::<i128>().map_err(|_| too_large())?;
     let den = 10i128
         .checked_pow(frac.len() as u32)
@@ -616,6 +617,8 @@ mod tests {
         // Trailing zeros after the dot are not places that count.
         let one = format!("1.{}", "0".repeat(60));
         assert_eq!(calc(&format!("{one} + 0.50")).unwrap(), "1.5");
+        assert_eq!(calc(".0 + 1").unwrap(), "1");
+        assert_eq!(calc(".00").unwrap(), "0");
     }
 
     #[test]

@@ -419,8 +419,13 @@ pub fn stop_tools_on_signals() -> std::io::Result<()> {
                         SIGTERM => "SIGTERM",
                         _ => "SIGHUP",
                     };
-                    // On a line of its own: a progress bar may hold the cursor.
-                    eprintln!("\ntoolsift: stopped by {name}: {note}");
+                    // On a line of its own: a progress bar may hold the cursor. Not eprintln,
+                    // which panics when stderr is gone (`| tee log` ended by the same Ctrl-C):
+                    // this thread must go on to end the process.
+                    let _ = writeln!(
+                        std::io::stderr().lock(),
+                        "\ntoolsift: stopped by {name}: {note}"
+                    );
                 }
                 let _ = signal_hook::low_level::emulate_default_handler(signal);
                 // Not reached: the default action of these three ends the process.
