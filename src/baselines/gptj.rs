@@ -216,6 +216,33 @@ impl CandleGptj {
         Ok((self.ln_f.forward(&x)?, cache))
     }
 
+    /// log p(token | row) for each `(row, token)` of `reads[b]`, batch row b of `hidden`
+    /// ([B, T, n_embd]), in order: the LM head on the gathered rows only (the tuned baselines'
+    /// head).
+    pub fn read_log_probs(&self, hidden: &Tensor, reads: &[&[(usize, u32)]]) -> Result<Vec<f32>> {
+        let (b, t, d) = hidden.dims3()?;
+        let (rows, tokens): (Vec<u32>, Vec<u32>) = reads
+            .iter()
+            .enumerate()
+            .flat_map(|(bi, r)| {
+                r.iter()
+                    .map(move |&(row, token)| ((bi * t + row) as u32, token))
+            })
+            .unzip();
+        let n = rows.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let gathered = hidden
+            .reshape((b * t, d))? // [B * T, d]
+            .index_select(&Tensor::from_vec(rows, n, &self.device)?, 0)?; // [N, d]
+        let logits = self.logits(&gathered)?; // [N, vocab]
+        candle_nn::ops::log_softmax(&logits, D::Minus1)? // [N, vocab]
+            .gather(&Tensor::from_vec(tokens, (n, 1), &self.device)?, 1)? // [N, 1]
+            .flatten_all()?
+            .to_vec1::<f32>()
+    }
+
     /// LM-head logits of hidden states: [.., n_embd] -> [.., vocab_size].
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         self.lm_head.forward(hidden)

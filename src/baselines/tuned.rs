@@ -11,8 +11,6 @@
 
 use std::collections::HashMap;
 
-use candle_core::{Tensor, D};
-
 use super::gptj::{right_padded_batch, CandleGptj};
 use super::{backend_error, check_candidates, padded_tokens};
 use crate::error::Result;
@@ -129,27 +127,9 @@ fn batch_log_probs(
 ) -> candle_core::Result<Vec<f32>> {
     let seqs: Vec<&[u32]> = batch.iter().map(|&u| &unique[u][..]).collect();
     let ids = right_padded_batch(&seqs, model.device())?; // [B, T]
-    let (b, t) = ids.dims2()?;
-    let (rows, tokens): (Vec<u32>, Vec<u32>) = batch
-        .iter()
-        .enumerate()
-        .flat_map(|(bi, &u)| {
-            reads[u]
-                .iter()
-                .map(move |&(row, token)| ((bi * t + row) as u32, token))
-        })
-        .unzip();
-    let n = rows.len(); // > 0: the plan holds only sequences with a weighted row
     let hidden = model.forward_hidden(&ids)?; // [B, T, d]
-    let d = hidden.dim(D::Minus1)?;
-    let gathered = hidden
-        .reshape((b * t, d))? // [B * T, d]
-        .index_select(&Tensor::from_vec(rows, n, model.device())?, 0)?; // [N, d]
-    let logits = model.logits(&gathered)?; // [N, vocab]
-    candle_nn::ops::log_softmax(&logits, D::Minus1)? // [N, vocab]
-        .gather(&Tensor::from_vec(tokens, (n, 1), model.device())?, 1)? // [N, 1]
-        .flatten_all()?
-        .to_vec1::<f32>()
+    let reads: Vec<&[(usize, u32)]> = batch.iter().map(|&u| &reads[u][..]).collect();
+    model.read_log_probs(&hidden, &reads)
 }
 
 /// Tokens `tuned_losses` pushes through the trunk with this `batch_size`, padding included. The

@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 
 use super::gptj::{right_padded_batch, CandleGptj, KvCache};
 use super::{backend_error, check_candidates, padded_tokens};
@@ -257,28 +257,8 @@ fn head_log_probs(
     batch: &[usize],
     hidden: &Tensor,
 ) -> candle_core::Result<Vec<f32>> {
-    let (b, t, d) = hidden.dims3()?;
-    let (rows, tokens): (Vec<u32>, Vec<u32>) = batch
-        .iter()
-        .enumerate()
-        .flat_map(|(bi, &s)| {
-            group.reads[s]
-                .iter()
-                .map(move |&(row, token)| ((bi * t + row) as u32, token))
-        })
-        .unzip();
-    let n = rows.len();
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let gathered = hidden
-        .reshape((b * t, d))? // [B * T, d]
-        .index_select(&Tensor::from_vec(rows, n, model.device())?, 0)?; // [N, d]
-    let logits = model.logits(&gathered)?; // [N, vocab]
-    candle_nn::ops::log_softmax(&logits, D::Minus1)? // [N, vocab]
-        .gather(&Tensor::from_vec(tokens, (n, 1), model.device())?, 1)? // [N, 1]
-        .flatten_all()?
-        .to_vec1::<f32>()
+    let reads: Vec<&[(usize, u32)]> = batch.iter().map(|&s| &group.reads[s][..]).collect();
+    model.read_log_probs(hidden, &reads)
 }
 
 /// Tokens `tuned_kv_losses` pushes through the trunk with this `batch_size`, padding included

@@ -203,20 +203,34 @@ pub fn score_each(
     candidates: &[TokenCandidate],
     options: &ScoreOptions,
 ) -> Result<Vec<Result<Scores>>> {
-    let checked: Vec<Result<()>> = candidates
+    let checked = candidates
         .iter()
-        .map(|c| validate(c, scorer.config(), options).map_err(Error::input))
+        .map(|c| {
+            validate(c, scorer.config(), options)
+                .map(|()| c.clone())
+                .map_err(Error::input)
+        })
         .collect();
+    score_in_place(scorer, checked, options)
+}
+
+/// The `Ok` candidates of `checked` scored in one batch, each answer in its place and each error
+/// kept in its own (`score_each`, `score_texts_each`). Through `Scorer::score`, so that a
+/// scorer's own `score` or `variant_losses` runs; an `Error::Candidate` from it names the place in
+/// `checked`.
+pub(crate) fn score_in_place(
+    scorer: &dyn Scorer,
+    checked: Vec<Result<TokenCandidate>>,
+    options: &ScoreOptions,
+) -> Result<Vec<Result<Scores>>> {
     let (places, good): (Vec<usize>, Vec<TokenCandidate>) = checked
         .iter()
         .enumerate()
-        .filter(|(_, ok)| ok.is_ok())
-        .map(|(k, _)| (k, candidates[k].clone()))
+        .filter_map(|(k, c)| Some((k, c.as_ref().ok()?.clone())))
         .unzip();
     let scored = if good.is_empty() {
         Vec::new()
     } else {
-        // Through `score`, so that a scorer's own `score` or `variant_losses` runs.
         scorer.score(&good, options).map_err(|e| match e {
             Error::Candidate { index, msg } => Error::Candidate {
                 index: places.get(index).copied().unwrap_or(index),
@@ -228,8 +242,8 @@ pub fn score_each(
     let mut scores = scored.into_iter();
     Ok(checked
         .into_iter()
-        .map(|ok| {
-            ok.map(|()| {
+        .map(|c| {
+            c.map(|_| {
                 scores
                     .next()
                     .expect("the scorer returns one Scores per candidate")

@@ -327,33 +327,7 @@ pub fn score_texts_each(
     form: CallForm,
 ) -> Result<Vec<Result<Scores>>> {
     let tokens = texts_to_tokens(scorer, tokenizer, candidates, options, form);
-    let (places, good): (Vec<usize>, Vec<TokenCandidate>) = tokens
-        .iter()
-        .enumerate()
-        .filter_map(|(k, t)| Some((k, t.as_ref().ok()?.clone())))
-        .unzip();
-    let scored = if good.is_empty() {
-        Vec::new()
-    } else {
-        scorer.score(&good, options).map_err(|e| match e {
-            Error::Candidate { index, msg } => Error::Candidate {
-                index: places.get(index).copied().unwrap_or(index),
-                msg,
-            },
-            e => e,
-        })?
-    };
-    let mut scores = scored.into_iter();
-    Ok(tokens
-        .into_iter()
-        .map(|t| {
-            t.map(|_| {
-                scores
-                    .next()
-                    .expect("the scorer returns one Scores per candidate")
-            })
-        })
-        .collect())
+    super::score_in_place(scorer, tokens, options)
 }
 
 /// Each candidate tokenized ([`TextHeads`]: each distinct text once, as far as its candidates
