@@ -77,5 +77,7 @@ mod tests {
             select(&p, |_| true, 0.95, 5).is_empty(),
             "position 0 never counts"
         );
+        // p_i > tau_s, strictly (the paper's rule): a position at the threshold is not taken.
+        assert!(select(&[0.0, 0.3, 0.2], |_| true, 0.3, 5).is_empty());
     }
 }

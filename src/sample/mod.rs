@@ -308,4 +308,33 @@ mod tests {
             "{counts:?}"
         );
     }
+
+    /// The temperature divides the log-probabilities (t = 2 turns 0.9 / 0.1 into 0.75 / 0.25;
+    /// multiplying would give 0.99 / 0.01), and top-k keeps exactly k: with k one less than the
+    /// row, the least likely token is never drawn, and every other one is.
+    #[test]
+    fn temperature_and_top_k_shape_the_draws() {
+        let lp = [0.9f32.ln(), 0.1f32.ln()];
+        let hot = SampleOptions {
+            temperature: 2.0,
+            ..Default::default()
+        };
+        let mut rng = Rng::new(5);
+        let n = 20000;
+        let ones = (0..n).filter(|_| draw(&lp, &hot, &mut rng) == 1).count();
+        let want = 0.1f64.sqrt() / (0.9f64.sqrt() + 0.1f64.sqrt());
+        assert!((ones as f64 / n as f64 - want).abs() < 0.02, "{ones} of {n}");
+        let lp = [0.4f32.ln(), 0.3f32.ln(), 0.2f32.ln(), 0.1f32.ln()];
+        let top3 = SampleOptions {
+            top_k: Some(3),
+            temperature: 3.0,
+            ..Default::default()
+        };
+        let mut seen = [0usize; 4];
+        for _ in 0..5000 {
+            seen[draw(&lp, &top3, &mut rng) as usize] += 1;
+        }
+        assert_eq!(seen[3], 0, "{seen:?}");
+        assert!(seen[..3].iter().all(|&c| c > 500), "{seen:?}");
+    }
 }
