@@ -323,7 +323,10 @@ mod tests {
         let n = 20000;
         let ones = (0..n).filter(|_| draw(&lp, &hot, &mut rng) == 1).count();
         let want = 0.1f64.sqrt() / (0.9f64.sqrt() + 0.1f64.sqrt());
-        assert!((ones as f64 / n as f64 - want).abs() < 0.02, "{ones} of {n}");
+        assert!(
+            (ones as f64 / n as f64 - want).abs() < 0.02,
+            "{ones} of {n}"
+        );
         let lp = [0.4f32.ln(), 0.3f32.ln(), 0.2f32.ln(), 0.1f32.ln()];
         let top3 = SampleOptions {
             top_k: Some(3),
