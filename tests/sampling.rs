@@ -120,22 +120,18 @@ fn greedy_samples_equal_greedy_decoding_with_the_oracle() {
     let oracle = ReferenceModel::new(model.config(), model.weights());
     let mut rng = Rng::new(8);
     let base = random_ids(&mut rng, 10, model.config().vocab_size);
-    // Prefixes sharing a head, as the driver's positions do.
+    // Prefixes sharing a head, as the driver's positions do; 25 samples each, so that a decoding
+    // step has 75 rows, past one 64-row chunk of the sampler's LM head.
     let requests: Vec<SampleRequest> = [4usize, 7, 10]
         .iter()
         .map(|&n| SampleRequest {
             prefix: base[..n].to_vec(),
-            n_samples: 2,
+            n_samples: 25,
         })
         .collect();
-    let options = SampleOptions {
-        max_new_tokens: 8,
-        temperature: 0.0,
-        ..Default::default()
-    };
-    let out = engine.sample(&requests, &options).unwrap();
-    for (req, samples) in requests.iter().zip(&out) {
-        let mut seq = req.prefix.clone();
+    // The oracle's greedy continuation, until a stop token (kept) or 8 tokens.
+    let greedy = |prefix: &[u32], stop: &[u32]| {
+        let mut seq = prefix.to_vec();
         for _ in 0..8 {
             let lp = oracle.log_softmax(&seq);
             let row = lp.row(seq.len() - 1);
@@ -143,11 +139,31 @@ fn greedy_samples_equal_greedy_decoding_with_the_oracle() {
                 .max_by(|&a, &b| row[a].total_cmp(&row[b]))
                 .unwrap() as u32;
             seq.push(next);
+            if stop.contains(&next) {
+                return (seq[prefix.len()..].to_vec(), true);
+            }
         }
-        for s in samples {
-            assert_eq!(s.tokens, seq[req.prefix.len()..].to_vec());
-            assert!(!s.stopped);
+        (seq[prefix.len()..].to_vec(), false)
+    };
+    let mut options = SampleOptions {
+        max_new_tokens: 8,
+        temperature: 0.0,
+        ..Default::default()
+    };
+    // Without stop tokens; then with the first request's first token as one, which must end
+    // its samples at their first token.
+    let first = greedy(&requests[0].prefix, &[]).0[0];
+    for stop in [vec![], vec![first]] {
+        options.stop_tokens = stop.clone();
+        let out = engine.sample(&requests, &options).unwrap();
+        for (req, samples) in requests.iter().zip(&out) {
+            let (tokens, stopped) = greedy(&req.prefix, &stop);
+            assert_eq!(samples.len(), 25);
+            for s in samples {
+                assert_eq!((&s.tokens, s.stopped), (&tokens, stopped), "stop {stop:?}");
+            }
         }
+        assert_eq!(out[0][0].tokens.len(), if stop.is_empty() { 8 } else { 1 });
     }
 }
 
