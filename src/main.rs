@@ -819,11 +819,7 @@ fn annotate(args: AnnotateArgs) -> Result<ExitCode> {
             None => anyhow::bail!("{e}"),
         },
     };
-    let journal = toolsift::annotate::OutputPaths::new(&shard.output_path(&out)).journal;
-    set_stop_note(format!(
-        "run the same command again to resume from the journal {}",
-        journal.display()
-    ));
+    set_resume_note(&shard.output_path(&out));
     let job = Job {
         model_dir,
         corpus,
@@ -925,12 +921,7 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
         demo.assets_dir.display()
     );
     note!("demo: C* will be written to {}", shown.display());
-    set_stop_note(format!(
-        "run the same command again to resume from the journal {}",
-        toolsift::annotate::OutputPaths::new(demo.out())
-            .journal
-            .display()
-    ));
+    set_resume_note(demo.out());
     report_run(demo.run()?);
     note!("C*: {}", shown.display());
     note!(
@@ -938,6 +929,14 @@ fn annotate_demo(args: AnnotateArgs) -> Result<ExitCode> {
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The stop note of an annotate run writing C* at `out`: where its journal is.
+fn set_resume_note(out: &std::path::Path) {
+    set_stop_note(format!(
+        "run the same command again to resume from the journal {}",
+        toolsift::annotate::OutputPaths::new(out).journal.display()
+    ));
 }
 
 /// What a signal that ends the run prints (annotate and generate watch for them, on Unix).
