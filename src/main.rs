@@ -88,7 +88,7 @@ enum Command {
     Score(ScoreArgs),
     /// Convert a checkpoint (e.g. pytorch_model.bin) into model.safetensors, without Python.
     Convert(ConvertArgs),
-    /// Time toolsift against the naive and tuned candle baselines on the standard workload.
+    /// Time toolsift against the naive, tuned and tuned-kv candle baselines (standard workload).
     Bench(BenchCli),
     /// Build C*: sample API calls over a corpus, execute them, keep those that help, splice.
     Annotate(AnnotateArgs),

@@ -57,14 +57,14 @@ fn down<T: toolsift::cuda::cudarc::driver::DeviceRepr + Default + Clone>(
 fn embedding_run<T: DeviceFloat>(gpu: &Gpu, p: &EmbeddingProblem) -> R {
     let c = EmbeddingCase::<T>::new(p);
     let (wte_d, ids_d) = (up(gpu, &c.wte), up(gpu, &c.ids));
-    let mut x = gpu.stream.alloc_zeros::<f32>(p.n * c.ld).unwrap();
+    let mut x = gpu.stream.alloc_zeros::<f32>(p.n * c.ld_x).unwrap();
     embedding::embedding(
         gpu,
         &ids_d.as_view(),
         &wte_d.as_view(),
         p.vocab,
         &mut x.as_view_mut(),
-        [p.n, p.d, c.ld, c.ld],
+        [p.n, p.d, c.ld, c.ld_x],
     )
     .unwrap();
     c.check(p, &down(gpu, &x))
@@ -88,11 +88,11 @@ fn embedding_matches_reference() {
 
 fn layer_norm_run<T: DeviceFloat>(gpu: &Gpu, p: &LayerNormProblem) -> R {
     let c = LayerNormCase::new(p);
-    let (d, ld, n) = (p.d, c.ld, c.rows.len());
+    let (d, ld, ld_out, n) = (p.d, c.ld, c.ld_out, c.rows.len());
     let mut x = up(gpu, &c.x);
     let (rb_d, rows_d) = (up(gpu, &c.residual_bias), up(gpu, &c.rows));
     let (w_d, b_d) = (up(gpu, &c.ln.weight), up(gpu, &c.ln.bias));
-    let mut out = gpu.stream.alloc_zeros::<T>(n * ld).unwrap();
+    let mut out = gpu.stream.alloc_zeros::<T>(n * ld_out).unwrap();
     let rb_v = rb_d.as_view();
     let rows_v = rows_d.as_view();
     layer_norm::layer_norm(
@@ -106,7 +106,7 @@ fn layer_norm_run<T: DeviceFloat>(gpu: &Gpu, p: &LayerNormProblem) -> R {
         &w_d.as_view(),
         &b_d.as_view(),
         &mut out.as_view_mut(),
-        [n, d, ld, ld],
+        [n, d, ld, ld_out],
         LayerNormCase::EPS,
         p.block,
     )
@@ -229,11 +229,22 @@ fn xent_run(gpu: &Gpu, p: &XentProblem) -> R {
         p.block,
     )
     .unwrap();
-    c.check(p, &down(gpu, &out))
+    c.check(p, &down(gpu, &out))?;
+    let mut rows = gpu.stream.alloc_zeros::<f32>(p.rows * c.ld_out).unwrap();
+    lm_head_xent::log_softmax(
+        gpu,
+        &l_d.as_view(),
+        &b_d.as_view(),
+        &mut rows.as_view_mut(),
+        [p.rows, p.vocab, c.ld, c.ld_out],
+        p.block,
+    )
+    .unwrap();
+    c.check_log_softmax(p, &down(gpu, &rows), c.ld_out)
 }
 
 #[test]
-fn lm_head_xent_matches_reference() {
+fn lm_head_xent_and_log_softmax_match_reference() {
     let Some(gpu) = gpu() else { return };
     let strategy = xent_problems(&lm_head_xent::BLOCK_CHOICES);
     fuzz("lm_head_xent", kernel_cases(48), strategy, |p| {
@@ -412,7 +423,7 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
         n_head: p.n_head,
         head_dim: p.head_dim,
         ld: c.ld,
-        ld_out: c.ld,
+        ld_out: c.ld_out,
     };
     let mut variants = vec![AttentionVariant::Scalar, AttentionVariant::MmaScalar];
     if tree_attention::vec_allowed(gpu, shape, &q_d.as_view(), &k_d.as_view(), &v_d.as_view()) {
@@ -429,7 +440,7 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
         .into_iter()
         .flat_map(|v| layouts.iter().map(move |t| (v, t)))
     {
-        let mut out = gpu.stream.alloc_zeros::<T>(n * c.ld).unwrap();
+        let mut out = gpu.stream.alloc_zeros::<T>(n * c.ld_out).unwrap();
         tree_attention::tree_attention(
             gpu,
             &q_d.as_view(),
@@ -446,7 +457,7 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
     }
     // decode_attention serves the same (unpacked) tiles, one row after another: same contract,
     // P in f32. It never sees packed tiles: decoding steps are single queries.
-    let mut out = gpu.stream.alloc_zeros::<T>(n * c.ld).unwrap();
+    let mut out = gpu.stream.alloc_zeros::<T>(n * c.ld_out).unwrap();
     tree_attention::decode_attention(
         gpu,
         &q_d.as_view(),

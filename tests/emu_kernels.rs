@@ -72,13 +72,13 @@ fn embedding_run<T: EmuFloat>(p: &EmbeddingProblem) -> R {
     let x = same_under_both_orders("embedding", |seed| {
         let ids = Buffer::from_slice("ids", &c.ids).unwrap();
         let wte = Buffer::from_slice("wte", &c.wte).unwrap();
-        let mut x = Buffer::<f32>::zeroed("x", p.n * c.ld).unwrap();
+        let mut x = Buffer::<f32>::zeroed("x", p.n * c.ld_x).unwrap();
         let xp = x.mut_ptr();
-        let (n, d, ld) = (p.n as u32, p.d as u32, c.ld as u32);
+        let (n, d, ld, ld_x) = (p.n as u32, p.d as u32, c.ld as u32, c.ld_x as u32);
         launch(
             &format!("embedding_{}", T::SUFFIX),
             &cfg((n, 1), embedding::BLOCK, 0, seed),
-            || unsafe { T::EMBEDDING(ids.ptr(), wte.ptr(), xp, n, d, ld, ld) },
+            || unsafe { T::EMBEDDING(ids.ptr(), wte.ptr(), xp, n, d, ld, ld_x) },
         )
         .unwrap();
         bits_of(&x.to_vec())
@@ -100,7 +100,7 @@ fn embedding_matches_reference() {
 
 fn layer_norm_run<T: EmuFloat>(p: &LayerNormProblem) -> R {
     let c = LayerNormCase::new(p);
-    let (n, ld) = (c.rows.len(), c.ld);
+    let (n, ld, ld_out) = (c.rows.len(), c.ld, c.ld_out);
     let block = p.block.unwrap_or_else(|| layer_norm::default_block(p.d));
     let (out, x_after) = same_under_both_orders("layer_norm", |seed| {
         let mut x = Buffer::from_slice("x", &c.x).unwrap();
@@ -108,7 +108,7 @@ fn layer_norm_run<T: EmuFloat>(p: &LayerNormProblem) -> R {
         let rows = Buffer::from_slice("rows", &c.rows).unwrap();
         let w = Buffer::from_slice("weight", &c.ln.weight).unwrap();
         let b = Buffer::from_slice("bias", &c.ln.bias).unwrap();
-        let mut out = Buffer::<T>::zeroed("out", n * ld).unwrap();
+        let mut out = Buffer::<T>::zeroed("out", n * ld_out).unwrap();
         let (xp, op) = (x.mut_ptr(), out.mut_ptr());
         let rb_p = if p.mode >= 1 {
             rb.ptr()
@@ -135,7 +135,7 @@ fn layer_norm_run<T: EmuFloat>(p: &LayerNormProblem) -> R {
                     u(n),
                     u(p.d),
                     u(ld),
-                    u(ld),
+                    u(ld_out),
                     LayerNormCase::EPS,
                 )
             },
@@ -257,7 +257,7 @@ fn xent_run(p: &XentProblem) -> R {
         let tokens = Buffer::from_slice("tokens", &c.tokens).unwrap();
         let slots = Buffer::from_slice("slots", &c.slots).unwrap();
         let mut out = Buffer::<f32>::zeroed("out", n_t).unwrap();
-        let mut rows = Buffer::<f32>::zeroed("log_softmax out", p.rows * c.ld).unwrap();
+        let mut rows = Buffer::<f32>::zeroed("log_softmax out", p.rows * c.ld_out).unwrap();
         let (op, rp) = (out.mut_ptr(), rows.mut_ptr());
         let grid = (u(p.rows), 1);
         launch("lm_head_xent_f32", &cfg(grid, block, 0, seed), || unsafe {
@@ -282,14 +282,14 @@ fn xent_run(p: &XentProblem) -> R {
                 u(p.rows),
                 u(p.vocab),
                 u(c.ld),
-                u(c.ld),
+                u(c.ld_out),
             )
         })
         .unwrap();
         (bits_of(&out.to_vec()), bits_of(&rows.to_vec()))
     })?;
     c.check(p, &floats(&targets))?;
-    c.check_log_softmax(p, &floats(&rows), c.ld)
+    c.check_log_softmax(p, &floats(&rows), c.ld_out)
 }
 
 #[test]
@@ -317,10 +317,10 @@ fn tree_attention_launch<T: EmuFloat>(
     let t = Buffer::from_slice("tiles", &tiles.tiles).unwrap();
     let tc = Buffer::from_slice("tile_ctx", &tiles.tile_ctx).unwrap();
     let ctx = Buffer::from_slice("ctx_tokens", &tiles.ctx_tokens).unwrap();
-    let mut out = Buffer::<T>::zeroed("out", n * c.ld).unwrap();
+    let mut out = Buffer::<T>::zeroed("out", n * c.ld_out).unwrap();
     let op = out.mut_ptr();
     let u = |v: usize| v as u32;
-    let (hd, ld) = (u(p.head_dim), u(c.ld));
+    let (hd, ld, ld_out) = (u(p.head_dim), u(c.ld), u(c.ld_out));
     let scale = 1.0 / (p.head_dim as f32).sqrt();
     let grid = (u(tiles.n_tiles()), u(p.n_head));
     let elem = std::mem::size_of::<T>();
@@ -354,7 +354,7 @@ fn tree_attention_launch<T: EmuFloat>(
                         hd,
                         hdp,
                         ld,
-                        ld,
+                        ld_out,
                         scale,
                     )
                 },
@@ -374,7 +374,7 @@ fn tree_attention_launch<T: EmuFloat>(
                     op,
                     hd,
                     ld,
-                    ld,
+                    ld_out,
                     scale,
                 )
             },

@@ -1218,6 +1218,21 @@ fn a_call_the_length_cap_cuts_is_unfinished() {
         run(&m, tokenizer, &tools, &o).calls[0].status,
         CallStatus::Ok
     );
+    // Room for exactly all of it: the result's "]" is the cap's last token, and the call is
+    // ok (the cap cuts nothing).
+    let status_at = |cap: usize| {
+        let o = GenerateOptions {
+            max_new_tokens: cap,
+            ..Default::default()
+        };
+        run(&m, tokenizer, &tools, &o)
+    };
+    let exact = (1 + n..40)
+        .find(|&cap| status_at(cap).calls[0].status == CallStatus::Ok)
+        .expect("some cap leaves room for the result");
+    let g = status_at(exact);
+    assert!(g.completion.ends_with(" 3]"), "{:?}", g.completion);
+    assert_eq!((g.tokens.len(), g.finish), (exact, Finish::Length));
 }
 
 #[test]

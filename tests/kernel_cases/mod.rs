@@ -64,6 +64,12 @@ pub fn u(dt: CudaDType) -> f64 {
 
 // ---------------------------------------------------------------------------------------------
 
+/// An output row padding for an input's `ld_pad` in 0..9 that is never equal to it: kernels
+/// that take an input and an output stride are checked with the two apart.
+pub fn other_pad(ld_pad: usize) -> usize {
+    (ld_pad + 3) % 9
+}
+
 #[derive(Debug, Clone)]
 pub struct EmbeddingProblem {
     pub dtype: CudaDType,
@@ -93,9 +99,11 @@ pub fn embedding_problems() -> impl Strategy<Value = EmbeddingProblem> {
         })
 }
 
-/// A [vocab, d] table with row stride ld and n token ids; x has row stride ld.
+/// A [vocab, d] table with row stride ld and n token ids; x has row stride ld_x, never ld (the
+/// kernel must not read one stride for the other).
 pub struct EmbeddingCase<T> {
     pub ld: usize,
+    pub ld_x: usize,
     pub wte: Vec<T>,
     pub ids: Vec<u32>,
 }
@@ -103,13 +111,14 @@ pub struct EmbeddingCase<T> {
 impl<T: DeviceFloat> EmbeddingCase<T> {
     pub fn new(p: &EmbeddingProblem) -> Self {
         let ld = p.d + p.ld_pad;
+        let ld_x = p.d + other_pad(p.ld_pad);
         let wte = to_t(&random_vec(p.seed, p.vocab * ld, 2.0));
         let mut rng = Rng::new(p.seed ^ 1);
         let ids = (0..p.n).map(|_| rng.range(0, p.vocab - 1) as u32).collect();
-        EmbeddingCase { ld, wte, ids }
+        EmbeddingCase { ld, ld_x, wte, ids }
     }
 
-    /// `x`: the kernel's [n, ld] output.
+    /// `x`: the kernel's [n, ld_x] output.
     pub fn check(&self, p: &EmbeddingProblem, x: &[f32]) -> R {
         let ld = self.ld;
         let dense: Vec<f32> = (0..p.vocab)
@@ -119,7 +128,7 @@ impl<T: DeviceFloat> EmbeddingCase<T> {
         ops::embed(&dense, &self.ids, p.d, &mut want);
         compare(
             "embedding",
-            &rows_f64(x, p.n, p.d, ld),
+            &rows_f64(x, p.n, p.d, self.ld_x),
             &f64s(&want),
             0.0,
             0.0,
@@ -174,7 +183,10 @@ pub fn layer_norm_gptj(block: u32) -> LayerNormProblem {
 
 /// x [n_x, ld] f32, the residual bias, the norm, and the rows normalised (n of them).
 pub struct LayerNormCase {
+    /// x's row stride.
     pub ld: usize,
+    /// The output's row stride: apart from `ld`.
+    pub ld_out: usize,
     pub x: Vec<f32>,
     pub residual_bias: Vec<f32>,
     pub ln: CpuLayerNorm,
@@ -205,6 +217,7 @@ impl LayerNormCase {
         };
         LayerNormCase {
             ld,
+            ld_out: d + 5,
             x,
             residual_bias,
             ln,
@@ -212,7 +225,7 @@ impl LayerNormCase {
         }
     }
 
-    /// `out`: the kernel's [rows, ld] output widened to f32; `x_after`: x after the launch.
+    /// `out`: the kernel's [rows, ld_out] output widened to f32; `x_after`: x after the launch.
     pub fn check(&self, p: &LayerNormProblem, dt: CudaDType, out: &[f32], x_after: &[f32]) -> R {
         let (d, ld) = (p.d, self.ld);
         let (mut want, mut x_want) = (Vec::new(), self.x.clone());
@@ -233,7 +246,7 @@ impl LayerNormCase {
         }
         compare(
             "layer_norm out",
-            &rows_f64(out, self.rows.len(), d, ld),
+            &rows_f64(out, self.rows.len(), d, self.ld_out),
             &f64s(&want),
             1e-4,
             u(dt),
@@ -490,9 +503,10 @@ pub fn xent_gptj(block: u32) -> XentProblem {
 }
 
 /// logits [rows, ld] f32 without the bias; 0..4 targets per row (rows without targets
-/// included) at scattered output slots.
+/// included) at scattered output slots; full log-softmax rows out with stride ld_out, never ld.
 pub struct XentCase {
     pub ld: usize,
+    pub ld_out: usize,
     pub logits: Vec<f32>,
     pub bias: Vec<f32>,
     pub offsets: Vec<u32>,
@@ -521,6 +535,7 @@ impl XentCase {
         }
         XentCase {
             ld,
+            ld_out: p.vocab + other_pad(p.ld_pad),
             logits,
             bias,
             offsets,
@@ -683,7 +698,10 @@ pub fn random_plan(p: &AttentionProblem) -> Plan {
 /// small subtrees packed).
 pub struct AttentionCase<T> {
     pub plan: Plan,
+    /// q, k and v's row stride.
     pub ld: usize,
+    /// The output's row stride: apart from `ld` (every store is scalar, so any stride works).
+    pub ld_out: usize,
     pub qkv: [Vec<T>; 3],
     pub want: Vec<f32>,
     pub max_v: f64,
@@ -717,6 +735,7 @@ impl<T: DeviceFloat> AttentionCase<T> {
         AttentionCase {
             plan,
             ld,
+            ld_out: d + 5,
             qkv,
             want,
             max_v,
@@ -724,14 +743,14 @@ impl<T: DeviceFloat> AttentionCase<T> {
         }
     }
 
-    /// `got`: an attention kernel's [n, ld] output widened to f32; `what` names the launch.
+    /// `got`: an attention kernel's [n, ld_out] output widened to f32; `what` names the launch.
     pub fn check(&self, p: &AttentionProblem, what: &str, got: &[f32]) -> R {
         let d = p.n_head * p.head_dim;
         let n = self.plan.n_tokens();
         let uu = u(T::DTYPE);
         compare(
             &format!("{what} ({n} tokens, {} segments)", self.plan.segments.len()),
-            &rows_f64(got, n, d, self.ld),
+            &rows_f64(got, n, d, self.ld_out),
             &f64s(&self.want),
             2.0 * uu * self.max_v + 1e-5,
             uu,
