@@ -773,6 +773,48 @@ fn a_backend_error_stops_the_run_naming_its_line_and_the_rerun_finishes() {
     assert_eq!(read("c-out.rejects.jsonl"), read("fresh.rejects.jsonl"));
 }
 
+/// The journal goes only after every output is in place: a run whose summary cannot be
+/// written (a folder where its temporary file goes) fails naming it, keeps its journal, and
+/// the rerun finishes from the journal with the same outputs as a fresh run. (The kill -9 test
+/// sees a wrong order only when a kill happens to land between the two.)
+#[test]
+fn a_run_whose_summary_cannot_be_written_keeps_its_journal() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 6);
+    let opts = |out: &str| RunOptions {
+        corpus: corpus.clone(),
+        out: dir.path().join(out),
+        shard: Shard::default(),
+        run_info: json!(null),
+        progress: false,
+        stop_after: None,
+    };
+    let paths = annotate::OutputPaths::new(&dir.path().join("c-out.jsonl"));
+    let blocker = PathBuf::from(format!("{}.tmp", paths.summary.display()));
+    std::fs::create_dir(&blocker).unwrap();
+    let err = annotate::annotate(&a, &opts("c-out.jsonl")).expect_err("no summary");
+    assert!(
+        err.to_string().contains(&blocker.display().to_string()),
+        "{err}"
+    );
+    assert!(
+        paths.journal.exists(),
+        "the journal went before the summary was written"
+    );
+    assert!(!paths.summary.exists());
+    std::fs::remove_dir(&blocker).unwrap();
+    annotate::annotate(&a, &opts("c-out.jsonl")).unwrap();
+    assert!(!paths.journal.exists() && paths.summary.exists());
+    annotate::annotate(&a, &opts("fresh.jsonl")).unwrap();
+    let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
+    assert_eq!(read("c-out.jsonl"), read("fresh.jsonl"));
+    assert_eq!(read("c-out.rejects.jsonl"), read("fresh.rejects.jsonl"));
+}
+
 #[test]
 fn library_run_resumes_after_a_stop_with_identical_output() {
     let config = test_config();

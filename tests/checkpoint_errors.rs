@@ -281,6 +281,13 @@ fn rotary_dim_larger_than_head_dim_is_reported() {
 }
 
 #[test]
+fn odd_rotary_dim_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    edit_config(&dir, |v| v["rotary_dim"] = 7.into());
+    assert_names(&load_err(&dir), &["config.json", "rotary_dim (7)", "even"]);
+}
+
+#[test]
 fn n_embd_not_divisible_by_n_head_is_reported() {
     let (_tmp, dir) = copy_fixture();
     edit_config(&dir, |v| v["n_head"] = 5.into());
@@ -417,6 +424,19 @@ fn sharded_safetensors_load_and_a_missing_shard_is_named() {
     assert_names(
         &load_err(&dir),
         &["transformer.h.99.attn.q_proj.weight", "lacks it"],
+    );
+    // A tensor a shard holds that the index leaves out: transformers would not load it, so
+    // neither does toolsift (and the model is not loaded without it either).
+    let mut short = map.clone();
+    short.remove(&first);
+    std::fs::write(&index, serde_json::json!({"weight_map": short}).to_string()).unwrap();
+    assert_names(
+        &load_err(&dir),
+        &[
+            &first,
+            "model-00001-of-00002.safetensors",
+            "not in the index's weight_map",
+        ],
     );
     std::fs::write(&index, good).unwrap();
     Model::load(&dir).unwrap();

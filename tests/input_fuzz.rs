@@ -1426,7 +1426,52 @@ fn merge_of_damaged_shards_is_whole_or_refused() {
     std::fs::write(&shards[0].out, &big).unwrap();
     let inputs: Vec<_> = shards.iter().map(|p| p.out.clone()).collect();
     toolsift::annotate::merge(&dir.path().join("many-calls.jsonl"), &inputs).unwrap();
-    std::fs::write(&shards[0].out, out).unwrap();
+    std::fs::write(&shards[0].out, &out).unwrap();
+    // A file mix-up the one-file damage below never makes: a line both in a shard's C* and in
+    // its rejects (a rejects file from an older run of the shard, say), each file in order on
+    // its own. Refused, not written twice.
+    let line: u64 = serde_json::from_slice::<Value>(first).unwrap()["line"]
+        .as_u64()
+        .unwrap();
+    let line_of = |l: &[u8]| serde_json::from_slice::<Value>(l).unwrap()["line"].as_u64();
+    let joined =
+        |ls: &[&[u8]]| -> Vec<u8> { ls.iter().flat_map(|l| [*l, b"\n"].concat()).collect() };
+    let rejects = read(&shards[0].rejects);
+    let mut mixed = expected_lines(&rejects);
+    let reject = format!(r#"{{"line":{line},"reason":"x"}}"#);
+    mixed.insert(
+        mixed.partition_point(|l| line_of(l) < Some(line)),
+        reject.as_bytes(),
+    );
+    std::fs::write(&shards[0].rejects, joined(&mixed)).unwrap();
+    let merged = dir.path().join("twice.jsonl");
+    let e = toolsift::annotate::merge(&merged, &inputs)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("input line {line} is in two outputs")),
+        "{e}"
+    );
+    assert!(!merged.exists(), "written despite {e}");
+    std::fs::write(&shards[0].rejects, &rejects).unwrap();
+    // A record of shard 1 in shard 0's C*, in line order there: named as not of that shard.
+    let other = read(&shards[1].out);
+    let theirs = expected_lines(&other)[0];
+    let line: u64 = serde_json::from_slice::<Value>(theirs).unwrap()["line"]
+        .as_u64()
+        .unwrap();
+    let mut moved = expected_lines(&out);
+    moved.insert(moved.partition_point(|l| line_of(l) < Some(line)), theirs);
+    std::fs::write(&shards[0].out, joined(&moved)).unwrap();
+    let e = toolsift::annotate::merge(&dir.path().join("moved.jsonl"), &inputs)
+        .unwrap_err()
+        .to_string();
+    let says = format!("input line {line} is not of this shard (shard 0/2)");
+    assert!(
+        e.contains(&says) && e.contains(&shards[0].out.display().to_string()),
+        "{e}"
+    );
+    std::fs::write(&shards[0].out, &out).unwrap();
     let mut rng = Rng::new(5);
     for case in 0..common::fuzz_cases(40) {
         let which = rng.range(0, 1);

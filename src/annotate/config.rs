@@ -513,6 +513,11 @@ mod tests {
             "[per_tool.custom.Weather]\nprompt = \"no text\"\n",
             "exactly once",
         );
+        // Twice: everything after the first would be left in the prompt, "{x}" included.
+        refused(
+            "[per_tool.calculator]\nprompt = \"{x} and {x}\"\n",
+            "exactly once",
+        );
         refused(
             "[per_tool.custom.Weather]\nprompt = \"{x}\"\nkk = 3\n",
             "kk",

@@ -460,3 +460,55 @@ fn finish(
     }
     Ok(summary)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reject(line: u64) -> JournalEntry {
+        JournalEntry {
+            corpus_xxh3: None,
+            line,
+            doc: None,
+            reject: Some("r".into()),
+            stats: None,
+        }
+    }
+
+    /// `finish` writes outputs only from a journal of exactly the shard's lines: one short of
+    /// them, or with a gap, is refused and left in place with no output written.
+    #[test]
+    fn finish_refuses_a_journal_that_lacks_a_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = OutputPaths::new(&dir.path().join("o.jsonl"));
+        let run = RunSummary {
+            shard: Shard::default(),
+            corpus_lines: 3,
+            settings: json!({}),
+            wall_secs: 0.0,
+            lines_resumed: 0,
+        };
+        for (lines, says) in [
+            (
+                &[1, 3][..],
+                "input line 3 is not the next line of shard 0/1",
+            ),
+            (&[1, 2][..], "input line 3 is missing from the journal"),
+        ] {
+            let _ = std::fs::remove_file(&paths.journal);
+            let (mut journal, _) = Journal::open(&paths.journal, &json!({})).unwrap();
+            for &n in lines {
+                journal.append(&reject(n)).unwrap();
+            }
+            let e = finish(&journal, &paths, &[], &run).unwrap_err().to_string();
+            assert!(e.contains(says), "{lines:?}: {e}");
+            assert!(paths.journal.exists() && !paths.out.exists() && !paths.summary.exists());
+        }
+        // The last one resumed and completed: finished, and the journal gone.
+        let (mut journal, _) = Journal::open(&paths.journal, &json!({})).unwrap();
+        journal.append(&reject(3)).unwrap();
+        let summary = finish(&journal, &paths, &[], &run).unwrap();
+        assert_eq!((summary.lines, summary.rejected), (3, 3));
+        assert!(!paths.journal.exists());
+    }
+}

@@ -413,6 +413,24 @@ mod tests {
         }
     }
 
+    /// A document counts as one with calls when a call of it is kept, not when one was scored.
+    #[test]
+    fn documents_with_calls_counts_kept_calls_only() {
+        let mut b = SummaryBuilder::new(&[crate::annotate::ToolKind::Calculator.into()]);
+        let record = |line, kept| CStarRecord {
+            line,
+            id: serde_json::Value::Null,
+            text: "so 2 in total".into(),
+            annotated_text: String::new(),
+            calls: vec![call(3, -0.5, false), call(3, 1.5, kept)],
+        };
+        b.document(&record(1, false), &DocStats::default());
+        b.document(&record(2, true), &DocStats::default());
+        b.document(&record(3, false), &DocStats::default());
+        let s = b.finish(1.0);
+        assert_eq!((s.documents, s.documents_with_calls), (3, 1));
+    }
+
     /// Per tool sampled / executed / kept, and the best and worst calls with their three losses.
     #[test]
     fn render_shows_counts_and_losses() {

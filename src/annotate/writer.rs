@@ -939,6 +939,14 @@ mod tests {
         drop(j);
         let lines: Vec<u64> = read_journal(&p).unwrap().map(|e| e.unwrap().line).collect();
         assert_eq!(lines, vec![1, 3, 4]);
+        // A line entered twice (or out of order) is corruption, refused where it stands.
+        let twice = dir.path().join("twice.jsonl.partial");
+        let (mut j, _) = Journal::open(&twice, &run).unwrap();
+        j.append(&entry(2)).unwrap();
+        j.append(&entry(2)).unwrap();
+        drop(j);
+        let err = Journal::open(&twice, &run).err().unwrap().to_string();
+        assert!(err.contains(":3: input line 2 after line 2"), "{err}");
         let err = Journal::open(&p, &json!({"seed": 2}))
             .err()
             .unwrap()

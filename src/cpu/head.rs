@@ -2,7 +2,8 @@
 //! logits and the target gather. Logits exist one tile at a time, [HEAD_ROWS, VOCAB_BLOCK], never
 //! for the whole batch nor for a whole row:
 //!
-//! - up to `HEAD_ROWS` rows go through ln_f together;
+//! - up to `HEAD_ROWS` rows go through ln_f together (passes of equal size: 548 rows as 274 +
+//!   274, not 512 + 36);
 //! - the vocabulary is cut into blocks of `VOCAB_BLOCK` columns of lm_head, one task each: a GEMM
 //!   of all those rows by the block (the block's weights, packed once, serve every row), then per
 //!   row the block's max and sum of exponentials, and the target logits that fall in the block;
@@ -50,7 +51,7 @@ pub fn head_log_probs(
 
 /// log p(token | row) for every `(row, token)` of `targets`, where `row` indexes `rows` and
 /// `rows` index the rows of `x` (the final residual stream, [n, d], before ln_f), in tiles of
-/// `[pass_rows, vocab_block]` ([`TILES`]; tests use small ones).
+/// at most `[pass_rows, vocab_block]` ([`TILES`]; tests use small ones).
 pub fn log_probs_at(
     x: &[f32],
     rows: &[u32],
@@ -66,9 +67,15 @@ pub fn log_probs_at(
         by_row[row as usize].push((k, token));
     }
     let mut log_probs = vec![0f64; targets.len()];
-    for (c, rows) in rows.chunks(pass_rows).enumerate() {
+    // Passes of equal size: every pass streams all of lm_head, so 548 rows run as 274 + 274
+    // rather than 512 + 36, whose second pass would pay a whole sweep for 36 rows.
+    let per_pass = rows
+        .len()
+        .div_ceil(rows.len().div_ceil(pass_rows).max(1))
+        .max(1);
+    for (c, rows) in rows.chunks(per_pass).enumerate() {
         let m = rows.len();
-        let targets = &by_row[c * pass_rows..][..m];
+        let targets = &by_row[c * per_pass..][..m];
         let mut hidden = vec![0f32; m * d]; // [m, d]
         hidden
             .par_chunks_mut(d)
@@ -150,7 +157,8 @@ mod tests {
 
     /// Tiled log-probs against whole rows in f64 (from the same ln_f output), at tiles that cut
     /// rows and vocabulary unevenly (a last pass of one row, a last block of one column), one
-    /// tile for all, and the default tiles with a second pass of rows and a partial last block.
+    /// tile for all, and the default tiles with two passes of rows (302 + 301) and a partial
+    /// last block.
     /// (The remainders are asserted: a wrong target offset in a partial later pass once passed
     /// here because the row count divided evenly and stayed under one default pass.)
     #[test]

@@ -643,6 +643,20 @@ mod tests {
         assert!(!records[0].calls[2].kept, "the records are not changed");
     }
 
+    /// A C* line that is not a record is named by its line number (blank lines counted).
+    #[test]
+    fn read_cstar_names_the_bad_line() {
+        let docs = crate::demo::corpus::generate(5, 2);
+        let good = serde_json::to_string(&record(1, &docs[0], vec![])).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.jsonl");
+        std::fs::write(&path, format!("{good}\n\n{{\"line\": 2}}\n{good}\n")).unwrap();
+        let e = read_cstar(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}:3: ", path.display())), "{e}");
+        std::fs::write(&path, format!("{good}\n\n{good}\n")).unwrap();
+        assert_eq!(read_cstar(&path).unwrap().len(), 2);
+    }
+
     #[test]
     fn nothing_kept_means_no_precision_and_misses() {
         let docs = crate::demo::corpus::generate(5, 30);

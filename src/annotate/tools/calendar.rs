@@ -467,6 +467,11 @@ mod tests {
         ] {
             assert_eq!(Date::from_url(url), want, "{url:?}");
         }
+        // The years taken, both ends, and the first ones past them.
+        assert_eq!(Date::from_url("/1900/01/01/"), Some(d(1900, 1, 1)));
+        assert_eq!(Date::from_url("/2100/12/31/"), Some(d(2100, 12, 31)));
+        assert_eq!(Date::from_url("/1899/12/31/"), None);
+        assert_eq!(Date::from_url("/2101/01/01/"), None);
         for url in [
             "https://example.com/",
             "https://2023.01.30.example.com/",
