@@ -7,6 +7,7 @@
 use rayon::prelude::*;
 
 use super::gemm::{matmul, matmul_wt};
+use super::ops::exp_nonpositive;
 use crate::plan::Plan;
 
 /// ctx[t, h] = softmax(q[t, h] . K[ctx(t), h] / sqrt(head_dim)) V[ctx(t), h] for every token t of
@@ -318,14 +319,22 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Softmax of already scaled scores, in place.
+/// Softmax of already scaled scores, in place. The exponentials and their sum in separate
+/// loops, the sum in 8 running sums: both vectorise (one loop carrying a single f32 sum cannot).
 fn softmax_in_place(x: &mut [f32]) {
     let max = x.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-    let mut sum = 0f32;
     for s in x.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
+        *s = exp_nonpositive(*s - max);
     }
+    let mut lanes = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for chunk in chunks {
+        for (l, &s) in lanes.iter_mut().zip(chunk) {
+            *l += s;
+        }
+    }
+    let sum = lanes.iter().sum::<f32>() + tail;
     let inv = 1.0 / sum;
     for s in x.iter_mut() {
         *s *= inv;

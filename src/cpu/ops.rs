@@ -100,6 +100,42 @@ pub fn tanh(x: f32) -> f32 {
     x * p / q
 }
 
+/// e^x for x <= 0 (a softmax's shifted scores and logits), branch-free so that the loops around
+/// it vectorise, unlike libm's expf (a call per element: a fifth of the LM head's time). Cody-Waite
+/// reduction by ln 2 and Cephes' degree-5 polynomial for e^r on |r| <= ln(2)/2; below -87 (near
+/// the end of f32's normal range) it is 0, and NaN stays NaN. Within 1 ulp of f64 exp over
+/// [-87, 0] (`fast_exp_matches_libm`); positive arguments are not its job.
+#[inline(always)]
+pub fn exp_nonpositive(x: f32) -> f32 {
+    const FLOOR: f32 = -87.0;
+    // 1.5 * 2^23: adding it rounds to an integer, which its low mantissa bits then hold.
+    const ROUND: f32 = 12_582_912.0;
+    // A select, not `max`, so that NaN is carried through.
+    let xc = if x < FLOOR { FLOOR } else { x };
+    let t = xc * std::f32::consts::LOG2_E + ROUND;
+    let n = t - ROUND;
+    // ln 2 in two parts (the first exact in a few bits), so n * ln 2 is subtracted exactly.
+    let r = xc - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let mut p = 1.987_569_2e-4_f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let e_r = p * r * r + r + 1.0;
+    // 2^n from n's bits: n >= -126, a normal float.
+    let two_n = (t.to_bits() as i32)
+        .wrapping_sub(ROUND.to_bits() as i32)
+        .wrapping_add(127)
+        << 23;
+    let v = e_r * f32::from_bits(two_n as u32);
+    if x < FLOOR {
+        0.0
+    } else {
+        v
+    }
+}
+
 /// `x[t] += bias` for every row of `x`.
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     let d = bias.len();
@@ -127,5 +163,35 @@ mod tests {
             worst = worst.max((tanh(x) as f64 - (x as f64).tanh()).abs());
         }
         assert!(worst < 5e-7, "worst |error| {worst:e}");
+    }
+
+    #[test]
+    fn fast_exp_matches_libm() {
+        // Relative error in ulps of the result, over [-87, 0] in steps of ~1e-4 and at the
+        // reduction's edges (x = k ln 2 +- ln 2 / 2).
+        let ulps = |x: f32| {
+            let (got, want) = (exp_nonpositive(x) as f64, (x as f64).exp());
+            (got - want).abs() / (want * f32::EPSILON as f64)
+        };
+        let mut worst = (0f64, 0f32);
+        let edges = (0..126).flat_map(|k| {
+            let c = -(k as f32) * std::f32::consts::LN_2;
+            [c, c - 0.346_573_6, c - 0.346_573_56, c - 0.346_573_63]
+        });
+        for x in (0..=870_000).map(|k| k as f32 * -1e-4).chain(edges) {
+            if x >= -87.0 {
+                let u = ulps(x);
+                if u > worst.0 {
+                    worst = (u, x);
+                }
+            }
+        }
+        assert!(worst.0 < 1.0, "worst {} ulp at {}", worst.0, worst.1);
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(-0.0), 1.0);
+        for x in [-87.5f32, -1e30, f32::NEG_INFINITY] {
+            assert_eq!(exp_nonpositive(x), 0.0, "{x}");
+        }
+        assert!(exp_nonpositive(f32::NAN).is_nan());
     }
 }
