@@ -10,9 +10,10 @@
 //! - the blocks' (max, sum) pairs merge in block order into each row's log-sum-exp, so the result
 //!   does not depend on the thread count.
 //!
-//! The tiles run the head at ~86% of this machine's f32 GEMM peak. Chunks of 64 whole rows (the
-//! design before them, weights already [in, out]) reached ~64%: the crate packs all of lm_head
-//! for every chunk, which 64 rows amortise poorly (docs/benchmarks.md, "The LM head").
+//! The head runs at ~73% of the f32 GEMM peak (225 of 309 GFLOP/s, its exponentials vectorised:
+//! [`sum_exp`]). Chunks of 64 whole rows (the design before the tiles) reached ~46% (99 of 214):
+//! the crate packs all of lm_head for every chunk, which 64 rows amortise poorly
+//! (docs/benchmarks.md, "The LM head").
 
 use rayon::prelude::*;
 
