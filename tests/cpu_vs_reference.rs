@@ -196,8 +196,8 @@ proptest! {
 }
 
 /// More weighted rows than one pass of the LM head takes (`cpu::head::TILES`, 512): the
-/// random problems above stay under it, and a later, partial pass is where its row offsets
-/// matter.
+/// random problems above stay under it, and a later pass (the rows split into passes of equal
+/// size) is where its row offsets matter.
 #[test]
 fn cpu_matches_reference_past_one_head_pass() {
     let config = GptjConfig::small(1, 16, 2, 4, 50);
@@ -228,10 +228,7 @@ fn cpu_matches_reference_past_one_head_pass() {
     let fast = CpuScorer::new(&model);
     let got = fast.score(&cands, &options).unwrap();
     let head_rows = fast.last_stats().head_rows;
-    assert!(
-        head_rows > 512 && !head_rows.is_multiple_of(512),
-        "{head_rows} head rows"
-    );
+    assert!(head_rows > 512, "{head_rows} head rows: one pass");
     let oracle = ReferenceScorer::new(&model)
         .score(&cands, &options)
         .unwrap();

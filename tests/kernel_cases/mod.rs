@@ -217,7 +217,7 @@ impl LayerNormCase {
         };
         LayerNormCase {
             ld,
-            ld_out: d + 5,
+            ld_out: ld + 5,
             x,
             residual_bias,
             ln,
@@ -735,7 +735,7 @@ impl<T: DeviceFloat> AttentionCase<T> {
         AttentionCase {
             plan,
             ld,
-            ld_out: d + 5,
+            ld_out: ld + 5,
             qkv,
             want,
             max_v,
