@@ -11,7 +11,7 @@
 //!   does not depend on the thread count.
 //!
 //! The head runs at ~73% of the f32 GEMM peak (225 of 309 GFLOP/s, its exponentials vectorised:
-//! [`sum_exp`]). Chunks of 64 whole rows (the design before the tiles) reached ~46% (99 of 214):
+//! `sum_exp`). Chunks of 64 whole rows (the design before the tiles) reached ~46% (99 of 214):
 //! the crate packs all of lm_head for every chunk, which 64 rows amortise poorly
 //! (docs/benchmarks.md, "The LM head").
 
