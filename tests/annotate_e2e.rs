@@ -658,6 +658,26 @@ fn write_corpus(path: &Path, n: usize) {
 }
 
 /// A line over the limit is a reject with its reason, and the lines after it are annotated.
+/// A whole, unsharded run of `corpus` into `out`, quiet, with no stop.
+fn whole_run(corpus: &Path, out: PathBuf) -> RunOptions {
+    RunOptions {
+        corpus: corpus.to_path_buf(),
+        out,
+        shard: Shard::default(),
+        run_info: json!(null),
+        progress: false,
+        stop_after: None,
+    }
+}
+
+/// `<a>.jsonl` and `<b>.jsonl` in `dir` hold the same C*, and their rejects files the same lines.
+fn assert_same_outputs(dir: &Path, a: &str, b: &str) {
+    for kind in ["jsonl", "rejects.jsonl"] {
+        let read = |stem: &str| std::fs::read(dir.join(format!("{stem}.{kind}"))).unwrap();
+        assert_eq!(read(a), read(b), "{a}.{kind} vs {b}.{kind}");
+    }
+}
+
 #[test]
 fn a_line_over_64_mib_is_a_reject_not_an_out_of_memory() {
     let config = test_config();
@@ -743,14 +763,7 @@ fn a_backend_error_stops_the_run_naming_its_line_and_the_rerun_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("c.jsonl");
     write_corpus(&corpus, 12);
-    let opts = |out: &str| RunOptions {
-        corpus: corpus.clone(),
-        out: dir.path().join(out),
-        shard: Shard::default(),
-        run_info: json!(null),
-        progress: false,
-        stop_after: None,
-    };
+    let opts = |out: &str| whole_run(&corpus, dir.path().join(out));
     let err = annotate::annotate(&a, &opts("c-out.jsonl")).expect_err("the 4th scoring fails");
     assert!(!err.is_input(), "a backend error stops the run: {err}");
     let msg = err.to_string();
@@ -768,9 +781,7 @@ fn a_backend_error_stops_the_run_naming_its_line_and_the_rerun_finishes() {
     let a = parts.annotator(&config, &tools);
     annotate::annotate(&a, &opts("c-out.jsonl")).unwrap();
     annotate::annotate(&a, &opts("fresh.jsonl")).unwrap();
-    let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
-    assert_eq!(read("c-out.jsonl"), read("fresh.jsonl"));
-    assert_eq!(read("c-out.rejects.jsonl"), read("fresh.rejects.jsonl"));
+    assert_same_outputs(dir.path(), "c-out", "fresh");
 }
 
 /// The journal goes only after every output is in place: a run whose summary cannot be
@@ -785,14 +796,7 @@ fn a_run_whose_summary_cannot_be_written_keeps_its_journal() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("c.jsonl");
     write_corpus(&corpus, 6);
-    let opts = |out: &str| RunOptions {
-        corpus: corpus.clone(),
-        out: dir.path().join(out),
-        shard: Shard::default(),
-        run_info: json!(null),
-        progress: false,
-        stop_after: None,
-    };
+    let opts = |out: &str| whole_run(&corpus, dir.path().join(out));
     let paths = annotate::OutputPaths::new(&dir.path().join("c-out.jsonl"));
     let blocker = PathBuf::from(format!("{}.tmp", paths.summary.display()));
     std::fs::create_dir(&blocker).unwrap();
@@ -810,9 +814,7 @@ fn a_run_whose_summary_cannot_be_written_keeps_its_journal() {
     annotate::annotate(&a, &opts("c-out.jsonl")).unwrap();
     assert!(!paths.journal.exists() && paths.summary.exists());
     annotate::annotate(&a, &opts("fresh.jsonl")).unwrap();
-    let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
-    assert_eq!(read("c-out.jsonl"), read("fresh.jsonl"));
-    assert_eq!(read("c-out.rejects.jsonl"), read("fresh.rejects.jsonl"));
+    assert_same_outputs(dir.path(), "c-out", "fresh");
 }
 
 #[test]

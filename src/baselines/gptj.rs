@@ -1,8 +1,9 @@
 //! GPT-J in candle (f32, CPU), written the way a typical candle user would write it: candle_nn
 //! modules and ops, full causal attention per head ([T, T], or [T, P + T] after a cache of P
-//! positions), nothing fused. It is the trunk the baselines run; toolsift's own engine is benchmarked against it, so it must be ordinary, not
-//! tuned, and it must not be handicapped either: its linear weights are stored [in, out]
-//! (`linear`), which made the tuned baseline 1.13x faster (docs/benchmarks.md).
+//! positions), nothing fused. It is the trunk the baselines run; toolsift's own engine is
+//! benchmarked against it, so it must be ordinary, not tuned, and it must not be handicapped
+//! either: its linear weights are stored [in, out] (`linear`), which made the tuned baseline
+//! 1.13x faster (docs/benchmarks.md).
 //!
 //! The math is transformers' `GPTJForCausalLM` (see `crate::reference`, the f64 oracle): embedding;
 //! per layer `h = ln_1(x)`, `x = x + attn(h) + mlp(h)`; "rotate every two" rotary on the first

@@ -1,5 +1,5 @@
-//! The three candle baselines toolsift's engine is benchmarked against (docs/benchmarks.md), behind the
-//! `baselines` feature so that the default build never compiles candle.
+//! The three candle baselines toolsift's engine is benchmarked against (docs/benchmarks.md), behind
+//! the `baselines` feature so that the default build never compiles candle.
 //!
 //! - `naive`: what most people write first. Every variant of every candidate is its own full
 //!   forward over the whole text, full logits, log-softmax over the vocabulary, loss afterwards.

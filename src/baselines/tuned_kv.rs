@@ -13,8 +13,8 @@
 //! it reads must be computed), so only the rest, its suffix, runs. Suffixes of one text and one
 //! `past` are deduplicated and run in length-sorted, right-padded batches over that cut of the
 //! cache. Variants that share nothing with the text (`past` 0: in prefix placement every call
-//! variant whose z does not start as the text does) are deduplicated across all texts and run as the tuned baseline runs them, so in
-//! prefix placement this baseline is the tuned one.
+//! variant whose z does not start as the text does) are deduplicated across all texts and run as
+//! the tuned baseline runs them, so in prefix placement this baseline is the tuned one.
 
 use std::collections::HashMap;
 
