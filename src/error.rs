@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::score::candidate::InvalidCandidate;
+
 /// An I/O error placed by `Error::context`: shown as "{at}: {error}", with the OS's error as its
 /// `source()`, which `std::io::Error::source` hands on.
 #[derive(Debug)]
@@ -21,6 +23,11 @@ impl std::error::Error for Placed {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.error)
     }
+}
+
+/// "at: " for a placed candidate error, nothing for one that is not.
+fn at_prefix(at: &Option<String>) -> String {
+    at.as_ref().map(|at| format!("{at}: ")).unwrap_or_default()
 }
 
 /// `std::result::Result` with the crate's `Error`.
@@ -90,13 +97,18 @@ pub enum Error {
 
     /// One candidate of a batch cannot be scored or tokenized; `index` is its place in the
     /// batch, so a caller can drop it and score the rest (or run `score::validate` on each
-    /// first). Like `Input`, it is about the request, not the engine.
-    #[error("candidate {index}: {msg}")]
+    /// first), and `reason` says why, as a value to match on. Like `Input`, it is about the
+    /// request, not the engine.
+    #[error("{}candidate {index}: {reason}", at_prefix(at))]
+    #[non_exhaustive]
     Candidate {
         /// 0-based place of the candidate in the batch given to the call.
         index: usize,
         /// Why it cannot be scored.
-        msg: String,
+        reason: InvalidCandidate,
+        /// Where the batch was, when a caller placed the error (`Error::context`): the input
+        /// lines being scored, say.
+        at: Option<String>,
     },
 
     /// A backend could not run (no GPU, kernels not built, out of memory budget, ...).
@@ -118,11 +130,12 @@ impl Error {
         Error::Input(msg.into())
     }
 
-    /// Candidate `index` of a batch cannot be scored, for the reason `why`.
-    pub fn candidate(index: usize, why: impl std::fmt::Display) -> Self {
+    /// Candidate `index` of a batch cannot be scored, for `reason`.
+    pub fn candidate(index: usize, reason: InvalidCandidate) -> Self {
         Error::Candidate {
             index,
-            msg: why.to_string(),
+            reason,
+            at: None,
         }
     }
 
@@ -161,9 +174,17 @@ impl Error {
                 msg: placed(msg),
             },
             Error::Input(msg) => Error::Input(placed(msg)),
-            Error::Candidate { index, msg } => Error::Candidate {
+            Error::Candidate {
                 index,
-                msg: placed(msg),
+                reason,
+                at: inner,
+            } => Error::Candidate {
+                index,
+                reason,
+                at: Some(match inner {
+                    Some(inner) => placed(inner),
+                    None => at.to_string(),
+                }),
             },
             Error::Backend(msg) => Error::Backend(placed(msg)),
         }
@@ -206,6 +227,23 @@ mod tests {
         );
         let input = Error::input("bad").context(at);
         assert!(input.is_input());
+        // A candidate's reason stays a value to match on; each place goes before the last.
+        let reason = InvalidCandidate::TooLong {
+            tokens: 9,
+            n_positions: 8,
+        };
+        let candidate = Error::candidate(3, reason.clone())
+            .context("scoring input lines 5-9")
+            .context(at);
+        assert!(candidate.is_input());
+        assert!(
+            matches!(&candidate, Error::Candidate { index: 3, reason: r, .. } if *r == reason),
+            "{candidate:?}"
+        );
+        assert_eq!(
+            candidate.to_string(),
+            format!("annotating c.jsonl:7: scoring input lines 5-9: candidate 3: {reason}")
+        );
         let io = Error::io("idx/meta.json", std::io::ErrorKind::NotFound.into()).context(at);
         let Error::Io { path, error } = &io else {
             panic!("{io:?}")

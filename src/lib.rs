@@ -41,7 +41,8 @@
 //!
 //! ```
 //! use toolsift::model::{DType, GptjWeights};
-//! use toolsift::{scorer_for, Device, Error, GptjConfig, Model, ScoreOptions, TokenCandidate};
+//! use toolsift::{scorer_for, Device, Error, GptjConfig, InvalidCandidate, Model};
+//! use toolsift::{ScoreOptions, TokenCandidate};
 //! # fn main() -> toolsift::Result<()> {
 //! let config = GptjConfig::small(2, 32, 4, 8, 64); // n_layer, n_embd, n_head, rotary_dim, vocab
 //! let weights = GptjWeights::random(&config, 1, DType::F32);
@@ -56,11 +57,15 @@
 //! };
 //! let scores = scorer.score(&[candidate.clone()], &ScoreOptions::default())?;
 //! assert!(scores[0].delta.is_finite());
-//! // A bad candidate fails the batch, naming it: drop it and score the rest (or `score_each`:
-//! // each candidate's scores or its error, in its place).
+//! // A bad candidate fails the batch, naming it and why: drop it and score the rest (or
+//! // `score_each`: each candidate's scores or its error, in its place).
 //! let bad = TokenCandidate { call_ids: vec![64], ..candidate };
 //! match scorer.score(&[bad], &ScoreOptions::default()) {
-//!     Err(Error::Candidate { index, .. }) => assert_eq!(index, 0),
+//!     Err(Error::Candidate {
+//!         index,
+//!         reason: InvalidCandidate::OutOfVocabulary { field, .. },
+//!         ..
+//!     }) => assert_eq!((index, field), (0, "call_ids")),
 //!     other => panic!("{other:?}"),
 //! }
 //! # Ok(()) }
@@ -105,8 +110,8 @@ pub use backend::{
 pub use error::{Error, Result};
 pub use model::{GptjConfig, Model};
 pub use score::{
-    score_each, score_texts, score_texts_each, CallForm, LossWeights, Placement, ReferenceScorer,
-    ScoreOptions, Scorer, Scores, TextCandidate, TokenCandidate, Variant,
+    score_each, score_texts, score_texts_each, CallForm, InvalidCandidate, LossWeights, Placement,
+    ReferenceScorer, ScoreOptions, Scorer, Scores, TextCandidate, TokenCandidate, Variant,
 };
 /// The JSON values of the public API (document ids, run settings, C* records).
 pub use serde_json;

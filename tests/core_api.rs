@@ -8,7 +8,7 @@ use toolsift::model::Tokenizer;
 use toolsift::score::{splice, ReferenceScorer};
 use toolsift::{cpu::CpuScorer, CallForm, Model, Placement, TextCandidate};
 use toolsift::{engine_with_memory_budget, scorer_for, scorer_with_memory_budget, Device, Error};
-use toolsift::{ScoreOptions, Scorer, TokenCandidate};
+use toolsift::{InvalidCandidate, ScoreOptions, Scorer, TokenCandidate};
 
 fn tiny() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj")
@@ -143,9 +143,16 @@ fn a_call_that_inserts_no_token_is_refused() {
         ..good.clone()
     };
     match scorer.score(&[good, empty], &ScoreOptions::default()) {
-        Err(Error::Candidate { index, msg }) => {
-            assert_eq!(index, 1);
-            assert!(msg.contains("call_result_ids is empty"), "{msg}");
+        Err(e @ Error::Candidate { index: 1, .. }) => {
+            let Error::Candidate { reason, .. } = &e else {
+                unreachable!()
+            };
+            assert_eq!(*reason, InvalidCandidate::EmptyCallResult);
+            assert!(
+                e.to_string()
+                    .starts_with("candidate 1: call_result_ids is empty"),
+                "{e}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -219,8 +226,16 @@ fn score_each_answers_every_token_candidate_in_its_place() {
     let alone = scorer.score(&[candidate(), other], &options).unwrap();
     assert_eq!(each.len(), 4);
     for k in [0, 2] {
+        let reason = InvalidCandidate::OutOfVocabulary {
+            field: "call_ids",
+            index: 0,
+            id: 600,
+            vocab_size: 512,
+        };
         assert!(
-            matches!(&each[k], Err(Error::Input(m)) if m.contains("call_ids[0] = 600")),
+            matches!(&each[k], Err(e @ Error::Candidate { index, reason: r, .. })
+                if *index == k && *r == reason && e.is_input()
+                    && e.to_string().contains("call_ids[0] = 600")),
             "{:?}",
             each[k]
         );

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use common::tiny;
 use toolsift::generate::GenerateOptions;
 use toolsift::{
-    score_texts, score_texts_each, scorer_for, CallForm, Device, Error, Model, Placement,
-    ReferenceScorer, ScoreOptions, Scorer, TextCandidate, TokenCandidate,
+    score_texts, score_texts_each, scorer_for, CallForm, Device, Error, InvalidCandidate, Model,
+    Placement, ReferenceScorer, ScoreOptions, Scorer, TextCandidate, TokenCandidate,
 };
 
 fn model() -> Model {
@@ -59,9 +59,25 @@ fn checked_entry_points_refuse_what_the_unchecked_one_would_panic_on() {
     past_the_end.position = 9;
     for scorer in [fast.as_ref(), &reference as &dyn Scorer] {
         let good = candidate(vec![329, 266, 451, 455, 338, 11, 285]);
-        for (bad, why) in [
-            (&out_of_vocab, "outside the vocabulary"),
-            (&past_the_end, "out of range"),
+        for (bad, why, expected) in [
+            (
+                &out_of_vocab,
+                "outside the vocabulary",
+                InvalidCandidate::OutOfVocabulary {
+                    field: "text_ids",
+                    index: 3,
+                    id: vocab + 12_800_000,
+                    vocab_size: vocab as usize,
+                },
+            ),
+            (
+                &past_the_end,
+                "out of range",
+                InvalidCandidate::PositionOutOfRange {
+                    position: 9,
+                    text_len: 4,
+                },
+            ),
         ] {
             let batch = [good.clone(), bad.clone()];
             for err in [
@@ -70,9 +86,10 @@ fn checked_entry_points_refuse_what_the_unchecked_one_would_panic_on() {
             ] {
                 let msg = err.to_string();
                 assert!(
-                    matches!(&err, Error::Candidate { index: 1, msg } if msg.contains(why))
+                    matches!(&err, Error::Candidate { index: 1, reason, .. } if *reason == expected)
                         && err.is_input()
-                        && msg.starts_with("candidate 1:"),
+                        && msg.starts_with("candidate 1:")
+                        && msg.contains(why),
                     "{}: {msg}",
                     scorer.name()
                 );
@@ -131,7 +148,8 @@ fn score_texts_tokenizes_each_text_once_with_the_options_placement() {
         )
         .unwrap_err();
         assert!(
-            matches!(&err, Error::Candidate { index: 1, msg } if msg.contains(why)),
+            matches!(&err, Error::Candidate { index: 1, reason, .. }
+                if reason.to_string().contains(why)),
             "{err}"
         );
     }
@@ -187,7 +205,8 @@ fn score_texts_refuses_what_cannot_fit_and_names_the_first_bad_candidate() {
     ]) {
         let err = score(&[good.clone(), bad]);
         assert!(
-            matches!(&err, Error::Candidate { index: 1, msg } if msg.contains(why)),
+            matches!(&err, Error::Candidate { index: 1, reason, .. }
+                if reason.to_string().contains(why)),
             "{err}"
         );
     }
@@ -202,13 +221,14 @@ fn score_texts_refuses_what_cannot_fit_and_names_the_first_bad_candidate() {
     };
     let err = score(&[no_tool, past_the_end]);
     assert!(
-        matches!(&err, Error::Candidate { index: 0, msg } if msg.contains("tool name is empty")),
+        matches!(&err, Error::Candidate { index: 0, reason: InvalidCandidate::Text(why), .. }
+            if why.contains("tool name is empty")),
         "{err}"
     );
 }
 
-/// Candidate by candidate: each bad one gets its own error in its place, with its variant (no
-/// `Error::Candidate` wrapping), and the good ones get what a batch of only them gets.
+/// Candidate by candidate: each bad one gets its own error in its place (an `Error::Candidate`
+/// naming that place), and the good ones get what a batch of only them gets.
 #[test]
 fn score_texts_each_answers_every_candidate_in_its_place() {
     let model = model();
@@ -244,7 +264,13 @@ fn score_texts_each_answers_every_candidate_in_its_place() {
         (3, "result is empty"),
     ] {
         match &each[k] {
-            Err(e @ Error::Input(msg)) => assert!(msg.contains(why) && e.is_input(), "{k}: {msg}"),
+            Err(e @ Error::Candidate { index, reason, .. }) => assert!(
+                *index == k
+                    && matches!(reason, InvalidCandidate::Text(_))
+                    && reason.to_string().contains(why)
+                    && e.is_input(),
+                "{k}: {e}"
+            ),
             other => panic!("candidate {k}: {other:?}"),
         }
     }
@@ -278,7 +304,10 @@ fn score_texts_each_answers_every_candidate_in_its_place() {
             _: &ScoreOptions,
         ) -> toolsift::Result<Vec<[f64; 3]>> {
             self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Err(Error::candidate(candidates.len() - 1, "too long for me"))
+            Err(Error::candidate(
+                candidates.len() - 1,
+                InvalidCandidate::other("too long for me"),
+            ))
         }
     }
     let refuses = Refuses(&*scorer, Default::default());
@@ -288,7 +317,8 @@ fn score_texts_each_answers_every_candidate_in_its_place() {
     assert_eq!(refuses.1.load(std::sync::atomic::Ordering::Relaxed), 0);
     let err = score_texts_each(&refuses, tokenizer, &batch, &options, CallForm::Arrow).unwrap_err();
     assert!(
-        matches!(&err, Error::Candidate { index: 4, msg } if msg == "too long for me"),
+        matches!(&err, Error::Candidate { index: 4, reason: InvalidCandidate::Other(why), .. }
+            if why == "too long for me"),
         "{err}"
     );
 }

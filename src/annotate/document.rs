@@ -616,7 +616,7 @@ impl<'a> Annotator<'a> {
                     .and_then(|c| {
                         validate(&c, self.scorer.config(), &self.score_options)
                             .map(|()| c)
-                            .map_err(Error::input)
+                            .map_err(|e| Error::input(e.to_string()))
                     });
                     match candidate {
                         Ok(c) => {

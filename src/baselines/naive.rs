@@ -13,7 +13,9 @@ use super::gptj::{right_padded_batch, CandleGptj};
 use super::{backend_error, check_candidates, padded_tokens};
 use crate::error::{Error, Result};
 use crate::model::GptjConfig;
-use crate::score::{variant_sequence, Placement, ScoreOptions, TokenCandidate, Variant};
+use crate::score::{
+    variant_sequence, InvalidCandidate, Placement, ScoreOptions, TokenCandidate, Variant,
+};
 
 /// One variant of one candidate as the naive baseline runs it.
 struct NaiveSequence {
@@ -59,11 +61,11 @@ pub fn check_whole_texts_fit(config: &GptjConfig, candidates: &[TokenCandidate])
         if longest > config.n_positions {
             return Err(Error::candidate(
                 k,
-                format!(
+                InvalidCandidate::other(format!(
                     "the naive baseline runs the whole text, and call + text is {longest} \
                      tokens, longer than n_positions ({})",
                     config.n_positions
-                ),
+                )),
             ));
         }
     }

@@ -105,21 +105,133 @@ pub fn variant_sequence(
     VariantSequence { ids, targets }
 }
 
+/// Why one candidate cannot be scored: what [`validate`] finds, what tokenizing a text-level
+/// candidate finds, or a scorer's own limit. It is [`Error::Candidate`]'s `reason`, so that a
+/// caller can act on the cause (cut a text that is too long, drop a call with an unknown token)
+/// without reading the message. Non-exhaustive: a `match` needs a `_` arm.
+///
+/// [`Error::Candidate`]: crate::Error::Candidate
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidCandidate {
+    /// `text_ids` is empty.
+    #[error("text is empty")]
+    EmptyText,
+
+    /// `position` is 0: L_none would predict x_1 from nothing.
+    #[error(
+        "position 0 cannot be scored: the no-call variant has no context to predict the first \
+         text token from (positions start at 1)"
+    )]
+    PositionZero,
+
+    /// `position` is past the text's last token.
+    #[error(
+        "position {position} is out of range: the text has {text_len} tokens, so the last \
+         scorable position is {}",
+        text_len - 1
+    )]
+    PositionOutOfRange {
+        /// The candidate's position.
+        position: usize,
+        /// Tokens in its text (at least 1; an empty text is `EmptyText`).
+        text_len: usize,
+    },
+
+    /// The candidate's own loss weights are unusable (`weights::check`'s reason).
+    #[error("{0}")]
+    Weights(String),
+
+    /// A token id is not below the model's vocab_size.
+    #[error("{field}[{index}] = {id} is outside the vocabulary (vocab_size {vocab_size})")]
+    OutOfVocabulary {
+        /// `text_ids`, `call_ids` or `call_result_ids`.
+        field: &'static str,
+        /// The id's place in that field.
+        index: usize,
+        /// The id.
+        id: u32,
+        /// The model's vocab_size.
+        vocab_size: usize,
+    },
+
+    /// No positive weight falls on a token of the text: every loss would be 0 with nothing
+    /// measured, and a delta of 0 would keep the call at any tau_f <= 0.
+    #[error(
+        "no positive weight falls on a text token: {tokens_after} token(s) follow from \
+         position {position}, and the first positive weight is w_{first_positive}; nothing \
+         would be measured"
+    )]
+    NothingWeighted {
+        /// The candidate's position.
+        position: usize,
+        /// Text tokens from the position on (x_i .. x_n).
+        tokens_after: usize,
+        /// t of the first positive weight w_t (the weights' length when there is none).
+        first_positive: usize,
+    },
+
+    /// The longest variant the engine runs does not fit the model's n_positions.
+    #[error(
+        "sequence of {tokens} tokens (call + text up to the last weighted token) is longer \
+         than n_positions ({n_positions})"
+    )]
+    TooLong {
+        /// Tokens of the longest variant: the longer call, and the text up to the last
+        /// weighted token.
+        tokens: usize,
+        /// The model's n_positions.
+        n_positions: usize,
+    },
+
+    /// `call_result_ids` is empty: e(c, r) would insert nothing, so L_call_result would be
+    /// L_none, and a delta of 0 would keep a call that is not there at any tau_f <= 0. (An empty
+    /// `call_ids` is allowed: L_call is then L_none, as the paper's min(L_none, L_call) allows.)
+    #[error(
+        "call_result_ids is empty: the call with its result would insert no token, so there is \
+         no call to measure"
+    )]
+    EmptyCallResult,
+
+    /// A text-level candidate that cannot be made into tokens: a position off a character
+    /// boundary or past the text, a call that cannot be written, a window that reads past what
+    /// the model holds, the tokenizer's own failure.
+    #[error("{0}")]
+    Text(String),
+
+    /// A limit of the scorer itself, beyond `validate` (a scorer written outside this crate, or
+    /// the naive baseline, which runs the whole text).
+    #[error("{0}")]
+    Other(String),
+}
+
+impl InvalidCandidate {
+    /// A scorer's own reason for refusing a candidate (`InvalidCandidate::Other`).
+    pub fn other(why: impl Into<String>) -> Self {
+        InvalidCandidate::Other(why.into())
+    }
+
+    /// The reason in an error from making a text-level candidate into tokens
+    /// (`TextCandidate::to_tokens`): its message as `Text`, or the reason a candidate error
+    /// already holds.
+    pub(crate) fn from_text_error(e: crate::Error) -> Self {
+        match e {
+            crate::Error::Input(msg) => InvalidCandidate::Text(msg),
+            crate::Error::Candidate { reason, .. } => reason,
+            e => InvalidCandidate::Text(e.to_string()),
+        }
+    }
+}
+
 /// Why `c` cannot be scored with this model, if it cannot.
 pub fn validate(
     c: &TokenCandidate,
     config: &GptjConfig,
     options: &ScoreOptions,
-) -> std::result::Result<(), String> {
+) -> Result<(), InvalidCandidate> {
     validate_at(c, config, options, false)?;
     if c.call_result_ids.is_empty() {
-        // e(c, r) would add no token: L_call_result would be L_none, and a delta of 0 (or
-        // less) would keep a call that is not there at any tau_f <= 0.
-        return Err(
-            "call_result_ids is empty: the call with its result would insert no \
-                    token, so there is no call to measure"
-                .into(),
-        );
+        return Err(InvalidCandidate::EmptyCallResult);
     }
     Ok(())
 }
@@ -131,66 +243,58 @@ pub(crate) fn validate_at(
     config: &GptjConfig,
     options: &ScoreOptions,
     position_0: bool,
-) -> std::result::Result<(), String> {
+) -> Result<(), InvalidCandidate> {
     let n = c.text_ids.len();
     if n == 0 {
-        return Err("text is empty".into());
+        return Err(InvalidCandidate::EmptyText);
     }
     if c.position == 0 && !position_0 {
-        return Err(
-            "position 0 cannot be scored: the no-call variant has no context to \
-                    predict the first text token from (positions start at 1)"
-                .into(),
-        );
+        return Err(InvalidCandidate::PositionZero);
     }
     if c.position >= n {
-        return Err(format!(
-            "position {} is out of range: the text has {n} tokens, so the last scorable position is {}",
-            c.position,
-            n - 1
-        ));
+        return Err(InvalidCandidate::PositionOutOfRange {
+            position: c.position,
+            text_len: n,
+        });
     }
     if let Some(w) = &c.weights {
-        super::weights::check(w)?;
+        super::weights::check(w).map_err(InvalidCandidate::Weights)?;
     }
-    for (name, ids) in [
+    for (field, ids) in [
         ("text_ids", &c.text_ids[..]),
         ("call_ids", &c.call_ids[..]),
         ("call_result_ids", &c.call_result_ids[..]),
     ] {
-        if let Some((k, id)) = ids
+        if let Some((index, &id)) = ids
             .iter()
             .enumerate()
             .find(|(_, &id)| id as usize >= config.vocab_size)
         {
-            return Err(format!(
-                "{name}[{k}] = {id} is outside the vocabulary (vocab_size {})",
-                config.vocab_size
-            ));
+            return Err(InvalidCandidate::OutOfVocabulary {
+                field,
+                index,
+                id,
+                vocab_size: config.vocab_size,
+            });
         }
     }
     if c.scored_len(options) == 0 {
-        // Every loss would be 0 with nothing measured, and delta 0 would keep the call at any
-        // tau_f <= 0.
         let weights = c.weights(options);
-        let first = weights
-            .iter()
-            .position(|&w| w > 0.0)
-            .unwrap_or(weights.len());
-        return Err(format!(
-            "no positive weight falls on a text token: {} token(s) follow from position {}, \
-             and the first positive weight is w_{first}; nothing would be measured",
-            n - c.position,
-            c.position
-        ));
+        return Err(InvalidCandidate::NothingWeighted {
+            position: c.position,
+            tokens_after: n - c.position,
+            first_positive: weights
+                .iter()
+                .position(|&w| w > 0.0)
+                .unwrap_or(weights.len()),
+        });
     }
-    let longest = c.call_ids.len().max(c.call_result_ids.len()) + c.text_end(options);
-    if longest > config.n_positions {
-        return Err(format!(
-            "sequence of {longest} tokens (call + text up to the last weighted token) is longer \
-             than n_positions ({})",
-            config.n_positions
-        ));
+    let tokens = c.call_ids.len().max(c.call_result_ids.len()) + c.text_end(options);
+    if tokens > config.n_positions {
+        return Err(InvalidCandidate::TooLong {
+            tokens,
+            n_positions: config.n_positions,
+        });
     }
     Ok(())
 }
@@ -219,6 +323,8 @@ mod tests {
             ..cand()
         };
         let err = validate(&empty, &config, &options).unwrap_err();
+        assert_eq!(err, InvalidCandidate::EmptyCallResult);
+        let err = err.to_string();
         assert!(
             err.contains("call_result_ids is empty") && !err.contains("  "),
             "{err}"
@@ -230,6 +336,62 @@ mod tests {
             ..cand()
         };
         assert_eq!(validate(&bare, &config, &options), Ok(()));
+    }
+
+    /// Each check gives its own reason, with the numbers a caller would act on.
+    #[test]
+    fn each_refusal_has_its_own_reason() {
+        let config = GptjConfig::small(1, 8, 2, 2, 32);
+        let o = ScoreOptions::default();
+        let refused = |c: TokenCandidate| validate(&c, &config, &o).unwrap_err();
+        assert_eq!(
+            refused(TokenCandidate {
+                text_ids: Vec::new().into(),
+                ..cand()
+            }),
+            InvalidCandidate::EmptyText
+        );
+        assert_eq!(
+            refused(TokenCandidate {
+                position: 0,
+                ..cand()
+            }),
+            InvalidCandidate::PositionZero
+        );
+        let past = refused(TokenCandidate {
+            position: 8,
+            ..cand()
+        });
+        assert_eq!(
+            past,
+            InvalidCandidate::PositionOutOfRange {
+                position: 8,
+                text_len: 8
+            }
+        );
+        assert!(
+            past.to_string().contains("last scorable position is 7"),
+            "{past}"
+        );
+        assert_eq!(
+            refused(TokenCandidate {
+                call_result_ids: vec![1, 32, 3],
+                ..cand()
+            }),
+            InvalidCandidate::OutOfVocabulary {
+                field: "call_result_ids",
+                index: 1,
+                id: 32,
+                vocab_size: 32
+            }
+        );
+        assert!(matches!(
+            refused(TokenCandidate {
+                weights: Some(vec![f64::NAN]),
+                ..cand()
+            }),
+            InvalidCandidate::Weights(why) if why.contains("weights[0] = NaN")
+        ));
     }
 
     #[test]
@@ -326,9 +488,15 @@ mod tests {
         w.extend([0.0; 14]);
         w.push(1.0);
         c.weights = Some(w);
-        assert!(validate(&c, &config, &o)
-            .unwrap_err()
-            .contains("longer than n_positions (256)"));
+        let err = validate(&c, &config, &o).unwrap_err();
+        assert_eq!(
+            err,
+            InvalidCandidate::TooLong {
+                tokens: 6 + 256,
+                n_positions: 256
+            }
+        );
+        assert!(err.to_string().contains("longer than n_positions (256)"));
 
         // No weighted token at all (the only positive weight falls past the end of the text):
         // refused, naming the first positive weight, before the length is looked at (251 + 6
@@ -338,6 +506,15 @@ mod tests {
         w.push(1.0);
         c.weights = Some(w);
         let err = validate(&c, &config, &o).unwrap_err();
+        assert_eq!(
+            err,
+            InvalidCandidate::NothingWeighted {
+                position: 251,
+                tokens_after: 49,
+                first_positive: 59
+            }
+        );
+        let err = err.to_string();
         assert!(
             err.contains("no positive weight falls on a text token")
                 && err.contains("49 token(s) follow from position 251")
@@ -348,9 +525,10 @@ mod tests {
             weights: Some(vec![0.0]),
             ..c.clone()
         };
-        assert!(validate(&all_zero, &config, &o)
-            .unwrap_err()
-            .contains("at least one positive weight"));
+        assert!(matches!(
+            validate(&all_zero, &config, &o),
+            Err(InvalidCandidate::Weights(why)) if why.contains("at least one positive weight")
+        ));
         // ... and every scorer refuses it rather than give losses of 0.
         let model = crate::model::Model::from_parts(
             config.clone(),

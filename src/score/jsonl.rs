@@ -215,7 +215,7 @@ fn parse_chunk(
                     )
                 })
                 .and_then(|c| {
-                    validate(&c, scorer.config(), &options.score)?;
+                    validate(&c, scorer.config(), &options.score).map_err(|e| e.to_string())?;
                     Ok(c)
                 })
                 .map_err(|e| format!("line {line_no}: {e}"));

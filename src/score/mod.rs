@@ -18,7 +18,9 @@ pub mod weights;
 
 use serde::{Deserialize, Serialize};
 
-pub use candidate::{validate, variant_sequence, TokenCandidate, VariantSequence};
+pub use candidate::{
+    validate, variant_sequence, InvalidCandidate, TokenCandidate, VariantSequence,
+};
 pub use reference::ReferenceScorer;
 pub use text::{call_text, score_texts, score_texts_each, splice, TextCandidate};
 pub use weights::LossWeights;
@@ -194,10 +196,10 @@ pub trait Scorer: Send + Sync {
 }
 
 /// [`Scorer::score`], candidate by candidate: each candidate's scores or its `validate` error
-/// (`Error::Input`), in the order given, with every valid candidate scored in one batch (the
-/// token-level [`score_texts_each`]). The outer error is the scorer's on the valid candidates
-/// (an `Error::Candidate` from its own further checks names the place in `candidates`), and
-/// then nothing is returned.
+/// (`Error::Candidate`, its `index` the candidate's place), in the order given, with every valid
+/// candidate scored in one batch (the token-level [`score_texts_each`]). The outer error is the
+/// scorer's on the valid candidates (an `Error::Candidate` from its own further checks names the
+/// place in `candidates`), and then nothing is returned.
 pub fn score_each(
     scorer: &dyn Scorer,
     candidates: &[TokenCandidate],
@@ -205,22 +207,19 @@ pub fn score_each(
 ) -> Result<Vec<Result<Scores>>> {
     let checked = candidates
         .iter()
-        .map(|c| {
-            validate(c, scorer.config(), options)
-                .map(|()| c.clone())
-                .map_err(Error::input)
-        })
+        .map(|c| validate(c, scorer.config(), options).map(|()| c.clone()))
         .collect();
     score_in_place(scorer, checked, options)
 }
 
-/// The `Ok` candidates of `checked` scored in one batch, each answer in its place and each error
-/// kept in its own (`score_each`, `score_texts_each`). Through `Scorer::score`, so that a
+/// The `Ok` candidates of `checked` scored in one batch, each answer in its place and each
+/// reason in its own, as an `Error::Candidate` naming that place (`score_each`,
+/// `score_texts_each`). Through `Scorer::score`, so that a
 /// scorer's own `score` or `variant_losses` runs; an `Error::Candidate` from it names the place in
 /// `checked`.
 pub(crate) fn score_in_place(
     scorer: &dyn Scorer,
-    checked: Vec<Result<TokenCandidate>>,
+    checked: Vec<Result<TokenCandidate, InvalidCandidate>>,
     options: &ScoreOptions,
 ) -> Result<Vec<Result<Scores>>> {
     let (places, good): (Vec<usize>, Vec<TokenCandidate>) = checked
@@ -232,9 +231,10 @@ pub(crate) fn score_in_place(
         Vec::new()
     } else {
         scorer.score(&good, options).map_err(|e| match e {
-            Error::Candidate { index, msg } => Error::Candidate {
+            Error::Candidate { index, reason, at } => Error::Candidate {
                 index: places.get(index).copied().unwrap_or(index),
-                msg,
+                reason,
+                at,
             },
             e => e,
         })?
@@ -242,12 +242,12 @@ pub(crate) fn score_in_place(
     let mut scores = scored.into_iter();
     Ok(checked
         .into_iter()
-        .map(|c| {
-            c.map(|_| {
-                scores
-                    .next()
-                    .expect("the scorer returns one Scores per candidate")
-            })
+        .enumerate()
+        .map(|(k, c)| match c {
+            Ok(_) => Ok(scores
+                .next()
+                .expect("the scorer returns one Scores per candidate")),
+            Err(reason) => Err(Error::candidate(k, reason)),
         })
         .collect())
 }

@@ -55,7 +55,7 @@ impl ReferenceScorer {
             ..Default::default()
         };
         super::candidate::validate_at(&c, self.model.config(), &options, true)
-            .map_err(Error::input)?;
+            .map_err(|e| Error::input(e.to_string()))?;
         Ok(self.variant_loss(&c, Variant::Call, &options))
     }
 

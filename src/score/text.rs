@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{CallForm, Placement, ScoreOptions, Scorer, Scores, TokenCandidate};
+use super::{CallForm, InvalidCandidate, Placement, ScoreOptions, Scorer, Scores, TokenCandidate};
 use crate::error::{Error, Result};
 use crate::model::tokenizer::Encoding;
 use crate::model::Tokenizer;
@@ -313,7 +313,8 @@ pub fn score_texts(
 }
 
 /// [`score_texts`], candidate by candidate: each candidate's scores or the reason it cannot be
-/// scored (its tokenizing or `validate` error, variant kept), in the order given, with every
+/// scored (its tokenizing or `validate` error, as an `Error::Candidate` whose `index` is its
+/// place), in the order given, with every
 /// candidate that can be scored scored together. The outer error is the scorer's on the
 /// candidates that passed those checks (the engine's, `Error::Backend`, ...; an
 /// `Error::Candidate` from a scorer's own further checks names its place in `candidates`), and
@@ -338,7 +339,7 @@ fn texts_to_tokens(
     candidates: &[TextCandidate],
     options: &ScoreOptions,
     form: CallForm,
-) -> Vec<Result<TokenCandidate>> {
+) -> Vec<Result<TokenCandidate, InvalidCandidate>> {
     let weights = options.weights.as_slice();
     let config = scorer.config();
     let mut heads = TextHeads::within(config.n_positions);
@@ -352,8 +353,10 @@ fn texts_to_tokens(
     candidates
         .iter()
         .map(|c| {
-            let candidate = heads.tokens_for(tokenizer, c, weights, options.placement, form)?;
-            super::candidate::validate(&candidate, config, options).map_err(Error::Input)?;
+            let candidate = heads
+                .tokens_for(tokenizer, c, weights, options.placement, form)
+                .map_err(InvalidCandidate::from_text_error)?;
+            super::candidate::validate(&candidate, config, options)?;
             Ok(candidate)
         })
         .collect()
