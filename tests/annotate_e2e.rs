@@ -904,6 +904,11 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
         s
     };
     assert_eq!(summary("merged.summary.json"), summary("full.summary.json"));
+    // Each says which build wrote it.
+    assert_eq!(
+        summary("merged.summary.json").toolsift_version.as_deref(),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
     let mut reported = report.summary.clone();
     (reported.secs, reported.wall_secs) = (Default::default(), 0.0);
     assert_eq!(reported, summary("full.summary.json"));

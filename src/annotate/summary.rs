@@ -9,6 +9,9 @@ use super::document::{CStarRecord, DocStats, StageSecs, ToolStats};
 use super::shard::Shard;
 use super::tool_kind::ToolName;
 
+/// This build's version, recorded in every summary it writes.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// How many best and worst calls are kept per tool.
 pub const EXAMPLES: usize = 3;
 
@@ -54,6 +57,10 @@ pub struct ToolSummary {
 /// C*; `render` makes the table printed at the end of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
+    /// The version of toolsift that wrote it (for a merge, the one that merged); absent in
+    /// summaries of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolsift_version: Option<String>,
     /// The shard this output covers and the corpus's line count: what `merge` checks that the
     /// shards cover, every line exactly once (absent in summaries of older versions).
     #[serde(default)]
@@ -126,6 +133,7 @@ impl SummaryBuilder {
         SummaryBuilder {
             keys: tools.iter().map(|t| t.key().to_string()).collect(),
             summary: Summary {
+                toolsift_version: Some(VERSION.to_string()),
                 shard: None,
                 corpus_lines: None,
                 run: None,
@@ -245,6 +253,7 @@ impl Summary {
     /// one run's (`merge` checks that first); a tool is matched by name.
     pub fn merge_shards(shards: &[Summary]) -> Summary {
         let mut merged = Summary {
+            toolsift_version: Some(VERSION.to_string()),
             shard: Some(Shard::default()),
             corpus_lines: shards.first().and_then(|s| s.corpus_lines),
             run: shards.first().and_then(|s| s.run.clone()),
