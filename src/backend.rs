@@ -102,7 +102,9 @@ fn cuda_engine(_model: &Model, _memory_budget: Option<usize>) -> Result<Box<dyn 
     Err(cuda_not_built())
 }
 
-/// The scorer for `device` over `model`.
+/// The scorer for `device` over `model`. On CUDA with `CudaOptions::default()`, which reads the
+/// `TOOLSIFT_PACK_TILES`, `TOOLSIFT_ATTENTION_MMA` and `TOOLSIFT_CUDA_PROFILE` environment
+/// variables (docs/gpu.md); a program that must not pick them up builds `CudaScorer` itself.
 pub fn scorer_for(model: &Model, device: Device) -> Result<Box<dyn Scorer>> {
     scorer_with_memory_budget(model, device, None)
 }

@@ -75,6 +75,13 @@
 //! annotate, generate, the demo and the tools). An embedder that only scores takes
 //! `default-features = false`: model loading, the reference, the CPU engine, the planner and
 //! sampling, without tantivy, ureq or clap; `cuda` adds the GPU engine to either.
+//!
+//! Stability: the API is what the crate root re-exports and the modules `score`, `model`,
+//! `backend`, `sample`, `generate`, `annotate` and `error`. The engines' parts (`cpu`'s
+//! kernels, `cuda`, `plan`, `reference`), `bench`, `workload`, `util`, `emu` and `baselines` are
+//! public for the benchmarks, the kernel fuzz tests and the CLI, and may change in any release;
+//! so may the dependency types that show through (`Tokenizer::inner`'s `tokenizers` type,
+//! `cuda`'s `cudarc`).
 
 // Every public item is documented (CI denies warnings, so a new one without docs fails it).
 #![warn(missing_docs)]
@@ -104,8 +111,8 @@ pub mod util;
 pub mod workload;
 
 pub use backend::{
-    engine_for, engine_with_memory_budget, scorer_for, scorer_from_model,
-    scorer_with_memory_budget, Device, Engine,
+    decoder_for, engine_for, engine_with_memory_budget, scorer_for, scorer_from_model,
+    scorer_with_memory_budget, Device, Engine, RunStats,
 };
 pub use error::{Error, Result};
 pub use model::{GptjConfig, Model};

@@ -410,8 +410,7 @@ fn a_weight_past_the_f16_range_is_refused_for_f16_storage() {
         ..CudaOptions::default()
     };
     let err = CudaScorer::new(&model, &f16)
-        .err()
-        .expect("f16 storage refused")
+        .expect_err("f16 storage refused")
         .to_string();
     assert!(
         err.contains("`transformer.h.1.mlp.fc_out.weight`")

@@ -209,6 +209,21 @@ fn score_texts_refuses_what_cannot_fit_and_names_the_first_bad_candidate() {
                 if reason.to_string().contains(why)),
             "{err}"
         );
+        // Too long, as a value: without an exact length, as the text was not tokenized whole.
+        let Error::Candidate { reason, .. } = &err else {
+            unreachable!()
+        };
+        assert_eq!(
+            matches!(
+                reason,
+                InvalidCandidate::TextTooLong {
+                    n_positions: 256,
+                    ..
+                }
+            ),
+            why.contains("n_positions"),
+            "{reason:?}"
+        );
     }
     // Candidate 0's tool name is refused before candidate 1's position past the text.
     let past_the_end = TextCandidate {
@@ -319,6 +334,108 @@ fn score_texts_each_answers_every_candidate_in_its_place() {
     assert!(
         matches!(&err, Error::Candidate { index: 4, reason: InvalidCandidate::Other(why), .. }
             if why == "too long for me"),
+        "{err}"
+    );
+}
+
+/// A scorer written outside the crate, with a limit of its own: candidates whose text holds
+/// `refused` are refused, and `short` drops the last answer (a bug of that scorer).
+struct Picky<'a> {
+    inner: &'a dyn Scorer,
+    refused: u32,
+    short: bool,
+}
+
+impl Scorer for Picky<'_> {
+    fn name(&self) -> &str {
+        "picky"
+    }
+    fn config(&self) -> &toolsift::GptjConfig {
+        self.inner.config()
+    }
+    fn variant_losses_unchecked(
+        &self,
+        candidates: &[TokenCandidate],
+        options: &ScoreOptions,
+    ) -> toolsift::Result<Vec<[f64; 3]>> {
+        if let Some(k) = candidates
+            .iter()
+            .position(|c| c.text_ids.contains(&self.refused))
+        {
+            return Err(Error::candidate(
+                k,
+                InvalidCandidate::other("not that token"),
+            ));
+        }
+        let mut losses = self.inner.variant_losses_unchecked(candidates, options)?;
+        if self.short {
+            losses.pop();
+        }
+        Ok(losses)
+    }
+}
+
+/// `score_jsonl` answers a line a scorer refuses with that line's error and scores the rest;
+/// a scorer that answers the wrong number of candidates is an error naming it, in
+/// `score_jsonl` and `score_each` alike, never a panic.
+#[test]
+fn a_scorers_own_refusal_is_its_lines_answer_and_a_miscount_an_error() {
+    use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
+    let model = model();
+    let scorer = scorer_for(&model, Device::Cpu).unwrap();
+    let line = |ids: &str| {
+        format!(
+            r#"{{"text_ids": [{ids}], "position": 3, "call_ids": [58, 344], "call_result_ids": [58, 344, 7]}}"#
+        )
+    };
+    let lines = [
+        line("329, 266, 451, 455, 338"),
+        line("329, 266, 451, 300, 338"),
+        line("329, 266, 451, 455, 11"),
+    ];
+    let input = lines.join("\n");
+    let picky = Picky {
+        inner: &*scorer,
+        refused: 300,
+        short: false,
+    };
+    let mut out = Vec::new();
+    let options = JsonlOptions::default();
+    let summary = score_jsonl(input.as_bytes(), &mut out, &picky, None, &options).unwrap();
+    assert_eq!((summary.lines, summary.scored, summary.failed), (3, 2, 1));
+    let answers: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers[1]["error"], "line 2: not that token");
+    // The others are what the plain scorer gives a batch of only them.
+    let mut plain = Vec::new();
+    let others = [lines[0].clone(), lines[2].clone()].join("\n");
+    score_jsonl(others.as_bytes(), &mut plain, &*scorer, None, &options).unwrap();
+    let plain: Vec<serde_json::Value> = String::from_utf8(plain)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (got, want) in [(&answers[0], &plain[0]), (&answers[2], &plain[1])] {
+        assert_eq!(got["delta"], want["delta"]);
+        assert_eq!(got["l_call_result"], want["l_call_result"]);
+    }
+
+    let short = Picky {
+        short: true,
+        ..picky
+    };
+    let err = score_jsonl(input.as_bytes(), Vec::new(), &short, None, &options).unwrap_err();
+    assert!(
+        matches!(&err, Error::Backend(m) if m.contains("scorer picky returned 1 results for 2")),
+        "{err}"
+    );
+    let batch = vec![candidate(vec![329, 266, 451, 455, 338]); 2];
+    let err = toolsift::score_each(&short, &batch, &ScoreOptions::default()).unwrap_err();
+    assert!(
+        matches!(&err, Error::Backend(m) if m.contains("returned 1 results for 2")),
         "{err}"
     );
 }

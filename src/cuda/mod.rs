@@ -148,6 +148,22 @@ pub struct CudaScorer {
     stage_secs: std::sync::Mutex<StageSecs>,
 }
 
+/// `{ config, dtype, memory_budget, .. }`, as `CpuScorer`'s: a struct holding the engine can
+/// derive `Debug`.
+impl std::fmt::Debug for CudaScorer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dtype = match self.weights {
+            DeviceWeights::Bf16(_) => "bf16",
+            DeviceWeights::F16(_) => "f16",
+        };
+        f.debug_struct("CudaScorer")
+            .field("config", &self.config)
+            .field("dtype", &dtype)
+            .field("memory_budget", &self.memory_budget)
+            .finish_non_exhaustive()
+    }
+}
+
 /// One call's hold on the device (`CudaScorer::lock_device`): clears the holder, then lets the
 /// next call in.
 pub(crate) struct DeviceCall<'a> {

@@ -91,7 +91,8 @@ impl Tensor {
         }
     }
 
-    /// Stores `values` in `dtype` (rounding to nearest for the 16-bit types).
+    /// Stores `values` in `dtype` (rounding to nearest for the 16-bit types); panics unless
+    /// `values` has exactly the product of `shape` elements, as `from_f32`.
     pub fn from_f32_as(shape: Vec<usize>, values: &[f32], dtype: DType) -> Self {
         assert_eq!(shape.iter().product::<usize>(), values.len());
         let bytes: Vec<u8> = match dtype {

@@ -168,8 +168,9 @@ impl Tokenizer {
     /// byte-level BPE and Metaspace pre-tokenizers never join a token across that point, so the
     /// head's tokens are the text's; the last `HEAD_MARGIN_TOKENS` are dropped anyway, and a head
     /// that yields too few tokens (or has no such point) doubles until it is the whole text.
-    /// A text longer than [`MAX_UNCUT_BYTES`] with no such point at all past its first
-    /// `first_bytes / 2` bytes is refused (`Error::Input`) rather than tokenized whole.
+    /// A text longer than [`MAX_UNCUT_BYTES`] with no such point at all past the first head it
+    /// tries (4 (n + 8) bytes: 8 bytes for each of n tokens and a margin of 8) is refused
+    /// (`Error::Input`) rather than tokenized whole.
     pub fn encode_head(&self, text: &str, n: usize) -> Result<Encoding> {
         Ok(self.encode_head_whole(text, n)?.0)
     }
@@ -280,7 +281,8 @@ impl Tokenizer {
         ids
     }
 
-    /// The `tokenizers` crate's tokenizer, padding and truncation off.
+    /// The `tokenizers` crate's tokenizer, padding and truncation off. Its type is that crate's
+    /// (0.23 today): it changes with toolsift's dependency, outside toolsift's own versioning.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }

@@ -129,7 +129,7 @@ pub enum InvalidCandidate {
     #[error(
         "position {position} is out of range: the text has {text_len} tokens, so the last \
          scorable position is {}",
-        text_len - 1
+        text_len.saturating_sub(1)
     )]
     PositionOutOfRange {
         /// The candidate's position.
@@ -171,7 +171,8 @@ pub enum InvalidCandidate {
         first_positive: usize,
     },
 
-    /// The longest variant the engine runs does not fit the model's n_positions.
+    /// The longest variant the engine runs does not fit the model's n_positions. (A text-level
+    /// candidate found too long before its text is tokenized whole is `TextTooLong`.)
     #[error(
         "sequence of {tokens} tokens (call + text up to the last weighted token) is longer \
          than n_positions ({n_positions})"
@@ -193,9 +194,20 @@ pub enum InvalidCandidate {
     )]
     EmptyCallResult,
 
+    /// A text-level candidate that cannot fit the model, found before its text is tokenized
+    /// whole (so without an exact length, which `TooLong` has): its call alone is longer than
+    /// n_positions, or its position or window lies past the first n_positions + 1 tokens of the
+    /// text.
+    #[error("{detail}")]
+    TextTooLong {
+        /// The model's n_positions.
+        n_positions: usize,
+        /// What reads too far.
+        detail: String,
+    },
+
     /// A text-level candidate that cannot be made into tokens: a position off a character
-    /// boundary or past the text, a call that cannot be written, a window that reads past what
-    /// the model holds, the tokenizer's own failure.
+    /// boundary or past the text, a call that cannot be written (`check_call`).
     #[error("{0}")]
     Text(String),
 
@@ -209,17 +221,6 @@ impl InvalidCandidate {
     /// A scorer's own reason for refusing a candidate (`InvalidCandidate::Other`).
     pub fn other(why: impl Into<String>) -> Self {
         InvalidCandidate::Other(why.into())
-    }
-
-    /// The reason in an error from making a text-level candidate into tokens
-    /// (`TextCandidate::to_tokens`): its message as `Text`, or the reason a candidate error
-    /// already holds.
-    pub(crate) fn from_text_error(e: crate::Error) -> Self {
-        match e {
-            crate::Error::Input(msg) => InvalidCandidate::Text(msg),
-            crate::Error::Candidate { reason, .. } => reason,
-            e => InvalidCandidate::Text(e.to_string()),
-        }
     }
 }
 

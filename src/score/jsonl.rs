@@ -127,28 +127,45 @@ pub fn score_jsonl(
         if chunk.is_empty() && read_error.is_none() {
             break;
         }
-        let parsed = parse_chunk(&chunk, scorer, tokenizer, options);
-        let valid: Vec<TokenCandidate> = parsed
-            .iter()
-            .filter_map(|p| p.candidate.as_ref().ok().cloned())
-            .collect();
-        // A backend error (a lost device, out of memory) stops the run: named by the chunk's
-        // lines, which the output does not hold yet (`--resume` starts at the first).
-        let mut scores = scorer
-            .variant_losses_unchecked(&valid, &options.score)
-            .map_err(|e| match (chunk.first(), chunk.last()) {
-                (Some((first, _)), Some((last, _))) => {
-                    e.context(format!("scoring input lines {first}-{last}"))
+        let mut parsed = parse_chunk(&chunk, scorer, tokenizer, options);
+        let losses = loop {
+            let (places, valid): (Vec<usize>, Vec<TokenCandidate>) = parsed
+                .iter()
+                .enumerate()
+                .filter_map(|(k, p)| Some((k, p.candidate.as_ref().ok()?.clone())))
+                .unzip();
+            match scorer.variant_losses_unchecked(&valid, &options.score) {
+                Ok(losses) => {
+                    super::check_answer_count(scorer, losses.len(), valid.len())?;
+                    break losses;
                 }
-                _ => e,
-            })?
-            .into_iter()
-            .map(Scores::from_losses);
+                // A scorer's own refusal of one candidate (beyond `validate`) is its line's
+                // answer; the rest are scored again without it.
+                Err(Error::Candidate { index, reason, .. }) if index < places.len() => {
+                    let k = places[index];
+                    parsed[k].candidate = Err(format!("line {}: {reason}", chunk[k].0));
+                }
+                // A backend error (a lost device, out of memory) stops the run: named by the
+                // chunk's lines, which the output does not hold yet (`--resume` starts at the
+                // first).
+                Err(e) => {
+                    return Err(match (chunk.first(), chunk.last()) {
+                        (Some((first, _)), Some((last, _))) => {
+                            e.context(format!("scoring input lines {first}-{last}"))
+                        }
+                        _ => e,
+                    })
+                }
+            }
+        };
+        let mut scores = losses.into_iter().map(Scores::from_losses);
         for ((line_no, _), p) in chunk.iter().zip(parsed) {
             summary.lines += 1;
             // A valid line's scores, or why the line has none (a non-finite loss too).
             let scored = p.candidate.and_then(|_| {
-                let s = scores.next().expect("one score per valid line");
+                let s = scores
+                    .next()
+                    .expect("one score per valid line, counted above");
                 match s.not_finite() {
                     None => Ok(s),
                     Some(why) => Err(format!("line {line_no}: {why}")),
@@ -321,7 +338,8 @@ fn parse_line(
                 options.score.placement,
                 options.call_form,
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string())?
+            .map_err(|reason| reason.to_string())?;
         c.weights = t.weights;
         Ok((c, true))
     } else {

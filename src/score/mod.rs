@@ -207,19 +207,23 @@ pub fn score_each(
 ) -> Result<Vec<Result<Scores>>> {
     let checked = candidates
         .iter()
-        .map(|c| validate(c, scorer.config(), options).map(|()| c.clone()))
+        .enumerate()
+        .map(|(k, c)| {
+            validate(c, scorer.config(), options)
+                .map(|()| c.clone())
+                .map_err(|reason| Error::candidate(k, reason))
+        })
         .collect();
     score_in_place(scorer, checked, options)
 }
 
-/// The `Ok` candidates of `checked` scored in one batch, each answer in its place and each
-/// reason in its own, as an `Error::Candidate` naming that place (`score_each`,
-/// `score_texts_each`). Through `Scorer::score`, so that a
+/// The `Ok` candidates of `checked` scored in one batch, each answer in its place and each error
+/// kept in its own (`score_each`, `score_texts_each`). Through `Scorer::score`, so that a
 /// scorer's own `score` or `variant_losses` runs; an `Error::Candidate` from it names the place in
 /// `checked`.
 pub(crate) fn score_in_place(
     scorer: &dyn Scorer,
-    checked: Vec<Result<TokenCandidate, InvalidCandidate>>,
+    checked: Vec<Result<TokenCandidate>>,
     options: &ScoreOptions,
 ) -> Result<Vec<Result<Scores>>> {
     let (places, good): (Vec<usize>, Vec<TokenCandidate>) = checked
@@ -239,17 +243,24 @@ pub(crate) fn score_in_place(
             e => e,
         })?
     };
+    check_answer_count(scorer, scored.len(), good.len())?;
     let mut scores = scored.into_iter();
     Ok(checked
         .into_iter()
-        .enumerate()
-        .map(|(k, c)| match c {
-            Ok(_) => Ok(scores
-                .next()
-                .expect("the scorer returns one Scores per candidate")),
-            Err(reason) => Err(Error::candidate(k, reason)),
-        })
+        .map(|c| c.map(|_| scores.next().expect("counted above")))
         .collect())
+}
+
+/// A scorer's answer holds one result per candidate asked: a `Scorer` written outside this
+/// crate that returns another count is an error naming it, not a panic or a misplaced score.
+pub(crate) fn check_answer_count(scorer: &dyn Scorer, answered: usize, asked: usize) -> Result<()> {
+    if answered != asked {
+        return Err(Error::Backend(format!(
+            "scorer {} returned {answered} results for {asked} candidates",
+            scorer.name()
+        )));
+    }
+    Ok(())
 }
 
 /// A scorer as `{ name, .. }`, so that a struct holding a `Box<dyn Scorer>` can derive `Debug`.

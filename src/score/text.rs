@@ -109,6 +109,20 @@ pub fn is_call_name(name: &str) -> bool {
     !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_')
 }
 
+/// A text-level candidate as tokens, or why it cannot be one (the outer `Result` of the
+/// functions that return it is the tokenizer's own failure).
+pub(crate) type Tokenized = std::result::Result<TokenCandidate, InvalidCandidate>;
+
+/// A request error (`check_call`'s) as the reason a candidate is refused; any other error is
+/// handed back as it is.
+fn refusal(e: Error) -> Result<InvalidCandidate> {
+    match e {
+        Error::Input(msg) => Ok(InvalidCandidate::Text(msg)),
+        Error::Candidate { reason, .. } => Ok(reason),
+        e => Err(e),
+    }
+}
+
 /// `value` debug-quoted for an error message, cut after 60 characters.
 fn shown(value: &str) -> String {
     const SHOWN: usize = 60;
@@ -198,13 +212,15 @@ impl TextCandidate {
         form: CallForm,
         text: Option<(&Encoding, Arc<[u32]>)>,
     ) -> Result<TokenCandidate> {
-        self.to_tokens_within(tokenizer, placement, form, text, None)
+        self.to_tokens_within(tokenizer, placement, form, text, None)?
+            .map_err(|reason| Error::input(reason.to_string()))
     }
 
     /// `to_tokens`; with `n_positions`, a call string is tokenized only as far as shows that it
     /// fits the model (`Tokenizer::encode_head`), and one that does not is refused: a 32 MiB
     /// input on one line would otherwise be tokenized whole (gigabytes) before `validate`
-    /// refused its sequence as too long.
+    /// refused its sequence as too long. The outer error is the tokenizer's own failure, the
+    /// inner one why the candidate cannot be made into tokens.
     pub(crate) fn to_tokens_within(
         &self,
         tokenizer: &Tokenizer,
@@ -212,8 +228,10 @@ impl TextCandidate {
         form: CallForm,
         text: Option<(&Encoding, Arc<[u32]>)>,
         n_positions: Option<usize>,
-    ) -> Result<TokenCandidate> {
-        check_call(&self.tool, &self.input, &self.result)?;
+    ) -> Result<Tokenized> {
+        if let Err(e) = check_call(&self.tool, &self.input, &self.result) {
+            return Ok(Err(refusal(e)?));
+        }
         let owned;
         let (encoding, text_ids) = match text {
             Some(t) => t,
@@ -224,15 +242,16 @@ impl TextCandidate {
             }
         };
         if self.position > self.text.len() || !self.text.is_char_boundary(self.position) {
-            return Err(Error::input(format!(
+            return Ok(Err(InvalidCandidate::Text(format!(
                 "position {} is not a character boundary of the text ({} bytes)",
                 self.position,
                 self.text.len()
-            )));
+            ))));
         }
-        let position = encoding
-            .token_at_byte(self.position)
-            .map_err(Error::input)?;
+        let position = match encoding.token_at_byte(self.position) {
+            Ok(position) => position,
+            Err(why) => return Ok(Err(InvalidCandidate::Text(why))),
+        };
         let call = call_text(&self.tool, &self.input, None, form);
         let call_result = call_text(&self.tool, &self.input, Some(&self.result), form);
         // Whether the text goes on with whitespace, read at the end of x_{i-1}: the offset
@@ -243,32 +262,47 @@ impl TextCandidate {
             k => encoding.spans[k - 1].1,
         };
         let spaced = spaced_at(&self.text, canonical);
-        let insert = |call: &str| {
+        let insert = |call: &str| -> Result<std::result::Result<Vec<u32>, InvalidCandidate>> {
             let inserted = call_insert(call, placement, spaced);
             let Some(n_positions) = n_positions else {
-                return tokenizer.encode_ids(&inserted);
+                return tokenizer.encode_ids(&inserted).map(Ok);
             };
-            let (encoding, whole) = tokenizer
-                .encode_head_whole(&inserted, n_positions.saturating_add(1))
-                .map_err(|e| match e {
-                    Error::Input(msg) => Error::input(format!("the call {}: {msg}", shown(call))),
-                    e => e,
-                })?;
+            let (encoding, whole) =
+                match tokenizer.encode_head_whole(&inserted, n_positions.saturating_add(1)) {
+                    Ok(e) => e,
+                    Err(Error::Input(msg)) => {
+                        let why = format!("the call {}: {msg}", shown(call));
+                        return Ok(Err(InvalidCandidate::Text(why)));
+                    }
+                    Err(e) => return Err(e),
+                };
             if !whole || encoding.ids.len() > n_positions {
-                return Err(Error::input(format!(
-                    "the call {} is longer than the model's n_positions ({n_positions}) tokens",
-                    shown(call)
-                )));
+                return Ok(Err(InvalidCandidate::TextTooLong {
+                    n_positions,
+                    detail: format!(
+                        "the call {} is longer than the model's n_positions ({n_positions}) \
+                         tokens",
+                        shown(call)
+                    ),
+                }));
             }
-            Ok(encoding.ids)
+            Ok(Ok(encoding.ids))
         };
-        Ok(TokenCandidate {
+        let call_ids = match insert(&call)? {
+            Ok(ids) => ids,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let call_result_ids = match insert(&call_result)? {
+            Ok(ids) => ids,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        Ok(Ok(TokenCandidate {
             text_ids,
             position,
-            call_ids: insert(&call)?,
-            call_result_ids: insert(&call_result)?,
+            call_ids,
+            call_result_ids,
             weights: None,
-        })
+        }))
     }
 }
 
@@ -306,15 +340,14 @@ pub fn score_texts(
 ) -> Result<Vec<Scores>> {
     let tokens = texts_to_tokens(scorer, tokenizer, candidates, options, form)
         .into_iter()
-        .enumerate()
-        .map(|(k, t)| t.map_err(|e| Error::candidate(k, e)))
         .collect::<Result<Vec<_>>>()?;
     scorer.score(&tokens, options)
 }
 
 /// [`score_texts`], candidate by candidate: each candidate's scores or the reason it cannot be
 /// scored (its tokenizing or `validate` error, as an `Error::Candidate` whose `index` is its
-/// place), in the order given, with every
+/// place; a tokenizer that fails on its text gives its own error, as `Tokenizer::encode`
+/// would), in the order given, with every
 /// candidate that can be scored scored together. The outer error is the scorer's on the
 /// candidates that passed those checks (the engine's, `Error::Backend`, ...; an
 /// `Error::Candidate` from a scorer's own further checks names its place in `candidates`), and
@@ -332,14 +365,16 @@ pub fn score_texts_each(
 }
 
 /// Each candidate tokenized ([`TextHeads`]: each distinct text once, as far as its candidates
-/// read, never past the model's n_positions) and checked by `validate`, in order.
+/// read, never past the model's n_positions) and checked by `validate`, in order; one that
+/// cannot be is an `Error::Candidate` naming its place, and a tokenizer that fails on its text
+/// gives its own error (`Error::Tokenizer`, not about the request), placed at the candidate.
 fn texts_to_tokens(
     scorer: &dyn Scorer,
     tokenizer: &Tokenizer,
     candidates: &[TextCandidate],
     options: &ScoreOptions,
     form: CallForm,
-) -> Vec<Result<TokenCandidate, InvalidCandidate>> {
+) -> Vec<Result<TokenCandidate>> {
     let weights = options.weights.as_slice();
     let config = scorer.config();
     let mut heads = TextHeads::within(config.n_positions);
@@ -352,12 +387,17 @@ fn texts_to_tokens(
     }
     candidates
         .iter()
-        .map(|c| {
-            let candidate = heads
+        .enumerate()
+        .map(|(k, c)| {
+            let tokenized = heads
                 .tokens_for(tokenizer, c, weights, options.placement, form)
-                .map_err(InvalidCandidate::from_text_error)?;
-            super::candidate::validate(&candidate, config, options)?;
-            Ok(candidate)
+                .map_err(|e| e.context(format!("candidate {k}")))?;
+            tokenized
+                .and_then(|candidate| {
+                    super::candidate::validate(&candidate, config, options)?;
+                    Ok(candidate)
+                })
+                .map_err(|reason| Error::candidate(k, reason))
         })
         .collect()
 }
@@ -441,15 +481,21 @@ impl TextHeads {
         weights: &[f64],
         placement: Placement,
         form: CallForm,
-    ) -> Result<TokenCandidate> {
-        let mut tokens = head_tokens_needed(&c.text, c.position, weights).map_err(Error::input)?;
+    ) -> Result<Tokenized> {
+        let mut tokens = match head_tokens_needed(&c.text, c.position, weights) {
+            Ok(tokens) => tokens,
+            Err(why) => return Ok(Err(InvalidCandidate::Text(why))),
+        };
         let cap = self.cap();
         let too_far = |what: &str| {
-            Error::input(format!(
-                "{what} past the first n_positions ({}) tokens of the text, so no sequence of \
-                 the candidate fits the model",
-                cap - 1
-            ))
+            Ok(Err(InvalidCandidate::TextTooLong {
+                n_positions: cap - 1,
+                detail: format!(
+                    "{what} past the first n_positions ({}) tokens of the text, so no sequence \
+                     of the candidate fits the model",
+                    cap - 1
+                ),
+            }))
         };
         loop {
             let n_positions = self.n_positions;
@@ -458,26 +504,29 @@ impl TextHeads {
             let capped = !head.whole && head.tokens_asked >= cap;
             if !head.whole && !reaches {
                 if capped {
-                    return Err(too_far(&format!("position {} is", c.position)));
+                    return too_far(&format!("position {} is", c.position));
                 }
                 tokens = tokens.saturating_mul(2);
                 continue;
             }
             let held = head.ids.len();
             let whole = head.whole;
-            let candidate = c.to_tokens_within(
+            let candidate = match c.to_tokens_within(
                 tokenizer,
                 placement,
                 form,
                 Some((&head.encoding, head.ids.clone())),
                 n_positions,
-            )?;
+            )? {
+                Ok(candidate) => candidate,
+                Err(reason) => return Ok(Err(reason)),
+            };
             let reads = candidate.position + super::candidate::window_len(weights);
             if whole || reads <= held {
-                return Ok(candidate);
+                return Ok(Ok(candidate));
             }
             if capped {
-                return Err(too_far("its window of weighted tokens reads"));
+                return too_far("its window of weighted tokens reads");
             }
             tokens = reads.saturating_add(1);
         }
@@ -715,6 +764,7 @@ mod tests {
         assert_eq!(whole.position, 600);
         let head = TextHeads::default()
             .tokens_for(&tok, &c, weights, Placement::Prefix, CallForm::Arrow)
+            .unwrap()
             .unwrap();
         assert_eq!(head.position, 600);
         assert_eq!(head.window(&options).count(), weights.len());
