@@ -26,6 +26,7 @@ fn main() -> toolsift::Result<()> {
             tool: "Calculator".into(),
             input: input.to_string(),
             result: result.to_string(),
+            weights: None,
         })
         .collect();
     let options = ScoreOptions {

@@ -19,13 +19,9 @@
 //! // Send + Sync: threads can share it (each call holds up to its memory budget).
 //! let scorer = scorer_for(&model, Device::Cpu)?;
 //! let text = "Each of the boxes costs 25 dollars, so 12 of them cost 300 dollars.";
-//! let candidate = TextCandidate {
-//!     text: text.into(),
-//!     position: text.find(" 300").unwrap(), // a byte offset on a token boundary
-//!     tool: "Calculator".into(),
-//!     input: "25 * 12".into(),
-//!     result: "300".into(),
-//! };
+//! // Before " 300" (a byte offset on a token boundary): [Calculator(25 * 12) -> 300].
+//! let position = text.find(" 300").unwrap();
+//! let candidate = TextCandidate::new(text, position, "Calculator", "25 * 12", "300");
 //! // The paper's weights; the call spliced into the text, as the demo model was trained to read it
 //! // (the default is the paper's prefix placement).
 //! let options = ScoreOptions { placement: Placement::Inline, ..ScoreOptions::default() };

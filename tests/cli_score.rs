@@ -811,6 +811,7 @@ fn long_texts_score_as_if_tokenized_whole() {
             tool: "Calculator".into(),
             input: "400 / 1400".into(),
             result: "0.29".into(),
+            weights: None,
         }
         .to_tokens(tok, Placement::Prefix, CallForm::Arrow, None)
         .unwrap();

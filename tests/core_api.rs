@@ -86,6 +86,7 @@ fn splice_writes_calls_as_inline_placement_scores_them() {
             tool: "Calculator".into(),
             input: "400 / 1400".into(),
             result: "0.29".into(),
+            weights: None,
         };
         let t = c
             .to_tokens(tok, Placement::Inline, CallForm::Arrow, None)

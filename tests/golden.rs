@@ -203,6 +203,7 @@ fn reference_filter_cases_text_level() {
             tool,
             input,
             result: result.unwrap(),
+            weights: None,
         };
         let mut c = text
             .to_tokens(tokenizer, Placement::Prefix, CallForm::Bare, None)

@@ -105,16 +105,15 @@ fn score_texts_tokenizes_each_text_once_with_the_options_placement() {
     let scorer = ReferenceScorer::new(&model);
     let text = "Out of 1400 participants, 400 (or 29%) passed the test.";
     let at = text.find(" 29%").unwrap();
-    let cands: Vec<TextCandidate> = [("400 / 1400", "0.29"), ("1400 / 400", "3.5")]
+    let mut cands: Vec<TextCandidate> = [("400 / 1400", "0.29"), ("1400 / 400", "3.5")]
         .iter()
-        .map(|(input, result)| TextCandidate {
-            text: text.into(),
-            position: at,
-            tool: "Calculator".into(),
-            input: input.to_string(),
-            result: result.to_string(),
-        })
+        .map(|(input, result)| TextCandidate::new(text, at, "Calculator", *input, *result))
         .collect();
+    // A candidate with weights of its own, as a JSONL line may give them.
+    cands.push(TextCandidate {
+        weights: Some(vec![1.0, 0.0, 0.5]),
+        ..cands[0].clone()
+    });
     for placement in [Placement::Prefix, Placement::Inline] {
         let options = ScoreOptions {
             placement,
@@ -133,7 +132,35 @@ fn score_texts_tokenizes_each_text_once_with_the_options_placement() {
             scorer.score(&tokens, &options).unwrap(),
             "{placement:?}"
         );
+        assert_eq!(tokens[2].weights, cands[2].weights);
+        assert_ne!(
+            got[2], got[0],
+            "{placement:?}: its own weights, not the batch's"
+        );
     }
+    let bad_weights = TextCandidate {
+        weights: Some(vec![-1.0]),
+        ..cands[0].clone()
+    };
+    let err = score_texts(
+        &scorer,
+        tokenizer,
+        &[bad_weights],
+        &ScoreOptions::default(),
+        CallForm::Arrow,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Candidate {
+                index: 0,
+                reason: InvalidCandidate::Weights(_),
+                ..
+            }
+        ),
+        "{err}"
+    );
     // The error names the candidate: a position inside "é", a position past the text.
     for (position, why) in [(4, "character boundary"), (14, "past the end")] {
         let mut bad = cands.clone();
@@ -169,6 +196,7 @@ fn score_texts_refuses_what_cannot_fit_and_names_the_first_bad_candidate() {
         tool: "Calculator".into(),
         input: "400 / 1400".into(),
         result: "0.29".into(),
+        weights: None,
     };
     let long_text = format!("{}end.", "word ".repeat(1 << 20));
     let score = |cands: &[TextCandidate]| {
@@ -256,6 +284,7 @@ fn score_texts_each_answers_every_candidate_in_its_place() {
         tool: "Calculator".into(),
         input: input.into(),
         result: result.into(),
+        weights: None,
     };
     let batch = [
         TextCandidate {

@@ -606,6 +606,7 @@ impl<'a> Annotator<'a> {
                         tool: record.tool.clone(),
                         input: p.input.clone(),
                         result: r.clone(),
+                        weights: None,
                     }
                     .to_tokens(
                         self.tokenizer,

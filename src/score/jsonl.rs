@@ -319,18 +319,19 @@ fn parse_line(
         // Only the head of the text the candidate reads is tokenized (a position past the text
         // is refused before anything is, and before its head is kept for later lines). A later
         // candidate of the same text that reads further tokenizes a longer head.
-        let weights = t
-            .weights
-            .as_deref()
-            .unwrap_or(options.score.weights.as_slice());
         let text = TextCandidate {
             text: t.text.into(),
             position: t.position,
             tool: t.tool,
             input: t.input,
             result: t.result,
+            weights: t.weights,
         };
-        let mut c = texts
+        let weights = text
+            .weights
+            .as_deref()
+            .unwrap_or(options.score.weights.as_slice());
+        let c = texts
             .tokens_for(
                 tokenizer,
                 &text,
@@ -340,7 +341,6 @@ fn parse_line(
             )
             .map_err(|e| e.to_string())?
             .map_err(|reason| reason.to_string())?;
-        c.weights = t.weights;
         Ok((c, true))
     } else {
         Err(

@@ -41,6 +41,29 @@ pub struct TextCandidate {
     pub input: String,
     /// The tool's result r, as written in e(c, r).
     pub result: String,
+    /// Loss weights for this candidate (`TokenCandidate::weights`); `None` uses the batch's.
+    pub weights: Option<Vec<f64>>,
+}
+
+impl TextCandidate {
+    /// A candidate with the batch's loss weights: a call of `tool` on `input` with `result`,
+    /// before byte `position` of `text`.
+    pub fn new(
+        text: impl Into<Arc<str>>,
+        position: usize,
+        tool: impl Into<String>,
+        input: impl Into<String>,
+        result: impl Into<String>,
+    ) -> Self {
+        TextCandidate {
+            text: text.into(),
+            position,
+            tool: tool.into(),
+            input: input.into(),
+            result: result.into(),
+            weights: None,
+        }
+    }
 }
 
 /// e(c, r) when `result` is `Some`, e(c, eps) in `form` otherwise.
@@ -301,7 +324,7 @@ impl TextCandidate {
             position,
             call_ids,
             call_result_ids,
-            weights: None,
+            weights: self.weights.clone(),
         }))
     }
 }
@@ -375,13 +398,15 @@ fn texts_to_tokens(
     options: &ScoreOptions,
     form: CallForm,
 ) -> Vec<Result<TokenCandidate>> {
-    let weights = options.weights.as_slice();
+    fn weights<'a>(c: &'a TextCandidate, options: &'a ScoreOptions) -> &'a [f64] {
+        c.weights.as_deref().unwrap_or(options.weights.as_slice())
+    }
     let config = scorer.config();
     let mut heads = TextHeads::within(config.n_positions);
     // Tokens each text must yield: as many as its furthest-reading candidate needs, so that a
     // text is tokenized once. (A candidate refused here is refused again, in order, below.)
     for c in candidates {
-        if let Ok(n) = head_tokens_needed(&c.text, c.position, weights) {
+        if let Ok(n) = head_tokens_needed(&c.text, c.position, weights(c, options)) {
             heads.ask(&c.text, n);
         }
     }
@@ -390,7 +415,7 @@ fn texts_to_tokens(
         .enumerate()
         .map(|(k, c)| {
             let tokenized = heads
-                .tokens_for(tokenizer, c, weights, options.placement, form)
+                .tokens_for(tokenizer, c, weights(c, options), options.placement, form)
                 .map_err(|e| e.context(format!("candidate {k}")))?;
             tokenized
                 .and_then(|candidate| {
@@ -720,6 +745,7 @@ mod tests {
                 tool: tool.clone(),
                 input: input.clone(),
                 result,
+                weights: None,
             };
             c.to_tokens(&tok, Placement::Prefix, CallForm::Arrow, None)
                 .unwrap();
@@ -755,6 +781,7 @@ mod tests {
             tool: "Calculator".into(),
             input: "1 + 2".into(),
             result: "3".into(),
+            weights: None,
         };
         let options = ScoreOptions::default();
         let weights = options.weights.as_slice();
@@ -787,6 +814,7 @@ mod tests {
             tool: "Calculator".into(),
             input: "1 + 2".into(),
             result: "3] more".into(),
+            weights: None,
         };
         let err = c
             .to_tokens(&tok, Placement::Prefix, CallForm::Arrow, None)
@@ -809,6 +837,7 @@ mod tests {
                 tool: "Calculator".into(),
                 input: "400 / 1400".into(),
                 result: "0.29".into(),
+                weights: None,
             };
             let t = c
                 .to_tokens(&tok, Placement::Inline, CallForm::Arrow, None)
@@ -858,6 +887,7 @@ mod tests {
                 tool: "Calculator".into(),
                 input: "400 / 1400".into(),
                 result: "0.29".into(),
+                weights: None,
             }
             .to_tokens(&tok, Placement::Inline, CallForm::Arrow, None)
             .unwrap()
