@@ -106,37 +106,44 @@ const QUERY_BLOCK: usize = 64;
 /// depend neither on this nor on the thread count.
 const PARALLEL_HEADS_MIN_SCORES: usize = 1 << 16;
 
-/// [`attend`] all heads at once, reading each context row's key and value whole.
-fn attend_direct(rows: &[usize], q: &[f32], kv: KeysValues, out: &mut [f32]) {
-    let (d, head_dim) = (kv.d, kv.head_dim);
-    let n_head = d / head_dim;
-    let n_old = rows.len() - out.len() / d;
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let mut p = vec![0f32; n_head * rows.len()]; // [n_head, n_visible]
-    for (a, out) in out.chunks_mut(d).enumerate() {
-        let q = &q[a * 3 * d..][..d];
-        let visible = &rows[..n_old + a + 1];
-        let n_vis = visible.len();
-        for (j, &r) in visible.iter().enumerate() {
-            let key = kv.key(r);
-            for (h, (qh, kh)) in q.chunks(head_dim).zip(key.chunks(head_dim)).enumerate() {
-                p[h * n_vis + j] = dot(qh, kh) * scale;
+row_kernel! {
+    /// [`attend`] all heads at once, reading each context row's key and value whole.
+    fn attend_direct / attend_direct_plain(
+        rows: &[usize],
+        q: &[f32],
+        kv: KeysValues,
+        out: &mut [f32],
+    ) {
+        let (d, head_dim) = (kv.d, kv.head_dim);
+        let n_head = d / head_dim;
+        let n_old = rows.len() - out.len() / d;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let mut p = vec![0f32; n_head * rows.len()]; // [n_head, n_visible]
+        for (a, out) in out.chunks_mut(d).enumerate() {
+            let q = &q[a * 3 * d..][..d];
+            let visible = &rows[..n_old + a + 1];
+            let n_vis = visible.len();
+            for (j, &r) in visible.iter().enumerate() {
+                let key = kv.key(r);
+                for (h, (qh, kh)) in q.chunks(head_dim).zip(key.chunks(head_dim)).enumerate() {
+                    p[h * n_vis + j] = dot(qh, kh) * scale;
+                }
             }
-        }
-        for ph in p[..n_head * n_vis].chunks_mut(n_vis) {
-            softmax_in_place(ph);
-        }
-        out.fill(0.0);
-        for (j, &r) in visible.iter().enumerate() {
-            let value = kv.value(r);
-            for (h, (oh, vh)) in out
-                .chunks_mut(head_dim)
-                .zip(value.chunks(head_dim))
-                .enumerate()
-            {
-                let w = p[h * n_vis + j];
-                for (o, &x) in oh.iter_mut().zip(vh) {
-                    *o += w * x;
+            for ph in p[..n_head * n_vis].chunks_mut(n_vis) {
+                softmax_in_place(ph);
+            }
+            out.fill(0.0);
+            for (j, &r) in visible.iter().enumerate() {
+                let value = kv.value(r);
+                for (h, (oh, vh)) in out
+                    .chunks_mut(head_dim)
+                    .zip(value.chunks(head_dim))
+                    .enumerate()
+                {
+                    let w = p[h * n_vis + j];
+                    for (o, &x) in oh.iter_mut().zip(vh) {
+                        *o += w * x;
+                    }
                 }
             }
         }
@@ -237,15 +244,8 @@ fn attend_head(
             false,
             false,
         );
-        for (a, srow) in scores.chunks_mut(n_seen).enumerate() {
-            // Query a0 + a sees every older row and the queries up to itself.
-            let visible = n_old + a0 + a + 1;
-            for x in &mut srow[..visible] {
-                *x *= scale;
-            }
-            softmax_in_place(&mut srow[..visible]);
-            srow[visible..].fill(0.0);
-        }
+        // Query a0 + a sees every older row and the queries up to itself.
+        masked_softmax_rows(scores, n_seen, n_old + a0 + 1, scale);
         let o = &mut s.o[..m * head_dim];
         matmul(
             scores,
@@ -300,6 +300,27 @@ impl<'a> HeadColumns<'a> {
     }
 }
 
+row_kernel! {
+    /// Scores ([m, n] rows of q . k) to probabilities: row a scaled by `scale` and softmaxed over
+    /// its first `first_visible + a` columns, the rest zero (the causal mask).
+    fn masked_softmax_rows / masked_softmax_rows_plain(
+        scores: &mut [f32],
+        n: usize,
+        first_visible: usize,
+        scale: f32,
+    ) {
+        for (a, row) in scores.chunks_mut(n).enumerate() {
+            let visible = first_visible + a;
+            for x in &mut row[..visible] {
+                *x *= scale;
+            }
+            softmax_in_place(&mut row[..visible]);
+            row[visible..].fill(0.0);
+        }
+    }
+}
+
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight partial sums: independent lanes the compiler can vectorize (a single running sum is
     // a serial dependency it must keep in order).
@@ -321,6 +342,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// Softmax of already scaled scores, in place. The exponentials and their sum in separate
 /// loops, the sum in 8 running sums: both vectorise (one loop carrying a single f32 sum cannot).
+#[inline(always)]
 fn softmax_in_place(x: &mut [f32]) {
     let max = x.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     for s in x.iter_mut() {
@@ -398,6 +420,16 @@ mod tests {
                 assert!((a - b).abs() < 1e-5, "{a} vs {b}");
             }
         }
+        // The vector copies of the row kernels give their baseline copies' bits
+        // (crate::cpu's `row_kernel!`).
+        let mut plain = vec![0f32; n_q * d];
+        attend_direct_plain(&rows, &q, kv, &mut plain);
+        assert_eq!(plain, run(None));
+        let mut scores: Vec<f32> = (0..7 * 37).map(|_| rng.normal() * 30.0).collect();
+        let mut scores_plain = scores.clone();
+        masked_softmax_rows(&mut scores, 37, 29, 0.125);
+        masked_softmax_rows_plain(&mut scores_plain, 37, 29, 0.125);
+        assert_eq!(scores, scores_plain);
         // Heads as parallel tasks: the same bits, whatever the pool.
         for threads in [1, 2, 3] {
             let pool = rayon::ThreadPoolBuilder::new()

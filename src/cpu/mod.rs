@@ -2,6 +2,35 @@
 //! each layer's GEMMs together (rayon-parallel, `gemm` crate), tree attention over the plan's
 //! segments, and the LM head only at weighted rows, fused with log-softmax and the target gather.
 //! Computes in f32 whatever the checkpoint's storage type.
+//!
+//! The element-wise loops over rows (LayerNorm, gelu, rotary, biases, the softmaxes, the head's
+//! exponentials) are compiled three times, for baseline x86-64, AVX2 and AVX-512, and the widest
+//! the CPU has runs, detected once (`row_kernel!`, the multiversion crate): the release build
+//! stays portable and still uses the machine's vectors (the GEMMs' `gemm` crate does the same).
+//! The copies give the same bits: Rust never fuses a multiply and an add on its own, and every
+//! sum's order is written out (explicit lanes), so wider vectors do the same operations more at
+//! a time. Tests compare each kernel with its baseline copy bit for bit.
+
+/// Defines `$name` compiled for baseline x86-64, AVX2 and AVX-512 and dispatched at run time,
+/// and, in tests, `$plain`: the same body for the baseline alone, for the bit-for-bit
+/// comparisons. Whatever the body calls must be `#[inline(always)]` to be compiled with it.
+macro_rules! row_kernel {
+    (
+        $(#[$meta:meta])*
+        $vis:vis fn $name:ident / $plain:ident ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?
+        $body:block
+    ) => {
+        $(#[$meta])*
+        #[multiversion::multiversion(targets(
+            "x86_64+avx512f+avx512bw+avx512vl+avx512dq",
+            "x86_64+avx2+fma",
+        ))]
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? $body
+
+        #[cfg(test)]
+        fn $plain($($arg: $ty),*) $(-> $ret)? $body
+    };
+}
 
 pub mod attention;
 pub mod decode;

@@ -1,5 +1,6 @@
 //! Row-wise operations of the CPU engine: embedding gather, LayerNorm, rotary, gelu_new. Each is
 //! parallel over rows; the math is the reference's in f32 (statistics accumulated in f32, two-pass).
+//! The loops over rows are `row_kernel!`s: compiled for the CPU's vectors too (crate::cpu).
 
 use rayon::prelude::*;
 
@@ -27,15 +28,22 @@ pub fn layer_norm(x: &[f32], ln: &CpuLayerNorm, eps: f32, d: usize, out: &mut [f
         });
 }
 
-/// LayerNorm of one row `x` (`[d]`, d = `x.len()`) into `out` (`[d]`): mean, then biased
-/// variance, both accumulated in f32 over the row, `eps` added to the variance.
-pub fn layer_norm_row(x: &[f32], ln: &CpuLayerNorm, eps: f32, out: &mut [f32]) {
-    let d = x.len() as f32;
-    let mean = x.iter().sum::<f32>() / d;
-    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d;
-    let inv = 1.0 / (var + eps).sqrt();
-    for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(&ln.weight).zip(&ln.bias) {
-        *o = (v - mean) * inv * w + b;
+row_kernel! {
+    /// LayerNorm of one row `x` (`[d]`, d = `x.len()`) into `out` (`[d]`): mean, then biased
+    /// variance, both accumulated in f32 over the row, `eps` added to the variance.
+    pub fn layer_norm_row / layer_norm_row_plain(
+        x: &[f32],
+        ln: &CpuLayerNorm,
+        eps: f32,
+        out: &mut [f32],
+    ) {
+        let d = x.len() as f32;
+        let mean = x.iter().sum::<f32>() / d;
+        let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d;
+        let inv = 1.0 / (var + eps).sqrt();
+        for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(&ln.weight).zip(&ln.bias) {
+            *o = (v - mean) * inv * w + b;
+        }
     }
 }
 
@@ -54,28 +62,47 @@ pub fn rotary_qk(
         .for_each(|(row, &pos)| {
             let cos = &table.cos[pos as usize * table.half..(pos as usize + 1) * table.half];
             let sin = &table.sin[pos as usize * table.half..(pos as usize + 1) * table.half];
-            for head in row[..2 * d].chunks_mut(head_dim) {
-                for i in 0..table.half {
-                    let (a, b) = (head[2 * i], head[2 * i + 1]);
-                    head[2 * i] = a * cos[i] - b * sin[i];
-                    head[2 * i + 1] = b * cos[i] + a * sin[i];
-                }
-            }
+            rotate_row(&mut row[..2 * d], head_dim, cos, sin);
         });
+}
+
+row_kernel! {
+    /// Rotary on the q and k heads of one row (`qk`: [2 d]) at the position whose `cos` and `sin`
+    /// ([rotary_dim / 2]) are given.
+    fn rotate_row / rotate_row_plain(
+        qk: &mut [f32],
+        head_dim: usize,
+        cos: &[f32],
+        sin: &[f32],
+    ) {
+        for head in qk.chunks_mut(head_dim) {
+            for (i, (&c, &s)) in cos.iter().zip(sin).enumerate() {
+                let (a, b) = (head[2 * i], head[2 * i + 1]);
+                head[2 * i] = a * c - b * s;
+                head[2 * i + 1] = b * c + a * s;
+            }
+        }
+    }
 }
 
 /// x = gelu_new(x + bias) in place over rows of width `bias.len()`.
 pub fn bias_gelu_new(x: &mut [f32], bias: &[f32]) {
-    const K: f32 = 0.797_884_6; // sqrt(2 / pi)
     let f = bias.len();
-    x.par_chunks_mut(f * ROWS_PER_TASK).for_each(|rows| {
-        for row in rows.chunks_mut(f) {
+    x.par_chunks_mut(f * ROWS_PER_TASK)
+        .for_each(|rows| bias_gelu_rows(rows, bias));
+}
+
+row_kernel! {
+    /// `bias_gelu_new` on whole rows of width `bias.len()`.
+    fn bias_gelu_rows / bias_gelu_rows_plain(rows: &mut [f32], bias: &[f32]) {
+        const K: f32 = 0.797_884_6; // sqrt(2 / pi)
+        for row in rows.chunks_mut(bias.len()) {
             for (v, b) in row.iter_mut().zip(bias) {
                 let u = *v + b;
                 *v = 0.5 * u * (1.0 + tanh(K * (u + 0.044715 * u * u * u)));
             }
         }
-    });
+    }
 }
 
 /// tanh as a [13/6] rational function on [-7.9, 7.9] (where f32 tanh saturates): branch-free, so
@@ -139,18 +166,63 @@ pub fn exp_nonpositive(x: f32) -> f32 {
 /// `x[t] += bias` for every row of `x`.
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     let d = bias.len();
-    x.par_chunks_mut(d * ROWS_PER_TASK).for_each(|rows| {
-        for row in rows.chunks_mut(d) {
+    x.par_chunks_mut(d * ROWS_PER_TASK)
+        .for_each(|rows| add_bias_rows(rows, bias));
+}
+
+row_kernel! {
+    /// `add_bias` on whole rows of width `bias.len()`.
+    fn add_bias_rows / add_bias_rows_plain(rows: &mut [f32], bias: &[f32]) {
+        for row in rows.chunks_mut(bias.len()) {
             for (v, b) in row.iter_mut().zip(bias) {
                 *v += b;
             }
         }
-    });
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each row kernel gives its baseline copy's bits (crate::cpu's `row_kernel!`): the AVX2 or
+    /// AVX-512 copy this machine runs, against the one for machines without them. Widths with
+    /// remainders after every vector width, values large and small.
+    #[test]
+    fn row_kernels_give_their_baseline_copies_bits() {
+        let mut rng = crate::util::rng::Rng::new(5);
+        for d in [1, 7, 31, 64, 77, 1024 + 13] {
+            let mut random = |n: usize| -> Vec<f32> {
+                (0..n)
+                    .map(|_| rng.normal() * [0.01, 1.0, 30.0][n % 3])
+                    .collect()
+            };
+            let (x, w, b) = (random(3 * d), random(d), random(d));
+            let ln = CpuLayerNorm {
+                weight: w,
+                bias: b.clone(),
+            };
+            let (mut out, mut out_plain) = (vec![0f32; d], vec![0f32; d]);
+            layer_norm_row(&x[..d], &ln, 1e-5, &mut out);
+            layer_norm_row_plain(&x[..d], &ln, 1e-5, &mut out_plain);
+            assert_eq!(out, out_plain, "layer_norm, d {d}");
+            let (mut y, mut y_plain) = (x.clone(), x.clone());
+            bias_gelu_rows(&mut y, &b);
+            bias_gelu_rows_plain(&mut y_plain, &b);
+            assert_eq!(y, y_plain, "gelu, d {d}");
+            let (mut y, mut y_plain) = (x.clone(), x.clone());
+            add_bias_rows(&mut y, &b);
+            add_bias_rows_plain(&mut y_plain, &b);
+            assert_eq!(y, y_plain, "bias, d {d}");
+            // Heads of 2 d with a rotary part of d (d pairs' cos and sin a head).
+            let (cos, sin) = (random(d), random(d));
+            let (mut qk, mut qk_plain) = (random(8 * d), Vec::new());
+            qk_plain.clone_from(&qk);
+            rotate_row(&mut qk, 2 * d, &cos, &sin);
+            rotate_row_plain(&mut qk_plain, 2 * d, &cos, &sin);
+            assert_eq!(qk, qk_plain, "rotary, d {d}");
+        }
+    }
 
     #[test]
     fn fast_tanh_matches_libm() {
