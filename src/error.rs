@@ -130,11 +130,12 @@ impl Error {
         Error::Input(msg.into())
     }
 
-    /// Candidate `index` of a batch cannot be scored, for `reason`.
-    pub fn candidate(index: usize, reason: InvalidCandidate) -> Self {
+    /// Candidate `index` of a batch cannot be scored, for `reason` (a scorer's own reason in
+    /// words becomes `InvalidCandidate::Other`).
+    pub fn candidate(index: usize, reason: impl Into<InvalidCandidate>) -> Self {
         Error::Candidate {
             index,
-            reason,
+            reason: reason.into(),
             at: None,
         }
     }

@@ -61,10 +61,12 @@ pub(crate) struct KeysValues<'a> {
 }
 
 impl KeysValues<'_> {
+    #[inline(always)]
     fn key(&self, row: usize) -> &[f32] {
         &self.k[row * self.stride..][..self.d]
     }
 
+    #[inline(always)]
     fn value(&self, row: usize) -> &[f32] {
         &self.v[row * self.stride..][..self.d]
     }
@@ -108,7 +110,7 @@ const PARALLEL_HEADS_MIN_SCORES: usize = 1 << 16;
 
 row_kernel! {
     /// [`attend`] all heads at once, reading each context row's key and value whole.
-    fn attend_direct / attend_direct_plain(
+    fn attend_direct / attend_direct_copies(
         rows: &[usize],
         q: &[f32],
         kv: KeysValues,
@@ -303,7 +305,7 @@ impl<'a> HeadColumns<'a> {
 row_kernel! {
     /// Scores ([m, n] rows of q . k) to probabilities: row a scaled by `scale` and softmaxed over
     /// its first `first_visible + a` columns, the rest zero (the causal mask).
-    fn masked_softmax_rows / masked_softmax_rows_plain(
+    fn masked_softmax_rows / masked_softmax_rows_copies(
         scores: &mut [f32],
         n: usize,
         first_visible: usize,
@@ -420,16 +422,22 @@ mod tests {
                 assert!((a - b).abs() < 1e-5, "{a} vs {b}");
             }
         }
-        // The vector copies of the row kernels give their baseline copies' bits
-        // (crate::cpu's `row_kernel!`).
-        let mut plain = vec![0f32; n_q * d];
-        attend_direct_plain(&rows, &q, kv, &mut plain);
-        assert_eq!(plain, run(None));
-        let mut scores: Vec<f32> = (0..7 * 37).map(|_| rng.normal() * 30.0).collect();
-        let mut scores_plain = scores.clone();
-        masked_softmax_rows(&mut scores, 37, 29, 0.125);
-        masked_softmax_rows_plain(&mut scores_plain, 37, 29, 0.125);
-        assert_eq!(scores, scores_plain);
+        // Each copy of the row kernels (baseline, AVX2, AVX-512: those this machine can run)
+        // gives the same bits (crate::cpu's `row_kernel!`).
+        let direct = each_copy!(attend_direct_copies, |f| {
+            let mut out = vec![0f32; n_q * d];
+            f(&rows, &q, kv, &mut out);
+            crate::cpu::bits(&out)
+        });
+        crate::cpu::assert_same_bits(&direct, "attend_direct");
+        assert_eq!(direct[0].1, crate::cpu::bits(&run(None)));
+        let scores: Vec<f32> = (0..7 * 37).map(|_| rng.normal() * 30.0).collect();
+        let softmaxed = each_copy!(masked_softmax_rows_copies, |f| {
+            let mut s = scores.clone();
+            f(&mut s, 37, 29, 0.125);
+            crate::cpu::bits(&s)
+        });
+        crate::cpu::assert_same_bits(&softmaxed, "masked_softmax_rows");
         // Heads as parallel tasks: the same bits, whatever the pool.
         for threads in [1, 2, 3] {
             let pool = rayon::ThreadPoolBuilder::new()

@@ -9,15 +9,17 @@
 //! stays portable and still uses the machine's vectors (the GEMMs' `gemm` crate does the same).
 //! The copies give the same bits: Rust never fuses a multiply and an add on its own, and every
 //! sum's order is written out (explicit lanes), so wider vectors do the same operations more at
-//! a time. Tests compare each kernel with its baseline copy bit for bit.
+//! a time. (One exception no output shows: a max over +0 and -0 may come out as either.) Tests
+//! run each copy the test machine can and compare them bit for bit (`each_copy!`).
 
-/// Defines `$name` compiled for baseline x86-64, AVX2 and AVX-512 and dispatched at run time,
-/// and, in tests, `$plain`: the same body for the baseline alone, for the bit-for-bit
-/// comparisons. Whatever the body calls must be `#[inline(always)]` to be compiled with it.
+/// Defines `$name` compiled for baseline x86-64, AVX2 + FMA and AVX-512 and dispatched at run
+/// time, and, in tests, the module `$copies` with each copy on its own (`baseline`, `avx2`,
+/// `avx512`) for `each_copy!`. Whatever the body calls should be `#[inline(always)]`, so that it
+/// is compiled with the body rather than left at the baseline.
 macro_rules! row_kernel {
     (
         $(#[$meta:meta])*
-        $vis:vis fn $name:ident / $plain:ident ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?
+        $vis:vis fn $name:ident / $copies:ident ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?
         $body:block
     ) => {
         $(#[$meta])*
@@ -27,9 +29,89 @@ macro_rules! row_kernel {
         ))]
         $vis fn $name($($arg: $ty),*) $(-> $ret)? $body
 
+        /// The kernel's copies one by one, for the bit-for-bit tests.
         #[cfg(test)]
-        fn $plain($($arg: $ty),*) $(-> $ret)? $body
+        mod $copies {
+            #[allow(unused_imports)]
+            use super::*;
+
+            pub fn baseline($($arg: $ty),*) $(-> $ret)? $body
+
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            pub fn avx2($($arg: $ty),*) $(-> $ret)? $body
+
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+            pub fn avx512($($arg: $ty),*) $(-> $ret)? $body
+        }
     };
+}
+
+/// `$run` with `$f` bound to each copy of a `row_kernel!` (its `$copies` module) that this CPU
+/// can run, baseline first: `vec![(copy name, result)]`. A copy the CPU cannot run is left out,
+/// and said so on stderr.
+#[cfg(test)]
+macro_rules! each_copy {
+    ($copies:ident, |$f:ident| $run:expr) => {{
+        let mut results = Vec::new();
+        {
+            let $f = $copies::baseline;
+            results.push(("baseline", $run));
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                let $f = $copies::avx2;
+                // SAFETY: this CPU has AVX2 and FMA, all that the copy is compiled for.
+                results.push(("avx2", unsafe { $run }));
+            } else {
+                eprintln!("{}: no AVX2 here, its copy not run", stringify!($copies));
+            }
+            if ["avx512f", "avx512bw", "avx512vl", "avx512dq"]
+                .iter()
+                .all(|f| crate::cpu::has_feature(f))
+            {
+                let $f = $copies::avx512;
+                // SAFETY: this CPU has the four AVX-512 extensions the copy is compiled for.
+                results.push(("avx512", unsafe { $run }));
+            } else {
+                eprintln!("{}: no AVX-512 here, its copy not run", stringify!($copies));
+            }
+        }
+        results
+    }};
+}
+
+/// Whether this CPU has the x86 feature `name` (`is_x86_feature_detected!` takes a literal).
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) fn has_feature(name: &str) -> bool {
+    match name {
+        "avx512f" => std::is_x86_feature_detected!("avx512f"),
+        "avx512bw" => std::is_x86_feature_detected!("avx512bw"),
+        "avx512vl" => std::is_x86_feature_detected!("avx512vl"),
+        "avx512dq" => std::is_x86_feature_detected!("avx512dq"),
+        _ => false,
+    }
+}
+
+/// Asserts that every copy's result (`each_copy!`) has the baseline's bits, as `to_bits` gives
+/// them.
+#[cfg(test)]
+pub(crate) fn assert_same_bits<T: PartialEq + std::fmt::Debug>(results: &[(&str, T)], what: &str) {
+    let (_, baseline) = &results[0];
+    for (copy, got) in &results[1..] {
+        assert_eq!(
+            got, baseline,
+            "{what}: the {copy} copy against the baseline"
+        );
+    }
+}
+
+/// The bits of `x`, for comparisons that tell -0 from +0 and NaN from NaN.
+#[cfg(test)]
+pub(crate) fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
 }
 
 pub mod attention;

@@ -31,7 +31,7 @@ pub fn layer_norm(x: &[f32], ln: &CpuLayerNorm, eps: f32, d: usize, out: &mut [f
 row_kernel! {
     /// LayerNorm of one row `x` (`[d]`, d = `x.len()`) into `out` (`[d]`): mean, then biased
     /// variance, both accumulated in f32 over the row, `eps` added to the variance.
-    pub fn layer_norm_row / layer_norm_row_plain(
+    pub fn layer_norm_row / layer_norm_row_copies(
         x: &[f32],
         ln: &CpuLayerNorm,
         eps: f32,
@@ -69,7 +69,7 @@ pub fn rotary_qk(
 row_kernel! {
     /// Rotary on the q and k heads of one row (`qk`: [2 d]) at the position whose `cos` and `sin`
     /// ([rotary_dim / 2]) are given.
-    fn rotate_row / rotate_row_plain(
+    fn rotate_row / rotate_row_copies(
         qk: &mut [f32],
         head_dim: usize,
         cos: &[f32],
@@ -94,7 +94,7 @@ pub fn bias_gelu_new(x: &mut [f32], bias: &[f32]) {
 
 row_kernel! {
     /// `bias_gelu_new` on whole rows of width `bias.len()`.
-    fn bias_gelu_rows / bias_gelu_rows_plain(rows: &mut [f32], bias: &[f32]) {
+    fn bias_gelu_rows / bias_gelu_rows_copies(rows: &mut [f32], bias: &[f32]) {
         const K: f32 = 0.797_884_6; // sqrt(2 / pi)
         for row in rows.chunks_mut(bias.len()) {
             for (v, b) in row.iter_mut().zip(bias) {
@@ -172,7 +172,7 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
 
 row_kernel! {
     /// `add_bias` on whole rows of width `bias.len()`.
-    fn add_bias_rows / add_bias_rows_plain(rows: &mut [f32], bias: &[f32]) {
+    fn add_bias_rows / add_bias_rows_copies(rows: &mut [f32], bias: &[f32]) {
         for row in rows.chunks_mut(bias.len()) {
             for (v, b) in row.iter_mut().zip(bias) {
                 *v += b;
@@ -185,11 +185,12 @@ row_kernel! {
 mod tests {
     use super::*;
 
-    /// Each row kernel gives its baseline copy's bits (crate::cpu's `row_kernel!`): the AVX2 or
-    /// AVX-512 copy this machine runs, against the one for machines without them. Widths with
-    /// remainders after every vector width, values large and small.
+    /// Each row kernel's copies (baseline, AVX2, AVX-512: those this machine can run) give the
+    /// same bits (crate::cpu's `row_kernel!`), at widths with remainders after every vector
+    /// width, on values large and small.
     #[test]
-    fn row_kernels_give_their_baseline_copies_bits() {
+    fn row_kernels_copies_give_the_same_bits() {
+        use crate::cpu::{assert_same_bits, bits};
         let mut rng = crate::util::rng::Rng::new(5);
         for d in [1, 7, 31, 64, 77, 1024 + 13] {
             let mut random = |n: usize| -> Vec<f32> {
@@ -202,25 +203,36 @@ mod tests {
                 weight: w,
                 bias: b.clone(),
             };
-            let (mut out, mut out_plain) = (vec![0f32; d], vec![0f32; d]);
-            layer_norm_row(&x[..d], &ln, 1e-5, &mut out);
-            layer_norm_row_plain(&x[..d], &ln, 1e-5, &mut out_plain);
-            assert_eq!(out, out_plain, "layer_norm, d {d}");
-            let (mut y, mut y_plain) = (x.clone(), x.clone());
-            bias_gelu_rows(&mut y, &b);
-            bias_gelu_rows_plain(&mut y_plain, &b);
-            assert_eq!(y, y_plain, "gelu, d {d}");
-            let (mut y, mut y_plain) = (x.clone(), x.clone());
-            add_bias_rows(&mut y, &b);
-            add_bias_rows_plain(&mut y_plain, &b);
-            assert_eq!(y, y_plain, "bias, d {d}");
+            let normed = each_copy!(layer_norm_row_copies, |f| {
+                let mut out = vec![0f32; d];
+                f(&x[..d], &ln, 1e-5, &mut out);
+                bits(&out)
+            });
+            assert_same_bits(&normed, &format!("layer_norm, d {d}"));
+            let gelu = each_copy!(bias_gelu_rows_copies, |f| {
+                let mut y = x.clone();
+                f(&mut y, &b);
+                bits(&y)
+            });
+            assert_same_bits(&gelu, &format!("gelu, d {d}"));
+            let biased = each_copy!(add_bias_rows_copies, |f| {
+                let mut y = x.clone();
+                f(&mut y, &b);
+                bits(&y)
+            });
+            assert_same_bits(&biased, &format!("bias, d {d}"));
             // Heads of 2 d with a rotary part of d (d pairs' cos and sin a head).
-            let (cos, sin) = (random(d), random(d));
-            let (mut qk, mut qk_plain) = (random(8 * d), Vec::new());
-            qk_plain.clone_from(&qk);
-            rotate_row(&mut qk, 2 * d, &cos, &sin);
-            rotate_row_plain(&mut qk_plain, 2 * d, &cos, &sin);
-            assert_eq!(qk, qk_plain, "rotary, d {d}");
+            let (cos, sin, qk) = (random(d), random(d), random(8 * d));
+            let rotated = each_copy!(rotate_row_copies, |f| {
+                let mut y = qk.clone();
+                f(&mut y, 2 * d, &cos, &sin);
+                bits(&y)
+            });
+            assert_same_bits(&rotated, &format!("rotary, d {d}"));
+            // The dispatched kernel is one of the copies.
+            let mut out = vec![0f32; d];
+            layer_norm_row(&x[..d], &ln, 1e-5, &mut out);
+            assert_eq!(bits(&out), normed[0].1);
         }
     }
 

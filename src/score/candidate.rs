@@ -224,6 +224,20 @@ impl InvalidCandidate {
     }
 }
 
+/// A scorer's own reason, in words (`InvalidCandidate::Other`): `Error::candidate(k, "...")`.
+impl From<String> for InvalidCandidate {
+    fn from(why: String) -> Self {
+        InvalidCandidate::Other(why)
+    }
+}
+
+/// As `From<String>`.
+impl From<&str> for InvalidCandidate {
+    fn from(why: &str) -> Self {
+        InvalidCandidate::Other(why.to_string())
+    }
+}
+
 /// Why `c` cannot be scored with this model, if it cannot.
 pub fn validate(
     c: &TokenCandidate,

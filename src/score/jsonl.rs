@@ -128,34 +128,39 @@ pub fn score_jsonl(
             break;
         }
         let mut parsed = parse_chunk(&chunk, scorer, tokenizer, options);
+        // A backend error (a lost device, out of memory) stops the run: named by the chunk's
+        // lines, which the output does not hold yet (`--resume` starts at the first).
+        let placed = |e: Error| match (chunk.first(), chunk.last()) {
+            (Some((first, _)), Some((last, _))) => {
+                e.context(format!("scoring input lines {first}-{last}"))
+            }
+            _ => e,
+        };
+        let (mut places, mut valid): (Vec<usize>, Vec<TokenCandidate>) = parsed
+            .iter()
+            .enumerate()
+            .filter_map(|(k, p)| Some((k, p.candidate.as_ref().ok()?.clone())))
+            .unzip();
         let losses = loop {
-            let (places, valid): (Vec<usize>, Vec<TokenCandidate>) = parsed
-                .iter()
-                .enumerate()
-                .filter_map(|(k, p)| Some((k, p.candidate.as_ref().ok()?.clone())))
-                .unzip();
+            if valid.is_empty() {
+                break Vec::new();
+            }
             match scorer.variant_losses_unchecked(&valid, &options.score) {
                 Ok(losses) => {
-                    super::check_answer_count(scorer, losses.len(), valid.len())?;
+                    super::check_answer_count(scorer, losses.len(), valid.len()).map_err(placed)?;
                     break losses;
                 }
                 // A scorer's own refusal of one candidate (beyond `validate`) is its line's
-                // answer; the rest are scored again without it.
-                Err(Error::Candidate { index, reason, .. }) if index < places.len() => {
-                    let k = places[index];
+                // answer; the rest are scored again without it (a scorer call per refusal).
+                Err(Error::Candidate { index, reason, .. }) => {
+                    if index >= valid.len() {
+                        return Err(placed(super::out_of_batch(scorer, index, valid.len())));
+                    }
+                    let k = places.remove(index);
+                    valid.remove(index);
                     parsed[k].candidate = Err(format!("line {}: {reason}", chunk[k].0));
                 }
-                // A backend error (a lost device, out of memory) stops the run: named by the
-                // chunk's lines, which the output does not hold yet (`--resume` starts at the
-                // first).
-                Err(e) => {
-                    return Err(match (chunk.first(), chunk.last()) {
-                        (Some((first, _)), Some((last, _))) => {
-                            e.context(format!("scoring input lines {first}-{last}"))
-                        }
-                        _ => e,
-                    })
-                }
+                Err(e) => return Err(placed(e)),
             }
         };
         let mut scores = losses.into_iter().map(Scores::from_losses);

@@ -235,10 +235,13 @@ pub(crate) fn score_in_place(
         Vec::new()
     } else {
         scorer.score(&good, options).map_err(|e| match e {
-            Error::Candidate { index, reason, at } => Error::Candidate {
-                index: places.get(index).copied().unwrap_or(index),
-                reason,
-                at,
+            Error::Candidate { index, reason, at } => match places.get(index) {
+                Some(&place) => Error::Candidate {
+                    index: place,
+                    reason,
+                    at,
+                },
+                None => out_of_batch(scorer, index, good.len()),
             },
             e => e,
         })?
@@ -249,6 +252,14 @@ pub(crate) fn score_in_place(
         .into_iter()
         .map(|c| c.map(|_| scores.next().expect("counted above")))
         .collect())
+}
+
+/// A scorer that refused a candidate `index` of a batch of `len`, which it was not given.
+pub(crate) fn out_of_batch(scorer: &dyn Scorer, index: usize, len: usize) -> Error {
+    Error::Backend(format!(
+        "scorer {} refused candidate {index} of a batch of {len}",
+        scorer.name()
+    ))
 }
 
 /// A scorer's answer holds one result per candidate asked: a `Scorer` written outside this

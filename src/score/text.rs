@@ -524,7 +524,13 @@ impl TextHeads {
         };
         loop {
             let n_positions = self.n_positions;
-            let head = self.get(tokenizer, &c.text, tokens)?;
+            let head = match self.get(tokenizer, &c.text, tokens) {
+                Ok(head) => head,
+                // A text that cannot be cut for a head (`Tokenizer::encode_head`): this
+                // candidate's reason, not the tokenizer's failure.
+                Err(Error::Input(msg)) => return Ok(Err(InvalidCandidate::Text(msg))),
+                Err(e) => return Err(e),
+            };
             let reaches = head.encoding.spans.last().is_some_and(|s| s.1 > c.position);
             let capped = !head.whole && head.tokens_asked >= cap;
             if !head.whole && !reaches {
