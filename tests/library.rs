@@ -253,6 +253,18 @@ fn score_texts_refuses_what_cannot_fit_and_names_the_first_bad_candidate() {
             "{reason:?}"
         );
     }
+    // A text that cannot be cut for a head (no whitespace after a word in 9 MiB) is the
+    // candidate's reason, not the tokenizer's failure.
+    let blob = "x".repeat(9 << 20);
+    let err = score(&[
+        good.clone(),
+        TextCandidate::new(blob.as_str(), 5, "Calculator", "1 + 1", "2"),
+    ]);
+    assert!(
+        matches!(&err, Error::Candidate { index: 1, reason: InvalidCandidate::Text(why), .. }
+            if why.contains("no head of it can be tokenized alone")),
+        "{err}"
+    );
     // Candidate 0's tool name is refused before candidate 1's position past the text.
     let past_the_end = TextCandidate {
         position: text.len() + 1,
@@ -368,11 +380,14 @@ fn score_texts_each_answers_every_candidate_in_its_place() {
 }
 
 /// A scorer written outside the crate, with a limit of its own: candidates whose text holds
-/// `refused` are refused, and `short` drops the last answer (a bug of that scorer).
+/// `refused` are refused; `short` drops the last answer and `past_the_end` refuses a candidate
+/// it was not given (bugs of that scorer).
+#[derive(Clone, Copy)]
 struct Picky<'a> {
     inner: &'a dyn Scorer,
     refused: u32,
     short: bool,
+    past_the_end: bool,
 }
 
 impl Scorer for Picky<'_> {
@@ -387,14 +402,15 @@ impl Scorer for Picky<'_> {
         candidates: &[TokenCandidate],
         options: &ScoreOptions,
     ) -> toolsift::Result<Vec<[f64; 3]>> {
+        if self.past_the_end {
+            return Err(Error::candidate(candidates.len(), "no such candidate"));
+        }
         if let Some(k) = candidates
             .iter()
             .position(|c| c.text_ids.contains(&self.refused))
         {
-            return Err(Error::candidate(
-                k,
-                InvalidCandidate::other("not that token"),
-            ));
+            // A reason in words is `InvalidCandidate::Other`.
+            return Err(Error::candidate(k, "not that token"));
         }
         let mut losses = self.inner.variant_losses_unchecked(candidates, options)?;
         if self.short {
@@ -427,6 +443,7 @@ fn a_scorers_own_refusal_is_its_lines_answer_and_a_miscount_an_error() {
         inner: &*scorer,
         refused: 300,
         short: false,
+        past_the_end: false,
     };
     let mut out = Vec::new();
     let options = JsonlOptions::default();
@@ -458,13 +475,28 @@ fn a_scorers_own_refusal_is_its_lines_answer_and_a_miscount_an_error() {
     };
     let err = score_jsonl(input.as_bytes(), Vec::new(), &short, None, &options).unwrap_err();
     assert!(
-        matches!(&err, Error::Backend(m) if m.contains("scorer picky returned 1 results for 2")),
+        matches!(&err, Error::Backend(m) if m.contains("scorer picky returned 1 results for 2")
+            && m.starts_with("scoring input lines 1-3")),
+        "{err}"
+    );
+    let past_the_end = Picky {
+        past_the_end: true,
+        ..picky
+    };
+    let err = score_jsonl(input.as_bytes(), Vec::new(), &past_the_end, None, &options).unwrap_err();
+    assert!(
+        matches!(&err, Error::Backend(m) if m.contains("refused candidate 3 of a batch of 3")),
         "{err}"
     );
     let batch = vec![candidate(vec![329, 266, 451, 455, 338]); 2];
     let err = toolsift::score_each(&short, &batch, &ScoreOptions::default()).unwrap_err();
     assert!(
         matches!(&err, Error::Backend(m) if m.contains("returned 1 results for 2")),
+        "{err}"
+    );
+    let err = toolsift::score_each(&past_the_end, &batch, &ScoreOptions::default()).unwrap_err();
+    assert!(
+        matches!(&err, Error::Backend(m) if m.contains("refused candidate 2 of a batch of 2")),
         "{err}"
     );
 }
