@@ -360,10 +360,7 @@ fn score_texts_each_answers_every_candidate_in_its_place() {
             _: &ScoreOptions,
         ) -> toolsift::Result<Vec<[f64; 3]>> {
             self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Err(Error::candidate(
-                candidates.len() - 1,
-                InvalidCandidate::other("too long for me"),
-            ))
+            Err(Error::candidate(candidates.len() - 1, "too long for me"))
         }
     }
     let refuses = Refuses(&*scorer, Default::default());

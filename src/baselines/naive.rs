@@ -61,7 +61,7 @@ pub fn check_whole_texts_fit(config: &GptjConfig, candidates: &[TokenCandidate])
         if longest > config.n_positions {
             return Err(Error::candidate(
                 k,
-                InvalidCandidate::other(format!(
+                InvalidCandidate::Other(format!(
                     "the naive baseline runs the whole text, and call + text is {longest} \
                      tokens, longer than n_positions ({})",
                     config.n_positions

@@ -68,9 +68,10 @@ macro_rules! each_copy {
             } else {
                 eprintln!("{}: no AVX2 here, its copy not run", stringify!($copies));
             }
-            if ["avx512f", "avx512bw", "avx512vl", "avx512dq"]
-                .iter()
-                .all(|f| crate::cpu::has_feature(f))
+            if std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::is_x86_feature_detected!("avx512dq")
             {
                 let $f = $copies::avx512;
                 // SAFETY: this CPU has the four AVX-512 extensions the copy is compiled for.
@@ -81,18 +82,6 @@ macro_rules! each_copy {
         }
         results
     }};
-}
-
-/// Whether this CPU has the x86 feature `name` (`is_x86_feature_detected!` takes a literal).
-#[cfg(all(test, target_arch = "x86_64"))]
-pub(crate) fn has_feature(name: &str) -> bool {
-    match name {
-        "avx512f" => std::is_x86_feature_detected!("avx512f"),
-        "avx512bw" => std::is_x86_feature_detected!("avx512bw"),
-        "avx512vl" => std::is_x86_feature_detected!("avx512vl"),
-        "avx512dq" => std::is_x86_feature_detected!("avx512dq"),
-        _ => false,
-    }
 }
 
 /// Asserts that every copy's result (`each_copy!`) has the baseline's bits, as `to_bits` gives

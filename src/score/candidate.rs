@@ -217,13 +217,6 @@ pub enum InvalidCandidate {
     Other(String),
 }
 
-impl InvalidCandidate {
-    /// A scorer's own reason for refusing a candidate (`InvalidCandidate::Other`).
-    pub fn other(why: impl Into<String>) -> Self {
-        InvalidCandidate::Other(why.into())
-    }
-}
-
 /// A scorer's own reason, in words (`InvalidCandidate::Other`): `Error::candidate(k, "...")`.
 impl From<String> for InvalidCandidate {
     fn from(why: String) -> Self {

@@ -136,16 +136,6 @@ pub fn is_call_name(name: &str) -> bool {
 /// functions that return it is the tokenizer's own failure).
 pub(crate) type Tokenized = std::result::Result<TokenCandidate, InvalidCandidate>;
 
-/// A request error (`check_call`'s) as the reason a candidate is refused; any other error is
-/// handed back as it is.
-fn refusal(e: Error) -> Result<InvalidCandidate> {
-    match e {
-        Error::Input(msg) => Ok(InvalidCandidate::Text(msg)),
-        Error::Candidate { reason, .. } => Ok(reason),
-        e => Err(e),
-    }
-}
-
 /// `value` debug-quoted for an error message, cut after 60 characters.
 fn shown(value: &str) -> String {
     const SHOWN: usize = 60;
@@ -253,7 +243,8 @@ impl TextCandidate {
         n_positions: Option<usize>,
     ) -> Result<Tokenized> {
         if let Err(e) = check_call(&self.tool, &self.input, &self.result) {
-            return Ok(Err(refusal(e)?));
+            // `check_call`'s errors are `Error::Input`, whose text is the message.
+            return Ok(Err(InvalidCandidate::Text(e.to_string())));
         }
         let owned;
         let (encoding, text_ids) = match text {
