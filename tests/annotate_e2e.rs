@@ -408,6 +408,45 @@ impl Sampler for OneCall {
     }
 }
 
+/// A sample holding a token the tokenizer has no text for (a model row past tokenizer.json's
+/// vocabulary) is malformed: decoded without it, the call executed would not be the one the model
+/// wrote.
+#[test]
+fn a_sample_with_a_token_the_tokenizer_cannot_write_is_malformed() {
+    let model = model();
+    let tok = model.tokenizer().unwrap();
+    let row = (0..model.config().vocab_size as u32)
+        .rev()
+        .find(|&id| tok.decode(&[id]).unwrap().is_empty())
+        .expect("the fixture has rows past its tokenizer");
+    let scorer = CpuScorer::new(&model);
+    let config = test_config();
+    let registry = ToolRegistry::from_config(&config.tools).unwrap();
+    let text = "Out of 1400 people, 400 (or 29%) said yes.";
+    let run = |tokens: Vec<u32>| {
+        let sampler = OneCall(tokens);
+        let a = Annotator::new(
+            tok,
+            &sampler,
+            &scorer,
+            &registry,
+            &config,
+            &[ToolKind::Calculator],
+        )
+        .unwrap();
+        a.annotate_document(&doc(1, text)).unwrap().1.tools["calculator"]
+    };
+    let mut tokens = tok.encode_ids("Calculator(1 +").unwrap();
+    let written = run([tokens.clone(), tok.encode_ids(" 2)]").unwrap()].concat());
+    assert_eq!((written.calls_sampled, written.calls_executed), (6, 2));
+    tokens.push(row);
+    tokens.extend(tok.encode_ids(" 2)]").unwrap());
+    assert_eq!(tok.decode(&tokens).unwrap(), "Calculator(1 + 2)]");
+    let st = run(tokens);
+    assert_eq!((st.calls_sampled, st.calls_malformed), (6, 6));
+    assert_eq!(st.calls_executed, 0);
+}
+
 /// A QA service that always fails: every call fails, the run goes on.
 #[test]
 fn a_failing_external_tool_fails_its_calls_not_the_run() {

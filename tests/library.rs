@@ -161,8 +161,13 @@ fn score_texts_tokenizes_each_text_once_with_the_options_placement() {
         ),
         "{err}"
     );
-    // The error names the candidate: a position inside "é", a position past the text.
-    for (position, why) in [(4, "character boundary"), (14, "past the end")] {
+    // The error names the candidate: a position inside "é", a position past the text, the
+    // first token (said in bytes: the caller gave no token position).
+    for (position, why) in [
+        (4, "character boundary"),
+        (14, "past the end"),
+        (0, "byte offset 0 is at the text's first token"),
+    ] {
         let mut bad = cands.clone();
         bad[1].text = "café au lait".into();
         bad[1].position = position;

@@ -637,10 +637,18 @@ fn propose_greedy_samples_equal_the_oracles() {
     }
 }
 
+/// Bad branches are errors that name the branch, alike from the CPU engine and the oracle.
 #[test]
 fn bad_branches_are_errors() {
     let model = random_model(2);
-    let engine = CpuScorer::new(&model);
+    let cpu = CpuScorer::new(&model);
+    let oracle = ReferenceSampler::new(&model);
+    for engine in [&cpu as &dyn Sampler, &oracle] {
+        bad_branches_are_errors_of(engine);
+    }
+}
+
+fn bad_branches_are_errors_of(engine: &dyn Sampler) {
     let opts = SampleOptions::default();
     let propose = |b: Branch| {
         engine

@@ -451,6 +451,14 @@ fn launch_config<T: DeviceFloat>(
             && out.len() >= need(tiles.q_rows, s.ld_out, d),
         &format!("{name}: buffers shorter than the shapes"),
     )?;
+    // The heads are the grid's y dimension, which CUDA caps at 65535.
+    check(
+        s.n_head <= 65535,
+        &format!(
+            "{name}: {} heads exceed CUDA's grid limit of 65535",
+            s.n_head
+        ),
+    )?;
     check(
         smem <= gpu.max_smem_optin as usize,
         &format!(

@@ -197,7 +197,9 @@ pub struct Generation {
     #[serde(skip)]
     pub tokens: Vec<u32>,
     /// Per completion token, the decoder's log-prob of it given everything before, for tokens the
-    /// model chose (None for spliced tokens). The end-of-text token is not included.
+    /// model chose (None for spliced tokens, and for the arrow's tokens where the drawn one also
+    /// wrote past the arrow and was cut there: they are its text re-tokenized, not drawn). The
+    /// end-of-text token is not included.
     #[serde(skip)]
     pub token_log_probs: Vec<Option<f32>>,
 }

@@ -5,7 +5,9 @@
 //! Sample `s` of request `r` draws from `sample_rng(seed, r, s)` with the shared `draw`, exactly as
 //! the fast samplers do, so results do not depend on batching, threads or backend.
 
-use super::{batch, draw, sample_rng, Sample, SampleOptions, SampleRequest, Sampler};
+use super::{
+    batch, draw, sample_rng, Choose, Proposal, Sample, SampleOptions, SampleRequest, Sampler,
+};
 use crate::error::Result;
 use crate::model::Model;
 use crate::reference::ReferenceModel;
@@ -77,6 +79,33 @@ impl Sampler for ReferenceSampler {
                     .collect()
             })
             .collect()
+    }
+
+    /// The trait's `propose`, with the branches checked as the cached samplers check them, so
+    /// that a bad one is named "branch r" by every sampler.
+    fn propose(
+        &self,
+        ids: &[u32],
+        tokens: &[u32],
+        choose: &mut Choose<'_>,
+        options: &SampleOptions,
+    ) -> Result<Proposal> {
+        let c = self.model.config();
+        let log_probs = self.token_log_probs(ids, tokens)?;
+        let (branches, requests) = batch::choose_branches(
+            ids,
+            &log_probs,
+            choose,
+            options,
+            c.vocab_size,
+            c.n_positions,
+        )?;
+        let samples = self.sample(&requests, options)?;
+        Ok(Proposal {
+            log_probs,
+            branches,
+            samples,
+        })
     }
 }
 

@@ -126,11 +126,7 @@ pub enum InvalidCandidate {
     PositionZero,
 
     /// `position` is past the text's last token.
-    #[error(
-        "position {position} is out of range: the text has {text_len} tokens, so the last \
-         scorable position is {}",
-        text_len.saturating_sub(1)
-    )]
+    #[error("{}", out_of_range(*position, *text_len))]
     PositionOutOfRange {
         /// The candidate's position.
         position: usize,
@@ -218,6 +214,23 @@ pub enum InvalidCandidate {
 }
 
 /// A scorer's own reason, in words (`InvalidCandidate::Other`): `Error::candidate(k, "...")`.
+/// `PositionOutOfRange`'s message: the range that can be scored, or that none can (a text of
+/// one token has no x_i with a token before it).
+fn out_of_range(position: usize, text_len: usize) -> String {
+    if text_len < 2 {
+        format!(
+            "position {position} is out of range: the text has {text_len} token, so no position \
+             can be scored (a call goes before a token that has one before it)"
+        )
+    } else {
+        format!(
+            "position {position} is out of range: the text has {text_len} tokens, so the \
+             scorable positions are 1 to {}",
+            text_len - 1
+        )
+    }
+}
+
 impl From<String> for InvalidCandidate {
     fn from(why: String) -> Self {
         InvalidCandidate::Other(why)
@@ -378,8 +391,25 @@ mod tests {
             }
         );
         assert!(
-            past.to_string().contains("last scorable position is 7"),
+            past.to_string().contains("scorable positions are 1 to 7"),
             "{past}"
+        );
+        let one = TokenCandidate {
+            text_ids: vec![1].into(),
+            position: 1,
+            ..cand()
+        };
+        let alone = refused(one);
+        assert_eq!(
+            alone,
+            InvalidCandidate::PositionOutOfRange {
+                position: 1,
+                text_len: 1
+            }
+        );
+        assert!(
+            alone.to_string().contains("no position can be scored"),
+            "{alone}"
         );
         assert_eq!(
             refused(TokenCandidate {

@@ -97,7 +97,10 @@ pub fn call_insert(call: &str, placement: Placement, spaced: bool) -> String {
 /// placement scores them (`call_insert`): with a space in front where the text continues with
 /// whitespace (`spaced_at`), alone elsewhere; several at one offset each stand as they would
 /// alone, in the order given. Offsets must be character boundaries (past the end is the end).
-/// The calls are stably ordered by offset.
+/// The calls are stably ordered by offset. An offset is where the text is cut, the end of
+/// x_{i-1}, which is also where x_i starts unless the tokenizer trims offsets (leaves a space out
+/// of x_i's span); with such a tokenizer, pass the previous token's end, as annotate does, to get
+/// the text a `TextCandidate` at x_i scored.
 ///
 /// # Panics
 /// On an offset inside a character (`check_call` and the annotate driver give only token
@@ -263,6 +266,15 @@ impl TextCandidate {
             ))));
         }
         let position = match encoding.token_at_byte(self.position) {
+            // Said here in bytes: the token-level PositionZero's "position 0" would be a token
+            // index the caller never gave.
+            Ok(0) => {
+                return Ok(Err(InvalidCandidate::Text(format!(
+                    "byte offset {} is at the text's first token: a call there cannot be \
+                     scored (the no-call variant has no context to predict that token from)",
+                    self.position
+                ))))
+            }
             Ok(position) => position,
             Err(why) => return Ok(Err(InvalidCandidate::Text(why))),
         };
@@ -271,10 +283,7 @@ impl TextCandidate {
         // Whether the text goes on with whitespace, read at the end of x_{i-1}: the offset
         // annotate splices at. (A tokenizer that trims offsets also takes the byte after the
         // space for x_i, which would put the call after the space C* puts it before.)
-        let canonical = match position {
-            0 => self.position,
-            k => encoding.spans[k - 1].1,
-        };
+        let canonical = encoding.spans[position - 1].1;
         let spaced = spaced_at(&self.text, canonical);
         let insert = |call: &str| -> Result<std::result::Result<Vec<u32>, InvalidCandidate>> {
             let inserted = call_insert(call, placement, spaced);
