@@ -258,6 +258,21 @@ fn weights_that_are_a_folder_are_named() {
     );
 }
 
+/// Weights behind a symbolic link to nothing are named so, not "no weights found".
+#[cfg(unix)]
+#[test]
+fn weights_that_are_a_dangling_link_are_named() {
+    let (_tmp, dir) = copy_fixture();
+    let weights = dir.join("model.safetensors");
+    std::fs::remove_file(&weights).unwrap();
+    std::os::unix::fs::symlink(dir.join("gone.safetensors"), &weights).unwrap();
+    let err = load_err(&dir);
+    assert_names(
+        &err,
+        &["model.safetensors", "is a symbolic link to nothing"],
+    );
+}
+
 #[test]
 fn no_weights_at_all_is_reported() {
     let (_tmp, dir) = copy_fixture();

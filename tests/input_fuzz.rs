@@ -371,13 +371,15 @@ proptest! {
             prop_assert_eq!(got.len(), want.len());
             for (k, ((n, text), raw)) in got.iter().zip(&want).enumerate() {
                 prop_assert_eq!(*n, k + 1);
+                // The limit is on the line less its "\r\n" (or a last line's "\r").
+                let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
                 match text {
                     Ok(t) => {
                         prop_assert!(raw.len() <= limit);
-                        let mut raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-                        if k == 0 {
-                            raw = raw.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(raw);
-                        }
+                        let raw = match k {
+                            0 => raw.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(raw),
+                            _ => raw,
+                        };
                         prop_assert_eq!(t.as_bytes(), raw);
                     }
                     Err(why) => prop_assert!(

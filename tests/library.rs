@@ -267,7 +267,7 @@ fn score_texts_refuses_what_cannot_fit_and_names_the_first_bad_candidate() {
     ]);
     assert!(
         matches!(&err, Error::Candidate { index: 1, reason: InvalidCandidate::Text(why), .. }
-            if why.contains("no head of it can be tokenized alone")),
+            if why.contains("no head of it can be tokenized alone past there")),
         "{err}"
     );
     // Candidate 0's tool name is refused before candidate 1's position past the text.

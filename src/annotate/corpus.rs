@@ -15,7 +15,9 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::util::json;
-use crate::util::jsonl::{clear_line_buffer, over_limit, read_line_capped, MAX_LINE_BYTES};
+use crate::util::jsonl::{
+    clear_line_buffer, over_limit, read_line_capped, LineEnd, MAX_LINE_BYTES,
+};
 
 /// One document of the corpus.
 #[derive(Debug, Clone, PartialEq)]
@@ -211,8 +213,10 @@ impl<R: BufRead> Corpus<R> {
             0
         };
         let hasher = &mut self.hasher;
-        let (len, ended) = read_line_capped(&mut self.reader, &mut self.buf, room, |bytes| {
-            hasher.update(bytes)
+        let mut end = LineEnd::default();
+        let (len, _) = read_line_capped(&mut self.reader, &mut self.buf, room, |bytes| {
+            hasher.update(bytes);
+            end.see(bytes);
         })
         .map_err(|e| {
             Error::io(
@@ -227,7 +231,7 @@ impl<R: BufRead> Corpus<R> {
         if !keep {
             return Ok(Some(None));
         }
-        if let Some(why) = over_limit(len, ended, self.max_line_bytes) {
+        if let Some(why) = over_limit(len, &end, self.max_line_bytes) {
             return Ok(Some(Some(Line::Reject {
                 line: number,
                 reason: format!("{why} for a corpus line"),

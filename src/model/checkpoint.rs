@@ -114,11 +114,20 @@ impl TensorMap {
             for (name, tensor) in torch_bin::read_torch_bin(&bin)? {
                 map.insert(name, tensor, &bin)?;
             }
-        } else if let Some(odd) = [&single, &index, &bin].into_iter().find(|p| p.exists()) {
-            // A folder (or a device) under a weights file's name: say so, not "no weights".
+        } else if let Some(odd) = [&single, &index, &bin]
+            .into_iter()
+            .find(|p| p.symlink_metadata().is_ok())
+        {
+            // A folder (or a device, or a link to nothing) under a weights file's name: say so,
+            // not "no weights".
+            let msg = if odd.exists() {
+                "exists but is not a regular file"
+            } else {
+                "is a symbolic link to nothing"
+            };
             return Err(Error::Checkpoint {
                 path: odd.clone(),
-                msg: "exists but is not a regular file".into(),
+                msg: msg.into(),
             });
         } else {
             return Err(Error::Checkpoint {
@@ -505,7 +514,9 @@ fn write_safetensors_to(
 /// source's, hold none of the source's files under its names (a hard link or symlink to them),
 /// and not hold a sharded checkpoint, whose index would shadow the new file. Every file is
 /// written under a temporary name and renamed into place only once all are written, so a
-/// failed conversion leaves an earlier output as it was; an earlier tokenizer.json that the new
+/// conversion that fails while writing leaves an earlier output as it was; the renames are one
+/// file at a time (weights, tokenizer.json, config.json last), so one killed between them can
+/// leave the new weights beside the earlier small files. An earlier tokenizer.json that the new
 /// model lacks is removed.
 pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result<usize> {
     use crate::util::fs::{is_same_file, AtomicFile};

@@ -11,9 +11,9 @@ const HEAD_MARGIN_TOKENS: usize = 8;
 /// Bytes of text first tokenized per token wanted (`Tokenizer::encode_head`); English runs at
 /// about 4, so the first try usually suffices.
 const HEAD_BYTES_PER_TOKEN: usize = 8;
-/// The longest text `Tokenizer::encode_head` tokenizes whole when it has no place to cut a head
-/// (no whitespace after a word): the tokenizers crate takes ~165 bytes of memory per byte of a
-/// single unbroken word (1.3 GB here), and a 64 MiB line would take 10 GB.
+/// The longest stretch with no place to cut a head (no whitespace after a word) that
+/// `Tokenizer::encode_head` tokenizes: the tokenizers crate takes ~165 bytes of memory per byte
+/// of a single unbroken word (1.3 GB here), and a 64 MiB line would take 10 GB.
 pub const MAX_UNCUT_BYTES: usize = 8 << 20;
 
 /// The largest tokenizer.json read: GPT-J's is 1.4 MB; the largest on the Hugging Face hub are
@@ -168,9 +168,9 @@ impl Tokenizer {
     /// byte-level BPE and Metaspace pre-tokenizers never join a token across that point, so the
     /// head's tokens are the text's; the last `HEAD_MARGIN_TOKENS` are dropped anyway, and a head
     /// that yields too few tokens (or has no such point) doubles until it is the whole text.
-    /// A text longer than [`MAX_UNCUT_BYTES`] with no such point at all past the first head it
-    /// tries (4 (n + 8) bytes: 8 bytes for each of n tokens and a margin of 8) is refused
-    /// (`Error::Input`) rather than tokenized whole.
+    /// Past the first head it tries ((n + 8) 8 bytes: 8 bytes for each of n tokens and a margin
+    /// of 8), a head or text with a stretch longer than [`MAX_UNCUT_BYTES`] and no such point
+    /// in it is refused (`Error::Input`) rather than tokenized, wherever the stretch lies.
     pub fn encode_head(&self, text: &str, n: usize) -> Result<Encoding> {
         Ok(self.encode_head_whole(text, n)?.0)
     }
@@ -190,23 +190,31 @@ impl Tokenizer {
         first_bytes: usize,
     ) -> Result<(Encoding, bool)> {
         let mut bytes = first_bytes.max(1);
-        let mut cut_found = false;
+        // What the caller asked for is tokenized as it is; past it, a stretch with no cut must
+        // not cost gigabytes (`MAX_UNCUT_BYTES`), even after a word that could end a head.
+        let refuse_uncut = |end: usize| -> Result<()> {
+            if end <= first_bytes || end <= MAX_UNCUT_BYTES {
+                return Ok(());
+            }
+            let (start, len) = longest_uncut(&text[..end]);
+            if len <= MAX_UNCUT_BYTES {
+                return Ok(());
+            }
+            Err(Error::input(format!(
+                "a text of {} bytes has no whitespace after a word in the {len} bytes from byte \
+                 {start}, so no head of it can be tokenized alone past there, and that is more \
+                 than the {} MiB tokenized in one piece",
+                text.len(),
+                MAX_UNCUT_BYTES >> 20
+            )))
+        };
         loop {
             if bytes >= text.len() {
-                if !cut_found && text.len() > MAX_UNCUT_BYTES && bytes > first_bytes {
-                    return Err(Error::input(format!(
-                        "a text of {} bytes has no whitespace after a word past byte {}, so no \
-                         head of it can be tokenized alone, and it is longer than the {} MiB \
-                         tokenized whole",
-                        text.len(),
-                        first_bytes / 2,
-                        MAX_UNCUT_BYTES >> 20
-                    )));
-                }
+                refuse_uncut(text.len())?;
                 return Ok((self.encode(text)?, true));
             }
             if let Some(cut) = head_cut(text, bytes) {
-                cut_found = true;
+                refuse_uncut(cut)?;
                 let mut enc = self.encode(&text[..cut])?;
                 if enc.ids.len() >= n.saturating_add(HEAD_MARGIN_TOKENS) {
                     let keep = enc.ids.len() - HEAD_MARGIN_TOKENS;
@@ -319,6 +327,27 @@ fn head_cut(text: &str, bytes: usize) -> Option<usize> {
         next_is_space = is_space;
     }
     None
+}
+
+/// The longest stretch of `text` between two places a head can end (`head_cut`'s: before
+/// whitespace that follows something else), or its start or end: (start, length).
+fn longest_uncut(text: &str) -> (usize, usize) {
+    let (mut best, mut start) = ((0, 0), 0);
+    let mut after_word = false;
+    for (p, c) in text.char_indices() {
+        let is_space = c.is_whitespace();
+        if is_space && after_word {
+            if p - start > best.1 {
+                best = (start, p - start);
+            }
+            start = p;
+        }
+        after_word = !is_space;
+    }
+    if text.len() - start > best.1 {
+        best = (start, text.len() - start);
+    }
+    best
 }
 
 /// The first added token whose text is empty, or empty once the tokenizer's normalizer has run
@@ -546,6 +575,16 @@ mod tests {
     }
 
     #[test]
+    fn longest_uncut_stretch() {
+        assert_eq!(longest_uncut(""), (0, 0));
+        assert_eq!(longest_uncut("abc"), (0, 3));
+        // Cuts at 2 ("ab|  cd") and 9 ("  cd\u{e9}f| gh"): the stretch from 2 is 7 bytes.
+        assert_eq!(longest_uncut("ab  cd\u{e9}f gh"), (2, 7));
+        assert_eq!(longest_uncut("   ab"), (0, 5));
+        assert_eq!(longest_uncut("a b cdefg"), (3, 6));
+    }
+
+    #[test]
     fn head_cut_ends_before_whitespace_after_a_word() {
         let text = "ab  cd\u{e9}f gh";
         // "ab  cd\u{e9}f" | " gh", and "ab" | "  cd\u{e9}f gh".
@@ -576,9 +615,23 @@ mod tests {
             err.to_string().contains("no whitespace after a word"),
             "{err}"
         );
-        // A word before the huge one does not help: its tokens are needed too.
+        // A word before the huge one does not help: its tokens are needed too. Nor does one
+        // past the first head tried (its cut would leave the huge word uncut after it), nor a
+        // spaced text around it (its heads would hold it).
         let after_a_word = format!("word {word}");
         assert!(tok.encode_head(&after_a_word, 10).is_err());
+        // (130 bytes, 10 tokens: past the first head's cut at 72 bytes, and too few for it.)
+        let late_cut = format!("{} {word}", "<|endoftext|>".repeat(10));
+        let err = tok.encode_head(&late_cut, 10).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("in the {} bytes from byte 130", word.len() + 1)),
+            "{err}"
+        );
+        // (1000 tokens before the word: enough for 50, not for 1100.)
+        let spaced_around = format!("{}{word}{}", "w ".repeat(1000), " w".repeat(2000));
+        assert!(tok.encode_head(&spaced_around, 1100).is_err());
+        assert!(tok.encode_head(&spaced_around, 50).is_ok());
         let spaced = "word ".repeat(MAX_UNCUT_BYTES / 5 + 1);
         assert!((10..200).contains(&tok.encode_head(&spaced, 10).unwrap().ids.len()));
         let short = "a".repeat(1000);

@@ -297,21 +297,32 @@ impl AtomicFile {
         let Some(w) = self.writer.take() else {
             return Ok(());
         };
-        let result = persist(w, &self.tmp, &self.path);
-        if result.is_err() {
-            let _ = std::fs::remove_file(&self.tmp);
+        let tmp = &self.tmp;
+        // On each failure before the rename, the temporary file is removed while this writer
+        // still holds it open and locked (see `Drop`); after the rename the name is no longer
+        // this writer's, and nothing is removed.
+        let file = match w.into_inner() {
+            Ok(file) => file,
+            Err(e) => {
+                let (e, w) = e.into_parts();
+                let _ = std::fs::remove_file(tmp);
+                drop(w);
+                return Err(Error::io(tmp, e));
+            }
+        };
+        let renamed = file
+            .sync_all()
+            .map_err(|e| Error::io(tmp, e))
+            .and_then(|()| std::fs::rename(tmp, &self.path).map_err(|e| Error::io(&self.path, e)));
+        if let Err(e) = renamed {
+            let _ = std::fs::remove_file(tmp);
+            drop(file);
+            return Err(e);
         }
-        result
+        // Unlocked only once renamed (see `AtomicFile`).
+        drop(file);
+        sync_dir(&self.path)
     }
-}
-
-fn persist(w: BufWriter<File>, tmp: &Path, path: &Path) -> Result<()> {
-    let file = w.into_inner().map_err(|e| Error::io(tmp, e.into_error()))?;
-    file.sync_all().map_err(|e| Error::io(tmp, e))?;
-    std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
-    // Unlocked only once renamed (see `AtomicFile`).
-    drop(file);
-    sync_dir(path)
 }
 
 /// Makes the renames and removals of `path`'s folder durable (fsync of the folder), so that a
@@ -368,8 +379,12 @@ impl Write for AtomicFile {
 
 impl Drop for AtomicFile {
     fn drop(&mut self) {
-        if self.writer.take().is_some() {
+        if let Some(w) = self.writer.take() {
+            // Removed before the file is closed: closing releases the lock, and a writer
+            // waiting for it would then take over a file that this removal unlinks, while a
+            // third creates and locks a new one under the same name.
             let _ = std::fs::remove_file(&self.tmp);
+            drop(w);
         }
     }
 }

@@ -71,10 +71,37 @@ pub fn clear_line_buffer(buf: &mut Vec<u8>) {
     }
 }
 
-/// Why a line of `len` bytes (newline included when `ended`) is refused, if it is over `max`.
-pub fn over_limit(len: usize, ended: bool, max: usize) -> Option<String> {
-    let text_len = len - usize::from(ended);
+/// Why a line of `len` bytes, its newline ("\n" or "\r\n", as `end` saw it) included, is
+/// refused, if its text is over `max` bytes.
+pub fn over_limit(len: usize, end: &LineEnd, max: usize) -> Option<String> {
+    let text_len = len - end.newline_bytes();
     (text_len > max).then(|| format!("line of {text_len} bytes, over the limit of {max} bytes"))
+}
+
+/// The last two bytes of a line, from the pieces `read_line_capped` passes to `seen` (which
+/// sees the whole line where `buf` keeps only its start): how long its newline is.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LineEnd([u8; 2]);
+
+impl LineEnd {
+    /// Takes the next piece of the line.
+    pub fn see(&mut self, bytes: &[u8]) {
+        match *bytes {
+            [] => {}
+            [b] => self.0 = [self.0[1], b],
+            [.., a, b] => self.0 = [a, b],
+        }
+    }
+
+    /// The bytes a reader drops from the line's end: 2 for "\r\n", 1 for "\n" or for the
+    /// "\r" that ends a last line without "\n", 0 otherwise.
+    pub fn newline_bytes(&self) -> usize {
+        match self.0 {
+            [b'\r', b'\n'] => 2,
+            [_, b'\n' | b'\r'] => 1,
+            _ => 0,
+        }
+    }
 }
 
 /// One input line: its 1-based number and its text, or why it has none.
@@ -135,13 +162,15 @@ impl<R: BufRead> Iterator for JsonlLines<R> {
     fn next(&mut self) -> Option<Self::Item> {
         clear_line_buffer(&mut self.buf);
         let keep = self.max_line_bytes.saturating_add(1);
-        let (len, ended) = match read_line_capped(&mut self.reader, &mut self.buf, keep, |_| {}) {
+        let mut end = LineEnd::default();
+        let see = |bytes: &[u8]| end.see(bytes);
+        let len = match read_line_capped(&mut self.reader, &mut self.buf, keep, see) {
             Err(e) => return Some(Err(e)),
             Ok((0, _)) => return None,
-            Ok(read) => read,
+            Ok((len, _)) => len,
         };
         self.line += 1;
-        if let Some(why) = over_limit(len, ended, self.max_line_bytes) {
+        if let Some(why) = over_limit(len, &end, self.max_line_bytes) {
             return Some(Ok((self.line, Err(why))));
         }
         for end in [b'\n', b'\r'] {
@@ -545,7 +574,13 @@ mod tests {
 
     #[test]
     fn a_line_over_the_limit_is_that_lines_error() {
-        let input = format!("short\n{}\r\nnext\n{}", "y".repeat(20), "z".repeat(11));
+        // The limit is on the text: "\r\n" is not counted, at the limit or past it.
+        let input = format!(
+            "short\n{}\r\nnext\n{}\n{}\r\n",
+            "y".repeat(20),
+            "z".repeat(11),
+            "w".repeat(10)
+        );
         for capacity in [2, 5, 1 << 12] {
             let reader = std::io::BufReader::with_capacity(capacity, input.as_bytes());
             let lines: Vec<Line> = JsonlLines::new(reader)
@@ -558,13 +593,14 @@ mod tests {
                     (1, Ok("short".into())),
                     (
                         2,
-                        Err("line of 21 bytes, over the limit of 10 bytes".into())
+                        Err("line of 20 bytes, over the limit of 10 bytes".into())
                     ),
                     (3, Ok("next".into())),
                     (
                         4,
                         Err("line of 11 bytes, over the limit of 10 bytes".into())
                     ),
+                    (5, Ok("w".repeat(10))),
                 ],
                 "capacity {capacity}"
             );
