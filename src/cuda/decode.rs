@@ -654,6 +654,12 @@ impl CudaDecodeSession<'_> {
 
 impl Drop for CudaDecodeSession<'_> {
     fn drop(&mut self) {
+        // cudarc frees a buffer in whatever context the dropping thread has current, and a
+        // session may be dropped on another thread than the one that used it: bind ours first,
+        // or the frees fail (leaking the cache) and leave their error for the next call.
+        if self.tree.is_some() {
+            let _ = self.engine.gpu.ctx.bind_to_thread();
+        }
         self.tree = None;
         self.count_cache();
     }

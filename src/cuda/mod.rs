@@ -413,13 +413,20 @@ impl CudaScorer {
         }
     }
 
-    /// Plans `candidates`, splitting the batch into chunks whose activations fit the budget.
+    /// Plans `candidates`, splitting the batch into chunks whose activations and attention
+    /// context map fit the budget, within the operand cap (`max_chunk_tokens`). The context map
+    /// holds a u32 per ancestor entry besides its per-token part (`bytes_per_token`'s margin):
+    /// a deep tree of short segments can need more than that margin.
     pub fn plan_chunks<'a>(
         &self,
         candidates: &'a [TokenCandidate],
         options: &'a ScoreOptions,
     ) -> crate::plan::Chunks<'a> {
-        crate::plan::chunked(candidates, options, self.max_chunk_tokens())
+        let per_token = self.bytes_per_token();
+        let budget = self
+            .available_budget()
+            .min(self.max_chunk_tokens().saturating_mul(per_token));
+        crate::plan::chunked_on_device(candidates, options, budget, per_token, 4)
     }
 
     /// Runs one plan: log p(target | row) for every target, in `plan.targets` order. Waits for

@@ -539,6 +539,31 @@ pub fn chunked_in_bytes<'a>(
     }
 }
 
+/// `chunked` for a device's memory: each chunk's activations (`bytes_per_token` per unique
+/// token) and the attention's context map (`bytes_per_ancestor` per entry of its ancestor
+/// lists, `PlanBuilder::ancestors_bound`, which a deep tree's can make outgrow the tokens) stay
+/// within `budget` bytes, but for a first candidate over it. The planner's own memory is the
+/// host's, not counted here.
+pub fn chunked_on_device<'a>(
+    candidates: &'a [TokenCandidate],
+    options: &'a ScoreOptions,
+    budget: usize,
+    bytes_per_token: usize,
+    bytes_per_ancestor: usize,
+) -> Chunks<'a> {
+    Chunks {
+        candidates,
+        options,
+        limit: Limit::Device {
+            budget,
+            bytes_per_token,
+            bytes_per_ancestor,
+        },
+        next: 0,
+        done: false,
+    }
+}
+
 /// What a chunk of `Chunks` must stay within.
 #[derive(Debug, Clone, Copy)]
 enum Limit {
@@ -546,6 +571,11 @@ enum Limit {
     Bytes {
         budget: usize,
         activation_bytes_per_token: usize,
+    },
+    Device {
+        budget: usize,
+        bytes_per_token: usize,
+        bytes_per_ancestor: usize,
     },
 }
 
@@ -575,6 +605,15 @@ impl Iterator for Chunks<'_> {
                     budget,
                     activation_bytes_per_token,
                 } => builder.push_within_bytes(cand, budget, activation_bytes_per_token),
+                Limit::Device {
+                    budget,
+                    bytes_per_token,
+                    bytes_per_ancestor,
+                } => builder.push_if(cand, |b| {
+                    let tokens = b.n_tokens().saturating_mul(bytes_per_token);
+                    let map = b.ancestors_bound().saturating_mul(bytes_per_ancestor);
+                    tokens.saturating_add(map) <= budget
+                }),
             };
             if !added {
                 break;

@@ -444,6 +444,32 @@ fn an_adversarial_plans_estimate_covers_its_real_size() {
     assert!(estimate >= real, "estimate {estimate} < {real} bytes");
 }
 
+/// Chunks planned for a device hold its budget with the context map's ancestor entries
+/// counted: on the adversarial batch (every segment a token deep in a long shared text) they
+/// are smaller than chunks that count tokens alone, and each is the plan of its candidates.
+#[test]
+fn chunks_on_a_device_count_the_ancestor_lists() {
+    let o = opts(Placement::Inline);
+    let cands = every_position_inline(600);
+    let (per_token, per_ancestor) = (64, 4);
+    let budget = Plan::build(&cands, &o).n_tokens() * per_token / 4;
+    let mut chunks = 0;
+    for (range, plan) in chunked_on_device(&cands, &o, budget, per_token, per_ancestor) {
+        chunks += 1;
+        assert_same_plan(&Plan::build(&cands[range.clone()], &o), &plan);
+        let bytes = plan.n_tokens() * per_token + plan.ancestors.len() * per_ancestor;
+        assert!(
+            bytes <= budget || range.len() == 1,
+            "{range:?}: {bytes} bytes over the budget of {budget}"
+        );
+    }
+    let by_tokens = chunked(&cands, &o, budget / per_token).count();
+    assert!(
+        chunks > 2 * by_tokens,
+        "{chunks} chunks, {by_tokens} by tokens"
+    );
+}
+
 /// Chunks planned within a byte budget hold it, ancestor lists included, on the adversarial
 /// batch; and the bound holds the ancestors of every plan, and is restored when a candidate is
 /// undone.
