@@ -388,6 +388,34 @@ fn decode_session_matches_the_oracle(model: &Model, engine: &CpuScorer, reserve:
     assert!(session.extend(&[9], &[vec![1]]).is_err());
 }
 
+/// More sequences in one `extend` than the CPU head computes at once (64 rows): each comes back
+/// with its own row, in order, as the oracle computes it.
+#[test]
+fn an_extend_of_more_sequences_than_a_head_chunk_matches_the_oracle() {
+    use toolsift::sample::Decoder;
+    let model = random_model(17);
+    let oracle = ReferenceModel::new(model.config(), model.weights());
+    let engine = CpuScorer::new(&model);
+    let mut session = engine.session();
+    let mut rng = Rng::new(5);
+    let ids: Vec<usize> = (0..70).map(|_| session.new_sequence()).collect();
+    let seqs: Vec<Vec<u32>> = (0..70)
+        .map(|k| random_ids(&mut rng, 1 + k % 3, 61))
+        .collect();
+    let lp = session.extend(&ids, &seqs).unwrap();
+    assert_eq!(lp.len(), 70);
+    for (k, seq) in seqs.iter().enumerate() {
+        let want = oracle.log_softmax(seq);
+        let row = want.row(seq.len() - 1);
+        for v in 0..model.config().vocab_size {
+            assert!(
+                (lp[k][v] as f64 - row[v]).abs() < TOL,
+                "sequence {k}, id {v}"
+            );
+        }
+    }
+}
+
 /// A session filled to exactly n_positions tokens: its last step reads the rotary table's last
 /// row, which scoring never does (a variant's last weighted token is not fed). Every step's row
 /// against the oracle; one token more is refused.

@@ -182,8 +182,15 @@ impl DecodeSession for CpuDecodeSession<'_> {
             if last.is_empty() {
                 return Ok(Vec::new());
             }
-            let lp = engine.log_softmax_rows(&gather_rows(x, last, c.n_embd));
-            Ok(lp.chunks(c.vocab_size).map(<[f32]>::to_vec).collect())
+            // The rows returned are the caller's; the [rows, vocab] block they are copied from
+            // exists one head chunk at a time, not beside all of them.
+            let x = gather_rows(x, last, c.n_embd);
+            let mut rows = Vec::with_capacity(last.len());
+            for chunk in x.chunks(HEAD_CHUNK_ROWS * c.n_embd) {
+                let lp = engine.log_softmax_rows(chunk);
+                rows.extend(lp.chunks(c.vocab_size).map(<[f32]>::to_vec));
+            }
+            Ok(rows)
         })
     }
 
