@@ -243,6 +243,67 @@ fn cpu_matches_reference_past_one_head_pass() {
     );
 }
 
+/// One layer at a width the random problems never reach (n_embd 688: 8 heads of 86, rotary_dim
+/// 64 < head_dim; n_inner 2752; vocab 1100): GEMM reductions the gemm crate splits in blocks, the
+/// one-row product of a decoding step (3 n_embd >= 2048: `cpu::gemm::row_times_matrix`), and a
+/// prefill of 260 tokens whose heads attend in parallel (queries x context >= 65,536). Inline
+/// scores, and a decode session's rows, against the oracle (12 f64 forwards: seconds).
+#[test]
+fn cpu_matches_reference_at_a_realistic_width() {
+    use toolsift::sample::Decoder;
+    let mut config = GptjConfig::small(1, 688, 8, 64, 1100);
+    config.n_positions = 300;
+    let model = Model::from_parts(
+        config.clone(),
+        GptjWeights::random(&config, 31, DType::F32),
+        None,
+    )
+    .unwrap();
+    let mut rng = Rng::new(31);
+    let text: std::sync::Arc<[u32]> = (0..264).map(|_| rng.range(3, 1099) as u32).collect();
+    let cands: Vec<TokenCandidate> = [1, 132, 263]
+        .iter()
+        .map(|&position| {
+            let call: Vec<u32> = (0..4).map(|_| rng.range(3, 1099) as u32).collect();
+            TokenCandidate {
+                text_ids: text.clone(),
+                position,
+                call_ids: [&call[..], &[1]].concat(),
+                call_result_ids: [&call[..], &[2, rng.range(3, 1099) as u32, 1]].concat(),
+                weights: None,
+            }
+        })
+        .collect();
+    let fast = CpuScorer::new(&model);
+    let options = ScoreOptions {
+        placement: Placement::Inline,
+        weights: LossWeights::default(),
+    };
+    let got = fast.score(&cands, &options).unwrap();
+    let oracle = ReferenceScorer::new(&model)
+        .score(&cands, &options)
+        .unwrap();
+    assert_agrees(&model, &cands, &options, &got, &oracle, ABS, &"inline");
+    // Prefill the text's first 260 tokens, then one token at a time.
+    let reference = ReferenceModel::new(model.config(), model.weights());
+    let mut session = fast.session();
+    let s = session.new_sequence();
+    let mut seq: Vec<u32> = Vec::new();
+    for piece in [&text[..260], &text[260..261], &text[261..262]] {
+        seq.extend(piece);
+        let rows = session.extend(&[s], &[piece.to_vec()]).unwrap();
+        let want = reference.log_softmax(&seq);
+        let want = want.row(seq.len() - 1);
+        for (v, (&got, &want)) in rows[0].iter().zip(want).enumerate() {
+            assert!(
+                (got as f64 - want).abs() < ABS,
+                "position {}, id {v}: {got} vs {want}",
+                seq.len() - 1
+            );
+        }
+    }
+}
+
 /// A longer run for fuzzing sessions: `cargo test --release --test cpu_vs_reference -- --ignored`.
 #[test]
 #[ignore]
