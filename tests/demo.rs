@@ -185,6 +185,25 @@ fn eval_demo_replaces_only_its_own_files() {
         std::fs::read_to_string(ev.join("eval.json")).unwrap(),
         "precious\n"
     );
+    std::fs::remove_file(ev.join("eval.json")).unwrap();
+    // A named pipe in its place is refused, not opened (which would wait for a writer).
+    #[cfg(unix)]
+    for name in ["corpus.jsonl", "eval.json"] {
+        let fifo = ev.join(name);
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("mkfifo unavailable: the named-pipe case is not run");
+            break;
+        }
+        let o = toolsift(cwd.path(), tmp.path(), &args);
+        assert!(!o.status.success());
+        assert!(
+            stderr(&o).contains("exists and is not a file"),
+            "{}",
+            stderr(&o)
+        );
+        std::fs::remove_file(&fifo).unwrap();
+    }
     // --out must be a folder.
     std::fs::write(cwd.path().join("file"), "x").unwrap();
     let mut file_out = args;

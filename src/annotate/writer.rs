@@ -290,10 +290,20 @@ pub(crate) fn not_of_kind(path: &Path, kind: OutputKind) -> Result<Option<String
     })
 }
 
-/// The model folder of the run that wrote the summary or journal at `path` (its run
-/// description's `info.model`), or None when the file is not there or records none (an empty
-/// journal, a summary of a run without a journal). For files `not_of_kind` has passed.
-pub(crate) fn recorded_model(path: &Path, kind: OutputKind) -> Result<Option<PathBuf>> {
+/// The model folder and corpus of a run, as its summary or journal records them.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RecordedRun {
+    /// The run description's `info.model`.
+    pub model: PathBuf,
+    /// Its `corpus`, if it names one.
+    pub corpus: Option<PathBuf>,
+}
+
+/// The model folder and corpus of the run that wrote the summary or journal at `path` (its run
+/// description's `info.model` and `corpus`), or None when the file is not there or records no
+/// model (an empty journal, a summary of a run without a journal). For files `not_of_kind` has
+/// passed.
+pub(crate) fn recorded_run(path: &Path, kind: OutputKind) -> Result<Option<RecordedRun>> {
     // (Not opened unless a file: a named pipe would block the read.)
     if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
         return Ok(None);
@@ -311,11 +321,16 @@ pub(crate) fn recorded_model(path: &Path, kind: OutputKind) -> Result<Option<Pat
         }
         OutputKind::CStar | OutputKind::Rejects => None,
     };
-    Ok(run
-        .as_ref()
-        .and_then(|run| run.pointer("/info/model"))
-        .and_then(Value::as_str)
-        .map(PathBuf::from))
+    let path_at = |pointer: &str| {
+        run.as_ref()
+            .and_then(|run| run.pointer(pointer))
+            .and_then(Value::as_str)
+            .map(PathBuf::from)
+    };
+    Ok(path_at("/info/model").map(|model| RecordedRun {
+        model,
+        corpus: path_at("/corpus"),
+    }))
 }
 
 /// Writes `summary` (pretty JSON) to `path`, atomically.

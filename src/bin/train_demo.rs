@@ -26,7 +26,7 @@ struct Cli {
     #[arg(long, default_value_t = 3000)]
     steps: usize,
     /// Sequences per batch.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = at_least(1))]
     batch: usize,
     /// Peak learning rate.
     #[arg(long, default_value_t = 3e-3)]
@@ -44,8 +44,9 @@ struct Cli {
     /// Threads for candle's matrix products (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Tokenizer size, <|endoftext|> included (the model's vocabulary is padded to a multiple of 8).
-    #[arg(long, default_value_t = 512)]
+    /// Tokenizer size, <|endoftext|> included (the model's vocabulary is padded to a multiple of 8):
+    /// more than the 256 bytes and <|endoftext|>.
+    #[arg(long, default_value_t = 512, value_parser = at_least(258))]
     vocab_size: usize,
     #[arg(long, default_value_t = 4)]
     n_layer: usize,
@@ -60,8 +61,9 @@ struct Cli {
     /// Print (and record) the mean loss and step time every N steps.
     #[arg(long, default_value_t = 50)]
     log_every: usize,
-    /// Training sequences compared against toolsift's f64 reference after training.
-    #[arg(long, default_value_t = 4)]
+    /// Training sequences compared against toolsift's f64 reference after training (at least one:
+    /// a check of none would pass having compared nothing).
+    #[arg(long, default_value_t = 4, value_parser = at_least(1))]
     check_sequences: usize,
     /// Only time training steps on random ids of this length (no corpus, nothing written).
     #[arg(long)]
@@ -176,4 +178,9 @@ fn main() -> Result<()> {
         report.reference.max_abs_diff
     );
     Ok(())
+}
+
+/// A clap parser of integers no smaller than `min` (0 would divide by zero or check nothing).
+fn at_least(min: u64) -> impl clap::builder::TypedValueParser<Value = usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(min..)
 }

@@ -209,6 +209,21 @@ pub fn folder_name() -> String {
     format!("{FOLDER_PREFIX}{}", content_hash())
 }
 
+/// Whether `name` is a demo folder's name as [`folder_name`] makes it, for any version of the
+/// assets and any user: the prefix, 12 hex digits of hash, and on Unix "-u" and the user id.
+pub fn is_folder_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(FOLDER_PREFIX) else {
+        return false;
+    };
+    let hex = |s: &str| s.len() == 12 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    match rest.split_once("-u") {
+        Some((hash, uid)) => {
+            hex(hash) && !uid.is_empty() && uid.bytes().all(|b| b.is_ascii_digit())
+        }
+        None => hex(rest),
+    }
+}
+
 /// This process's effective user id: the owner of what it creates.
 #[cfg(unix)]
 fn user_id() -> u32 {

@@ -35,7 +35,7 @@ pub fn held_out(seed: u64) -> bool {
 
 use std::path::{Path, PathBuf};
 
-use crate::annotate::writer::{not_of_kind, recorded_model, OutputKind};
+use crate::annotate::writer::{not_of_kind, recorded_run, OutputKind, RecordedRun};
 use crate::annotate::OutputPaths;
 use crate::error::{Error, Result};
 
@@ -104,25 +104,18 @@ pub fn remove_previous_output(out: &Path, journal_too: bool) -> Result<Vec<PathB
     Ok(removed)
 }
 
-/// Fails unless the output at `paths` was written with the demo model (a folder
-/// [`assets::materialize`] writes, this version's or an earlier one's), as its summary records,
-/// or for an output without a summary (a run killed between its final renames) its journal:
-/// checks the finished files when one is there, and with `journal_too` the journal (one that
+/// Fails unless the output at `paths` was written by a demo run, as its summary records, or for
+/// an output without a summary (a run killed between its final renames) its journal: the model
+/// a folder [`assets::materialize`] writes (this version's or an earlier one's, named as
+/// [`assets::is_folder_name`] says) and the corpus of `annotate --demo` (that folder's
+/// corpus.jsonl or corpus.first-N.jsonl) or of `eval-demo` (corpus.jsonl beside the output).
+/// Checks the finished files when one is there, and with `journal_too` the journal (one that
 /// records no run, killed before its header was written, passes).
 fn check_demo_model(paths: &OutputPaths, journal_too: bool) -> Result<()> {
-    let is_demo = |m: &Path| {
-        m.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with(assets::FOLDER_PREFIX))
-    };
     let why_not = |path: &Path, kind: OutputKind| -> Result<Option<String>> {
-        Ok(match recorded_model(path, kind)? {
-            Some(m) if is_demo(&m) => None,
-            Some(m) => Some(format!(
-                "its {} names the model {}, not the demo's",
-                kind.name(),
-                m.display()
-            )),
+        Ok(match recorded_run(path, kind)? {
+            Some(run) => not_a_demo_run(&run, &paths.out)
+                .map(|why| format!("its {} names {why}, not the demo's", kind.name())),
             None if kind == OutputKind::Journal => None,
             None => Some(format!("its {} names no model", kind.name())),
         })
@@ -132,7 +125,7 @@ fn check_demo_model(paths: &OutputPaths, journal_too: bool) -> Result<()> {
     if finished.iter().any(|p| p.exists()) {
         why = if paths.summary.exists() {
             why_not(&paths.summary, OutputKind::Summary)?
-        } else if recorded_model(&paths.journal, OutputKind::Journal)?.is_some() {
+        } else if recorded_run(&paths.journal, OutputKind::Journal)?.is_some() {
             why_not(&paths.journal, OutputKind::Journal)?
         } else {
             Some(format!("it has no summary ({})", paths.summary.display()))
@@ -149,6 +142,46 @@ fn check_demo_model(paths: &OutputPaths, journal_too: bool) -> Result<()> {
             paths.out.display()
         ))),
     }
+}
+
+/// What in `run` is not a demo run's ("the model X", "the corpus Y"), if anything: see
+/// `check_demo_model`; `out` is the C* being replaced.
+fn not_a_demo_run(run: &RecordedRun, out: &Path) -> Option<String> {
+    let name = |p: &Path| p.file_name().and_then(|n| n.to_str()).map(str::to_owned);
+    if !name(&run.model).is_some_and(|n| assets::is_folder_name(&n)) {
+        return Some(format!("the model {}", run.model.display()));
+    }
+    let Some(corpus) = &run.corpus else {
+        return Some("no corpus".into());
+    };
+    let in_folder = |dir: Option<&Path>| {
+        corpus
+            .parent()
+            .zip(dir)
+            .is_some_and(|(a, b)| a == b || same_folder(a, b))
+    };
+    let corpus_name = name(corpus).unwrap_or_default();
+    let first_n = corpus_name
+        .strip_prefix("corpus.first-")
+        .and_then(|n| n.strip_suffix(".jsonl"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    let annotate_demo = (corpus_name == "corpus.jsonl" || first_n) && in_folder(Some(&run.model));
+    let eval_demo = corpus_name == "corpus.jsonl" && in_folder(out.parent());
+    (!annotate_demo && !eval_demo).then(|| format!("the corpus {}", corpus.display()))
+}
+
+/// Whether `a` and `b` are one folder (both exist and resolve to the same path; a relative path
+/// that is empty is the current folder).
+fn same_folder(a: &Path, b: &Path) -> bool {
+    let resolve = |p: &Path| {
+        let p = if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        };
+        std::fs::canonicalize(p)
+    };
+    matches!((resolve(a), resolve(b)), (Ok(a), Ok(b)) if a == b)
 }
 
 #[cfg(test)]
@@ -173,12 +206,14 @@ mod tests {
             format!("{}\n", serde_json::to_string(&record).unwrap()),
         )
         .unwrap();
-        let summary_of = |model: &str| {
+        let summary_with = |model: &str, corpus: &str| {
             let mut summary = crate::annotate::summary::SummaryBuilder::new(&[]).finish(0.0);
-            summary.run = Some(serde_json::json!({"info": {"model": model}}));
+            summary.run = Some(serde_json::json!({"info": {"model": model}, "corpus": corpus}));
             serde_json::to_string(&summary).unwrap()
         };
-        let demo_summary = summary_of("/tmp/toolsift-demo-0123456789ab-u1000");
+        let demo = "/tmp/toolsift-demo-0123456789ab-u1000";
+        let summary_of = |model: &str| summary_with(model, &format!("{model}/corpus.jsonl"));
+        let demo_summary = summary_of(demo);
         std::fs::write(dir.path().join("c.summary.json"), &demo_summary).unwrap();
         std::fs::write(dir.path().join("c.rejects.jsonl"), "").unwrap();
         std::fs::write(dir.path().join("c.jsonl.partial"), "").unwrap();
@@ -256,10 +291,63 @@ mod tests {
         crate::util::fs::remove_if_exists(&dir.path().join("c.summary.json")).unwrap();
         let header = serde_json::json!({
             "journal": "toolsift-annotate/2",
-            "run": {"info": {"model": "/tmp/toolsift-demo-0123456789ab-u1000"}}
+            "run": {"info": {"model": demo}, "corpus": format!("{demo}/corpus.first-40.jsonl")}
         });
         std::fs::write(&journal, format!("{header}\n")).unwrap();
         assert_eq!(remove_previous_output(&out, true).unwrap().len(), 2);
+        std::fs::write(dir.path().join("c.summary.json"), &demo_summary).unwrap();
+
+        // Only a demo run's: a model folder named like the demo's but not made by it, the demo
+        // model on another corpus, and a summary that names no corpus are refused; eval-demo's
+        // corpus.jsonl beside its C* is the demo's.
+        let beside = dir.path().join("corpus.jsonl");
+        for (model, corpus, ok) in [
+            (
+                "/tmp/toolsift-demo-finetuned",
+                "/tmp/toolsift-demo-finetuned/corpus.jsonl",
+                false,
+            ),
+            (
+                "/tmp/toolsift-demo-0123456789ab-u",
+                "/tmp/toolsift-demo-0123456789ab-u/corpus.jsonl",
+                false,
+            ),
+            (
+                "/tmp/toolsift-demo-0123456789AB",
+                "/tmp/toolsift-demo-0123456789AB/corpus.jsonl",
+                false,
+            ),
+            (demo, "/data/my-corpus.jsonl", false),
+            (demo, &format!("{demo}/corpus.first-x.jsonl"), false),
+            (demo, &format!("{demo}/notes/corpus.jsonl"), false),
+            (
+                "/tmp/toolsift-demo-0123456789ab",
+                "/tmp/toolsift-demo-0123456789ab/corpus.jsonl",
+                true,
+            ),
+            (demo, &beside.display().to_string(), true),
+        ] {
+            std::fs::write(&out, &cstar).unwrap();
+            let summary = summary_with(model, corpus);
+            std::fs::write(dir.path().join("c.summary.json"), summary).unwrap();
+            let got = remove_previous_output(&out, false);
+            assert_eq!(got.is_ok(), ok, "{model} {corpus}: {got:?}");
+            if !ok {
+                let err = got.unwrap_err().to_string();
+                assert!(err.contains("is not an earlier demo output"), "{err}");
+                assert!(out.exists());
+            }
+        }
+        let mut summary = crate::annotate::summary::SummaryBuilder::new(&[]).finish(0.0);
+        summary.run = Some(serde_json::json!({"info": {"model": demo}}));
+        std::fs::write(&out, &cstar).unwrap();
+        std::fs::write(
+            dir.path().join("c.summary.json"),
+            serde_json::to_string(&summary).unwrap(),
+        )
+        .unwrap();
+        let err = remove_previous_output(&out, false).unwrap_err().to_string();
+        assert!(err.contains("its summary names no corpus"), "{err}");
         std::fs::write(dir.path().join("c.summary.json"), &demo_summary).unwrap();
 
         // While a run holds the journal's lock, nothing is removed.

@@ -341,6 +341,17 @@ fn refuse_foreign(
     what: &str,
     ours: impl Fn(&serde_json::Value) -> bool,
 ) -> Result<()> {
+    // Not opened unless a regular file: a named pipe would block the read.
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => {
+            return Err(Error::input(format!(
+                "{} exists and is not a file, so not {what}; not replacing it (choose another \
+                 --out)",
+                path.display()
+            )))
+        }
+        _ => {}
+    }
     let Some(head) = crate::util::fs::read_head(path, whole)? else {
         return Ok(());
     };

@@ -432,7 +432,11 @@ pub fn run(
     // The folder, then the proof that the engine computes what was trained.
     write_config(out, &config, eot)?;
     write_safetensors(&out.join("model.safetensors"), &model.named_tensors()?)?;
-    let check: Vec<Vec<u32>> = seqs.iter().take(o.check_sequences).cloned().collect();
+    let check: Vec<Vec<u32>> = seqs
+        .iter()
+        .take(o.check_sequences.max(1))
+        .cloned()
+        .collect();
     let reference = check_against_reference(out, &model, &check)?;
     log(&reference.describe(config.vocab_size));
     let max_diff = reference.max_abs_diff;
