@@ -1,8 +1,8 @@
 //! The GPU session's scripts, checked where there is no GPU. A GPU is lent to few sessions, for
 //! 15 minutes, and `scripts/gpu-check.sh` is the one command such a session runs: a syntax error
 //! in it, in `hf_baseline.py`, or in the Python that writes its summary would cost that session.
-//! So every script parses here, and the summary is written from a made-up run's files and read
-//! back.
+//! So every script parses here, the summary is written from a made-up run's files and read
+//! back, and gpu-check.sh runs whole over stand-in binaries.
 
 use std::path::Path;
 use std::process::Command;
@@ -159,4 +159,86 @@ fn the_summary_reads_a_runs_files() {
     let inline = &size["inline"];
     assert_eq!(inline["packed_speedup_vs_default"], 1.25);
     assert_eq!(inline["packed_speedup_vs_hf_tuned_sdpa"], 2.5);
+}
+
+/// gpu-check.sh run whole in a copy of the repository whose bundle holds stand-ins that print a
+/// passing test result (and a transformers step that fails, as it does without torch): every
+/// step runs and is recorded, OUT_DIR ends with exactly summary.json and gpu-results.tgz, and
+/// a bundle whose first suite finds no device, or a missing bundle, stops the run at once with
+/// the reason in the summary.
+#[test]
+#[cfg(unix)]
+fn gpu_check_runs_whole_over_stand_ins() {
+    if !python3() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let scripts = repo.join("scripts");
+    let bin = repo.join("gpu-bundle/bin");
+    std::fs::create_dir_all(&scripts).unwrap();
+    std::fs::create_dir_all(&bin).unwrap();
+    for f in ["gpu-check.sh", "compare-cstar.py"] {
+        std::fs::copy(Path::new(SCRIPTS).join(f), scripts.join(f)).unwrap();
+    }
+    std::fs::write(scripts.join("hf_baseline.py"), "import sys\nsys.exit(1)\n").unwrap();
+    let stand_in = |name: &str, text: &str| {
+        use std::os::unix::fs::PermissionsExt as _;
+        let path = bin.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\necho '{text}'\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    for name in ["toolsift", "cuda_kernels", "cuda_scoring", "cuda_sampling"] {
+        stand_in(name, "test result: ok. 1 passed");
+    }
+    let run = |out: &Path| {
+        let o = Command::new("bash")
+            .arg(scripts.join("gpu-check.sh"))
+            .arg(out)
+            .env("GPU_CHECK_DEADLINE", "60")
+            .env("GPU_CHECK_WORK", tmp.path().join("work"))
+            .output()
+            .unwrap();
+        let summary: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
+                .unwrap();
+        let mut files: Vec<String> = std::fs::read_dir(out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        assert_eq!(files, ["gpu-results.tgz", "summary.json"], "{o:?}");
+        (o.status.code(), summary)
+    };
+    let (code, summary) = run(&tmp.path().join("out"));
+    assert_eq!(code, Some(0));
+    let steps = &summary["steps"];
+    for step in [
+        "cuda_kernels",
+        "cuda_sampling",
+        "demo_annotate_cuda",
+        "demo_eval_cuda",
+    ] {
+        assert_eq!(steps[step], "0", "{step}: {summary}");
+    }
+    assert_eq!(steps["hf_default"], "1", "{summary}");
+    assert_eq!(
+        steps["hf_6b"], "skipped",
+        "60 s leave no time for 6B: {summary}"
+    );
+    assert_eq!(summary["cuda_kernels"]["skipped"], false);
+
+    stand_in("cuda_kernels", "SKIPPED: no CUDA device");
+    let (code, summary) = run(&tmp.path().join("out-no-device"));
+    assert_eq!(code, Some(1));
+    assert_eq!(summary["steps"]["device"], "missing", "{summary}");
+    assert!(
+        summary["steps"].get("demo_annotate_cuda").is_none(),
+        "{summary}"
+    );
+
+    std::fs::remove_file(bin.join("toolsift")).unwrap();
+    let (code, summary) = run(&tmp.path().join("out-no-bundle"));
+    assert_eq!(code, Some(1));
+    assert_eq!(summary["steps"]["bundle"], "missing", "{summary}");
 }
