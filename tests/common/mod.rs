@@ -38,9 +38,15 @@ pub fn fuzz_cases(default: u32) -> u32 {
 }
 
 pub fn fixture_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    // The build's source folder; a test binary run from another copy of the repository (the GPU
+    // machine's, carried in gpu-bundle/) finds them from its current folder, the copy's root.
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let base = if built.is_dir() {
+        built
+    } else {
+        PathBuf::from("tests/fixtures")
+    };
+    base.join(name)
 }
 
 /// The tiny GPT-J fixture: `f32` safetensors, `f16` safetensors, or `bin` (float16
