@@ -289,6 +289,8 @@ bench() { # size texts timeout: transformers' three scorers on both placements, 
   step "hf_$size" "$t" python3 scripts/hf_baseline.py --out "$BENCH" --size "$size" \
        --texts "$texts" --reps 3
   [[ ${status[hf_$size]} == 0 ]] || return
+  # Into the work folder now, not only at the end: the summary after each step reads it.
+  mkdir -p "$WORK/bench" && cp "$BENCH/hf_$size.json" "$WORK/bench/"
   # Most wanted first (each run uploads the weights anew: ~11 s at 6B): the default engine,
   # then the opt-in variants, then where the time goes.
   for placement in prefix inline; do

@@ -276,8 +276,9 @@ struct ScoreArgs {
     #[arg(long)]
     reference: bool,
     /// Memory per plan chunk, MiB: activations, and on the CPU the planner's own (on CUDA the
-    /// attention context map); larger batches are split, and a candidate that needs more alone runs alone (default: 2048 on the CPU; on
-    /// CUDA 90% of the device memory free after the weights, the LM head's scratch and 1 GiB).
+    /// attention context map); larger batches are split, and a candidate that needs more alone
+    /// runs alone (default: 2048 on the CPU; on CUDA 90% of the device memory free after the
+    /// weights, the LM head's scratch and 1 GiB).
     /// Not with --reference, which scores one sequence at a time.
     #[arg(long, value_parser = mebibytes, conflicts_with = "reference")]
     memory_budget_mb: Option<usize>,

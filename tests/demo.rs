@@ -128,6 +128,31 @@ fn annotate_demo_runs_anywhere_and_replaces_its_output() {
     assert_eq!(lines(&out), cstar);
 }
 
+/// eval-demo's output, rerun from another folder (the corpus it recorded is relative to the
+/// first run's folder), is still its own: replaced, not refused.
+#[test]
+fn eval_demo_reruns_from_another_folder() {
+    let cwd = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(cwd.path().join("a")).unwrap();
+    let run = |dir: &Path, out: &str| {
+        let args = [
+            "eval-demo",
+            "--out",
+            out,
+            "--docs",
+            "1",
+            "--skip-generate",
+            "--no-progress",
+        ];
+        let o = toolsift(dir, tmp.path(), &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+    };
+    run(cwd.path(), "a/ev");
+    run(&cwd.path().join("a"), "ev");
+    run(cwd.path(), "a/ev");
+}
+
 /// eval-demo checks every file it would replace before it writes or removes any: someone's
 /// corpus.jsonl or cstar.jsonl in --out is refused and left as it was.
 #[test]

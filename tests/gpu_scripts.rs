@@ -162,10 +162,11 @@ fn the_summary_reads_a_runs_files() {
 }
 
 /// gpu-check.sh run whole in a copy of the repository whose bundle holds stand-ins that print a
-/// passing test result (and a transformers step that fails, as it does without torch): every
-/// step runs and is recorded, OUT_DIR ends with exactly summary.json and gpu-results.tgz, and
-/// a bundle whose first suite finds no device, or a missing bundle, stops the run at once with
-/// the reason in the summary.
+/// passing test result, and a transformers step that writes its JSON: every step runs and is
+/// recorded, the summary in OUT_DIR holds the benchmark's figures before the run ends (as a run
+/// killed at its limit would leave it: `toolsift bench`, the last step, copies it), OUT_DIR
+/// ends with exactly summary.json and gpu-results.tgz, and a bundle whose first suite finds no
+/// device, or a missing bundle, stops the run at once with the reason in the summary.
 #[test]
 #[cfg(unix)]
 fn gpu_check_runs_whole_over_stand_ins() {
@@ -181,22 +182,41 @@ fn gpu_check_runs_whole_over_stand_ins() {
     for f in ["gpu-check.sh", "compare-cstar.py"] {
         std::fs::copy(Path::new(SCRIPTS).join(f), scripts.join(f)).unwrap();
     }
-    std::fs::write(scripts.join("hf_baseline.py"), "import sys\nsys.exit(1)\n").unwrap();
-    let stand_in = |name: &str, text: &str| {
+    // --out DIR --size SIZE ...: hf_SIZE.json in DIR.
+    let hf = r#"import json, os, sys
+a = sys.argv
+out, size = a[a.index("--out") + 1], a[a.index("--size") + 1]
+os.makedirs(out, exist_ok=True)
+json.dump({"candidates": 3, "sdpa_backend": "flash"}, open(os.path.join(out, f"hf_{size}.json"), "w"))
+"#;
+    std::fs::write(scripts.join("hf_baseline.py"), hf).unwrap();
+    // A stand-in binary: a shell script with `body`.
+    let stand_in = |name: &str, body: &str| {
         use std::os::unix::fs::PermissionsExt as _;
         let path = bin.join(name);
-        std::fs::write(&path, format!("#!/bin/sh\necho '{text}'\n")).unwrap();
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     };
-    for name in ["toolsift", "cuda_kernels", "cuda_scoring", "cuda_sampling"] {
-        stand_in(name, "test result: ok. 1 passed");
+    let passing = "echo 'test result: ok. 1 passed'";
+    for name in ["cuda_kernels", "cuda_scoring", "cuda_sampling"] {
+        stand_in(name, passing);
     }
+    // `toolsift bench`, the last step, keeps the summary as it stands then.
+    let snapshot = tmp.path().join("summary-before-the-end.json");
+    stand_in(
+        "toolsift",
+        &format!(
+            "{passing}\nif [ \"$1\" = bench ]; then cp \"$SUMMARY\" '{}'; fi",
+            snapshot.display()
+        ),
+    );
     let run = |out: &Path| {
         let o = Command::new("bash")
             .arg(scripts.join("gpu-check.sh"))
             .arg(out)
             .env("GPU_CHECK_DEADLINE", "60")
             .env("GPU_CHECK_WORK", tmp.path().join("work"))
+            .env("SUMMARY", out.join("summary.json"))
             .output()
             .unwrap();
         let summary: Value =
@@ -221,14 +241,17 @@ fn gpu_check_runs_whole_over_stand_ins() {
     ] {
         assert_eq!(steps[step], "0", "{step}: {summary}");
     }
-    assert_eq!(steps["hf_default"], "1", "{summary}");
+    assert_eq!(steps["hf_default"], "0", "{summary}");
     assert_eq!(
         steps["hf_6b"], "skipped",
         "60 s leave no time for 6B: {summary}"
     );
     assert_eq!(summary["cuda_kernels"]["skipped"], false);
+    let before: Value = serde_json::from_str(&std::fs::read_to_string(&snapshot).unwrap()).unwrap();
+    assert_eq!(before["default"]["sdpa_backend"], "flash", "{before}");
+    assert_eq!(before["steps"]["toolsift_default_prefix"], "0", "{before}");
 
-    stand_in("cuda_kernels", "SKIPPED: no CUDA device");
+    stand_in("cuda_kernels", "echo 'SKIPPED: no CUDA device'");
     let (code, summary) = run(&tmp.path().join("out-no-device"));
     assert_eq!(code, Some(1));
     assert_eq!(summary["steps"]["device"], "missing", "{summary}");

@@ -218,9 +218,10 @@ pub struct Annotator<'a> {
     bracket: Option<u32>,
     space_bracket: Option<u32>,
     stop_tokens: Vec<u32>,
-    /// `known_ids[id]`: the tokenizer has a text for `id`. A model row past tokenizer.json's
-    /// vocabulary (GPT-J's 50400 rows over 50257 ids) decodes to nothing.
-    known_ids: Vec<bool>,
+    /// The ids the tokenizer has a text for, sorted (a list, not a table by id: an added token
+    /// can sit at a huge id). A model row past tokenizer.json's vocabulary (GPT-J's 50400 rows
+    /// over 50257 ids) decodes to nothing.
+    known_ids: Vec<u32>,
     score_options: ScoreOptions,
     /// Text tokens any tool reads: its sampling prefix's, plus the loss window after the last
     /// position; a document's text is tokenized that far (`Tokenizer::encode_head`).
@@ -344,16 +345,12 @@ impl<'a> Annotator<'a> {
         }
         // Every token whose text contains "]" ends a call ("]", "])", "]." ...): the
         // tokenizer's own ids (an added token can sit past a gap in them).
-        let ids = tokenizer.ids();
-        let stop_tokens: Vec<u32> = ids
+        let known_ids = tokenizer.ids();
+        let stop_tokens: Vec<u32> = known_ids
             .iter()
             .copied()
             .filter(|&id| tokenizer.decode(&[id]).is_ok_and(|s| s.contains(']')))
             .collect();
-        let mut known_ids = vec![false; ids.last().map_or(0, |&id| id as usize + 1)];
-        for &id in &ids {
-            known_ids[id as usize] = true;
-        }
         let score_options = ScoreOptions {
             placement: config.placement,
             weights: LossWeights::new(config.weights.clone())?,
@@ -534,7 +531,7 @@ impl<'a> Annotator<'a> {
                 st.calls_sampled += 1;
                 // The decoded text would leave out a token the tokenizer has no text for: the
                 // call executed would not be the one the model wrote.
-                let known = |&t: &u32| self.known_ids.get(t as usize).copied().unwrap_or(false);
+                let known = |t: &u32| self.known_ids.binary_search(t).is_ok();
                 if !sample.tokens.iter().all(known) {
                     st.calls_malformed += 1;
                     continue;

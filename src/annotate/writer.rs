@@ -295,8 +295,10 @@ pub(crate) fn not_of_kind(path: &Path, kind: OutputKind) -> Result<Option<String
 pub(crate) struct RecordedRun {
     /// The run description's `info.model`.
     pub model: PathBuf,
-    /// Its `corpus`, if it names one.
+    /// Its `corpus`, if it names one (as it was given: relative to the folder the run started in).
     pub corpus: Option<PathBuf>,
+    /// Its `corpus_xxh3` (`corpus::fingerprint`'s, as 16 hex digits), if it records one.
+    pub corpus_xxh3: Option<String>,
 }
 
 /// The model folder and corpus of the run that wrote the summary or journal at `path` (its run
@@ -327,9 +329,15 @@ pub(crate) fn recorded_run(path: &Path, kind: OutputKind) -> Result<Option<Recor
             .and_then(Value::as_str)
             .map(PathBuf::from)
     };
+    let corpus_xxh3 = run
+        .as_ref()
+        .and_then(|run| run.pointer("/corpus_xxh3"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     Ok(path_at("/info/model").map(|model| RecordedRun {
         model,
         corpus: path_at("/corpus"),
+        corpus_xxh3,
     }))
 }
 

@@ -166,8 +166,22 @@ fn not_a_demo_run(run: &RecordedRun, out: &Path) -> Option<String> {
         .and_then(|n| n.strip_suffix(".jsonl"))
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
     let annotate_demo = (corpus_name == "corpus.jsonl" || first_n) && in_folder(Some(&run.model));
-    let eval_demo = corpus_name == "corpus.jsonl" && in_folder(out.parent());
+    // eval-demo's corpus was recorded as given, relative to where that run started: beside the
+    // output by its path, or (from another folder) by its contents.
+    let eval_demo = corpus_name == "corpus.jsonl"
+        && (in_folder(out.parent()) || same_corpus_beside(out, run.corpus_xxh3.as_deref()));
     (!annotate_demo && !eval_demo).then(|| format!("the corpus {}", corpus.display()))
+}
+
+/// Whether the corpus.jsonl beside `out` is a regular file with the fingerprint `xxh3`.
+fn same_corpus_beside(out: &Path, xxh3: Option<&str>) -> bool {
+    let Some(xxh3) = xxh3 else {
+        return false;
+    };
+    let beside = out.parent().unwrap_or(Path::new("")).join("corpus.jsonl");
+    std::fs::metadata(&beside).is_ok_and(|m| m.is_file())
+        && crate::annotate::corpus::fingerprint(&beside)
+            .is_ok_and(|f| format!("{:016x}", f.xxh3) == xxh3)
 }
 
 /// Whether `a` and `b` are one folder (both exist and resolve to the same path; a relative path
