@@ -261,27 +261,38 @@ impl AtomicFile {
         options.write(true).create(true).truncate(false);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
-        let file = options.open(&tmp).map_err(io)?;
-        lock_in_place(
-            &file,
-            &tmp,
-            || {
-                format!(
-                    "{}: another toolsift process is writing {} (its temporary file is \
-                     locked); wait for it to finish or stop it, then rerun",
-                    tmp.display(),
-                    path.display()
-                )
-            },
-            // Renamed into place by another writer: truncating it would empty that output.
-            || {
-                format!(
-                    "{}: another toolsift process wrote it while this one started; rerun to \
-                     see its result",
-                    path.display()
-                )
-            },
-        )?;
+        // Twice at most: a writer that failed or was dropped while this one waited for its lock
+        // removed the file it held (not renamed into place), and the name is free again.
+        let mut tries = 2;
+        let file = loop {
+            let file = options.open(&tmp).map_err(io)?;
+            let locked = lock_in_place(
+                &file,
+                &tmp,
+                || {
+                    format!(
+                        "{}: another toolsift process is writing {} (its temporary file is \
+                         locked); wait for it to finish or stop it, then rerun",
+                        tmp.display(),
+                        path.display()
+                    )
+                },
+                // Renamed into place by another writer: truncating it would empty that output.
+                || {
+                    format!(
+                        "{}: another toolsift process wrote it while this one started; rerun to \
+                         see its result",
+                        path.display()
+                    )
+                },
+            );
+            tries -= 1;
+            match locked {
+                Ok(()) => break file,
+                Err(_) if tries > 0 && !same_file(&file, &tmp) && !same_file(&file, path) => {}
+                Err(e) => return Err(e),
+            }
+        };
         file.set_len(0).map_err(io)?;
         Ok(AtomicFile {
             path: path.to_owned(),
@@ -481,6 +492,45 @@ mod tests {
         writeln!(second, "second").unwrap();
         second.commit().unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "second\n");
+    }
+
+    /// A writer waiting for the lock of one that is then dropped uncommitted (its temporary
+    /// file removed, not renamed into place) takes the name over; one waiting for a writer that
+    /// commits is told that output was written meanwhile (unless it opened the name only after
+    /// the rename, on a machine slow enough: then it simply writes).
+    #[test]
+    fn a_waiting_writer_takes_over_from_one_that_gave_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        for commit in [false, true] {
+            let mut first = AtomicFile::create(&p).unwrap();
+            writeln!(first, "first").unwrap();
+            let waiting = std::thread::scope(|s| {
+                let waiting = s.spawn(|| AtomicFile::create(&p));
+                std::thread::sleep(std::time::Duration::from_millis(150));
+                if commit {
+                    first.commit().unwrap();
+                } else {
+                    drop(first);
+                }
+                waiting.join().unwrap()
+            });
+            match waiting {
+                Ok(mut second) => {
+                    writeln!(second, "second").unwrap();
+                    second.commit().unwrap();
+                    assert_eq!(std::fs::read_to_string(&p).unwrap(), "second\n");
+                }
+                Err(e) => {
+                    assert!(commit, "{e}");
+                    assert!(
+                        e.to_string().contains("wrote it while this one started"),
+                        "{e}"
+                    );
+                    assert_eq!(std::fs::read_to_string(&p).unwrap(), "first\n");
+                }
+            }
+        }
     }
 
     #[test]
