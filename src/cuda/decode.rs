@@ -518,17 +518,28 @@ impl<T: DeviceFloat> KvEngine for Engine<'_, T> {
                  call returns (2^32)"
             )));
         }
-        let rows: Vec<u32> = (0..x_rows as u32).collect();
-        let gather = HeadGather {
-            offsets: (0..=x_rows as u32).map(|i| i * nt as u32).collect(),
-            tokens: (0..x_rows).flat_map(|_| tokens.iter().copied()).collect(),
-            slots: (0..(x_rows * nt) as u32).collect(),
-            n_out: x_rows * nt,
-        };
-        let out = self
-            .scorer
-            .head_gather(self.w, &mut hidden.x, x_rows, &rows, &gather)?;
-        Ok(out.chunks(nt).map(<[f32]>::to_vec).collect())
+        // The gather's offsets, tokens and slots and its output take 16 bytes per (row, token)
+        // on the device, outside the budget: rows in blocks whose gather is no larger than the
+        // head's own logits scratch (one block when few tokens are asked for, as the driver's
+        // "[" is). Each block's rows are disjoint, so ln_f's bias goes into each row once.
+        let scratch = self.scorer.head_chunk_rows * stride(self.scorer.config.vocab_size) * 4;
+        let block = (scratch / (16 * nt)).clamp(1, x_rows);
+        let mut out = Vec::with_capacity(x_rows);
+        for r0 in (0..x_rows).step_by(block) {
+            let m = block.min(x_rows - r0);
+            let rows: Vec<u32> = (r0 as u32..(r0 + m) as u32).collect();
+            let gather = HeadGather {
+                offsets: (0..=m as u32).map(|i| i * nt as u32).collect(),
+                tokens: (0..m).flat_map(|_| tokens.iter().copied()).collect(),
+                slots: (0..(m * nt) as u32).collect(),
+                n_out: m * nt,
+            };
+            let values = self
+                .scorer
+                .head_gather(self.w, &mut hidden.x, x_rows, &rows, &gather)?;
+            out.extend(values.chunks(nt).map(<[f32]>::to_vec));
+        }
+        Ok(out)
     }
 
     fn head_log_softmax_each(
