@@ -323,21 +323,15 @@ pub(crate) fn recorded_run(path: &Path, kind: OutputKind) -> Result<Option<Recor
         }
         OutputKind::CStar | OutputKind::Rejects => None,
     };
-    let path_at = |pointer: &str| {
+    let text_at = |pointer: &str| {
         run.as_ref()
             .and_then(|run| run.pointer(pointer))
             .and_then(Value::as_str)
-            .map(PathBuf::from)
     };
-    let corpus_xxh3 = run
-        .as_ref()
-        .and_then(|run| run.pointer("/corpus_xxh3"))
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    Ok(path_at("/info/model").map(|model| RecordedRun {
-        model,
-        corpus: path_at("/corpus"),
-        corpus_xxh3,
+    Ok(text_at("/info/model").map(|model| RecordedRun {
+        model: PathBuf::from(model),
+        corpus: text_at("/corpus").map(PathBuf::from),
+        corpus_xxh3: text_at("/corpus_xxh3").map(str::to_owned),
     }))
 }
 

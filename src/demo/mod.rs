@@ -184,18 +184,17 @@ fn same_corpus_beside(out: &Path, xxh3: Option<&str>) -> bool {
             .is_ok_and(|f| format!("{:016x}", f.xxh3) == xxh3)
 }
 
-/// Whether `a` and `b` are one folder (both exist and resolve to the same path; a relative path
-/// that is empty is the current folder).
+/// Whether `a` and `b` are one existing folder (`util::fs::is_same_file`; a relative path that
+/// is empty is the current folder).
 fn same_folder(a: &Path, b: &Path) -> bool {
-    let resolve = |p: &Path| {
-        let p = if p.as_os_str().is_empty() {
-            Path::new(".")
+    let dot = |p: &Path| {
+        if p.as_os_str().is_empty() {
+            Path::new(".").to_path_buf()
         } else {
-            p
-        };
-        std::fs::canonicalize(p)
+            p.to_path_buf()
+        }
     };
-    matches!((resolve(a), resolve(b)), (Ok(a), Ok(b)) if a == b)
+    crate::util::fs::is_same_file(&dot(a), &dot(b))
 }
 
 #[cfg(test)]

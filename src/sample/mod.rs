@@ -105,6 +105,37 @@ pub fn branch_requests(ids: &[u32], branches: &[Branch]) -> Result<Vec<SampleReq
         .collect()
 }
 
+/// `Sampler::propose` as two calls on `sampler`: `token_log_probs`, then `sample` on the
+/// branches `choose` picks. The trait's default, and the reference sampler's with `limits`
+/// (vocab_size, n_positions) to check the branches as the cached samplers do
+/// (`batch::choose_branches`: a bad one is named "branch r", not "request r").
+pub(crate) fn propose_in_two_calls<S: Sampler + ?Sized>(
+    sampler: &S,
+    ids: &[u32],
+    tokens: &[u32],
+    choose: &mut Choose<'_>,
+    options: &SampleOptions,
+    limits: Option<(usize, usize)>,
+) -> Result<Proposal> {
+    let log_probs = sampler.token_log_probs(ids, tokens)?;
+    let (branches, requests) = match limits {
+        Some((vocab_size, n_positions)) => {
+            batch::choose_branches(ids, &log_probs, choose, options, vocab_size, n_positions)?
+        }
+        None => {
+            let branches = choose(&log_probs);
+            let requests = branch_requests(ids, &branches)?;
+            (branches, requests)
+        }
+    };
+    let samples = sampler.sample(&requests, options)?;
+    Ok(Proposal {
+        log_probs,
+        branches,
+        samples,
+    })
+}
+
 /// What `Sampler::propose` returns.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Proposal {
@@ -144,15 +175,7 @@ pub trait Sampler: Send + Sync {
         choose: &mut Choose<'_>,
         options: &SampleOptions,
     ) -> Result<Proposal> {
-        let log_probs = self.token_log_probs(ids, tokens)?;
-        let branches = choose(&log_probs);
-        let requests = branch_requests(ids, &branches)?;
-        let samples = self.sample(&requests, options)?;
-        Ok(Proposal {
-            log_probs,
-            branches,
-            samples,
-        })
+        propose_in_two_calls(self, ids, tokens, choose, options, None)
     }
 }
 

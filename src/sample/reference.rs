@@ -91,21 +91,8 @@ impl Sampler for ReferenceSampler {
         options: &SampleOptions,
     ) -> Result<Proposal> {
         let c = self.model.config();
-        let log_probs = self.token_log_probs(ids, tokens)?;
-        let (branches, requests) = batch::choose_branches(
-            ids,
-            &log_probs,
-            choose,
-            options,
-            c.vocab_size,
-            c.n_positions,
-        )?;
-        let samples = self.sample(&requests, options)?;
-        Ok(Proposal {
-            log_probs,
-            branches,
-            samples,
-        })
+        let limits = Some((c.vocab_size, c.n_positions));
+        super::propose_in_two_calls(self, ids, tokens, choose, options, limits)
     }
 }
 
