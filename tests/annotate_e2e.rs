@@ -1297,6 +1297,59 @@ fn binary_annotates_and_survives_kill_9() {
     }
 }
 
+/// SIGTERM ends a run whose stderr is a full pipe nobody reads (`2>&1 | less` unpaged, a
+/// stalled log driver): the main thread is blocked writing to it, holding stderr's lock, and
+/// the stop note must not wait for that lock, or the signal would never end the process.
+#[cfg(unix)]
+#[test]
+fn a_stop_signal_ends_a_run_whose_stderr_is_blocked() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 30);
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) writes two new descriptors into `fds`, each then owned exactly once.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // Fill the pipe: non-blocking writes until it is full, then blocking again.
+    // SAFETY: fcntl and write on a descriptor this test owns, from a live buffer.
+    unsafe {
+        let flags = libc::fcntl(fds[1], libc::F_GETFL);
+        libc::fcntl(fds[1], libc::F_SETFL, flags | libc::O_NONBLOCK);
+        let chunk = [b'x'; 4096];
+        for len in [4096, 1] {
+            while libc::write(fds[1], chunk.as_ptr().cast(), len) > 0 {}
+        }
+        libc::fcntl(fds[1], libc::F_SETFL, flags);
+    }
+    let mut child = run_bin(dir.path(), &corpus, "c.jsonl")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(write_end))
+        .spawn()
+        .unwrap();
+    // Time to load the model and block on the first note.
+    std::thread::sleep(Duration::from_millis(800));
+    // SAFETY: kill(2) on the child this test started and has not waited for.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(read_end);
+    let status = status.expect("SIGTERM did not end the run in 20 s");
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+}
+
 /// The journal records the model's content hash, not only its folder: a journal from a run on
 /// other weights (a checkpoint swapped in the same folder) is refused; the same hash resumes.
 #[test]
@@ -1723,6 +1776,38 @@ fn a_huge_max_call_tokens_is_an_error_not_an_overflow() {
         .expect("no room for a text")
         .to_string();
     assert!(err.contains("max_call_tokens"), "{err}");
+}
+
+/// C* is written under `<out>.tmp` and renamed into place: where that name is another run's
+/// output (`--out c.jsonl.tmp`, its summary or journal beside it), a run on `c.jsonl` is refused
+/// before anything is written, and that output is left as it was; a leftover `.tmp` with no
+/// run of its own (a crash's) is simply written over.
+#[test]
+fn a_temporary_name_that_is_another_runs_output_is_not_written_over() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 6);
+    let held = dir.path().join("c.jsonl.tmp");
+    annotate::annotate(&a, &whole_run(&corpus, held.clone())).unwrap();
+    let before = std::fs::read(&held).unwrap();
+    let out = dir.path().join("c.jsonl");
+    let err = annotate::annotate(&a, &whole_run(&corpus, out.clone()))
+        .expect_err("a run over another run's output")
+        .to_string();
+    assert!(
+        err.contains("c.jsonl.tmp, which is another run's output")
+            && err.contains("c.jsonl.tmp.summary.json beside it"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&held).unwrap(), before);
+    assert!(!out.exists());
+    // Without its summary it is a leftover, written over.
+    std::fs::remove_file(dir.path().join("c.jsonl.tmp.summary.json")).unwrap();
+    annotate::annotate(&a, &whole_run(&corpus, out.clone())).unwrap();
+    assert!(out.is_file() && !held.exists());
 }
 
 #[test]
@@ -2205,6 +2290,24 @@ fn shards_merge_however_their_corpus_and_model_paths_are_spelled() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A merge into "m.jsonl.tmp" is another run's output, not a temporary file of a merge into
+    // "m.jsonl": that one is refused and the first left as it was.
+    let out = merge("m.jsonl.tmp", &shards.each_ref().map(String::as_str));
+    assert!(out.status.success());
+    let before = std::fs::read(dir.path().join("m.jsonl.tmp")).unwrap();
+    let out = merge("m.jsonl", &shards.each_ref().map(String::as_str));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the temporary name m.jsonl.tmp, which is another run's output")
+            && stderr.contains("m.jsonl.tmp.summary.json beside it"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("m.jsonl.tmp")).unwrap(),
+        before
+    );
+    assert!(!dir.path().join("m.jsonl").exists());
     // Still a check on content: a shard of an edited corpus (as many lines), or of another
     // seed, is refused, and the message names the field and both values, not the paths.
     let edited = dir.path().join("edited.jsonl");

@@ -145,6 +145,9 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
             out_paths.journal.display()
         )));
     }
+    if let Some((tmp, shown)) = out_paths.temporary_held_by_a_run() {
+        return Err(super::held_temporary(out, &tmp, &shown));
+    }
     // A merge replaces an earlier C* (a merge's or a run's), never a file of another kind.
     if let Some(what) = writer::not_a_cstar(&out_paths.out)? {
         return Err(Error::input(format!(

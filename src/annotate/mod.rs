@@ -118,6 +118,9 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
             clash.display()
         )));
     }
+    if let Some((tmp, shown)) = paths.temporary_held_by_a_run() {
+        return Err(held_temporary(&paths.out, &tmp, &shown));
+    }
     // A fresh output folder (a shard job's, say) is made, not an error about the journal.
     if let Some(dir) = paths.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -371,6 +374,19 @@ pub fn check_out(out: &Path) -> Result<()> {
         out.display(),
         example.display()
     )))
+}
+
+/// `OutputPaths::temporary_held_by_a_run`'s refusal, for `annotate` and `merge`: `tmp`, a name
+/// C*'s outputs are written under, is another run's output (`shown` beside it says so).
+pub(crate) fn held_temporary(out: &Path, tmp: &Path, shown: &Path) -> Error {
+    Error::input(format!(
+        "output {} (--out) is written under the temporary name {}, which is another run's \
+         output ({} beside it): writing would replace it; move that output or give another \
+         output (--out)",
+        out.display(),
+        tmp.display(),
+        shown.display()
+    ))
 }
 
 /// What `finish` records about the run besides the journal's entries.

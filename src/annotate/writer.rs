@@ -157,6 +157,23 @@ impl OutputPaths {
         out
     }
 
+    /// A temporary name these outputs are written under (`AtomicFile::tmp_path`) that is itself
+    /// another run's output, with the file that shows it (that output's summary or journal):
+    /// `--out x.tmp` beside `--out x`. `AtomicFile` would empty it and rename it away.
+    pub fn temporary_held_by_a_run(&self) -> Option<(PathBuf, PathBuf)> {
+        [&self.out, &self.rejects, &self.summary]
+            .into_iter()
+            .map(|p| AtomicFile::tmp_path(p))
+            .filter(|tmp| tmp.is_file())
+            .find_map(|tmp| {
+                let theirs = OutputPaths::new(&tmp);
+                let shown = [theirs.summary, theirs.journal]
+                    .into_iter()
+                    .find(|p| p.is_file())?;
+                Some((tmp, shown))
+            })
+    }
+
     /// The outputs of the other spelling of `--out` that shares these rejects and summary
     /// names: "x" for "x.jsonl", "x.jsonl" for "x".
     pub fn other_spelling(&self) -> OutputPaths {

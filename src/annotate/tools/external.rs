@@ -420,12 +420,20 @@ pub fn stop_tools_on_signals() -> std::io::Result<()> {
                         _ => "SIGHUP",
                     };
                     // On a line of its own: a progress bar may hold the cursor. Not eprintln,
-                    // which panics when stderr is gone (`| tee log` ended by the same Ctrl-C):
-                    // this thread must go on to end the process.
-                    let _ = writeln!(
-                        std::io::stderr().lock(),
-                        "\ntoolsift: stopped by {name}: {note}"
-                    );
+                    // which panics when stderr is gone (`| tee log` ended by the same Ctrl-C),
+                    // and not on this thread: another may hold stderr's lock, blocked on a full
+                    // pipe nobody reads (`2>&1 | less`, a stalled log driver), and this thread
+                    // must go on to end the process. A note that cannot be written in 200 ms
+                    // is left unwritten.
+                    let line = format!("\ntoolsift: stopped by {name}: {note}\n");
+                    let (done, written) = mpsc::channel();
+                    let writer = thread::Builder::new().spawn(move || {
+                        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+                        let _ = done.send(());
+                    });
+                    if writer.is_ok() {
+                        let _ = written.recv_timeout(Duration::from_millis(200));
+                    }
                 }
                 let _ = signal_hook::low_level::emulate_default_handler(signal);
                 // Not reached: the default action of these three ends the process.
