@@ -501,6 +501,66 @@ fn a_scorers_own_refusal_is_its_lines_answer_and_a_miscount_an_error() {
         matches!(&err, Error::Backend(m) if m.contains("refused candidate 2 of a batch of 2")),
         "{err}"
     );
+    // The trait's own checked calls count the answer too.
+    for err in [
+        short.score(&batch, &ScoreOptions::default()).unwrap_err(),
+        short
+            .variant_losses(&batch, &ScoreOptions::default())
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(&err, Error::Backend(m) if m.contains("scorer picky returned 1 results for 2")),
+            "{err}"
+        );
+    }
+}
+
+/// A scorer that overrides `score` itself and drops the last answer: the text-level driver
+/// counts what it gets back, so no candidate is silently left unscored.
+#[test]
+fn a_short_answer_from_an_overridden_score_is_an_error() {
+    struct ShortScore<'a>(&'a dyn Scorer);
+    impl Scorer for ShortScore<'_> {
+        fn name(&self) -> &str {
+            "short"
+        }
+        fn config(&self) -> &toolsift::GptjConfig {
+            self.0.config()
+        }
+        fn variant_losses_unchecked(
+            &self,
+            candidates: &[TokenCandidate],
+            options: &ScoreOptions,
+        ) -> toolsift::Result<Vec<[f64; 3]>> {
+            self.0.variant_losses_unchecked(candidates, options)
+        }
+        fn score(
+            &self,
+            candidates: &[TokenCandidate],
+            options: &ScoreOptions,
+        ) -> toolsift::Result<Vec<toolsift::Scores>> {
+            let mut scores = self.0.score(candidates, options)?;
+            scores.pop();
+            Ok(scores)
+        }
+    }
+    let model = model();
+    let tokenizer = model.tokenizer().unwrap();
+    let inner = ReferenceScorer::new(&model);
+    let text = "Out of 1400 participants, 400 (or 29%) passed the test.";
+    let at = text.find(" 29%").unwrap();
+    let cands = vec![TextCandidate::new(text, at, "Calculator", "400 / 1400", "0.29"); 2];
+    let options = ScoreOptions::default();
+    let short = ShortScore(&inner);
+    for err in [
+        score_texts(&short, tokenizer, &cands, &options, CallForm::Arrow).unwrap_err(),
+        score_texts_each(&short, tokenizer, &cands, &options, CallForm::Arrow).unwrap_err(),
+    ] {
+        assert!(
+            matches!(&err, Error::Backend(m) if m.contains("scorer short returned 1 results for 2")),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -20,7 +20,9 @@ use crate::error::{Error, Result};
 use crate::model::tokenizer::Encoding;
 use crate::model::Tokenizer;
 use crate::sample::{Branch, SampleOptions, Sampler};
-use crate::score::{call_text, validate, LossWeights, ScoreOptions, Scorer, TextCandidate};
+use crate::score::{
+    call_text, check_answer_count, validate, LossWeights, ScoreOptions, Scorer, TextCandidate,
+};
 use crate::util::rng::Rng;
 
 /// Keys a document's heuristic draw (`heuristics::applies`) apart from its sampling seed
@@ -650,6 +652,7 @@ impl<'a> Annotator<'a> {
         }
         if !to_score.is_empty() {
             let scores = self.scorer.score(&to_score, &self.score_options)?;
+            check_answer_count(self.scorer.name(), scores.len(), to_score.len())?;
             for (&k, s) in score_index.iter().zip(&scores) {
                 let tool = pending[k].tool;
                 let (_, params) = &self.settings[tool];

@@ -15,13 +15,21 @@ use crate::plan::Plan;
 pub fn tree_attention(plan: &Plan, qkv: &[f32], n_head: usize, head_dim: usize, ctx: &mut [f32]) {
     let d = n_head * head_dim;
     // One mutable slice of `ctx` per segment (segments are contiguous and in order).
+    let ctx_len = ctx.len();
     let mut rest = ctx;
     let mut outs = Vec::with_capacity(plan.segments.len());
     for seg in &plan.segments {
+        debug_assert_eq!(
+            ctx_len - rest.len(),
+            seg.start as usize * d,
+            "segments out of order"
+        );
         let (mine, tail) = rest.split_at_mut(seg.len as usize * d);
         outs.push(mine);
         rest = tail;
     }
+    // Every row is written: `ctx` is not cleared between layers.
+    debug_assert!(rest.is_empty(), "segments leave rows of ctx unwritten");
     // Keys and values are the k and v columns of the same qkv rows.
     let kv = KeysValues {
         k: &qkv[d..],

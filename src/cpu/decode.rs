@@ -172,9 +172,16 @@ fn cached_attention(
     out: &mut [f32],
 ) {
     let d = n_head * head_dim;
+    // One slice of `out` per group, in order: group g's queries are rows first_query.. of qkv,
+    // and its output the same rows of `out`.
+    let out_len = out.len();
     let mut rest = out;
     let mut outs = Vec::with_capacity(groups.len());
     for g in groups {
+        debug_assert!(
+            g.n_new == 0 || out_len - rest.len() == g.first_query * d,
+            "groups out of order"
+        );
         let (mine, tail) = rest.split_at_mut(g.n_new * d);
         outs.push(mine);
         rest = tail;

@@ -350,9 +350,17 @@ impl Trie {
     }
 }
 
-/// Host bytes per unique token while a chunk is planned (trie, targets, then the plan itself),
-/// less the ancestor lists (`PLANNER_BYTES_PER_ANCESTOR`).
+/// Host bytes per unique token while a chunk is planned (trie, then the plan itself), less the
+/// ancestor lists (`PLANNER_BYTES_PER_ANCESTOR`) and the targets (`PLANNER_BYTES_PER_TARGET`).
 pub const PLANNER_BYTES_PER_TOKEN: usize = 256;
+
+/// Host bytes per target (weighted term) while a chunk is planned and scored: the builder's raw
+/// target (24, in a Vec that may hold twice its length as it grows), the plan's `Target` (24)
+/// and an engine's gather and log-prob (24). Counted apart from the tokens since targets grow
+/// with candidates times their window, not with unique tokens: the same call at every position
+/// of one text, with a long `--weights` window, is millions of targets over a few thousand
+/// tokens.
+pub const PLANNER_BYTES_PER_TARGET: usize = 96;
 
 /// Host bytes per entry of a plan's ancestor lists (`Plan::ancestors`): a u32, in a Vec that
 /// may hold up to twice its length as it grows. Counted apart from the tokens since the lists
@@ -405,13 +413,19 @@ impl<'o> PlanBuilder<'o> {
     }
 
     /// Host bytes the planner may need for the plan so far, at its peak: the tokens at
-    /// `PLANNER_BYTES_PER_TOKEN`, the ancestor lists at `PLANNER_BYTES_PER_ANCESTOR` an entry.
+    /// `PLANNER_BYTES_PER_TOKEN`, the ancestor lists at `PLANNER_BYTES_PER_ANCESTOR` an entry,
+    /// the targets at `PLANNER_BYTES_PER_TARGET`.
     pub fn planner_bytes(&self) -> usize {
         self.n_tokens()
             .saturating_mul(PLANNER_BYTES_PER_TOKEN)
             .saturating_add(
                 self.ancestors_bound()
                     .saturating_mul(PLANNER_BYTES_PER_ANCESTOR),
+            )
+            .saturating_add(
+                self.raw_targets
+                    .len()
+                    .saturating_mul(PLANNER_BYTES_PER_TARGET),
             )
     }
 
@@ -443,8 +457,8 @@ impl<'o> PlanBuilder<'o> {
 
     /// Adds `cand` unless that would take the plan past `max_tokens` unique tokens; returns
     /// whether it was added. The first candidate is always added, however large, and so is one
-    /// that adds no token (a duplicate of what the plan holds, which costs only its targets):
-    /// after an oversized first candidate it would otherwise start a chunk of its own and be
+    /// that adds no token (a duplicate of what the plan holds) to a plan already past the limit
+    /// (an oversized first candidate): it would otherwise start a chunk of its own and be
     /// computed again.
     pub fn push_within(&mut self, cand: &TokenCandidate, max_tokens: usize) -> bool {
         self.push_if(cand, |b| b.n_tokens() <= max_tokens)
@@ -465,9 +479,11 @@ impl<'o> PlanBuilder<'o> {
         })
     }
 
-    /// Adds `cand` if the plan with it `fits`, or if it is the first candidate or adds no
-    /// token (`push_within`); else undoes it.
+    /// Adds `cand` if the plan with it `fits`, or if it is the first candidate, or adds no
+    /// token to a plan that did not fit already (`push_within`); else undoes it. A candidate
+    /// that adds no token can still take a plan that fits past a byte limit, by its targets.
     fn push_if(&mut self, cand: &TokenCandidate, fits: impl Fn(&Self) -> bool) -> bool {
+        let fitted = fits(self);
         let (nodes, targets, naive, tokens, bound) = (
             self.trie.n_nodes(),
             self.raw_targets.len(),
@@ -476,7 +492,7 @@ impl<'o> PlanBuilder<'o> {
             self.trie.ancestors_bound,
         );
         self.push(cand);
-        if fits(self) || self.n_candidates == 1 || self.n_tokens() == tokens {
+        if fits(self) || self.n_candidates == 1 || (self.n_tokens() == tokens && !fitted) {
             return true;
         }
         self.trie.truncate(nodes);

@@ -514,3 +514,56 @@ fn chunks_in_bytes_hold_the_budget_and_the_bound_holds_every_plan() {
         }
     }
 }
+
+/// The same call at every position of one text, prefixed, with a long loss window: every
+/// candidate's sequences are the same few hundred tokens, but each brings hundreds of targets.
+fn every_position_prefixed_with_a_long_window(n: usize) -> (Vec<TokenCandidate>, ScoreOptions) {
+    let x = text(n);
+    let o = ScoreOptions {
+        placement: Placement::Prefix,
+        weights: LossWeights::new(vec![1.0; n / 2]).unwrap(),
+    };
+    ((1..n).map(|i| cand(&x, i, &[1], &[1, 2])).collect(), o)
+}
+
+/// The planner's estimate counts the targets, which grow with candidates times their window,
+/// not with tokens: on a batch that adds no token after its first candidate it still covers
+/// the real size, and chunks under a byte budget stay within it (before, every candidate that
+/// added no token joined the first chunk, whatever its targets).
+#[test]
+fn targets_count_in_the_planners_memory() {
+    let (cands, o) = every_position_prefixed_with_a_long_window(400);
+    let mut builder = PlanBuilder::new(&o);
+    for c in &cands {
+        builder.push(c);
+    }
+    let estimate = builder.planner_bytes();
+    let held = builder_bytes(&builder);
+    let plan = builder.finish();
+    check_plan(&plan, &cands, &o);
+    assert!(
+        plan.targets.len() > 100 * plan.n_tokens(),
+        "target-heavy: {} targets for {} tokens",
+        plan.targets.len(),
+        plan.n_tokens()
+    );
+    let real = held + plan_bytes(&plan);
+    assert!(estimate >= real, "estimate {estimate} < {real} bytes");
+
+    let budget = estimate / 4;
+    let mut chunks = 0;
+    for (range, plan) in chunked_in_bytes(&cands, &o, budget, 0) {
+        chunks += 1;
+        assert_same_plan(&Plan::build(&cands[range.clone()], &o), &plan);
+        let mut alone = PlanBuilder::new(&o);
+        for c in &cands[range.clone()] {
+            alone.push(c);
+        }
+        assert!(
+            alone.planner_bytes() <= budget || range.len() == 1,
+            "{range:?}: {} bytes over the budget of {budget}",
+            alone.planner_bytes()
+        );
+    }
+    assert!(chunks >= 4, "{chunks} chunks");
+}

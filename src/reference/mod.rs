@@ -143,15 +143,15 @@ impl ReferenceModel {
     /// How much the LayerNorms can amplify a relative error in the residual stream's terms, per
     /// position of `ids` (same caller checks as `hidden_states`): the product, over the
     /// LayerNorms the position passes through (each layer's ln_1, then ln_f), of
-    /// `|m| / sqrt(|x - mean(x)|^2 + n_embd * eps)`, where `x` is the residual at that norm's
-    /// input and `m` the per-feature sum of the magnitudes of the terms added into it so far (the
-    /// embedding, every earlier layer's attention and MLP outputs).
+    /// `max(1, |m| / sqrt(|x - mean(x)|^2 + n_embd * eps))`, where `x` is the residual at that
+    /// norm's input and `m` the per-feature sum of the magnitudes of the terms added into it so
+    /// far (the embedding, every earlier layer's attention and MLP outputs).
     ///
-    /// Always >= 1 (about 1 where the terms do not cancel). An engine that rounds each term to a
-    /// storage type with unit roundoff u perturbs the residual by about u |m|, which the norm
-    /// divides by the centred length it normalises: where random weights make the terms nearly
-    /// cancel (more often at small widths), its error in the log-probs grows by this factor.
-    /// The device tests scale their per-position budgets by it.
+    /// Always >= 1 (each factor is; about 1 where the terms do not cancel). An engine that
+    /// rounds each term to a storage type with unit roundoff u perturbs the residual by about
+    /// u |m|, which the norm divides by the centred length it normalises: where random weights
+    /// make the terms nearly cancel (more often at small widths), its error in the log-probs
+    /// grows by this factor. The device tests scale their per-position budgets by it.
     pub fn layer_norm_gain(&self, ids: &[u32]) -> Vec<f64> {
         let eps = self.config.layer_norm_epsilon;
         let mut gain = vec![1.0; ids.len()];

@@ -83,9 +83,11 @@ pub struct VariantSequence {
 
 /// The specification of what a variant scores; every backend must agree with it.
 ///
-/// Prefix placement: z ++ x_1 .. x_{i+k}. Inline: x_1 .. x_{i-1} ++ z ++ x_i .. x_{i+k}. In both,
-/// x_{i+t} (1-based) sits at index |z| + i + t - 1 and is predicted by the row before it. `c` must pass
-/// `validate` for `options` (otherwise it may panic: a position past the text does inline).
+/// Prefix placement: z ++ x_1 .. x_{i+T-1}. Inline: x_1 .. x_{i-1} ++ z ++ x_i .. x_{i+T-1}, T the
+/// loss window (the weights up to the last positive one), cut at the text's end. In both,
+/// x_{i+t} (1-based) sits at index |z| + i + t - 1 and is predicted by the row before it. `c`
+/// must pass `validate` for `options` (otherwise it may panic: a position past the text does
+/// inline).
 pub fn variant_sequence(
     c: &TokenCandidate,
     variant: Variant,

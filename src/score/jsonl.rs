@@ -147,7 +147,8 @@ pub fn score_jsonl(
             }
             match scorer.variant_losses_unchecked(&valid, &options.score) {
                 Ok(losses) => {
-                    super::check_answer_count(scorer, losses.len(), valid.len()).map_err(placed)?;
+                    super::check_answer_count(scorer.name(), losses.len(), valid.len())
+                        .map_err(placed)?;
                     break losses;
                 }
                 // A scorer's own refusal of one candidate (beyond `validate`) is its line's

@@ -33,11 +33,12 @@ use crate::model::GptjConfig;
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
-    /// The paper's choice (footnote 3): z ++ x_1 .. x_{i+4}. An un-finetuned model has never seen a
+    /// The paper's choice (footnote 3): z ++ x_1 .. x_{i+T-1} (T the loss window, 5 by default:
+    /// x_{i+4}). An un-finetuned model has never seen a
     /// call mid-text, so the call is scored as a prefix and spliced at i only when C* is written.
     #[default]
     Prefix,
-    /// x_1 .. x_{i-1} ++ z ++ x_i .. x_{i+4}: the call where it will stand in C*.
+    /// x_1 .. x_{i-1} ++ z ++ x_i .. x_{i+T-1}: the call where it will stand in C*.
     Inline,
 }
 
@@ -180,7 +181,9 @@ pub trait Scorer: Send + Sync {
         for (k, c) in candidates.iter().enumerate() {
             validate(c, self.config(), options).map_err(|e| Error::candidate(k, e))?;
         }
-        self.variant_losses_unchecked(candidates, options)
+        let losses = self.variant_losses_unchecked(candidates, options)?;
+        check_answer_count(self.name(), losses.len(), candidates.len())?;
+        Ok(losses)
     }
 
     /// `variant_losses`, as scores: L-, L+ and delta per candidate. A loss that is not finite
@@ -246,7 +249,7 @@ pub(crate) fn score_in_place(
             e => e,
         })?
     };
-    check_answer_count(scorer, scored.len(), good.len())?;
+    check_answer_count(scorer.name(), scored.len(), good.len())?;
     let mut scores = scored.into_iter();
     Ok(checked
         .into_iter()
@@ -263,12 +266,13 @@ pub(crate) fn out_of_batch(scorer: &dyn Scorer, index: usize, len: usize) -> Err
 }
 
 /// A scorer's answer holds one result per candidate asked: a `Scorer` written outside this
-/// crate that returns another count is an error naming it, not a panic or a misplaced score.
-pub(crate) fn check_answer_count(scorer: &dyn Scorer, answered: usize, asked: usize) -> Result<()> {
+/// crate that returns another count is an error naming it (`scorer`, its `name`), not a panic,
+/// a misplaced score or a candidate silently left unscored. Checked wherever an answer is used:
+/// the default `variant_losses`, and after every `score` call (which a scorer may override).
+pub(crate) fn check_answer_count(scorer: &str, answered: usize, asked: usize) -> Result<()> {
     if answered != asked {
         return Err(Error::Backend(format!(
-            "scorer {} returned {answered} results for {asked} candidates",
-            scorer.name()
+            "scorer {scorer} returned {answered} results for {asked} candidates"
         )));
     }
     Ok(())

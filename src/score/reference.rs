@@ -28,7 +28,8 @@ impl ReferenceScorer {
     /// L_i(z) for an explicit prefix z: the paper's weighted loss of text x at position i. Unlike a
     /// candidate, position 0 is allowed when z is not empty (z provides the context). An error
     /// when the arguments cannot be scored: an empty text, position 0 with an empty z, a position
-    /// past the text, bad weights, an id outside the vocabulary, z + text longer than n_positions.
+    /// past the text, bad weights, an id outside the vocabulary, z + the text up to its last
+    /// weighted token longer than n_positions.
     pub fn weighted_loss(
         &self,
         z: &[u32],

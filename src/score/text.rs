@@ -103,8 +103,8 @@ pub fn call_insert(call: &str, placement: Placement, spaced: bool) -> String {
 /// the text a `TextCandidate` at x_i scored.
 ///
 /// # Panics
-/// On an offset inside a character (`check_call` and the annotate driver give only token
-/// boundaries).
+/// On an offset inside a character (the offsets `to_tokens` and annotate's positions give are
+/// token boundaries).
 pub fn splice(text: &str, calls: &[(usize, String)]) -> String {
     let mut order: Vec<&(usize, String)> = calls.iter().collect();
     order.sort_by_key(|(b, _)| *b);
@@ -219,8 +219,9 @@ pub fn check_call(tool: &str, input: &str, result: &str) -> Result<()> {
 }
 
 impl TextCandidate {
-    /// Tokenizes with the conventions above. `text_ids` may be given when the text was already
-    /// tokenized (candidates of one text share it). A call `check_call` refuses is an error.
+    /// Tokenizes with the conventions above. `text` (the text's encoding and its ids, the same
+    /// tokens) may be given when the text was already tokenized (candidates of one text share
+    /// it). A call `check_call` refuses is an error.
     pub fn to_tokens(
         &self,
         tokenizer: &Tokenizer,
@@ -364,7 +365,9 @@ pub fn score_texts(
     let tokens = texts_to_tokens(scorer, tokenizer, candidates, options, form)
         .into_iter()
         .collect::<Result<Vec<_>>>()?;
-    scorer.score(&tokens, options)
+    let scores = scorer.score(&tokens, options)?;
+    super::check_answer_count(scorer.name(), scores.len(), tokens.len())?;
+    Ok(scores)
 }
 
 /// [`score_texts`], candidate by candidate: each candidate's scores or the reason it cannot be
