@@ -14,8 +14,10 @@ use toolsift::sample::{Branch, ReferenceSampler, SampleOptions, SampleRequest, S
 use toolsift::util::rng::Rng;
 use toolsift::Model;
 
-/// f32 engine vs f64 oracle on log-probs (see tests/cpu_vs_reference.rs for the reasoning).
-const TOL: f64 = 2e-3;
+/// f32 engine vs f64 oracle on log-probs, as tests/cpu_vs_reference.rs holds losses (see its
+/// reasoning): every check here passed at 2e-5 (three runs, 2026-12-05), and failed at 2e-6;
+/// until then it was 2e-3, which let an error of 1e-3 through.
+const TOL: f64 = 2e-4;
 
 fn random_model(seed: u64) -> Model {
     random_model_with(61, 96, seed)

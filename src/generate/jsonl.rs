@@ -16,7 +16,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{
-    generate_batch, prepare, CallTokens, Finish, GenerateOptions, Generation, Job, Prompt,
+    check_close, generate_batch, prepare, CallTokens, Finish, GenerateOptions, Generation, Job,
+    Prompt,
 };
 use crate::annotate::tools::ToolRegistry;
 use crate::error::{Error, Result};
@@ -84,6 +85,7 @@ pub fn generate_jsonl_after(
     options: &GenerateOptions,
 ) -> Result<GenerateSummary> {
     options.check()?;
+    check_close(tokenizer, options)?;
     let tokens = CallTokens::from_tokenizer(tokenizer);
     let mut summary = GenerateSummary::default();
     let out_err = |e: std::io::Error| Error::io("<output>", e);

@@ -222,6 +222,7 @@ pub fn generate(
     options: &GenerateOptions,
 ) -> Result<Vec<Generation>> {
     options.check()?;
+    check_close(tokenizer, options)?;
     let jobs = prompts
         .iter()
         .enumerate()
@@ -243,6 +244,18 @@ pub fn generate(
         )?);
     }
     Ok(out)
+}
+
+/// Refuses a tokenizer that writes "]" with an id the model has no row for (`vocab_size`, when
+/// known): every call that fails or is malformed is closed with it, so the first such call would
+/// fail its whole batch at the next step, where prompts, results and arrow cuts are checked.
+pub(crate) fn check_close(tokenizer: &Tokenizer, options: &GenerateOptions) -> Result<()> {
+    let Some(vocab_size) = options.vocab_size else {
+        return Ok(());
+    };
+    let ids = tokenizer.encode_ids("]")?;
+    check_vocab(&ids, vocab_size)
+        .map_err(|e| Error::input(format!("\"]\", which closes every call: {e}")))
 }
 
 /// Tokenizes a prompt and checks that generation can start from it: not empty, room left within

@@ -503,7 +503,8 @@ pub fn xent_gptj(block: u32) -> XentProblem {
 }
 
 /// logits [rows, ld] f32 without the bias; 0..4 targets per row (rows without targets
-/// included) at scattered output slots; full log-softmax rows out with stride ld_out, never ld.
+/// included), or in one row of four 1025..2100 (more than any block's threads), at scattered
+/// output slots; full log-softmax rows out with stride ld_out, never ld.
 pub struct XentCase {
     pub ld: usize,
     pub ld_out: usize,
@@ -523,7 +524,14 @@ impl XentCase {
         let mut offsets = vec![0u32];
         let mut tokens = Vec::new();
         for _ in 0..p.rows {
-            for _ in 0..rng.range(0, 4) {
+            // One row in four with more targets than a block has threads (up to 1024), so that
+            // the kernel's per-row target loop goes round more than once.
+            let n = if rng.range(0, 3) == 0 {
+                rng.range(1025, 2100)
+            } else {
+                rng.range(0, 4)
+            };
+            for _ in 0..n {
                 tokens.push(rng.range(0, p.vocab - 1) as u32);
             }
             offsets.push(tokens.len() as u32);
