@@ -531,27 +531,84 @@ fn spawn(work: impl FnOnce() + Send + 'static) -> Result<(), Attempt> {
 /// Reads `pipe` on a thread: up to `keep` bytes are sent back, the rest drained (so the
 /// child never blocks on a full pipe); the flag says whether there was more. That is sent as
 /// soon as the first byte past `keep` arrives, not at the end of the output: a program that
-/// prints without end is stopped then, not at its timeout.
+/// prints without end is stopped then, not at its timeout. With `give_up` (unix), the thread
+/// also ends, sending what it kept, once told to while nothing is left to read: a process the
+/// program left in the background may hold the pipe open for as long as it lives, and a
+/// thread blocked on it for every such call would pile up.
 fn read_pipe(
-    pipe: impl Read + Send + 'static,
+    mut pipe: impl Read + Send + 'static,
     keep: usize,
+    give_up: Option<GiveUp>,
 ) -> Result<mpsc::Receiver<(Vec<u8>, bool)>, Attempt> {
     let (tx, rx) = mpsc::channel();
     spawn(move || {
-        let mut pipe = pipe;
         let mut kept = Vec::new();
-        let _ = (&mut pipe).take(keep as u64).read_to_end(&mut kept);
-        let mut probe = [0u8; 1];
-        let more = loop {
-            match pipe.read(&mut probe) {
+        let mut sent = false;
+        let mut chunk = [0u8; 8192];
+        while give_up.as_ref().is_none_or(GiveUp::wait_readable) {
+            let n = match pipe.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                read => break matches!(read, Ok(n) if n > 0),
+                Err(_) => break,
+            };
+            if !sent {
+                let room = keep - kept.len();
+                kept.extend_from_slice(&chunk[..n.min(room)]);
+                if n > room {
+                    let _ = tx.send((std::mem::take(&mut kept), true));
+                    sent = true;
+                }
             }
-        };
-        let _ = tx.send((kept, more));
-        let _ = std::io::copy(&mut pipe, &mut std::io::sink());
+        }
+        if !sent {
+            let _ = tx.send((kept, false));
+        }
     })?;
     Ok(rx)
+}
+
+/// Tells a `read_pipe` thread to stop waiting on its pipe (set when the call ends).
+struct GiveUp {
+    #[cfg(unix)]
+    fd: std::os::fd::RawFd,
+    stop: std::sync::Arc<AtomicBool>,
+}
+
+impl GiveUp {
+    /// Until `pipe` has something to read (or its end) or `stop` is set: false for the latter.
+    fn wait_readable(&self) -> bool {
+        #[cfg(unix)]
+        loop {
+            let mut poll = libc::pollfd {
+                fd: self.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll(2) on one pollfd of ours, for a descriptor the reading thread owns
+            // (the pipe, alive as long as this thread runs).
+            let ready = unsafe { libc::poll(&mut poll, 1, 100) };
+            let interrupted = ready < 0
+                && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+            if ready != 0 && !interrupted {
+                return true; // readable, at its end, or an error the read will report
+            }
+            if self.stop.load(Ordering::SeqCst) {
+                return false;
+            }
+        }
+        #[cfg(not(unix))]
+        !self.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// Sets its flag when dropped: the call has ended, whichever way.
+struct SetOnDrop(std::sync::Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String, Attempt> {
@@ -591,13 +648,23 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
         .0
         .stdout
         .take()
-        .map(|p| read_pipe(p, MAX_OUTPUT_BYTES))
+        .map(|p| read_pipe(p, MAX_OUTPUT_BYTES, None))
         .transpose()?;
+    // Read only while the call lasts: a background process (a daemon the tool starts on
+    // purpose) may keep stderr for ever, and its reader gives up when the call ends.
+    let stop_stderr = SetOnDrop(Default::default());
     let stderr = child
         .0
         .stderr
         .take()
-        .map(|p| read_pipe(p, STDERR_KEEP))
+        .map(|p| {
+            let give_up = GiveUp {
+                #[cfg(unix)]
+                fd: std::os::fd::AsRawFd::as_raw_fd(&p),
+                stop: stop_stderr.0.clone(),
+            };
+            read_pipe(p, STDERR_KEEP, Some(give_up))
+        })
         .transpose()?;
 
     // What stdout's reader sent while the program ran: too much output ends the wait.
@@ -853,6 +920,46 @@ mod tests {
         ExternalTool::command("QA", argv(&["sh", "-c", script]))
             .with_timeout(Duration::from_secs(5))
             .with_retries(0)
+    }
+
+    /// A stderr reader whose pipe a background process keeps open (here: this test holds the
+    /// write end) ends once the call says so, sending what it read; without being told, it
+    /// waits. A call whose daemon keeps stderr succeeds at once.
+    #[cfg(unix)]
+    #[test]
+    fn a_reader_gives_up_a_pipe_held_open_when_the_call_ends() {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let mut fds = [0; 2];
+        // SAFETY: pipe(2) writes two new descriptors into `fds`, each then owned once.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let (read_end, write_end) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let mut writer = std::fs::File::from(write_end);
+        writer.write_all(b"warming up").unwrap();
+        let stop = SetOnDrop(Default::default());
+        let give_up = GiveUp {
+            fd: read_end.as_raw_fd(),
+            stop: stop.0.clone(),
+        };
+        let rx = read_pipe(std::fs::File::from(read_end), 64, Some(give_up)).unwrap();
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "still reading"
+        );
+        drop(stop);
+        let (kept, more) = rx.recv_timeout(Duration::from_secs(2)).expect("gave up");
+        assert_eq!((kept.as_slice(), more), (&b"warming up"[..], false));
+        // The thread has ended: its sender is gone.
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(2)),
+            Err(mpsc::RecvTimeoutError::Disconnected)
+        );
+        drop(writer);
+
+        let started = Instant::now();
+        let tool = sh("sleep 3 >/dev/null & echo 42");
+        assert_eq!(run(&tool, "x").unwrap(), "42");
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 
     #[test]
