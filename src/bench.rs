@@ -274,6 +274,50 @@ pub struct BenchReport {
     pub speedup_vs_tuned_kv_rounds: Vec<f64>,
     /// See `tuned_kv_tokens`.
     pub tuned_kv_fraction_of_peak: Option<f64>,
+    /// Per timed round of the tuned baseline, `[its seconds, the mean of toolsift's two runs
+    /// around it]`: each of `speedup_vs_tuned_rounds` is one quotient of these, so that the
+    /// published ratio can be checked from the report (`toolsift_secs` is another median, over
+    /// every round). Empty without baselines.
+    pub tuned_round_secs: Vec<[f64; 2]>,
+    /// As `tuned_round_secs`, for the naive baseline (`speedup_rounds`).
+    pub baseline_round_secs: Vec<[f64; 2]>,
+    /// As `tuned_round_secs`, for tuned + KV cache (`speedup_vs_tuned_kv_rounds`).
+    pub tuned_kv_round_secs: Vec<[f64; 2]>,
+    /// The threads candle's baselines run on (its own count: the physical cores, or
+    /// RAYON_NUM_THREADS), beside toolsift's `threads`; None without baselines.
+    pub baseline_threads: Option<usize>,
+    /// The CPU's model name (Linux: /proc/cpuinfo), None where unknown.
+    pub cpu_model: Option<String>,
+    /// The 1-minute load average when the timed rounds started and when they ended (Linux): a
+    /// shared machine whose load moved during the run gives ratios to repeat.
+    pub load_average: Option<[f64; 2]>,
+    /// The toolsift version that ran (the package's version).
+    pub toolsift_version: String,
+    /// When the report was made, seconds since the Unix epoch.
+    pub unix_time: u64,
+}
+
+/// The 1-minute load average (Linux: /proc/loadavg).
+fn load_average() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// The threads candle runs its baselines on: its own count (RAYON_NUM_THREADS, else the
+/// physical cores), which can differ from toolsift's rayon pool (logical CPUs) where cores
+/// have SMT siblings.
+fn baseline_threads() -> Option<usize> {
+    #[cfg(feature = "baselines")]
+    return Some(candle_core::utils::get_num_threads());
+    #[cfg(not(feature = "baselines"))]
+    None
+}
+
+/// The CPU's model name (Linux: the first "model name" of /proc/cpuinfo).
+fn cpu_model() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("model name"))?;
+    Some(line.split_once(':')?.1.trim().to_string())
 }
 
 /// The median (the mean of the middle two of an even count); NaN for none.
@@ -296,8 +340,12 @@ pub fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// The largest |a - b| over every loss; infinite when a loss of either side is not finite
-/// (`f64::max` would skip a NaN, so an engine returning NaN would look exact).
+/// (`f64::max` would skip a NaN, so an engine returning NaN would look exact), or when the two
+/// sides answered different numbers of candidates (a zip would compare only the shorter).
 fn max_abs_diff(a: &[[f64; 3]], b: &[[f64; 3]]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
     a.iter()
         .flatten()
         .zip(b.iter().flatten())
@@ -431,6 +479,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     // toolsift secs around each baseline round (tuned, naive, tuned-kv): the ratios'
     // denominators.
     let mut bracketing: [Vec<f64>; 3] = Default::default();
+    let load_at_start = load_average();
     for round in 0..rounds {
         let t = Instant::now();
         engine.variant_losses_unchecked(&candidates, &options)?;
@@ -458,6 +507,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
             }
         }
     }
+    let load_average = load_at_start.zip(load_average()).map(|(a, b)| [a, b]);
     drop(engine);
     let secs_of = |r: &(f64, RunStats, f64)| r.0;
     let toolsift_secs = median(&toolsift.iter().map(secs_of).collect::<Vec<_>>());
@@ -539,6 +589,16 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         speedup_vs_tuned_kv: None,
         speedup_vs_tuned_kv_rounds: Vec::new(),
         tuned_kv_fraction_of_peak: None,
+        tuned_round_secs: Vec::new(),
+        baseline_round_secs: Vec::new(),
+        tuned_kv_round_secs: Vec::new(),
+        baseline_threads: None,
+        cpu_model: cpu_model(),
+        load_average,
+        toolsift_version: env!("CARGO_PKG_VERSION").into(),
+        unix_time: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
     };
     if let Some([tuned, naive, tuned_kv]) = &baselines {
         let ratios = |secs: &[f64], toolsift: &[f64]| -> Vec<f64> {
@@ -564,6 +624,13 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         report.speedup_vs_tuned_kv_rounds = ratios(&timed[2], &bracketing[2]);
         report.speedup_vs_tuned_kv = Some(median(&report.speedup_vs_tuned_kv_rounds));
         report.tuned_kv_fraction_of_peak = Some(fraction(report.tuned_kv_tokens, kv_secs));
+        let pairs = |secs: &[f64], toolsift: &[f64]| -> Vec<[f64; 2]> {
+            secs.iter().zip(toolsift).map(|(&b, &t)| [b, t]).collect()
+        };
+        report.tuned_round_secs = pairs(&timed[0], &bracketing[0]);
+        report.baseline_round_secs = pairs(&timed[1], &bracketing[1]);
+        report.tuned_kv_round_secs = pairs(&timed[2], &bracketing[2]);
+        report.baseline_threads = baseline_threads();
         report.max_abs_diff = Some(
             outputs
                 .iter()
@@ -625,5 +692,8 @@ mod tests {
             let one = [[0.5, 1.0, 2.0], [1.0, bad, 1.0]];
             assert_eq!(max_abs_diff(&ours, &one), f64::INFINITY);
         }
+        // A side that answered fewer candidates is no comparison of the same work.
+        assert_eq!(max_abs_diff(&ours, &ours[..1]), f64::INFINITY);
+        assert_eq!(max_abs_diff(&ours[..1], &ours), f64::INFINITY);
     }
 }

@@ -748,6 +748,14 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
             );
         }
     }
+    if let Some(theirs) = report.baseline_threads.filter(|&n| n != report.threads) {
+        note!(
+            "warning: the candle baselines ran on {theirs} threads and toolsift on {} (candle \
+             counts physical cores): set RAYON_NUM_THREADS, which both read, to compare them on \
+             equal terms",
+            report.threads
+        );
+    }
     emit(&format!("{}\n", serde_json::to_string(&report)?))?;
     // After the report (its figures are the evidence): a speedup over different results is no
     // comparison of the same work. (Never NaN: a loss that is not finite makes it infinite.)

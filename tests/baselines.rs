@@ -500,6 +500,25 @@ fn bench_reports_per_round_ratios_that_agree_with_its_figures() {
     // The head runs on deduplicated weighted rows: fewer than the 25 x 3 x 5 targets.
     assert!(report.head_rows > 0 && report.head_rows < 25 * 15);
     assert!(report.head_gflops > 0.0);
+    // Every ratio can be checked from the raw seconds the report carries.
+    for (pairs, ratios) in [
+        (&report.tuned_round_secs, &report.speedup_vs_tuned_rounds),
+        (&report.baseline_round_secs, &report.speedup_rounds),
+        (
+            &report.tuned_kv_round_secs,
+            &report.speedup_vs_tuned_kv_rounds,
+        ),
+    ] {
+        assert_eq!(pairs.len(), ratios.len());
+        for ([b, t], r) in pairs.iter().zip(ratios) {
+            assert_eq!(b / t, *r);
+        }
+    }
+    assert!(report.baseline_threads.is_some_and(|n| n >= 1));
+    assert!(!report.toolsift_version.is_empty() && report.unix_time > 0);
+    if cfg!(target_os = "linux") {
+        assert!(report.load_average.is_some());
+    }
 }
 
 /// A run whose comparison would mean nothing is refused before any work: baselines in no round,

@@ -3,9 +3,12 @@
 //!
 //! - calculator precision: among kept Calculator calls, the share whose result equals the number
 //!   written right after the call's position (whitespace skipped; digits with an optional
-//!   decimal part; compared as numbers, so "25" equals "25" and "25.0");
+//!   decimal part; compared as numbers, so "25" equals "25" and "25.0"): the issue's
+//!   definition. `precision_at_sites` counts only those at a site, so that a call that restates
+//!   a number the text writes (`Calculator(1400)` before "1400") does not count;
 //! - site recall: the share of calculator sites with a kept Calculator call at the site (its
-//!   position is the site's offset or its answer's offset);
+//!   position is the site's offset or its answer's offset); `recall_right`, those with one whose
+//!   result is the site's answer;
 //! - control rate: the share of control documents with any kept Calculator call;
 //! - calendar: kept Calendar calls, and the share of calendar sites with a kept Calendar call.
 //!
@@ -52,6 +55,20 @@ pub struct CalculatorMetrics {
     pub control_with_calls: u64,
     /// control_with_calls / control_docs.
     pub control_rate: Option<f64>,
+    /// Of `correct`, the calls at a site (`at_site`), whose result is thus the site's answer: a
+    /// stricter count than `correct`, which also counts a call that merely restates a number
+    /// the text writes next (`Calculator(1400)` before "1400") wherever it stands.
+    #[serde(default)]
+    pub correct_at_sites: u64,
+    /// correct_at_sites / kept.
+    #[serde(default)]
+    pub precision_at_sites: Option<f64>,
+    /// Of `sites_hit`, the sites with a kept call whose result is the site's answer.
+    #[serde(default)]
+    pub sites_hit_right: u64,
+    /// sites_hit_right / sites.
+    #[serde(default)]
+    pub recall_right: Option<f64>,
 }
 
 /// The Calendar's counts and site recall (eval.json's "metrics"."calendar"); it has no target.
@@ -129,6 +146,10 @@ pub fn evaluate(docs: &[DemoDoc], records: &[CStarRecord]) -> Metrics {
         control_docs: 0,
         control_with_calls: 0,
         control_rate: None,
+        correct_at_sites: 0,
+        precision_at_sites: None,
+        sites_hit_right: 0,
+        recall_right: None,
     };
     let mut cal = CalendarMetrics {
         kept: 0,
@@ -146,16 +167,24 @@ pub fn evaluate(docs: &[DemoDoc], records: &[CStarRecord]) -> Metrics {
         let kept_cal: Vec<&CallRecord> = record
             .map(|r| kept_of(r, ToolKind::Calendar).collect())
             .unwrap_or_default();
-        if let Some(r) = record {
+        let right = |c: &CallRecord| {
+            record.is_some_and(|r| {
+                c.result
+                    .as_deref()
+                    .is_some_and(|res| result_matches_text(res, &r.text, c.position))
+            })
+        };
+        let calc_sites: Vec<&Site> = doc
+            .sites
+            .iter()
+            .filter(|s| s.tool == ToolKind::Calculator)
+            .collect();
+        if record.is_some() {
             calc.kept += kept_calc.len() as u64;
-            calc.correct += kept_calc
-                .iter()
-                .filter(|c| {
-                    c.result
-                        .as_deref()
-                        .is_some_and(|res| result_matches_text(res, &r.text, c.position))
-                })
-                .count() as u64;
+            for c in kept_calc.iter().filter(|c| right(c)) {
+                calc.correct += 1;
+                calc.correct_at_sites += u64::from(calc_sites.iter().any(|s| at_site(c, s)));
+            }
             cal.kept += kept_cal.len() as u64;
         }
         for site in &doc.sites {
@@ -166,6 +195,10 @@ pub fn evaluate(docs: &[DemoDoc], records: &[CStarRecord]) -> Metrics {
             };
             *sites += 1;
             *hit += u64::from(kept.iter().any(|c| at_site(c, site)));
+            if site.tool == ToolKind::Calculator {
+                calc.sites_hit_right +=
+                    u64::from(kept.iter().any(|c| at_site(c, site) && right(c)));
+            }
         }
         if doc.kind == DocKind::Control {
             calc.control_docs += 1;
@@ -174,6 +207,8 @@ pub fn evaluate(docs: &[DemoDoc], records: &[CStarRecord]) -> Metrics {
     }
     calc.precision = ratio(calc.correct, calc.kept);
     calc.recall = ratio(calc.sites_hit, calc.sites);
+    calc.precision_at_sites = ratio(calc.correct_at_sites, calc.kept);
+    calc.recall_right = ratio(calc.sites_hit_right, calc.sites);
     calc.control_rate = ratio(calc.control_with_calls, calc.control_docs);
     cal.recall = ratio(cal.sites_hit, cal.sites);
     Metrics {
@@ -358,10 +393,20 @@ impl EvalReport {
             c.kept
         ));
         s.push_str(&format!(
+            "  at sites            {:>6}  ({} of them stand at an arithmetic site)\n",
+            pct(c.precision_at_sites),
+            c.correct_at_sites
+        ));
+        s.push_str(&format!(
             "site recall           {:>6}  ({} of {} arithmetic sites have a kept call)\n",
             pct(c.recall),
             c.sites_hit,
             c.sites
+        ));
+        s.push_str(&format!(
+            "  with its answer     {:>6}  ({} of them have one whose result is the answer)\n",
+            pct(c.recall_right),
+            c.sites_hit_right
         ));
         s.push_str(&format!(
             "control rate          {:>6}  ({} of {} control documents have a kept call)\n",
@@ -592,6 +637,10 @@ mod tests {
         assert_eq!((c.kept, c.correct), (4, 3));
         assert_eq!(c.precision, Some(0.75));
         assert_eq!((c.sites, c.sites_hit, c.recall), (2, 2, Some(1.0)));
+        // The control document's call restates the number after it, away from any site:
+        // correct, not at a site.
+        assert_eq!((c.correct_at_sites, c.precision_at_sites), (2, Some(0.5)));
+        assert_eq!((c.sites_hit_right, c.recall_right), (2, Some(1.0)));
         assert_eq!(
             (c.control_docs, c.control_with_calls, c.control_rate),
             (2, 1, Some(0.5))
@@ -619,6 +668,15 @@ mod tests {
         assert_eq!(m.calculator.correct, 0, "\"s 70\": not a number first");
         assert_eq!(m.records, 1);
         assert_eq!(m.calendar.recall, Some(0.0));
+        // A call at the site with a wrong result hits the site, not with its answer.
+        let wrong = vec![record(
+            1,
+            &docs[0],
+            vec![call("Calculator", s1.offset, "71", true)],
+        )];
+        let c = evaluate(&docs, &wrong).calculator;
+        assert_eq!((c.sites_hit, c.sites_hit_right), (1, 0));
+        assert_eq!((c.correct, c.correct_at_sites), (0, 0));
 
         // Without the filter every scored call counts as kept, whatever its flag; an unscored
         // one (a failed tool, a loss that is not finite) still does not.

@@ -333,10 +333,7 @@ fn parse_line(
             result: t.result,
             weights: t.weights,
         };
-        let weights = text
-            .weights
-            .as_deref()
-            .unwrap_or(options.score.weights.as_slice());
+        let weights = text.weights(&options.score);
         let c = texts
             .tokens_for(
                 tokenizer,

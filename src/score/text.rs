@@ -64,6 +64,13 @@ impl TextCandidate {
             weights: None,
         }
     }
+
+    /// This candidate's loss weights, or else `options`' (as `TokenCandidate::weights`).
+    pub fn weights<'a>(&'a self, options: &'a ScoreOptions) -> &'a [f64] {
+        self.weights
+            .as_deref()
+            .unwrap_or(options.weights.as_slice())
+    }
 }
 
 /// e(c, r) when `result` is `Some`, e(c, eps) in `form` otherwise.
@@ -259,6 +266,12 @@ impl TextCandidate {
                 (&owned, ids)
             }
         };
+        // Positions come from the encoding's spans, tokens from the ids: one tokenization.
+        debug_assert_eq!(
+            &encoding.ids[..],
+            &text_ids[..],
+            "encoding and ids of two texts"
+        );
         if self.position > self.text.len() || !self.text.is_char_boundary(self.position) {
             return Ok(Err(InvalidCandidate::Text(format!(
                 "position {} is not a character boundary of the text ({} bytes)",
@@ -401,15 +414,12 @@ fn texts_to_tokens(
     options: &ScoreOptions,
     form: CallForm,
 ) -> Vec<Result<TokenCandidate>> {
-    fn weights<'a>(c: &'a TextCandidate, options: &'a ScoreOptions) -> &'a [f64] {
-        c.weights.as_deref().unwrap_or(options.weights.as_slice())
-    }
     let config = scorer.config();
     let mut heads = TextHeads::within(config.n_positions);
     // Tokens each text must yield: as many as its furthest-reading candidate needs, so that a
     // text is tokenized once. (A candidate refused here is refused again, in order, below.)
     for c in candidates {
-        if let Ok(n) = head_tokens_needed(&c.text, c.position, weights(c, options)) {
+        if let Ok(n) = head_tokens_needed(&c.text, c.position, c.weights(options)) {
             heads.ask(&c.text, n);
         }
     }
@@ -418,7 +428,7 @@ fn texts_to_tokens(
         .enumerate()
         .map(|(k, c)| {
             let tokenized = heads
-                .tokens_for(tokenizer, c, weights(c, options), options.placement, form)
+                .tokens_for(tokenizer, c, c.weights(options), options.placement, form)
                 .map_err(|e| e.context(format!("candidate {k}")))?;
             tokenized
                 .and_then(|candidate| {
