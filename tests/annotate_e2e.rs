@@ -1808,6 +1808,24 @@ fn a_temporary_name_that_is_another_runs_output_is_not_written_over() {
     std::fs::remove_file(dir.path().join("c.jsonl.tmp.summary.json")).unwrap();
     annotate::annotate(&a, &whole_run(&corpus, out.clone())).unwrap();
     assert!(out.is_file() && !held.exists());
+
+    // A run on "d.jsonl.tmp" in progress (its journal, no C* yet) holds the name too; and the
+    // other way round, "e.jsonl.tmp" is refused while a run on "e.jsonl" is in progress.
+    std::fs::write(dir.path().join("d.jsonl.tmp.partial"), "").unwrap();
+    let err = annotate::annotate(&a, &whole_run(&corpus, dir.path().join("d.jsonl")))
+        .expect_err("a run under a run in progress")
+        .to_string();
+    assert!(err.contains("d.jsonl.tmp.partial beside it"), "{err}");
+    assert!(!dir.path().join("d.jsonl").exists());
+    std::fs::write(dir.path().join("e.jsonl.partial"), "").unwrap();
+    let err = annotate::annotate(&a, &whole_run(&corpus, dir.path().join("e.jsonl.tmp")))
+        .expect_err("a run on the temporary name of a run in progress")
+        .to_string();
+    assert!(
+        err.contains("the temporary name a run on") && err.contains("e.jsonl.partial beside it"),
+        "{err}"
+    );
+    assert!(!dir.path().join("e.jsonl.tmp").exists());
 }
 
 #[test]

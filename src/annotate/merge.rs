@@ -145,8 +145,8 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
             out_paths.journal.display()
         )));
     }
-    if let Some((tmp, shown)) = out_paths.temporary_held_by_a_run() {
-        return Err(super::held_temporary(out, &tmp, &shown));
+    if let Some(why) = out_paths.temporary_clash() {
+        return Err(super::temporary_clash(out, &why));
     }
     // A merge replaces an earlier C* (a merge's or a run's), never a file of another kind.
     if let Some(what) = writer::not_a_cstar(&out_paths.out)? {
@@ -212,6 +212,10 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     // As annotate does: a fresh output folder is made.
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    // Again, just before writing: a run on a clashing name may have started since.
+    if let Some(why) = out_paths.temporary_clash() {
+        return Err(super::temporary_clash(out, &why));
     }
     let mut docs_file = AtomicFile::create(&out_paths.out)?;
     let mut rejects_file = AtomicFile::create(&out_paths.rejects)?;

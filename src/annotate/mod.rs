@@ -118,8 +118,8 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
             clash.display()
         )));
     }
-    if let Some((tmp, shown)) = paths.temporary_held_by_a_run() {
-        return Err(held_temporary(&paths.out, &tmp, &shown));
+    if let Some(why) = paths.temporary_clash() {
+        return Err(temporary_clash(&paths.out, &why));
     }
     // A fresh output folder (a shard job's, say) is made, not an error about the journal.
     if let Some(dir) = paths.out.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -376,16 +376,12 @@ pub fn check_out(out: &Path) -> Result<()> {
     )))
 }
 
-/// `OutputPaths::temporary_held_by_a_run`'s refusal, for `annotate` and `merge`: `tmp`, a name
-/// C*'s outputs are written under, is another run's output (`shown` beside it says so).
-pub(crate) fn held_temporary(out: &Path, tmp: &Path, shown: &Path) -> Error {
+/// `OutputPaths::temporary_clash`'s refusal, for `annotate` and `merge`.
+pub(crate) fn temporary_clash(out: &Path, why: &str) -> Error {
     Error::input(format!(
-        "output {} (--out) is written under the temporary name {}, which is another run's \
-         output ({} beside it): writing would replace it; move that output or give another \
-         output (--out)",
-        out.display(),
-        tmp.display(),
-        shown.display()
+        "output {} (--out): {why}: writing would replace the other run's output; let it finish \
+         and move it, or give another output (--out)",
+        out.display()
     ))
 }
 
@@ -425,6 +421,10 @@ fn finish(
     run: &RunSummary,
 ) -> Result<Summary> {
     let mut builder = summary::SummaryBuilder::new(tools);
+    // Again, now that the outputs are written: a run on a clashing name may have started since.
+    if let Some(why) = paths.temporary_clash() {
+        return Err(temporary_clash(&paths.out, &why));
+    }
     let mut out = fs::AtomicFile::create(&paths.out)?;
     let mut rejects = fs::AtomicFile::create(&paths.rejects)?;
     let mut expected = (1..=run.corpus_lines).filter(|&n| run.shard.owns(n));

@@ -157,21 +157,45 @@ impl OutputPaths {
         out
     }
 
-    /// A temporary name these outputs are written under (`AtomicFile::tmp_path`) that is itself
-    /// another run's output, with the file that shows it (that output's summary or journal):
-    /// `--out x.tmp` beside `--out x`. `AtomicFile` would empty it and rename it away.
-    pub fn temporary_held_by_a_run(&self) -> Option<(PathBuf, PathBuf)> {
-        [&self.out, &self.rejects, &self.summary]
+    /// Where these outputs' temporary names (`AtomicFile::tmp_path`) meet another run's
+    /// outputs, which `AtomicFile` would empty and rename away: a temporary name that is the C*
+    /// of a run in progress (its journal beside it) or of a finished one (the C* and its
+    /// summary), `--out x.tmp` beside `--out x`; or, the other way round, C* itself the
+    /// temporary name of a run in progress on the name without ".tmp". Says why, naming the
+    /// files; checked when a run starts and again before its outputs are written.
+    pub fn temporary_clash(&self) -> Option<String> {
+        let forward = [&self.out, &self.rejects, &self.summary]
             .into_iter()
             .map(|p| AtomicFile::tmp_path(p))
-            .filter(|tmp| tmp.is_file())
             .find_map(|tmp| {
                 let theirs = OutputPaths::new(&tmp);
-                let shown = [theirs.summary, theirs.journal]
-                    .into_iter()
-                    .find(|p| p.is_file())?;
-                Some((tmp, shown))
+                let shown = if theirs.journal.is_file() {
+                    theirs.journal
+                } else if tmp.is_file() && theirs.summary.is_file() {
+                    theirs.summary
+                } else {
+                    return None;
+                };
+                Some(format!(
+                    "it is written under the temporary name {}, which is another run's output \
+                     ({} beside it)",
+                    tmp.display(),
+                    shown.display()
+                ))
+            });
+        forward.or_else(|| {
+            let name = self.out.file_name()?;
+            let base = strip_ext(name, "tmp")?;
+            let theirs = OutputPaths::new(&self.out.with_file_name(base));
+            theirs.journal.is_file().then(|| {
+                format!(
+                    "it is the temporary name a run on {} in progress writes its C* under ({} \
+                     beside it)",
+                    theirs.out.display(),
+                    theirs.journal.display()
+                )
             })
+        })
     }
 
     /// The outputs of the other spelling of `--out` that shares these rejects and summary

@@ -461,7 +461,7 @@ impl<'o> PlanBuilder<'o> {
     /// (an oversized first candidate): it would otherwise start a chunk of its own and be
     /// computed again.
     pub fn push_within(&mut self, cand: &TokenCandidate, max_tokens: usize) -> bool {
-        self.push_if(cand, |b| b.n_tokens() <= max_tokens)
+        self.push_if(cand, |b| b.n_tokens() <= max_tokens, usize::MAX)
     }
 
     /// `push_within` for a limit in bytes: adds `cand` unless the plan's activations,
@@ -473,16 +473,28 @@ impl<'o> PlanBuilder<'o> {
         budget: usize,
         activation_bytes_per_token: usize,
     ) -> bool {
-        self.push_if(cand, |b| {
-            let activations = b.n_tokens().saturating_mul(activation_bytes_per_token);
-            activations.saturating_add(b.planner_bytes()) <= budget
-        })
+        self.push_if(
+            cand,
+            |b| {
+                let activations = b.n_tokens().saturating_mul(activation_bytes_per_token);
+                activations.saturating_add(b.planner_bytes()) <= budget
+            },
+            budget,
+        )
     }
 
     /// Adds `cand` if the plan with it `fits`, or if it is the first candidate, or adds no
-    /// token to a plan that did not fit already (`push_within`); else undoes it. A candidate
-    /// that adds no token can still take a plan that fits past a byte limit, by its targets.
-    fn push_if(&mut self, cand: &TokenCandidate, fits: impl Fn(&Self) -> bool) -> bool {
+    /// token to a plan that did not fit already (`push_within`) while the targets' bytes
+    /// (`PLANNER_BYTES_PER_TARGET` each) stay within `max_target_bytes`; else undoes it. A
+    /// candidate that adds no token can still take a plan past a byte limit by its targets:
+    /// the same call at every position of an oversized text, prefixed, adds no token after the
+    /// first, and each brings its window's targets.
+    fn push_if(
+        &mut self,
+        cand: &TokenCandidate,
+        fits: impl Fn(&Self) -> bool,
+        max_target_bytes: usize,
+    ) -> bool {
         let fitted = fits(self);
         let (nodes, targets, naive, tokens, bound) = (
             self.trie.n_nodes(),
@@ -492,7 +504,14 @@ impl<'o> PlanBuilder<'o> {
             self.trie.ancestors_bound,
         );
         self.push(cand);
-        if fits(self) || self.n_candidates == 1 || (self.n_tokens() == tokens && !fitted) {
+        let duplicate_of_oversized = self.n_tokens() == tokens
+            && !fitted
+            && self
+                .raw_targets
+                .len()
+                .saturating_mul(PLANNER_BYTES_PER_TARGET)
+                <= max_target_bytes;
+        if fits(self) || self.n_candidates == 1 || duplicate_of_oversized {
             return true;
         }
         self.trie.truncate(nodes);
@@ -625,11 +644,16 @@ impl Iterator for Chunks<'_> {
                     budget,
                     bytes_per_token,
                     bytes_per_ancestor,
-                } => builder.push_if(cand, |b| {
-                    let tokens = b.n_tokens().saturating_mul(bytes_per_token);
-                    let map = b.ancestors_bound().saturating_mul(bytes_per_ancestor);
-                    tokens.saturating_add(map) <= budget
-                }),
+                } => builder.push_if(
+                    cand,
+                    |b| {
+                        let tokens = b.n_tokens().saturating_mul(bytes_per_token);
+                        let map = b.ancestors_bound().saturating_mul(bytes_per_ancestor);
+                        tokens.saturating_add(map) <= budget
+                    },
+                    // The targets are the host's, not the device's budget.
+                    usize::MAX,
+                ),
             };
             if !added {
                 break;

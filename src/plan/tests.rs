@@ -566,4 +566,18 @@ fn targets_count_in_the_planners_memory() {
         );
     }
     assert!(chunks >= 4, "{chunks} chunks");
+
+    // Activations so large that the first candidate alone is over the budget: the candidates
+    // that add no token after it join its chunk only while their targets fit the budget.
+    let per_token = budget;
+    let mut chunks = 0;
+    for (range, plan) in chunked_in_bytes(&cands, &o, budget, per_token) {
+        chunks += 1;
+        let target_bytes = plan.targets.len() * PLANNER_BYTES_PER_TARGET;
+        assert!(
+            range.len() == 1 || target_bytes <= budget,
+            "{range:?}: {target_bytes} bytes of targets over the budget of {budget}"
+        );
+    }
+    assert!(chunks >= 4, "{chunks} chunks");
 }

@@ -531,10 +531,11 @@ fn spawn(work: impl FnOnce() + Send + 'static) -> Result<(), Attempt> {
 /// Reads `pipe` on a thread: up to `keep` bytes are sent back, the rest drained (so the
 /// child never blocks on a full pipe); the flag says whether there was more. That is sent as
 /// soon as the first byte past `keep` arrives, not at the end of the output: a program that
-/// prints without end is stopped then, not at its timeout. With `give_up` (unix), the thread
-/// also ends, sending what it kept, once told to while nothing is left to read: a process the
-/// program left in the background may hold the pipe open for as long as it lives, and a
-/// thread blocked on it for every such call would pile up.
+/// prints without end is stopped then, not at its timeout. With `give_up`, once its flag is set
+/// (the call has ended) the thread reads what is there (up to `STOP_DRAIN_BYTES`), sends what
+/// it kept and hands the pipe to [`drain`]: a process the program left running in the
+/// background (a daemon the tool starts on purpose) may hold the pipe for as long as it lives,
+/// and a thread blocked on it for every such call would pile up.
 fn read_pipe(
     mut pipe: impl Read + Send + 'static,
     keep: usize,
@@ -545,13 +546,24 @@ fn read_pipe(
         let mut kept = Vec::new();
         let mut sent = false;
         let mut chunk = [0u8; 8192];
-        while give_up.as_ref().is_none_or(GiveUp::wait_readable) {
+        let mut after_stop = 0;
+        let mut hand_over = false;
+        loop {
+            if let Some(g) = &give_up {
+                if after_stop > STOP_DRAIN_BYTES || !g.wait_readable() {
+                    hand_over = true;
+                    break;
+                }
+            }
             let n = match pipe.read(&mut chunk) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             };
+            if give_up.as_ref().is_some_and(GiveUp::stopped) {
+                after_stop += n;
+            }
             if !sent {
                 let room = keep - kept.len();
                 kept.extend_from_slice(&chunk[..n.min(room)]);
@@ -564,11 +576,18 @@ fn read_pipe(
         if !sent {
             let _ = tx.send((kept, false));
         }
+        if let (true, Some(g)) = (hand_over, &give_up) {
+            g.hand_over(Box::new(pipe));
+        }
     })?;
     Ok(rx)
 }
 
-/// Tells a `read_pipe` thread to stop waiting on its pipe (set when the call ends).
+/// What a `read_pipe` thread told to give up still reads once the call has ended, before it
+/// hands the pipe over: the end of the program's own output, not a daemon's stream without end.
+const STOP_DRAIN_BYTES: usize = 64 * 1024;
+
+/// Tells a `read_pipe` thread that the call has ended (its flag, set by `SetOnDrop`).
 struct GiveUp {
     #[cfg(unix)]
     fd: std::os::fd::RawFd,
@@ -576,10 +595,16 @@ struct GiveUp {
 }
 
 impl GiveUp {
-    /// Until `pipe` has something to read (or its end) or `stop` is set: false for the latter.
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Until the pipe has something to read (or is at its end): true; false once the call has
+    /// ended and nothing is left to read now.
     fn wait_readable(&self) -> bool {
         #[cfg(unix)]
         loop {
+            let stopping = self.stopped();
             let mut poll = libc::pollfd {
                 fd: self.fd,
                 events: libc::POLLIN,
@@ -587,18 +612,27 @@ impl GiveUp {
             };
             // SAFETY: poll(2) on one pollfd of ours, for a descriptor the reading thread owns
             // (the pipe, alive as long as this thread runs).
-            let ready = unsafe { libc::poll(&mut poll, 1, 100) };
+            let ready = unsafe { libc::poll(&mut poll, 1, if stopping { 0 } else { 100 }) };
             let interrupted = ready < 0
                 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
             if ready != 0 && !interrupted {
                 return true; // readable, at its end, or an error the read will report
             }
-            if self.stop.load(Ordering::SeqCst) {
+            if ready == 0 && stopping {
                 return false;
             }
         }
         #[cfg(not(unix))]
-        !self.stop.load(Ordering::SeqCst)
+        !self.stopped()
+    }
+
+    /// The pipe goes on being read, and what comes discarded, by [`drain`] (unix); elsewhere it
+    /// is closed.
+    fn hand_over(&self, pipe: Box<dyn Send>) {
+        #[cfg(unix)]
+        drain::adopt(self.fd, pipe);
+        #[cfg(not(unix))]
+        drop(pipe);
     }
 }
 
@@ -608,6 +642,87 @@ struct SetOnDrop(std::sync::Arc<AtomicBool>);
 impl Drop for SetOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Pipes whose call has ended but that a process the tool left running still holds: one thread
+/// for all of them reads and discards what those processes write, until each lets go of its
+/// end. Closing ours instead would kill such a daemon with SIGPIPE at its next write (std
+/// resets SIGPIPE to its default in the programs it starts).
+#[cfg(unix)]
+mod drain {
+    use std::os::fd::RawFd;
+    use std::sync::{Condvar, Mutex, Once};
+    use std::time::Duration;
+
+    /// The pipes, each with what keeps its descriptor open (dropped when it is removed).
+    static ADOPTED: Mutex<Vec<(RawFd, Box<dyn Send>)>> = Mutex::new(Vec::new());
+    /// Wakes the thread when a pipe is adopted (it sleeps while there is none).
+    static ADDED: Condvar = Condvar::new();
+    static STARTED: Once = Once::new();
+
+    /// Drains `fd`, kept open by `owner`, from now on.
+    pub(super) fn adopt(fd: RawFd, owner: Box<dyn Send>) {
+        let mut started = true;
+        STARTED.call_once(|| {
+            started = std::thread::Builder::new()
+                .name("toolsift-drain".into())
+                .spawn(run)
+                .is_ok();
+        });
+        if !started {
+            return; // no thread to read it (OS limits): closed, as before there was one
+        }
+        ADOPTED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((fd, owner));
+        ADDED.notify_one();
+    }
+
+    fn run() {
+        let mut scratch = [0u8; 8192];
+        loop {
+            let mut polls: Vec<libc::pollfd> = {
+                let mut adopted = ADOPTED.lock().unwrap_or_else(|e| e.into_inner());
+                while adopted.is_empty() {
+                    adopted = ADDED.wait(adopted).unwrap_or_else(|e| e.into_inner());
+                }
+                adopted
+                    .iter()
+                    .map(|&(fd, _)| libc::pollfd {
+                        fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    })
+                    .collect()
+            };
+            // SAFETY: poll(2) over pollfds of descriptors only this thread closes (by removing
+            // them below), all open until then. A pipe adopted meanwhile waits for the next
+            // round, at most 200 ms.
+            let ready = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 200) };
+            if ready <= 0 {
+                continue;
+            }
+            let mut done = Vec::new();
+            for p in polls.iter().filter(|p| p.revents != 0) {
+                // SAFETY: read(2) into a live buffer of its length, on an open descriptor that
+                // poll says will not block.
+                let n = unsafe { libc::read(p.fd, scratch.as_mut_ptr().cast(), scratch.len()) };
+                let interrupted = n < 0
+                    && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+                if n == 0 || (n < 0 && !interrupted) {
+                    done.push(p.fd); // every writer let go, or the pipe failed
+                }
+            }
+            if !done.is_empty() {
+                ADOPTED
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|(fd, _)| !done.contains(fd));
+            }
+            std::thread::sleep(Duration::from_millis(1)); // a chatty daemon: yield between rounds
+        }
     }
 }
 
@@ -703,8 +818,11 @@ fn run_command(argv: &[String], input: &str, timeout: Duration) -> Result<String
         (None, Some(rx)) => rx.recv_timeout(remaining).ok(),
         (None, None) => Some((Vec::new(), false)),
     };
+    // The program has ended: stderr's reader gives up once it has read what is there (a
+    // process left in the background may hold the pipe), which takes up to its poll's 100 ms.
+    stop_stderr.0.store(true, Ordering::SeqCst);
     let err_text = stderr
-        .and_then(|rx| rx.recv_timeout(Duration::from_millis(50)).ok())
+        .and_then(|rx| rx.recv_timeout(Duration::from_millis(250)).ok())
         .map(|(bytes, _)| String::from_utf8_lossy(&bytes).trim().to_string())
         .unwrap_or_default();
     // Every failure below ends what the call started: the program has exited, and whatever
@@ -924,7 +1042,9 @@ mod tests {
 
     /// A stderr reader whose pipe a background process keeps open (here: this test holds the
     /// write end) ends once the call says so, sending what it read; without being told, it
-    /// waits. A call whose daemon keeps stderr succeeds at once.
+    /// waits. The pipe is then drained by the one drain thread, so that the process can go on
+    /// writing (closing it would kill a daemon with SIGPIPE). A call whose daemon keeps stderr
+    /// succeeds at once.
     #[cfg(unix)]
     #[test]
     fn a_reader_gives_up_a_pipe_held_open_when_the_call_ends() {
@@ -954,7 +1074,12 @@ mod tests {
             rx.recv_timeout(Duration::from_secs(2)),
             Err(mpsc::RecvTimeoutError::Disconnected)
         );
-        drop(writer);
+        // Four times a pipe's capacity goes through: someone reads, and nobody closed it.
+        let (done, wrote) = mpsc::channel();
+        thread::spawn(move || {
+            let _ = done.send(writer.write_all(&[b'x'; 256 * 1024]).is_ok());
+        });
+        assert_eq!(wrote.recv_timeout(Duration::from_secs(10)), Ok(true));
 
         let started = Instant::now();
         let tool = sh("sleep 3 >/dev/null & echo 42");
