@@ -283,8 +283,10 @@ pub struct BenchReport {
     pub baseline_round_secs: Vec<[f64; 2]>,
     /// As `tuned_round_secs`, for tuned + KV cache (`speedup_vs_tuned_kv_rounds`).
     pub tuned_kv_round_secs: Vec<[f64; 2]>,
-    /// The threads candle's baselines run on (its own count: the physical cores, or
-    /// RAYON_NUM_THREADS), beside toolsift's `threads`; None without baselines.
+    /// The threads candle's baselines run their matrix products on (its own count:
+    /// RAYON_NUM_THREADS, else the CPU affinity mask or the physical cores; its element-wise
+    /// pool follows CANDLE_NUM_THREADS where that is set), beside toolsift's `threads`; None
+    /// without baselines.
     pub baseline_threads: Option<usize>,
     /// The CPU's model name (Linux: /proc/cpuinfo), None where unknown.
     pub cpu_model: Option<String>,
@@ -303,9 +305,9 @@ fn load_average() -> Option<f64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
-/// The threads candle runs its baselines on: its own count (RAYON_NUM_THREADS, else the
-/// physical cores), which can differ from toolsift's rayon pool (logical CPUs) where cores
-/// have SMT siblings.
+/// The threads candle runs its baselines' matrix products on: its own count
+/// (RAYON_NUM_THREADS, else the affinity mask or the physical cores), which can differ from
+/// toolsift's rayon pool (logical CPUs) where cores have SMT siblings.
 fn baseline_threads() -> Option<usize> {
     #[cfg(feature = "baselines")]
     return Some(candle_core::utils::get_num_threads());

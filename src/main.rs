@@ -751,8 +751,8 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
     if let Some(theirs) = report.baseline_threads.filter(|&n| n != report.threads) {
         note!(
             "warning: the candle baselines ran on {theirs} threads and toolsift on {} (candle \
-             counts physical cores): set RAYON_NUM_THREADS, which both read, to compare them on \
-             equal terms",
+             counts physical cores or the affinity mask): set RAYON_NUM_THREADS, which both \
+             read, to compare them on equal terms",
             report.threads
         );
     }
@@ -1100,6 +1100,8 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         .with_context(|| format!("{}: no tokenizer.json", model_dir.display()))?;
     let limits = toolsift::generate::GenerateOptions::for_model(model.config());
     (options.n_positions, options.vocab_size) = (limits.n_positions, limits.vocab_size);
+    // Before the output is touched: a model that cannot close a call is refused up front.
+    toolsift::generate::check_close(tokenizer, &options)?;
     let decoder = toolsift::backend::decoder_for(&model, args.device)?;
     let output: Box<dyn std::io::Write> = match locked {
         Some(locked) => Box::new(BufWriter::new(toolsift::util::jsonl::start_output(

@@ -249,7 +249,9 @@ pub fn generate(
 /// Refuses a tokenizer that writes "]" with an id the model has no row for (`vocab_size`, when
 /// known): every call that fails or is malformed is closed with it, so the first such call would
 /// fail its whole batch at the next step, where prompts, results and arrow cuts are checked.
-pub(crate) fn check_close(tokenizer: &Tokenizer, options: &GenerateOptions) -> Result<()> {
+/// `generate` and `generate_jsonl` call it first; a caller that prepares output before them
+/// can call it earlier.
+pub fn check_close(tokenizer: &Tokenizer, options: &GenerateOptions) -> Result<()> {
     let Some(vocab_size) = options.vocab_size else {
         return Ok(());
     };
