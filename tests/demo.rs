@@ -315,6 +315,12 @@ fn eval_demo_json_parses_and_meets_the_targets() {
         assert!(calc.get(key).is_some(), "{key}: {report}");
     }
     assert!(report["metrics"]["calendar"]["kept"].is_u64());
+    // The stricter companions: every correct kept call stands at a site, and every hit site
+    // has a kept call with its answer (docs/demo.md: 125 of 128, 125 of 132).
+    let count = |key: &str| calc[key].as_u64().unwrap();
+    assert_eq!(count("correct_at_sites"), count("correct"), "{calc}");
+    assert_eq!(count("sites_hit_right"), count("sites_hit"), "{calc}");
+    assert_eq!(calc["precision_at_sites"], calc["precision"]);
     // Without the filter, more calls and a worse precision: the filter is what selects.
     let all = &report["unfiltered"]["calculator"];
     assert!(all["kept"].as_u64() > calc["kept"].as_u64(), "{all}");
