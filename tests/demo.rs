@@ -586,3 +586,18 @@ fn absurd_sizes_are_flag_errors() {
         assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
     }
 }
+
+/// A temp dir where the demo model cannot be written is an error that says TMPDIR is why, and
+/// how to fix it.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_unwritable_temp_dir_is_named_with_the_way_out() {
+    let cwd = tempfile::tempdir().unwrap();
+    let o = toolsift(cwd.path(), Path::new("/proc"), &["annotate", "--demo"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("under the temp dir /proc (TMPDIR: set it to a writable folder)"),
+        "{err}"
+    );
+}

@@ -193,7 +193,13 @@ pub fn content_hash() -> String {
 /// reuses that folder when it already holds exactly them) and returns the folder: a GPT-J model
 /// folder that also holds corpus.jsonl and annotate.toml.
 pub fn materialize() -> Result<PathBuf> {
-    materialize_in(&std::env::temp_dir())
+    let tmp = std::env::temp_dir();
+    materialize_in(&tmp).map_err(|e| {
+        e.context(format!(
+            "writing the demo model under the temp dir {} (TMPDIR: set it to a writable folder)",
+            tmp.display()
+        ))
+    })
 }
 
 /// How every demo folder's name starts, whatever version of the assets it holds.
