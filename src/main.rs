@@ -88,7 +88,8 @@ enum Command {
     Score(ScoreArgs),
     /// Convert a checkpoint (e.g. pytorch_model.bin) into model.safetensors, without Python.
     Convert(ConvertArgs),
-    /// Time toolsift against the naive, tuned and tuned-kv candle baselines (standard workload).
+    /// Time toolsift against the naive, tuned and tuned-kv candle baselines (standard workload;
+    /// the baselines need a `--features baselines` build, else pass --skip-baselines).
     Bench(BenchCli),
     /// Build C*: sample API calls over a corpus, execute them, keep those that help, splice.
     Annotate(AnnotateArgs),
@@ -108,7 +109,7 @@ struct AnnotateArgs {
     #[arg(long)]
     demo: bool,
     /// Demo: annotate only the first N documents of the demo corpus (for quick checks).
-    #[arg(long, hide = true, requires = "demo", value_parser = at_least_one)]
+    #[arg(long, requires = "demo", value_parser = at_least_one)]
     demo_docs: Option<usize>,
     /// Hugging Face GPT-J folder (config.json, weights, tokenizer.json).
     #[arg(long, required_unless_present_any = ["print_config", "demo"], conflicts_with = "demo")]
@@ -204,21 +205,28 @@ struct MergeArgs {
 
 #[derive(clap::Args)]
 struct BenchCli {
+    /// Where the call stands in each variant: prefix (the paper's) or inline.
     #[arg(long, value_enum, default_value_t = Placement::Prefix)]
     placement: Placement,
+    /// Random model: layers.
     #[arg(long, default_value_t = 8)]
     layers: usize,
+    /// Random model: embedding width (n_embd).
     #[arg(long, default_value_t = 512)]
     embd: usize,
+    /// Random model: attention heads.
     #[arg(long, default_value_t = 8)]
     heads: usize,
+    /// Random model: rotary dims per head.
     #[arg(long, default_value_t = 32)]
     rotary: usize,
+    /// Random model: vocabulary size.
     #[arg(long, default_value_t = 50400)]
     vocab: usize,
     /// Texts of the standard workload (25 candidates each).
     #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     texts: usize,
+    /// Seed of the random weights and of the workload's texts and calls.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Timed rounds of toolsift (after one warm-up run; the median is reported).
@@ -231,7 +239,8 @@ struct BenchCli {
     /// Sequences per padded batch in the baselines.
     #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     batch_size: usize,
-    /// Time toolsift alone (no candle baselines; speedup fields are null).
+    /// Time toolsift alone (no candle baselines; speedup fields are null): needed without a
+    /// `--features baselines` build, and with --device cuda.
     #[arg(long)]
     skip_baselines: bool,
     /// Backend under test.
@@ -261,6 +270,7 @@ struct ScoreArgs {
     /// scored and appended. Without an output yet, a fresh run.
     #[arg(long)]
     resume: bool,
+    /// Where the call stands in each variant: prefix (the paper's) or inline.
     #[arg(long, value_enum, default_value_t = Placement::Prefix)]
     placement: Placement,
     /// Keep a call iff L- - L+ >= tau_f (a line's own "tau_f" wins).
@@ -291,6 +301,7 @@ struct ScoreArgs {
 }
 
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("prompts").required(true).args(["prompt", "input"])))]
 struct GenerateArgs {
     /// Hugging Face GPT-J folder with tokenizer.json.
     #[arg(long, required_unless_present = "demo")]
@@ -298,13 +309,8 @@ struct GenerateArgs {
     /// Use the demo GPT-J built into the binary (docs/demo.md) instead of --model.
     #[arg(long, conflicts_with = "model")]
     demo: bool,
-    /// One prompt; prints its completion line.
-    #[arg(
-        long,
-        conflicts_with = "input",
-        required_unless_present = "input",
-        allow_hyphen_values = true
-    )]
+    /// One prompt; its completion line goes to --output (default: standard output).
+    #[arg(long, allow_hyphen_values = true)]
     prompt: Option<String>,
     /// Prompts, JSONL lines {"id", "prompt"}; `-`: standard input.
     #[arg(long)]

@@ -1,6 +1,6 @@
 //! `toolsift annotate --demo` and `toolsift eval-demo` as a user runs them: the built binary,
 //! started from another working directory, with the assets materialized from the binary itself.
-//! Kept short with the hidden `--demo-docs N` and small `--docs`.
+//! Kept short with `--demo-docs N` and small `--docs`.
 
 use std::path::Path;
 use std::process::{Command, Output};
