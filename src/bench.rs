@@ -406,7 +406,14 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         .as_ref()
         .map_or(args.config.clone(), |m| m.config().clone());
     let c = &config;
-    c.validate().map_err(Error::input)?;
+    // A loaded model's config was checked as it loaded; a random one's comes from the size
+    // flags, which the message names.
+    c.validate().map_err(|e| {
+        Error::input(format!(
+            "the random model's sizes (--layers, --embd, --heads, --rotary, --vocab; in the \
+             library, BenchArgs::config): {e}"
+        ))
+    })?;
     if loaded.is_none() {
         check_fits_in_memory(c, args.n_texts)?;
     }

@@ -366,7 +366,9 @@ struct ConvertArgs {
     /// Source checkpoint folder (pytorch_model.bin or safetensors, with config.json).
     #[arg(long)]
     model: PathBuf,
-    /// Destination folder: config.json, model.safetensors and tokenizer.json (if any).
+    /// Destination folder: config.json, model.safetensors and tokenizer.json (if any). A model
+    /// already there is replaced, as by an earlier conversion (its tokenizer.json removed when
+    /// the source has none).
     #[arg(long)]
     out: PathBuf,
     /// Storage type of the written weights; default keeps each tensor's own.

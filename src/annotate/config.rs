@@ -285,9 +285,36 @@ pub struct AnnotateConfig {
     /// Sample calls among the most likely `top_k_tokens` tokens only (0: whole vocabulary).
     pub top_k_tokens: usize,
     /// Per-tool sampling, filter and heuristic settings.
+    #[serde(deserialize_with = "table_only")]
     pub per_tool: PerTool,
     /// The tools' own settings.
+    #[serde(deserialize_with = "table_only")]
     pub tools: ToolsConfig,
+}
+
+/// A struct read from a table only. serde reads a struct from an array too, field by field in
+/// order, so `[[per_tool]]` (an array of tables) with `tau_s = 0.9` would set the Calculator's
+/// tau_s (its first field), and `[[tools]]` with `enabled = false` would disable it: both with
+/// no error, `deny_unknown_fields` notwithstanding.
+fn table_only<'de, D, T>(deserializer: D) -> std::result::Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Table<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Table<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a table of tools ([per_tool.<tool>], [tools.<tool>]), not an array")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            map: A,
+        ) -> std::result::Result<T, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    deserializer.deserialize_map(Table(std::marker::PhantomData))
 }
 
 impl Default for AnnotateConfig {
@@ -404,6 +431,25 @@ impl AnnotateConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An array of tables where a table of tools belongs is an error, not the first tool's
+    /// settings (serde reads a struct from an array field by field).
+    #[test]
+    fn tools_and_per_tool_must_be_tables() {
+        for text in [
+            "[[per_tool]]\ntau_s = 0.9\n",
+            "[[tools]]\nenabled = false\n",
+        ] {
+            let err = AnnotateConfig::from_toml(text).unwrap_err().to_string();
+            assert!(err.contains("a table of tools"), "{text:?}: {err}");
+        }
+        let json: std::result::Result<AnnotateConfig, _> =
+            serde_json::from_str(r#"{"tools": [{"enabled": false}]}"#);
+        assert!(json.unwrap_err().to_string().contains("a table of tools"));
+        // Tables still read.
+        let c = AnnotateConfig::from_toml("[per_tool.calculator]\ntau_s = 0.9\n").unwrap();
+        assert_eq!(c.per_tool.calculator.tau_s, 0.9);
+    }
 
     #[test]
     fn a_settings_file_past_its_limit_is_refused_unread() {

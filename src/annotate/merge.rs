@@ -338,8 +338,13 @@ fn merge_inputs(inputs: &[PathBuf]) -> Result<Vec<MergeInput>> {
         }
         for companion in [&paths.out, &paths.rejects, &paths.summary] {
             if !companion.is_file() {
+                let what = if companion.exists() {
+                    "not a file"
+                } else {
+                    "not found"
+                };
                 return Err(Error::input(format!(
-                    "{}: not found; {} is not the output of a finished run",
+                    "{}: {what}; {} is not the output of a finished run",
                     companion.display(),
                     path.display()
                 )));

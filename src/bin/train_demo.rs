@@ -28,18 +28,19 @@ struct Cli {
     /// Sequences per batch.
     #[arg(long, default_value_t = 32, value_parser = at_least(1))]
     batch: usize,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    /// Peak learning rate (finite, above 0).
+    #[arg(long, default_value_t = 3e-3, value_parser = positive)]
     lr: f64,
     #[arg(long, default_value_t = 100)]
     warmup: usize,
-    /// Final learning rate as a fraction of the peak (cosine decay).
-    #[arg(long, default_value_t = 0.1)]
+    /// Final learning rate as a fraction of the peak (cosine decay), 0 to 1.
+    #[arg(long, default_value_t = 0.1, value_parser = fraction)]
     final_lr_frac: f64,
-    #[arg(long, default_value_t = 0.01)]
+    /// AdamW's decoupled weight decay (finite, 0 or more).
+    #[arg(long, default_value_t = 0.01, value_parser = non_negative)]
     weight_decay: f64,
     /// Global gradient-norm clip (0: none).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
     grad_clip: f64,
     /// Threads for candle's matrix products (default: all cores).
     #[arg(long)]
@@ -183,4 +184,26 @@ fn main() -> Result<()> {
 /// A clap parser of integers no smaller than `min` (0 would divide by zero or check nothing).
 fn at_least(min: u64) -> impl clap::builder::TypedValueParser<Value = usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(min..)
+}
+
+/// A float flag within `ok`, described by `what`.
+fn float_in(s: &str, ok: impl Fn(f64) -> bool, what: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && ok(v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not {what}"))
+    }
+}
+
+fn positive(s: &str) -> Result<f64, String> {
+    float_in(s, |v| v > 0.0, "a finite number above 0")
+}
+
+fn non_negative(s: &str) -> Result<f64, String> {
+    float_in(s, |v| v >= 0.0, "a finite number of 0 or more")
+}
+
+fn fraction(s: &str) -> Result<f64, String> {
+    float_in(s, |v| (0.0..=1.0).contains(&v), "a fraction from 0 to 1")
 }

@@ -191,8 +191,8 @@ impl Model {
     pub fn tokenizer(&self) -> Result<&Tokenizer> {
         self.tokenizer.as_ref().ok_or_else(|| Error::Tokenizer {
             path: self.dir.join("tokenizer.json"),
-            msg: "not in the model folder, so text-level input cannot be tokenized; give \
-                  token-level input instead"
+            msg: "not in the model folder, and annotate, generate and text-level scoring need \
+                  the model's tokenizer (score also takes token-level input without one)"
                 .into(),
         })
     }

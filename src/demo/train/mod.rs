@@ -275,6 +275,25 @@ pub fn write_config(dir: &Path, c: &GptjConfig, eot: u32) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// `--out` must be a new or empty folder, or an earlier train-demo output (its training.json):
+/// the run writes config.json, model.safetensors and tokenizer.json there, and a model folder
+/// of someone else's would be left with a new tokenizer beside old weights by a run that
+/// fails, or replaced by one that does not.
+fn check_out_folder(out: &Path) -> Result<()> {
+    let mut entries = match std::fs::read_dir(out) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(anyhow!("{}: {e}", out.display())),
+    };
+    if entries.next().is_none() || out.join("training.json").is_file() {
+        return Ok(());
+    }
+    Err(anyhow!(
+        "{}: not empty and not a train-demo output (no training.json): give a new folder",
+        out.display()
+    ))
+}
+
 /// Everything the binary does: data, tokenizer, training, the folder, the reference check.
 /// `log` receives the progress lines.
 pub fn run(
@@ -284,6 +303,15 @@ pub fn run(
     log: &mut dyn FnMut(&str),
 ) -> Result<TrainReport> {
     let wall = Instant::now();
+    // The model's sizes, checked before anything is written (the tokenizer's size is not
+    // known yet: --vocab-size bounds it).
+    o.gptj_config(o.vocab_size).validate().map_err(|e| {
+        anyhow!(
+            "the model flags (--n-layer, --n-embd, --n-head, --rotary-dim, --n-positions, \
+             --vocab-size): {e}"
+        )
+    })?;
+    check_out_folder(out)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
 
     // Corpus and tokenizer.
@@ -508,6 +536,36 @@ mod tests {
     use super::model::log_softmax_last_dim;
     use super::*;
     use crate::model::rotary::RotaryTable;
+
+    /// Sizes the model cannot have, and a folder the run did not write, are refused before
+    /// anything is written: a failed run left a new tokenizer beside someone's old weights.
+    #[test]
+    fn a_run_refuses_bad_sizes_and_foreign_folders_before_writing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut log = |_: &str| {};
+        let bad = TrainOptions {
+            n_embd: 7,
+            ..TrainOptions::default()
+        };
+        let out = tmp.path().join("new");
+        let err = run(&out, &bad, "test", &mut log).unwrap_err().to_string();
+        assert!(
+            err.contains("--n-embd") && err.contains("n_embd (7)"),
+            "{err}"
+        );
+        assert!(!out.exists());
+        let theirs = tmp.path().join("model");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::write(theirs.join("tokenizer.json"), "theirs").unwrap();
+        let err = run(&theirs, &TrainOptions::default(), "test", &mut log)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a train-demo output"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(theirs.join("tokenizer.json")).unwrap(),
+            "theirs"
+        );
+    }
 
     fn random(shape: &[usize], rng: &mut Rng, scale: f32) -> Tensor {
         let n: usize = shape.iter().product();
