@@ -801,7 +801,10 @@ pub fn tools_from_config(
             .custom
             .retain(|name, _| names.contains(&name.as_str()));
     }
-    let registry = ToolRegistry::from_config(&config).map_err(|e| Error::input(e.to_string()))?;
+    let registry = ToolRegistry::from_config(&config).map_err(|e| match path {
+        Some(path) => config_err(path, e.to_string()),
+        None => Error::input(e.to_string()),
+    })?;
     // Every tool kept is one generate may call (`Tool::check_ready`: a command tool's program).
     for name in registry.names() {
         if let Some(Err(why)) = registry.get(name).map(|t| t.check_ready()) {
@@ -886,6 +889,17 @@ mod tests {
             .to_string();
         assert!(
             err.contains("c.json") && err.contains("calculater"),
+            "{err}"
+        );
+        // A tool that cannot be built names the file and the key ("tool WikiSearch: : No such
+        // file or directory" before).
+        std::fs::write(&toml_path, "[tools.wikisearch]\nindex = \"\"\n").unwrap();
+        let err = tools_from_config(Some(&toml_path), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&toml_path.display().to_string())
+                && err.contains("[tools.wikisearch] index is empty"),
             "{err}"
         );
     }

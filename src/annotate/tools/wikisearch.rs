@@ -575,6 +575,14 @@ impl WikiSearch {
 
     /// What `from_config` checks without opening the index (`ToolsConfig::check`).
     pub fn check_config(config: &WikiSearchConfig) -> Result<(), ToolConfigError> {
+        if config.index.as_os_str().is_empty() {
+            return Err(ToolConfigError::Invalid {
+                tool: "WikiSearch".into(),
+                message: "[tools.wikisearch] index is empty: give the folder `toolsift index` \
+                          built"
+                    .into(),
+            });
+        }
         if config.max_snippet_chars == 0 {
             return Err(ToolConfigError::Invalid {
                 tool: "WikiSearch".into(),
