@@ -317,9 +317,25 @@ fn baseline_threads() -> Option<usize> {
 
 /// The CPU's model name (Linux: the first "model name" of /proc/cpuinfo).
 fn cpu_model() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("model name"))?;
+    proc_value("/proc/cpuinfo", "model name")
+}
+
+/// The value of the first `key: value` line of a Linux /proc file ("VmHWM:   1234 kB" gives
+/// "1234 kB"); None where the file or the key is missing.
+fn proc_value(path: &str, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
     Some(line.split_once(':')?.1.trim().to_string())
+}
+
+/// A /proc value in kB ("1234 kB"), in bytes.
+fn proc_kb_as_bytes(path: &str, key: &str) -> Option<u64> {
+    let kb: u64 = proc_value(path, key)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
 }
 
 /// The median (the mean of the middle two of an even count); NaN for none.
@@ -335,10 +351,7 @@ fn median(v: &[f64]) -> f64 {
 
 /// Peak resident set size of this process so far (Linux), in bytes.
 pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    proc_kb_as_bytes("/proc/self/status", "VmHWM:")
 }
 
 /// The largest |a - b| over every loss; infinite when a loss of either side is not finite
@@ -610,9 +623,15 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
             .map_or(0, |d| d.as_secs()),
     };
     if let Some([tuned, naive, tuned_kv]) = &baselines {
-        let ratios = |secs: &[f64], toolsift: &[f64]| -> Vec<f64> {
-            secs.iter().zip(toolsift).map(|(b, t)| b / t).collect()
+        // Per round, [baseline secs, toolsift secs around it], and their quotients.
+        let pairs = |secs: &[f64], toolsift: &[f64]| -> Vec<[f64; 2]> {
+            secs.iter().zip(toolsift).map(|(&b, &t)| [b, t]).collect()
         };
+        let ratios =
+            |pairs: &[[f64; 2]]| -> Vec<f64> { pairs.iter().map(|[b, t]| b / t).collect() };
+        report.tuned_round_secs = pairs(&timed[0], &bracketing[0]);
+        report.baseline_round_secs = pairs(&timed[1], &bracketing[1]);
+        report.tuned_kv_round_secs = pairs(&timed[2], &bracketing[2]);
         let [tuned_secs, naive_secs] = [median(&timed[0]), median(&timed[1])];
         report.tuned_tokens = tuned.tokens(&candidates, &options);
         report.baseline_tokens = naive.tokens(&candidates, &options);
@@ -620,8 +639,8 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         report.baseline_cands_per_s = Some(n / naive_secs);
         report.tuned_secs = Some(tuned_secs);
         report.baseline_secs = Some(naive_secs);
-        report.speedup_vs_tuned_rounds = ratios(&timed[0], &bracketing[0]);
-        report.speedup_rounds = ratios(&timed[1], &bracketing[1]);
+        report.speedup_vs_tuned_rounds = ratios(&report.tuned_round_secs);
+        report.speedup_rounds = ratios(&report.baseline_round_secs);
         report.speedup_vs_tuned = Some(median(&report.speedup_vs_tuned_rounds));
         report.speedup = Some(median(&report.speedup_rounds));
         report.tuned_fraction_of_peak = Some(fraction(report.tuned_tokens, tuned_secs));
@@ -630,15 +649,9 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         report.tuned_kv_tokens = tuned_kv.tokens(&candidates, &options);
         report.tuned_kv_cands_per_s = Some(n / kv_secs);
         report.tuned_kv_secs = Some(kv_secs);
-        report.speedup_vs_tuned_kv_rounds = ratios(&timed[2], &bracketing[2]);
+        report.speedup_vs_tuned_kv_rounds = ratios(&report.tuned_kv_round_secs);
         report.speedup_vs_tuned_kv = Some(median(&report.speedup_vs_tuned_kv_rounds));
         report.tuned_kv_fraction_of_peak = Some(fraction(report.tuned_kv_tokens, kv_secs));
-        let pairs = |secs: &[f64], toolsift: &[f64]| -> Vec<[f64; 2]> {
-            secs.iter().zip(toolsift).map(|(&b, &t)| [b, t]).collect()
-        };
-        report.tuned_round_secs = pairs(&timed[0], &bracketing[0]);
-        report.baseline_round_secs = pairs(&timed[1], &bracketing[1]);
-        report.tuned_kv_round_secs = pairs(&timed[2], &bracketing[2]);
         report.baseline_threads = baseline_threads();
         report.max_abs_diff = Some(
             outputs
@@ -667,16 +680,13 @@ fn check_fits_in_memory(c: &crate::GptjConfig, n_texts: usize) -> Result<()> {
     let params = c.checked_n_params().map_or(f64::INFINITY, |n| n as f64);
     let kv = (n_texts as f64) * 1000.0 * c.n_layer as f64 * 2.0 * c.n_embd as f64;
     let bytes = (params + kv) * 4.0;
-    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-        line.split_whitespace().nth(1)?.parse::<f64>().ok()
-    });
+    let total = proc_kb_as_bytes("/proc/meminfo", "MemTotal:").map(|b| b as f64);
     match total {
-        Some(kb) if bytes > kb * 1024.0 => Err(Error::input(format!(
+        Some(total) if bytes > total => Err(Error::input(format!(
             "this random model and workload need ~{:.1} GB (weights and K/V, f32), more than \
              this machine's {:.1} GB: lower --layers/--embd/--vocab or --texts",
             bytes / 1e9,
-            kb * 1024.0 / 1e9
+            total / 1e9
         ))),
         _ => Ok(()),
     }

@@ -31,6 +31,17 @@ pub(crate) fn with_suffix(base: &OsStr, suffix: &str) -> OsString {
     s
 }
 
+/// Whether the folder `dir` does not exist or holds nothing: where a command may write a fresh
+/// output (`toolsift index`, `train-demo`).
+#[cfg(feature = "annotate")]
+pub(crate) fn missing_or_empty(dir: &Path) -> std::io::Result<bool> {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => Ok(entries.next().is_none()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
 /// The whole of a file of at most `max` bytes, or `Ok(None)` when it holds more: refused by its
 /// size before a byte is read, and (a file growing as it is read) after at most `max + 1`.
 pub fn read_at_most(path: &Path, max: u64) -> std::io::Result<Option<Vec<u8>>> {

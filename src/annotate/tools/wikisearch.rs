@@ -232,14 +232,8 @@ fn build_locked(
     text_field: &str,
 ) -> Result<IndexStats, IndexError> {
     // Checked under the lock: a run that finished meanwhile has filled it.
-    match fs::read_dir(out_dir) {
-        Ok(mut entries) => {
-            if entries.next().is_some() {
-                return Err(IndexError::OutDirNotEmpty(out_dir.to_path_buf()));
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err(out_dir)(e)),
+    if !crate::util::fs::missing_or_empty(out_dir).map_err(io_err(out_dir))? {
+        return Err(IndexError::OutDirNotEmpty(out_dir.to_path_buf()));
     }
     let write_err = |error: tantivy::TantivyError| IndexError::Write {
         out: out_dir.to_path_buf(),

@@ -280,12 +280,9 @@ pub fn write_config(dir: &Path, c: &GptjConfig, eot: u32) -> Result<()> {
 /// of someone else's would be left with a new tokenizer beside old weights by a run that
 /// fails, or replaced by one that does not.
 fn check_out_folder(out: &Path) -> Result<()> {
-    let mut entries = match std::fs::read_dir(out) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(anyhow!("{}: {e}", out.display())),
-    };
-    if entries.next().is_none() || out.join("training.json").is_file() {
+    let fresh =
+        crate::util::fs::missing_or_empty(out).map_err(|e| anyhow!("{}: {e}", out.display()))?;
+    if fresh || out.join("training.json").is_file() {
         return Ok(());
     }
     Err(anyhow!(
