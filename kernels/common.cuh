@@ -67,6 +67,18 @@ __device__ __forceinline__ MaxSum max_sum_combine(MaxSum a, MaxSum b) {
     return {m, sa + sb};
 }
 
+// One more element x into a thread's running pair. A -inf (a masked token) adds nothing: taken
+// as the first element, its exp(x - max) would be exp(-inf + inf) = NaN for the whole row.
+__device__ __forceinline__ MaxSum max_sum_push(MaxSum acc, float x) {
+    if (x > acc.m) {
+        acc.s = acc.s * expf(acc.m - x) + 1.0f;  // expf(-inf) = 0 on the first element
+        acc.m = x;
+    } else if (x != -INFINITY) {
+        acc.s += expf(x - acc.m);
+    }
+    return acc;
+}
+
 __device__ __forceinline__ MaxSum warp_max_sum(MaxSum v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {

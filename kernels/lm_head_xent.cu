@@ -30,13 +30,7 @@ __device__ void lm_head_xent(const float* __restrict__ logits,    // [rows, ld]
     const float* row = logits + (size_t)i * ld;
     MaxSum acc = {-INFINITY, 0.0f};
     for (uint32_t v = threadIdx.x; v < vocab; v += blockDim.x) {
-        const float x = row[v] + bias[v];
-        if (x > acc.m) {
-            acc.s = acc.s * expf(acc.m - x) + 1.0f;  // expf(-inf) = 0 on the first element
-            acc.m = x;
-        } else {
-            acc.s += expf(x - acc.m);
-        }
+        acc = max_sum_push(acc, row[v] + bias[v]);
     }
     acc = warp_max_sum(acc);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
@@ -79,13 +73,7 @@ extern "C" __global__ void log_softmax_f32(const float* __restrict__ logits,
     const float* row = logits + (size_t)i * ld;
     MaxSum acc = {-INFINITY, 0.0f};
     for (uint32_t v = threadIdx.x; v < vocab; v += blockDim.x) {
-        const float x = row[v] + bias[v];
-        if (x > acc.m) {
-            acc.s = acc.s * expf(acc.m - x) + 1.0f;
-            acc.m = x;
-        } else {
-            acc.s += expf(x - acc.m);
-        }
+        acc = max_sum_push(acc, row[v] + bias[v]);
     }
     acc = warp_max_sum(acc);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;

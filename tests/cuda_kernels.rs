@@ -70,6 +70,46 @@ fn embedding_run<T: DeviceFloat>(gpu: &Gpu, p: &EmbeddingProblem) -> R {
     c.check(p, &down(gpu, &x))
 }
 
+// Rows closer than their width would overlap, blocks writing each other's elements: refused.
+#[test]
+fn launchers_refuse_a_row_stride_under_the_width() {
+    let Some(gpu) = gpu() else { return };
+    let (n, d, vocab) = (3, 8, 5);
+    let ids = up(&gpu, &[0u32, 1, 2]);
+    let wte = up(&gpu, &vec![bf16::ONE; vocab * d]);
+    let mut x = gpu.stream.alloc_zeros::<f32>(n * d).unwrap();
+    let shape = [n, d, d, d - 1];
+    let err = embedding::embedding(
+        &gpu,
+        &ids.as_view(),
+        &wte.as_view(),
+        vocab,
+        &mut x.as_view_mut(),
+        shape,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("row stride"), "{err}");
+    let (w, b) = (up(&gpu, &[1f32; 8]), up(&gpu, &[0f32; 8]));
+    let mut out = gpu.stream.alloc_zeros::<bf16>(n * d).unwrap();
+    let err = layer_norm::layer_norm(
+        &gpu,
+        &mut x.as_view_mut(),
+        n,
+        Rows {
+            gather: None,
+            residual_bias: None,
+        },
+        &w.as_view(),
+        &b.as_view(),
+        &mut out.as_view_mut(),
+        [n, d, d, d - 1],
+        1e-5,
+        None,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("row stride"), "{err}");
+}
+
 #[test]
 fn embedding_matches_reference() {
     let Some(gpu) = gpu() else { return };
@@ -252,6 +292,7 @@ fn lm_head_xent_and_log_softmax_match_reference() {
     });
     for block in lm_head_xent::BLOCK_CHOICES {
         xent_run(&gpu, &xent_gptj(block)).unwrap();
+        xent_run(&gpu, &xent_masked(block)).unwrap();
     }
 }
 

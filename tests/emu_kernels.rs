@@ -298,6 +298,7 @@ fn lm_head_xent_and_log_softmax_match_reference() {
     fuzz("emu lm_head_xent", 12, strategy, |p| xent_run(&p));
     for block in [32, 512] {
         xent_run(&xent_gptj(block)).unwrap();
+        xent_run(&xent_masked(block)).unwrap();
     }
 }
 

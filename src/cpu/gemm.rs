@@ -18,7 +18,7 @@ pub fn matmul_wt(
     accumulate: bool,
     parallel: bool,
 ) {
-    assert!(a.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
+    assert_holds(&[(a.len(), m, k), (w.len(), n, k), (out.len(), m, n)]);
     if m == 0 || n == 0 {
         return;
     }
@@ -37,7 +37,7 @@ pub fn matmul(
     accumulate: bool,
     parallel: bool,
 ) {
-    assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
+    assert_holds(&[(a.len(), m, k), (b.len(), k, n), (out.len(), m, n)]);
     if m == 0 || n == 0 {
         return;
     }
@@ -58,12 +58,27 @@ pub fn matmul_cols(
     n: usize,
     j0: usize,
 ) {
-    assert!(j0 + nb <= n && a.len() >= m * k && b.len() >= k * n && out.len() >= m * nb);
+    assert!(
+        j0.checked_add(nb).is_some_and(|end| end <= n),
+        "matmul_cols: columns {j0}..+{nb} of {n}"
+    );
+    assert_holds(&[(a.len(), m, k), (b.len(), k, n), (out.len(), m, nb)]);
     if m == 0 || nb == 0 {
         return;
     }
     // SAFETY: bounds as asserted: b's element (p, j) is at j0 + p * n + j < k * n for j < nb.
     unsafe { gemm_f32([m, nb, k], out, a, &b[j0..], [n, 1], false, false) }
+}
+
+/// Panics unless each `(len, rows, cols)` slice holds `rows * cols` elements: the bound the
+/// unsafe products rely on, so the product is checked (a wrapped one would pass in release).
+fn assert_holds(operands: &[(usize, usize, usize)]) {
+    for &(len, rows, cols) in operands {
+        assert!(
+            rows.checked_mul(cols).is_some_and(|need| len >= need),
+            "matmul operand of {len} elements, shape {rows} x {cols}"
+        );
+    }
 }
 
 /// Columns of `out` per task of [`row_times_matrix`]: 4 KB of sums, kept in L1 while the rows of
@@ -181,6 +196,25 @@ pub fn measure_peak_gflops(n: usize, reps: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Shapes whose element counts wrap to 0 in usize: refused, not a write past `out`.
+    #[test]
+    #[should_panic(expected = "matmul operand of 0 elements, shape 4294967296 x 4294967296")]
+    fn a_shape_whose_size_overflows_is_refused() {
+        matmul(&[], &[], &mut [], [1 << 32, 1 << 32, 0], false, false);
+    }
+
+    #[test]
+    #[should_panic(expected = "matmul operand of 0 elements, shape 4294967296 x 4294967296")]
+    fn a_transposed_shape_whose_size_overflows_is_refused() {
+        matmul_wt(&[], &[], &mut [], [1 << 32, 1 << 32, 0], false, false);
+    }
+
+    #[test]
+    #[should_panic(expected = "matmul_cols: columns")]
+    fn a_column_block_whose_end_overflows_is_refused() {
+        matmul_cols(&[], &[], &mut [], [0, 2, 0], 1, usize::MAX);
+    }
 
     #[test]
     fn both_layouts_match_naive() {

@@ -24,6 +24,11 @@ pub fn embedding<T: DeviceFloat>(
     if n == 0 {
         return Ok(());
     }
+    // A stride under d would overlap rows: blocks writing each other's elements.
+    check(
+        ld_wte >= d && ld_x >= d,
+        "embedding: a row stride under the row width",
+    )?;
     check(
         ids.len() >= n && wte.len() >= need(vocab, ld_wte, d) && x.len() >= need(n, ld_x, d),
         "embedding: buffers shorter than the shapes",

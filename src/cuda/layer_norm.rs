@@ -54,6 +54,11 @@ pub fn layer_norm<T: DeviceFloat>(
         block.is_multiple_of(32) && (32..=1024).contains(&block),
         "layer_norm: bad block size",
     )?;
+    // A stride under d would overlap rows: blocks writing each other's elements.
+    check(
+        ld_x >= d && ld_out >= d,
+        "layer_norm: a row stride under the row width",
+    )?;
     check(
         (rows.gather.is_some() || n <= x_rows)
             && x.len() >= need(x_rows, ld_x, d)

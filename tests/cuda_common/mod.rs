@@ -132,7 +132,8 @@ pub fn compare(
     let mut worst = (0usize, 0f64);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let budget = abs_each.map_or(abs, |a| a[i] + abs) + rel * w.abs();
-        let used = if (g - w).abs() == 0.0 {
+        // Equal infinities (a masked token's -inf) match exactly.
+        let used = if g == w {
             0.0
         } else if g.is_nan() || w.is_nan() {
             f64::INFINITY

@@ -459,6 +459,9 @@ pub struct XentProblem {
     pub logit_scale: f32,
     pub block: Option<u32>,
     pub seed: u64,
+    /// The first `masked` tokens have bias -inf (masked out; none is a target): each thread's
+    /// first logits are then -inf, which its running (max, sum) must skip, not turn into NaN.
+    pub masked: usize,
 }
 
 pub fn xent_problems(blocks: &[u32]) -> impl Strategy<Value = XentProblem> {
@@ -486,6 +489,7 @@ pub fn xent_problems(blocks: &[u32]) -> impl Strategy<Value = XentProblem> {
                 logit_scale,
                 block,
                 seed,
+                masked: 0,
             },
         )
 }
@@ -499,6 +503,21 @@ pub fn xent_gptj(block: u32) -> XentProblem {
         logit_scale: 20.0,
         block: Some(block),
         seed: 11,
+        masked: 0,
+    }
+}
+
+/// Rows whose first 1500 of 3000 tokens are masked (-inf), at one block size: every thread's
+/// first elements are -inf.
+pub fn xent_masked(block: u32) -> XentProblem {
+    XentProblem {
+        rows: 3,
+        vocab: 3000,
+        ld_pad: 1,
+        logit_scale: 3.0,
+        block: Some(block),
+        seed: 12,
+        masked: 1500,
     }
 }
 
@@ -519,7 +538,8 @@ impl XentCase {
     pub fn new(p: &XentProblem) -> Self {
         let ld = p.vocab + p.ld_pad;
         let logits = random_vec(p.seed, p.rows * ld, p.logit_scale);
-        let bias = random_vec(p.seed ^ 1, p.vocab, 1.0);
+        let mut bias = random_vec(p.seed ^ 1, p.vocab, 1.0);
+        bias[..p.masked].fill(f32::NEG_INFINITY);
         let mut rng = Rng::new(p.seed ^ 2);
         let mut offsets = vec![0u32];
         let mut tokens = Vec::new();
@@ -532,7 +552,7 @@ impl XentCase {
                 rng.range(0, 4)
             };
             for _ in 0..n {
-                tokens.push(rng.range(0, p.vocab - 1) as u32);
+                tokens.push(rng.range(p.masked, p.vocab - 1) as u32);
             }
             offsets.push(tokens.len() as u32);
         }
