@@ -109,12 +109,13 @@ pub fn scorer_for(model: &Model, device: Device) -> Result<Box<dyn Scorer>> {
     scorer_with_memory_budget(model, device, None)
 }
 
-/// The scorer for `device` over `model`, with the memory of one plan chunk (activations, and on
-/// the CPU the planner's own) capped at `memory_budget` bytes (larger batches are split). None:
-/// the backend's default (2 GiB on the CPU; on CUDA 90% of the device memory free after the
-/// weights, the LM head's scratch and 1 GiB). On the CPU the budget holds per call: threads
-/// sharing one scorer each plan to it, so give a shared scorer a budget that many calls can hold
-/// at once. On CUDA the calls on one scorer run one at a time (one device, one budget).
+/// The scorer for `device` over `model`, with the memory of one plan chunk (activations, and on the
+/// CPU the planner's own) capped at `memory_budget` bytes (larger batches are split; a single
+/// candidate over it still runs, as a chunk of its own). None: the backend's default (2 GiB on the
+/// CPU; on CUDA 90% of the device memory free after the weights, the LM head's scratch and 1 GiB).
+/// On the CPU the budget holds per call: threads sharing one scorer each plan to it, so give a
+/// shared scorer a budget that many calls can hold at once. On CUDA the calls on one scorer run one
+/// at a time (one device, one budget).
 pub fn scorer_with_memory_budget(
     model: &Model,
     device: Device,

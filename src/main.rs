@@ -273,7 +273,9 @@ struct ScoreArgs {
     /// Where the call stands in each variant: prefix (the paper's) or inline.
     #[arg(long, value_enum, default_value_t = Placement::Prefix)]
     placement: Placement,
-    /// Keep a call iff L- - L+ >= tau_f (a line's own "tau_f" wins).
+    /// Keep a call iff L- - L+ >= tau_f (a line's own "tau_f" wins). One threshold for every
+    /// tool: annotate's paper defaults are 0.5 for Calculator and MT (give those lines
+    /// "tau_f": 0.5 to decide as annotate does).
     #[arg(long, default_value_t = 1.0, value_parser = finite_f64, allow_negative_numbers = true)]
     tau_f: f64,
     /// How e(c, eps) is written for text-level lines: "[T(i) ->]" (arrow) or "[T(i)]" (bare).
@@ -714,12 +716,13 @@ fn bench(args: BenchCli) -> Result<ExitCode> {
         model_dir: args.model,
     })?;
     note!(
-        "{}: {} candidates, {} unique tokens ({:.0}/candidate); toolsift {:.2} cand/s, trunk GEMMs {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s GEMM peak ({:.0}% over the whole run)",
+        "{}: {} candidates, {} unique tokens ({:.0}/candidate); toolsift {:.2} cand/s ({:.0} unique tokens/s), trunk GEMMs {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s GEMM peak ({:.0}% over the whole run)",
         report.model,
         report.candidates,
         report.unique_tokens,
         report.unique_tokens as f64 / report.candidates as f64,
         report.toolsift_cands_per_s,
+        report.toolsift_tokens_per_s,
         report.trunk_gflops,
         100.0 * report.trunk_fraction_of_peak,
         report.gemm_gflops_peak,

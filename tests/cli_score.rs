@@ -667,6 +667,44 @@ fn bench_refuses_what_it_cannot_run_before_working() {
     }
 }
 
+/// A small bench run prints its JSON report on stdout and DESIGN's three figures (candidates
+/// per second, unique tokens per second, the fraction of the GEMM peak) on stderr.
+#[test]
+fn bench_reports_its_rates_on_both_streams() {
+    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args([
+            "bench", "--layers", "1", "--embd", "32", "--heads", "2", "--rotary", "8",
+        ])
+        .args([
+            "--vocab",
+            "100",
+            "--texts",
+            "1",
+            "--reps",
+            "1",
+            "--skip-baselines",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["candidates"], 25);
+    for key in [
+        "toolsift_cands_per_s",
+        "toolsift_tokens_per_s",
+        "whole_run_fraction_of_peak",
+    ] {
+        assert!(
+            report[key].as_f64().is_some_and(|x| x > 0.0),
+            "{key}: {report}"
+        );
+    }
+    for figure in ["cand/s", "unique tokens/s", "of the", "GEMM peak"] {
+        assert!(stderr.contains(figure), "{figure}: {stderr}");
+    }
+}
+
 /// An input that fails to read partway through a chunk: the lines read before the failure are
 /// still scored and written, then the run stops with an error naming the line.
 #[test]

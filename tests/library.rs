@@ -373,12 +373,23 @@ fn score_texts_each_answers_every_candidate_in_its_place() {
     let each = score_texts_each(&refuses, tokenizer, &bad_only, &options, CallForm::Arrow).unwrap();
     assert!(each.iter().all(|r| r.is_err()));
     assert_eq!(refuses.1.load(std::sync::atomic::Ordering::Relaxed), 0);
-    let err = score_texts_each(&refuses, tokenizer, &batch, &options, CallForm::Arrow).unwrap_err();
-    assert!(
-        matches!(&err, Error::Candidate { index: 4, reason: InvalidCandidate::Other(why), .. }
-            if why == "too long for me"),
-        "{err}"
-    );
+    // It refuses the last candidate of every batch it is given: the two good ones in turn, each
+    // answered with its refusal in its place, after three calls.
+    let each = score_texts_each(&refuses, tokenizer, &batch, &options, CallForm::Arrow).unwrap();
+    for (k, answer) in each.iter().enumerate() {
+        match answer {
+            Err(Error::Candidate {
+                index,
+                reason: InvalidCandidate::Other(why),
+                ..
+            }) if [1, 4].contains(&k) => {
+                assert_eq!((*index, why.as_str()), (k, "too long for me"))
+            }
+            Err(Error::Candidate { index, .. }) => assert_eq!(*index, k),
+            other => panic!("candidate {k}: {other:?}"),
+        }
+    }
+    assert_eq!(refuses.1.load(std::sync::atomic::Ordering::Relaxed), 2);
 }
 
 /// A scorer written outside the crate, with a limit of its own: candidates whose text holds
@@ -490,6 +501,27 @@ fn a_scorers_own_refusal_is_its_lines_answer_and_a_miscount_an_error() {
         matches!(&err, Error::Backend(m) if m.contains("refused candidate 3 of a batch of 3")),
         "{err}"
     );
+    // score_each alike: the refused candidate's answer is the refusal, the others are scored.
+    let mixed = [
+        candidate(vec![329, 266, 451, 455, 338]),
+        candidate(vec![329, 266, 451, 300, 338]),
+        candidate(vec![329, 266, 451, 455, 11]),
+    ];
+    let each = toolsift::score_each(&picky, &mixed, &ScoreOptions::default()).unwrap();
+    assert!(
+        matches!(&each[1], Err(Error::Candidate { index: 1, reason: InvalidCandidate::Other(why), .. })
+            if why == "not that token"),
+        "{:?}",
+        each[1]
+    );
+    let alone = scorer
+        .score(
+            &[mixed[0].clone(), mixed[2].clone()],
+            &ScoreOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(each[0].as_ref().unwrap(), &alone[0]);
+    assert_eq!(each[2].as_ref().unwrap(), &alone[1]);
     let batch = vec![candidate(vec![329, 266, 451, 455, 338]); 2];
     let err = toolsift::score_each(&short, &batch, &ScoreOptions::default()).unwrap_err();
     assert!(
@@ -552,9 +584,23 @@ fn a_short_answer_from_an_overridden_score_is_an_error() {
     let cands = vec![TextCandidate::new(text, at, "Calculator", "400 / 1400", "0.29"); 2];
     let options = ScoreOptions::default();
     let short = ShortScore(&inner);
+    // score_jsonl goes through the scorer's own `score` too.
+    let line = serde_json::json!({"text": text, "position": at, "tool": "Calculator",
+                                  "input": "400 / 1400", "result": "0.29"})
+    .to_string();
+    let input = format!("{line}\n{line}\n");
+    let jsonl = toolsift::score::jsonl::score_jsonl(
+        input.as_bytes(),
+        Vec::new(),
+        &short,
+        Some(tokenizer),
+        &Default::default(),
+    )
+    .unwrap_err();
     for err in [
         score_texts(&short, tokenizer, &cands, &options, CallForm::Arrow).unwrap_err(),
         score_texts_each(&short, tokenizer, &cands, &options, CallForm::Arrow).unwrap_err(),
+        jsonl,
     ] {
         assert!(
             matches!(&err, Error::Backend(m) if m.contains("scorer short returned 1 results for 2")),

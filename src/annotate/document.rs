@@ -21,7 +21,7 @@ use crate::model::tokenizer::Encoding;
 use crate::model::Tokenizer;
 use crate::sample::{Branch, SampleOptions, Sampler};
 use crate::score::{
-    call_text, check_answer_count, validate, LossWeights, ScoreOptions, Scorer, TextCandidate,
+    call_text, score_or_refuse, validate, LossWeights, ScoreOptions, Scorer, TextCandidate,
 };
 use crate::util::rng::Rng;
 
@@ -650,30 +650,43 @@ impl<'a> Annotator<'a> {
             }
             calls.push(record);
         }
-        if !to_score.is_empty() {
-            let scores = self.scorer.score(&to_score, &self.score_options)?;
-            check_answer_count(self.scorer.name(), scores.len(), to_score.len())?;
-            for (&k, s) in score_index.iter().zip(&scores) {
-                let tool = pending[k].tool;
-                let (_, params) = &self.settings[tool];
-                let c = &mut calls[k];
-                let st = stats.tools.entry(tool.key().to_string()).or_default();
-                if let Some(why) = s.not_finite() {
-                    // No scores rather than nulls a reader could take for "not scored yet".
+        let n_candidates = to_score.len();
+        // A scorer's own refusal of a candidate (beyond `validate`) is that call's error; the
+        // document's other calls are scored without it.
+        let placed = score_index.into_iter().zip(to_score).collect();
+        for (k, answer) in score_or_refuse(self.scorer, placed, &self.score_options)? {
+            let tool = pending[k].tool;
+            let (_, params) = &self.settings[tool];
+            let c = &mut calls[k];
+            let st = stats.tools.entry(tool.key().to_string()).or_default();
+            let s = match answer {
+                Ok(s) => s,
+                Err(e) => {
+                    // The reason, without the index of a batch the record does not show.
+                    let why = match e {
+                        Error::Candidate { reason, .. } => reason.to_string(),
+                        e => e.to_string(),
+                    };
                     st.calls_unscorable += 1;
-                    c.error = Some(why);
+                    c.error = Some(format!("cannot be scored: {why}"));
                     continue;
                 }
-                c.l_none = Some(s.l_none);
-                c.l_call = Some(s.l_call);
-                c.l_call_result = Some(s.l_call_result);
-                c.delta = Some(s.delta);
-                c.kept = s.kept(params.tau_f);
-                st.calls_scored += 1;
-                st.calls_kept += u64::from(c.kept);
+            };
+            if let Some(why) = s.not_finite() {
+                // No scores rather than nulls a reader could take for "not scored yet".
+                st.calls_unscorable += 1;
+                c.error = Some(why);
+                continue;
             }
+            c.l_none = Some(s.l_none);
+            c.l_call = Some(s.l_call);
+            c.l_call_result = Some(s.l_call_result);
+            c.delta = Some(s.delta);
+            c.kept = s.kept(params.tau_f);
+            st.calls_scored += 1;
+            st.calls_kept += u64::from(c.kept);
         }
-        stats.candidates = to_score.len() as u64;
+        stats.candidates = n_candidates as u64;
         stats.secs.scoring += start.elapsed().as_secs_f64();
         Ok(calls)
     }

@@ -136,41 +136,34 @@ pub fn score_jsonl(
             }
             _ => e,
         };
-        let (mut places, mut valid): (Vec<usize>, Vec<TokenCandidate>) = parsed
+        // Through `Scorer::score`, so that a scorer's own `score` or `variant_losses` runs; a
+        // scorer's own refusal of one candidate (beyond `validate`) is its line's answer, and
+        // the rest are scored again without it (`score_or_refuse`).
+        let valid: Vec<(usize, TokenCandidate)> = parsed
             .iter()
             .enumerate()
             .filter_map(|(k, p)| Some((k, p.candidate.as_ref().ok()?.clone())))
-            .unzip();
-        let losses = loop {
-            if valid.is_empty() {
-                break Vec::new();
-            }
-            match scorer.variant_losses_unchecked(&valid, &options.score) {
-                Ok(losses) => {
-                    super::check_answer_count(scorer.name(), losses.len(), valid.len())
-                        .map_err(placed)?;
-                    break losses;
+            .collect();
+        let mut scores: Vec<Option<Scores>> = vec![None; parsed.len()];
+        for (k, answer) in super::score_or_refuse(scorer, valid, &options.score).map_err(placed)? {
+            match answer {
+                Ok(s) => scores[k] = Some(s),
+                Err(e) => {
+                    // A refusal: its reason, without the batch index the line replaces.
+                    let why = match e {
+                        Error::Candidate { reason, .. } => reason.to_string(),
+                        e => e.to_string(),
+                    };
+                    parsed[k].candidate = Err(format!("line {}: {why}", chunk[k].0));
                 }
-                // A scorer's own refusal of one candidate (beyond `validate`) is its line's
-                // answer; the rest are scored again without it (a scorer call per refusal).
-                Err(Error::Candidate { index, reason, .. }) => {
-                    if index >= valid.len() {
-                        return Err(placed(super::out_of_batch(scorer, index, valid.len())));
-                    }
-                    let k = places.remove(index);
-                    valid.remove(index);
-                    parsed[k].candidate = Err(format!("line {}: {reason}", chunk[k].0));
-                }
-                Err(e) => return Err(placed(e)),
             }
-        };
-        let mut scores = losses.into_iter().map(Scores::from_losses);
-        for ((line_no, _), p) in chunk.iter().zip(parsed) {
+        }
+        for (k, ((line_no, _), p)) in chunk.iter().zip(parsed).enumerate() {
             summary.lines += 1;
             // A valid line's scores, or why the line has none (a non-finite loss too).
             let scored = p.candidate.and_then(|_| {
-                let s = scores
-                    .next()
+                let s = scores[k]
+                    .take()
                     .expect("one score per valid line, counted above");
                 match s.not_finite() {
                     None => Ok(s),

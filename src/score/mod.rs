@@ -163,8 +163,7 @@ pub trait Scorer: Send + Sync {
 
     /// [L_none, L_call, L_call_result] per candidate, in order, without checking the candidates:
     /// each must pass `validate` for this scorer's config and `options` (otherwise it may panic,
-    /// or give meaningless losses). For callers that have just validated them, such as the
-    /// `score` file driver.
+    /// or give meaningless losses). For callers that have just validated them.
     fn variant_losses_unchecked(
         &self,
         candidates: &[TokenCandidate],
@@ -200,9 +199,11 @@ pub trait Scorer: Send + Sync {
 
 /// [`Scorer::score`], candidate by candidate: each candidate's scores or its `validate` error
 /// (`Error::Candidate`, its `index` the candidate's place), in the order given, with every valid
-/// candidate scored in one batch (the token-level [`score_texts_each`]). The outer error is the
-/// scorer's on the valid candidates (an `Error::Candidate` from its own further checks names the
-/// place in `candidates`), and then nothing is returned.
+/// candidate scored in one batch (the token-level [`score_texts_each`]). A candidate the scorer
+/// refuses itself, beyond `validate` (an `Error::Candidate` from a backend's own limit), is
+/// answered with that refusal, naming its place in `candidates`, and the others are scored
+/// again without it. The outer error is any other error of the scorer's (the engine's,
+/// `Error::Backend`, ...), and then nothing is returned.
 pub fn score_each(
     scorer: &dyn Scorer,
     candidates: &[TokenCandidate],
@@ -221,40 +222,76 @@ pub fn score_each(
 }
 
 /// The `Ok` candidates of `checked` scored in one batch, each answer in its place and each error
-/// kept in its own (`score_each`, `score_texts_each`). Through `Scorer::score`, so that a
-/// scorer's own `score` or `variant_losses` runs; an `Error::Candidate` from it names the place in
-/// `checked`.
+/// kept in its own (`score_each`, `score_texts_each`), through [`score_or_refuse`]: a scorer's
+/// own refusal of a candidate is that candidate's answer, naming its place in `checked`.
 pub(crate) fn score_in_place(
     scorer: &dyn Scorer,
     checked: Vec<Result<TokenCandidate>>,
     options: &ScoreOptions,
 ) -> Result<Vec<Result<Scores>>> {
-    let (places, good): (Vec<usize>, Vec<TokenCandidate>) = checked
-        .iter()
-        .enumerate()
-        .filter_map(|(k, c)| Some((k, c.as_ref().ok()?.clone())))
-        .unzip();
-    let scored = if good.is_empty() {
-        Vec::new()
-    } else {
-        scorer.score(&good, options).map_err(|e| match e {
-            Error::Candidate { index, reason, at } => match places.get(index) {
-                Some(&place) => Error::Candidate {
+    let mut answers: Vec<Option<Result<Scores>>> = Vec::with_capacity(checked.len());
+    let mut good = Vec::new();
+    for (k, c) in checked.into_iter().enumerate() {
+        match c {
+            Ok(c) => {
+                good.push((k, c));
+                answers.push(None);
+            }
+            Err(e) => answers.push(Some(Err(e))),
+        }
+    }
+    for (k, answer) in score_or_refuse(scorer, good, options)? {
+        answers[k] = Some(answer);
+    }
+    Ok(answers
+        .into_iter()
+        .map(|a| a.expect("every candidate answered"))
+        .collect())
+}
+
+/// `(place, candidate)` pairs scored through `Scorer::score` (so that a scorer's own `score` or
+/// `variant_losses` runs), each answered as `(place, scores)`, in order. A candidate the scorer
+/// refuses itself, beyond `validate` (an `Error::Candidate`: a backend's own limit), is answered
+/// with that refusal, its `index` the candidate's place, and the others are scored again
+/// without it: one scorer call per refusal, and no candidate lost to another's. Any other error
+/// is the call's, and then nothing is answered.
+pub(crate) fn score_or_refuse(
+    scorer: &dyn Scorer,
+    candidates: Vec<(usize, TokenCandidate)>,
+    options: &ScoreOptions,
+) -> Result<Vec<(usize, Result<Scores>)>> {
+    let (mut places, mut batch): (Vec<usize>, Vec<TokenCandidate>) = candidates.into_iter().unzip();
+    let mut refused = Vec::new();
+    let scores = loop {
+        if batch.is_empty() {
+            break Vec::new();
+        }
+        match scorer.score(&batch, options) {
+            Ok(scores) => {
+                check_answer_count(scorer.name(), scores.len(), batch.len())?;
+                break scores;
+            }
+            Err(Error::Candidate { index, reason, at }) => {
+                if index >= batch.len() {
+                    return Err(out_of_batch(scorer, index, batch.len()));
+                }
+                batch.remove(index);
+                let place = places.remove(index);
+                let refusal = Error::Candidate {
                     index: place,
                     reason,
                     at,
-                },
-                None => out_of_batch(scorer, index, good.len()),
-            },
-            e => e,
-        })?
+                };
+                refused.push((place, Err(refusal)));
+            }
+            Err(e) => return Err(e),
+        }
     };
-    check_answer_count(scorer.name(), scored.len(), good.len())?;
-    let mut scores = scored.into_iter();
-    Ok(checked
-        .into_iter()
-        .map(|c| c.map(|_| scores.next().expect("counted above")))
-        .collect())
+    let mut answers: Vec<(usize, Result<Scores>)> =
+        places.into_iter().zip(scores.into_iter().map(Ok)).collect();
+    answers.extend(refused);
+    answers.sort_by_key(|&(place, _)| place);
+    Ok(answers)
 }
 
 /// A scorer that refused a candidate `index` of a batch of `len`, which it was not given.

@@ -228,7 +228,10 @@ pub fn check_call(tool: &str, input: &str, result: &str) -> Result<()> {
 impl TextCandidate {
     /// Tokenizes with the conventions above. `text` (the text's encoding and its ids, the same
     /// tokens) may be given when the text was already tokenized (candidates of one text share
-    /// it). A call `check_call` refuses is an error.
+    /// it); it must be the whole text's (`Tokenizer::encode`): one that stops short of the text
+    /// (`Tokenizer::encode_head`'s) is an error, as it would cut the loss window short where
+    /// the text goes on (cut the text where its encoding ends instead). A call `check_call`
+    /// refuses is an error.
     pub fn to_tokens(
         &self,
         tokenizer: &Tokenizer,
@@ -236,6 +239,22 @@ impl TextCandidate {
         form: CallForm,
         text: Option<(&Encoding, Arc<[u32]>)>,
     ) -> Result<TokenCandidate> {
+        if let Some((encoding, _)) = &text {
+            // What follows the last token: nothing, or whitespace a tokenizer may drop.
+            let end = encoding.spans.last().map_or(0, |s| s.1);
+            if self
+                .text
+                .get(end..)
+                .is_none_or(|rest| !rest.trim().is_empty())
+            {
+                return Err(Error::input(format!(
+                    "the encoding given ends at byte {end} of the {}-byte text: to_tokens needs \
+                     the whole text's (Tokenizer::encode), as a head's would cut the loss \
+                     window short where the text goes on",
+                    self.text.len()
+                )));
+            }
+        }
         self.to_tokens_within(tokenizer, placement, form, text, None)?
             .map_err(|reason| Error::input(reason.to_string()))
     }
@@ -386,11 +405,11 @@ pub fn score_texts(
 /// [`score_texts`], candidate by candidate: each candidate's scores or the reason it cannot be
 /// scored (its tokenizing or `validate` error, as an `Error::Candidate` whose `index` is its
 /// place; a tokenizer that fails on its text gives its own error, as `Tokenizer::encode`
-/// would), in the order given, with every
-/// candidate that can be scored scored together. The outer error is the scorer's on the
-/// candidates that passed those checks (the engine's, `Error::Backend`, ...; an
-/// `Error::Candidate` from a scorer's own further checks names its place in `candidates`), and
-/// then nothing is returned. A batch with a few bad candidates is tokenized once, where
+/// would), in the order given, with every candidate that can be scored scored together. A
+/// candidate the scorer refuses itself (`score_each`) is answered with that refusal, naming its
+/// place in `candidates`, and the others are scored again without it. The outer error is any
+/// other error of the scorer's (the engine's, `Error::Backend`, ...), and then nothing is
+/// returned. A batch with a few bad candidates is tokenized once, where
 /// `score_texts` fails it as a whole for the first.
 pub fn score_texts_each(
     scorer: &dyn Scorer,
@@ -771,6 +790,55 @@ mod tests {
             let call = call_text(&tool, &input, Some(&c.result), CallForm::Arrow);
             assert_eq!(parse_call(&call[1..]).unwrap(), (tool, input), "{call}");
         }
+    }
+
+    /// An encoding of the text's head given to `to_tokens` would make the window of a call near
+    /// its end shorter than the text's: refused, and the text cut where it ends is scored.
+    #[test]
+    fn to_tokens_refuses_an_encoding_of_part_of_the_text() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny-gptj/tokenizer.json");
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let text =
+            "The population grew by 29% in the decade to 2020, and then it grew again. ".repeat(20);
+        let head = tok.encode_head(&text, 12).unwrap();
+        let ids: Arc<[u32]> = head.ids.clone().into();
+        let end = head.spans.last().unwrap().1;
+        assert!(end < text.len());
+        let call = |text: &str| {
+            TextCandidate::new(
+                text,
+                head.spans[head.ids.len() - 2].0,
+                "Calculator",
+                "1",
+                "1",
+            )
+        };
+        let err = call(&text)
+            .to_tokens(
+                &tok,
+                Placement::Prefix,
+                CallForm::Arrow,
+                Some((&head, ids.clone())),
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("the whole text's"), "{err}");
+        // The head's own text, and the whole text's encoding, are accepted.
+        let cut = call(&text[..end])
+            .to_tokens(&tok, Placement::Prefix, CallForm::Arrow, Some((&head, ids)))
+            .unwrap();
+        let whole = tok.encode(&text).unwrap();
+        let whole_ids: Arc<[u32]> = whole.ids.clone().into();
+        let full = call(&text)
+            .to_tokens(
+                &tok,
+                Placement::Prefix,
+                CallForm::Arrow,
+                Some((&whole, whole_ids)),
+            )
+            .unwrap();
+        assert_eq!(cut.position, full.position);
+        assert!(cut.text_ids.len() < full.text_ids.len());
     }
 
     /// A normalizer that expands text puts x_i past the `position + 1` tokens its byte offset
