@@ -74,8 +74,10 @@
 //!
 //! Stability: the API is what the crate root re-exports and the modules `score`, `model`,
 //! `backend`, `sample`, `generate`, `annotate` and `error`. The engines' parts (`cpu`'s
-//! kernels, `cuda`, `plan`, `reference`), `bench`, `workload`, `util`, `emu` and `baselines` are
-//! public for the benchmarks, the kernel fuzz tests and the CLI, and may change in any release;
+//! kernels, `cuda`, `plan`, `reference`, `model::rotary`, `model::torch_bin`'s reader,
+//! `sample::kv_tree`, and `sample::draw` and `sample_rng` with `util`'s `Rng`), `bench`,
+//! `workload`, `util`, `emu` and `baselines` are public for the benchmarks, the kernel fuzz
+//! tests, the CUDA engine and the CLI, and may change in any release;
 //! so may the dependency types that show through (`Tokenizer::inner`'s `tokenizers` type,
 //! `cuda`'s `cudarc`).
 

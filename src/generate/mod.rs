@@ -134,6 +134,7 @@ impl From<&str> for Prompt {
 /// How a call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive] // more outcomes of a call may come: a match outside the crate needs a `_` arm
 pub enum CallStatus {
     /// Executed; " {result}]" was spliced after the arrow.
     Ok,
@@ -173,6 +174,7 @@ pub struct CallRecord {
 /// Why a completion ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive] // has grown before (NotFinite): a match outside the crate needs a `_` arm
 pub enum Finish {
     /// The model wrote the end-of-text token.
     Eos,

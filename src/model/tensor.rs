@@ -9,6 +9,7 @@ use memmap2::Mmap;
 
 /// Storage precisions a GPT-J checkpoint may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive] // more storage types may come (fp8): a match outside the crate needs a `_` arm
 pub enum DType {
     /// IEEE binary32, 4 bytes.
     F32,
