@@ -52,6 +52,8 @@ pub struct BenchArgs {
 trait Engine: Scorer {
     fn last_stats(&self) -> RunStats;
     fn weights_bytes(&self) -> usize;
+    /// The machine's GEMM rate in GFLOP/s, measured now on the engine's own hardware.
+    fn gemm_peak_gflops(&self) -> Result<f64>;
 }
 
 impl Engine for CpuScorer {
@@ -60,6 +62,9 @@ impl Engine for CpuScorer {
     }
     fn weights_bytes(&self) -> usize {
         CpuScorer::weights_bytes(self)
+    }
+    fn gemm_peak_gflops(&self) -> Result<f64> {
+        Ok(crate::cpu::gemm::measure_peak_gflops(1536, 5))
     }
 }
 
@@ -70,6 +75,9 @@ impl Engine for crate::cuda::CudaScorer {
     }
     fn weights_bytes(&self) -> usize {
         crate::cuda::CudaScorer::weights_bytes(self)
+    }
+    fn gemm_peak_gflops(&self) -> Result<f64> {
+        crate::cuda::gemm::measure_peak_gflops(self.gpu(), 5)
     }
 }
 
@@ -177,8 +185,9 @@ pub struct BenchReport {
     pub toolsift_tokens_per_s: f64,
     /// The machine's GEMM rate in GFLOP/s that the fractions below divide by, median over the
     /// rounds: on the CPU a 1536^3 f32 GEMM through the `gemm` crate, measured in every round
-    /// right after toolsift's run; on CUDA the H200's measured dense bf16 rate, 790,000 (a
-    /// constant, see `peak_source`).
+    /// right after toolsift's run; on CUDA an 8192^3 bf16 GEMM through cuBLASLt on the engine's
+    /// device, measured the same way (until 2026-12-06 CUDA used the H200's 790,000, a constant,
+    /// `peak_source` "h200-bf16-790-tflops").
     pub gemm_gflops_peak: f64,
     /// What toolsift's layer GEMMs reached, GFLOP/s, median over the rounds: unique tokens x
     /// `GptjConfig::trunk_flops_per_token` over the seconds in those GEMMs, or over the whole
@@ -192,7 +201,7 @@ pub struct BenchReport {
     // Additions beyond the contract.
     /// The device toolsift's engine ran on.
     pub device: Device,
-    /// "measured" (this machine's f32 GEMM, same run) or the H200's measured bf16 rate.
+    /// "measured": this machine's GEMM, in the same run (`gemm_gflops_peak`).
     pub peak_source: String,
     /// The layer GEMMs' FLOP rate over the peak: how well the GEMM calls run (the CPU times
     /// them; on CUDA, without `TOOLSIFT_CUDA_PROFILE`, it is the whole run's, as below).
@@ -506,11 +515,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         let t = Instant::now();
         engine.variant_losses_unchecked(&candidates, &options)?;
         let secs = t.elapsed().as_secs_f64();
-        let peak_gflops = match args.device {
-            Device::Cpu => crate::cpu::gemm::measure_peak_gflops(1536, 5),
-            // The H200's dense bf16 GEMM as measured there.
-            Device::Cuda => 790_000.0,
-        };
+        let peak_gflops = engine.gemm_peak_gflops()?;
         toolsift.push((secs, engine.last_stats(), peak_gflops));
         let mut before = secs;
         for (i, b) in baselines.iter().flatten().enumerate() {
@@ -580,11 +585,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         trunk_gflops,
         max_abs_diff: None,
         device: args.device,
-        peak_source: match args.device {
-            Device::Cpu => "measured",
-            Device::Cuda => "h200-bf16-790-tflops",
-        }
-        .into(),
+        peak_source: "measured".into(),
         trunk_fraction_of_peak,
         whole_run_fraction_of_peak: fraction(stats.unique_tokens, toolsift_secs),
         baseline_fraction_of_peak: None,

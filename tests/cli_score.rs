@@ -705,6 +705,32 @@ fn bench_reports_its_rates_on_both_streams() {
     }
 }
 
+/// `bench --device cuda` on the emulated device (feature `emu`): the GEMM peak the fractions
+/// divide by is measured on the engine's device, through cuBLASLt, not a constant.
+#[cfg(feature = "emu")]
+#[test]
+fn bench_on_cuda_measures_the_devices_gemm_peak() {
+    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args([
+            "bench", "--device", "cuda", "--layers", "1", "--embd", "32", "--heads", "2",
+        ])
+        .args([
+            "--rotary", "8", "--vocab", "100", "--texts", "1", "--reps", "1",
+        ])
+        .args(["--skip-baselines", "--placement", "inline"])
+        .env("TOOLSIFT_EMU_DEVICE", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["device"], "cuda");
+    assert_eq!(report["peak_source"], "measured");
+    let peak = report["gemm_gflops_peak"].as_f64().unwrap();
+    // The emulated device's host matmuls: nowhere near the H200's 790,000 of before.
+    assert!(peak > 0.0 && peak < 10_000.0, "{peak}");
+}
+
 /// An input that fails to read partway through a chunk: the lines read before the failure are
 /// still scored and written, then the run stops with an error naming the line.
 #[test]

@@ -511,6 +511,10 @@ fn cuda_bench() {
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let stats = scorer.last_stats();
+    // This card's dense bf16 GEMM rate, measured after the timed runs: the trunk's fraction of
+    // it is the FLOP floor's figure (gpu-check's summary), whichever card ran.
+    let gemm_peak_tflops =
+        toolsift::cuda::gemm::measure_peak_gflops(scorer.gpu(), 5).unwrap() / 1e3;
     let c = model.config();
     // Trunk FLOPs per token: 2 * (4 d^2 + 2 d f) per layer.
     let flop_per_token = 2.0
@@ -532,6 +536,7 @@ fn cuda_bench() {
         "cands_per_s": cands.len() as f64 / median,
         "tokens_per_s": stats.unique_tokens as f64 / median,
         "trunk_tflops": flop_per_token * stats.unique_tokens as f64 / median / 1e12,
+        "gemm_peak_tflops": gemm_peak_tflops,
         "stage_secs_profiled": scorer.last_stage_secs(),
         // Weights plus the largest chunk's activations and K/V (the scorer's own accounting).
         "device_bytes_planned": scorer.weights_bytes()

@@ -98,13 +98,19 @@ fn the_summary_reads_a_runs_files() {
                     "entropy_nats_median": 2.6, "entropy_nats_uniform": 10.8,
                     "sdpa_backend": "flash", "prefix": placement, "inline": placement});
     std::fs::write(dir.join("bench/hf_default.json"), hf.to_string()).unwrap();
-    let toolsift = |cands_per_s: f64| json!({"cands_per_s": cands_per_s, "trunk_tflops": 395.0, "losses": losses(n, 0.02)});
+    let toolsift = |cands_per_s: f64| json!({"cands_per_s": cands_per_s, "trunk_tflops": 395.0, "gemm_peak_tflops": 632.0, "losses": losses(n, 0.02)});
     for p in ["prefix", "inline"] {
         let file = dir.join(format!("toolsift_default_{p}.json"));
         std::fs::write(file, toolsift(40.0).to_string()).unwrap();
     }
+    // A report from before the measured peak: divided by the H200's 790 TFLOP/s, and says so.
+    let mut old_report = toolsift(50.0);
+    old_report
+        .as_object_mut()
+        .unwrap()
+        .remove("gemm_peak_tflops");
     let packed = dir.join("toolsift_default_inline_packed.json");
-    std::fs::write(packed, toolsift(50.0).to_string()).unwrap();
+    std::fs::write(packed, old_report.to_string()).unwrap();
 
     let mut child = Command::new("python3")
         .arg("-")
@@ -146,7 +152,9 @@ fn the_summary_reads_a_runs_files() {
         assert_eq!(prefix["hf"][base]["peak_mem_gib"], 2.0, "{prefix}");
     }
     assert_eq!(prefix["hf"]["sdpa_vs_tuned_max_abs_diff"], 0.01);
-    assert_eq!(prefix["fraction_of_790_tflops"], 0.5);
+    // Over the run's own measured GEMM peak.
+    assert_eq!(prefix["gemm_peak_tflops"], 632.0);
+    assert_eq!(prefix["fraction_of_peak"], 0.625);
     let agreement = &prefix["agreement_vs_hf_tuned"];
     assert!(
         (agreement["max_abs"].as_f64().unwrap() - 0.02).abs() < 1e-12,
@@ -158,6 +166,7 @@ fn the_summary_reads_a_runs_files() {
     );
     let inline = &size["inline"];
     assert_eq!(inline["packed_speedup_vs_default"], 1.25);
+    assert_eq!(inline["packed_fraction_of_peak"]["of_790_tflops"], 0.5);
     assert_eq!(inline["packed_speedup_vs_hf_tuned_sdpa"], 2.5);
 }
 
