@@ -111,9 +111,15 @@ pub enum Error {
         at: Option<String>,
     },
 
-    /// A backend could not run (no GPU, kernels not built, out of memory budget, ...).
+    /// A backend could not run (no GPU, kernels not built, a lost device, ...).
     #[error("{0}")]
     Backend(String),
+
+    /// The device had no memory for an allocation (`CUDA_ERROR_OUT_OF_MEMORY`): unlike the rest
+    /// of `Backend`, the engine is intact, and a smaller batch or memory budget
+    /// (`scorer_with_memory_budget`) may fit where this did not.
+    #[error("{0}")]
+    OutOfMemory(String),
 }
 
 impl Error {
@@ -188,6 +194,7 @@ impl Error {
                 }),
             },
             Error::Backend(msg) => Error::Backend(placed(msg)),
+            Error::OutOfMemory(msg) => Error::OutOfMemory(placed(msg)),
         }
     }
 
@@ -207,7 +214,11 @@ pub(crate) fn driver_err(what: &str) -> impl FnOnce(cudarc::driver::DriverError)
             .error_string()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        Error::Backend(format!("cuda: {what}: {e:?} {text}"))
+        let msg = format!("cuda: {what}: {e:?} {text}");
+        match e.0 {
+            cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Error::OutOfMemory(msg),
+            _ => Error::Backend(msg),
+        }
     }
 }
 

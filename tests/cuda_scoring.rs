@@ -422,6 +422,55 @@ fn a_weight_past_the_f16_range_is_refused_for_f16_storage() {
 }
 
 /// Asking for CUDA where it cannot run is an error that says why (checked on GPU-less machines).
+/// A device with no memory left is `Error::OutOfMemory`, which a caller can tell from a lost
+/// device (a smaller batch or budget may fit): on an emulated device of 1 MiB, where the
+/// cuBLASLt workspace (32 MiB) cannot be allocated, in a process of its own. Skipped on a GPU.
+#[test]
+fn a_device_out_of_memory_is_its_own_error() {
+    let Some(g) = gpu() else { return };
+    if !g.name.contains("emulated") {
+        eprintln!("SKIPPED: needs the emulated device, whose memory can be made small");
+        return;
+    }
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "out_of_memory_child", "--ignored", "--nocapture"])
+        .env("TOOLSIFT_EMU_DEVICE_BYTES", (1u64 << 20).to_string())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&child.stdout);
+    let err = String::from_utf8_lossy(&child.stderr);
+    assert!(
+        child.status.success() && out.contains("1 passed"),
+        "{out}\n{err}"
+    );
+}
+
+#[test]
+#[ignore = "the child of a_device_out_of_memory_is_its_own_error"]
+fn out_of_memory_child() {
+    assert!(
+        std::env::var_os("TOOLSIFT_EMU_DEVICE_BYTES").is_some(),
+        "run by its parent test, with a small emulated device"
+    );
+    // Not `gpu()`: its context's own workspace would fail first, outside the scorer.
+    #[cfg(feature = "emu")]
+    toolsift::emu::device::use_unless_gpu().unwrap();
+    let config = GptjConfig::small(1, 32, 2, 4, 53);
+    let m = Model::from_parts(
+        config.clone(),
+        GptjWeights::random(&config, 5, DType::BF16),
+        None,
+    )
+    .unwrap();
+    match CudaScorer::new(&m, &CudaOptions::default()) {
+        Err(toolsift::Error::OutOfMemory(msg)) => {
+            assert!(msg.contains("CUDA_ERROR_OUT_OF_MEMORY"), "{msg}")
+        }
+        Err(other) => panic!("not OutOfMemory: {other:?}"),
+        Ok(_) => panic!("1 MiB held the scorer"),
+    }
+}
+
 #[test]
 fn cuda_unavailable_is_a_clear_error() {
     let config = GptjConfig::small(1, 8, 2, 2, 16);

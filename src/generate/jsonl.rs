@@ -129,7 +129,7 @@ pub fn generate_jsonl_after(
                 // memory): stop, naming the batch's lines, as `score` does; every earlier
                 // batch is written, and `--resume` starts at this one's first line rather
                 // than keeping error lines that a rerun could answer.
-                Err(e @ (Error::Backend(_) | Error::Io { .. })) => {
+                Err(e @ (Error::Backend(_) | Error::OutOfMemory(_) | Error::Io { .. })) => {
                     output.flush().map_err(out_err)?;
                     let lines = match (chunk.first(), chunk.last()) {
                         (Some((first, _)), Some((last, _))) => {
