@@ -117,10 +117,12 @@ TAU_F = 1.0  # the decision agreement is counted where |delta - tau_f| > 0.05 (i
 def delta(l):
     return min(l[0], l[1]) - l[2]
 def of_peak(t):
-    # The run's own measured GEMM peak; a report without one (before 2026-12-06) is divided by
-    # the 790 TFLOP/s measured on the H200 then, and says so.
+    # The trunk's fraction of the run's own measured GEMM peak, and where that peak came from: a
+    # report without one (before 2026-12-06) is divided by the H200's 790 TFLOP/s of then.
     peak = t.get("gemm_peak_tflops")
-    return t["trunk_tflops"] / peak if peak else {"of_790_tflops": t["trunk_tflops"] / 790.0}
+    if peak is not None and peak > 0:
+        return t["trunk_tflops"] / peak, "measured"
+    return t["trunk_tflops"] / 790.0, "h200-790-constant"
 for size in ("default", "6b"):
     hf = load(os.path.join(out, "bench", f"hf_{size}.json"))
     if hf is None:
@@ -167,7 +169,7 @@ for size in ("default", "6b"):
                 vd = [abs(a - b) for x, y in zip(h["tuned_losses"], tv["losses"]) for a, b in zip(x, y)]
                 e[f"{variant}_max_abs_vs_hf_tuned"] = max(vd)
             if "trunk_tflops" in tv:
-                e[f"{variant}_fraction_of_peak"] = of_peak(tv)
+                e[f"{variant}_fraction_of_peak"], e[f"{variant}_peak_source"] = of_peak(tv)
         prof = load(os.path.join(out, f"profile_{size}_{placement}.json"))
         if prof is not None:
             e["stages_profiled"] = prof.get("stage_secs_profiled")
@@ -178,7 +180,7 @@ for size in ("default", "6b"):
         # The FLOP floor: the trunk's rate over this card's bf16 GEMM rate, measured in the run.
         if "trunk_tflops" in ts:
             e["gemm_peak_tflops"] = ts.get("gemm_peak_tflops")
-            e["fraction_of_peak"] = of_peak(ts)
+            e["fraction_of_peak"], e["peak_source"] = of_peak(ts)
     summary[size] = entry
 with open(dest + ".tmp", "w") as f:
     json.dump(summary, f, indent=1)

@@ -463,3 +463,20 @@ fn tree_attention_matches_reference_at_its_edges() {
         .expect("a seed whose plan packs a tile of 64 rows");
     attention_run::<bf16>(&full_tile).unwrap();
 }
+
+// The comparison every kernel check uses: an infinity matches only the same infinity (a masked
+// token's -inf), never a finite value, whose budget would be infinite.
+#[test]
+fn compare_matches_an_infinity_only_with_itself() {
+    let compare =
+        |got: f64, want: f64| cuda_common::compare("x", &[got], &[want], 2e-5, 1e-6, None);
+    assert!(compare(f64::NEG_INFINITY, f64::NEG_INFINITY).is_ok());
+    for (got, want) in [
+        (-3.0, f64::NEG_INFINITY),
+        (f64::INFINITY, f64::NEG_INFINITY),
+        (f64::NEG_INFINITY, -3.0),
+        (f64::NAN, f64::NEG_INFINITY),
+    ] {
+        assert!(compare(got, want).is_err(), "{got} for {want}");
+    }
+}

@@ -681,6 +681,83 @@ fn annotate_runs_from_a_program_with_its_own_registry() {
     );
 }
 
+/// A program's own scorer that refuses one call (`Error::Candidate`): annotate answers that
+/// call with the refusal, scores the document's other calls without it, and counts it as
+/// unscorable; the document is not rejected.
+#[test]
+fn annotate_answers_a_call_its_scorer_refuses_and_scores_the_others() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use toolsift::annotate::tools::ToolRegistry;
+    use toolsift::annotate::{annotate, Annotator, CStarRecord, RunOptions, RunOutcome, ToolKind};
+
+    /// Refuses the first candidate of the first batch it is given, once.
+    struct RefusesOnce<'a>(&'a dyn Scorer, AtomicBool);
+    impl Scorer for RefusesOnce<'_> {
+        fn name(&self) -> &str {
+            "refuses once"
+        }
+        fn config(&self) -> &toolsift::GptjConfig {
+            self.0.config()
+        }
+        fn variant_losses_unchecked(
+            &self,
+            candidates: &[TokenCandidate],
+            options: &ScoreOptions,
+        ) -> toolsift::Result<Vec<[f64; 3]>> {
+            if !self.1.swap(true, Ordering::Relaxed) {
+                return Err(Error::candidate(0, "not this one"));
+            }
+            self.0.variant_losses_unchecked(candidates, options)
+        }
+    }
+
+    let model = Model::load(toolsift::demo::assets::materialize().unwrap()).unwrap();
+    let config = toolsift::demo::assets::demo_config().unwrap();
+    let engine = toolsift::backend::engine_for(&model, Device::Cpu).unwrap();
+    let refuses = RefusesOnce(engine.as_ref(), AtomicBool::new(false));
+    let registry = ToolRegistry::from_config(&config.tools).unwrap();
+    let annotator = Annotator::new(
+        model.tokenizer().unwrap(),
+        engine.as_ref(),
+        &refuses,
+        &registry,
+        &config,
+        &[ToolKind::Calculator],
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    std::fs::write(
+        &corpus,
+        "{\"text\": \"Each of the boxes costs 25 dollars, so 12 of them cost 300 dollars.\"}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("cstar.jsonl");
+    let RunOutcome::Done(summary, paths) =
+        annotate(&annotator, &RunOptions::new(&corpus, &out)).unwrap()
+    else {
+        panic!("the run stopped early");
+    };
+    assert_eq!((summary.documents, summary.rejected), (1, 0));
+    let records: Vec<CStarRecord> = std::fs::read_to_string(&paths.out)
+        .unwrap()
+        .lines()
+        .map(|l| toolsift::serde_json::from_str(l).unwrap())
+        .collect();
+    let calls = &records[0].calls;
+    let refused: Vec<_> = calls
+        .iter()
+        .filter(|c| c.error.as_deref() == Some("cannot be scored: not this one"))
+        .collect();
+    assert_eq!(refused.len(), 1, "{calls:?}");
+    let scored = calls.iter().filter(|c| c.delta.is_some()).count();
+    assert!(scored > 0, "the other calls are scored: {calls:?}");
+    let stats = &summary.tools[0].stats;
+    assert_eq!(stats.calls_unscorable, 1);
+    assert_eq!(stats.calls_scored, scored as u64);
+    assert_eq!(summary.candidates_scored, scored as u64);
+}
+
 /// `Model`'s parts are checked together: one without the lm_head bias cannot be built (its fields
 /// are private, so `from_parts` is the only way in), and the error names the tensor.
 #[test]

@@ -650,7 +650,6 @@ impl<'a> Annotator<'a> {
             }
             calls.push(record);
         }
-        let n_candidates = to_score.len();
         // A scorer's own refusal of a candidate (beyond `validate`) is that call's error; the
         // document's other calls are scored without it.
         let placed = score_index.into_iter().zip(to_score).collect();
@@ -660,7 +659,10 @@ impl<'a> Annotator<'a> {
             let c = &mut calls[k];
             let st = stats.tools.entry(tool.key().to_string()).or_default();
             let s = match answer {
-                Ok(s) => s,
+                Ok(s) => {
+                    stats.candidates += 1;
+                    s
+                }
                 Err(e) => {
                     // The reason, without the index of a batch the record does not show.
                     let why = match e {
@@ -686,7 +688,6 @@ impl<'a> Annotator<'a> {
             st.calls_scored += 1;
             st.calls_kept += u64::from(c.kept);
         }
-        stats.candidates = n_candidates as u64;
         stats.secs.scoring += start.elapsed().as_secs_f64();
         Ok(calls)
     }

@@ -253,8 +253,9 @@ pub(crate) fn score_in_place(
 /// `variant_losses` runs), each answered as `(place, scores)`, in order. A candidate the scorer
 /// refuses itself, beyond `validate` (an `Error::Candidate`: a backend's own limit), is answered
 /// with that refusal, its `index` the candidate's place, and the others are scored again
-/// without it: one scorer call per refusal, and no candidate lost to another's. Any other error
-/// is the call's, and then nothing is answered.
+/// without it: one scorer call per refusal (r refusals in a batch of n cost r + 1 calls over up
+/// to n candidates each, each validating them again: meant for a rare limit, not a filter), and
+/// no candidate lost to another's. Any other error is the call's, and then nothing is answered.
 pub(crate) fn score_or_refuse(
     scorer: &dyn Scorer,
     candidates: Vec<(usize, TokenCandidate)>,

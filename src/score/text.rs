@@ -240,13 +240,19 @@ impl TextCandidate {
         text: Option<(&Encoding, Arc<[u32]>)>,
     ) -> Result<TokenCandidate> {
         if let Some((encoding, _)) = &text {
-            // What follows the last token: nothing, or whitespace a tokenizer may drop.
+            // What follows the last token must give no token (nothing, or what the tokenizer
+            // drops): a head of it is tokenized, enough to find one.
             let end = encoding.spans.last().map_or(0, |s| s.1);
-            if self
-                .text
-                .get(end..)
-                .is_none_or(|rest| !rest.trim().is_empty())
-            {
+            let whole = match self.text.get(end..) {
+                None => false,
+                Some("") => true,
+                Some(rest) => match tokenizer.encode_head(rest, 1) {
+                    Ok(e) => e.ids.is_empty(),
+                    Err(Error::Input(_)) => false,
+                    Err(e) => return Err(e),
+                },
+            };
+            if !whole {
                 return Err(Error::input(format!(
                     "the encoding given ends at byte {end} of the {}-byte text: to_tokens needs \
                      the whole text's (Tokenizer::encode), as a head's would cut the loss \
@@ -839,6 +845,24 @@ mod tests {
             .unwrap();
         assert_eq!(cut.position, full.position);
         assert!(cut.text_ids.len() < full.text_ids.len());
+        // Whitespace the tokenizer gives tokens to counts as text: an encoding without them is
+        // refused too.
+        let text = "The answer is 42.\n\n";
+        let mut short = tok.encode(text).unwrap();
+        assert_eq!(short.spans.last().unwrap().1, text.len());
+        short.ids.pop();
+        short.spans.pop();
+        let ids: Arc<[u32]> = short.ids.clone().into();
+        let c = TextCandidate::new(text, text.find(" 42").unwrap(), "Calculator", "1", "1");
+        let err = c
+            .to_tokens(
+                &tok,
+                Placement::Prefix,
+                CallForm::Arrow,
+                Some((&short, ids)),
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("the whole text's"), "{err}");
     }
 
     /// A normalizer that expands text puts x_i past the `position + 1` tokens its byte offset

@@ -132,10 +132,11 @@ pub fn compare(
     let mut worst = (0usize, 0f64);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let budget = abs_each.map_or(abs, |a| a[i] + abs) + rel * w.abs();
-        // Equal infinities (a masked token's -inf) match exactly.
+        // Equal infinities (a masked token's -inf) match exactly; any other value where one
+        // side is not finite is a miss (its budget would be inf, and inf / inf passes as NaN).
         let used = if g == w {
             0.0
-        } else if g.is_nan() || w.is_nan() {
+        } else if !g.is_finite() || !w.is_finite() {
             f64::INFINITY
         } else {
             (g - w).abs() / budget
