@@ -281,10 +281,59 @@ fn score_texts_refuses_what_cannot_fit_and_names_the_first_bad_candidate() {
     };
     let err = score(&[no_tool, past_the_end]);
     assert!(
-        matches!(&err, Error::Candidate { index: 0, reason: InvalidCandidate::Text(why), .. }
+        matches!(&err, Error::Candidate { index: 0, reason: InvalidCandidate::Call(why), .. }
             if why.contains("tool name is empty")),
         "{err}"
     );
+}
+
+/// A byte offset that is not a token boundary is refused with the token's bytes, so a caller
+/// can move the call to a boundary and score it there; the first token and a position inside a
+/// character are values too.
+#[test]
+fn an_offset_off_a_token_boundary_says_where_the_boundaries_are() {
+    let model = model();
+    let tokenizer = model.tokenizer().unwrap();
+    let scorer = scorer_for(&model, Device::Cpu).unwrap();
+    let text = "Out of 1400 participants, 400 (or 29%) passed the test. Ünïcödé.";
+    let at = |position: usize| TextCandidate::new(text, position, "Calculator", "1 + 1", "2");
+    let inside = text.find("participants").unwrap() + 3;
+    let umlaut = text.find('Ü').unwrap() + 1;
+    let options = ScoreOptions::default();
+    let each = score_texts_each(
+        &*scorer,
+        tokenizer,
+        &[at(inside), at(0), at(umlaut)],
+        &options,
+        CallForm::Arrow,
+    )
+    .unwrap();
+    let reason = |k: usize| match &each[k] {
+        Err(Error::Candidate { reason, .. }) => reason.clone(),
+        other => panic!("candidate {k}: {other:?}"),
+    };
+    let InvalidCandidate::InsideToken {
+        offset, start, end, ..
+    } = reason(0)
+    else {
+        panic!("{:?}", reason(0));
+    };
+    assert!(
+        offset == inside && start < inside && inside < end,
+        "{:?}",
+        reason(0)
+    );
+    assert_eq!(reason(1), InvalidCandidate::AtFirstToken { offset: 0 });
+    assert_eq!(
+        reason(2),
+        InvalidCandidate::NotCharBoundary {
+            offset: umlaut,
+            len: text.len()
+        }
+    );
+    // Moved to the token's start, the call is scored.
+    let moved = score_texts(&*scorer, tokenizer, &[at(start)], &options, CallForm::Arrow);
+    assert!(moved.is_ok(), "{moved:?}");
 }
 
 /// Candidate by candidate: each bad one gets its own error in its place (an `Error::Candidate`
@@ -319,6 +368,11 @@ fn score_texts_each_answers_every_candidate_in_its_place() {
     let options = ScoreOptions::default();
     let each = score_texts_each(&*scorer, tokenizer, &batch, &options, CallForm::Arrow).unwrap();
     assert_eq!(each.len(), batch.len());
+    // Each reason a value to act on: the call's wording, or where the offset is.
+    let past = InvalidCandidate::PastText {
+        offset: text.len() + 1,
+        len: text.len(),
+    };
     for (k, why) in [
         (0, "tool name is empty"),
         (2, "past the end"),
@@ -327,7 +381,7 @@ fn score_texts_each_answers_every_candidate_in_its_place() {
         match &each[k] {
             Err(e @ Error::Candidate { index, reason, .. }) => assert!(
                 *index == k
-                    && matches!(reason, InvalidCandidate::Text(_))
+                    && (matches!(reason, InvalidCandidate::Call(_)) || *reason == past)
                     && reason.to_string().contains(why)
                     && e.is_input(),
                 "{k}: {e}"

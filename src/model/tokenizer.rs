@@ -393,9 +393,18 @@ impl Encoding {
     /// with "t") reports the whole character, so its start is before the previous token's end:
     /// that offset falls inside it.
     pub fn token_at_byte(&self, offset: usize) -> std::result::Result<usize, String> {
+        self.locate_byte(offset).map_err(|miss| miss.to_string())
+    }
+
+    /// `token_at_byte`, its refusal as a value (the text-level candidate's reason).
+    pub(crate) fn locate_byte(
+        &self,
+        offset: usize,
+    ) -> std::result::Result<usize, crate::score::InvalidCandidate> {
+        use crate::score::InvalidCandidate;
         if self.spans.is_empty() {
             // As a token-level candidate says it (`validate`).
-            return Err("text is empty".into());
+            return Err(InvalidCandidate::EmptyText);
         }
         for (k, &(start, end)) in self.spans.iter().enumerate() {
             let after_previous = k > 0 && self.spans[k - 1].1 == offset && start >= offset;
@@ -403,16 +412,18 @@ impl Encoding {
                 return Ok(k);
             }
             if start < offset && offset < end {
-                return Err(format!(
-                    "byte offset {offset} falls inside token {k} (bytes {start}..{end}); \
-                     a call must go on a token boundary"
-                ));
+                return Err(InvalidCandidate::InsideToken {
+                    offset,
+                    token: k,
+                    start,
+                    end,
+                });
             }
         }
-        Err(format!(
-            "byte offset {offset} has no token after it (the text's tokens end at byte {})",
-            self.spans.last().map_or(0, |s| s.1)
-        ))
+        Err(InvalidCandidate::NoTokenAfter {
+            offset,
+            end: self.spans.last().map_or(0, |s| s.1),
+        })
     }
 }
 

@@ -204,8 +204,70 @@ pub enum InvalidCandidate {
         detail: String,
     },
 
-    /// A text-level candidate that cannot be made into tokens: a position off a character
-    /// boundary or past the text, a call that cannot be written (`check_call`).
+    /// A text-level candidate's byte offset past the end of its text.
+    #[error("position {offset} is past the end of the {len}-byte text")]
+    PastText {
+        /// The candidate's byte offset.
+        offset: usize,
+        /// The text's length in bytes.
+        len: usize,
+    },
+
+    /// A text-level candidate's byte offset inside a character of its text.
+    #[error("position {offset} is not a character boundary of the text ({len} bytes)")]
+    NotCharBoundary {
+        /// The candidate's byte offset.
+        offset: usize,
+        /// The text's length in bytes.
+        len: usize,
+    },
+
+    /// A text-level candidate's byte offset inside a token: a call goes between tokens. `start`
+    /// and `end` are the token's bytes, the two offsets nearby that are boundaries.
+    #[error(
+        "byte offset {offset} falls inside token {token} (bytes {start}..{end}); a call must go \
+         on a token boundary"
+    )]
+    InsideToken {
+        /// The candidate's byte offset.
+        offset: usize,
+        /// The token's index in the text's encoding.
+        token: usize,
+        /// The token's first byte.
+        start: usize,
+        /// The byte after the token.
+        end: usize,
+    },
+
+    /// A text-level candidate's byte offset at the text's first token: the no-call variant would
+    /// have no context to predict it from (the token-level `PositionZero`).
+    #[error(
+        "byte offset {offset} is at the text's first token: a call there cannot be scored (the \
+         no-call variant has no context to predict that token from)"
+    )]
+    AtFirstToken {
+        /// The candidate's byte offset.
+        offset: usize,
+    },
+
+    /// A text-level candidate's byte offset after the text's last token (trailing text the
+    /// tokenizer drops, say): no x_i follows it.
+    #[error("byte offset {offset} has no token after it (the text's tokens end at byte {end})")]
+    NoTokenAfter {
+        /// The candidate's byte offset.
+        offset: usize,
+        /// The byte after the text's last token.
+        end: usize,
+    },
+
+    /// A text-level candidate's call that cannot be written as e(c) / e(c, r) and read back as
+    /// the same call (`check_call`: a tool name that is not a name, an input with an arrow or
+    /// unbalanced parentheses, a result that is empty or holds a bracket, ...).
+    #[error("{0}")]
+    Call(String),
+
+    /// A text-level candidate that cannot be made into tokens for another reason (a text that
+    /// cannot be cut for a head: `Tokenizer::encode_head`).
     #[error("{0}")]
     Text(String),
 

@@ -280,7 +280,7 @@ impl TextCandidate {
     ) -> Result<Tokenized> {
         if let Err(e) = check_call(&self.tool, &self.input, &self.result) {
             // `check_call`'s errors are `Error::Input`, whose text is the message.
-            return Ok(Err(InvalidCandidate::Text(e.to_string())));
+            return Ok(Err(InvalidCandidate::Call(e.to_string())));
         }
         let owned;
         let (encoding, text_ids) = match text {
@@ -297,25 +297,19 @@ impl TextCandidate {
             &text_ids[..],
             "encoding and ids of two texts"
         );
-        if self.position > self.text.len() || !self.text.is_char_boundary(self.position) {
-            return Ok(Err(InvalidCandidate::Text(format!(
-                "position {} is not a character boundary of the text ({} bytes)",
-                self.position,
-                self.text.len()
-            ))));
+        let (offset, len) = (self.position, self.text.len());
+        if offset > len {
+            return Ok(Err(InvalidCandidate::PastText { offset, len }));
         }
-        let position = match encoding.token_at_byte(self.position) {
+        if !self.text.is_char_boundary(offset) {
+            return Ok(Err(InvalidCandidate::NotCharBoundary { offset, len }));
+        }
+        let position = match encoding.locate_byte(offset) {
             // Said here in bytes: the token-level PositionZero's "position 0" would be a token
             // index the caller never gave.
-            Ok(0) => {
-                return Ok(Err(InvalidCandidate::Text(format!(
-                    "byte offset {} is at the text's first token: a call there cannot be \
-                     scored (the no-call variant has no context to predict that token from)",
-                    self.position
-                ))))
-            }
+            Ok(0) => return Ok(Err(InvalidCandidate::AtFirstToken { offset })),
             Ok(position) => position,
-            Err(why) => return Ok(Err(InvalidCandidate::Text(why))),
+            Err(reason) => return Ok(Err(reason)),
         };
         let call = call_text(&self.tool, &self.input, None, form);
         let call_result = call_text(&self.tool, &self.input, Some(&self.result), form);
@@ -334,7 +328,7 @@ impl TextCandidate {
                     Ok(e) => e,
                     Err(Error::Input(msg)) => {
                         let why = format!("the call {}: {msg}", shown(call));
-                        return Ok(Err(InvalidCandidate::Text(why)));
+                        return Ok(Err(InvalidCandidate::Call(why)));
                     }
                     Err(e) => return Err(e),
                 };
@@ -376,12 +370,12 @@ pub(crate) fn head_tokens_needed(
     text: &str,
     position: usize,
     weights: &[f64],
-) -> std::result::Result<usize, String> {
+) -> std::result::Result<usize, InvalidCandidate> {
     if position > text.len() {
-        return Err(format!(
-            "position {position} is past the end of the {}-byte text",
-            text.len()
-        ));
+        return Err(InvalidCandidate::PastText {
+            offset: position,
+            len: text.len(),
+        });
     }
     Ok(position
         .saturating_add(super::candidate::window_len(weights))
@@ -547,7 +541,7 @@ impl TextHeads {
     ) -> Result<Tokenized> {
         let mut tokens = match head_tokens_needed(&c.text, c.position, weights) {
             Ok(tokens) => tokens,
-            Err(why) => return Ok(Err(InvalidCandidate::Text(why))),
+            Err(reason) => return Ok(Err(reason)),
         };
         let cap = self.cap();
         let too_far = |what: &str| {
