@@ -376,6 +376,45 @@ fn run(m: &Mock, tokenizer: &Tokenizer, tools: &ToolRegistry, o: &GenerateOption
         .remove(0)
 }
 
+/// Rows (the fixture's 512) past the tokenizer's ids (its 500) have no text: one that is the most
+/// likely is never drawn, outside a call or in one, so that the completion holds every token
+/// the model wrote and the call runs on the input it wrote. (Drawn, it decoded to nothing.)
+#[test]
+fn ids_without_text_are_never_drawn() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let Ids { open, x, .. } = ids(tokenizer);
+    let textless = 505u32;
+    assert!(tokenizer.id_count() <= textless as usize);
+    let call = tokenizer.encode_ids("Calculator(1 + 2) ->").unwrap();
+    let openers = CallTokens::from_tokenizer(tokenizer).openers;
+    let m = mock(move |seq| {
+        // In the call, its next token behind the textless id; outside, "[" behind it.
+        match after_last_opener(seq, &openers) {
+            Some(rest) if rest.len() < call.len() => ranked(&[textless, call[rest.len()]]),
+            _ => ranked(&[textless, open, x]),
+        }
+    });
+    let o = GenerateOptions {
+        max_new_tokens: 24,
+        top_k_call: 1,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    assert!(!g.tokens.contains(&textless), "{:?}", g.tokens);
+    assert_eq!(tokenizer.decode(&g.tokens).unwrap(), g.completion);
+    let c = &g.calls[0];
+    assert_eq!(
+        (c.status, c.input.as_str(), c.result.as_str()),
+        (CallStatus::Ok, "1 + 2", "3")
+    );
+    assert!(
+        g.completion.contains("[Calculator(1 + 2) -> 3]"),
+        "{}",
+        g.completion
+    );
+}
+
 /// A result with a token the model has no row for (a tokenizer larger than the model) fails
 /// that call, closed with "]", instead of the whole batch at the next step.
 #[test]

@@ -313,6 +313,33 @@ struct Ctx<'a> {
     tools: &'a ToolRegistry,
     options: &'a GenerateOptions,
     sample: SampleOptions,
+    /// The tokenizer's ids, ascending.
+    known: Vec<u32>,
+    /// The rows' ids that the tokenizer has no text for (GPT-J's 50400 rows over tokenizer.json's
+    /// 50257 ids), found at the first row: never drawn, since decoding would drop them (a
+    /// completion without a token the model wrote, a call run on an input it did not write).
+    no_text: std::cell::OnceCell<Vec<u32>>,
+}
+
+impl Ctx<'_> {
+    /// `row` with the ids that have no text at -inf (borrowed when there are none).
+    fn without_textless<'r>(&self, row: &'r [f32]) -> std::borrow::Cow<'r, [f32]> {
+        let no_text = self.no_text.get_or_init(|| {
+            (0..row.len() as u32)
+                .filter(|id| self.known.binary_search(id).is_err())
+                .collect()
+        });
+        if no_text.is_empty() {
+            return std::borrow::Cow::Borrowed(row);
+        }
+        let mut masked = row.to_vec();
+        for &id in no_text {
+            if let Some(v) = masked.get_mut(id as usize) {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+        std::borrow::Cow::Owned(masked)
+    }
 }
 
 struct Seq<'a> {
@@ -352,6 +379,8 @@ pub(crate) fn generate_batch(
             top_k: options.top_k,
             seed: options.seed,
         },
+        known: tokenizer.ids(),
+        no_text: std::cell::OnceCell::new(),
     };
     let mut session: Box<dyn DecodeSession + '_> = decoder.session();
     let mut seqs: Vec<Seq<'_>> = jobs
@@ -419,6 +448,7 @@ pub(crate) fn generate_batch(
 impl Seq<'_> {
     /// Consumes the log-probs after the last fed token: chooses the next token(s) to feed, or ends.
     fn step(&mut self, row: &[f32], ctx: &Ctx<'_>) -> Result<()> {
+        let row = &*ctx.without_textless(row);
         let opts = ctx.options;
         match self.mode {
             Mode::Normal => {
