@@ -195,6 +195,30 @@ proptest! {
     }
 }
 
+/// Shapes the random problems never draw (a review's list): head_dim 1 without rotary, a width
+/// of 1 (every LayerNorm output is its bias), and a vocabulary of exactly one LM-head block
+/// (1024) with rotary_dim = head_dim; one of them with a budget of one candidate a chunk.
+#[test]
+fn cpu_matches_reference_at_edge_shapes() {
+    let cases = [
+        (GptjConfig::small(2, 3, 3, 0, 17), Placement::Prefix, None),
+        (GptjConfig::small(1, 1, 1, 0, 3), Placement::Inline, Some(1)),
+        (GptjConfig::small(1, 6, 1, 6, 1024), Placement::Prefix, None),
+    ];
+    for (k, (config, placement, budget_tokens)) in cases.into_iter().enumerate() {
+        check(&Problem {
+            config,
+            dtype: DType::F32,
+            seed: 40 + k as u64,
+            n_texts: 3,
+            max_text: 20,
+            placement,
+            budget_tokens,
+            sharp: false,
+        });
+    }
+}
+
 /// More weighted rows than one pass of the LM head takes (`cpu::head::TILES`, 512): the
 /// random problems above stay under it, and a later pass (the rows split into passes of equal
 /// size) is where its row offsets matter.

@@ -19,7 +19,9 @@ pub fn tree_attention(plan: &Plan, qkv: &[f32], n_head: usize, head_dim: usize, 
     let mut rest = ctx;
     let mut outs = Vec::with_capacity(plan.segments.len());
     for seg in &plan.segments {
-        debug_assert_eq!(
+        // Checked in release too (once per segment): `Plan`'s fields are public, and a plan out
+        // of order would leave rows of ctx with the previous layer's values.
+        assert_eq!(
             ctx_len - rest.len(),
             seg.start as usize * d,
             "segments out of order"
@@ -29,7 +31,7 @@ pub fn tree_attention(plan: &Plan, qkv: &[f32], n_head: usize, head_dim: usize, 
         rest = tail;
     }
     // Every row is written: `ctx` is not cleared between layers.
-    debug_assert!(rest.is_empty(), "segments leave rows of ctx unwritten");
+    assert!(rest.is_empty(), "segments leave rows of ctx unwritten");
     // Keys and values are the k and v columns of the same qkv rows.
     let kv = KeysValues {
         k: &qkv[d..],
@@ -303,7 +305,12 @@ impl<'a> HeadColumns<'a> {
     /// No other thread may write head `h`'s columns at the same time.
     unsafe fn write(&self, h: usize, a: usize, o: &[f32]) {
         let at = a * self.d + h * self.head_dim;
-        assert!(o.len() == self.head_dim && h * self.head_dim < self.d && at + o.len() <= self.len);
+        // Head h's columns end within the row: no write reaches row a + 1, another task's.
+        assert!(
+            o.len() == self.head_dim
+                && (h + 1) * self.head_dim <= self.d
+                && at + o.len() <= self.len
+        );
         // SAFETY: in bounds (asserted); the range is head h's columns of row a, which only the
         // caller writes (the contract above), and `out` is borrowed mutably for 'a.
         unsafe { std::ptr::copy_nonoverlapping(o.as_ptr(), self.ptr.add(at), o.len()) }

@@ -53,6 +53,9 @@ pub fn head_log_probs(
 /// log p(token | row) for every `(row, token)` of `targets`, where `row` indexes `rows` and
 /// `rows` index the rows of `x` (the final residual stream, [n, d], before ln_f), in tiles of
 /// at most `[pass_rows, vocab_block]` ([`TILES`]; tests use small ones).
+///
+/// # Panics
+/// On a target's token not below `vocab` or its row not below `rows.len()`, or an empty tile.
 pub fn log_probs_at(
     x: &[f32],
     rows: &[u32],
@@ -62,9 +65,16 @@ pub fn log_probs_at(
     eps: f32,
     [pass_rows, vocab_block]: [usize; 2],
 ) -> Vec<f64> {
-    // Targets grouped by row: (target, token).
+    assert!(pass_rows > 0 && vocab_block > 0, "empty LM-head tiles");
+    // Targets grouped by row: (target, token). A token past the vocabulary would match no
+    // block and read as a logit of 0.
     let mut by_row: Vec<Vec<(usize, u32)>> = vec![Vec::new(); rows.len()];
     for (k, &(row, token)) in targets.iter().enumerate() {
+        assert!(
+            (token as usize) < vocab && (row as usize) < rows.len(),
+            "target {k}: token {token} of row {row}, over {} rows and a vocabulary of {vocab}",
+            rows.len()
+        );
         by_row[row as usize].push((k, token));
     }
     let mut log_probs = vec![0f64; targets.len()];
@@ -211,6 +221,25 @@ mod tests {
     /// last block.
     /// (The remainders are asserted: a wrong target offset in a partial later pass once passed
     /// here because the row count divided evenly and stayed under one default pass.)
+    #[test]
+    fn a_target_outside_the_vocabulary_is_refused() {
+        let config = GptjConfig::small(1, 8, 2, 4, 20);
+        let w = CpuWeights::from_owned(&config, GptjWeights::random(&config, 5, DType::F32));
+        let x = vec![0.5f32; 8];
+        let eps = config.layer_norm_epsilon as f32;
+        let probe = |targets: &[(u32, u32)], tiles| {
+            std::panic::catch_unwind(|| {
+                log_probs_at(&x, &[0], targets, &w, [8, 20], eps, tiles);
+            })
+            .is_err()
+        };
+        assert!(!probe(&[(0, 19)], TILES));
+        // Token 20 matched no block and read as a logit of 0; row 1 does not exist.
+        assert!(probe(&[(0, 20)], TILES));
+        assert!(probe(&[(1, 3)], TILES));
+        assert!(probe(&[(0, 3)], [0, 100]));
+    }
+
     #[test]
     fn tiles_match_whole_rows() {
         let (d, vocab, n_tokens) = (16, 2 * VOCAB_BLOCK + 53, 2 * 603);
