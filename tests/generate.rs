@@ -841,6 +841,12 @@ fn malformed_calls_and_failing_tools_are_closed_and_decoding_goes_on() {
             CallStatus::Unparsable,
             "[what is this ->]",
         ),
+        // Unbalanced parentheses: annotate puts no such call in C*, so it is not run.
+        (
+            "Calculator((1+2) ->",
+            CallStatus::Unparsable,
+            "[Calculator((1+2) ->]",
+        ),
         (
             "Calculator(1+2]",
             CallStatus::ClosedWithoutArrow,

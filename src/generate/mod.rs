@@ -445,6 +445,21 @@ pub(crate) fn generate_batch(
         .collect()
 }
 
+/// Why an input could not stand in a call of C* (annotate refuses these: `check_call`), so that
+/// the model, trained on C*, did not write a call there: a "[" (a call inside the call), a
+/// ")" without its "(" or the reverse, or U+FFFD (a character cut between tokens).
+fn unlike_cstar(input: &str) -> Option<String> {
+    if input.contains('[') {
+        Some("a \"[\" in the input: a call inside the call".into())
+    } else if !crate::score::text::balanced(input) {
+        Some("unbalanced parentheses in the input".into())
+    } else if input.contains('\u{FFFD}') {
+        Some("U+FFFD in the input: a character cut between tokens".into())
+    } else {
+        None
+    }
+}
+
 impl Seq<'_> {
     /// Consumes the log-probs after the last fed token: chooses the next token(s) to feed, or ends.
     fn step(&mut self, row: &[f32], ctx: &Ctx<'_>) -> Result<()> {
@@ -586,7 +601,9 @@ impl Seq<'_> {
                 Some((tool, input)) => {
                     record.tool = tool.to_string();
                     record.input = input.to_string();
-                    if let Some(problem) = input_problem(input, &ctx.tokens.special) {
+                    let problem =
+                        input_problem(input, &ctx.tokens.special).or_else(|| unlike_cstar(input));
+                    if let Some(problem) = problem {
                         record.status = CallStatus::Unparsable;
                         record.error = Some(problem);
                         close()?
@@ -854,6 +871,22 @@ pub fn tools_from_config(
 mod tests {
     use super::*;
     use crate::annotate::config::AnnotateConfig;
+
+    /// Inputs annotate would not put in C*, as generate's `unparsable` reasons.
+    #[test]
+    fn inputs_unlike_cstar_are_named() {
+        assert_eq!(unlike_cstar("400 / 1400"), None);
+        assert_eq!(unlike_cstar("(1 + 2) * 3"), None);
+        for (input, why) in [
+            ("308ants, 20 [Calculator(208", "a call inside the call"),
+            ("(1 + 2", "unbalanced"),
+            ("1 + 2)", "unbalanced"),
+            ("6\u{FFFD} ", "U+FFFD"),
+        ] {
+            let problem = unlike_cstar(input).unwrap_or_default();
+            assert!(problem.contains(why), "{input:?}: {problem:?}");
+        }
+    }
 
     #[test]
     fn tools_come_from_the_tools_table_of_a_toml_or_json_file() {
