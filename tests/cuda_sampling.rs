@@ -304,27 +304,7 @@ fn a_session_filled_to_n_positions_matches_the_oracle_at_its_last_row() {
 /// a process of its own (`announced_size_too_large_child`). On a GPU the size would fit; skipped.
 #[test]
 fn a_session_whose_announced_size_cannot_be_allocated_grows_by_doubling() {
-    let Some(g) = gpu() else { return };
-    if !g.name.contains("emulated") {
-        eprintln!("SKIPPED: needs the emulated device, whose memory can be made small");
-        return;
-    }
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "announced_size_too_large_child",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("TOOLSIFT_EMU_DEVICE_BYTES", (256u64 << 20).to_string())
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&child.stdout);
-    let err = String::from_utf8_lossy(&child.stderr);
-    assert!(
-        child.status.success() && out.contains("1 passed"),
-        "{out}\n{err}"
-    );
+    cuda_common::run_child_on_a_small_device("announced_size_too_large_child", 256 << 20);
 }
 
 #[test]

@@ -427,22 +427,7 @@ fn a_weight_past_the_f16_range_is_refused_for_f16_storage() {
 /// cuBLASLt workspace (32 MiB) cannot be allocated, in a process of its own. Skipped on a GPU.
 #[test]
 fn a_device_out_of_memory_is_its_own_error() {
-    let Some(g) = gpu() else { return };
-    if !g.name.contains("emulated") {
-        eprintln!("SKIPPED: needs the emulated device, whose memory can be made small");
-        return;
-    }
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "out_of_memory_child", "--ignored", "--nocapture"])
-        .env("TOOLSIFT_EMU_DEVICE_BYTES", (1u64 << 20).to_string())
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&child.stdout);
-    let err = String::from_utf8_lossy(&child.stderr);
-    assert!(
-        child.status.success() && out.contains("1 passed"),
-        "{out}\n{err}"
-    );
+    cuda_common::run_child_on_a_small_device("out_of_memory_child", 1 << 20);
 }
 
 #[test]

@@ -6,6 +6,28 @@ use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use toolsift::cuda::Gpu;
 
+/// Runs the ignored test `child` of this test binary in a process of its own, on an emulated
+/// device of `bytes` (`TOOLSIFT_EMU_DEVICE_BYTES`, read once per process), and asserts that it
+/// passed. Skipped (returns) where `gpu()` is a real GPU, whose memory cannot be made small.
+pub fn run_child_on_a_small_device(child: &str, bytes: u64) {
+    let Some(g) = gpu() else { return };
+    if !g.name.contains("emulated") {
+        eprintln!("SKIPPED: needs the emulated device, whose memory can be made small");
+        return;
+    }
+    let run = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", child, "--ignored", "--nocapture"])
+        .env("TOOLSIFT_EMU_DEVICE_BYTES", bytes.to_string())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&run.stdout);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success() && out.contains("1 passed"),
+        "{out}\n{err}"
+    );
+}
+
 /// The GPU, or None after printing why the test is skipped (never a silent pass). Built with
 /// `emu` on a machine without a CUDA driver, the emulated device (toolsift::emu::device); an
 /// `emu` build never skips: a driver that is installed but opens no device (NVIDIA's libraries
