@@ -1,0 +1,238 @@
+//! The tools through their public API: behaviour a hand mutation review (session 43) found no
+//! test pinning down. Each test here failed on its mutant (a one-line slip) and passes as written:
+//! a division by zero named, nesting counted rather than parentheses, 30-day months, a URL date
+//! only from an 8-digit run, WikiSearch's title-only hits, its 32-word query cap and a failed
+//! build that leaves nothing, a command tool's input ending with a newline, the 1 MiB output
+//! limit, HTTP 408/429 retried and an HTTP result trimmed, 10 retries allowed, and which
+//! services a tools table provides.
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use toolsift::annotate::tools::*;
+use toolsift::annotate::{ToolKind, ToolName};
+
+fn doc(id: &str) -> DocContext<'_> {
+    DocContext {
+        id,
+        url: None,
+        date: None,
+    }
+}
+
+#[test]
+fn a_division_by_zero_is_named_as_such() {
+    for input in ["1/0", "1/(2-2)", "5 / -0"] {
+        let got = Calculator::new().call(input, &doc("d"));
+        assert!(
+            matches!(&got, Err(ToolError::Failed(m)) if m == "division by zero"),
+            "{input}: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn the_depth_limit_counts_nesting_not_parentheses_or_signs() {
+    let input = vec!["(1)"; 40].join("+");
+    assert!(input.len() <= MAX_INPUT_LEN);
+    assert_eq!(Calculator::new().call(&input, &doc("d")), Ok("40".into()));
+    let input = vec!["-1"; 40].join(" - ");
+    assert_eq!(Calculator::new().call(&input, &doc("d")), Ok("38".into()));
+}
+
+#[test]
+fn thirty_day_months_have_no_31st() {
+    for m in [4, 6, 9, 11] {
+        assert!(Date::new(2023, m, 31).is_none(), "{m}");
+        assert!(Date::new(2023, m, 30).is_some(), "{m}");
+    }
+    assert_eq!(Date::parse_iso("2023-09-31"), None);
+}
+
+#[test]
+fn a_url_date_is_a_run_of_exactly_eight_digits() {
+    for url in [
+        "https://example.com/story/202301301",
+        "https://example.com/p/20230130123045",
+    ] {
+        assert_eq!(Date::from_url(url), None, "{url}");
+    }
+}
+
+fn write(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn a_failed_index_build_leaves_nothing_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let docs = write(
+        tmp.path(),
+        "docs.jsonl",
+        "{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"b\"}\n",
+    );
+    assert!(build_index(&docs, &tmp.path().join("idx"), "text").is_err());
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["docs.jsonl"]);
+}
+
+fn wiki(lines: &str) -> (tempfile::TempDir, WikiSearch) {
+    let tmp = tempfile::tempdir().unwrap();
+    let docs = write(tmp.path(), "docs.jsonl", lines);
+    let out = tmp.path().join("idx");
+    build_index(&docs, &out, "text").unwrap();
+    let w = WikiSearch::open(&out).unwrap();
+    (tmp, w)
+}
+
+#[test]
+fn a_hit_on_the_title_alone_quotes_the_start_of_the_text() {
+    let (_t, w) = wiki(
+        "{\"id\":\"e\",\"title\":\"Eiffel Tower\",\"text\":\"A wrought-iron lattice tower in Paris.\"}\n",
+    );
+    assert_eq!(
+        w.call("Eiffel", &doc("x")),
+        Ok("A wrought-iron lattice tower in Paris.".into())
+    );
+}
+
+#[test]
+fn only_the_first_32_distinct_words_are_searched() {
+    let (_t, w) = wiki("{\"id\":\"z\",\"text\":\"A zebra is an African equine.\"}\n");
+    let fill: Vec<String> = (0..32).map(|i| format!("filler{i}")).collect();
+    let query = format!("{} zebra", fill.join(" "));
+    let got = w.call(&query, &doc("x"));
+    assert!(
+        matches!(&got, Err(ToolError::Failed(m)) if m.contains("no document matches")),
+        "{got:?}"
+    );
+    let query = format!("zebra {}", fill.join(" "));
+    assert!(w.call(&query, &doc("x")).is_ok());
+}
+
+fn sh(script: &str) -> ExternalTool {
+    ExternalTool::command("QA", vec!["sh".into(), "-c".into(), script.into()])
+        .with_timeout(Duration::from_secs(5))
+        .with_retries(0)
+}
+
+#[test]
+fn a_command_tool_reads_its_input_as_a_whole_line() {
+    let tool = sh("while read -r l; do echo \"got:$l\"; done");
+    assert_eq!(tool.call("x", &doc("d")), Ok("got:x".into()));
+}
+
+#[test]
+fn output_of_exactly_the_limit_is_accepted() {
+    let tool = sh(&format!(
+        "head -c {MAX_OUTPUT_BYTES} /dev/zero | tr '\\0' a"
+    ));
+    let got = tool.call("x", &doc("d")).unwrap();
+    assert_eq!(got.len(), MAX_OUTPUT_BYTES);
+}
+
+/// Answers every connection with (status, body); counts them.
+fn server(status: u16, body: &'static str) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/tool", listener.local_addr().unwrap());
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(10) {
+            let Ok(mut stream) = stream else { return };
+            seen.fetch_add(1, Ordering::SeqCst);
+            let mut reader = BufReader::new(&stream);
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() {
+                    break;
+                }
+                let line = line.trim_end();
+                if line.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = line.split_once(':') {
+                    if k.eq_ignore_ascii_case("content-length") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                }
+            }
+            let mut buf = vec![0; length];
+            let _ = reader.read_exact(&mut buf);
+            let reply = format!(
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(reply.as_bytes());
+        }
+    });
+    (url, count)
+}
+
+#[test]
+fn http_429_and_408_are_retried() {
+    for status in [429, 408] {
+        let (url, count) = server(status, "{\"error\":\"slow down\"}");
+        let tool = ExternalTool::http("MT", url)
+            .with_timeout(Duration::from_secs(2))
+            .with_retries(2);
+        assert!(tool.call("x", &doc("d")).is_err());
+        assert_eq!(count.load(Ordering::SeqCst), 3, "{status}");
+    }
+}
+
+#[test]
+fn an_http_result_is_trimmed() {
+    let (url, _) = server(200, "{\"result\":\"  Paris \\n\"}");
+    let tool = ExternalTool::http("QA", url)
+        .with_timeout(Duration::from_secs(2))
+        .with_retries(0);
+    assert_eq!(tool.call("x", &doc("d")), Ok("Paris".into()));
+}
+
+#[test]
+fn ten_retries_are_allowed() {
+    let cfg = ExternalToolConfig {
+        command: Some(vec!["cat".into()]),
+        retries: 10,
+        ..Default::default()
+    };
+    assert_eq!(ExternalTool::from_config("QA", &cfg).unwrap().retries, 10);
+}
+
+#[test]
+fn a_tools_table_provides_the_services_it_configures() {
+    let svc = ExternalToolConfig {
+        command: Some(vec!["cat".into()]),
+        ..Default::default()
+    };
+    let mt_only = ToolsConfig {
+        mt: Some(svc.clone()),
+        ..Default::default()
+    };
+    let qa_only = ToolsConfig {
+        qa: Some(svc),
+        ..Default::default()
+    };
+    let mt = ToolName::Builtin(ToolKind::Mt);
+    let qa = ToolName::Builtin(ToolKind::Qa);
+    assert!(mt_only.provides(&mt) && !mt_only.provides(&qa));
+    assert!(qa_only.provides(&qa) && !qa_only.provides(&mt));
+}
+
+#[test]
+fn a_timeout_without_retries_does_not_count_tries() {
+    let e = ToolError::Timeout {
+        after: Duration::from_millis(100),
+        tries: 1,
+    };
+    assert_eq!(e.to_string(), "timed out after 100ms");
+}
