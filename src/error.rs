@@ -3,8 +3,6 @@
 
 use std::path::PathBuf;
 
-use crate::score::candidate::InvalidCandidate;
-
 /// An I/O error placed by `Error::context`: shown as "{at}: {error}", with the OS's error as its
 /// `source()`, which `std::io::Error::source` hands on.
 #[derive(Debug)]
@@ -219,6 +217,209 @@ pub(crate) fn driver_err(what: &str) -> impl FnOnce(cudarc::driver::DriverError)
             cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Error::OutOfMemory(msg),
             _ => Error::Backend(msg),
         }
+    }
+}
+
+/// Why one candidate cannot be scored: what [`score::validate`] finds, what tokenizing a
+/// text-level candidate finds, or a scorer's own limit. It is [`Error::Candidate`]'s `reason`, so
+/// that a caller can act on the cause (cut a text that is too long, drop a call with an unknown
+/// token) without reading the message. Non-exhaustive: a `match` needs a `_` arm. It lives here,
+/// beside `Error`, so that the model's tokenizer and the scorers name it without depending on
+/// each other.
+///
+/// [`score::validate`]: crate::score::validate
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidCandidate {
+    /// `text_ids` is empty.
+    #[error("text is empty")]
+    EmptyText,
+
+    /// `position` is 0: L_none would predict x_1 from nothing.
+    #[error(
+        "position 0 cannot be scored: the no-call variant has no context to predict the first \
+         text token from (positions start at 1)"
+    )]
+    PositionZero,
+
+    /// `position` is past the text's last token.
+    #[error("{}", out_of_range(*position, *text_len))]
+    PositionOutOfRange {
+        /// The candidate's position.
+        position: usize,
+        /// Tokens in its text (at least 1; an empty text is `EmptyText`).
+        text_len: usize,
+    },
+
+    /// The candidate's own loss weights are unusable (`weights::check`'s reason).
+    #[error("{0}")]
+    Weights(String),
+
+    /// A token id is not below the model's vocab_size.
+    #[error("{field}[{index}] = {id} is outside the vocabulary (vocab_size {vocab_size})")]
+    OutOfVocabulary {
+        /// `text_ids`, `call_ids` or `call_result_ids`.
+        field: &'static str,
+        /// The id's place in that field.
+        index: usize,
+        /// The id.
+        id: u32,
+        /// The model's vocab_size.
+        vocab_size: usize,
+    },
+
+    /// No positive weight falls on a token of the text: every loss would be 0 with nothing
+    /// measured, and a delta of 0 would keep the call at any tau_f <= 0.
+    #[error(
+        "no positive weight falls on a text token: {tokens_after} token(s) follow from \
+         position {position}, and the first positive weight is w_{first_positive}; nothing \
+         would be measured"
+    )]
+    NothingWeighted {
+        /// The candidate's position.
+        position: usize,
+        /// Text tokens from the position on (x_i .. x_n).
+        tokens_after: usize,
+        /// t of the first positive weight w_t (the weights' length when there is none).
+        first_positive: usize,
+    },
+
+    /// The longest variant the engine runs does not fit the model's n_positions. (A text-level
+    /// candidate found too long before its text is tokenized whole is `TextTooLong`.)
+    #[error(
+        "sequence of {tokens} tokens (call + text up to the last weighted token) is longer \
+         than n_positions ({n_positions})"
+    )]
+    TooLong {
+        /// Tokens of the longest variant: the longer call, and the text up to the last
+        /// weighted token.
+        tokens: usize,
+        /// The model's n_positions.
+        n_positions: usize,
+    },
+
+    /// `call_result_ids` is empty: e(c, r) would insert nothing, so L_call_result would be
+    /// L_none, and a delta of 0 would keep a call that is not there at any tau_f <= 0. (An empty
+    /// `call_ids` is allowed: L_call is then L_none, as the paper's min(L_none, L_call) allows.)
+    #[error(
+        "call_result_ids is empty: the call with its result would insert no token, so there is \
+         no call to measure"
+    )]
+    EmptyCallResult,
+
+    /// A text-level candidate that cannot fit the model, found before its text is tokenized
+    /// whole (so without an exact length, which `TooLong` has): its call alone is longer than
+    /// n_positions, or its position or window lies past the first n_positions + 1 tokens of the
+    /// text.
+    #[error("{detail}")]
+    TextTooLong {
+        /// The model's n_positions.
+        n_positions: usize,
+        /// What reads too far.
+        detail: String,
+    },
+
+    /// A text-level candidate's byte offset past the end of its text.
+    #[error("position {offset} is past the end of the {len}-byte text")]
+    PastText {
+        /// The candidate's byte offset.
+        offset: usize,
+        /// The text's length in bytes.
+        len: usize,
+    },
+
+    /// A text-level candidate's byte offset inside a character of its text.
+    #[error("position {offset} is not a character boundary of the text ({len} bytes)")]
+    NotCharBoundary {
+        /// The candidate's byte offset.
+        offset: usize,
+        /// The text's length in bytes.
+        len: usize,
+    },
+
+    /// A text-level candidate's byte offset inside a token: a call goes between tokens. `start`
+    /// and `end` are the token's bytes, the two offsets nearby that are boundaries.
+    #[error(
+        "byte offset {offset} falls inside token {token} (bytes {start}..{end}); a call must go \
+         on a token boundary"
+    )]
+    InsideToken {
+        /// The candidate's byte offset.
+        offset: usize,
+        /// The token's index in the text's encoding.
+        token: usize,
+        /// The token's first byte.
+        start: usize,
+        /// The byte after the token.
+        end: usize,
+    },
+
+    /// A text-level candidate's byte offset at the text's first token: the no-call variant would
+    /// have no context to predict it from (the token-level `PositionZero`).
+    #[error(
+        "byte offset {offset} is at the text's first token: a call there cannot be scored (the \
+         no-call variant has no context to predict that token from)"
+    )]
+    AtFirstToken {
+        /// The candidate's byte offset.
+        offset: usize,
+    },
+
+    /// A text-level candidate's byte offset after the text's last token (trailing text the
+    /// tokenizer drops, say): no x_i follows it.
+    #[error("byte offset {offset} has no token after it (the text's tokens end at byte {end})")]
+    NoTokenAfter {
+        /// The candidate's byte offset.
+        offset: usize,
+        /// The byte after the text's last token.
+        end: usize,
+    },
+
+    /// A text-level candidate's call that cannot be written as e(c) / e(c, r) and read back as
+    /// the same call (`check_call`: a tool name that is not a name, an input with an arrow or
+    /// unbalanced parentheses, a result that is empty or holds a bracket, ...).
+    #[error("{0}")]
+    Call(String),
+
+    /// A text-level candidate that cannot be made into tokens for another reason (a text that
+    /// cannot be cut for a head: `Tokenizer::encode_head`).
+    #[error("{0}")]
+    Text(String),
+
+    /// A limit of the scorer itself, beyond `validate` (a scorer written outside this crate, or
+    /// the naive baseline, which runs the whole text).
+    #[error("{0}")]
+    Other(String),
+}
+
+/// `PositionOutOfRange`'s message: the range that can be scored, or that none can (a text of
+/// one token has no x_i with a token before it).
+fn out_of_range(position: usize, text_len: usize) -> String {
+    if text_len < 2 {
+        format!(
+            "position {position} is out of range: the text has {text_len} token, so no position \
+             can be scored (a call goes before a token that has one before it)"
+        )
+    } else {
+        format!(
+            "position {position} is out of range: the text has {text_len} tokens, so the \
+             scorable positions are 1 to {}",
+            text_len - 1
+        )
+    }
+}
+
+/// A scorer's own reason, in words (`InvalidCandidate::Other`): `Error::candidate(k, "...")`.
+impl From<String> for InvalidCandidate {
+    fn from(why: String) -> Self {
+        InvalidCandidate::Other(why)
+    }
+}
+
+/// As `From<String>`.
+impl From<&str> for InvalidCandidate {
+    fn from(why: &str) -> Self {
+        InvalidCandidate::Other(why.to_string())
     }
 }
 

@@ -400,8 +400,8 @@ impl Encoding {
     pub(crate) fn locate_byte(
         &self,
         offset: usize,
-    ) -> std::result::Result<usize, crate::score::InvalidCandidate> {
-        use crate::score::InvalidCandidate;
+    ) -> std::result::Result<usize, crate::error::InvalidCandidate> {
+        use crate::error::InvalidCandidate;
         if self.spans.is_empty() {
             // As a token-level candidate says it (`validate`).
             return Err(InvalidCandidate::EmptyText);
