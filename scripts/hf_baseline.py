@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from transformers import GPTJConfig, GPTJForCausalLM
 
 SIZES = {
-    # toolsift bench's default model (src/main.rs BenchCli defaults).
+    # toolsift bench's default model (src/cli/bench.rs BenchCli defaults).
     "default": dict(n_layer=8, n_embd=512, n_head=8, rotary_dim=32, vocab_size=50400),
     "6b": dict(n_layer=28, n_embd=4096, n_head=16, rotary_dim=64, vocab_size=50400),
 }

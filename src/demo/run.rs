@@ -1,7 +1,7 @@
 //! The two demo commands as library calls: `toolsift annotate --demo` ([`DemoRun`]) and
 //! `toolsift eval-demo` ([`EvalRun`]). Each is prepared first (assets written, model and engine
 //! opened, the earlier output cleared) and then run, so a caller can say where things go before
-//! the long part starts; main.rs only parses flags and prints.
+//! the long part starts; the CLI (src/cli/demo.rs) only parses flags and prints.
 //!
 //! The model and the engine are opened before anything is removed: a device that cannot start
 //! (`Device::Cuda` without a GPU) fails without touching an earlier output.
