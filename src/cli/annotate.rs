@@ -63,6 +63,8 @@ pub(crate) struct AnnotateArgs {
     pub(crate) no_progress: bool,
 }
 
+/// `annotate`: settings from --config and the flags, tools opened, then the corpus -> C* job
+/// (`--demo` goes to `demo::annotate`).
 pub(crate) fn run(args: AnnotateArgs) -> Result<ExitCode> {
     use toolsift::annotate::{run_job_with, AnnotateConfig, Job, Shard};
     if args.demo {
@@ -205,6 +207,7 @@ pub(crate) struct IndexArgs {
     text_field: String,
 }
 
+/// `index`: WikiSearch's BM25 index from a JSONL file of documents.
 pub(crate) fn index(args: IndexArgs) -> Result<ExitCode> {
     let stats = toolsift::annotate::tools::build_index(&args.docs, &args.out, &args.text_field)?;
     note!(
@@ -233,6 +236,7 @@ pub(crate) struct MergeArgs {
     inputs: Vec<PathBuf>,
 }
 
+/// `merge`: shard outputs of `annotate` into one C*, in input-line order.
 pub(crate) fn merge(args: MergeArgs) -> Result<ExitCode> {
     let report = toolsift::annotate::merge(&args.out, &args.inputs)?;
     note_part!("{}", report.summary.render());

@@ -58,6 +58,8 @@ pub(crate) struct BenchCli {
     model: Option<PathBuf>,
 }
 
+/// `bench`: one JSON report on stdout, its figures in words on stderr; an error after the report
+/// when toolsift's losses and the baselines' differ.
 pub(crate) fn run(args: BenchCli) -> Result<ExitCode> {
     let config =
         toolsift::GptjConfig::small(args.layers, args.embd, args.heads, args.rotary, args.vocab);

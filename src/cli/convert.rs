@@ -23,6 +23,7 @@ pub(crate) struct ConvertArgs {
     dtype: Option<String>,
 }
 
+/// `convert`: the checkpoint loaded (and checked) as for scoring, written as safetensors.
 pub(crate) fn run(args: ConvertArgs) -> Result<ExitCode> {
     let model = Model::load(&args.model)?;
     let dtype = args.dtype.as_deref().map(|d| match d {

@@ -61,6 +61,7 @@ fn parse_tools(keys: &[String]) -> toolsift::Result<Vec<toolsift::annotate::Tool
         .collect()
 }
 
+/// Says which files of an earlier demo output are being replaced.
 fn report_replaced(removed: &[PathBuf]) {
     if !removed.is_empty() {
         let names: Vec<String> = removed.iter().map(|p| p.display().to_string()).collect();

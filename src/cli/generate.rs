@@ -77,6 +77,8 @@ pub(crate) struct GenerateArgs {
     device: Device,
 }
 
+/// `generate`: everything that can be checked before the model loads, then one completion line
+/// per prompt.
 pub(crate) fn run(args: GenerateArgs) -> Result<ExitCode> {
     use toolsift::generate::{self, jsonl::generate_jsonl_after, GenerateOptions};
     // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).

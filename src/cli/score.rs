@@ -69,6 +69,8 @@ pub(crate) struct ScoreArgs {
     device: Device,
 }
 
+/// `score`: everything that can be checked before the model loads, then one score or error row
+/// per input line.
 pub(crate) fn run(args: ScoreArgs) -> Result<ExitCode> {
     // What can be checked cheaply goes before the model load (minutes for a 6B checkpoint).
     let weights = match args.weights {
