@@ -1116,3 +1116,122 @@ fn a_tensor_listed_twice_in_the_index_is_named() {
         &["model.safetensors.index.json", "no \"weight_map\" object"],
     );
 }
+
+/// A tensor that two shards both hold is refused naming both, also where the index lists it in
+/// the shard read last (which would otherwise replace the first shard's copy unseen).
+#[test]
+fn a_tensor_two_shards_hold_is_named() {
+    let (_tmp, dir) = copy_fixture();
+    let tensors = tensors_of(&dir);
+    let (a, b) = tensors.split_at(tensors.len() / 2);
+    let shards = [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ];
+    let twice = a[0].0.clone();
+    let mut b = b.to_vec();
+    b.push(a[0].clone());
+    write_safetensors(&dir.join(shards[0]), a).unwrap();
+    write_safetensors(&dir.join(shards[1]), &b).unwrap();
+    // The index lists the tensor in the second shard, which is read last.
+    let mut map = serde_json::Map::new();
+    for (n, _) in a {
+        map.insert(n.clone(), shards[0].into());
+    }
+    for (n, _) in &b {
+        map.insert(n.clone(), shards[1].into());
+    }
+    drop(b);
+    drop(tensors);
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({"weight_map": map}).to_string(),
+    )
+    .unwrap();
+    assert_names(
+        &load_err(&dir),
+        &[&twice, "appears twice", shards[0], shards[1]],
+    );
+}
+
+/// The header limit (4 MiB) is the largest header read, not the first refused: the fixture's
+/// header padded with spaces to exactly 4 MiB loads, one byte more is refused unread.
+#[test]
+fn a_header_of_exactly_the_limit_loads() {
+    let (_tmp, dir) = copy_fixture();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let (header, data) = (&bytes[8..8 + len], &bytes[8 + len..]);
+    let limit = 4 << 20;
+    for size in [limit, limit + 1] {
+        let mut padded = std::str::from_utf8(header).unwrap().to_string();
+        padded.extend(std::iter::repeat_n(' ', size - len));
+        write_raw_safetensors(&dir, &padded, data);
+        match Model::load(&dir) {
+            Ok(_) => assert_eq!(size, limit, "a header of {size} bytes loaded"),
+            Err(e) => {
+                assert_eq!(size, limit + 1, "{e}");
+                assert_names(
+                    &e.to_string(),
+                    &["model.safetensors", &format!("header claims {size} bytes")],
+                );
+            }
+        }
+    }
+}
+
+/// With tie_word_embeddings set, a checkpoint that still holds lm_head.weight (some tied models
+/// are saved with it) loads: the head is transformer.wte.weight, the saved copy is ignored.
+#[test]
+fn a_tied_config_over_a_saved_lm_head_loads_with_wte_as_the_head() {
+    let (_tmp, dir) = copy_fixture();
+    edit_config(&dir, |v| v["tie_word_embeddings"] = true.into());
+    let model = Model::load(&dir).unwrap();
+    let w = model.weights();
+    assert_eq!(w.lm_head.weight.to_f32(), w.wte.to_f32());
+}
+
+/// A config.json of another architecture is refused naming its model_type, even where its sizes
+/// fit the weights; a null model_type is no claim.
+#[test]
+fn a_config_of_another_model_type_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    edit_config(&dir, |v| v["model_type"] = "gpt_neox".into());
+    assert_names(
+        &load_err(&dir),
+        &[
+            "config.json",
+            "model_type is \"gpt_neox\", expected \"gptj\"",
+        ],
+    );
+    edit_config(&dir, |v| v["model_type"] = serde_json::Value::Null);
+    Model::load(&dir).unwrap();
+}
+
+/// convert's config.json names the new dtype in torch_dtype, and in dtype only where the source
+/// config has that key (newer transformers write it): it adds no key the source did not have.
+#[test]
+fn convert_names_the_new_dtype_where_the_source_config_does() {
+    let (tmp, dir) = copy_fixture();
+    let config_of = |out: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap()
+    };
+    let bf16 = Some(toolsift::model::DType::BF16);
+    let model = Model::load(&dir).unwrap();
+    let out = tmp.path().join("without-dtype");
+    toolsift::model::checkpoint::convert(&model, &out, bf16).unwrap();
+    let cfg = config_of(&out);
+    assert_eq!(cfg["torch_dtype"], "bfloat16");
+    assert!(cfg.get("dtype").is_none(), "{cfg}");
+    drop(model);
+    edit_config(&dir, |v| v["dtype"] = "float32".into());
+    let model = Model::load(&dir).unwrap();
+    let out = tmp.path().join("with-dtype");
+    toolsift::model::checkpoint::convert(&model, &out, bf16).unwrap();
+    let cfg = config_of(&out);
+    assert_eq!(
+        (&cfg["torch_dtype"], &cfg["dtype"]),
+        (&"bfloat16".into(), &"bfloat16".into())
+    );
+}

@@ -353,4 +353,18 @@ mod tests {
         let flops = c.trunk_flops_per_token() + 2.0 * 4096.0 * 50400.0;
         assert!((flops - 11.69e9).abs() < 0.01e9, "{flops}");
     }
+
+    /// n_inner 0 (an MLP of no units) is refused; null is 4 * n_embd, and any other size is
+    /// the MLP's.
+    #[test]
+    fn n_inner_must_be_positive_and_null_is_four_times_n_embd() {
+        let mut c = GptjConfig::small(1, 16, 2, 4, 32);
+        assert_eq!(c.inner_dim(), 64);
+        c.n_inner = Some(24);
+        assert!(c.validate().is_ok());
+        assert_eq!(c.inner_dim(), 24);
+        c.n_inner = Some(0);
+        let err = c.validate().unwrap_err();
+        assert!(err.contains("n_inner must be positive"), "{err}");
+    }
 }

@@ -269,4 +269,34 @@ mod tests {
             }
         }
     }
+
+    /// Every non-finite value of a long run is counted, in each storage type: 2^16 + 3
+    /// infinities (a 16-bit type's blocks are summed in u16: a block of 2^16 would overflow it).
+    #[test]
+    fn a_long_run_of_non_finite_values_is_counted_whole() {
+        let n = (1 << 16) + 3;
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let t = Tensor::from_f32_as(vec![n], &vec![f32::INFINITY; n], dtype);
+            assert_eq!(t.count_non_finite(0..n), n, "{dtype:?}");
+            assert_eq!(t.count_non_finite(2..n), n - 2, "{dtype:?}");
+        }
+    }
+
+    /// The first non-finite value past the first 2^16-element block is named at its own index,
+    /// not at its index within the block.
+    #[test]
+    fn the_first_non_finite_value_past_the_first_block_is_at_its_index() {
+        let n = 3 << 16;
+        let mut values = vec![0.5f32; n];
+        values[(1 << 16) + 5] = f32::NEG_INFINITY;
+        values[(2 << 16) + 7] = f32::NAN;
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let t = Tensor::from_f32_as(vec![n], &values, dtype);
+            assert_eq!(
+                t.first_non_finite(),
+                Some(((1 << 16) + 5, f32::NEG_INFINITY)),
+                "{dtype:?}"
+            );
+        }
+    }
 }

@@ -694,4 +694,36 @@ mod tests {
             }
         }
     }
+
+    /// special_tokens lists the added tokens marked special, and only those.
+    #[test]
+    fn special_tokens_are_the_added_tokens_marked_special() {
+        let mut json: serde_json::Value =
+            serde_json::from_str(&wordpiece_json(&[("aaaa", true), ("eg", false)])).unwrap();
+        json["added_tokens"][1]["special"] = true.into();
+        let path = Path::new("t/tokenizer.json");
+        let tok = Tokenizer::from_bytes(json.to_string().as_bytes(), path).unwrap();
+        assert_eq!(tok.special_tokens(), ["eg"]);
+        assert_eq!(gptj_tokenizer().special_tokens(), ["<|endoftext|>"]);
+    }
+
+    /// An id equal to vocab_size is outside the vocabulary (its ids run to vocab_size - 1).
+    #[test]
+    fn an_id_of_vocab_size_is_outside_the_vocabulary() {
+        assert!(check_vocab(&[0, 9, 3], 10).is_ok());
+        let err = check_vocab(&[3, 10, 11], 10).unwrap_err();
+        assert!(
+            err.contains("token id 10 is outside the vocabulary (vocab_size 10)"),
+            "{err}"
+        );
+    }
+
+    /// id_count is one past the largest id, added tokens included (the fixture's ids run from 0
+    /// to 499, <|endoftext|>).
+    #[test]
+    fn id_count_is_one_past_the_largest_id() {
+        let tok = gptj_tokenizer();
+        assert_eq!(tok.ids().last(), Some(&499));
+        assert_eq!(tok.id_count(), 500);
+    }
 }

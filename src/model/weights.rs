@@ -465,3 +465,27 @@ impl GptjWeights {
         Self::bind(config, |name| tensors[name].clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A non-finite value is found wherever it lies, a chunk's last element and the next chunk's
+    /// first included (the check splits each tensor in chunks of FINITE_CHUNK elements).
+    #[test]
+    fn a_non_finite_value_at_a_chunk_edge_is_found() {
+        let n = FINITE_CHUNK + 1;
+        for at in [0, FINITE_CHUNK - 1, FINITE_CHUNK] {
+            let mut values = vec![0.25f32; n];
+            values[at] = f32::INFINITY;
+            let t = Tensor::from_f32_as(vec![n], &values, DType::F16);
+            let err = check_finite(&[("w".into(), &t, Path::new("m.safetensors"))])
+                .expect_err("an infinity");
+            assert!(
+                err.to_string()
+                    .contains(&format!("1 non-finite value (+inf at element {at})")),
+                "{err}"
+            );
+        }
+    }
+}

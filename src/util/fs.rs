@@ -558,4 +558,18 @@ mod tests {
         f.commit().unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "new\n");
     }
+
+    /// A path whose last part is "", "." or ".." names a folder even where it does not exist
+    /// yet; one ending in a plain name does not.
+    #[test]
+    fn a_path_ending_in_a_folder_name_is_a_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none");
+        for end in ["", ".", ".."] {
+            let p = PathBuf::from(format!("{}/{end}", missing.display()));
+            assert!(folder_problem(&p).is_some(), "{}", p.display());
+        }
+        assert_eq!(folder_problem(&missing.join("out.jsonl")), None);
+        assert_eq!(folder_problem(dir.path()), Some("is a folder"));
+    }
 }

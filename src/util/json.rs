@@ -884,4 +884,21 @@ mod tests {
             assert_eq!(fields(line).unwrap_err(), want, "{line}");
         }
     }
+
+    /// Only a number outside the 64-bit integers (read as a float) is inexact: i64::MIN and
+    /// u64::MAX are exact, and an inexact one is found at any depth.
+    #[test]
+    fn inexact_numbers_are_those_read_as_floats() {
+        let exact: Value = serde_json::from_str(
+            r#"{"a": [0, -9223372036854775808, 18446744073709551615], "b": {"c": 9223372036854775808}}"#,
+        )
+        .unwrap();
+        assert_eq!(first_inexact_number(&exact), None);
+        let wide: Value =
+            serde_json::from_str(r#"{"a": [1, {"b": 18446744073709551616}], "c": 2.5}"#).unwrap();
+        assert_eq!(
+            first_inexact_number(&wide).and_then(Number::as_f64),
+            Some(18446744073709551616.0)
+        );
+    }
 }

@@ -623,4 +623,36 @@ mod tests {
         assert_eq!(lines.next().unwrap().unwrap(), (2, Ok("short".into())));
         assert!(lines.buf.capacity() <= KEPT_BUFFER_BYTES);
     }
+
+    /// A last line ended by a lone "\r" (no "\n" after it): the "\r" is its line end, not its
+    /// text, for the length limit as for the text.
+    #[test]
+    fn a_last_line_ended_by_a_lone_carriage_return() {
+        let input = format!("{}\n{}\r", "a".repeat(10), "w".repeat(10));
+        let lines: Vec<Line> = JsonlLines::new(input.as_bytes())
+            .with_max_line_bytes(10)
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(
+            lines,
+            vec![(1, Ok("a".repeat(10))), (2, Ok("w".repeat(10)))]
+        );
+    }
+
+    /// An output this run did not create is left where it is when the run ends without writing
+    /// (an empty file given as the output stays); one it created and left empty is removed.
+    #[test]
+    fn only_an_output_this_run_created_is_removed_unwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let given = dir.path().join("given.jsonl");
+        std::fs::write(&given, "").unwrap();
+        drop(lock_output(&given).unwrap());
+        assert!(given.is_file(), "an empty file the user made was removed");
+        let new = dir.path().join("new.jsonl");
+        drop(lock_output(&new).unwrap());
+        assert!(
+            !new.exists(),
+            "an empty output this run made was left behind"
+        );
+    }
 }

@@ -727,4 +727,156 @@ mod tests {
         assert!(!is_ignored_buffer("h.0.c_attn.bias"));
         assert!(!is_ignored_buffer("transformer.h.0.mlp.fc_in.bias"));
     }
+
+    /// A checkpoint whose byteorder entry says "big" is refused (its values would be read
+    /// byte-swapped); one that says "little" reads.
+    #[test]
+    fn a_big_endian_checkpoint_is_refused() {
+        let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 1, 0, &[1], &[1]));
+        let data = f32_bytes(&[1.5]);
+        for order in ["little", "big"] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("model.bin");
+            let mut zip = zip::ZipWriter::new(File::create(&path).unwrap());
+            let options = zip::write::SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Stored);
+            for (name, bytes) in [
+                ("archive/byteorder", order.as_bytes()),
+                ("archive/data.pkl", &pkl[..]),
+                ("archive/data/0", &data[..]),
+            ] {
+                zip.start_file(name, options).unwrap();
+                zip.write_all(bytes).unwrap();
+            }
+            zip.finish().unwrap();
+            match read_torch_bin(&path) {
+                Ok(tensors) => {
+                    assert_eq!(order, "little");
+                    assert_eq!(tensors[0].1.to_f32(), [1.5]);
+                }
+                Err(e) => {
+                    assert_eq!(order, "big", "{e}");
+                    assert!(e.to_string().contains("byte order is `big`"), "{e}");
+                }
+            }
+        }
+    }
+
+    /// A local header that disagrees with the central directory on compression (deflated there,
+    /// stored here) is refused: another zip reader would inflate the bytes this one maps raw.
+    #[test]
+    fn a_local_header_that_says_compressed_is_refused() {
+        let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 1, 0, &[1], &[1]));
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 4])]);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let local = bytes.windows(4).rposition(|w| w == b"PK\x03\x04").unwrap();
+        bytes[local + 8] = 8;
+        std::fs::write(&path, bytes).unwrap();
+        let err = read_torch_bin(&path).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "`archive/data/0`: the local header says compression method 8, the central \
+                 directory stored (0)"
+            ),
+            "{err}"
+        );
+    }
+
+    /// A dimension of size 1 may have any stride (torch gives a transposed [3, 1] column, a
+    /// [1, 3] row, the stride [1, 1]): such a tensor is row-major all the same.
+    #[test]
+    fn a_size_one_dimension_may_have_any_stride() {
+        let values = [1.0f32, 2.0, 3.0];
+        for stride in [[1, 1], [7, 1]] {
+            let tensor = tensor_ops("FloatStorage", "0", 3, 0, &[1, 3], &stride);
+            let tensors = read_checkpoint(
+                &state_dict_pickle("w", &tensor),
+                &[("0", &f32_bytes(&values))],
+            )
+            .unwrap();
+            assert_eq!(tensors[0].1.shape(), &[1, 3]);
+            assert_eq!(tensors[0].1.to_f32(), values);
+        }
+    }
+
+    /// Protocol 4's STACK_GLOBAL (the module, then the name, on the stack) finds
+    /// _rebuild_tensor_v2 as GLOBAL does (`torch.save(..., pickle_protocol=4)` writes it).
+    #[test]
+    fn stack_global_takes_the_module_then_the_name() {
+        let values = [1.0f32, 2.0];
+        let tensor = tensor_ops("FloatStorage", "0", 2, 0, &[2], &[1]);
+        let global = b"ctorch._utils\n_rebuild_tensor_v2\n";
+        assert!(tensor.starts_with(global));
+        let mut stacked = short_str("torch._utils");
+        stacked.extend(short_str("_rebuild_tensor_v2"));
+        stacked.push(0x93);
+        stacked.extend(&tensor[global.len()..]);
+        let tensors = read_checkpoint(
+            &state_dict_pickle("w", &stacked),
+            &[("0", &f32_bytes(&values))],
+        )
+        .unwrap();
+        assert_eq!(tensors[0].1.to_f32(), values);
+    }
+
+    /// LONG1 integers are little-endian two's complement: a negative one is read negative (and
+    /// then refused as a size or offset), not as a large positive one.
+    #[test]
+    fn long_integers_keep_their_sign() {
+        for (pkl, want) in [
+            (&b"\x80\x02\x8a\x01\xff."[..], -1),
+            (b"\x80\x02\x8a\x02\x00\x80.", -32768),
+            (b"\x80\x02\x8a\x02\xff\x00.", 255),
+            (b"\x80\x02\x8a\x00.", 0),
+        ] {
+            let mut unpickler = Unpickler::new(pkl);
+            let root = unpickler.run().unwrap();
+            assert!(
+                matches!(unpickler.values[root], Value::Int(v) if v == want),
+                "{pkl:?}"
+            );
+        }
+    }
+
+    /// Pickle protocols up to 5 (Python 3.8's highest) are read; 6 is refused by name.
+    #[test]
+    fn pickle_protocols_up_to_5_are_read() {
+        for version in 0..=5u8 {
+            let pkl = [0x80, version, b'N', b'.'];
+            assert!(Unpickler::new(&pkl).run().is_ok(), "protocol {version}");
+        }
+        let err = Unpickler::new(b"\x80\x06N.").run().unwrap_err();
+        assert!(err.contains("unsupported pickle protocol 6"), "{err}");
+    }
+
+    /// MEMOIZE (protocol 4) stores the top of the stack under the next memo key, counted from
+    /// 0, which BINGET then reads back.
+    #[test]
+    fn memoize_numbers_its_entries_from_zero() {
+        let pkl = b"\x80\x04K\x07\x94K\x08\x940h\x00h\x01\x86.";
+        let mut unpickler = Unpickler::new(pkl);
+        let root = unpickler.run().unwrap();
+        let Value::Tuple(items) = &unpickler.values[root] else {
+            panic!("{}", unpickler.values[root].kind());
+        };
+        let ints: Vec<i64> = items
+            .iter()
+            .map(|&i| match unpickler.values[i] {
+                Value::Int(v) => v,
+                _ => panic!("{}", unpickler.values[i].kind()),
+            })
+            .collect();
+        assert_eq!(ints, [7, 8]);
+    }
+
+    /// A data.pkl of exactly the limit is read (the limit is the largest read, not the first
+    /// refused).
+    #[test]
+    fn a_data_pkl_of_exactly_the_limit_is_read() {
+        let mut pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 1, 0, &[1], &[1]));
+        pkl.resize(MAX_PICKLE_BYTES, b'N'); // NONE opcodes past the STOP
+        let tensors = read_checkpoint(&pkl, &[("0", &f32_bytes(&[2.5]))]).unwrap();
+        assert_eq!(tensors[0].1.to_f32(), [2.5]);
+    }
 }
