@@ -359,27 +359,34 @@ pub(crate) fn sync_dir(path: &Path) -> Result<()> {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
         };
-        let synced = File::open(dir).and_then(|d| d.sync_all());
-        match synced {
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                tracing::warn!(
-                    "{}: cannot open the folder to make its renames durable ({e}); going on",
-                    dir.display()
-                );
-            }
-            Err(e)
-                if !matches!(
-                    e.kind(),
-                    std::io::ErrorKind::Unsupported | std::io::ErrorKind::InvalidInput
-                ) =>
-            {
-                return Err(Error::io(dir, e));
-            }
-            _ => {}
-        }
+        tolerate_unsyncable(dir, File::open(dir).and_then(|d| d.sync_all()))?;
     }
     #[cfg(not(unix))]
     let _ = path;
+    Ok(())
+}
+
+/// `sync_dir`'s verdict on syncing `dir`: a folder that cannot be opened to sync (mode 300) is a
+/// warning, a file system that cannot sync a folder is let be, anything else is an error.
+#[cfg(unix)]
+fn tolerate_unsyncable(dir: &Path, synced: std::io::Result<()>) -> Result<()> {
+    match synced {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            tracing::warn!(
+                "{}: cannot open the folder to make its renames durable ({e}); going on",
+                dir.display()
+            );
+        }
+        Err(e)
+            if !matches!(
+                e.kind(),
+                std::io::ErrorKind::Unsupported | std::io::ErrorKind::InvalidInput
+            ) =>
+        {
+            return Err(Error::io(dir, e));
+        }
+        _ => {}
+    }
     Ok(())
 }
 
@@ -465,6 +472,34 @@ mod tests {
         std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o700)).unwrap();
         committed.unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "new\n");
+    }
+
+    /// What syncing a folder may fail with and be let be (a folder this user cannot open, as
+    /// above, which root never meets; a file system without folder syncs), and what is an
+    /// error naming the folder.
+    #[cfg(unix)]
+    #[test]
+    fn only_an_unopenable_folder_or_an_unsupported_sync_is_let_be() {
+        use std::io::{Error as IoError, ErrorKind};
+        let dir = Path::new("some/folder");
+        for kind in [
+            ErrorKind::PermissionDenied,
+            ErrorKind::Unsupported,
+            ErrorKind::InvalidInput,
+        ] {
+            assert!(
+                tolerate_unsyncable(dir, Err(IoError::from(kind))).is_ok(),
+                "{kind:?}"
+            );
+        }
+        assert!(tolerate_unsyncable(dir, Ok(())).is_ok());
+        for e in [
+            IoError::from_raw_os_error(5),
+            IoError::from(ErrorKind::NotFound),
+        ] {
+            let err = tolerate_unsyncable(dir, Err(e)).unwrap_err().to_string();
+            assert!(err.starts_with("some/folder: "), "{err}");
+        }
     }
 
     /// A link planted at the temporary name is an error naming it, and the file it points to is
