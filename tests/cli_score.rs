@@ -762,6 +762,38 @@ fn lines_read_before_an_input_error_are_still_scored() {
     }
 }
 
+/// An input that fails to read at the start of a chunk (after a full chunk, or before its
+/// first line) is an error too, not the end of the input: the lines before it are written and
+/// the run says where it stopped, rather than passing for a complete run.
+#[test]
+fn an_input_error_at_a_chunk_border_is_not_the_end_of_the_input() {
+    use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
+    let model = toolsift::Model::load(tiny("f32")).unwrap();
+    let scorer = toolsift::cpu::CpuScorer::new(&model);
+    let lines = token_lines();
+    let input: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    for (input, chunk_lines, written) in [
+        (input.as_str(), lines.len(), lines.len()),
+        (input.as_str(), 1, lines.len()),
+        ("", 4, 0),
+    ] {
+        let reader = std::io::BufReader::new(common::FailsAfter::new(input));
+        let mut out = Vec::new();
+        let options = JsonlOptions {
+            chunk_lines,
+            ..JsonlOptions::default()
+        };
+        let err = score_jsonl(reader, &mut out, &scorer, None, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("<input line {}>", written + 1)) && err.contains("went away"),
+            "{chunk_lines}: {err}"
+        );
+        assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), written);
+    }
+}
+
 /// Each chunk's rows are flushed as the chunk ends (a pipeline's next stage sees them then,
 /// behind the CLI's buffered output).
 #[test]

@@ -108,6 +108,39 @@ fn splice_writes_calls_as_inline_placement_scores_them() {
     );
 }
 
+/// Any Unicode whitespace after the offset counts as a space there (docs/conventions.md): a
+/// call before a newline, a tab or an ideographic space is spliced, and scored inline, with a
+/// space in front, as before " 29%".
+#[test]
+fn a_call_before_any_whitespace_gets_a_space_in_front() {
+    for ws in ["\n", "\t", "\r\n", "\u{3000}"] {
+        let text = format!("is 42{ws}Next");
+        assert!(toolsift::score::text::spaced_at(&text, 5), "{ws:?}");
+        assert_eq!(
+            splice(&text, &[(5, "[A() -> 1]".into())]),
+            format!("is 42 [A() -> 1]{ws}Next"),
+            "{ws:?}"
+        );
+    }
+    assert!(!toolsift::score::text::spaced_at("is 42.", 5));
+    let model = Model::load(tiny()).unwrap();
+    let tok = model.tokenizer().unwrap();
+    let text = "The answer is 42\nand more.";
+    let c = TextCandidate::new(text, text.find('\n').unwrap(), "Calculator", "6 * 7", "42");
+    let t = c
+        .to_tokens(tok, Placement::Inline, CallForm::Arrow, None)
+        .unwrap();
+    let scored = [
+        &t.text_ids[..t.position],
+        &t.call_result_ids,
+        &t.text_ids[t.position..],
+    ];
+    assert_eq!(
+        tok.decode(&scored.concat()).unwrap(),
+        "The answer is 42 [Calculator(6 * 7) -> 42]\nand more."
+    );
+}
+
 /// What `scorer_for` returns, or a scorer shared through an `Arc` or a reference, goes where
 /// a generic `S: Scorer` is taken, and scores as the scorer itself does.
 #[test]

@@ -601,6 +601,186 @@ fn a_scorers_own_refusal_is_its_lines_answer_and_a_miscount_an_error() {
     }
 }
 
+/// A line a scorer refuses in a later chunk is named by its own line number, not by its place in
+/// its chunk, in the row's "line" and in its error alike.
+#[test]
+fn a_refusal_in_a_later_chunk_names_its_own_line() {
+    use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
+    let model = model();
+    let scorer = scorer_for(&model, Device::Cpu).unwrap();
+    let line = |ids: &str| {
+        format!(
+            r#"{{"text_ids": [{ids}], "position": 3, "call_ids": [58, 344], "call_result_ids": [58, 344, 7]}}"#
+        )
+    };
+    let input = [
+        line("329, 266, 451, 455, 338"),
+        line("329, 266, 451, 455, 11"),
+        line("329, 266, 451, 455, 12"),
+        line("329, 266, 451, 300, 338"),
+    ]
+    .join("\n");
+    let picky = Picky {
+        inner: &*scorer,
+        refused: 300,
+        short: false,
+        past_the_end: false,
+    };
+    let options = JsonlOptions {
+        chunk_lines: 2,
+        ..JsonlOptions::default()
+    };
+    let mut out = Vec::new();
+    let summary = score_jsonl(input.as_bytes(), &mut out, &picky, None, &options).unwrap();
+    assert_eq!((summary.lines, summary.scored, summary.failed), (4, 3, 1));
+    let answers: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers[3]["line"], 4);
+    assert_eq!(answers[3]["error"], "line 4: not that token");
+}
+
+/// `score_jsonl`'s summary counts what its rows say: every line, the scored ones, the failed
+/// ones, and the scored lines kept at their own tau_f.
+#[test]
+fn the_jsonl_summary_counts_what_the_rows_say() {
+    use toolsift::score::jsonl::{score_jsonl, JsonlOptions, JsonlSummary};
+    let model = model();
+    let scorer = scorer_for(&model, Device::Cpu).unwrap();
+    let line = |tau_f: f64, position: usize| {
+        format!(
+            r#"{{"text_ids": [329, 266, 451, 455, 338], "position": {position}, "call_ids": [58, 344], "call_result_ids": [58, 344, 7], "tau_f": {tau_f}}}"#
+        )
+    };
+    let input = [line(-1e9, 3), line(1e9, 3), line(-1e9, 0), line(-1e9, 2)].join("\n");
+    let mut out = Vec::new();
+    let summary = score_jsonl(
+        input.as_bytes(),
+        &mut out,
+        &*scorer,
+        None,
+        &JsonlOptions::default(),
+    )
+    .unwrap();
+    let rows: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kept: Vec<_> = rows.iter().map(|r| r["kept"].as_bool()).collect();
+    assert_eq!(kept, [Some(true), Some(false), None, Some(true)]);
+    assert_eq!(
+        summary,
+        JsonlSummary {
+            lines: 4,
+            scored: 3,
+            failed: 1,
+            kept: 2
+        }
+    );
+}
+
+/// A scorer that answers more candidates than it was asked is an error naming it, as a short
+/// answer is: the extra answer is not silently dropped (nor the answers misplaced).
+#[test]
+fn a_long_answer_from_a_scorer_is_an_error() {
+    struct LongAnswer<'a>(&'a dyn Scorer);
+    impl Scorer for LongAnswer<'_> {
+        fn name(&self) -> &str {
+            "long"
+        }
+        fn config(&self) -> &toolsift::GptjConfig {
+            self.0.config()
+        }
+        fn variant_losses_unchecked(
+            &self,
+            candidates: &[TokenCandidate],
+            options: &ScoreOptions,
+        ) -> toolsift::Result<Vec<[f64; 3]>> {
+            let mut losses = self.0.variant_losses_unchecked(candidates, options)?;
+            losses.push([2.0, 2.0, 0.0]);
+            Ok(losses)
+        }
+    }
+    let model = model();
+    let inner = ReferenceScorer::new(&model);
+    let long = LongAnswer(&inner);
+    let options = ScoreOptions::default();
+    let batch = [
+        candidate(vec![329, 266, 451, 455, 338]),
+        candidate(vec![329, 266, 451, 455, 11]),
+    ];
+    for err in [
+        long.variant_losses(&batch, &options).unwrap_err(),
+        long.score(&batch, &options).unwrap_err(),
+        toolsift::score_each(&long, &batch, &options).unwrap_err(),
+    ] {
+        assert!(
+            matches!(&err, Error::Backend(m) if m.contains("scorer long returned 3 results for 2 candidates")),
+            "{err}"
+        );
+    }
+}
+
+/// A text-level `score` line is scored as `score_texts` scores its candidate: with the run's
+/// placement (inline too), and with the line's own weights deciding how far its text is
+/// tokenized (a window of 100 weights at the second token reads far past the head the default
+/// window's would tokenize).
+#[test]
+fn text_level_lines_score_as_score_texts_does() {
+    use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
+    let model = model();
+    let tokenizer = model.tokenizer().unwrap();
+    let scorer = scorer_for(&model, Device::Cpu).unwrap();
+    let text = "a b c d e f g h i j k l m n o p q r s t u v w x y z ".repeat(8);
+    let text = text.as_str();
+    let long = Some(vec![0.01; 100]);
+    for (placement, position, weights) in [
+        (Placement::Inline, text.find(" m").unwrap(), None),
+        (Placement::Prefix, 1, long.clone()),
+        (Placement::Inline, 1, long),
+    ] {
+        let c = TextCandidate {
+            weights: weights.clone(),
+            ..TextCandidate::new(text, position, "Calculator", "1 + 2", "3")
+        };
+        let options = ScoreOptions {
+            placement,
+            ..ScoreOptions::default()
+        };
+        let want = score_texts(&*scorer, tokenizer, &[c], &options, CallForm::Arrow).unwrap();
+        let line = serde_json::json!({"text": text, "position": position, "tool": "Calculator",
+                                      "input": "1 + 2", "result": "3", "weights": weights});
+        let jsonl = JsonlOptions {
+            score: options,
+            ..JsonlOptions::default()
+        };
+        let mut out = Vec::new();
+        score_jsonl(
+            format!("{line}\n").as_bytes(),
+            &mut out,
+            &*scorer,
+            Some(tokenizer),
+            &jsonl,
+        )
+        .unwrap();
+        let row: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        for (field, want) in [
+            ("l_none", want[0].l_none),
+            ("l_call", want[0].l_call),
+            ("l_call_result", want[0].l_call_result),
+        ] {
+            assert_eq!(
+                row[field].as_f64(),
+                Some(want),
+                "{placement:?} at {position}, {field}: {row}"
+            );
+        }
+    }
+}
+
 /// A scorer that overrides `score` itself and drops the last answer: the text-level driver
 /// counts what it gets back, so no candidate is silently left unscored.
 #[test]

@@ -485,4 +485,14 @@ mod tests {
         let (_, e) = error("{\"id\": 1,");
         assert!(e.starts_with("malformed JSON: EOF while parsing"), "{e}");
     }
+
+    /// A "tau_f" that is not a number is the line's error, not the run's default threshold.
+    #[test]
+    fn a_tau_f_that_is_not_a_number_is_refused() {
+        for bad in [r#""0.5""#, "null", "[1]", "true", r#"{"t":1}"#] {
+            let (id, e) = error(&format!(r#"{{"id": 3, {TOKENS}, "tau_f": {bad}}}"#));
+            assert_eq!(id, Value::from(3), "{bad}");
+            assert_eq!(e, format!("tau_f must be a number, got {bad}"));
+        }
+    }
 }

@@ -384,4 +384,64 @@ mod tests {
         }
         assert!(!Scores::from_losses([3.0, 2.5, 1.0]).kept(f64::NAN));
     }
+
+    /// `score_or_refuse` answers in the order of the places it was given, each refusal in its
+    /// place among the scores (annotate reads the answers in that order), however many rounds
+    /// the refusals took.
+    #[test]
+    fn refusals_are_answered_in_the_order_given() {
+        use super::{score_or_refuse, Error, GptjConfig, Result, ScoreOptions, Scorer};
+        use super::{InvalidCandidate, TokenCandidate};
+        /// Refuses the first candidate at an odd position of every batch; scores the others
+        /// with their position as L_none.
+        struct RefusesOdd(GptjConfig);
+        impl Scorer for RefusesOdd {
+            fn name(&self) -> &str {
+                "refuses odd"
+            }
+            fn config(&self) -> &GptjConfig {
+                &self.0
+            }
+            fn variant_losses_unchecked(
+                &self,
+                candidates: &[TokenCandidate],
+                _: &ScoreOptions,
+            ) -> Result<Vec<[f64; 3]>> {
+                if let Some(k) = candidates.iter().position(|c| c.position % 2 == 1) {
+                    return Err(Error::candidate(k, "odd"));
+                }
+                Ok(candidates
+                    .iter()
+                    .map(|c| [c.position as f64, 9.0, 0.0])
+                    .collect())
+            }
+        }
+        let scorer = RefusesOdd(GptjConfig::small(1, 8, 2, 2, 32));
+        let given = (1..=4)
+            .map(|position| {
+                let c = TokenCandidate {
+                    text_ids: vec![1; 8].into(),
+                    position,
+                    call_ids: vec![2],
+                    call_result_ids: vec![3],
+                    weights: None,
+                };
+                (10 + position, c)
+            })
+            .collect();
+        let answers = score_or_refuse(&scorer, given, &ScoreOptions::default()).unwrap();
+        let places: Vec<usize> = answers.iter().map(|(place, _)| *place).collect();
+        assert_eq!(places, [11, 12, 13, 14]);
+        for (place, answer) in answers {
+            match answer {
+                Ok(s) => assert_eq!(s.l_none, (place - 10) as f64, "{place}"),
+                Err(Error::Candidate { index, reason, .. }) => {
+                    assert_eq!(index, place);
+                    assert_eq!(reason, InvalidCandidate::from("odd"));
+                    assert_eq!(place % 2, 1);
+                }
+                Err(e) => panic!("{place}: {e}"),
+            }
+        }
+    }
 }

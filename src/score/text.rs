@@ -1017,4 +1017,89 @@ mod tests {
             "{scored}"
         );
     }
+
+    /// The head is tokenized further when the window reads exactly one token past it. "x"
+    /// expands to 4 words, so x_i (at byte 2) is the 5th token: the head asked for by the byte
+    /// offset (2 + 5 + 1 = 8 tokens) is cut by `encode_head` before the 13th 9-letter word, 8
+    /// tokens long, and the window x_4 .. x_8 needs a 9th.
+    #[test]
+    fn a_window_one_token_past_the_head_is_read_further() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": {"type": "Replace", "pattern": {"String": "x"}, "content": "y y y y"},
+            "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "y": 1, "abcdefghi": 2},
+                      "unk_token": "[UNK]"},
+        });
+        std::fs::write(&path, json.to_string()).unwrap();
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let text = format!("x {}", "abcdefghi ".repeat(40));
+        let c = TextCandidate::new(text, 2, "Calculator", "1 + 2", "3");
+        // The premise: the first head asked for holds x_0 .. x_7, one short of the window.
+        assert_eq!(tok.encode_head(&c.text, 8).unwrap().ids.len(), 8);
+        let options = ScoreOptions::default();
+        let weights = options.weights.as_slice();
+        let whole = c
+            .to_tokens(&tok, Placement::Prefix, CallForm::Arrow, None)
+            .unwrap();
+        assert_eq!(whole.position, 4);
+        let head = TextHeads::default()
+            .tokens_for(&tok, &c, weights, Placement::Prefix, CallForm::Arrow)
+            .unwrap()
+            .unwrap();
+        assert_eq!(head.position, 4);
+        assert_eq!(head.window(&options).count(), weights.len());
+        for v in super::super::Variant::ALL {
+            assert_eq!(
+                super::super::variant_sequence(&head, v, &options),
+                super::super::variant_sequence(&whole, v, &options)
+            );
+        }
+    }
+
+    /// A head whose last token ends at the candidate's offset does not hold x_i: it is
+    /// tokenized further, not taken for the end of the text. "x" expands to 4 words, so the
+    /// head asked for by the offset (5 + 5 + 1 = 11 tokens) is cut by `encode_head` after the
+    /// third "x" (12 tokens, the 8 words after it its margin), where the offset is.
+    #[test]
+    fn a_head_that_ends_at_the_offset_is_read_further() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        let word = "abcdefghijklmnop";
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": {"type": "Replace", "pattern": {"String": "x"}, "content": "y y y y"},
+            "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "y": 1, word: 2},
+                      "unk_token": "[UNK]"},
+        });
+        std::fs::write(&path, json.to_string()).unwrap();
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let text = format!("x x x {}", format!("{word} ").repeat(40));
+        let c = TextCandidate::new(text, 5, "Calculator", "1 + 2", "3");
+        // The premise: the first head asked for ends with the third "x", at the offset.
+        let first = tok.encode_head(&c.text, 11).unwrap();
+        assert_eq!((first.ids.len(), first.spans.last().unwrap().1), (12, 5));
+        let options = ScoreOptions::default();
+        let weights = options.weights.as_slice();
+        let whole = c
+            .to_tokens(&tok, Placement::Prefix, CallForm::Arrow, None)
+            .unwrap();
+        assert_eq!(whole.position, 12);
+        let head = TextHeads::default()
+            .tokens_for(&tok, &c, weights, Placement::Prefix, CallForm::Arrow)
+            .unwrap()
+            .unwrap();
+        assert_eq!(head.position, 12);
+        for v in super::super::Variant::ALL {
+            assert_eq!(
+                super::super::variant_sequence(&head, v, &options),
+                super::super::variant_sequence(&whole, v, &options)
+            );
+        }
+    }
 }
