@@ -19,6 +19,15 @@ use toolsift::Model;
 /// until then it was 2e-3, which let an error of 1e-3 through.
 const TOL: f64 = 2e-4;
 
+/// f32's rounding of one log-prob where a LayerNorm scales it up, as tests/cuda_sampling.rs
+/// budgets it at the device's unit roundoff: (16u + 8u |log p|) x the oracle's
+/// `layer_norm_gain` at that position (~1e-6, far under `TOL`, except at the random small
+/// widths of the property test, where the residual's terms now and then nearly cancel).
+fn rounding_budget(log_p: f64, gain: f64) -> f64 {
+    let u = f64::from(f32::EPSILON) / 2.0;
+    gain * (16.0 * u + 8.0 * u * log_p.abs())
+}
+
 fn random_model(seed: u64) -> Model {
     random_model_with(61, 96, seed)
 }
@@ -582,7 +591,10 @@ proptest! {
     /// `propose` on the CPU engine (one forward over the sequence, branches forked off its
     /// cache) is `token_log_probs` then `sample` of the branch requests, exactly: the same rows
     /// are computed from the same inputs, under any memory budget (the branches then run in
-    /// groups). Its log-probs are also the oracle's.
+    /// groups). Its log-probs are also the oracle's, within `TOL` plus f32's rounding scaled by
+    /// the LayerNorm gain (a CI run failed at fixed `TOL` alone: a diff of 1.6e-3 at n_embd 2,
+    /// where the residual nearly cancels, gain 4,775; with the gain, 3,000 cases used at most
+    /// 22% of the budget).
     #[test]
     fn propose_is_token_log_probs_then_sample(case in propose_case()) {
         let model = case.model();
@@ -625,11 +637,13 @@ proptest! {
             .with_memory_budget(engine.bytes_per_token() * case.budget_tokens);
         let grouped = tight.propose(&ids, &tokens, &mut |_| branches.clone(), &options).unwrap();
         prop_assert_eq!(&grouped, &got);
-        let want = ReferenceModel::new(model.config(), model.weights()).log_softmax(&ids);
+        let oracle = ReferenceModel::new(model.config(), model.weights());
+        let (want, gain) = (oracle.log_softmax(&ids), oracle.layer_norm_gain(&ids));
         for (i, row) in got.log_probs.iter().enumerate() {
             for (j, &t) in tokens.iter().enumerate() {
                 let w = want.row(i)[t as usize];
-                prop_assert!((row[j] as f64 - w).abs() < TOL, "position {} token {}", i, t);
+                let budget = TOL + rounding_budget(w, gain[i]);
+                prop_assert!((row[j] as f64 - w).abs() < budget, "position {} token {}: {} vs {} (gain {})", i, t, row[j], w, gain[i]);
             }
         }
     }
