@@ -555,6 +555,112 @@ fn a_call_starts_exactly_when_the_opener_is_within_the_top_k() {
     assert_eq!(call::opener_in_top_k(&row, &[open], 2), Some(open));
 }
 
+/// With the " [" opener the call's space precedes it: `position` is the byte offset of the
+/// call's "[", so that `completion[position..]` starts with it.
+#[test]
+fn a_call_opened_with_the_spaced_opener_is_positioned_at_its_bracket() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let x = ids(tokenizer).x;
+    let spaced = tokenizer.encode_ids(" [").unwrap();
+    assert_eq!(spaced.len(), 1, "\" [\" is one token");
+    let spaced = spaced[0];
+    assert!(CallTokens::from_tokenizer(tokenizer).is_opener(spaced));
+    let call = tokenizer.encode_ids("Calculator(1+2) ->").unwrap();
+    // " a" twice, then " [" first (and the call) until the call is made.
+    let m = mock(move |seq| match seq.iter().rposition(|&t| t == spaced) {
+        Some(j) => ranked(&[*call.get(seq.len() - j - 1).unwrap_or(&x)]),
+        None if seq.len() < 3 => ranked(&[x]),
+        None => ranked(&[spaced, x]),
+    });
+    let o = GenerateOptions {
+        max_new_tokens: 20,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    assert!(
+        g.completion.starts_with(" a a [Calculator(1+2) -> 3] a"),
+        "{:?}",
+        g.completion
+    );
+    let c = &g.calls[0];
+    assert_eq!((c.status, c.position), (CallStatus::Ok, 5));
+    assert!(g.completion[c.position..].starts_with("[Calculator("));
+}
+
+/// A call the model closes with "]" as the last token the cap allows is closed, not cut: the
+/// cap ends the completion after the call. Likewise a call given up (`too_long`) at the cap.
+#[test]
+fn a_call_that_ends_at_the_caps_last_token_keeps_its_status() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let closed = "Calculator(1+2]";
+    let m = scripted(tokenizer, 1, closed, |_| 0);
+    let o = GenerateOptions {
+        max_new_tokens: 1 + tokenizer.encode_ids(closed).unwrap().len(),
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    assert_eq!(g.completion, format!("[{closed}"));
+    let c = &g.calls[0];
+    assert_eq!(
+        (c.status, c.input.as_str(), g.finish),
+        (CallStatus::ClosedWithoutArrow, "1+2", Finish::Length)
+    );
+    // Given up at its 4th token, which is the cap's last: too long, its "]" cut by the cap.
+    let m = scripted(tokenizer, 1, "Calculator(1+2+3+4+5+6", |_| 0);
+    let o = GenerateOptions {
+        max_new_tokens: 6,
+        max_call_tokens: 4,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    assert_eq!(
+        (g.calls[0].status, g.tokens.len(), g.finish),
+        (CallStatus::TooLong, 6, Finish::Length),
+        "{:?}",
+        g.completion
+    );
+}
+
+/// A special token's text written inside a call's input (here "<|endoftext|>" in pieces) is
+/// not run: `unparsable`, as annotate puts no such call in C*.
+#[test]
+fn a_special_tokens_text_in_an_input_is_not_run() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let open = ids(tokenizer).open;
+    let x = ids(tokenizer).x;
+    let call: Vec<u32> = ["Calculator(1", "<|", "endoftext", "|>", "+2) ->"]
+        .iter()
+        .flat_map(|piece| tokenizer.encode_ids(piece).unwrap())
+        .collect();
+    assert_eq!(
+        tokenizer.decode(&call).unwrap(),
+        "Calculator(1<|endoftext|>+2) ->"
+    );
+    let openers = CallTokens::from_tokenizer(tokenizer).openers;
+    let m = mock(move |seq| match after_last_opener(seq, &openers) {
+        Some(rest) => ranked(&[*call.get(rest.len()).unwrap_or(&x)]),
+        None => ranked(&[open, x]),
+    });
+    let o = GenerateOptions {
+        max_new_tokens: 30,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    let c = &g.calls[0];
+    assert_eq!(c.status, CallStatus::Unparsable, "{:?}", g.completion);
+    assert!(
+        c.error.as_deref().unwrap().contains("special token"),
+        "{:?}",
+        c.error
+    );
+    assert!(g
+        .completion
+        .starts_with("[Calculator(1<|endoftext|>+2) ->] a"));
+}
+
 /// The fixture's tokenizer with extra tokens that carry text past an arrow (" ->-", " ->]"), as
 /// real vocabularies can (punctuation only: the pre-tokenizer splits digits and letters off).
 fn tokenizer_with_arrow_tokens(dir: &std::path::Path) -> Tokenizer {
@@ -1033,6 +1139,138 @@ fn n_positions_caps_completions_and_rejects_prompts_without_room() {
     assert!(err.contains("empty prompt"), "{err}");
 }
 
+/// End of text inside a call leaves it `unfinished`, with the tool and input decoded so far and
+/// the reason, as a call the length cap cuts.
+#[test]
+fn end_of_text_in_a_call_keeps_what_was_decoded_of_it() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let eos = tokenizer.token_id("<|endoftext|>").unwrap();
+    let open = ids(tokenizer).open;
+    let call = tokenizer.encode_ids("Calculator(1+2").unwrap();
+    let openers = CallTokens::from_tokenizer(tokenizer).openers;
+    let m = mock(move |seq| match after_last_opener(seq, &openers) {
+        Some(rest) => ranked(&[*call.get(rest.len()).unwrap_or(&eos)]),
+        None => ranked(&[open]),
+    });
+    let g = run(&m, tokenizer, &calculator(), &GenerateOptions::default());
+    assert_eq!(
+        (g.completion.as_str(), g.finish),
+        ("[Calculator(1+2", Finish::Eos)
+    );
+    let c = &g.calls[0];
+    assert_eq!(
+        (
+            c.status,
+            c.tool.as_str(),
+            c.input.as_str(),
+            c.result.as_str()
+        ),
+        (CallStatus::Unfinished, "Calculator", "1+2", "")
+    );
+    assert_eq!(c.error.as_deref(), Some("generation ended inside the call"));
+}
+
+/// `max_new_tokens` 0 writes nothing: no token, no call, not even one the model would open or
+/// an end of text it would write first; the completion ends for its length.
+#[test]
+fn max_new_tokens_zero_writes_nothing() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let open = ids(tokenizer).open;
+    let eos = tokenizer.token_id("<|endoftext|>").unwrap();
+    for first in [open, eos] {
+        let m = mock(move |_| ranked(&[first]));
+        let o = GenerateOptions {
+            max_new_tokens: 0,
+            ..Default::default()
+        };
+        let g = run(&m, tokenizer, &calculator(), &o);
+        assert_eq!(
+            (
+                g.completion.as_str(),
+                g.tokens.len(),
+                g.calls.len(),
+                g.finish
+            ),
+            ("", 0, 0, Finish::Length),
+            "{first}"
+        );
+    }
+}
+
+/// Without stopping at end of text, an end-of-text token inside a call is text like any other:
+/// the call goes on (here until it is given up) and the length cap ends the completion.
+#[test]
+fn without_stopping_at_end_of_text_a_call_goes_on_past_it() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let eos = tokenizer.token_id("<|endoftext|>").unwrap();
+    let open = ids(tokenizer).open;
+    let m = mock(move |seq| ranked(&[if seq.len() < 3 { open } else { eos }]));
+    let o = GenerateOptions {
+        stop_at_eos: false,
+        max_new_tokens: 10,
+        max_call_tokens: 4,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    assert_eq!((g.tokens.len(), g.finish), (10, Finish::Length));
+    assert_eq!(g.calls[0].status, CallStatus::TooLong);
+}
+
+/// A prompt of exactly `n_positions` tokens leaves no room: refused; one position more leaves
+/// room for one token.
+#[test]
+fn a_prompt_of_exactly_n_positions_tokens_is_refused() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let x = ids(tokenizer).x;
+    let m = mock(move |_| ranked(&[x]));
+    let n = tokenizer.encode_ids("Q Q").unwrap().len();
+    let with_room = |n_positions| GenerateOptions {
+        n_positions: Some(n_positions),
+        ..Default::default()
+    };
+    let err = generate(
+        &m,
+        tokenizer,
+        &calculator(),
+        &[Prompt::new("Q Q")],
+        &with_room(n),
+    )
+    .unwrap_err()
+    .to_string();
+    let want = format!("prompt of {n} tokens leaves no room to generate within n_positions ({n})");
+    assert!(err.contains(&want), "{err}");
+    let o = with_room(n + 1);
+    let g = generate(&m, tokenizer, &calculator(), &[Prompt::new("Q Q")], &o).unwrap();
+    assert_eq!(
+        (g[0].completion.as_str(), g[0].finish),
+        (" a", Finish::Length)
+    );
+}
+
+/// `batch_size` 0 decodes the prompts one at a time, as 1 does.
+#[test]
+fn a_batch_size_of_zero_is_one() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
+    let prompts = [Prompt::new("Q"), Prompt::new("Q")];
+    let run_with = |batch_size| {
+        let o = GenerateOptions {
+            max_new_tokens: 12,
+            batch_size,
+            ..Default::default()
+        };
+        generate(&m, tokenizer, &calculator(), &prompts, &o).unwrap()
+    };
+    let one = run_with(1);
+    assert_eq!(one.len(), 2);
+    assert_eq!(run_with(0), one);
+}
+
 // ---------------------------------------------------------------------------------------------
 // JSONL, CLI, determinism.
 
@@ -1133,6 +1371,30 @@ fn lines_read_before_an_input_error_are_still_answered() {
     }
 }
 
+/// An input that fails to read right after a whole batch (at a batch border) stops the run
+/// too, every line before it answered: the failure is not taken for the end of the input.
+#[test]
+fn an_input_error_at_a_batch_border_stops_the_run() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
+    let o = GenerateOptions {
+        max_new_tokens: 4,
+        batch_size: 2,
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    let reader = std::io::BufReader::new(common::FailsAfter::new(q_lines(2)));
+    let err = generate_jsonl(reader, &mut out, &m, tokenizer, &calculator(), &o)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("<input line 3>") && err.contains("went away"),
+        "{err}"
+    );
+    assert_eq!(rows(&out).len(), 2);
+}
+
 /// A model whose next-token row holds NaN (it overflowed) ends that completion with
 /// `Finish::NotFinite`, and `generate_jsonl` answers its line with an error line; the other
 /// prompts of the batch are generated.
@@ -1175,6 +1437,132 @@ fn a_row_that_is_not_finite_fails_its_line_alone() {
     );
     let g = generate(&m, tokenizer, &calculator(), &[Prompt::new("P")], &o).unwrap();
     assert_eq!((g[0].finish, g[0].tokens.len()), (Finish::NotFinite, 2));
+}
+
+/// A row holding +inf (an overflow) is not finite either: the completion ends there, as with
+/// NaN, instead of drawing the infinite token.
+#[test]
+fn a_row_with_plus_infinity_is_not_finite() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let x = ids(tokenizer).x;
+    let m = mock(move |seq| {
+        let mut row = ranked(&[x]);
+        if seq.len() >= 3 {
+            row[7] = f32::INFINITY;
+        }
+        row
+    });
+    let o = GenerateOptions {
+        max_new_tokens: 6,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    assert_eq!(
+        (g.completion.as_str(), g.finish, g.tokens.len()),
+        (" a a", Finish::NotFinite, 2)
+    );
+}
+
+/// The (id, url, date) of every document a tool call saw.
+type SeenDocs = Arc<Mutex<Vec<(String, Option<String>, Option<String>)>>>;
+
+/// A tool that records the document context of every call (and answers as Calculator).
+struct Docs(SeenDocs);
+impl Tool for Docs {
+    fn name(&self) -> &str {
+        "Calculator"
+    }
+    fn call(&self, _input: &str, doc: &DocContext<'_>) -> Result<String, ToolError> {
+        self.0.lock().unwrap().push((
+            doc.id.to_string(),
+            doc.url.map(String::from),
+            doc.date.map(String::from),
+        ));
+        Ok("3".into())
+    }
+}
+
+/// Tools see the prompt's document: its id (a JSONL string id as is, an integer id as its
+/// digits, no id as ""), URL and date, each in its own field.
+#[test]
+fn tools_see_the_prompts_id_url_and_date() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut tools = ToolRegistry::new();
+    tools.register(Docs(seen.clone()));
+    let o = GenerateOptions {
+        max_new_tokens: 12,
+        ..Default::default()
+    };
+    let prompt = Prompt {
+        text: "Q".into(),
+        id: "doc-1".into(),
+        url: Some("https://example.com/2020/05/01/x".into()),
+        date: Some("2023-01-30".into()),
+    };
+    generate(&m, tokenizer, &tools, &[prompt], &o).unwrap();
+    let some = |s: &str| Some(s.to_string());
+    assert_eq!(
+        seen.lock().unwrap().drain(..).collect::<Vec<_>>(),
+        vec![(
+            "doc-1".to_string(),
+            some("https://example.com/2020/05/01/x"),
+            some("2023-01-30")
+        )]
+    );
+    let input = concat!(
+        r#"{"id": "s", "prompt": "Q", "url": "https://example.com/a", "date": "2021-02-03"}"#,
+        "\n",
+        r#"{"id": 7, "prompt": "Q"}"#,
+        "\n",
+        r#"{"prompt": "Q", "date": "2022-12-31"}"#,
+        "\n",
+    );
+    let mut out = Vec::new();
+    generate_jsonl(input.as_bytes(), &mut out, &m, tokenizer, &tools, &o).unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![
+            (
+                "s".to_string(),
+                some("https://example.com/a"),
+                some("2021-02-03")
+            ),
+            ("7".to_string(), None, None),
+            (String::new(), None, some("2022-12-31")),
+        ]
+    );
+}
+
+/// A line that cannot be read as text (not UTF-8) is answered with an error naming its own
+/// line number, in the error and in "line".
+#[test]
+fn an_unreadable_line_names_its_own_line() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
+    let mut input = q_lines(2).into_bytes();
+    input.extend(b"{\"id\": 2, \"prompt\": \"\xff\"}\n");
+    input.extend(q_lines(1).as_bytes());
+    let o = GenerateOptions {
+        max_new_tokens: 4,
+        batch_size: 2,
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    generate_jsonl(input.as_slice(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
+    let lines = rows(&out);
+    assert_eq!(lines.len(), 4);
+    let error = lines[2]["error"].as_str().unwrap();
+    assert!(error.starts_with("line 3: not UTF-8"), "{error}");
+    assert_eq!(
+        (&lines[2]["line"], &lines[2]["id"]),
+        (&Value::from(3), &Value::Null)
+    );
+    assert_eq!(lines[3]["line"], 4);
 }
 
 /// A backend error (a lost device, out of memory) stops the run, naming the batch's input
@@ -1279,6 +1667,55 @@ fn sampling_is_deterministic_for_a_seed_whatever_the_batching() {
     assert_eq!(a, choices(run(5, 1)), "batching must not change samples");
     assert_eq!(a, choices(run(5, 2)));
     assert_ne!(a, choices(run(6, 8)), "another seed, other samples");
+}
+
+/// In a JSONL run each line samples from its own stream (its line number), whatever the batch
+/// it falls in: the same completions as `generate` on the same prompts.
+#[test]
+fn jsonl_lines_sample_from_their_own_streams_whatever_the_batching() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let engine = CpuScorer::new(&model);
+    let texts = ["The sum of", "Out of 1400", "Q", "[", "Today is"];
+    let o = GenerateOptions {
+        temperature: 1.0,
+        seed: 5,
+        max_new_tokens: 12,
+        top_k_call: 50,
+        max_call_tokens: 4,
+        ..Default::default()
+    };
+    let prompts: Vec<Prompt> = texts.into_iter().map(Prompt::new).collect();
+    let want: Vec<String> = generate(&engine, tokenizer, &calculator(), &prompts, &o)
+        .unwrap()
+        .into_iter()
+        .map(|g| g.completion)
+        .collect();
+    let input: String = texts
+        .iter()
+        .map(|t| format!("{}\n", serde_json::json!({ "prompt": t })))
+        .collect();
+    for batch_size in [1, 2, 5] {
+        let o = GenerateOptions {
+            batch_size,
+            ..o.clone()
+        };
+        let mut out = Vec::new();
+        generate_jsonl(
+            input.as_bytes(),
+            &mut out,
+            &engine,
+            tokenizer,
+            &calculator(),
+            &o,
+        )
+        .unwrap();
+        let got: Vec<String> = rows(&out)
+            .iter()
+            .map(|l| l["completion"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(got, want, "batch_size {batch_size}");
+    }
 }
 
 /// A tool that counts its calls (Calculator's results).
