@@ -859,6 +859,47 @@ mod tests {
         assert!(err.to_string().contains("the whole text's"), "{err}");
     }
 
+    /// A WordLevel tokenizer whose normalizer writes each "x" as `copies` "y" words (so a text
+    /// grows when tokenized), with `word` its one other word, written into `dir`.
+    fn expanding_tokenizer(dir: &std::path::Path, copies: usize, word: &str) -> Tokenizer {
+        let path = dir.join("tokenizer.json");
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": {"type": "Replace", "pattern": {"String": "x"},
+                           "content": vec!["y"; copies].join(" ")},
+            "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "y": 1, word: 2},
+                      "unk_token": "[UNK]"},
+        });
+        std::fs::write(&path, json.to_string()).unwrap();
+        Tokenizer::from_file(&path).unwrap()
+    }
+
+    /// `c` tokenized from a head (`TextHeads::tokens_for`) and whole (`to_tokens`), prefix
+    /// placement, default options: both put x_i at `position`, and every variant's sequence is
+    /// the same. Returns the head's candidate.
+    fn head_reads_as_whole(tok: &Tokenizer, c: &TextCandidate, position: usize) -> TokenCandidate {
+        let options = ScoreOptions::default();
+        let weights = options.weights.as_slice();
+        let whole = c
+            .to_tokens(tok, Placement::Prefix, CallForm::Arrow, None)
+            .unwrap();
+        assert_eq!(whole.position, position);
+        let head = TextHeads::default()
+            .tokens_for(tok, c, weights, Placement::Prefix, CallForm::Arrow)
+            .unwrap()
+            .unwrap();
+        assert_eq!(head.position, position);
+        for v in super::super::Variant::ALL {
+            assert_eq!(
+                super::super::variant_sequence(&head, v, &options),
+                super::super::variant_sequence(&whole, v, &options)
+            );
+        }
+        head
+    }
+
     /// A normalizer that expands text puts x_i past the `position + 1` tokens its byte offset
     /// allows: the head is tokenized further until the whole window is in it, as tokenizing the
     /// whole text gives. (Each "x" becomes 20 words, and the words after the position are
@@ -866,19 +907,8 @@ mod tests {
     #[test]
     fn a_normalizer_that_expands_text_does_not_cut_the_window() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tokenizer.json");
         let long = "a".repeat(100);
-        let json = serde_json::json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-            "normalizer": {"type": "Replace", "pattern": {"String": "x"},
-                           "content": vec!["y"; 20].join(" ")},
-            "pre_tokenizer": {"type": "WhitespaceSplit"},
-            "post_processor": null, "decoder": null,
-            "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "y": 1, long.as_str(): 2},
-                      "unk_token": "[UNK]"},
-        });
-        std::fs::write(&path, json.to_string()).unwrap();
-        let tok = Tokenizer::from_file(&path).unwrap();
+        let tok = expanding_tokenizer(dir.path(), 20, &long);
         let text = format!("{}{}", "x ".repeat(30), format!("{long} ").repeat(200));
         let c = TextCandidate {
             text: text.into(),
@@ -889,23 +919,11 @@ mod tests {
             weights: None,
         };
         let options = ScoreOptions::default();
-        let weights = options.weights.as_slice();
-        let whole = c
-            .to_tokens(&tok, Placement::Prefix, CallForm::Arrow, None)
-            .unwrap();
-        assert_eq!(whole.position, 600);
-        let head = TextHeads::default()
-            .tokens_for(&tok, &c, weights, Placement::Prefix, CallForm::Arrow)
-            .unwrap()
-            .unwrap();
-        assert_eq!(head.position, 600);
-        assert_eq!(head.window(&options).count(), weights.len());
-        for v in super::super::Variant::ALL {
-            assert_eq!(
-                super::super::variant_sequence(&head, v, &options),
-                super::super::variant_sequence(&whole, v, &options)
-            );
-        }
+        let head = head_reads_as_whole(&tok, &c, 600);
+        assert_eq!(
+            head.window(&options).count(),
+            options.weights.as_slice().len()
+        );
     }
 
     #[test]
@@ -1025,39 +1043,17 @@ mod tests {
     #[test]
     fn a_window_one_token_past_the_head_is_read_further() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tokenizer.json");
-        let json = serde_json::json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-            "normalizer": {"type": "Replace", "pattern": {"String": "x"}, "content": "y y y y"},
-            "pre_tokenizer": {"type": "WhitespaceSplit"},
-            "post_processor": null, "decoder": null,
-            "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "y": 1, "abcdefghi": 2},
-                      "unk_token": "[UNK]"},
-        });
-        std::fs::write(&path, json.to_string()).unwrap();
-        let tok = Tokenizer::from_file(&path).unwrap();
+        let tok = expanding_tokenizer(dir.path(), 4, "abcdefghi");
         let text = format!("x {}", "abcdefghi ".repeat(40));
         let c = TextCandidate::new(text, 2, "Calculator", "1 + 2", "3");
         // The premise: the first head asked for holds x_0 .. x_7, one short of the window.
         assert_eq!(tok.encode_head(&c.text, 8).unwrap().ids.len(), 8);
         let options = ScoreOptions::default();
-        let weights = options.weights.as_slice();
-        let whole = c
-            .to_tokens(&tok, Placement::Prefix, CallForm::Arrow, None)
-            .unwrap();
-        assert_eq!(whole.position, 4);
-        let head = TextHeads::default()
-            .tokens_for(&tok, &c, weights, Placement::Prefix, CallForm::Arrow)
-            .unwrap()
-            .unwrap();
-        assert_eq!(head.position, 4);
-        assert_eq!(head.window(&options).count(), weights.len());
-        for v in super::super::Variant::ALL {
-            assert_eq!(
-                super::super::variant_sequence(&head, v, &options),
-                super::super::variant_sequence(&whole, v, &options)
-            );
-        }
+        let head = head_reads_as_whole(&tok, &c, 4);
+        assert_eq!(
+            head.window(&options).count(),
+            options.weights.as_slice().len()
+        );
     }
 
     /// A head whose last token ends at the candidate's offset does not hold x_i: it is
@@ -1067,39 +1063,13 @@ mod tests {
     #[test]
     fn a_head_that_ends_at_the_offset_is_read_further() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tokenizer.json");
         let word = "abcdefghijklmnop";
-        let json = serde_json::json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-            "normalizer": {"type": "Replace", "pattern": {"String": "x"}, "content": "y y y y"},
-            "pre_tokenizer": {"type": "WhitespaceSplit"},
-            "post_processor": null, "decoder": null,
-            "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "y": 1, word: 2},
-                      "unk_token": "[UNK]"},
-        });
-        std::fs::write(&path, json.to_string()).unwrap();
-        let tok = Tokenizer::from_file(&path).unwrap();
+        let tok = expanding_tokenizer(dir.path(), 4, word);
         let text = format!("x x x {}", format!("{word} ").repeat(40));
         let c = TextCandidate::new(text, 5, "Calculator", "1 + 2", "3");
         // The premise: the first head asked for ends with the third "x", at the offset.
         let first = tok.encode_head(&c.text, 11).unwrap();
         assert_eq!((first.ids.len(), first.spans.last().unwrap().1), (12, 5));
-        let options = ScoreOptions::default();
-        let weights = options.weights.as_slice();
-        let whole = c
-            .to_tokens(&tok, Placement::Prefix, CallForm::Arrow, None)
-            .unwrap();
-        assert_eq!(whole.position, 12);
-        let head = TextHeads::default()
-            .tokens_for(&tok, &c, weights, Placement::Prefix, CallForm::Arrow)
-            .unwrap()
-            .unwrap();
-        assert_eq!(head.position, 12);
-        for v in super::super::Variant::ALL {
-            assert_eq!(
-                super::super::variant_sequence(&head, v, &options),
-                super::super::variant_sequence(&whole, v, &options)
-            );
-        }
+        head_reads_as_whole(&tok, &c, 12);
     }
 }
