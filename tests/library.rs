@@ -16,6 +16,15 @@ fn model() -> Model {
     Model::load(tiny("f32")).unwrap()
 }
 
+/// The JSON rows a `score_jsonl` run wrote.
+fn rows(out: &[u8]) -> Vec<serde_json::Value> {
+    std::str::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 fn candidate(text_ids: Vec<u32>) -> TokenCandidate {
     TokenCandidate {
         text_ids: text_ids.into(),
@@ -516,11 +525,7 @@ fn a_scorers_own_refusal_is_its_lines_answer_and_a_miscount_an_error() {
     let options = JsonlOptions::default();
     let summary = score_jsonl(input.as_bytes(), &mut out, &picky, None, &options).unwrap();
     assert_eq!((summary.lines, summary.scored, summary.failed), (3, 2, 1));
-    let answers: Vec<serde_json::Value> = String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let answers = rows(&out);
     assert_eq!(answers[1]["error"], "line 2: not that token");
     // The others are what the plain scorer gives a batch of only them.
     let mut plain = Vec::new();
@@ -633,11 +638,7 @@ fn a_refusal_in_a_later_chunk_names_its_own_line() {
     let mut out = Vec::new();
     let summary = score_jsonl(input.as_bytes(), &mut out, &picky, None, &options).unwrap();
     assert_eq!((summary.lines, summary.scored, summary.failed), (4, 3, 1));
-    let answers: Vec<serde_json::Value> = String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let answers = rows(&out);
     assert_eq!(answers[3]["line"], 4);
     assert_eq!(answers[3]["error"], "line 4: not that token");
 }
@@ -664,11 +665,7 @@ fn the_jsonl_summary_counts_what_the_rows_say() {
         &JsonlOptions::default(),
     )
     .unwrap();
-    let rows: Vec<serde_json::Value> = String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = rows(&out);
     let kept: Vec<_> = rows.iter().map(|r| r["kept"].as_bool()).collect();
     assert_eq!(kept, [Some(true), Some(false), None, Some(true)]);
     assert_eq!(
