@@ -14,6 +14,16 @@ fn tiny() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj")
 }
 
+/// The text inline placement scores for the call with its result: e(c, r) just before x_i.
+fn inline_with_result(tok: &Tokenizer, t: &TokenCandidate) -> String {
+    let scored = [
+        &t.text_ids[..t.position],
+        &t.call_result_ids,
+        &t.text_ids[t.position..],
+    ];
+    tok.decode(&scored.concat()).unwrap()
+}
+
 /// A valid token-level candidate for the tiny fixture (vocabulary 512).
 fn candidate() -> TokenCandidate {
     TokenCandidate {
@@ -92,15 +102,7 @@ fn splice_writes_calls_as_inline_placement_scores_them() {
             .to_tokens(tok, Placement::Inline, CallForm::Arrow, None)
             .unwrap();
         let call = toolsift::score::call_text(&c.tool, &c.input, Some(&c.result), CallForm::Arrow);
-        let scored = [
-            &t.text_ids[..t.position],
-            &t.call_result_ids,
-            &t.text_ids[t.position..],
-        ];
-        assert_eq!(
-            tok.decode(&scored.concat()).unwrap(),
-            splice(text, &[(at, call)])
-        );
+        assert_eq!(inline_with_result(tok, &t), splice(text, &[(at, call)]));
     }
     assert_eq!(
         splice("29%", &[(2, "[A() -> 1]".into()), (2, "[B() -> 2]".into())]),
@@ -130,13 +132,8 @@ fn a_call_before_any_whitespace_gets_a_space_in_front() {
     let t = c
         .to_tokens(tok, Placement::Inline, CallForm::Arrow, None)
         .unwrap();
-    let scored = [
-        &t.text_ids[..t.position],
-        &t.call_result_ids,
-        &t.text_ids[t.position..],
-    ];
     assert_eq!(
-        tok.decode(&scored.concat()).unwrap(),
+        inline_with_result(tok, &t),
         "The answer is 42 [Calculator(6 * 7) -> 42]\nand more."
     );
 }
