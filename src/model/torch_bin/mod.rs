@@ -316,16 +316,24 @@ mod tests {
 
     /// Writes a zip laid out like torch.save's: `archive/data.pkl` first, then the storages.
     fn write_checkpoint(dir: &Path, pkl: &[u8], storages: &[(&str, &[u8])]) -> PathBuf {
+        let mut entries = vec![("archive/data.pkl".to_string(), pkl)];
+        entries.extend(
+            storages
+                .iter()
+                .map(|&(key, b)| (format!("archive/data/{key}"), b)),
+        );
+        write_zip(dir, &entries)
+    }
+
+    /// model.bin in `dir`: these entries, stored (uncompressed), in this order.
+    fn write_zip(dir: &Path, entries: &[(String, &[u8])]) -> PathBuf {
         let path = dir.join("model.bin");
         let file = File::create(&path).unwrap();
         let mut zip = zip::ZipWriter::new(file);
         let options = zip::write::SimpleFileOptions::default()
             .compression_method(zip::CompressionMethod::Stored);
-        zip.start_file("archive/data.pkl", options).unwrap();
-        zip.write_all(pkl).unwrap();
-        for (key, bytes) in storages {
-            zip.start_file(format!("archive/data/{key}"), options)
-                .unwrap();
+        for (name, bytes) in entries {
+            zip.start_file(name.as_str(), options).unwrap();
             zip.write_all(bytes).unwrap();
         }
         zip.finish().unwrap();
@@ -736,19 +744,14 @@ mod tests {
         let data = f32_bytes(&[1.5]);
         for order in ["little", "big"] {
             let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("model.bin");
-            let mut zip = zip::ZipWriter::new(File::create(&path).unwrap());
-            let options = zip::write::SimpleFileOptions::default()
-                .compression_method(zip::CompressionMethod::Stored);
-            for (name, bytes) in [
-                ("archive/byteorder", order.as_bytes()),
-                ("archive/data.pkl", &pkl[..]),
-                ("archive/data/0", &data[..]),
-            ] {
-                zip.start_file(name, options).unwrap();
-                zip.write_all(bytes).unwrap();
-            }
-            zip.finish().unwrap();
+            let path = write_zip(
+                dir.path(),
+                &[
+                    ("archive/byteorder".into(), order.as_bytes()),
+                    ("archive/data.pkl".into(), &pkl[..]),
+                    ("archive/data/0".into(), &data[..]),
+                ],
+            );
             match read_torch_bin(&path) {
                 Ok(tensors) => {
                     assert_eq!(order, "little");
