@@ -12,10 +12,10 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::backend::Device;
-use crate::backend::RunStats;
 use crate::cpu::CpuScorer;
 use crate::error::{Error, Result};
 use crate::model::{DType, GptjConfig, GptjWeights, Model};
+use crate::run_stats::RunStats;
 use crate::score::{LossWeights, Placement, ScoreOptions, Scorer, TokenCandidate};
 use crate::workload::Workload;
 

@@ -103,6 +103,7 @@ pub mod generate;
 pub mod model;
 pub mod plan;
 pub mod reference;
+mod run_stats;
 pub mod sample;
 pub mod score;
 pub mod util;

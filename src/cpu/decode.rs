@@ -8,9 +8,9 @@ use rayon::prelude::*;
 use super::attention::{attend, KeysValues};
 use super::gemm::matmul;
 use super::{ops, CpuScorer};
-use crate::backend::RunStats;
 use crate::error::{Error, Result};
 use crate::plan::Plan;
+use crate::run_stats::RunStats;
 use crate::sample::kv_tree::Group;
 pub use crate::sample::kv_tree::NodeId;
 

@@ -114,11 +114,11 @@ pub mod weights;
 
 use std::time::Instant;
 
-use crate::backend::RunStats;
 use crate::error::Result;
 use crate::model::rotary::RotaryTable;
 use crate::model::{GptjConfig, Model};
 use crate::plan::Plan;
+use crate::run_stats::RunStats;
 use crate::score::{ScoreOptions, Scorer, TokenCandidate};
 use weights::CpuWeights;
 

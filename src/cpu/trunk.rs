@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::gemm::matmul;
 use super::{ops, CpuScorer};
-use crate::backend::RunStats;
+use crate::run_stats::RunStats;
 
 impl CpuScorer {
     /// The final residual stream ([n, d], before ln_f) of the tokens `ids` at `positions`.

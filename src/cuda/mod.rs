@@ -53,11 +53,11 @@ use rotary::RotaryShape;
 use tree_attention::{AttentionShape, AttentionVariant, DeviceTiles, TreeTiles};
 use weights::CudaWeights;
 
-use crate::backend::RunStats;
 use crate::error::{driver_err, Error, Result};
 use crate::model::rotary::RotaryTable;
 use crate::model::{DType, GptjConfig, Model};
 use crate::plan::Plan;
+use crate::run_stats::RunStats;
 use crate::score::{ScoreOptions, Scorer, TokenCandidate};
 
 /// Rows of the LM head computed at once: the logits scratch is [rows, vocab] f32
