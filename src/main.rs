@@ -89,6 +89,7 @@ fn main() -> ExitCode {
         Command::Score(args) => score::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Annotate(args) if args.demo => demo::annotate(args),
         Command::Annotate(args) => annotate::run(args),
         Command::Index(args) => annotate::index(args),
         Command::Merge(args) => annotate::merge(args),

@@ -64,12 +64,9 @@ pub(crate) struct AnnotateArgs {
 }
 
 /// `annotate`: settings from --config and the flags, tools opened, then the corpus -> C* job
-/// (`--demo` goes to `demo::annotate`).
+/// (`annotate --demo` is `demo::annotate`, chosen in main).
 pub(crate) fn run(args: AnnotateArgs) -> Result<ExitCode> {
     use toolsift::annotate::{run_job_with, AnnotateConfig, Job, Shard};
-    if args.demo {
-        return super::demo::annotate(args);
-    }
     let mut config = match &args.config {
         Some(path) => AnnotateConfig::from_file(path)?,
         None => AnnotateConfig::default(),
