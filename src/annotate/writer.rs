@@ -861,6 +861,17 @@ mod tests {
                 "run.info.wikisearch_index_xxh3: (absent) vs \"03\"",
             ]
         );
+        // A run whose record lacks the corpus hash (an older journal's) is compared by the
+        // corpus's path, however the other run's is hashed.
+        let mut older = run("/w/corpus.jsonl", "d", "Cpu");
+        older.as_object_mut().unwrap().remove("corpus_xxh3");
+        assert_eq!(
+            run_differences(&older, &a),
+            [
+                "run.corpus: \"/w/corpus.jsonl\" vs \"corpus.jsonl\"",
+                "run.corpus_xxh3: (absent) vs \"00ff\"",
+            ]
+        );
         // A path without its content hash beside it is all there is to compare.
         assert_eq!(
             run_differences(
@@ -948,6 +959,103 @@ mod tests {
             reject: Some(format!("r{line}")),
             stats: None,
         }
+    }
+
+    /// The checksum is "crc32" with exactly 8 hex digits, closing the line: a line whose end was
+    /// altered otherwise (its last byte, a sign that `from_str_radix` would read) is not an entry.
+    #[test]
+    fn a_checksum_is_8_hex_digits_at_the_lines_end() {
+        let line = entry(1).to_line().unwrap();
+        let last_altered = format!("{}]", &line[..line.len() - 1]);
+        assert!(JournalEntry::from_line(last_altered.as_bytes())
+            .unwrap_err()
+            .contains("no \"crc32\" key"));
+        // An entry whose checksum starts with 0, so that "+" and its 7 other digits read as it.
+        let line = (1..)
+            .map(|n| entry(n).to_line().unwrap())
+            .find(|l| l[l.len() - 10..].starts_with('0'))
+            .unwrap();
+        let at = line.len() - 10;
+        let signed = format!("{}+{}", &line[..at], &line[at + 1..]);
+        assert!(JournalEntry::from_line(signed.as_bytes())
+            .unwrap_err()
+            .contains("not 8 hex digits"));
+    }
+
+    /// A file is a C* by its first line: one over the 1 MiB read of it by its start (a record's
+    /// "line" key), and one that is not UTF-8 (a user's binary file) is none.
+    #[test]
+    fn a_cstar_is_told_by_its_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.jsonl");
+        let long = "x".repeat(1 << 20);
+        std::fs::write(&p, format!("{{\"line\":1,\"id\":null,\"text\":\"{long}\"")).unwrap();
+        assert_eq!(not_a_cstar(&p).unwrap(), None);
+        std::fs::write(&p, format!("{{\"mine\":\"{long}\"}}\n")).unwrap();
+        assert!(not_a_cstar(&p)
+            .unwrap()
+            .unwrap()
+            .contains("does not start as a C* record"));
+        std::fs::write(&p, b"\xff\xfe\n").unwrap();
+        assert!(not_a_cstar(&p).unwrap().unwrap().contains("not UTF-8"));
+    }
+
+    /// A journal reopened with its header written is not one this run created: `discard` (for
+    /// a run that refuses to go on after opening it) leaves it, and the lines done, in place.
+    #[test]
+    fn only_a_journal_this_run_created_is_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.jsonl.partial");
+        let run = json!({"seed": 1});
+        let (mut j, _) = Journal::open(&p, &run).unwrap();
+        assert!(j.created());
+        j.append(&entry(1)).unwrap();
+        drop(j);
+        let before = std::fs::read(&p).unwrap();
+        let (j, last) = Journal::open(&p, &run).unwrap();
+        assert!(!j.created() && last == 1);
+        j.discard().unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), before);
+        let (j, _) = Journal::open(&dir.path().join("new.jsonl.partial"), &run).unwrap();
+        j.discard().unwrap();
+        assert!(!dir.path().join("new.jsonl.partial").exists());
+    }
+
+    /// A journal of another format (an older build's, whose lines may differ from what this
+    /// build would write) is refused with the same settings, and left for the user to delete.
+    #[test]
+    fn a_journal_of_another_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.jsonl.partial");
+        let run = json!({"seed": 1});
+        let old = format!(
+            "{}\n",
+            json!({"journal": "toolsift-annotate/1", "run": run})
+        );
+        std::fs::write(&p, &old).unwrap();
+        let err = Journal::open(&p, &run).err().unwrap().to_string();
+        assert!(
+            err.contains("journal format \"toolsift-annotate/1\", expected"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), old);
+        // Nor is it a journal of this build's for a demo run to replace (its error says to
+        // delete one of an older toolsift).
+        assert!(!is_journal_header(old.trim_end().as_bytes()));
+    }
+
+    /// A journal is told from someone's file at its path by its header; an empty one (a run
+    /// killed at once) is one.
+    #[test]
+    fn a_journal_is_of_its_kind_by_its_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.jsonl.partial");
+        drop(Journal::open(&p, &json!({"seed": 1})).unwrap());
+        assert_eq!(not_of_kind(&p, OutputKind::Journal).unwrap(), None);
+        std::fs::write(&p, "").unwrap();
+        assert_eq!(not_of_kind(&p, OutputKind::Journal).unwrap(), None);
+        std::fs::write(&p, "{\"mine\": 1}\n").unwrap();
+        assert!(not_of_kind(&p, OutputKind::Journal).unwrap().is_some());
     }
 
     /// `entries` reads the file the run holds, and only while its path still names it.
@@ -1202,7 +1310,12 @@ mod tests {
             drop(j);
             assert_eq!(std::fs::read(&p).unwrap(), header);
         }
-        for precious in ["precious, one line, no newline", "{\"journal\":\"mine\""] {
+        // (A whole first line that is no header, too: it is not a cut one.)
+        for precious in [
+            "precious, one line, no newline",
+            "{\"journal\":\"mine\"",
+            "{\"mine\": 1}\n",
+        ] {
             std::fs::write(&p, precious).unwrap();
             let err = Journal::open(&p, &run).err().unwrap().to_string();
             assert!(err.contains("not a toolsift journal"), "{err}");
