@@ -2228,6 +2228,195 @@ fn merge_never_replaces_a_foreign_rejects_file_or_summary() {
         .contains("\"reason\""));
 }
 
+/// A merge joins lines that add up to the corpus, each from its own shard's files once: shard
+/// outputs edited into ones that do not (a line beyond the corpus, in two files, missing, in
+/// another shard's file, a call off a character boundary, a summary naming no shard or another
+/// split) are refused, each named, and nothing is written.
+#[test]
+fn merge_refuses_shard_outputs_that_do_not_add_up_to_the_corpus() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    // Lines 3 and 7 are rejects: shard 0/3 holds C* lines 1, 4 and reject 7; 1/3 holds 2, 5, 8;
+    // 2/3 holds reject 3 and C* lines 6, 9.
+    write_corpus(&corpus, 9);
+    let shards: Vec<annotate::OutputPaths> = (0..3)
+        .map(|i| {
+            let o = RunOptions {
+                shard: Shard::new(i, 3).unwrap(),
+                ..RunOptions::new(&corpus, dir.path().join("sh/cstar.jsonl"))
+            };
+            let RunOutcome::Done(_, paths) = annotate::annotate(&a, &o).unwrap() else {
+                panic!("not done")
+            };
+            paths
+        })
+        .collect();
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+    let records = |p: &Path| -> Vec<Value> {
+        read(p)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let write = |p: &Path, records: &[Value]| {
+        let text: String = records.iter().map(|r| format!("{r}\n")).collect();
+        std::fs::write(p, text).unwrap();
+    };
+    let lines = |records: &[Value]| -> Vec<u64> {
+        records
+            .iter()
+            .map(|r| r["line"].as_u64().unwrap())
+            .collect()
+    };
+    let cstar: Vec<Vec<Value>> = shards.iter().map(|s| records(&s.out)).collect();
+    assert_eq!(
+        cstar.iter().map(|c| lines(c)).collect::<Vec<_>>(),
+        [vec![1, 4], vec![2, 5, 8], vec![6, 9]]
+    );
+    let inputs: Vec<PathBuf> = shards.iter().map(|s| s.out.clone()).collect();
+    let out = dir.path().join("m.jsonl");
+    // `edit` changes one shard's files, the merge is refused with `want`, then they are restored.
+    let refused = |shard: usize, edit: &dyn Fn(&annotate::OutputPaths), want: &str| {
+        let files = [
+            &shards[shard].out,
+            &shards[shard].rejects,
+            &shards[shard].summary,
+        ];
+        let before: Vec<String> = files.iter().map(|f| read(f)).collect();
+        edit(&shards[shard]);
+        let err = annotate::merge(&out, &inputs).expect_err(want).to_string();
+        assert!(err.contains(want), "{want}: {err}");
+        assert!(!out.exists(), "written despite: {err}");
+        for (f, text) in files.iter().zip(before) {
+            std::fs::write(f, text).unwrap();
+        }
+    };
+    let with_line = |r: &Value, line: u64| {
+        let mut r = r.clone();
+        r["line"] = json!(line);
+        r
+    };
+    // A record past the corpus's last line, of shard 0 by its number.
+    refused(
+        0,
+        &|s| {
+            write(
+                &s.out,
+                &[&cstar[0][..], &[with_line(&cstar[0][1], 10)][..]].concat(),
+            )
+        },
+        "input line 10 is beyond the corpus's 9 lines",
+    );
+    // Line 4 both annotated and rejected.
+    refused(
+        0,
+        &|s| {
+            let text = format!("{{\"line\":4,\"reason\":\"x\"}}\n{}", read(&s.rejects));
+            std::fs::write(&s.rejects, text).unwrap();
+        },
+        "input line 4 is in two outputs",
+    );
+    // Line 4 twice in one file.
+    refused(
+        0,
+        &|s| write(&s.out, &[&cstar[0][..], &cstar[0][1..]].concat()),
+        "input line 4 out of order (shard 0/3)",
+    );
+    // A line lost from the middle, then from the end, of shard 2's C*: its file is named.
+    let shard_2 = format!("(shard 2/3, {})", shards[2].out.display());
+    refused(
+        2,
+        &|s| write(&s.out, &cstar[2][1..]),
+        &format!("input line 6 is missing from its shard's output {shard_2}"),
+    );
+    refused(
+        2,
+        &|s| write(&s.out, &cstar[2][..1]),
+        &format!("input line 9 is missing from its shard's output {shard_2}"),
+    );
+    // Line 5 moved from shard 1's C* into shard 0's, in order: every line once, but not where
+    // its shard's run wrote it.
+    let moved = [&cstar[0][..], &cstar[1][1..2]].concat();
+    refused(
+        1,
+        &|s| {
+            write(&shards[0].out, &moved);
+            write(&s.out, &[&cstar[1][..1], &cstar[1][2..]].concat());
+        },
+        "input line 5 is not of this shard (shard 0/3)",
+    );
+    write(&shards[0].out, &cstar[0]);
+    // A call inside a character ("é"), where C* could not have spliced it.
+    let mut off = cstar[1][0].clone();
+    off["text"] = json!("café au lait");
+    off["annotated_text"] = off["text"].clone();
+    off["calls"] = json!([{"position": 4, "tool": "Calculator", "input": "1", "result": null,
+        "l_none": null, "l_call": null, "l_call_result": null, "delta": null, "kept": false}]);
+    refused(
+        1,
+        &|s| write(&s.out, &[&[off.clone()][..], &cstar[1][1..]].concat()),
+        "not a C* record: a call at byte 4 is not at a character boundary",
+    );
+    // Summaries that name a shard past the count, or another split of the corpus.
+    let summary_with = |s: &annotate::OutputPaths, shard: Value| {
+        let mut summary: Value = serde_json::from_str(&read(&s.summary)).unwrap();
+        summary["shard"] = shard;
+        std::fs::write(&s.summary, summary.to_string()).unwrap();
+    };
+    refused(
+        0,
+        &|s| summary_with(s, json!({"index": 3, "count": 3})),
+        "shard 3/3 is not a shard",
+    );
+    refused(
+        2,
+        &|s| summary_with(s, json!({"index": 2, "count": 4})),
+        "is shard 2/4 of a 9-line corpus, but",
+    );
+    // A shard's rejects file deleted: its outputs are not a finished run's.
+    refused(
+        1,
+        &|s| std::fs::remove_file(&s.rejects).unwrap(),
+        "not found; ",
+    );
+    // An input that is, under another name (a link), the temporary file the merged C* is
+    // first written to: refused before that file is emptied.
+    #[cfg(unix)]
+    {
+        let tmp = dir.path().join("m.jsonl.tmp");
+        std::fs::copy(&shards[0].out, &tmp).unwrap();
+        let alias = annotate::OutputPaths::new(&dir.path().join("alias.jsonl"));
+        std::os::unix::fs::symlink(&tmp, &alias.out).unwrap();
+        std::fs::copy(&shards[0].rejects, &alias.rejects).unwrap();
+        std::fs::copy(&shards[0].summary, &alias.summary).unwrap();
+        let aliased = [alias.out.clone(), inputs[1].clone(), inputs[2].clone()];
+        let err = annotate::merge(&out, &aliased).unwrap_err().to_string();
+        assert!(err.contains("would overwrite the input"), "{err}");
+        assert_eq!(read(&tmp), read(&shards[0].out));
+        std::fs::remove_file(&tmp).unwrap();
+    }
+    // Into "m.jsonl" while a run on "m" is in progress ("m.partial"): the rejects and summary
+    // names are that run's.
+    let journal = dir.path().join("m.partial");
+    std::fs::write(&journal, "").unwrap();
+    let err = annotate::merge(&out, &inputs).unwrap_err().to_string();
+    assert!(
+        err.contains("its rejects and summary are the ones"),
+        "{err}"
+    );
+    std::fs::remove_file(&journal).unwrap();
+    // Merged; then merged again where the new summary cannot be written (a folder at its
+    // temporary name): the earlier summary is gone, not left beside a C* it does not describe.
+    annotate::merge(&out, &inputs).unwrap();
+    let paths = annotate::OutputPaths::new(&out);
+    std::fs::create_dir(format!("{}.tmp", paths.summary.display())).unwrap();
+    annotate::merge(&out, &inputs).expect_err("no summary");
+    assert!(out.exists() && !paths.summary.exists());
+}
+
 /// Shards are of one run when what decides the output agrees (config, tools, corpus and model
 /// content hashes, device), however the corpus and the model folder are spelled on their
 /// command lines; shards that differ are refused naming the differing fields of their
