@@ -2417,10 +2417,6 @@ fn merge_refuses_shard_outputs_that_do_not_add_up_to_the_corpus() {
     assert!(out.exists() && !paths.summary.exists());
 }
 
-/// Shards are of one run when what decides the output agrees (config, tools, corpus and model
-/// content hashes, device), however the corpus and the model folder are spelled on their
-/// command lines; shards that differ are refused naming the differing fields of their
-/// summaries, with both values.
 /// `toolsift merge --out OUT INPUTS..` run in `dir`.
 fn merge_in(dir: &Path, out: &str, inputs: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_toolsift"))
@@ -2461,6 +2457,10 @@ fn out_dash_is_refused_not_a_file_named_dash() {
     assert_eq!(names, ["corpus.jsonl"]);
 }
 
+/// Shards are of one run when what decides the output agrees (config, tools, corpus and model
+/// content hashes, device), however the corpus and the model folder are spelled on their
+/// command lines; shards that differ are refused naming the differing fields of their
+/// summaries, with both values.
 #[test]
 fn shards_merge_however_their_corpus_and_model_paths_are_spelled() {
     let dir = tempfile::tempdir().unwrap();

@@ -39,15 +39,15 @@ pub struct MergeReport {
 /// Joins the outputs of every shard of one run into one C* in input-line order, their rejects
 /// into `<out stem>.rejects.jsonl` and their summaries into `<out stem>.summary.json`, each
 /// written atomically: the rejects, then C*, then the summary; an earlier summary there is
-/// removed before them, so a summary beside the merged C* always describes it. Each input is a C* file (`*.shard-I-of-C.jsonl`);
-/// its rejects and summary are read from beside it (a rejects or summary file given as an input
-/// too, as a shell glob may, is skipped). The summaries say which shard each output is and how
-/// many lines the corpus has: a missing or repeated shard, a line in two outputs or in none is
-/// an error, and nothing is written then; so are shards whose runs had other settings (config,
-/// tools, corpus content, model content, device; not the paths' spellings: `run_differences`),
-/// and a rejects file or summary at `out`'s names that is not toolsift's. Streams: memory does
-/// not grow with the corpus, but every shard's C* (and its rejects, when not empty) is open at
-/// once.
+/// removed before them, so a summary beside the merged C* always describes it. Each input is a
+/// C* file (`*.shard-I-of-C.jsonl`); its rejects and summary are read from beside it (a rejects
+/// or summary file given as an input too, as a shell glob may, is skipped). The summaries say
+/// which shard each output is and how many lines the corpus has: a missing or repeated shard, a
+/// line in two outputs or in none is an error, and nothing is written then; so are shards whose
+/// runs had other settings (config, tools, corpus content, model content, device; not the
+/// paths' spellings: `run_differences`), and a rejects file or summary at `out`'s names that is
+/// not toolsift's. Streams: memory does not grow with the corpus, but every shard's C* (and its
+/// rejects, when not empty) is open at once.
 pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
     if let Some(problem) = output_file_problem(out) {
         return Err(Error::input(format!(
