@@ -269,6 +269,15 @@ fn bad_requests_are_errors() {
             },
             "temperature",
         ),
+        // Infinite: every token equally likely, which is no temperature at all.
+        (
+            one(vec![1, 2]),
+            SampleOptions {
+                temperature: f32::INFINITY,
+                ..opts.clone()
+            },
+            "temperature",
+        ),
     ];
     for sampler in samplers {
         for (requests, options, want) in &cases {
@@ -741,4 +750,146 @@ fn bad_branches_are_errors_of(engine: &dyn Sampler) {
     assert!(engine
         .propose(&[1, 99], &[4], &mut |_| Vec::new(), &opts)
         .is_err());
+}
+
+/// Sample s of request r draws from its own stream (seed, r, s), the same on the CPU engine
+/// and the oracle, top-k and temperature included: samples of one request differ, two requests
+/// with the same prefix differ, and both samplers draw the same tokens.
+#[test]
+fn samples_draw_from_their_own_streams_alike_on_every_sampler() {
+    let model = random_model(6);
+    let prefix = random_ids(&mut Rng::new(3), 6, 61);
+    let requests: Vec<SampleRequest> = [prefix.clone(), prefix, vec![4, 5]]
+        .into_iter()
+        .map(|prefix| SampleRequest {
+            prefix,
+            n_samples: 4,
+        })
+        .collect();
+    let options = SampleOptions {
+        max_new_tokens: 5,
+        temperature: 0.8,
+        top_k: Some(3),
+        seed: 9,
+        ..Default::default()
+    };
+    let cpu = CpuScorer::new(&model).sample(&requests, &options).unwrap();
+    let oracle = ReferenceSampler::new(&model)
+        .sample(&requests, &options)
+        .unwrap();
+    assert_eq!(cpu, oracle);
+    assert!(cpu[0].iter().any(|s| s != &cpu[0][0]), "{:?}", cpu[0]);
+    assert_ne!(cpu[0], cpu[1]);
+}
+
+/// With half the vocabulary as stop tokens, samples stop at every step: each ends at its first
+/// stop token (stopped), or runs to the cap without one, on both samplers.
+#[test]
+fn a_sample_ends_at_its_first_stop_token_on_every_sampler() {
+    let model = random_model(8);
+    let requests = [SampleRequest {
+        prefix: vec![7, 8, 9],
+        n_samples: 24,
+    }];
+    let options = SampleOptions {
+        max_new_tokens: 6,
+        stop_tokens: (0..30).collect(),
+        seed: 5,
+        ..Default::default()
+    };
+    let cpu = CpuScorer::new(&model);
+    let oracle = ReferenceSampler::new(&model);
+    for sampler in [&cpu as &dyn Sampler, &oracle] {
+        let out = sampler.sample(&requests, &options).unwrap();
+        for s in &out[0] {
+            let stop = s
+                .tokens
+                .iter()
+                .position(|t| options.stop_tokens.contains(t));
+            match stop {
+                Some(p) => assert_eq!((p + 1, s.stopped), (s.tokens.len(), true), "{s:?}"),
+                None => assert_eq!((s.tokens.len(), s.stopped), (6, false), "{s:?}"),
+            }
+        }
+        // A stop in the decoding loop, not only at the first draw.
+        assert!(out[0].iter().any(|s| s.stopped && s.tokens.len() > 1));
+    }
+}
+
+/// n_positions is a bound, not a limit below it: a sequence of exactly n_positions tokens has
+/// its log-probs, and a prefix plus max_new_tokens may fill it exactly (`sample` and
+/// `propose`), on both samplers; one more is refused.
+#[test]
+fn a_sequence_or_a_sample_may_fill_n_positions_exactly() {
+    let model = random_model_with(61, 24, 10);
+    let cpu = CpuScorer::new(&model);
+    let oracle = ReferenceSampler::new(&model);
+    let ids = random_ids(&mut Rng::new(1), 24, 61);
+    let options = SampleOptions {
+        max_new_tokens: 4,
+        seed: 2,
+        ..Default::default()
+    };
+    let fill = [SampleRequest {
+        prefix: ids[..20].to_vec(),
+        n_samples: 2,
+    }];
+    let branch = Branch {
+        at: 19,
+        token: 5,
+        n_samples: 2,
+    };
+    for sampler in [&cpu as &dyn Sampler, &oracle] {
+        assert_eq!(sampler.token_log_probs(&ids, &[3]).unwrap().len(), 24);
+        assert!(sampler
+            .token_log_probs(&[ids.clone(), vec![1]].concat(), &[3])
+            .is_err());
+        let out = sampler.sample(&fill, &options).unwrap();
+        assert!(out[0].iter().all(|s| s.tokens.len() == 4));
+        let p = sampler
+            .propose(&ids[..20], &[3], &mut |_| vec![branch], &options)
+            .unwrap();
+        assert_eq!(p.samples[0].len(), 2);
+        let over = SampleOptions {
+            max_new_tokens: 5,
+            ..options.clone()
+        };
+        assert!(sampler.sample(&fill, &over).is_err());
+    }
+}
+
+/// Exactly u32::MAX sampled rows is within the bound (the engines index rows up to it): no
+/// input error, so the CPU engine goes on to its cache allocation, which cannot hold them.
+#[test]
+fn exactly_u32_max_sampled_rows_is_within_the_bound() {
+    let model = random_model(2);
+    let huge = [SampleRequest {
+        prefix: vec![1, 2],
+        n_samples: u32::MAX as usize,
+    }];
+    let options = SampleOptions {
+        max_new_tokens: 1,
+        ..Default::default()
+    };
+    let err = CpuScorer::new(&model).sample(&huge, &options).unwrap_err();
+    assert!(
+        err.to_string().contains("cannot allocate the KV cache"),
+        "{err}"
+    );
+}
+
+/// `extend` needs one non-empty token list per sequence: an empty list has no last token to
+/// answer for, and lists that do not match the sequences one to one are refused, not zipped.
+#[test]
+fn extend_refuses_an_empty_or_unmatched_token_list() {
+    use toolsift::sample::Decoder;
+    let model = random_model(5);
+    let engine = CpuScorer::new(&model);
+    let mut session = engine.session();
+    let (a, b) = (session.new_sequence(), session.new_sequence());
+    let e = session.extend(&[a, b], &[vec![1], vec![]]).unwrap_err();
+    assert!(e.to_string().contains("no tokens for sequence 1"), "{e}");
+    let e = session.extend(&[a, b], &[vec![1]]).unwrap_err();
+    assert!(e.to_string().contains("one token list per sequence"), "{e}");
+    assert_eq!((session.len(a), session.len(b)), (0, 0));
 }

@@ -363,4 +363,46 @@ mod tests {
         assert_eq!(seen[3], 0, "{seen:?}");
         assert!(seen[..3].iter().all(|&c| c > 500), "{seen:?}");
     }
+
+    /// Draws of `draw(lp, options, ..)` over a few seeds: which ids came up.
+    fn drawn(lp: &[f32], options: &SampleOptions) -> Vec<u32> {
+        let mut rng = Rng::new(7);
+        let mut ids: Vec<u32> = (0..200).map(|_| draw(lp, options, &mut rng)).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// `draw` takes `top_k: Some(0)` as the whole vocabulary (its docs), not as no candidate
+    /// at all, which would leave only the argmax fallback.
+    #[test]
+    fn top_k_of_0_in_draw_samples_the_whole_row() {
+        let lp = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()];
+        let options = SampleOptions {
+            top_k: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(drawn(&lp, &options), [0, 1, 2]);
+    }
+
+    /// A low temperature scales the log-probs up past f64's exponent range (-693 / 0.0005):
+    /// the weights are taken relative to the scaled maximum, so two equally likely tokens stay
+    /// equally likely instead of underflowing to the argmax fallback.
+    #[test]
+    fn a_low_temperature_still_samples_among_equally_likely_tokens() {
+        let lp = [0.5f32.ln(), 0.5f32.ln(), -50.0];
+        let cold = SampleOptions {
+            temperature: 0.0005,
+            ..Default::default()
+        };
+        assert_eq!(drawn(&lp, &cold), [0, 1]);
+    }
+
+    /// A row whose weights are not finite (+inf: an overflowed logit) draws its argmax, the
+    /// infinite token, as the limit of its probability; not the fallback's id 0.
+    #[test]
+    fn a_row_with_plus_infinity_draws_the_infinite_token() {
+        let lp = [-1.0f32, f32::INFINITY, -2.0];
+        assert_eq!(drawn(&lp, &SampleOptions::default()), [1]);
+    }
 }
