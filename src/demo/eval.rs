@@ -751,4 +751,194 @@ mod tests {
             );
         }
     }
+
+    /// A result a little off the number the text writes is no match: "compared as numbers"
+    /// means equal up to rounding, not within a relative tolerance a miscount would pass.
+    #[test]
+    fn a_result_near_the_written_number_is_no_match() {
+        assert!(!result_matches_text("1401", "so 1400 in all", 2));
+        assert!(!result_matches_text("1400.5", "so 1400 in all", 2));
+        assert!(result_matches_text("1400.0", "so 1400 in all", 2));
+    }
+
+    /// One arithmetic site with a kept call of the wrong result at it and a kept call restating
+    /// "30" elsewhere: the site is hit, not with its answer (the right call is not at it); a
+    /// second site without calls halves recall_right, whose denominator is every site.
+    #[test]
+    fn recall_right_needs_the_right_call_at_the_site_over_every_site() {
+        let t1 = "Anna sold 30 apples on Monday and 40 on Tuesday, so 70 in total.";
+        let d1 = doc(
+            "a1",
+            DocKind::Arithmetic,
+            t1,
+            vec![site(ToolKind::Calculator, t1, "70", "30 + 40")],
+        );
+        let t2 = "Out of 1400 voters, 350 (or 25%) voted.";
+        let d2 = doc(
+            "a2",
+            DocKind::Arithmetic,
+            t2,
+            vec![site(ToolKind::Calculator, t2, "25", "350 / 1400 * 100")],
+        );
+        let at = d1.sites[0].offset;
+        let wrong_at_site = vec![record(
+            1,
+            &d1,
+            vec![
+                call("Calculator", at, "71", true),
+                call("Calculator", t1.find("30").unwrap() - 1, "30", true),
+            ],
+        )];
+        let docs = [d1.clone(), d2.clone()];
+        let c = evaluate(&docs, &wrong_at_site).calculator;
+        assert_eq!((c.sites_hit, c.sites_hit_right, c.correct), (1, 0, 1));
+        let right_at_site = vec![record(1, &d1, vec![call("Calculator", at, "70", true)])];
+        let c = evaluate(&docs, &right_at_site).calculator;
+        assert_eq!((c.sites, c.sites_hit, c.sites_hit_right), (2, 1, 1));
+        assert_eq!((c.recall, c.recall_right), (Some(0.5), Some(0.5)));
+    }
+
+    /// The control rate counts documents, not calls, and only Calculator calls: a control
+    /// document with two kept calls is one, one with only a kept Calendar call is none.
+    #[test]
+    fn control_rate_counts_documents_with_a_kept_calculator_call() {
+        let t1 = "Bus 12 to the park runs every 7 minutes and stops 9 times.";
+        let t2 = "Bus 13 to the park runs every 8 minutes and stops 5 times.";
+        let t3 = "Bus 14 to the park runs every 6 minutes and stops 4 times.";
+        let docs = [
+            doc("c1", DocKind::Control, t1, vec![]),
+            doc("c2", DocKind::Control, t2, vec![]),
+            doc("c3", DocKind::Control, t3, vec![]),
+        ];
+        let records = vec![
+            record(
+                1,
+                &docs[0],
+                vec![
+                    call("Calculator", 3, "12", true),
+                    call("Calculator", 29, "7", true),
+                ],
+            ),
+            record(2, &docs[1], vec![call("Calendar", 3, "Today is ...", true)]),
+            record(3, &docs[2], vec![]),
+        ];
+        let m = evaluate(&docs, &records);
+        let c = &m.calculator;
+        assert_eq!((c.kept, c.control_docs, c.control_with_calls), (2, 3, 1));
+        assert_eq!(c.control_rate, Some(1.0 / 3.0));
+        assert_eq!(m.calendar.kept, 1);
+    }
+
+    /// A kept Calculator call restating a number at a Calendar site ("2021") is correct but at
+    /// no arithmetic site: precision_at_sites counts Calculator sites only.
+    #[test]
+    fn a_calculator_call_at_a_calendar_site_is_not_at_a_site() {
+        let t = "The year is 2021 and the fair opens soon.";
+        let d = doc(
+            "k1",
+            DocKind::Calendar,
+            t,
+            vec![site(ToolKind::Calendar, t, "2021", "")],
+        );
+        let at = d.sites[0].offset;
+        let records = vec![record(1, &d, vec![call("Calculator", at, "2021", true)])];
+        let c = evaluate(&[d], &records).calculator;
+        assert_eq!((c.kept, c.correct, c.correct_at_sites), (1, 1, 0));
+        assert_eq!(c.precision_at_sites, Some(0.0));
+    }
+
+    /// Calls are checked against the record's "text", which their positions index, not against
+    /// "annotated_text", where the inserted calls shift everything after them.
+    #[test]
+    fn results_are_read_against_the_text_not_the_annotated_text() {
+        let t = "Anna sold 30 apples on Monday and 40 on Tuesday, so 70 in total.";
+        let d = doc(
+            "a1",
+            DocKind::Arithmetic,
+            t,
+            vec![site(ToolKind::Calculator, t, "70", "30 + 40")],
+        );
+        let at = d.sites[0].offset;
+        let mut r = record(1, &d, vec![call("Calculator", at, "70", true)]);
+        r.annotated_text = format!("{} [Calculator(30 + 40) → 70]{}", &t[..at], &t[at..]);
+        let c = evaluate(&[d], &[r]).calculator;
+        assert_eq!((c.correct, c.sites_hit_right), (1, 1));
+    }
+
+    /// Without the filter a call counts when all three losses are finite: a non-finite L_none
+    /// (the call's text without it overflowed) leaves it unscored, as L_call's does.
+    #[test]
+    fn unfiltered_needs_a_finite_l_none_too() {
+        let d = doc("p1", DocKind::Plain, "The train left at 9 sharp.", vec![]);
+        let mut bad_none = call("Calculator", 1, "9", false);
+        bad_none.l_none = Some(f64::NAN);
+        let mut no_none = call("Calculator", 2, "9", false);
+        no_none.l_none = None;
+        let all = unfiltered(&[record(
+            1,
+            &d,
+            vec![bad_none, no_none, call("Calculator", 3, "9", false)],
+        )]);
+        let kept: Vec<bool> = all[0].calls.iter().map(|c| c.kept).collect();
+        assert_eq!(kept, [false, false, true]);
+    }
+
+    /// A metric exactly at its bound meets the target (">=" and "<="), and site recall is the
+    /// recall of any kept call at the site, not the stricter recall_right.
+    #[test]
+    fn targets_pass_at_their_bounds_on_the_plain_recall() {
+        let docs = crate::demo::corpus::generate(5, 4);
+        let mut m = evaluate(&docs, &[]);
+        m.calculator.precision = Some(PRECISION_TARGET);
+        m.calculator.recall = Some(RECALL_TARGET);
+        m.calculator.recall_right = Some(0.0);
+        m.calculator.control_rate = Some(CONTROL_TARGET);
+        let t = targets(&m);
+        assert_eq!(t[1].value, Some(RECALL_TARGET));
+        assert_eq!(t.iter().map(|t| t.pass).collect::<Vec<_>>(), [true; 3]);
+        m.calculator.control_rate = Some(CONTROL_TARGET + 1e-9);
+        assert!(!targets(&m)[2].pass);
+    }
+
+    /// The report's per-tool counts are the summary's sampled, executed and kept, its
+    /// annotate_secs the summary's wall time (not the command's), and the table prints the
+    /// calendar's kept calls and hit sites each where they belong.
+    #[test]
+    fn the_report_takes_the_summarys_counts_and_times() {
+        let t = "The council met today, a Sunday, and on Monday.";
+        let d = doc(
+            "k1",
+            DocKind::Calendar,
+            t,
+            vec![
+                site(ToolKind::Calendar, t, "Sunday", ""),
+                site(ToolKind::Calendar, t, "Monday", ""),
+            ],
+        );
+        let at = d.sites[0].offset;
+        let records = vec![record(
+            1,
+            &d,
+            vec![
+                call("Calendar", at, "Today is ...", true),
+                call("Calendar", 2, "Today is ...", true),
+                call("Calendar", 5, "Today is ...", true),
+            ],
+        )];
+        let m = evaluate(&[d], &records);
+        let mut summary =
+            crate::annotate::summary::SummaryBuilder::new(&[ToolKind::Calendar.into()]).finish(1.5);
+        let stats = &mut summary.tools[0].stats;
+        (stats.calls_sampled, stats.calls_executed, stats.calls_kept) = (7, 5, 3);
+        let report = EvalReport::new(5, m, &summary, 2.0, Path::new("c.jsonl"));
+        assert_eq!(report.annotate_secs, 1.5);
+        assert_eq!(report.wall_secs, 2.0);
+        let c = &report.tools[0];
+        assert_eq!((c.sampled, c.executed, c.kept), (7, 5, 3));
+        let text = report.render();
+        assert!(
+            text.contains("(3 kept calls; 1 of 2 calendar sites have one)"),
+            "{text}"
+        );
+    }
 }
