@@ -269,6 +269,14 @@ fn bad_requests_are_errors() {
             },
             "temperature",
         ),
+        (
+            one(vec![1, 2]),
+            SampleOptions {
+                temperature: -0.5,
+                ..opts.clone()
+            },
+            "temperature",
+        ),
         // Infinite: every token equally likely, which is no temperature at all.
         (
             one(vec![1, 2]),
@@ -342,6 +350,16 @@ fn no_new_tokens_means_empty_samples_on_every_sampler() {
             sampler.sample(&requests, &opts).unwrap(),
             vec![vec![empty.clone(), empty.clone()]]
         );
+        // `propose` too: its branches draw no first token.
+        let branch = Branch {
+            at: 2,
+            token: 6,
+            n_samples: 2,
+        };
+        let p = sampler
+            .propose(&[3, 4, 5], &[6], &mut |_| vec![branch], &opts)
+            .unwrap();
+        assert_eq!(p.samples, vec![vec![empty.clone(), empty.clone()]]);
     }
 }
 

@@ -759,6 +759,8 @@ mod tests {
         assert!(!result_matches_text("1401", "so 1400 in all", 2));
         assert!(!result_matches_text("1400.5", "so 1400 in all", 2));
         assert!(result_matches_text("1400.0", "so 1400 in all", 2));
+        // A result is read as the number it writes, whitespace around it aside.
+        assert!(result_matches_text(" 1400\n", "so 1400 in all", 2));
     }
 
     /// One arithmetic site with a kept call of the wrong result at it and a kept call restating
@@ -865,6 +867,18 @@ mod tests {
         assert_eq!((c.correct, c.sites_hit_right), (1, 1));
     }
 
+    /// A record whose id is no document's id is unmatched, a number as much as a string.
+    #[test]
+    fn a_record_with_a_number_for_its_id_is_unmatched() {
+        let d = doc("p1", DocKind::Plain, "The train left on time.", vec![]);
+        let numbered = CStarRecord {
+            id: json!(1),
+            ..record(2, &d, vec![])
+        };
+        let m = evaluate(std::slice::from_ref(&d), &[record(1, &d, vec![]), numbered]);
+        assert_eq!((m.records, m.unmatched_records), (1, 1));
+    }
+
     /// Without the filter a call counts when all three losses are finite: a non-finite L_none
     /// (the call's text without it overflowed) leaves it unscored, as L_call's does.
     #[test]
@@ -895,6 +909,8 @@ mod tests {
         m.calculator.control_rate = Some(CONTROL_TARGET);
         let t = targets(&m);
         assert_eq!(t[1].value, Some(RECALL_TARGET));
+        let ops: Vec<&str> = t.iter().map(|t| t.op.as_str()).collect();
+        assert_eq!(ops, [">=", ">=", "<="]);
         assert_eq!(t.iter().map(|t| t.pass).collect::<Vec<_>>(), [true; 3]);
         m.calculator.control_rate = Some(CONTROL_TARGET + 1e-9);
         assert!(!targets(&m)[2].pass);
@@ -940,5 +956,34 @@ mod tests {
             text.contains("(3 kept calls; 1 of 2 calendar sites have one)"),
             "{text}"
         );
+    }
+
+    /// The table prints each count where its words say: of the kept calls, of the sites, of
+    /// the control documents, and the run without the filter.
+    #[test]
+    fn the_table_prints_each_count_in_its_place() {
+        let docs = crate::demo::corpus::generate(5, 4);
+        let mut m = evaluate(&docs, &[]);
+        let c = &mut m.calculator;
+        (c.correct, c.kept, c.correct_at_sites) = (3, 4, 2);
+        (c.sites_hit, c.sites, c.sites_hit_right) = (5, 6, 1);
+        (c.control_with_calls, c.control_docs) = (7, 9);
+        let summary = crate::annotate::summary::SummaryBuilder::new(&[ToolKind::Calculator.into()])
+            .finish(1.5);
+        let mut report = EvalReport::new(5, m.clone(), &summary, 2.0, Path::new("c.jsonl"));
+        let mut all = m;
+        (all.calculator.correct, all.calculator.kept) = (10, 11);
+        report.unfiltered = Some(all);
+        let text = report.render();
+        for want in [
+            "(3 of 4 kept calls write their result next)",
+            "(2 of them stand at an arithmetic site)",
+            "(5 of 6 arithmetic sites have a kept call)",
+            "(1 of them have one whose result is the answer)",
+            "(7 of 9 control documents have a kept call)",
+            "without the filter (every scored call kept): precision n/a (10 of 11)",
+        ] {
+            assert!(text.contains(want), "{want}: {text}");
+        }
     }
 }

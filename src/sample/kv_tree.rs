@@ -280,4 +280,22 @@ mod tests {
         assert_eq!(positions, [2]);
         assert_eq!(groups[0].ranges, [0..2, 3..4]);
     }
+
+    /// A fork that ends where one of its node's ranges ends holds that node's ranges up to
+    /// there and no empty range after them (a group's context is exactly its rows).
+    #[test]
+    fn a_fork_at_a_range_end_holds_no_empty_range() {
+        let mut tree = KvTree::with_store(());
+        let a = tree.root();
+        let b = tree.root();
+        for node in [a, b, a] {
+            let (ids, _, _) = tree.append(&[node], &[vec![1, 2]]);
+            tree.commit(ids.len());
+        }
+        assert_eq!(tree.nodes[a].ranges, [0..2, 4..6]);
+        let c = tree.fork(a, 2);
+        assert_eq!(tree.nodes[c].ranges, tree.nodes[a].ranges[..1]);
+        let (_, _, groups) = tree.append(&[c], &[vec![3]]);
+        assert_eq!(groups[0].ranges, [0..2, 6..7]);
+    }
 }
