@@ -709,6 +709,22 @@ fn whole_run(corpus: &Path, out: PathBuf) -> RunOptions {
     }
 }
 
+/// `base` run as each of `count` shards, to the end: their outputs, shard by shard.
+fn run_shards(a: &Annotator, base: &RunOptions, count: u64) -> Vec<annotate::OutputPaths> {
+    (0..count)
+        .map(|i| {
+            let o = RunOptions {
+                shard: Shard::new(i, count).unwrap(),
+                ..base.clone()
+            };
+            let RunOutcome::Done(_, paths) = annotate::annotate(a, &o).unwrap() else {
+                panic!("shard {i}/{count} not done")
+            };
+            paths
+        })
+        .collect()
+}
+
 /// `<a>.jsonl` and `<b>.jsonl` in `dir` hold the same C*, and their rejects files the same lines.
 fn assert_same_outputs(dir: &Path, a: &str, b: &str) {
     for kind in ["jsonl", "rejects.jsonl"] {
@@ -906,17 +922,10 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
     assert!(annotate::annotate(&a, &opts("full.jsonl", None)).is_err());
 
     // Shards, merged, give the unsharded output.
-    let mut parts = Vec::new();
-    for i in 0..3 {
-        let o = RunOptions {
-            shard: Shard::new(i, 3).unwrap(),
-            ..opts("sh.jsonl", None)
-        };
-        let RunOutcome::Done(_, paths) = annotate::annotate(&a, &o).unwrap() else {
-            panic!()
-        };
-        parts.push(paths.out);
-    }
+    let parts: Vec<PathBuf> = run_shards(&a, &opts("sh.jsonl", None), 3)
+        .into_iter()
+        .map(|paths| paths.out)
+        .collect();
     // A shell glob also matches the rejects and summaries: they are read beside their C*.
     let mut globbed = parts.clone();
     for p in &parts {
@@ -1990,20 +1999,8 @@ fn a_run_never_writes_over_its_inputs_nor_trusts_a_stale_journal() {
     // Shards whose merge output is an input under another spelling, or whose run did not
     // finish (a journal beside them), are refused; outputs named without ".jsonl" merge
     // from a glob.
-    let shards: Vec<annotate::OutputPaths> = (0..2)
-        .map(|i| {
-            let o = opts(
-                &corpus,
-                dir.path().join("sh"),
-                Shard::new(i, 2).unwrap(),
-                None,
-            );
-            let RunOutcome::Done(_, paths) = annotate::annotate(&a, &o).unwrap() else {
-                panic!("not done")
-            };
-            paths
-        })
-        .collect();
+    let base = opts(&corpus, dir.path().join("sh"), Shard::default(), None);
+    let shards = run_shards(&a, &base, 2);
     assert!(!shards[0].out.to_string_lossy().ends_with(".jsonl"));
     let globbed: Vec<PathBuf> = shards
         .iter()
@@ -2175,17 +2172,10 @@ fn merge_never_replaces_a_foreign_rejects_file_or_summary() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("corpus.jsonl");
     write_corpus(&corpus, 9);
-    let cstars: Vec<PathBuf> = (0..3)
-        .map(|i| {
-            let o = RunOptions {
-                shard: Shard::new(i, 3).unwrap(),
-                ..RunOptions::new(&corpus, dir.path().join("sh/cstar.jsonl"))
-            };
-            let RunOutcome::Done(_, paths) = annotate::annotate(&a, &o).unwrap() else {
-                panic!("not done")
-            };
-            paths.out
-        })
+    let base = RunOptions::new(&corpus, dir.path().join("sh/cstar.jsonl"));
+    let cstars: Vec<PathBuf> = run_shards(&a, &base, 3)
+        .into_iter()
+        .map(|paths| paths.out)
         .collect();
     let out = dir.path().join("mx.jsonl");
     let rejects = dir.path().join("mx.rejects.jsonl");
@@ -2242,18 +2232,11 @@ fn merge_refuses_shard_outputs_that_do_not_add_up_to_the_corpus() {
     // Lines 3 and 7 are rejects: shard 0/3 holds C* lines 1, 4 and reject 7; 1/3 holds 2, 5, 8;
     // 2/3 holds reject 3 and C* lines 6, 9.
     write_corpus(&corpus, 9);
-    let shards: Vec<annotate::OutputPaths> = (0..3)
-        .map(|i| {
-            let o = RunOptions {
-                shard: Shard::new(i, 3).unwrap(),
-                ..RunOptions::new(&corpus, dir.path().join("sh/cstar.jsonl"))
-            };
-            let RunOutcome::Done(_, paths) = annotate::annotate(&a, &o).unwrap() else {
-                panic!("not done")
-            };
-            paths
-        })
-        .collect();
+    let shards = run_shards(
+        &a,
+        &RunOptions::new(&corpus, dir.path().join("sh/cstar.jsonl")),
+        3,
+    );
     let read = |p: &Path| std::fs::read_to_string(p).unwrap();
     let records = |p: &Path| -> Vec<Value> {
         read(p)

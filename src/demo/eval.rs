@@ -522,6 +522,20 @@ mod tests {
         }
     }
 
+    /// "a1": an arithmetic document whose one site is the "70" of "so 70 in total".
+    fn apples() -> DemoDoc {
+        let t = "Anna sold 30 apples on Monday and 40 on Tuesday, so 70 in total.";
+        let site = site(ToolKind::Calculator, t, "70", "30 + 40");
+        doc("a1", DocKind::Arithmetic, t, vec![site])
+    }
+
+    /// "a2": an arithmetic document whose one site is the "25" of "(or 25%)".
+    fn voters() -> DemoDoc {
+        let t = "Out of 1400 voters, 350 (or 25%) voted.";
+        let site = site(ToolKind::Calculator, t, "25", "350 / 1400 * 100");
+        doc("a2", DocKind::Arithmetic, t, vec![site])
+    }
+
     #[test]
     fn numbers_after_a_position() {
         let t = "so 70 in total, 2.5 each, 3. Done";
@@ -568,20 +582,8 @@ mod tests {
 
     #[test]
     fn metrics_on_hand_made_records() {
-        let t1 = "Anna sold 30 apples on Monday and 40 on Tuesday, so 70 in total.";
-        let d1 = doc(
-            "a1",
-            DocKind::Arithmetic,
-            t1,
-            vec![site(ToolKind::Calculator, t1, "70", "30 + 40")],
-        );
-        let t2 = "Out of 1400 voters, 350 (or 25%) voted.";
-        let d2 = doc(
-            "a2",
-            DocKind::Arithmetic,
-            t2,
-            vec![site(ToolKind::Calculator, t2, "25", "350 / 1400 * 100")],
-        );
+        let (d1, d2) = (apples(), voters());
+        let t1 = d1.text.clone();
         let t3 = "Bus 12 to the park runs every 7 minutes and stops 9 times.";
         let d3 = doc("c1", DocKind::Control, t3, vec![]);
         let t4 = "Bus 13 to the park runs every 8 minutes and stops 5 times.";
@@ -768,20 +770,8 @@ mod tests {
     /// second site without calls halves recall_right, whose denominator is every site.
     #[test]
     fn recall_right_needs_the_right_call_at_the_site_over_every_site() {
-        let t1 = "Anna sold 30 apples on Monday and 40 on Tuesday, so 70 in total.";
-        let d1 = doc(
-            "a1",
-            DocKind::Arithmetic,
-            t1,
-            vec![site(ToolKind::Calculator, t1, "70", "30 + 40")],
-        );
-        let t2 = "Out of 1400 voters, 350 (or 25%) voted.";
-        let d2 = doc(
-            "a2",
-            DocKind::Arithmetic,
-            t2,
-            vec![site(ToolKind::Calculator, t2, "25", "350 / 1400 * 100")],
-        );
+        let (d1, d2) = (apples(), voters());
+        let t1 = d1.text.clone();
         let at = d1.sites[0].offset;
         let wrong_at_site = vec![record(
             1,
@@ -853,13 +843,8 @@ mod tests {
     /// "annotated_text", where the inserted calls shift everything after them.
     #[test]
     fn results_are_read_against_the_text_not_the_annotated_text() {
-        let t = "Anna sold 30 apples on Monday and 40 on Tuesday, so 70 in total.";
-        let d = doc(
-            "a1",
-            DocKind::Arithmetic,
-            t,
-            vec![site(ToolKind::Calculator, t, "70", "30 + 40")],
-        );
+        let d = apples();
+        let t = d.text.clone();
         let at = d.sites[0].offset;
         let mut r = record(1, &d, vec![call("Calculator", at, "70", true)]);
         r.annotated_text = format!("{} [Calculator(30 + 40) → 70]{}", &t[..at], &t[at..]);
