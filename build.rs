@@ -7,9 +7,10 @@
 //! - success: OUT_DIR/<stem>.ptx for every kernel, and cfg `toolsift_ptx`.
 //!
 //! nvcc is looked up through NVCC (the binary), CUDA_HOME / CUDA_PATH (<dir>/bin/nvcc), PATH, then
-//! the PyPI wheels (`nvidia-cuda-nvcc`: <purelib>/nvidia/cu13/bin/nvcc or nvidia/cuda_nvcc/bin/nvcc).
-//! The target is TOOLSIFT_CUDA_ARCH (default sm_90, the H200), compiled as compute_XY PTX.
-//! No --use_fast_math: f32 exp/log/tanh stay accurate (softmax and cross-entropy depend on it).
+//! the PyPI wheels (`nvidia-cuda-nvcc`: <purelib>/nvidia/cu13/bin/nvcc or
+//! nvidia/cuda_nvcc/bin/nvcc). The target is TOOLSIFT_CUDA_ARCH (default sm_90, the H200), compiled
+//! as compute_XY PTX. No --use_fast_math: f32 exp/log/tanh stay accurate (softmax and cross-entropy
+//! depend on it).
 //!
 //! With the `emu` feature, also compiles every kernel for the host with the C++ compiler, through
 //! the CUDA emulator in kernels/emu (docs/kernels.md): a static library whose extern "C" kernels

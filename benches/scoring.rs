@@ -4,7 +4,8 @@
 //!
 //!     cargo bench --features baselines --bench scoring
 //!
-//! The whole standard workload with the default bench model is `toolsift bench` (docs/benchmarks.md).
+//! The whole standard workload with the default bench model is `toolsift bench`
+//! (docs/benchmarks.md).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use toolsift::baselines::{naive_losses, tuned_kv_losses, tuned_losses, CandleGptj};

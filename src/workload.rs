@@ -1,6 +1,6 @@
-//! The standard scoring workload of the benchmarks (docs/benchmarks.md), named and seeded: texts of 256
-//! tokens, 25 candidates per text (5 positions x 5 calls) at positions uniform in [10, 250], calls of
-//! ~12 tokens and results of ~4 tokens, the paper's window of 5.
+//! The standard scoring workload of the benchmarks (docs/benchmarks.md), named and seeded: texts of
+//! 256 tokens, 25 candidates per text (5 positions x 5 calls) at positions uniform in [10, 250],
+//! calls of ~12 tokens and results of ~4 tokens, the paper's window of 5.
 //!
 //! Calls have the shape of real ones, so that the sharing a real batch offers is there and no
 //! more: e(c, eps) = "[" Tool "(" input ")" " ->" "]" + separator (12 tokens in prefix placement;

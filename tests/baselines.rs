@@ -1,7 +1,7 @@
 #![cfg(feature = "baselines")]
 //! The candle baselines (feature `baselines`): the candle GPT-J against the float64 golden fixture,
-//! and the three scorers against the f64 `ReferenceScorer` on the fixture's filter cases and on random
-//! workloads that exercise what each baseline does differently (whole vs cut sequences,
+//! and the three scorers against the f64 `ReferenceScorer` on the fixture's filter cases and on
+//! random workloads that exercise what each baseline does differently (whole vs cut sequences,
 //! deduplication, padding, gathered LM-head rows).
 //!
 //! Tolerances: the forward is held to the project's 1e-4 contract on log-probabilities; losses,

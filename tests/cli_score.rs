@@ -565,7 +565,8 @@ fn missing_model_folder_is_a_clear_error() {
 
 #[test]
 fn reference_and_fast_engine_agree_through_the_cli() {
-    // The budget is taken by the fast engine (split batches against the oracle: tests/cpu_vs_reference.rs).
+    // The budget is taken by the fast engine (split batches against the oracle:
+    // tests/cpu_vs_reference.rs).
     let (ok, fast, _) = run_score(
         &tiny("f32"),
         &token_lines(),

@@ -3,8 +3,9 @@
 //!
 //! - `min_numbers` (calculator: 3): the text has at least that many numbers;
 //! - `require_arithmetic` (opt-in, off by default): the paper's Calculator filter in full: the
-//!   head of the text its positions are searched in shows arithmetic (`shows_arithmetic`), or, with a probability of 1%
-//!   (`NUMBERS_ONLY_RATE`, a draw keyed by seed, line and tool), it merely passes `min_numbers`;
+//!   head of the text its positions are searched in shows arithmetic (`shows_arithmetic`), or,
+//!   with a probability of 1% (`NUMBERS_ONLY_RATE`, a draw keyed by seed, line and tool), it
+//!   merely passes `min_numbers`;
 //! - `require_date` (calendar): the document has a date: its "date" field, a date in its URL, or
 //!   a configured fallback date (`[tools.calendar] date`);
 //! - `min_foreign_words` (MT: 1): at least that many words containing a non-ASCII letter, a cheap

@@ -1,5 +1,5 @@
-//! Where to call: the paper's `p_i = p(<API> | P(x), x_1..x_{i-1})` at every position of x, from one
-//! forward over P(x) ++ x.
+//! Where to call: the paper's `p_i = p(<API> | P(x), x_1..x_{i-1})` at every position of x, from
+//! one forward over P(x) ++ x.
 //!
 //! "[" vs " [": GPT-2's byte-level BPE has both, and both open a call, so
 //! p_i = p("[") + p(" [") at the row that predicts x_i (a tokenizer with only one of them uses

@@ -7,8 +7,8 @@
 //!
 //! The math is transformers' `GPTJForCausalLM` (see `crate::reference`, the f64 oracle): embedding;
 //! per layer `h = ln_1(x)`, `x = x + attn(h) + mlp(h)`; "rotate every two" rotary on the first
-//! `rotary_dim` dims of each head (base 10000); causal softmax attention scaled by 1/sqrt(head_dim);
-//! `gelu_new`; `ln_f`; `lm_head` with bias.
+//! `rotary_dim` dims of each head (base 10000); causal softmax attention scaled by
+//! 1/sqrt(head_dim); `gelu_new`; `ln_f`; `lm_head` with bias.
 
 use candle_core::{Device, Module, Result, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear};

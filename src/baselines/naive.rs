@@ -108,7 +108,8 @@ fn batch_log_probs(model: &CandleGptj, batch: &[NaiveSequence]) -> candle_core::
     let hidden = model.forward_hidden(&ids)?; // [B, T, d]
     let logits = model.logits(&hidden)?; // [B, T, vocab]
     let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?; // [B, T, vocab]
-                                                                      // Afterwards, the loss terms: the flat row b * T + row, then the target's column.
+
+    // Afterwards, the loss terms: the flat row b * T + row, then the target's column.
     let (rows, tokens): (Vec<u32>, Vec<u32>) = batch
         .iter()
         .enumerate()

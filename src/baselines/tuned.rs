@@ -1,10 +1,11 @@
-//! The "tuned" baseline (docs/benchmarks.md): what a careful engineer writes with candle and no custom
-//! engine. Each call variant is `variant_sequence(..).ids` (cut after the last weighted token)
-//! less that last token, which is only ever a target (no row predicts from it; toolsift's plan
-//! drops it too); the no-call pass runs once per text, up to the furthest window of its candidates;
-//! identical sequences run once (a duplicated candidate costs nothing); the distinct sequences are
-//! sorted by length and run in right-padded batches of up to `batch_size`, which keeps padding
-//! small; the LM head runs only at the weighted rows (hidden rows gathered, one matmul per batch).
+//! The "tuned" baseline (docs/benchmarks.md): what a careful engineer writes with candle and no
+//! custom engine. Each call variant is `variant_sequence(..).ids` (cut after the last weighted
+//! token) less that last token, which is only ever a target (no row predicts from it; toolsift's
+//! plan drops it too); the no-call pass runs once per text, up to the furthest window of its
+//! candidates; identical sequences run once (a duplicated candidate costs nothing); the distinct
+//! sequences are sorted by length and run in right-padded batches of up to `batch_size`, which
+//! keeps padding small; the LM head runs only at the weighted rows (hidden rows gathered, one
+//! matmul per batch).
 //!
 //! What it does not do, and toolsift's engine does: share a common prefix between sequences that
 //! differ (a text's sequences at two positions, "[Tool(" across calls), or drop padding.
@@ -117,8 +118,8 @@ pub fn tuned_losses(
     Ok(losses)
 }
 
-/// log p(token | ids[0..=row]) for every read of every sequence in `batch`, in order: the trunk over
-/// the padded batch, then the LM head on the gathered rows only.
+/// log p(token | ids[0..=row]) for every read of every sequence in `batch`, in order: the trunk
+/// over the padded batch, then the LM head on the gathered rows only.
 fn batch_log_probs(
     model: &CandleGptj,
     unique: &[Vec<u32>],

@@ -45,8 +45,8 @@ struct Cli {
     /// Threads for candle's matrix products (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Tokenizer size, <|endoftext|> included (the model's vocabulary is padded to a multiple of 8):
-    /// more than the 256 bytes and <|endoftext|>.
+    /// Tokenizer size, <|endoftext|> included (the model's vocabulary is padded to a multiple of
+    /// 8): more than the 256 bytes and <|endoftext|>.
     #[arg(long, default_value_t = 512, value_parser = at_least(258))]
     vocab_size: usize,
     #[arg(long, default_value_t = 4)]

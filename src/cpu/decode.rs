@@ -52,8 +52,8 @@ impl KvTree {
 }
 
 impl CpuScorer {
-    /// Runs `tokens[g]` at the end of sequence `nodes[g]` for every group g, extending the tree, and
-    /// returns the final residual stream of the new tokens ([n_new, d], before ln_f) in order.
+    /// Runs `tokens[g]` at the end of sequence `nodes[g]` for every group g, extending the tree,
+    /// and returns the final residual stream of the new tokens ([n_new, d], before ln_f) in order.
     /// A group may continue a node that another group of the same call creates tokens for only if
     /// it was forked from it beforehand (prefill of a prefix tree does exactly that).
     ///

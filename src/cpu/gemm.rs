@@ -4,7 +4,8 @@
 //! transposed right-hand side on every call, which at 25-64 rows costs as much as the product
 //! (PyTorch's [out, in] layout, used in place until 2026-11-30). One row through a wide
 //! matrix (a batch-1 decoding step) skips the crate: `row_times_matrix` streams the weights once.
-//! `matmul_wt` (a times b transposed) is for attention's q K^T, whose K is gathered per call anyway.
+//! `matmul_wt` (a times b transposed) is for attention's q K^T, whose K is gathered per call
+//! anyway.
 
 use gemm::Parallelism;
 

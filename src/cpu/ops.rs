@@ -1,6 +1,7 @@
 //! Row-wise operations of the CPU engine: embedding gather, LayerNorm, rotary, gelu_new. Each is
-//! parallel over rows; the math is the reference's in f32 (statistics accumulated in f32, two-pass).
-//! The loops over rows are `row_kernel!`s: compiled for the CPU's vectors too (crate::cpu).
+//! parallel over rows; the math is the reference's in f32 (statistics accumulated in f32,
+//! two-pass). The loops over rows are `row_kernel!`s: compiled for the CPU's vectors too
+//! (crate::cpu).
 
 use rayon::prelude::*;
 

@@ -682,12 +682,12 @@ impl Seq<'_> {
     }
 
     /// The token that completed the arrow of the call at `start` also carries text after it
-    /// ("->-": the sign of a guessed result, or "-> ]"): that text is not the model's to write, so the
-    /// token (drawn, not yet fed) is replaced by its text up to the arrow's end, re-tokenized.
-    /// `body` is the call's text, `arrow` where its "->" starts. False when the token's text
-    /// cannot be told apart (a decode that is not a prefix, as in a split UTF-8 character) or
-    /// its cut re-tokenizes to an id the model has no row for (`vocab_size`; a tokenizer with more
-    /// ids than the model): the call then goes on as written.
+    /// ("->-": the sign of a guessed result, or "-> ]"): that text is not the model's to write, so
+    /// the token (drawn, not yet fed) is replaced by its text up to the arrow's end, re-tokenized.
+    /// `body` is the call's text, `arrow` where its "->" starts. False when the token's text cannot
+    /// be told apart (a decode that is not a prefix, as in a split UTF-8 character) or its cut
+    /// re-tokenizes to an id the model has no row for (`vocab_size`; a tokenizer with more ids than
+    /// the model): the call then goes on as written.
     fn cut_at_arrow(
         &mut self,
         start: usize,

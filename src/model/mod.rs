@@ -1,4 +1,5 @@
-//! GPT-J as stored on disk: config.json, weights (safetensors or pytorch_model.bin), tokenizer.json.
+//! GPT-J as stored on disk: config.json, weights (safetensors or pytorch_model.bin),
+//! tokenizer.json.
 
 pub mod checkpoint;
 pub mod config;

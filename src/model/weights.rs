@@ -1,5 +1,5 @@
-//! GPT-J's weights under their Hugging Face names, checked against the config: every expected tensor
-//! present with its exact shape, nothing unexpected, a supported dtype, every value finite.
+//! GPT-J's weights under their Hugging Face names, checked against the config: every expected
+//! tensor present with its exact shape, nothing unexpected, a supported dtype, every value finite.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -75,7 +75,8 @@ pub struct GptjWeights {
     pub ln_f: LayerNormWeights,
     /// Logits, `[vocab_size, n_embd]` + bias `[vocab_size]` (`lm_head.*`). With
     /// `tie_word_embeddings` its weight is `wte` (the same shared bytes; `check` refuses other
-    /// values). Loading and `check` require the bias; where it is None all the same, the engines read zeros.
+    /// values). Loading and `check` require the bias; where it is None all the same, the engines
+    /// read zeros.
     pub lm_head: Linear,
 }
 

@@ -1,5 +1,5 @@
-//! The scoring plan: a batch of candidates -> a prefix tree of unique token segments -> a flat token
-//! schedule that every backend (cpu, cuda) executes.
+//! The scoring plan: a batch of candidates -> a prefix tree of unique token segments -> a flat
+//! token schedule that every backend (cpu, cuda) executes.
 //!
 //! Every variant of every candidate is one causal sequence (`score::variant_sequence`, already cut
 //! after its last weighted token), fed up to the token before that one: the last weighted token
@@ -11,10 +11,12 @@
 //! collapse entirely.
 //!
 //! The trie is then compressed into segments (maximal chains without branching). A token attends to
-//! every token of its segment's ancestors and causally to its own segment: tree (cascade) attention.
+//! every token of its segment's ancestors and causally to its own segment: tree (cascade)
+//! attention.
 //!
 //! Weighted targets name the row whose hidden state predicts them; the LM head runs only at the
-//! unique such rows, and each target adds `weight * log p(token | row)` into its (candidate, variant).
+//! unique such rows, and each target adds `weight * log p(token | row)` into its (candidate,
+//! variant).
 
 use rustc_hash::FxHashMap;
 

@@ -65,7 +65,8 @@ pub(crate) fn check_plan(plan: &Plan, cands: &[TokenCandidate], options: &ScoreO
     }
     assert_eq!(next as usize, n);
     assert!(plan.head_rows.windows(2).all(|w| w[0] < w[1]));
-    // Every (candidate, variant) has exactly the spec's targets, each predicted from the spec's context.
+    // Every (candidate, variant) has exactly the spec's targets, each predicted from the spec's
+    // context.
     let mut expected = 0;
     for (c, cand) in cands.iter().enumerate() {
         for v in Variant::ALL {

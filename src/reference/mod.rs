@@ -210,8 +210,8 @@ impl ReferenceModel {
         logits
     }
 
-    /// log p(target | ids[0..=row]) for each (row, target), computing the LM head only at those rows.
-    /// The caller has checked `ids` as for `hidden_states`.
+    /// log p(target | ids[0..=row]) for each (row, target), computing the LM head only at those
+    /// rows. The caller has checked `ids` as for `hidden_states`.
     ///
     /// # Panics
     /// On an id or a target past `vocab_size`, or a row past the end of `ids`.
@@ -283,8 +283,8 @@ fn gelu_new(x: &Mat) -> Mat {
 }
 
 /// GPT-J's rotary embedding ("rotate every two") on the first `rotary_dim` dims of each head of
-/// `x` ([n, n_head * head_dim]), at positions 0..n: the pair `(x[2i], x[2i+1])` is rotated by the angle
-/// pos * 10000^(-2i / rotary_dim).
+/// `x` ([n, n_head * head_dim]), at positions 0..n: the pair `(x[2i], x[2i+1])` is rotated by the
+/// angle pos * 10000^(-2i / rotary_dim).
 pub fn apply_rotary(x: &mut Mat, n_head: usize, head_dim: usize, rotary_dim: usize) {
     for pos in 0..x.rows {
         let row = x.row_mut(pos);

@@ -1,5 +1,6 @@
-//! A small deterministic generator (SplitMix64) for random weights, workloads and sampling. Hand-rolled
-//! so that a seed means the same numbers forever, whatever version of a crate is resolved.
+//! A small deterministic generator (SplitMix64) for random weights, workloads and sampling.
+//! Hand-rolled so that a seed means the same numbers forever, whatever version of a crate is
+//! resolved.
 
 /// SplitMix64's increment (2^64 / the golden ratio).
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;

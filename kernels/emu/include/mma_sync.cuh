@@ -1,8 +1,8 @@
 // Host stand-in for kernels/mma_sync.cuh (kernels/emu): the same functions, with mma.sync and
-// ldmatrix done by the warp together. Every lane offers its fragment registers (toolsift_emu::warp_gather, a
-// warp barrier like the device's .sync), then computes its own four elements of D from the
-// whole warp's A and B, read through the PTX fragment layouts documented in the device header,
-// summing the products in f32 along k.
+// ldmatrix done by the warp together. Every lane offers its fragment registers
+// (toolsift_emu::warp_gather, a warp barrier like the device's .sync), then computes its own four
+// elements of D from the whole warp's A and B, read through the PTX fragment layouts documented in
+// the device header, summing the products in f32 along k.
 #pragma once
 
 #include <stdint.h>
