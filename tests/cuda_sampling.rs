@@ -529,6 +529,105 @@ fn a_decode_sessions_cache_counts_against_the_budget() {
     assert_eq!(cuda.max_chunk_tokens(), whole);
 }
 
+/// The cache's sizes, as `session_kv_bytes` sees them: at least 256 rows at first, exactly the
+/// rows it holds when they fill it (no growth), then doubling, capped at what the sequences can
+/// ever hold (3 x n_positions = 480 rows). A cache grown row by row would copy itself every step.
+#[test]
+fn a_session_cache_starts_at_256_rows_and_doubles_only_when_full() {
+    if gpu().is_none() {
+        return;
+    }
+    let dtype = CudaDType::BF16;
+    let m = model(1, 2, 8, 31, dtype, 12);
+    let cuda = engine(&m, dtype, 16);
+    let kv = cuda.kv_bytes_per_token();
+    let mut rng = Rng::new(12);
+    let mut session = cuda.session();
+    let ids: Vec<usize> = (0..3).map(|_| session.new_sequence()).collect();
+    let mut extend = |lens: [usize; 3]| {
+        let toks: Vec<Vec<u32>> = lens.iter().map(|&n| random_ids(&mut rng, n, 31)).collect();
+        session.extend(&ids, &toks).unwrap();
+        cuda.session_kv_bytes() / kv
+    };
+    assert_eq!(extend([10, 10, 10]), 256, "30 rows");
+    assert_eq!(extend([76, 75, 75]), 256, "256 rows: full, not grown");
+    assert_eq!(extend([1, 1, 1]), 480, "259 rows: doubled, capped at 480");
+}
+
+/// A size announced with `reserve` is allocated exactly, including when the call that reaches
+/// it needs just that many rows, and when it is announced after the cache exists (counted from
+/// the rows already held); a size past what the sequences can hold is capped there.
+#[test]
+fn a_session_told_its_size_holds_exactly_that_many_rows() {
+    if gpu().is_none() {
+        return;
+    }
+    let dtype = CudaDType::BF16;
+    let m = model(1, 2, 8, 31, dtype, 13);
+    let cuda = engine(&m, dtype, 16);
+    let kv = cuda.kv_bytes_per_token();
+    let mut rng = Rng::new(13);
+    let mut toks =
+        |n: usize| -> Vec<Vec<u32>> { (0..3).map(|_| random_ids(&mut rng, n, 31)).collect() };
+    let mut session = cuda.session();
+    let ids: Vec<usize> = (0..3).map(|_| session.new_sequence()).collect();
+    session.reserve(30);
+    session.extend(&ids, &toks(10)).unwrap();
+    assert_eq!(cuda.session_kv_bytes(), 30 * kv, "told 30 rows, given 30");
+    session.reserve(12);
+    session.extend(&ids, &toks(4)).unwrap();
+    assert_eq!(cuda.session_kv_bytes(), 42 * kv, "told 12 more, holding 30");
+    session.extend(&ids, &toks(1)).unwrap();
+    assert_eq!(
+        cuda.session_kv_bytes(),
+        84 * kv,
+        "past the size told: doubling"
+    );
+    drop(session);
+    // 3 sequences of n_positions 160 never hold more than 480 rows.
+    let mut session = cuda.session();
+    let ids: Vec<usize> = (0..3).map(|_| session.new_sequence()).collect();
+    session.reserve(5000);
+    session.extend(&ids, &toks(10)).unwrap();
+    assert_eq!(cuda.session_kv_bytes(), 480 * kv, "told 5000 rows");
+}
+
+/// A sequence added once the session's cache exists decodes as in a session of its own, and
+/// the sequences before it are unchanged: its log-probs against the oracle's full forward.
+#[test]
+fn a_sequence_added_after_the_first_extend_matches_the_oracle() {
+    if gpu().is_none() {
+        return;
+    }
+    let dtype = CudaDType::BF16;
+    let m = model(1, 2, 8, 31, dtype, 14);
+    let oracle = ReferenceModel::new(m.config(), m.weights());
+    let cuda = engine(&m, dtype, 16);
+    let mut rng = Rng::new(14);
+    let mut session = cuda.session();
+    let a = session.new_sequence();
+    let mut seqs = vec![random_ids(&mut rng, 6, 31)];
+    session.extend(&[a], &seqs).unwrap();
+    let b = session.new_sequence();
+    assert_eq!((b, session.len(b)), (1, 0));
+    let toks = vec![random_ids(&mut rng, 2, 31), random_ids(&mut rng, 5, 31)];
+    seqs[0].extend(&toks[0]);
+    seqs.push(toks[1].clone());
+    let lp = session.extend(&[a, b], &toks).unwrap();
+    assert_eq!((session.len(a), session.len(b)), (8, 5));
+    for (k, seq) in seqs.iter().enumerate() {
+        let (want, gain) = oracle_log_probs(&oracle, seq);
+        let last = seq.len() - 1;
+        for (v, &w) in want.row(last).iter().enumerate() {
+            let g = lp[k][v] as f64;
+            assert!(
+                (g - w).abs() <= tol(dtype, w, gain[last]),
+                "sequence {k} token {v}: cuda {g} vs oracle {w}"
+            );
+        }
+    }
+}
+
 /// Compares greedy samples `got` (CUDA) with `want` (CPU engine) of `requests` token by token,
 /// up to the first step whose top-2 margin (by the oracle) is within twice the tolerance; returns
 /// the number of tokens compared.

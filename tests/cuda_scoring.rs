@@ -274,6 +274,158 @@ fn concurrent_calls_on_one_scorer_equal_sequential_ones() {
     );
 }
 
+/// `last_stats` after a batch the budget splits: the unique tokens, head rows and chunks of every
+/// plan chunk of the call added up (not the last chunk's alone), as `plan_chunks` cuts it.
+#[test]
+fn last_stats_add_up_every_chunk_of_a_call() {
+    if gpu().is_none() {
+        return;
+    }
+    let mut config = GptjConfig::small(1, 16, 2, 4, 61);
+    config.n_positions = 128;
+    let p = Problem {
+        config,
+        dtype: CudaDType::BF16,
+        seed: 5,
+        n_texts: 2,
+        max_text: 30,
+        placement: Placement::Inline,
+        budget_tokens: Some(24),
+        head_chunk_rows: 1024,
+    };
+    let scorer = scorer_for(&p);
+    let options = ScoreOptions {
+        placement: p.placement,
+        weights: LossWeights::default(),
+    };
+    let cands = candidates(&p, &mut Rng::new(p.seed));
+    let (mut tokens, mut rows, mut chunks) = (0, 0, 0);
+    for (_, plan) in scorer.plan_chunks(&cands, &options) {
+        (tokens, rows, chunks) = (
+            tokens + plan.n_tokens(),
+            rows + plan.head_rows.len(),
+            chunks + 1,
+        );
+    }
+    assert!(chunks > 1, "the budget splits the batch");
+    scorer.variant_losses(&cands, &options).unwrap();
+    let s = scorer.last_stats();
+    assert_eq!(
+        (s.unique_tokens, s.head_rows, s.chunks),
+        (tokens, rows, chunks)
+    );
+    assert!(s.total_secs > 0.0, "{s:?}");
+}
+
+/// `weights_bytes` counts every tensor as uploaded: matrices in the 16-bit storage type with
+/// rows padded to 8 elements, LayerNorms and biases in f32.
+#[test]
+fn weights_bytes_count_the_uploaded_tensors() {
+    use toolsift::cuda::stride;
+    if gpu().is_none() {
+        return;
+    }
+    let mut config = GptjConfig::small(2, 12, 2, 4, 37);
+    config.n_inner = Some(21);
+    let model = Model::from_parts(
+        config.clone(),
+        GptjWeights::random(&config, 4, DType::F32),
+        None,
+    )
+    .unwrap();
+    let (d, f, v) = (12, 21, 37);
+    let (ds, fs) = (stride(d), stride(f));
+    // Per layer: ln_1, qkv, out_proj, fc_in (+ bias), fc_out (+ bias); then wte, ln_f, lm_head
+    // (+ bias).
+    let layer = 2 * 4 * d + 2 * (3 * d * ds + d * ds + f * ds + d * fs) + 4 * (f + d);
+    let want = 2 * layer + 2 * v * ds + 2 * 4 * d + 2 * v * ds + 4 * v;
+    for dtype in [CudaDType::BF16, CudaDType::F16] {
+        let opts = CudaOptions {
+            dtype: Some(dtype),
+            ..CudaOptions::default()
+        };
+        let scorer = CudaScorer::new(&model, &opts).unwrap();
+        assert_eq!(scorer.weights_bytes(), want, "{dtype:?}");
+    }
+}
+
+/// `execute` takes any plan, not only the checked candidates' of `score`: a token or target
+/// outside the vocabulary, or a position past n_positions, is an error naming it, before any
+/// kernel reads past a table. A valid plan runs.
+#[test]
+fn execute_refuses_a_plan_outside_the_vocabulary_or_the_positions() {
+    use toolsift::plan::Plan;
+    if gpu().is_none() {
+        return;
+    }
+    let mut config = GptjConfig::small(1, 16, 2, 4, 61);
+    config.n_positions = 32;
+    let p = Problem {
+        config,
+        dtype: CudaDType::BF16,
+        seed: 2,
+        n_texts: 1,
+        max_text: 12,
+        placement: Placement::Prefix,
+        budget_tokens: None,
+        head_chunk_rows: 1024,
+    };
+    let scorer = scorer_for(&p);
+    let cands = candidates(&p, &mut Rng::new(p.seed));
+    let plan = Plan::build(&cands, &ScoreOptions::default());
+    assert_eq!(scorer.execute(&plan).unwrap().len(), plan.targets.len());
+    let mut bad = plan.clone();
+    bad.tokens[0] = 61;
+    let mut bad_target = plan.clone();
+    bad_target.targets[0].token = 61;
+    let mut bad_position = plan.clone();
+    *bad_position.positions.last_mut().unwrap() = 32;
+    for (plan, what) in [
+        (bad, "a plan token is outside the vocabulary"),
+        (bad_target, "a target token is outside the vocabulary"),
+        (bad_position, "a plan position is beyond n_positions"),
+    ] {
+        let err = scorer.execute(&plan).unwrap_err().to_string();
+        assert!(err.contains(what), "{err}");
+    }
+}
+
+/// `CudaOptions::mma_attention` reaches the multi-query launches: the mma kernels take head_dim
+/// <= 256, so a scorer asked for them at head_dim 264 fails with the kernel's own error, where
+/// the WMMA kernel (the option off) scores. (Both kernels give the same losses, so a scorer that
+/// ignored the option would pass `cuda_matches_reference`'s mma cases on the WMMA kernel.)
+#[test]
+fn the_mma_attention_option_selects_the_mma_kernels() {
+    if gpu().is_none() {
+        return;
+    }
+    let mut config = GptjConfig::small(1, 264, 1, 4, 29);
+    config.n_positions = 64;
+    let model = Model::from_parts(
+        config.clone(),
+        GptjWeights::random(&config, 6, DType::BF16),
+        None,
+    )
+    .unwrap();
+    let cands = common::random_candidates(&mut Rng::new(6), 29, 1, 12);
+    let options = ScoreOptions::default();
+    for mma in [false, true] {
+        let opts = CudaOptions {
+            dtype: Some(CudaDType::BF16),
+            mma_attention: mma,
+            ..CudaOptions::default()
+        };
+        let got = CudaScorer::new(&model, &opts)
+            .unwrap()
+            .variant_losses(&cands, &options);
+        match (mma, got) {
+            (false, got) => assert_eq!(got.unwrap().len(), cands.len()),
+            (true, Err(e)) => assert!(e.to_string().contains("head_dim <= 256"), "{e}"),
+            (true, Ok(_)) => panic!("mma attention ran at head_dim 264"),
+        }
+    }
+}
+
 /// Every entry point waits while another call holds the device: `propose` holds it while its
 /// `choose` runs, and scoring, sampling, log-probs and a decode step started from other threads
 /// inside `choose` do not finish before it returns; the same call from `choose`'s own thread is
@@ -454,6 +606,39 @@ fn out_of_memory_child() {
         Err(other) => panic!("not OutOfMemory: {other:?}"),
         Ok(_) => panic!("1 MiB held the scorer"),
     }
+}
+
+/// With no budget given, a chunk may use 90% of what is free once the weights are up, less the
+/// LM head's scratch (its [rows, vocab] logits and their log-softmax twin) and 1 GiB held back:
+/// on an emulated device of 2 GiB, in a process of its own (`default_budget_child`), where no
+/// other test allocates. Skipped on a GPU.
+#[test]
+fn the_default_budget_leaves_the_head_scratch_and_a_reserve_free() {
+    cuda_common::run_child_on_a_small_device("default_budget_child", 2 << 30);
+}
+
+#[test]
+#[ignore = "the child of the_default_budget_leaves_the_head_scratch_and_a_reserve_free"]
+fn default_budget_child() {
+    use toolsift::cuda::stride;
+    assert!(
+        std::env::var_os("TOOLSIFT_EMU_DEVICE_BYTES").is_some(),
+        "run by its parent test, with a small emulated device"
+    );
+    let Some(_) = gpu() else { return };
+    let config = GptjConfig::small(1, 64, 2, 4, 53);
+    let m = Model::from_parts(
+        config.clone(),
+        GptjWeights::random(&config, 5, DType::BF16),
+        None,
+    )
+    .unwrap();
+    let scorer = CudaScorer::new(&m, &CudaOptions::default()).unwrap();
+    let (free, _) = scorer.gpu().mem_info().unwrap();
+    let head = 1024 * (2 * stride(64) + 2 * 4 * stride(53));
+    let budget = (free - head - (1 << 30)) / 10 * 9;
+    // Well under the operand cap, so the budget alone sets the chunk.
+    assert_eq!(scorer.max_chunk_tokens(), budget / scorer.bytes_per_token());
 }
 
 #[test]
