@@ -844,8 +844,9 @@ fn bad_requests_are_the_cpu_engines_errors() {
 
 /// `propose` on the device: one forward over the sequence (several attention tiles, head chunks
 /// smaller than it), then branches forked off that cache (the tree grows once to fit them) and
-/// decoded, all at once or in groups under a small budget. Its log-probs are the oracle's, its greedy samples the CPU engine's `propose`'s where
-/// the margin allows, its seeded samples deterministic, and its errors the CPU engine's.
+/// decoded, all at once or in groups under a small budget. Its log-probs are the oracle's, its
+/// greedy samples the CPU engine's `propose`'s where the margin allows, its seeded samples
+/// deterministic, and its errors the CPU engine's.
 #[test]
 fn propose_matches_the_cpu_engine() {
     if gpu().is_none() {

@@ -664,8 +664,9 @@ fn cuda_unavailable_is_a_clear_error() {
 /// TOOLSIFT_BENCH_MODEL (a GPT-J folder), TOOLSIFT_BENCH_INPUT (token-level JSONL lines with
 /// text_ids, position, call_ids, call_result_ids), TOOLSIFT_BENCH_OUTPUT (JSON written there),
 /// TOOLSIFT_BENCH_REPS (default 5), TOOLSIFT_BENCH_PLACEMENT (prefix|inline).
-/// Times `variant_losses_unchecked` after one warm-up through the checked `variant_losses` (device synchronised inside: the scorer reads the
-/// log-probs back), median of the reps, and writes the losses for the agreement check.
+/// Times `variant_losses_unchecked` after one warm-up through the checked `variant_losses` (device
+/// synchronised inside: the scorer reads the log-probs back), median of the reps, and writes the
+/// losses for the agreement check.
 #[test]
 #[ignore]
 fn cuda_bench() {

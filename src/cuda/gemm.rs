@@ -8,10 +8,10 @@
 //! ```
 //!
 //! cuBLASLt is column-major, so this is issued as out^T = w a^T: "TN" with M = n, N = m, K = k,
-//! A = w (stored k x n, ld ldw, transposed), B = a (stored k x m, ld lda), C = D = out (n x m, ld ldo).
-//! beta = 1 accumulates into `out`, which is how the residual add is fused into out_proj and fc_out.
-//! The heuristic is asked once per (shape, strides, types, beta, pointer alignments) and the chosen
-//! algorithm, descriptors and layouts are kept.
+//! A = w (stored k x n, ld ldw, transposed), B = a (stored k x m, ld lda), C = D = out (n x m, ld
+//! ldo). beta = 1 accumulates into `out`, which is how the residual add is fused into out_proj and
+//! fc_out. The heuristic is asked once per (shape, strides, types, beta, pointer alignments) and
+//! the chosen algorithm, descriptors and layouts are kept.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -262,8 +262,8 @@ impl Blas {
         // off) and its atomics make results depend on timing.
         let reduction =
             sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
-        // SAFETY: u64 for MAX_WORKSPACE_BYTES, u32 for the alignments and the reduction mask, as documented; the
-        // preference is destroyed below on every path.
+        // SAFETY: u64 for MAX_WORKSPACE_BYTES, u32 for the alignments and the reduction mask, as
+        // documented; the preference is destroyed below on every path.
         let heuristic = unsafe {
             let set =
                 |attr, v: *const c_void, size| lt::set_matmul_pref_attribute(pref, attr, v, size);
