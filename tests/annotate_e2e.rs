@@ -262,6 +262,27 @@ fn heuristics_and_too_long_texts_are_counted() {
     dated.url = Some("https://example.com/2021/03/04/news".into());
     let (_, s) = a.annotate_document(&dated).unwrap();
     assert_eq!(s.tools["calendar"].texts_considered, 1);
+    assert_eq!(
+        s.tools["calendar"].texts_truncated, 0,
+        "the whole text fits"
+    );
+    // A text of one token has no position: neither considered nor too long.
+    let word = Document {
+        text: "x".into(),
+        ..dated.clone()
+    };
+    let tok = parts.model.tokenizer().unwrap();
+    assert_eq!(tok.encode_ids(&word.text).unwrap().len(), 1);
+    let (_, s) = a.annotate_document(&word).unwrap();
+    let st = s.tools["calendar"];
+    assert_eq!(
+        (
+            st.texts_skipped_heuristic,
+            st.texts_considered,
+            st.texts_too_long
+        ),
+        (0, 0, 0)
+    );
     // A text longer than the context is annotated on its beginning.
     let long = "1 2 3 ".repeat(200);
     let (_, s) = a.annotate_document(&doc(3, &long)).unwrap();
@@ -664,6 +685,200 @@ fn inputs_a_tool_cannot_take_whole_and_answers_that_clean_to_nothing_are_not_spl
         .iter()
         .all(|c| c.result.is_none() && c.error.as_deref().is_some_and(|e| e.contains("empty"))));
     assert_eq!(r.annotated_text, text);
+}
+
+/// A sampler with one likely position (`peak`: p("[") + p(" [") = 0.6) and a runner-up whose
+/// one opener is likelier (`decoy`: 0.5 + 0.0001); it records the sequence it was asked to score
+/// and each request's prefix, and writes every sample as `call`.
+struct Peaked {
+    x_len: usize,
+    peak: usize,
+    decoy: usize,
+    call: Vec<u32>,
+    seen: std::sync::Mutex<(Vec<u32>, Vec<Vec<u32>>)>,
+}
+
+impl Sampler for Peaked {
+    fn token_log_probs(&self, ids: &[u32], t: &[u32]) -> toolsift::Result<Vec<Vec<f32>>> {
+        self.seen.lock().unwrap().0 = ids.to_vec();
+        // The row predicting x_i is |P(x)| + i - 1, and ids = P(x) ++ x.
+        let row = |i: usize| ids.len() - self.x_len + i - 1;
+        Ok((0..ids.len())
+            .map(|r| {
+                let p = match r {
+                    _ if r == row(self.peak) => [0.3f32, 0.3],
+                    _ if r == row(self.decoy) => [0.5, 1e-4],
+                    _ => [1e-6, 1e-6],
+                };
+                p[..t.len()].iter().map(|p| p.ln()).collect()
+            })
+            .collect())
+    }
+
+    fn sample(
+        &self,
+        requests: &[SampleRequest],
+        _: &SampleOptions,
+    ) -> toolsift::Result<Vec<Vec<Sample>>> {
+        let mut seen = self.seen.lock().unwrap();
+        seen.1.extend(requests.iter().map(|r| r.prefix.clone()));
+        let sample = Sample {
+            tokens: self.call.clone(),
+            stopped: true,
+        };
+        Ok(requests
+            .iter()
+            .map(|r| vec![sample.clone(); r.n_samples])
+            .collect())
+    }
+}
+
+/// The position is the one whose row, the one before x_i, sums the most over "[" and " [";
+/// P(x) holds the text; the call is sampled after x_1..x_{i-1} and the opener x_i's space asks
+/// for, and spliced where x_i starts.
+#[test]
+fn calls_are_sampled_at_the_likeliest_position_after_its_prefix() {
+    let mut config = test_config();
+    config.per_tool.calculator.k = 1;
+    config.per_tool.calculator.m = 1;
+    let parts = Parts::new(&config);
+    let tok = parts.model.tokenizer().unwrap();
+    let text = "Out of 1400 people, 400 (or 29%) said yes.";
+    let x = tok.encode_ids(text).unwrap();
+    for (peak, decoy) in [(4, 2), (2, 4)] {
+        let sampler = Peaked {
+            x_len: x.len(),
+            peak,
+            decoy,
+            call: tok.encode_ids("Calculator(12 * 3)]").unwrap(),
+            seen: Default::default(),
+        };
+        let a = Annotator::new(
+            tok,
+            &sampler,
+            &parts.scorer,
+            &parts.registry,
+            &config,
+            &[ToolKind::Calculator],
+        )
+        .unwrap();
+        let (r, s) = a.annotate_document(&doc(1, text)).unwrap();
+        assert_eq!(s.tools["calculator"].positions, 1);
+        let (ids, prefixes) = sampler.seen.into_inner().unwrap();
+        let (before, after) = config.per_tool.calculator.prompt.split_once("{x}").unwrap();
+        let (before, after) = (
+            tok.encode_ids(before).unwrap(),
+            tok.encode_ids(after).unwrap(),
+        );
+        assert_eq!(ids, [&before[..], &x, &after, &x].concat(), "P(x) ++ x");
+        let at = r.calls[0].position;
+        assert_eq!(
+            tok.decode(&x[..peak]).unwrap(),
+            text[..at],
+            "x_{peak} starts there"
+        );
+        let open = if text[at..].starts_with(' ') {
+            " ["
+        } else {
+            "["
+        };
+        let open = tok.encode_ids(open).unwrap();
+        let p = ids.len() - x.len();
+        assert_eq!(prefixes, vec![[&ids[..p + peak], &open[..]].concat()]);
+    }
+}
+
+/// A sampler whose request r's sample s is `calls[s % len]`, with flat log-probs.
+struct Cycling(Vec<Vec<u32>>);
+
+impl Sampler for Cycling {
+    fn token_log_probs(&self, ids: &[u32], t: &[u32]) -> toolsift::Result<Vec<Vec<f32>>> {
+        Ok(ids.iter().map(|_| vec![-0.5; t.len()]).collect())
+    }
+
+    fn sample(
+        &self,
+        requests: &[SampleRequest],
+        _: &SampleOptions,
+    ) -> toolsift::Result<Vec<Vec<Sample>>> {
+        Ok(requests
+            .iter()
+            .map(|r| {
+                (0..r.n_samples)
+                    .map(|s| Sample {
+                        tokens: self.0[s % self.0.len()].clone(),
+                        stopped: true,
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+/// Two tools' calls at the same positions: C* lists them by position (not tool by tool), and
+/// splices those at one position best delta first. A name is matched exactly ("calculator" is
+/// no Calculator).
+#[test]
+fn calls_of_two_tools_are_listed_by_position_and_spliced_best_first() {
+    let mut config = test_config();
+    config.per_tool.calendar.tau_f = -1e9;
+    config.per_tool.calculator.m = 3;
+    config.per_tool.calendar.m = 3;
+    let parts = Parts::new(&config);
+    let tok = parts.model.tokenizer().unwrap();
+    let sampler = Cycling(
+        ["Calculator(12 * 3)]", "Calendar()]", "calculator(1 + 1)]"]
+            .iter()
+            .map(|c| tok.encode_ids(c).unwrap())
+            .collect(),
+    );
+    let tools = [ToolKind::Calculator, ToolKind::Calendar];
+    let a = Annotator::new(
+        tok,
+        &sampler,
+        &parts.scorer,
+        &parts.registry,
+        &config,
+        &tools,
+    )
+    .unwrap();
+    let text = "Out of 1400 people, 400 (or 29%) said yes.";
+    let (r, s) = a.annotate_document(&doc(1, text)).unwrap();
+    for key in ["calculator", "calendar"] {
+        let st = s.tools[key];
+        assert_eq!(
+            (st.positions, st.calls_unknown_tool),
+            (2, 4),
+            "{key}: {st:?}"
+        );
+        assert_eq!(st.calls_kept, 2, "{key}: {st:?}");
+    }
+    assert!(
+        r.calls.windows(2).all(|w| w[0].position <= w[1].position),
+        "{:?}",
+        r.calls
+    );
+    // At each position, the better call first.
+    let mut kept: Vec<_> = r.calls.iter().collect();
+    kept.sort_by(|a, b| {
+        (a.position.cmp(&b.position)).then(b.delta.unwrap().total_cmp(&a.delta.unwrap()))
+    });
+    assert!(kept.windows(2).any(|w| w[0].position == w[1].position
+        && w[0].delta != w[1].delta
+        && w[0].tool != w[1].tool));
+    let calls: Vec<(usize, String)> = kept
+        .iter()
+        .map(|c| {
+            let call = format!(
+                "[{}({}) -> {}]",
+                c.tool,
+                c.input,
+                c.result.as_ref().unwrap()
+            );
+            (c.position, call)
+        })
+        .collect();
+    assert_eq!(r.annotated_text, toolsift::score::splice(text, &calls));
 }
 
 fn write_corpus(path: &Path, n: usize) {

@@ -173,6 +173,8 @@ mod tests {
         let at = text.find(" The").unwrap();
         assert!(input_only_ahead(text, at, "The dog sleeps"));
         assert!(input_only_ahead(text, at, " the dog "), "trimmed");
+        // Whitespace the text lacks there: found only once trimmed.
+        assert!(input_only_ahead(text, at, "The dog sleeps  "), "trimmed");
         // Seen before the call too, or not in the text at all: a real translation.
         assert!(!input_only_ahead(text, at, "Le chien"));
         assert!(
@@ -199,6 +201,11 @@ mod tests {
             ("Calculator".into(), "400 / 1400".into())
         );
         assert_eq!(ok(" Calendar()] and more"), ("Calendar".into(), "".into()));
+        // Whitespace between the name and "(" is skipped (docs/annotate.md, step 5).
+        assert_eq!(
+            ok("Calculator (1 + 2)]"),
+            ("Calculator".into(), "1 + 2".into())
+        );
         assert_eq!(
             ok("QA(What is (a)?) -> x]"),
             ("QA".into(), "What is (a)?".into())
@@ -291,6 +298,8 @@ mod tests {
             .unwrap()
             .contains("line break"));
         assert!(input_problem("a\rb", &eos).unwrap().contains("line break"));
+        // An empty special token is in every text: it must refuse nothing.
+        assert_eq!(input_problem("Who rules?", &[String::new()]), None);
         assert!(input_problem("Who<|endoftext|>rules", &eos)
             .unwrap()
             .contains("<|endoftext|>"));

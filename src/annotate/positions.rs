@@ -79,5 +79,49 @@ mod tests {
         );
         // p_i > tau_s, strictly (the paper's rule): a position at the threshold is not taken.
         assert!(select(&[0.0, 0.3, 0.2], |_| true, 0.3, 5).is_empty());
+        // The most probable first is not text order: the later, likelier position comes second.
+        assert_eq!(
+            select(&[0.0, 0.2, 0.9], |_| true, 0.1, 2),
+            vec![(1, 0.2), (2, 0.9)]
+        );
+    }
+
+    #[test]
+    fn p_i_sums_both_openers_on_the_row_before_x_i() {
+        // Rows of P(x) ++ x with |P(x)| = 2: row 2 + i - 1 predicts x_i.
+        let ln = |p: f64| p.ln() as f32;
+        let rows = vec![
+            vec![ln(0.9), ln(0.9)],
+            vec![ln(0.1), ln(0.2)],
+            vec![ln(0.3), ln(0.3)],
+            vec![ln(0.5), ln(0.01)],
+        ];
+        let p = call_probabilities(&rows, 2, 4);
+        let want = [0.0, 0.6, 0.51];
+        assert_eq!(p.len(), 4);
+        for (got, want) in p.iter().zip(want) {
+            assert!((got - want).abs() < 1e-6, "{p:?}");
+        }
+        // No row for x_3 (log-probs cut short): no call there.
+        assert_eq!(p[3], 0.0);
+    }
+
+    #[test]
+    fn a_call_goes_at_the_previous_tokens_end_where_that_is_x_is_start() {
+        // Trimmed offsets: " def" reported as 4..7, its space outside; the call goes at 3.
+        let enc = Encoding {
+            ids: vec![0, 1],
+            spans: vec![(0, 3), (4, 7)],
+        };
+        assert_eq!(splice_byte("abc def", &enc, 1), Some(3));
+        assert_eq!(splice_byte("abc def", &enc, 0), None);
+        assert_eq!(splice_byte("abc def", &enc, 2), None, "past the last token");
+        // "é" (2 bytes) split across two tokens: the byte between them is no place for a call.
+        let split = Encoding {
+            ids: vec![0, 1, 2],
+            spans: vec![(0, 1), (1, 2), (2, 3)],
+        };
+        assert_eq!(splice_byte("éa", &split, 1), None);
+        assert_eq!(splice_byte("éa", &split, 2), Some(2));
     }
 }

@@ -181,6 +181,10 @@ mod tests {
         }
         assert_eq!(shards.iter().map(|s| s.lines_of(10)).sum::<u64>(), 10);
         assert_eq!(Shard::new(2, 3).unwrap().lines_of(1), 0);
+        // Line L is shard (L - 1) % COUNT's: line 1 is shard 0's, and there is no line 0.
+        let first = Shard::new(0, 3).unwrap();
+        assert!(first.owns(1) && first.owns(4) && !first.owns(3));
+        assert!(shards.iter().all(|s| !s.owns(0)));
         assert!("3/3".parse::<Shard>().is_err());
         let err = "1/18446744073709551616"
             .parse::<Shard>()
@@ -192,6 +196,10 @@ mod tests {
         );
         assert_eq!(
             "1/4".parse::<Shard>().unwrap(),
+            Shard { index: 1, count: 4 }
+        );
+        assert_eq!(
+            " 1 / 4 ".parse::<Shard>().unwrap(),
             Shard { index: 1, count: 4 }
         );
         assert_eq!(
@@ -236,6 +244,27 @@ mod tests {
         let k8s = Shard::resolve(None, Some(4), env(&[("JOB_COMPLETION_INDEX", "2")])).unwrap();
         assert_eq!(k8s, Shard { index: 2, count: 4 });
         assert!(Shard::resolve(None, None, env(&[("JOB_COMPLETION_INDEX", "2")])).is_err());
+        // Set but empty is unset; --shards 1 alone is the whole corpus.
+        let empty = Shard::resolve(None, Some(1), env(&[("JOB_COMPLETION_INDEX", " ")]));
+        assert_eq!(empty.unwrap(), Shard::default());
+        // Kubernetes' index comes before Slurm's.
+        let both = Shard::resolve(
+            None,
+            Some(4),
+            env(&[("JOB_COMPLETION_INDEX", "1"), ("SLURM_ARRAY_TASK_ID", "3")]),
+        );
+        assert_eq!(both.unwrap(), Shard { index: 1, count: 4 });
+        // Slurm without MIN starts at 0; a STEP of 0 is a step of 1.
+        let plain = Shard::resolve(
+            None,
+            None,
+            env(&[
+                ("SLURM_ARRAY_TASK_ID", "3"),
+                ("SLURM_ARRAY_TASK_COUNT", "8"),
+                ("SLURM_ARRAY_TASK_STEP", "0"),
+            ]),
+        );
+        assert_eq!(plain.unwrap(), Shard { index: 3, count: 8 });
         // A stepped Slurm array (--array=1-15:2): tasks 1, 3, ..., 15 are shards 0 to 7.
         let stepped = |id: &'static str| {
             Shard::resolve(
