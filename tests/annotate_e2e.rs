@@ -405,10 +405,11 @@ fn calls_whose_losses_are_not_finite_are_unscorable() {
     assert_ne!(record.annotated_text, reference.annotated_text);
 }
 
-/// A sampler whose every sample is the same call (its tokens), with flat log-probs.
-struct OneCall(Vec<u32>);
+/// A sampler whose sample s of every request is `calls[s % len]` (`one_call`: always the same
+/// call), with flat log-probs.
+struct Cycling(Vec<Vec<u32>>);
 
-impl Sampler for OneCall {
+impl Sampler for Cycling {
     fn token_log_probs(&self, ids: &[u32], t: &[u32]) -> toolsift::Result<Vec<Vec<f32>>> {
         Ok(ids.iter().map(|_| vec![-0.5; t.len()]).collect())
     }
@@ -418,15 +419,23 @@ impl Sampler for OneCall {
         requests: &[SampleRequest],
         _: &SampleOptions,
     ) -> toolsift::Result<Vec<Vec<Sample>>> {
-        let sample = Sample {
-            tokens: self.0.clone(),
-            stopped: true,
-        };
         Ok(requests
             .iter()
-            .map(|r| vec![sample.clone(); r.n_samples])
+            .map(|r| {
+                (0..r.n_samples)
+                    .map(|s| Sample {
+                        tokens: self.0[s % self.0.len()].clone(),
+                        stopped: true,
+                    })
+                    .collect()
+            })
             .collect())
     }
+}
+
+/// A `Cycling` sampler whose every sample is `call` (its tokens).
+fn one_call(call: Vec<u32>) -> Cycling {
+    Cycling(vec![call])
 }
 
 /// A sample holding a token the tokenizer has no text for (a model row past tokenizer.json's
@@ -445,7 +454,7 @@ fn a_sample_with_a_token_the_tokenizer_cannot_write_is_malformed() {
     let registry = ToolRegistry::from_config(&config.tools).unwrap();
     let text = "Out of 1400 people, 400 (or 29%) said yes.";
     let run = |tokens: Vec<u32>| {
-        let sampler = OneCall(tokens);
+        let sampler = one_call(tokens);
         let a = Annotator::new(
             tok,
             &sampler,
@@ -473,7 +482,7 @@ fn a_sample_with_a_token_the_tokenizer_cannot_write_is_malformed() {
 fn a_failing_external_tool_fails_its_calls_not_the_run() {
     let model = model();
     let tok = model.tokenizer().unwrap();
-    let sampler = OneCall(tok.encode_ids("QA(Who?)]").unwrap());
+    let sampler = one_call(tok.encode_ids("QA(Who?)]").unwrap());
     let scorer = CpuScorer::new(&model);
     let mut config = test_config();
     config.tools.qa = Some(toolsift::annotate::tools::ExternalToolConfig {
@@ -509,7 +518,7 @@ fn a_failing_external_tool_fails_its_calls_not_the_run() {
 fn a_custom_tool_runs_like_a_built_in() {
     let model = model();
     let tok = model.tokenizer().unwrap();
-    let sampler = OneCall(tok.encode_ids("Echo(Nairobi)]").unwrap());
+    let sampler = one_call(tok.encode_ids("Echo(Nairobi)]").unwrap());
     let scorer = CpuScorer::new(&model);
     let config = AnnotateConfig::from_toml(
         r#"max_call_tokens = 8
@@ -590,7 +599,7 @@ command = ["cat"]
 #[test]
 fn lookahead_inputs_are_dropped_when_asked() {
     let model = model();
-    let sampler = OneCall(
+    let sampler = one_call(
         model
             .tokenizer()
             .unwrap()
@@ -662,7 +671,7 @@ fn inputs_a_tool_cannot_take_whole_and_answers_that_clean_to_nothing_are_not_spl
             ..Default::default()
         });
         let registry = ToolRegistry::from_config(&config.tools).unwrap();
-        let sampler = OneCall(tok.encode_ids(sample).unwrap());
+        let sampler = one_call(tok.encode_ids(sample).unwrap());
         let a =
             Annotator::new(tok, &sampler, &scorer, &registry, &config, &[ToolKind::Qa]).unwrap();
         a.annotate_document(&doc(1, text)).unwrap()
@@ -785,33 +794,6 @@ fn calls_are_sampled_at_the_likeliest_position_after_its_prefix() {
         let open = tok.encode_ids(open).unwrap();
         let p = ids.len() - x.len();
         assert_eq!(prefixes, vec![[&ids[..p + peak], &open[..]].concat()]);
-    }
-}
-
-/// A sampler whose request r's sample s is `calls[s % len]`, with flat log-probs.
-struct Cycling(Vec<Vec<u32>>);
-
-impl Sampler for Cycling {
-    fn token_log_probs(&self, ids: &[u32], t: &[u32]) -> toolsift::Result<Vec<Vec<f32>>> {
-        Ok(ids.iter().map(|_| vec![-0.5; t.len()]).collect())
-    }
-
-    fn sample(
-        &self,
-        requests: &[SampleRequest],
-        _: &SampleOptions,
-    ) -> toolsift::Result<Vec<Vec<Sample>>> {
-        Ok(requests
-            .iter()
-            .map(|r| {
-                (0..r.n_samples)
-                    .map(|s| Sample {
-                        tokens: self.0[s % self.0.len()].clone(),
-                        stopped: true,
-                    })
-                    .collect()
-            })
-            .collect())
     }
 }
 
