@@ -345,14 +345,8 @@ impl<'a> Annotator<'a> {
                 tokenizer.path().display()
             )));
         }
-        // Every token whose text contains "]" ends a call ("]", "])", "]." ...): the
-        // tokenizer's own ids (an added token can sit past a gap in them).
         let known_ids = tokenizer.ids();
-        let stop_tokens: Vec<u32> = known_ids
-            .iter()
-            .copied()
-            .filter(|&id| tokenizer.decode(&[id]).is_ok_and(|s| s.contains(']')))
-            .collect();
+        let stop_tokens = closing_tokens(tokenizer, &known_ids);
         let score_options = ScoreOptions {
             placement: config.placement,
             weights: LossWeights::new(config.weights.clone())?,
@@ -736,6 +730,16 @@ fn open_token_ids(bracket: Option<u32>, space_bracket: Option<u32>) -> Vec<u32> 
     ids
 }
 
+/// The ids among `known_ids` (the tokenizer's own: an added token can sit past a gap in them)
+/// whose text contains "]": each ends a call ("]", ")]", "]." ...).
+fn closing_tokens(tokenizer: &Tokenizer, known_ids: &[u32]) -> Vec<u32> {
+    known_ids
+        .iter()
+        .copied()
+        .filter(|&id| tokenizer.decode(&[id]).is_ok_and(|s| s.contains(']')))
+        .collect()
+}
+
 fn single_token(tokenizer: &Tokenizer, s: &str) -> Result<Option<u32>> {
     let ids = tokenizer.encode_ids(s)?;
     Ok((ids.len() == 1).then(|| ids[0]))
@@ -744,6 +748,23 @@ fn single_token(tokenizer: &Tokenizer, s: &str) -> Result<Option<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every token whose text holds "]" ends a call, not only "]" itself: the demo tokenizer
+    /// has ")]" and "()]" too (the fixture's GPT-J tokenizer has "]" alone).
+    #[test]
+    fn every_token_holding_a_closing_bracket_ends_a_call() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo/tokenizer.json");
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let closing: Vec<String> = closing_tokens(&tok, &tok.ids())
+            .iter()
+            .map(|&id| tok.decode(&[id]).unwrap())
+            .collect();
+        assert_eq!(closing.len(), 3, "{closing:?}");
+        for text in ["]", ")]", "()]"] {
+            assert!(closing.iter().any(|c| c == text), "{text}: {closing:?}");
+        }
+    }
 
     #[test]
     fn open_ids_are_distinct() {
