@@ -2358,19 +2358,24 @@ fn a_text_field_that_is_the_id_keeps_the_id() {
     }
 }
 
+/// A 9-line corpus written in `dir`, annotated with the Calculator as 3 shards under sh/: their
+/// outputs.
+fn nine_lines_in_three_shards(dir: &Path) -> Vec<annotate::OutputPaths> {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let corpus = dir.join("corpus.jsonl");
+    write_corpus(&corpus, 9);
+    run_shards(&a, &RunOptions::new(&corpus, dir.join("sh/cstar.jsonl")), 3)
+}
+
 /// A merge replaces an earlier merge's rejects and summary beside its --out, never a file of
 /// another kind there: that is refused before anything is written, naming the file, as a file
 /// that is no C* at --out is.
 #[test]
 fn merge_never_replaces_a_foreign_rejects_file_or_summary() {
-    let config = test_config();
-    let parts = Parts::new(&config);
-    let a = parts.annotator(&config, &[ToolKind::Calculator]);
     let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("corpus.jsonl");
-    write_corpus(&corpus, 9);
-    let base = RunOptions::new(&corpus, dir.path().join("sh/cstar.jsonl"));
-    let cstars: Vec<PathBuf> = run_shards(&a, &base, 3)
+    let cstars: Vec<PathBuf> = nine_lines_in_three_shards(dir.path())
         .into_iter()
         .map(|paths| paths.out)
         .collect();
@@ -2421,19 +2426,10 @@ fn merge_never_replaces_a_foreign_rejects_file_or_summary() {
 /// split) are refused, each named, and nothing is written.
 #[test]
 fn merge_refuses_shard_outputs_that_do_not_add_up_to_the_corpus() {
-    let config = test_config();
-    let parts = Parts::new(&config);
-    let a = parts.annotator(&config, &[ToolKind::Calculator]);
     let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("corpus.jsonl");
     // Lines 3 and 7 are rejects: shard 0/3 holds C* lines 1, 4 and reject 7; 1/3 holds 2, 5, 8;
     // 2/3 holds reject 3 and C* lines 6, 9.
-    write_corpus(&corpus, 9);
-    let shards = run_shards(
-        &a,
-        &RunOptions::new(&corpus, dir.path().join("sh/cstar.jsonl")),
-        3,
-    );
+    let shards = nine_lines_in_three_shards(dir.path());
     let read = |p: &Path| std::fs::read_to_string(p).unwrap();
     let records = |p: &Path| -> Vec<Value> {
         read(p)

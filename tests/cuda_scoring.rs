@@ -41,6 +41,16 @@ struct Problem {
     head_chunk_rows: usize,
 }
 
+impl Problem {
+    /// The problem's placement with the paper's loss weights.
+    fn options(&self) -> ScoreOptions {
+        ScoreOptions {
+            placement: self.placement,
+            weights: LossWeights::default(),
+        }
+    }
+}
+
 fn problem() -> impl Strategy<Value = Problem> {
     (
         (
@@ -110,10 +120,7 @@ fn check(p: &Problem) -> Result<f64, TestCaseError> {
     };
     let mut rng = Rng::new(p.seed ^ 0xABCD);
     let cands = candidates(p, &mut rng);
-    let options = ScoreOptions {
-        placement: p.placement,
-        weights: LossWeights::default(),
-    };
+    let options = p.options();
     // n_positions at the longest sequence scored, or up to two past it.
     let longest = common::longest_sequence(&cands, &options);
     let mut config = p.config.clone();
@@ -236,10 +243,7 @@ fn concurrent_calls_on_one_scorer_equal_sequential_ones() {
         head_chunk_rows: 7,
     };
     let scorer = scorer_for(&p);
-    let options = ScoreOptions {
-        placement: p.placement,
-        weights: LossWeights::default(),
-    };
+    let options = p.options();
     let batches: Vec<Vec<TokenCandidate>> = (0..4u64)
         .map(|i| candidates(&p, &mut Rng::new(p.seed ^ (i + 1))))
         .collect();
@@ -294,10 +298,7 @@ fn last_stats_add_up_every_chunk_of_a_call() {
         head_chunk_rows: 1024,
     };
     let scorer = scorer_for(&p);
-    let options = ScoreOptions {
-        placement: p.placement,
-        weights: LossWeights::default(),
-    };
+    let options = p.options();
     let cands = candidates(&p, &mut Rng::new(p.seed));
     let (mut tokens, mut rows, mut chunks) = (0, 0, 0);
     for (_, plan) in scorer.plan_chunks(&cands, &options) {
