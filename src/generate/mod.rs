@@ -19,6 +19,7 @@
 
 pub mod call;
 pub mod jsonl;
+mod tools;
 
 use serde::Serialize;
 
@@ -30,6 +31,7 @@ use crate::model::Tokenizer;
 use crate::sample::{draw, sample_rng, DecodeSession, Decoder, SampleOptions};
 use crate::util::rng::Rng;
 pub use call::CallTokens;
+pub use tools::tools_from_config;
 
 /// How to generate.
 #[derive(Debug, Clone, PartialEq)]
@@ -747,130 +749,9 @@ impl Seq<'_> {
     }
 }
 
-/// The tools of a `generate` run: the `tools` table of a TOML or JSON config file (a `.json`
-/// file is read as JSON, anything else as TOML), or the defaults (Calculator and Calendar)
-/// without a file; then only the tools named in `only` (call names or annotate's keys,
-/// case-insensitive; "none" or an empty list: no tools). Naming a tool that is not configured is
-/// an error. The file is read as an annotate config (`AnnotateConfig`), so annotate's config file
-/// serves as is and a key annotate does not know (`[tool.calculator]` for `[tools.calculator]`,
-/// at any level) is an error naming it, as annotate's; the other keys' values are annotate's to
-/// check, not generate's.
-pub fn tools_from_config(
-    path: Option<&std::path::Path>,
-    only: Option<&[String]>,
-) -> Result<ToolRegistry> {
-    use crate::annotate::config::AnnotateConfig;
-    use crate::annotate::tools::ToolsConfig;
-    let config_err = |path: &std::path::Path, msg: String| Error::Config {
-        path: path.to_owned(),
-        msg,
-    };
-    let mut config = match path {
-        None => ToolsConfig::default(),
-        Some(path) => {
-            let text = crate::util::fs::read_small_text(
-                path,
-                crate::annotate::config::MAX_SETTINGS_BYTES,
-                |msg| config_err(path, msg),
-            )?;
-            let annotate: AnnotateConfig = if path.extension().is_some_and(|e| e == "json") {
-                crate::util::json::object_from_str(&text).map_err(|e| config_err(path, e))?
-            } else {
-                toml::from_str(&text).map_err(|e| config_err(path, e.to_string()))?
-            };
-            annotate.tools
-        }
-    };
-    if let Some(only) = only {
-        let mut names: Vec<&str> = only.iter().map(|s| s.trim()).collect();
-        if let [""] = names[..] {
-            // An empty or blank value: most often a shell variable that was not set.
-            return Err(Error::input(
-                "--tools: no tool named (give `--tools none` to run without tools)",
-            ));
-        }
-        if names.iter().any(|n| n.is_empty()) {
-            return Err(Error::input(format!(
-                "--tools: an empty tool name in {:?} (a stray comma?)",
-                only.join(",")
-            )));
-        }
-        if names.iter().any(|n| n.eq_ignore_ascii_case("none")) {
-            if names.len() > 1 {
-                return Err(Error::input(format!(
-                    "--tools: \"none\" (no tools) stands alone, not with other names: {:?}",
-                    only.join(",")
-                )));
-            }
-            names.clear();
-        }
-        let mut available = Vec::new();
-        if config.calculator.enabled {
-            available.push("Calculator");
-        }
-        if config.calendar.enabled {
-            available.push("Calendar");
-        }
-        for (name, present) in [
-            ("WikiSearch", config.wikisearch.is_some()),
-            ("QA", config.qa.is_some()),
-            ("MT", config.mt.is_some()),
-        ] {
-            if present {
-                available.push(name);
-            }
-        }
-        // Call names or annotate's config keys ("Calculator" or "calculator", "QA" or "qa");
-        // custom tools by their exact names, as annotate takes them.
-        let same = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
-        let custom = |n: &str| config.custom.contains_key(n);
-        if let Some(bad) = names
-            .iter()
-            .find(|n| !custom(n) && !available.iter().any(|a| same(a, n)))
-        {
-            available.extend(config.custom.keys().map(String::as_str));
-            return Err(Error::input(format!(
-                "--tools: {bad:?} is not configured (available: {})",
-                available.join(", ")
-            )));
-        }
-        let keep = |n: &str| names.iter().any(|m| same(m, n));
-        config.calculator.enabled &= keep("Calculator");
-        config.calendar.enabled &= keep("Calendar");
-        if !keep("WikiSearch") {
-            config.wikisearch = None;
-        }
-        if !keep("QA") {
-            config.qa = None;
-        }
-        if !keep("MT") {
-            config.mt = None;
-        }
-        config
-            .custom
-            .retain(|name, _| names.contains(&name.as_str()));
-    }
-    let registry = ToolRegistry::from_config(&config).map_err(|e| match path {
-        Some(path) => config_err(path, e.to_string()),
-        None => Error::input(e.to_string()),
-    })?;
-    // Every tool kept is one generate may call (`Tool::check_ready`: a command tool's program).
-    for name in registry.names() {
-        if let Some(Err(why)) = registry.get(name).map(|t| t.check_ready()) {
-            let msg = format!("tool {name}: {why}");
-            return Err(match path {
-                Some(path) => config_err(path, msg),
-                None => Error::input(msg),
-            });
-        }
-    }
-    Ok(registry)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::annotate::config::AnnotateConfig;
 
     /// Inputs annotate would not put in C*, as generate's `unparsable` reasons.
     #[test]
@@ -886,122 +767,5 @@ mod tests {
             let problem = unlike_cstar(input).unwrap_or_default();
             assert!(problem.contains(why), "{input:?}: {problem:?}");
         }
-    }
-
-    #[test]
-    fn tools_come_from_the_tools_table_of_a_toml_or_json_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let toml_path = dir.path().join("c.toml");
-        std::fs::write(
-            &toml_path,
-            "seed = 3\n[per_tool.qa]\nk = 5\n[tools.calculator]\nenabled = false\n[tools.qa]\ncommand = [\"cat\"]\n",
-        )
-        .unwrap();
-        let reg = tools_from_config(Some(&toml_path), None).unwrap();
-        assert_eq!(reg.names(), vec!["Calendar", "QA"]);
-        let only = ["qa".to_string()];
-        assert_eq!(
-            tools_from_config(Some(&toml_path), Some(&only))
-                .unwrap()
-                .names(),
-            vec!["QA"]
-        );
-        let err = tools_from_config(Some(&toml_path), Some(&["Calculator".to_string()]))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("Calculator") && err.contains("QA"), "{err}");
-
-        // Custom tools by their exact names.
-        let custom_path = dir.path().join("custom.toml");
-        std::fs::write(
-            &custom_path,
-            "[tools.custom.Echo]\ncommand = [\"cat\"]\n[tools.custom.Other]\ncommand = [\"cat\"]\n",
-        )
-        .unwrap();
-        let reg = tools_from_config(Some(&custom_path), None).unwrap();
-        assert_eq!(reg.names(), vec!["Calculator", "Calendar", "Echo", "Other"]);
-        let only = ["calendar".to_string(), "Echo".to_string()];
-        let reg = tools_from_config(Some(&custom_path), Some(&only)).unwrap();
-        assert_eq!(reg.names(), vec!["Calendar", "Echo"]);
-        let err = tools_from_config(Some(&custom_path), Some(&["echo".to_string()]))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("Echo, Other"), "{err}");
-
-        let json_path = dir.path().join("c.json");
-        std::fs::write(&json_path, r#"{"seed": 1}"#).unwrap();
-        let reg = tools_from_config(Some(&json_path), None).unwrap();
-        assert_eq!(reg.names(), vec!["Calculator", "Calendar"]);
-        let none = ["none".to_string()];
-        assert!(tools_from_config(None, Some(&none)).unwrap().is_empty());
-        // An empty --tools is no list (an unset shell variable), not "none".
-        assert!(tools_from_config(None, Some(&["".into()])).is_err());
-        // "none" alone, and no empty names beside others (a stray comma).
-        let names = |s: &str| s.split(',').map(String::from).collect::<Vec<_>>();
-        for bad in ["none,calculator", "calculator,", "calculator,,calendar"] {
-            let err = tools_from_config(None, Some(&names(bad)))
-                .unwrap_err()
-                .to_string();
-            assert!(
-                err.starts_with("--tools:") && err.contains(bad),
-                "{bad}: {err}"
-            );
-        }
-
-        std::fs::write(&json_path, r#"{"tools": {"calculater": {}}}"#).unwrap();
-        let err = tools_from_config(Some(&json_path), None)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("c.json") && err.contains("calculater"),
-            "{err}"
-        );
-        // A tool that cannot be built names the file and the key ("tool WikiSearch: : No such
-        // file or directory" before).
-        std::fs::write(&toml_path, "[tools.wikisearch]\nindex = \"\"\n").unwrap();
-        let err = tools_from_config(Some(&toml_path), None)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains(&toml_path.display().to_string())
-                && err.contains("[tools.wikisearch] index is empty"),
-            "{err}"
-        );
-    }
-
-    /// A top-level key annotate does not know is an error naming it (annotate refuses the same
-    /// file), in TOML and JSON; annotate's own keys are accepted.
-    #[test]
-    fn unknown_top_level_keys_are_errors() {
-        let dir = tempfile::tempdir().unwrap();
-        let toml_path = dir.path().join("c.toml");
-        for (text, key) in [
-            ("[tool.calculator]\nenabled = false\n", "tool"),
-            ("[annotate]\nk = 5\n", "annotate"),
-            ("[per_tool.calculater]\nk = 5\n", "calculater"),
-        ] {
-            std::fs::write(&toml_path, text).unwrap();
-            let err = tools_from_config(Some(&toml_path), None)
-                .unwrap_err()
-                .to_string();
-            assert!(
-                err.contains("c.toml") && err.contains(&format!("`{key}`")),
-                "{text:?}: {err}"
-            );
-        }
-        let json_path = dir.path().join("c.json");
-        std::fs::write(
-            &json_path,
-            r#"{"tool": {"calculator": {"enabled": false}}}"#,
-        )
-        .unwrap();
-        let err = tools_from_config(Some(&json_path), None)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("c.json") && err.contains("`tool`"), "{err}");
-        // Annotate's printed defaults serve as is.
-        std::fs::write(&toml_path, AnnotateConfig::default().to_toml()).unwrap();
-        let reg = tools_from_config(Some(&toml_path), None).unwrap();
-        assert_eq!(reg.names(), vec!["Calculator", "Calendar"]);
     }
 }
