@@ -8,7 +8,7 @@
 //! ```
 //!
 //! The driver is generic over `&dyn Sampler` and `&dyn Scorer`; `annotate` runs a whole corpus
-//! resumably (writer.rs), `Annotator::annotate_document` one document.
+//! resumably (writer/), `Annotator::annotate_document` one document.
 
 pub mod calls;
 pub mod config;

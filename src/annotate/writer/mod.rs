@@ -28,7 +28,16 @@
 //! twice, a replacement pod started while the old one is still terminating) fails within a second
 //! instead of interleaving its lines with the first run's.
 
-use std::ffi::OsStr;
+mod outputs;
+mod run_diff;
+
+pub(crate) use outputs::{
+    not_a_cstar, not_of_kind, recorded_run, OutputKind, RecordedRun, RejectRecord,
+};
+pub use outputs::{write_summary, OutputPaths};
+pub(crate) use run_diff::run_differences;
+use run_diff::without_hashed_paths;
+
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -37,9 +46,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::document::{CStarRecord, DocStats};
-use super::summary::Summary;
 use crate::error::{Error, Result};
-use crate::util::fs::{lock_in_place, same_file, strip_ext, sync_dir, with_suffix, AtomicFile};
+use crate::util::fs::{lock_in_place, same_file, sync_dir};
 
 /// The journal format. /2: entries carry a checksum and are checked; sampling streams keyed
 /// through `Rng::keyed` (a /1 journal may hold samples drawn from the streams before).
@@ -130,259 +138,6 @@ impl JournalEntry {
 struct Header {
     journal: String,
     run: Value,
-}
-
-/// The files of one output: C*, rejects, summary, journal.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutputPaths {
-    /// C*, as given (a sharded run's: `Shard::output_path` of `--out`).
-    pub out: PathBuf,
-    /// The rejects file: `<stem>.rejects.jsonl` beside C* (stem: C*'s name less ".jsonl").
-    pub rejects: PathBuf,
-    /// The summary: `<stem>.summary.json` beside C*.
-    pub summary: PathBuf,
-    /// The journal, `<C* name>.partial`: present only while a run is in progress or resumable.
-    pub journal: PathBuf,
-}
-
-impl OutputPaths {
-    /// Every file a run writes or may write: the four paths and the temporary names
-    /// (`AtomicFile`) that the outputs are written under.
-    pub fn written(&self) -> Vec<PathBuf> {
-        let mut out = vec![self.journal.clone()];
-        for p in [&self.out, &self.rejects, &self.summary] {
-            out.push(p.clone());
-            out.push(AtomicFile::tmp_path(p));
-        }
-        out
-    }
-
-    /// Where these outputs' temporary names (`AtomicFile::tmp_path`) meet another run's
-    /// outputs, which `AtomicFile` would empty and rename away: a temporary name that is the C*
-    /// of a run in progress (its journal beside it) or of a finished one (the C* and its
-    /// summary), `--out x.tmp` beside `--out x`; or, the other way round, C* itself the
-    /// temporary name of a run in progress on the name without ".tmp". Says why, naming the
-    /// files; checked when a run starts and again before its outputs are written.
-    pub fn temporary_clash(&self) -> Option<String> {
-        let forward = [&self.out, &self.rejects, &self.summary]
-            .into_iter()
-            .map(|p| AtomicFile::tmp_path(p))
-            .find_map(|tmp| {
-                let theirs = OutputPaths::new(&tmp);
-                let shown = if theirs.journal.is_file() {
-                    theirs.journal
-                } else if tmp.is_file() && theirs.summary.is_file() {
-                    theirs.summary
-                } else {
-                    return None;
-                };
-                Some(format!(
-                    "it is written under the temporary name {}, which is another run's output \
-                     ({} beside it)",
-                    tmp.display(),
-                    shown.display()
-                ))
-            });
-        forward.or_else(|| {
-            let name = self.out.file_name()?;
-            let base = strip_ext(name, "tmp")?;
-            let theirs = OutputPaths::new(&self.out.with_file_name(base));
-            theirs.journal.is_file().then(|| {
-                format!(
-                    "it is the temporary name a run on {} in progress writes its C* under ({} \
-                     beside it)",
-                    theirs.out.display(),
-                    theirs.journal.display()
-                )
-            })
-        })
-    }
-
-    /// The outputs of the other spelling of `--out` that shares these rejects and summary
-    /// names: "x" for "x.jsonl", "x.jsonl" for "x".
-    pub fn other_spelling(&self) -> OutputPaths {
-        let name = self.out.file_name().unwrap_or(OsStr::new("out"));
-        let other = match strip_ext(name, "jsonl") {
-            Some(stem) => stem.to_owned(),
-            None => with_suffix(name, ".jsonl"),
-        };
-        OutputPaths::new(&self.out.with_file_name(other))
-    }
-
-    /// For "cstar.jsonl": "cstar.rejects.jsonl", "cstar.summary.json", "cstar.jsonl.partial".
-    /// Names are handled as OS strings: one that is not UTF-8 keeps its bytes.
-    pub fn new(out: &Path) -> Self {
-        let name = out.file_name().unwrap_or(OsStr::new("out"));
-        let stem = strip_ext(name, "jsonl").unwrap_or(name);
-        let sibling = |base: &OsStr, suffix: &str| out.with_file_name(with_suffix(base, suffix));
-        OutputPaths {
-            out: out.to_owned(),
-            rejects: sibling(stem, ".rejects.jsonl"),
-            summary: sibling(stem, ".summary.json"),
-            journal: sibling(name, ".partial"),
-        }
-    }
-}
-
-/// Why the file at `path` is not a C* file (its first line is not a C* record), if it exists
-/// and is not: an empty file is an empty C*.
-pub(crate) fn not_a_cstar(path: &Path) -> Result<Option<String>> {
-    use std::io::{BufRead, Read};
-    match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() => return Ok(Some("it is not a regular file".into())),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, e)),
-    }
-    // (Not opened before it is known to be a file: opening a named pipe would block.)
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, e)),
-    };
-    // A C* line can be long, but its start says enough: read at most 1 MiB of it.
-    let mut first = Vec::new();
-    std::io::BufReader::new(file.take(1 << 20))
-        .read_until(b'\n', &mut first)
-        .map_err(|e| Error::io(path, e))?;
-    if first.is_empty() {
-        return Ok(None);
-    }
-    if !first.ends_with(b"\n") && first.len() == 1 << 20 {
-        // A longer line: annotate writes every record's "line" first.
-        return Ok((!first.starts_with(b"{\"line\":"))
-            .then(|| "its first line does not start as a C* record".into()));
-    }
-    let Ok(text) = std::str::from_utf8(&first) else {
-        return Ok(Some("its first line is not UTF-8".into()));
-    };
-    Ok(
-        crate::util::json::object_from_str::<super::document::CStarRecord>(text)
-            .err()
-            .map(|e| format!("its first line: {e}")),
-    )
-}
-
-/// A rejects line as annotate writes it (`finish` in mod.rs), read as strictly: no other key.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RejectRecord {
-    pub line: u64,
-    #[allow(dead_code)]
-    pub reason: String,
-}
-
-/// The files of one output (`OutputPaths`), by kind: a run, a demo run or a merge replaces a
-/// file there only when it is of the kind toolsift writes there (`not_of_kind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OutputKind {
-    CStar,
-    Rejects,
-    Summary,
-    Journal,
-}
-
-impl OutputKind {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            OutputKind::CStar => "C* file",
-            OutputKind::Rejects => "rejects file",
-            OutputKind::Summary => "summary",
-            OutputKind::Journal => "journal",
-        }
-    }
-}
-
-/// Why the file at `path` is not of `kind` as toolsift writes it, if it exists and is not: a
-/// C* (`not_a_cstar`), rejects file or journal whose first line is not one's, a summary that
-/// is not one. An empty C*, rejects file or journal is one (an empty corpus, a run killed at
-/// once).
-pub(crate) fn not_of_kind(path: &Path, kind: OutputKind) -> Result<Option<String>> {
-    let whole = match kind {
-        OutputKind::CStar => return not_a_cstar(path),
-        // One JSON value, over many lines.
-        OutputKind::Summary => true,
-        OutputKind::Rejects | OutputKind::Journal => false,
-    };
-    // (Not opened before it is known to be a file: opening a named pipe would block.)
-    match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() => return Ok(Some("it is not a regular file".into())),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, e)),
-    }
-    let Some(head) = crate::util::fs::read_head(path, whole)? else {
-        return Ok(None);
-    };
-    let first = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    Ok(match kind {
-        OutputKind::Summary => serde_json::from_slice::<Summary>(&head)
-            .err()
-            .map(|e| e.to_string()),
-        _ if head.is_empty() => None,
-        OutputKind::Rejects => serde_json::from_slice::<RejectRecord>(first)
-            .err()
-            .map(|e| format!("its first line: {e}")),
-        OutputKind::Journal => {
-            (!is_journal_header(first)).then(|| "its first line is not a journal's header".into())
-        }
-        // Answered above.
-        OutputKind::CStar => None,
-    })
-}
-
-/// The model folder and corpus of a run, as its summary or journal records them.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct RecordedRun {
-    /// The run description's `info.model`.
-    pub model: PathBuf,
-    /// Its `corpus`, if it names one (as it was given: relative to the folder the run started in).
-    pub corpus: Option<PathBuf>,
-    /// Its `corpus_xxh3` (`corpus::fingerprint`'s, as 16 hex digits), if it records one.
-    pub corpus_xxh3: Option<String>,
-}
-
-/// The model folder and corpus of the run that wrote the summary or journal at `path` (its run
-/// description's `info.model` and `corpus`), or None when the file is not there or records no
-/// model (an empty journal, a summary of a run without a journal). For files `not_of_kind` has
-/// passed.
-pub(crate) fn recorded_run(path: &Path, kind: OutputKind) -> Result<Option<RecordedRun>> {
-    // (Not opened unless a file: a named pipe would block the read.)
-    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
-        return Ok(None);
-    }
-    let Some(head) = crate::util::fs::read_head(path, kind == OutputKind::Summary)? else {
-        return Ok(None);
-    };
-    let run = match kind {
-        OutputKind::Summary => serde_json::from_slice::<Summary>(&head)
-            .ok()
-            .and_then(|s| s.run),
-        OutputKind::Journal => {
-            let first = head.split(|&b| b == b'\n').next().unwrap_or_default();
-            serde_json::from_slice::<Header>(first).ok().map(|h| h.run)
-        }
-        OutputKind::CStar | OutputKind::Rejects => None,
-    };
-    let text_at = |pointer: &str| {
-        run.as_ref()
-            .and_then(|run| run.pointer(pointer))
-            .and_then(Value::as_str)
-    };
-    Ok(text_at("/info/model").map(|model| RecordedRun {
-        model: PathBuf::from(model),
-        corpus: text_at("/corpus").map(PathBuf::from),
-        corpus_xxh3: text_at("/corpus_xxh3").map(str::to_owned),
-    }))
-}
-
-/// Writes `summary` (pretty JSON) to `path`, atomically.
-pub fn write_summary(path: &Path, summary: &Summary) -> Result<()> {
-    crate::util::fs::write_atomic(path, |w| {
-        let text = serde_json::to_string_pretty(summary)
-            .map_err(|e| Error::input(format!("cannot serialise the summary: {e}")))?;
-        writeln!(w, "{text}").map_err(|e| Error::io(path, e))
-    })
 }
 
 /// Whether `bytes` could be the start of a journal's header as [`Journal::open`] writes it,
@@ -652,152 +407,6 @@ fn same_run(journal: &Value, run: &Value) -> bool {
     }
 }
 
-/// Where two runs' records (`Summary::run`, a journal's header) differ in what decides the
-/// output: each field as the summary JSON names it, with its two values ("run.info.device:
-/// \"Cpu\" vs \"Cuda\""); none for one run's. Where an input was read from (corpus, model, the
-/// config's WikiSearch index) is not compared where both record its content's hash
-/// (`without_hashed_paths`). Everything else (config, tools, line count, hashes, device) is.
-pub(crate) fn run_differences(a: &Value, b: &Value) -> Vec<String> {
-    let (a, b) = without_hashed_paths(a, b);
-    let mut out = Vec::new();
-    differences(Some(&a), Some(&b), "run".into(), &mut out);
-    out
-}
-
-/// Two run records less the paths whose content both record: the corpus path where both have
-/// "corpus_xxh3", the model folder where both have "info.model_xxh3", the config's WikiSearch
-/// index (`[tools.wikisearch] index`) where both have "info.wikisearch_index_xxh3". So
-/// `corpus.jsonl` and `$PWD/corpus.jsonl`, `model` and `model/`, or `idx` and `idx/`, are one
-/// run's; a path without its hash on either side (an older journal, a run described through
-/// the library) is still compared.
-pub(crate) fn without_hashed_paths(a: &Value, b: &Value) -> (Value, Value) {
-    fn drop_path(a: &mut Value, b: &mut Value, path: &str, hash: &str) {
-        if let (Some(x), Some(y)) = (a.as_object_mut(), b.as_object_mut()) {
-            if x.contains_key(hash) && y.contains_key(hash) {
-                x.remove(path);
-                y.remove(path);
-            }
-        }
-    }
-    let (mut a, mut b) = (a.clone(), b.clone());
-    drop_path(&mut a, &mut b, "corpus", "corpus_xxh3");
-    if let (Some(x), Some(y)) = (a.get_mut("info"), b.get_mut("info")) {
-        // Two borrows of distinct values: `a` and `b` are separate trees.
-        drop_path(x, y, "model", "model_xxh3");
-    }
-    let index_hashed = |v: &Value| v.pointer("/info/wikisearch_index_xxh3").is_some();
-    if index_hashed(&a) && index_hashed(&b) {
-        let masked = |v: &Value| {
-            v.get("config")
-                .and_then(Value::as_str)
-                .and_then(config_without_index)
-        };
-        if let (Some((x, x_text)), Some((y, y_text))) = (masked(&a), masked(&b)) {
-            if x == y {
-                b["config"] = a["config"].clone();
-            } else {
-                // Still different: compared as texts whose index lines agree, so the message
-                // names a line that does differ.
-                a["config"] = Value::String(x_text);
-                b["config"] = Value::String(y_text);
-            }
-        }
-    }
-    (a, b)
-}
-
-/// What a run config's `[tools.wikisearch] index` is replaced with where both runs record the
-/// index's hash (`without_hashed_paths`).
-const HASHED_INDEX: &str = "(compared by run.info.wikisearch_index_xxh3)";
-
-/// A run config (the TOML text of `AnnotateConfig::to_toml`) with its WikiSearch index path
-/// replaced by `HASHED_INDEX`: as a table, and as the text with only the index's line changed,
-/// so that a difference elsewhere keeps its line number. None for a text that does not parse
-/// (a journal's config is compared as written then) or that names no index.
-fn config_without_index(config: &str) -> Option<(toml::Table, String)> {
-    let mut table: toml::Table = toml::from_str(config).ok()?;
-    let index = table
-        .get_mut("tools")?
-        .as_table_mut()?
-        .get_mut("wikisearch")?
-        .as_table_mut()?
-        .get_mut("index")?;
-    *index = toml::Value::String(HASHED_INDEX.into());
-    let lines: Vec<&str> = config.split_inclusive('\n').collect();
-    // The index's line is the one whose replacement parses to `table`: told by parsing, since
-    // a prompt's text may hold a line that reads like it.
-    let replaced = |at: usize| {
-        let mut text = String::with_capacity(config.len() + HASHED_INDEX.len());
-        for (i, line) in lines.iter().enumerate() {
-            if i == at {
-                let ending = &line[line.trim_end_matches(['\r', '\n']).len()..];
-                text.push_str(&format!("index = {HASHED_INDEX:?}{ending}"));
-            } else {
-                text.push_str(line);
-            }
-        }
-        text
-    };
-    let text = (0..lines.len())
-        .filter(|&i| lines[i].trim_start().starts_with("index"))
-        .map(replaced)
-        .find(|text| toml::from_str::<toml::Table>(text).is_ok_and(|t| t == table))
-        // Not found line by line (a value over several lines): the table rendered again, the
-        // same way for both runs.
-        .or_else(|| toml::to_string_pretty(&table).ok())?;
-    Some((table, text))
-}
-
-/// Appends to `out` each field under `at` where `a` and `b` differ (None: absent), down to the
-/// deepest object; a text of several lines (the config) by its first differing line.
-fn differences(a: Option<&Value>, b: Option<&Value>, at: String, out: &mut Vec<String>) {
-    if a == b {
-        return;
-    }
-    match (a, b) {
-        (Some(Value::Object(x)), Some(Value::Object(y))) => {
-            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
-            for k in keys {
-                differences(x.get(k), y.get(k), format!("{at}.{k}"), out);
-            }
-        }
-        (Some(Value::String(x)), Some(Value::String(y))) if x.contains('\n') => {
-            let (mut xs, mut ys) = (x.lines(), y.lines());
-            for n in 1.. {
-                let (l, r) = (xs.next(), ys.next());
-                if l != r {
-                    let line = |s: Option<&str>| s.map(|s| Value::String(s.into()));
-                    let (l, r) = (line(l), line(r));
-                    out.push(format!(
-                        "{at}, line {n}: {} vs {}",
-                        shown(l.as_ref()),
-                        shown(r.as_ref())
-                    ));
-                    return;
-                }
-                if l.is_none() {
-                    break;
-                }
-            }
-            // Lines alike, line ends not ("\r\n", a last newline).
-            out.push(format!("{at}: {} vs {}", shown(a), shown(b)));
-        }
-        _ => out.push(format!("{at}: {} vs {}", shown(a), shown(b))),
-    }
-}
-
-/// A value as JSON, cut at 80 characters: a long one is told apart by its start.
-fn shown(v: Option<&Value>) -> String {
-    let Some(v) = v else {
-        return "(absent)".into();
-    };
-    let text = v.to_string();
-    match text.char_indices().nth(80) {
-        Some((at, _)) => format!("{}...", &text[..at]),
-        None => text,
-    }
-}
-
 fn json_err(e: serde_json::Error) -> Error {
     Error::input(format!("cannot serialise: {e}"))
 }
@@ -833,124 +442,6 @@ mod tests {
     use serde_json::json;
     use std::io::Write;
 
-    #[test]
-    fn runs_differ_in_what_decides_the_output_not_in_path_spellings() {
-        let run = |corpus: &str, model: &str, device: &str| {
-            json!({
-                "config": "seed = 3\nmax_call_tokens = 4\n",
-                "corpus": corpus,
-                "corpus_xxh3": "00ff",
-                "info": {"model": model, "model_xxh3": "01", "device": device},
-            })
-        };
-        let a = run("corpus.jsonl", "d", "Cpu");
-        assert!(run_differences(&a, &run("/w/corpus.jsonl", "d/", "Cpu")).is_empty());
-        assert_eq!(
-            run_differences(&a, &run("corpus.jsonl", "d", "Cuda")),
-            ["run.info.device: \"Cpu\" vs \"Cuda\""]
-        );
-        let mut b = a.clone();
-        b["config"] = json!("seed = 3\nmax_call_tokens = 5\n");
-        b["info"]["model_xxh3"] = json!("02");
-        b["info"]["wikisearch_index_xxh3"] = json!("03");
-        assert_eq!(
-            run_differences(&a, &b),
-            [
-                "run.config, line 2: \"max_call_tokens = 4\" vs \"max_call_tokens = 5\"",
-                "run.info.model_xxh3: \"01\" vs \"02\"",
-                "run.info.wikisearch_index_xxh3: (absent) vs \"03\"",
-            ]
-        );
-        // A run whose record lacks the corpus hash (an older journal's) is compared by the
-        // corpus's path, however the other run's is hashed.
-        let mut older = run("/w/corpus.jsonl", "d", "Cpu");
-        older.as_object_mut().unwrap().remove("corpus_xxh3");
-        assert_eq!(
-            run_differences(&older, &a),
-            [
-                "run.corpus: \"/w/corpus.jsonl\" vs \"corpus.jsonl\"",
-                "run.corpus_xxh3: (absent) vs \"00ff\"",
-            ]
-        );
-        // A path without its content hash beside it is all there is to compare.
-        assert_eq!(
-            run_differences(
-                &json!({"info": {"model": "d"}}),
-                &json!({"info": {"model": "e"}})
-            ),
-            ["run.info.model: \"d\" vs \"e\""]
-        );
-        let long = "x".repeat(200);
-        let diff = run_differences(&json!({"tools": [long]}), &json!({"tools": []}));
-        assert!(
-            diff[0].len() < 120 && diff[0].ends_with("xx... vs []"),
-            "{diff:?}"
-        );
-    }
-
-    /// Where both runs hold their WikiSearch index's hash, the index's path in the config is
-    /// not compared: the configs' other settings are, each named at its own line.
-    #[test]
-    fn runs_differ_in_their_configs_not_in_the_spelling_of_a_hashed_index() {
-        use crate::annotate::config::AnnotateConfig;
-        use crate::annotate::tools::WikiSearchConfig;
-        let config = |index: &str, seed: u64| {
-            let mut c = AnnotateConfig {
-                seed,
-                ..AnnotateConfig::default()
-            };
-            c.tools.wikisearch = Some(WikiSearchConfig {
-                index: index.into(),
-                max_snippet_chars: 300,
-            });
-            c.to_toml()
-        };
-        let run = |config: String, hash: Option<&str>| {
-            let mut r = json!({"config": config, "info": {"model": "d"}});
-            if let Some(h) = hash {
-                r["info"]["wikisearch_index_xxh3"] = json!(h);
-            }
-            r
-        };
-        let a = run(config("idx", 3), Some("0a"));
-        let text = config("idx", 3);
-        let line = |what: &str| 1 + text.lines().position(|l| l.starts_with(what)).unwrap();
-        // The index after the seed and a prompt (whose text holds lines), so that the lines are
-        // numbered as the config's own.
-        assert!(line("index = ") > line("seed = "), "{text}");
-        for spelling in ["/w/idx", "idx/", "./idx"] {
-            let b = run(config(spelling, 3), Some("0a"));
-            assert!(run_differences(&a, &b).is_empty(), "{spelling}");
-            let (x, y) = without_hashed_paths(&a, &b);
-            assert!(same_run(&x, &y), "{spelling}");
-        }
-        // The index's content is still compared, by its hash.
-        assert_eq!(
-            run_differences(&a, &run(config("/w/idx", 3), Some("0b"))),
-            ["run.info.wikisearch_index_xxh3: \"0a\" vs \"0b\""]
-        );
-        // Another setting is named at its own line of the config, with both values.
-        let seed = line("seed = ");
-        assert_eq!(
-            run_differences(&a, &run(config("/w/idx", 4), Some("0a"))),
-            [format!(
-                "run.config, line {seed}: \"seed = 3\" vs \"seed = 4\""
-            )]
-        );
-        // Without the hash on both sides the path is all there is to compare.
-        let index = line("index = ");
-        for (x, y) in [(Some("0a"), None), (None, None)] {
-            let diff = run_differences(&run(config("idx", 3), x), &run(config("/w/idx", 3), y));
-            assert!(
-                diff.contains(&format!(
-                    "run.config, line {index}: \"index = \\\"idx\\\"\" vs \
-                     \"index = \\\"/w/idx\\\"\""
-                )),
-                "{diff:?}"
-            );
-        }
-    }
-
     fn entry(line: u64) -> JournalEntry {
         JournalEntry {
             corpus_xxh3: None,
@@ -980,24 +471,6 @@ mod tests {
         assert!(JournalEntry::from_line(signed.as_bytes())
             .unwrap_err()
             .contains("not 8 hex digits"));
-    }
-
-    /// A file is a C* by its first line: one over the 1 MiB read of it by its start (a record's
-    /// "line" key), and one that is not UTF-8 (a user's binary file) is none.
-    #[test]
-    fn a_cstar_is_told_by_its_first_line() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("o.jsonl");
-        let long = "x".repeat(1 << 20);
-        std::fs::write(&p, format!("{{\"line\":1,\"id\":null,\"text\":\"{long}\"")).unwrap();
-        assert_eq!(not_a_cstar(&p).unwrap(), None);
-        std::fs::write(&p, format!("{{\"mine\":\"{long}\"}}\n")).unwrap();
-        assert!(not_a_cstar(&p)
-            .unwrap()
-            .unwrap()
-            .contains("does not start as a C* record"));
-        std::fs::write(&p, b"\xff\xfe\n").unwrap();
-        assert!(not_a_cstar(&p).unwrap().unwrap().contains("not UTF-8"));
     }
 
     /// A journal reopened with its header written is not one this run created: `discard` (for
@@ -1042,20 +515,6 @@ mod tests {
         // Nor is it a journal of this build's for a demo run to replace (its error says to
         // delete one of an older toolsift).
         assert!(!is_journal_header(old.trim_end().as_bytes()));
-    }
-
-    /// A journal is told from someone's file at its path by its header; an empty one (a run
-    /// killed at once) is one.
-    #[test]
-    fn a_journal_is_of_its_kind_by_its_header() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("o.jsonl.partial");
-        drop(Journal::open(&p, &json!({"seed": 1})).unwrap());
-        assert_eq!(not_of_kind(&p, OutputKind::Journal).unwrap(), None);
-        std::fs::write(&p, "").unwrap();
-        assert_eq!(not_of_kind(&p, OutputKind::Journal).unwrap(), None);
-        std::fs::write(&p, "{\"mine\": 1}\n").unwrap();
-        assert!(not_of_kind(&p, OutputKind::Journal).unwrap().is_some());
     }
 
     /// `entries` reads the file the run holds, and only while its path still names it.
@@ -1330,18 +789,5 @@ mod tests {
             let err = Journal::open(&p, &run).err().unwrap().to_string();
             assert!(err.contains("not a regular file"), "{err}");
         }
-    }
-
-    #[test]
-    fn output_paths() {
-        let p = OutputPaths::new(Path::new("d/cstar.jsonl"));
-        assert_eq!(p.rejects, Path::new("d/cstar.rejects.jsonl"));
-        assert_eq!(p.summary, Path::new("d/cstar.summary.json"));
-        assert_eq!(p.journal, Path::new("d/cstar.jsonl.partial"));
-        let p = OutputPaths::new(Path::new("a.b.jsonl"));
-        assert_eq!(p.summary, Path::new("a.b.summary.json"));
-        let p = OutputPaths::new(Path::new("cstar"));
-        assert_eq!(p.rejects, Path::new("cstar.rejects.jsonl"));
-        assert_eq!(p.journal, Path::new("cstar.partial"));
     }
 }
