@@ -352,7 +352,7 @@ fn refuse_foreign(
         }
         _ => {}
     }
-    let Some(head) = crate::util::fs::read_head(path, whole)? else {
+    let Some(head) = crate::util::jsonl::read_head(path, whole)? else {
         return Ok(());
     };
     if head.is_empty() || serde_json::from_slice(&head).is_ok_and(|v| ours(&v)) {

@@ -117,29 +117,6 @@ pub fn folder_problem(path: &Path) -> Option<&'static str> {
     }
 }
 
-/// A file's bytes up to and including its first newline (`whole`: all of it, as for a summary,
-/// which is one JSON value), or None when there is no such file. Reads at most 256 MiB, so a
-/// huge file without newlines cannot exhaust memory (such a file is no C* line anyway).
-#[cfg(feature = "annotate")]
-pub(crate) fn read_head(path: &Path, whole: bool) -> Result<Option<Vec<u8>>> {
-    use std::io::{BufReader, Read};
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, e)),
-    };
-    let limit = 256 << 20;
-    let mut head = Vec::new();
-    let mut reader = BufReader::new(file);
-    let read = if whole {
-        reader.take(limit as u64).read_to_end(&mut head).map(drop)
-    } else {
-        crate::util::jsonl::read_line_capped(&mut reader, &mut head, limit, |_| {}).map(drop)
-    };
-    read.map_err(|e| Error::io(path, e))?;
-    Ok(Some(head))
-}
-
 /// Removes `path` if it is there; a missing file is not an error.
 pub(crate) fn remove_if_exists(path: &Path) -> Result<()> {
     match std::fs::remove_file(path) {

@@ -78,6 +78,33 @@ pub fn over_limit(len: usize, end: &LineEnd, max: usize) -> Option<String> {
     (text_len > max).then(|| format!("line of {text_len} bytes, over the limit of {max} bytes"))
 }
 
+/// A file's bytes up to and including its first newline (`whole`: all of it, as for a summary,
+/// which is one JSON value), or None when there is no such file. Reads at most 256 MiB, so a
+/// huge file without newlines cannot exhaust memory (such a file is no C* line anyway).
+#[cfg(feature = "annotate")]
+pub(crate) fn read_head(
+    path: &std::path::Path,
+    whole: bool,
+) -> crate::error::Result<Option<Vec<u8>>> {
+    use crate::error::Error;
+    use std::io::{BufReader, Read};
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let limit = 256 << 20;
+    let mut head = Vec::new();
+    let mut reader = BufReader::new(file);
+    let read = if whole {
+        reader.take(limit as u64).read_to_end(&mut head).map(drop)
+    } else {
+        read_line_capped(&mut reader, &mut head, limit, |_| {}).map(drop)
+    };
+    read.map_err(|e| Error::io(path, e))?;
+    Ok(Some(head))
+}
+
 /// The last two bytes of a line, from the pieces `read_line_capped` passes to `seen` (which
 /// sees the whole line where `buf` keeps only its start): how long its newline is.
 #[derive(Debug, Default, Clone, Copy)]

@@ -190,7 +190,7 @@ pub(crate) fn not_of_kind(path: &Path, kind: OutputKind) -> Result<Option<String
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(path, e)),
     }
-    let Some(head) = crate::util::fs::read_head(path, whole)? else {
+    let Some(head) = crate::util::jsonl::read_head(path, whole)? else {
         return Ok(None);
     };
     let first = head.split(|&b| b == b'\n').next().unwrap_or_default();
@@ -230,7 +230,7 @@ pub(crate) fn recorded_run(path: &Path, kind: OutputKind) -> Result<Option<Recor
     if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
         return Ok(None);
     }
-    let Some(head) = crate::util::fs::read_head(path, kind == OutputKind::Summary)? else {
+    let Some(head) = crate::util::jsonl::read_head(path, kind == OutputKind::Summary)? else {
         return Ok(None);
     };
     let run = match kind {
