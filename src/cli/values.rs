@@ -74,3 +74,65 @@ pub(crate) fn temperature(s: &str) -> std::result::Result<f32, String> {
         Err(e) => Err(e.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each parser's bounds, at and one past them: what a usage error is refused for.
+    #[test]
+    fn counts_are_refused_outside_their_bounds() {
+        assert_eq!(at_least_one("1"), Ok(1));
+        assert_eq!(at_least_one("0").unwrap_err(), "must be at least 1");
+        assert!(at_least_one("-1").is_err() && at_least_one("1.5").is_err());
+        assert_eq!(mebibytes("1"), Ok(1));
+        assert_eq!(
+            mebibytes(&(usize::MAX >> 20).to_string()),
+            Ok(usize::MAX >> 20)
+        );
+        assert_eq!(
+            mebibytes(&((usize::MAX >> 20) + 1).to_string()).unwrap_err(),
+            "too large"
+        );
+        assert_eq!(mebibytes("0").unwrap_err(), "must be at least 1");
+        assert_eq!(eval_docs("100000"), Ok(100_000));
+        assert_eq!(eval_docs("100001").unwrap_err(), "must be at most 100000");
+        assert_eq!(eval_docs("0").unwrap_err(), "must be at least 1");
+    }
+
+    /// `--tau-f` and the weights take negative numbers; a flag where a weight belongs is named
+    /// as a flag; NaN and infinities are no threshold.
+    #[test]
+    fn numbers_are_finite_and_flags_are_not_numbers() {
+        assert_eq!(finite_f64("-0.5"), Ok(-0.5));
+        for bad in ["nan", "inf", "-inf", "1e309"] {
+            assert_eq!(
+                finite_f64(bad).unwrap_err(),
+                "must be a finite number",
+                "{bad}"
+            );
+        }
+        assert_eq!(weight("-1"), Ok(-1.0));
+        let err = weight("--reference").unwrap_err();
+        assert!(err.contains("got the flag --reference"), "{err}");
+        assert!(weight("x").is_err());
+    }
+
+    /// 0 is greedy decoding, and accepted; a negative temperature or one past f32's range is
+    /// not.
+    #[test]
+    fn temperatures_are_finite_and_not_negative() {
+        assert_eq!(temperature("0"), Ok(0.0));
+        assert_eq!(temperature("3.4e38"), Ok(3.4e38));
+        for bad in ["-0.1", "1e39", "nan", "inf"] {
+            assert!(temperature(bad).unwrap_err().contains(">= 0"), "{bad}");
+        }
+    }
+
+    /// `-` is no C* output (its rejects and summary go next to it); `./-` is the file named -.
+    #[test]
+    fn a_cstar_output_is_a_file() {
+        assert!(output_file("-").unwrap_err().contains("./-"));
+        assert_eq!(output_file("./-"), Ok(PathBuf::from("./-")));
+    }
+}
