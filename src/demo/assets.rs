@@ -542,4 +542,99 @@ mod tests {
         assert_eq!(content_hash(), content_hash());
         assert_eq!(content_hash().len(), 12);
     }
+
+    /// A demo folder's name is the prefix, exactly 12 lowercase hex digits and, where there is
+    /// one, "-u" and a number: `remove_previous_output` trusts a model folder named so.
+    #[test]
+    fn folder_names_are_twelve_hex_digits_and_a_numeric_uid() {
+        assert!(is_folder_name(&folder_name()));
+        assert!(is_folder_name("toolsift-demo-0123456789ab-u0"));
+        assert!(is_folder_name("toolsift-demo-0123456789ab"));
+        for other in [
+            "toolsift-demo-0123456789abc-u0",
+            "toolsift-demo-0123456789abc",
+            "toolsift-demo-0123456789a-u0",
+            "toolsift-demo-0123456789ab-u1x",
+            "toolsift-demo-0123456789ab-u-1",
+            "toolsift-demo-0123456789ab-u",
+            "toolsift-demo-0123456789AB-u0",
+            "my-toolsift-demo-0123456789ab",
+        ] {
+            assert!(!is_folder_name(other), "{other}");
+        }
+    }
+
+    /// A folder its group may write is not the user's alone, though others may not write it:
+    /// it is not complete, and materializing replaces it with a mode-700 one.
+    #[cfg(unix)]
+    #[test]
+    fn a_group_writable_demo_folder_is_replaced() {
+        use std::os::unix::fs::PermissionsExt;
+        let parent = tempfile::tempdir().unwrap();
+        let dir = materialize_in(parent.path()).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o720)).unwrap();
+        assert!(!is_complete(&dir).unwrap());
+        assert_eq!(materialize_in(parent.path()).unwrap(), dir);
+        assert_eq!(
+            fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+    }
+
+    /// A regular file at the demo folder's name is an incomplete folder, not an error from
+    /// reading files inside it: it is moved aside and the folder written in its place.
+    #[test]
+    fn a_file_at_the_demo_folders_name_is_replaced() {
+        let parent = tempfile::tempdir().unwrap();
+        let target = parent.path().join(folder_name());
+        fs::write(&target, b"not a folder").unwrap();
+        assert!(!is_complete(&target).unwrap());
+        assert_eq!(materialize_in(parent.path()).unwrap(), target);
+        assert!(target.is_dir() && is_complete(&target).unwrap());
+    }
+
+    /// A folder that lacks one of the files is incomplete, and materializing writes it again.
+    #[test]
+    fn a_missing_file_makes_the_folder_incomplete() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = materialize_in(parent.path()).unwrap();
+        for (name, bytes) in FILES {
+            fs::remove_file(dir.join(name)).unwrap();
+            assert!(!is_complete(&dir).unwrap(), "{name} missing");
+            assert_eq!(materialize_in(parent.path()).unwrap(), dir);
+            assert_eq!(fs::read(dir.join(name)).unwrap(), bytes, "{name}");
+        }
+    }
+
+    /// `--demo-docs` of exactly the corpus's length is the corpus itself (no
+    /// corpus.first-240.jsonl), and a prefix file that was altered is written again.
+    #[test]
+    fn corpus_prefix_of_the_whole_corpus_is_the_corpus_and_repairs_a_prefix() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = materialize_in(parent.path()).unwrap();
+        let all = corpus_prefix(&dir, DEMO_CORPUS_DOCS).unwrap();
+        assert_eq!(all, dir.join(CORPUS_FILE));
+        let p = corpus_prefix(&dir, 3).unwrap();
+        let good = fs::read(&p).unwrap();
+        fs::write(&p, b"{\"id\": \"edited\"}\n").unwrap();
+        assert_eq!(corpus_prefix(&dir, 3).unwrap(), p);
+        assert_eq!(fs::read(&p).unwrap(), good);
+    }
+
+    /// `cargo run --example demo_assets` writes exactly the committed corpus.jsonl (the demo
+    /// corpus's seed and size) and annotate.toml.
+    #[test]
+    fn write_generated_writes_the_committed_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write_generated(dir.path()).unwrap();
+        assert_eq!(
+            written,
+            [dir.path().join(CORPUS_FILE), dir.path().join(SETTINGS_FILE)]
+        );
+        assert!(fs::read_to_string(&written[0]).unwrap() == embedded_corpus());
+        assert_eq!(
+            fs::read_to_string(&written[1]).unwrap(),
+            embedded_settings()
+        );
+    }
 }

@@ -668,4 +668,93 @@ mod tests {
             .iter()
             .any(|p| p.len() == 4 && p[0].starts_with("Add Calculator")));
     }
+
+    /// Each document gives two sequences, in order: C*'s form, with a result in every call and
+    /// calls at about 80% of the sites over a set (docs/demo-model.md), and the annotation
+    /// prompt's form for the document's own tool (a control or plain document's is drawn, so
+    /// both occur): P(x)'s pieces around x, then x with calls and no results.
+    #[test]
+    fn training_sequences_pair_c_star_with_the_documents_own_prompt() {
+        let docs = generate(5, 400);
+        let seqs = training_sequences(5, 400);
+        assert_eq!(seqs.len(), 2 * docs.len());
+        let (mut sites, mut calls) = (0, 0);
+        let mut drawn = std::collections::HashSet::new();
+        for (doc, pair) in docs.iter().zip(seqs.chunks(2)) {
+            let [cstar, prompt] = pair else {
+                unreachable!()
+            };
+            assert_eq!(cstar.len(), 1);
+            let n = cstar[0].matches(" -> ").count();
+            assert_eq!(
+                cstar[0].matches('[').count(),
+                n,
+                "every call has its result"
+            );
+            sites += doc.sites.len();
+            calls += n;
+            let tool = match doc.kind {
+                DocKind::Arithmetic => ToolKind::Calculator,
+                DocKind::Calendar => ToolKind::Calendar,
+                _ => {
+                    let t = DEMO_TOOLS
+                        .into_iter()
+                        .find(|t| prompt[0].starts_with(&format!("Add {} calls", t.call_name())))
+                        .expect("a demo tool's prompt");
+                    drawn.insert(t);
+                    t
+                }
+            };
+            let (before, after) = demo_prompt(tool)
+                .split_once("{x}")
+                .map(|(b, a)| (b.to_string(), a.to_string()))
+                .unwrap();
+            assert_eq!(prompt[..3], [before, doc.text.clone(), after], "{doc:?}");
+            assert_eq!(prompt[3], doc.annotated(|_| true, false), "{doc:?}");
+        }
+        let share = calls as f64 / sites as f64;
+        assert!((0.7..0.9).contains(&share), "{calls} of {sites} sites");
+        assert_eq!(
+            drawn.len(),
+            2,
+            "both tools' prompts for documents without sites"
+        );
+    }
+
+    /// A control document's numbers are unrelated: none is the sum, difference, product,
+    /// quotient or percentage of two earlier ones (no draw of the embedded corpus turns on the
+    /// product, quotient or percentage check, so those are pinned here).
+    #[test]
+    fn unrelated_refuses_every_relation_to_two_earlier_numbers() {
+        assert!(unrelated(&[7, 1999, 300]));
+        for related in [[2, 3, 5], [9, 4, 5], [2, 3, 6], [8, 2, 4], [50, 200, 25]] {
+            assert!(!unrelated(&related), "{related:?}");
+        }
+        for doc in generate(3, 2000) {
+            if doc.kind == DocKind::Control {
+                let nums: Vec<usize> = doc
+                    .text
+                    .split(|c: char| !c.is_ascii_digit())
+                    .filter_map(|w| w.parse().ok())
+                    .collect();
+                assert!(unrelated(&nums), "{doc:?}");
+            }
+        }
+    }
+
+    /// A corpus line's "kind" is read back exactly: the four lowercase names, nothing else.
+    #[test]
+    fn doc_kinds_are_named_exactly() {
+        for kind in [
+            DocKind::Arithmetic,
+            DocKind::Calendar,
+            DocKind::Control,
+            DocKind::Plain,
+        ] {
+            assert_eq!(DocKind::from_name(kind.name()), Some(kind));
+        }
+        for other in ["Arithmetic", "PLAIN", "", "arith"] {
+            assert_eq!(DocKind::from_name(other), None, "{other}");
+        }
+    }
 }

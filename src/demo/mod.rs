@@ -380,4 +380,68 @@ mod tests {
         drop(held);
         assert_eq!(remove_previous_output(&out, true).unwrap().len(), 3);
     }
+
+    /// A folder (or anything not a regular file) at the journal's path is refused before
+    /// anything is removed, even when the journal is not to be removed.
+    #[test]
+    fn a_journal_that_is_not_a_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("c.jsonl");
+        std::fs::write(&out, "").unwrap();
+        std::fs::create_dir(dir.path().join("c.jsonl.partial")).unwrap();
+        for journal_too in [false, true] {
+            let err = remove_previous_output(&out, journal_too)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("is not a regular file"), "{err}");
+            assert!(out.exists());
+        }
+    }
+
+    /// Which corpora are the demo's: `corpus.first-N.jsonl` needs digits in N; eval-demo's is
+    /// named corpus.jsonl even beside the output; and one recorded from another folder is the
+    /// corpus.jsonl beside the output only when its fingerprint is that file's.
+    #[test]
+    fn a_demo_runs_corpus_is_named_and_placed_as_the_demo_writes_it() {
+        let demo = Path::new("/tmp/toolsift-demo-0123456789ab-u0");
+        let run = |corpus: &Path, xxh3: Option<&str>| RecordedRun {
+            model: demo.to_path_buf(),
+            corpus: Some(corpus.to_path_buf()),
+            corpus_xxh3: xxh3.map(str::to_owned),
+        };
+        let out = Path::new("/data/ev/cstar.jsonl");
+        for ok in ["corpus.first-12.jsonl", "corpus.jsonl"] {
+            assert_eq!(
+                not_a_demo_run(&run(&demo.join(ok), None), out),
+                None,
+                "{ok}"
+            );
+        }
+        let first = demo.join("corpus.first-.jsonl");
+        assert!(not_a_demo_run(&run(&first, None), out).is_some());
+        assert_eq!(
+            not_a_demo_run(&run(Path::new("/data/ev/corpus.jsonl"), None), out),
+            None
+        );
+        let notes = Path::new("/data/ev/notes.jsonl");
+        assert_eq!(
+            not_a_demo_run(&run(notes, None), out).as_deref(),
+            Some("the corpus /data/ev/notes.jsonl")
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("cstar.jsonl");
+        let beside = dir.path().join("corpus.jsonl");
+        std::fs::write(&beside, "{\"text\": \"a\"}\n").unwrap();
+        let xxh3 = format!(
+            "{:016x}",
+            crate::annotate::corpus::fingerprint(&beside).unwrap().xxh3
+        );
+        let elsewhere = Path::new("no-such-folder/corpus.jsonl");
+        assert_eq!(not_a_demo_run(&run(elsewhere, Some(&xxh3)), &out), None);
+        for other in ["0000000000000000", ""] {
+            assert!(not_a_demo_run(&run(elsewhere, Some(other)), &out).is_some());
+        }
+        assert!(not_a_demo_run(&run(elsewhere, None), &out).is_some());
+    }
 }

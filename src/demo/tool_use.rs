@@ -239,4 +239,107 @@ mod tests {
             assert!(p.answer.parse::<f64>().is_ok());
         }
     }
+
+    /// A prompt's id is its document's and the 0-based index of the calculator site it stops
+    /// at, and it carries the document's date.
+    #[test]
+    fn prompts_are_named_by_document_and_site_and_dated() {
+        let docs = generate_docs(4, 100);
+        let two = docs
+            .iter()
+            .find(|d| d.sites.len() == 2)
+            .expect("a document with two sites");
+        let prompts = arithmetic_prompts(std::slice::from_ref(two));
+        let ids: Vec<&str> = prompts.iter().map(|p| p.prompt.id.as_str()).collect();
+        assert_eq!(ids, [format!("{}#0", two.id), format!("{}#1", two.id)]);
+        for p in &prompts {
+            assert_eq!(p.prompt.date, Some(two.date.to_string()));
+        }
+    }
+
+    /// Outside calls, a "]" with no call open is text, and a call splits what is around it:
+    /// "12[...]5" answers 12, not 125.
+    #[test]
+    fn a_stray_bracket_is_text_and_a_call_separates_numbers() {
+        assert_eq!(answer_in("] 5"), Some(5.0));
+        assert_eq!(answer_in("12[Calculator(3 + 4) -> 7]5"), Some(12.0));
+    }
+
+    /// A completion is correct when its number equals the answer (as numbers: "20.0" is "20"),
+    /// not when it is near it.
+    #[test]
+    fn correct_means_the_same_number() {
+        let gen = |completion: &str| Generation {
+            completion: completion.into(),
+            calls: Vec::new(),
+            finish: crate::generate::Finish::Eos,
+            tokens: Vec::new(),
+            token_log_probs: Vec::new(),
+        };
+        assert!(correct(&gen(" 20%)"), "20"));
+        assert!(correct(&gen(" 20.0%)"), "20"));
+        assert!(!correct(&gen(" 20.25%)"), "20"));
+        assert!(!correct(&gen(" 19%)"), "20"));
+    }
+
+    /// Each count of the report is printed in its own place.
+    #[test]
+    fn the_line_prints_each_count_in_its_place() {
+        let report = ToolUseReport {
+            prompts: 10,
+            correct_with_tools: 9,
+            correct_without_tools: 2,
+            calls_made: 8,
+            calls_with_result: 7,
+            accuracy_with_tools: Some(0.9),
+            accuracy_without_tools: Some(0.2),
+            secs: 1.25,
+            examples: Vec::new(),
+        };
+        assert_eq!(
+            report.render(),
+            "tool use (generate, greedy, same 10 arithmetic prompts): with tools 9/10 correct \
+             (0.900; 8 made a call, 7 got a result), without tools 2/10 (0.200); 1.2 s\n"
+        );
+    }
+
+    /// `compare` on the demo model: tools help (calls are disabled in the second pass), a call
+    /// whose tool is not registered gets no result and is not counted as one, and no prompts
+    /// give no accuracy.
+    #[test]
+    fn compare_on_the_demo_model() {
+        let parent = tempfile::tempdir().unwrap();
+        let model = crate::Model::load(crate::demo::assets::materialize_in(parent.path()).unwrap())
+            .unwrap();
+        let tokenizer = model.tokenizer().unwrap();
+        let engine = crate::cpu::CpuScorer::new(&model);
+        let n_positions = model.config().n_positions;
+        let prompts: Vec<_> = arithmetic_prompts(&generate_docs(crate::demo::EVAL_SEED, 20))
+            .into_iter()
+            .take(4)
+            .collect();
+        let mut calculator = ToolRegistry::new();
+        calculator.register(crate::annotate::tools::Calculator::new());
+        let r = compare(&engine, tokenizer, &calculator, &prompts, n_positions).unwrap();
+        assert_eq!(r.prompts, 4);
+        assert!(
+            r.calls_made > 0 && r.calls_with_result == r.calls_made,
+            "{r:?}"
+        );
+        assert!(r.correct_with_tools > r.correct_without_tools, "{r:?}");
+        let r = compare(
+            &engine,
+            tokenizer,
+            &ToolRegistry::new(),
+            &prompts,
+            n_positions,
+        )
+        .unwrap();
+        assert!(r.calls_made > 0 && r.calls_with_result == 0, "{r:?}");
+        let r = compare(&engine, tokenizer, &calculator, &[], n_positions).unwrap();
+        assert_eq!(
+            (r.prompts, r.accuracy_with_tools, r.accuracy_without_tools),
+            (0, None, None)
+        );
+    }
 }
