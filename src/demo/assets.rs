@@ -173,6 +173,11 @@ pub fn write_generated(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// 12 hex digits of a 64-bit FNV-1a over every file's name, length and contents.
 pub fn content_hash() -> String {
+    hash_files(&FILES)
+}
+
+/// `content_hash` of `files` (apart, so that a test can alter one file and see the hash move).
+fn hash_files(files: &[(&str, &[u8])]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
         for &b in bytes {
@@ -180,7 +185,7 @@ pub fn content_hash() -> String {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
     };
-    for (name, bytes) in FILES {
+    for (name, bytes) in files {
         eat(name.as_bytes());
         eat(&[0]);
         eat(&(bytes.len() as u64).to_le_bytes());
@@ -541,6 +546,22 @@ mod tests {
     fn hash_is_stable_and_short() {
         assert_eq!(content_hash(), content_hash());
         assert_eq!(content_hash().len(), 12);
+    }
+
+    /// Every embedded file is in the folder's hash, by name and by contents: a demo folder of
+    /// other assets (another build's) is never taken for this build's.
+    #[test]
+    fn every_file_is_in_the_hash() {
+        let hash = content_hash();
+        for k in 0..FILES.len() {
+            let mut renamed = FILES;
+            renamed[k].0 = "other.name";
+            assert_ne!(hash_files(&renamed), hash, "{}", FILES[k].0);
+            let mut altered = FILES;
+            let longer = [FILES[k].1, b"x"].concat();
+            altered[k].1 = &longer;
+            assert_ne!(hash_files(&altered), hash, "{}", FILES[k].0);
+        }
     }
 
     /// A demo folder's name is the prefix, exactly 12 lowercase hex digits and, where there is

@@ -543,8 +543,8 @@ mod tests {
         assert_eq!(number_after(t, 3), Some(70.0));
         assert_eq!(number_after(t, 4), None, "inside 70");
         assert_eq!(number_after(t, 15), Some(2.5));
-        assert_eq!(number_after(t, 17), None, "inside 2.5, after its point");
-        assert_eq!(number_after(t, 18), None, "inside 2.5");
+        assert_eq!(number_after(t, 17), None, "inside 2.5, before its point");
+        assert_eq!(number_after(t, 18), None, "inside 2.5, after its point");
         assert_eq!(
             number_after("3 5", 1),
             Some(5.0),
