@@ -716,4 +716,14 @@ mod tests {
         assert_eq!(max_abs_diff(&ours, &ours[..1]), f64::INFINITY);
         assert_eq!(max_abs_diff(&ours[..1], &ours), f64::INFINITY);
     }
+
+    /// The report's medians: the middle of the sorted values, the mean of the middle two of an
+    /// even count (the ratios of two baseline rounds), NaN of none.
+    #[test]
+    fn median_is_the_sorted_middle_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[5.0]), 5.0);
+        assert!(median(&[]).is_nan());
+    }
 }

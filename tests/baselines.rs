@@ -446,7 +446,9 @@ fn bad_input_is_refused_with_a_message() {
 }
 
 /// `toolsift bench` end to end on a small model: warm-ups, rounds, and figures that agree with
-/// each other (each ratio the median of its rounds', the rounds' count, the work counted).
+/// each other (each ratio the median of its rounds', the rounds' count, the work counted). More
+/// rounds than baseline rounds: the baselines run in the first `baseline_reps` only, and an even
+/// count of them has the mean of the middle two for its median.
 #[test]
 fn bench_reports_per_round_ratios_that_agree_with_its_figures() {
     use toolsift::backend::Device;
@@ -457,8 +459,8 @@ fn bench_reports_per_round_ratios_that_agree_with_its_figures() {
         config: config.clone(),
         n_texts: 1,
         seed: 3,
-        reps: 2,
-        baseline_reps: 3,
+        reps: 3,
+        baseline_reps: 2,
         batch_size: 8,
         run_baselines: true,
         device: Device::Cpu,
@@ -467,19 +469,42 @@ fn bench_reports_per_round_ratios_that_agree_with_its_figures() {
     .unwrap();
     assert_eq!(report.candidates, 25);
     assert_eq!(report.rounds, 3, "max(reps, baseline_reps)");
-    assert_eq!(report.speedup_rounds.len(), 3);
-    assert_eq!(report.speedup_vs_tuned_rounds.len(), 3);
-    let median = |r: &[f64]| {
-        let mut r = r.to_vec();
-        r.sort_by(f64::total_cmp);
-        r[1]
-    };
+    assert_eq!(
+        report.speedup_rounds.len(),
+        2,
+        "the first baseline_reps rounds"
+    );
+    assert_eq!(report.speedup_vs_tuned_rounds.len(), 2);
+    let median = |r: &[f64]| (r[0] + r[1]) / 2.0;
     assert_eq!(report.speedup, Some(median(&report.speedup_rounds)));
     assert_eq!(
         report.speedup_vs_tuned,
         Some(median(&report.speedup_vs_tuned_rounds))
     );
-    assert_eq!(report.speedup_vs_tuned_kv_rounds.len(), 3);
+    assert_eq!(report.speedup_vs_tuned_kv_rounds.len(), 2);
+    // Each baseline's seconds are the median of its own rounds' (the first of each pair), and
+    // its candidates per second are over those.
+    for (secs, cands_per_s, pairs) in [
+        (
+            report.tuned_secs,
+            report.tuned_cands_per_s,
+            &report.tuned_round_secs,
+        ),
+        (
+            report.baseline_secs,
+            report.baseline_cands_per_s,
+            &report.baseline_round_secs,
+        ),
+        (
+            report.tuned_kv_secs,
+            report.tuned_kv_cands_per_s,
+            &report.tuned_kv_round_secs,
+        ),
+    ] {
+        let own = pairs.iter().map(|[b, _]| *b).collect::<Vec<_>>();
+        assert_eq!(secs, Some(median(&own)), "{pairs:?}");
+        assert_eq!(cands_per_s, Some(25.0 / secs.unwrap()));
+    }
     assert_eq!(
         report.speedup_vs_tuned_kv,
         Some(median(&report.speedup_vs_tuned_kv_rounds))
@@ -549,11 +574,15 @@ fn bench_refuses_comparisons_that_mean_nothing() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("--skip-baselines"), "{err}");
-    assert!(run(&BenchArgs {
+    // Without baselines, baseline_reps adds no rounds, and 0 reps is still one round.
+    let alone = run(&BenchArgs {
         run_baselines: false,
+        reps: 0,
+        baseline_reps: 3,
         ..args
     })
-    .unwrap()
-    .speedup
-    .is_none());
+    .unwrap();
+    assert!(alone.speedup.is_none());
+    assert_eq!(alone.rounds, 1);
+    assert!(alone.toolsift_secs > 0.0 && alone.toolsift_cands_per_s.is_finite());
 }

@@ -662,6 +662,12 @@ fn bench_refuses_what_it_cannot_run_before_working() {
     }
     let err = bench(&["--texts", "0", "--skip-baselines"]);
     assert!(err.contains("at least 1"), "{err}");
+    // Sizes no GPT-J has (heads that do not divide the width) are refused naming the flags.
+    let err = bench(&["--embd", "30", "--heads", "4", "--skip-baselines"]);
+    assert!(
+        err.contains("the random model's sizes (--layers, --embd"),
+        "{err}"
+    );
     if !cfg!(feature = "baselines") {
         let err = bench(&["--layers", "1"]);
         assert!(err.contains("baselines are not built in"), "{err}");
@@ -669,7 +675,10 @@ fn bench_refuses_what_it_cannot_run_before_working() {
 }
 
 /// A small bench run prints its JSON report on stdout and DESIGN's three figures (candidates
-/// per second, unique tokens per second, the fraction of the GEMM peak) on stderr.
+/// per second, unique tokens per second, the fraction of the GEMM peak) on stderr. Each figure
+/// is the quotient its field's docs give (BenchReport), of the report's own counts and seconds;
+/// without baselines the rounds are --reps alone (--baseline-reps does not add any) and every
+/// baseline field is null, 0 or empty.
 #[test]
 fn bench_reports_its_rates_on_both_streams() {
     let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
@@ -683,6 +692,8 @@ fn bench_reports_its_rates_on_both_streams() {
             "1",
             "--reps",
             "1",
+            "--baseline-reps",
+            "3",
             "--skip-baselines",
         ])
         .output()
@@ -691,6 +702,58 @@ fn bench_reports_its_rates_on_both_streams() {
     assert!(out.status.success(), "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["candidates"], 25);
+    assert_eq!(report["model"], "gptj L1 d32 h2 r8 v100");
+    assert_eq!(report["peak_source"], "measured");
+    assert_eq!(report["rounds"], 1, "{report}");
+    let f = |key: &str| {
+        report[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key}: {report}"))
+    };
+    let close = |key: &str, got: f64, want: f64| {
+        assert!(
+            (got - want).abs() <= 1e-9 * want.abs(),
+            "{key}: {got} vs {want}"
+        );
+    };
+    let (secs, unique) = (f("toolsift_secs"), f("unique_tokens"));
+    close(
+        "toolsift_cands_per_s",
+        f("toolsift_cands_per_s"),
+        25.0 / secs,
+    );
+    close(
+        "toolsift_tokens_per_s",
+        f("toolsift_tokens_per_s"),
+        unique / secs,
+    );
+    // An f32 K and V per unique token, layer and width.
+    close("kv_bytes", f("kv_bytes"), unique * 2.0 * 32.0 * 4.0);
+    if !report["peak_rss_bytes"].is_null() {
+        let memory = f("weights_bytes") + f("kv_bytes");
+        close(
+            "memory_ratio",
+            f("memory_ratio"),
+            f("peak_rss_bytes") / memory,
+        );
+    }
+    let head_flops = f("head_rows") * 2.0 * 32.0 * 100.0;
+    close(
+        "head_gflops",
+        f("head_gflops"),
+        head_flops / f("head_secs").max(1e-12) / 1e9,
+    );
+    let trunk = unique * toolsift::GptjConfig::small(1, 32, 2, 8, 100).trunk_flops_per_token();
+    close(
+        "whole_run_fraction_of_peak",
+        f("whole_run_fraction_of_peak"),
+        trunk / secs / 1e9 / f("gemm_gflops_peak"),
+    );
+    for key in ["speedup", "baseline_secs", "tuned_secs", "max_abs_diff"] {
+        assert!(report[key].is_null(), "{key}: {report}");
+    }
+    assert_eq!(report["speedup_rounds"], json!([]));
+    assert_eq!(report["tuned_tokens"], 0);
     for key in [
         "toolsift_cands_per_s",
         "toolsift_tokens_per_s",

@@ -419,6 +419,29 @@ fn demo_runs_as_library_calls() {
     assert_eq!(lines(&eval_dir.join("cstar.jsonl")).len(), 6);
 }
 
+/// `DemoOptions::tools` chooses the tools the demo run samples (the CLI's `--tools`): the
+/// summary has those alone, in that order.
+#[test]
+fn a_demo_run_samples_the_tools_it_is_given() {
+    use toolsift::annotate::{RunOutcome, ToolKind};
+    use toolsift::demo::run::{DemoOptions, DemoRun};
+    let dir = tempfile::tempdir().unwrap();
+    let demo = DemoRun::prepare(DemoOptions {
+        device: toolsift::Device::Cpu,
+        seed: None,
+        docs: Some(1),
+        tools: Some(vec![ToolKind::Calendar]),
+        out: dir.path().join("c.jsonl"),
+        progress: false,
+    })
+    .unwrap();
+    let RunOutcome::Done(summary, _) = demo.run().unwrap() else {
+        panic!("stopped")
+    };
+    let tools: Vec<&str> = summary.tools.iter().map(|t| t.tool.as_str()).collect();
+    assert_eq!(tools, ["Calendar"]);
+}
+
 #[test]
 fn generate_demo_calls_the_calculator_and_uses_its_result() {
     let cwd = tempfile::tempdir().unwrap();

@@ -484,6 +484,107 @@ mod tests {
             assert_eq!((p.tau_s, p.k, p.m, p.tau_f), (0.05, 5, 5, 1.0));
         }
         assert!(c.per_tool.calendar.require_date);
+        // The heuristics: numbers for the calculator, a date for the calendar, a foreign word
+        // for MT, none for WikiSearch and QA.
+        let heuristics = |t| {
+            let p = c.per_tool.get(t);
+            (p.min_numbers, p.require_date, p.min_foreign_words)
+        };
+        assert_eq!(heuristics(ToolKind::Calculator), (3, false, 0));
+        assert_eq!(heuristics(ToolKind::Calendar), (0, true, 0));
+        assert_eq!(heuristics(ToolKind::Mt), (0, false, 1));
+        assert_eq!(heuristics(ToolKind::WikiSearch), (0, false, 0));
+        assert_eq!(heuristics(ToolKind::Qa), (0, false, 0));
+    }
+
+    /// Every key of a `[per_tool.<tool>]` table is read over that tool's default, and a table
+    /// is its tool's alone: a tool whose table sets one key keeps its own defaults (its own
+    /// prompt included) for the rest, and `get` and `get_mut` reach the tool they name.
+    #[test]
+    fn every_per_tool_key_overrides_its_own_tools_default() {
+        let c = AnnotateConfig::from_toml(
+            "[per_tool.mt]\ntau_s = 0.25\nk = 3\nm = 4\ntau_f = 0.75\nmin_numbers = 2\n\
+             require_date = true\nmin_foreign_words = 5\nprompt = \"M {x}\"\n\
+             [per_tool.wikisearch]\nk = 2\n",
+        )
+        .unwrap();
+        let mt = c.per_tool.get(ToolKind::Mt);
+        assert_eq!((mt.tau_s, mt.k, mt.m, mt.tau_f), (0.25, 3, 4, 0.75));
+        assert_eq!(
+            (mt.min_numbers, mt.require_date, mt.min_foreign_words),
+            (2, true, 5)
+        );
+        assert_eq!(mt.prompt, "M {x}");
+        let w = c.per_tool.get(ToolKind::WikiSearch);
+        assert_eq!(
+            w,
+            &ToolParams {
+                k: 2,
+                ..ToolParams::paper(ToolKind::WikiSearch)
+            }
+        );
+        assert_ne!(w.prompt, ToolParams::paper(ToolKind::Qa).prompt);
+        assert_eq!(
+            c.per_tool.get(ToolKind::Qa),
+            &ToolParams::paper(ToolKind::Qa)
+        );
+
+        let mut c = AnnotateConfig::default();
+        for (i, &t) in ToolKind::ALL.iter().enumerate() {
+            c.per_tool.get_mut(t).k = 100 + i;
+        }
+        let ks = ToolKind::ALL.map(|t| c.per_tool.get(t).k);
+        assert_eq!(ks, std::array::from_fn(|i| 100 + i));
+    }
+
+    /// Each refusal of `validate` on its own, with the table or key it names: tau_s outside
+    /// [0, 1] (1 itself is a probability; a NaN is not), a tau_f that is not finite, an empty
+    /// text_field, max_call_tokens 0, a temperature below 0 or not a number.
+    #[test]
+    fn validate_refuses_each_setting_a_run_could_not_use() {
+        for text in [
+            "[per_tool.qa]\ntau_s = 1.0\n",
+            "[per_tool.qa]\ntau_s = 0.0\n",
+        ] {
+            assert!(AnnotateConfig::from_toml(text).is_ok(), "{text}");
+        }
+        let refused = |text: &str, says: &str| {
+            let e = AnnotateConfig::from_toml(text).unwrap_err().to_string();
+            assert!(e.contains(says), "{text}: {e}");
+        };
+        refused(
+            "[per_tool.qa]\ntau_s = -0.5\n",
+            "[per_tool.qa] tau_s = -0.5 is not a probability",
+        );
+        refused("[per_tool.qa]\ntau_s = nan\n", "is not a probability");
+        refused(
+            "[per_tool.mt]\ntau_f = inf\n",
+            "[per_tool.mt] tau_f must be finite",
+        );
+        refused("[per_tool.mt]\ntau_f = nan\n", "tau_f must be finite");
+        refused("text_field = \"\"\n", "text_field must not be empty");
+        refused(
+            "max_call_tokens = 0\n",
+            "max_call_tokens must be at least 1",
+        );
+        refused(
+            "temperature = -1.0\n",
+            "temperature -1 must be finite and >= 0",
+        );
+        refused("temperature = nan\n", "must be finite and >= 0");
+    }
+
+    /// `--tools` names are trimmed before they are matched, a custom tool's too (a built-in's
+    /// key is trimmed by `ToolKind::from_key` as well).
+    #[test]
+    fn tool_named_trims_a_custom_tools_name() {
+        let c =
+            AnnotateConfig::from_toml("[per_tool.custom.Weather]\nprompt = \"W {x}\"\n").unwrap();
+        assert_eq!(
+            c.tool_named(" Weather ").unwrap(),
+            c.tool_named("Weather").unwrap()
+        );
+        assert_eq!(c.tool_named(" qa\t").unwrap(), ToolKind::Qa.into());
     }
 
     /// The opt-in paper filter parses, prints when on and round-trips; off, it is left out of

@@ -552,4 +552,178 @@ mod tests {
         let e: Example = serde_json::from_str(old).unwrap();
         assert_eq!(e.l_none, None);
     }
+
+    fn calculator() -> SummaryBuilder {
+        SummaryBuilder::new(&[crate::annotate::ToolKind::Calculator.into()])
+    }
+
+    fn one_call(line: u64, delta: f64) -> CStarRecord {
+        CStarRecord {
+            line,
+            id: serde_json::Value::Null,
+            text: "so 2 in total".into(),
+            annotated_text: String::new(),
+            calls: vec![call(3, delta, delta >= 1.0)],
+        }
+    }
+
+    /// A rejected line is a line of the shard as well; every document's candidates add up; a
+    /// call that was not scored (no delta) is no example.
+    #[test]
+    fn lines_count_rejects_and_candidates_add_up_over_documents() {
+        let mut b = calculator();
+        b.reject();
+        let stats = |candidates| DocStats {
+            candidates,
+            ..Default::default()
+        };
+        let unscored = CStarRecord {
+            calls: vec![CallRecord {
+                delta: None,
+                ..call(3, 0.0, false)
+            }],
+            ..one_call(2, 0.0)
+        };
+        b.document(&unscored, &stats(4));
+        b.document(&one_call(3, 0.5), &stats(6));
+        let s = b.finish(1.0);
+        assert_eq!((s.lines, s.documents, s.rejected), (3, 2, 1));
+        assert_eq!(s.candidates_scored, 10);
+        let t = &s.tools[0];
+        assert_eq!(t.best.iter().map(|e| e.line).collect::<Vec<_>>(), [3]);
+        assert_eq!(t.worst.iter().map(|e| e.line).collect::<Vec<_>>(), [3]);
+    }
+
+    /// A call is an example of its own tool: a Calendar call in a run of Calculator and
+    /// Calendar is among the Calendar's best and worst, not the first tool's.
+    #[test]
+    fn an_example_goes_to_its_own_tool() {
+        let mut b = SummaryBuilder::new(&[
+            crate::annotate::ToolKind::Calculator.into(),
+            crate::annotate::ToolKind::Calendar.into(),
+        ]);
+        let record = CStarRecord {
+            calls: vec![CallRecord {
+                tool: "Calendar".into(),
+                ..call(3, 1.0, true)
+            }],
+            ..one_call(1, 1.0)
+        };
+        b.document(&record, &DocStats::default());
+        let s = b.finish(1.0);
+        assert!(s.tools[0].best.is_empty() && s.tools[0].worst.is_empty());
+        assert_eq!((s.tools[1].best.len(), s.tools[1].worst.len()), (1, 1));
+        assert_eq!(s.tools[1].best[0].tool, "Calendar");
+    }
+
+    /// Calls of equal delta: the earlier line keeps its place, in a run's best and worst and in
+    /// a merge of shards, which also keeps the best three of all shards' examples.
+    #[test]
+    fn ties_go_to_the_earlier_line_in_a_run_and_in_a_merge() {
+        let mut b = calculator();
+        for line in 1..=4 {
+            b.document(&one_call(line, 1.0), &DocStats::default());
+        }
+        let s = b.finish(1.0);
+        let lines = |list: &[Example]| list.iter().map(|e| e.line).collect::<Vec<_>>();
+        assert_eq!(lines(&s.tools[0].best), [1, 2, 3]);
+        assert_eq!(lines(&s.tools[0].worst), [1, 2, 3]);
+
+        // Shard 2 of lines 2, 4, 6 and shard 1 of lines 1, 3, 5, merged in that order.
+        let shard = |first| {
+            let mut b = calculator();
+            for line in [first, first + 2, first + 4] {
+                b.document(&one_call(line, 1.0), &DocStats::default());
+            }
+            b.finish(1.0)
+        };
+        let merged = Summary::merge_shards(&[shard(2), shard(1)]);
+        assert_eq!(lines(&merged.tools[0].best), [1, 2, 3]);
+        assert_eq!(lines(&merged.tools[0].worst), [1, 2, 3]);
+    }
+
+    /// A merge covers the whole corpus (shard 0/1, the first shard's corpus line count and
+    /// run), sums the counts and the resumed lines, and takes the slowest shard's wall time
+    /// (the shards run side by side).
+    #[test]
+    fn a_merge_sums_the_counts_and_takes_the_slowest_wall_time() {
+        let shard = |index, wall_secs, lines_resumed| {
+            let mut b = calculator();
+            b.document(&one_call(index + 1, 0.5), &DocStats::default());
+            b.reject();
+            Summary {
+                shard: Some(Shard { index, count: 2 }),
+                corpus_lines: Some(4),
+                run: Some(serde_json::json!({"seed": 7})),
+                lines_resumed,
+                ..b.finish(wall_secs)
+            }
+        };
+        let merged = Summary::merge_shards(&[shard(0, 2.0, 1), shard(1, 3.0, 2)]);
+        assert_eq!(merged.shard, Some(Shard::default()));
+        assert_eq!(merged.corpus_lines, Some(4));
+        assert_eq!(merged.run, Some(serde_json::json!({"seed": 7})));
+        assert_eq!((merged.lines, merged.documents, merged.rejected), (4, 2, 2));
+        assert_eq!(merged.lines_resumed, 3);
+        assert_eq!(merged.wall_secs, 3.0);
+    }
+
+    /// The table's tool column is 11 wide at least; a tool that executed no call is no
+    /// warning; each stage's share of the time is a percentage, 0% when no time was spent.
+    #[test]
+    fn render_pads_the_tool_column_and_shows_each_stages_share() {
+        let mut b = SummaryBuilder::new(&[crate::annotate::ToolKind::Qa.into()]);
+        b.document(&one_call(1, 0.5), &DocStats::default());
+        let idle = b.finish(0.0).render();
+        let header = idle.lines().nth(1).unwrap();
+        assert!(
+            header.starts_with(&format!("{:<11} {:>8}", "tool", "texts")),
+            "{idle}"
+        );
+        assert!(!idle.contains("warning"), "{idle}");
+        assert!(
+            idle.contains("sampling 0.00s (0%), tools 0.00s (0%), scoring 0.00s (0%)"),
+            "{idle}"
+        );
+        let mut b = calculator();
+        let secs = StageSecs {
+            sampling: 1.0,
+            tools: 1.0,
+            scoring: 2.0,
+        };
+        b.document(
+            &one_call(1, 0.5),
+            &DocStats {
+                secs,
+                ..Default::default()
+            },
+        );
+        let text = b.finish(5.0).render();
+        assert!(
+            text.contains(
+                "sampling 1.00s (25%), tools 1.00s (25%), scoring 2.00s (50%); wall 5.00s"
+            ),
+            "{text}"
+        );
+    }
+
+    /// An example's context is the 60 bytes before the call and the 40 after, each widened
+    /// outwards to a character boundary.
+    #[test]
+    fn an_examples_context_is_60_bytes_before_and_40_after() {
+        let call_text = "[Calculator(1 + 1) -> 2]";
+        let ascii: String = (0..200u8).map(|i| char::from(b'a' + i % 26)).collect();
+        let got = context(&ascii, 100, "Calculator", "1 + 1", Some("2"));
+        assert_eq!(
+            got,
+            format!("…{}{call_text}{}…", &ascii[40..100], &ascii[100..140])
+        );
+        // 60 bytes before the call at byte 101 is inside the 2-byte "é" at 40..42.
+        let text = format!("{}a{}", "é".repeat(30), "é".repeat(50));
+        let got = context(&text, 101, "Calculator", "1 + 1", Some("2"));
+        assert_eq!(
+            got,
+            format!("…{}{call_text}{}…", &text[40..101], &text[101..141])
+        );
+    }
 }

@@ -437,3 +437,54 @@ fn prepare_output(out: &Path, journal_too: bool) -> Result<Vec<PathBuf>> {
     }
     remove_previous_output(out, journal_too)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--seed` replaces the embedded settings' base seed, and the settings are checked again
+    /// with it (a seed past TOML's integers could not be recorded in the journal).
+    #[test]
+    fn settings_take_the_seed_given_and_check_it() {
+        let embedded = settings(None).unwrap();
+        assert_eq!(embedded, assets::demo_config().unwrap());
+        let seeded = settings(Some(embedded.seed + 5)).unwrap();
+        assert_eq!(seeded.seed, embedded.seed + 5);
+        assert_eq!(
+            AnnotateConfig {
+                seed: embedded.seed,
+                ..seeded
+            },
+            embedded
+        );
+        let e = settings(Some(u64::MAX)).unwrap_err().to_string();
+        assert!(e.contains("past TOML's integer range"), "{e}");
+    }
+
+    /// A file eval-demo would replace is its own only when its JSON has both keys it writes
+    /// ("kind" and "sites" for a set's first line, "seed" and "metrics" for a report); an
+    /// empty or missing file is nobody's.
+    #[test]
+    fn a_foreign_file_needs_both_keys_to_pass_for_eval_demos() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.json");
+        assert!(refuse_foreign_corpus(&path).is_ok() && refuse_foreign_report(&path).is_ok());
+        let with = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            (
+                refuse_foreign_corpus(&path).is_ok(),
+                refuse_foreign_report(&path).is_ok(),
+            )
+        };
+        assert_eq!(with(""), (true, true));
+        assert_eq!(
+            with("{\"kind\": \"x\", \"sites\": []}\n{}\n"),
+            (true, false)
+        );
+        assert_eq!(with("{\"kind\": \"x\"}\n"), (false, false));
+        assert_eq!(with("{\"sites\": []}\n"), (false, false));
+        assert_eq!(with("{\"seed\": 2, \"metrics\": {}}\n"), (false, true));
+        assert_eq!(with("{\"seed\": 2}\n"), (false, false));
+        assert_eq!(with("{\"metrics\": {}}\n"), (false, false));
+    }
+}
