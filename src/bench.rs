@@ -32,7 +32,7 @@ pub struct BenchArgs {
     /// Seed of the workload and of the random weights (`GptjWeights::random`).
     pub seed: u64,
     /// Timed rounds: toolsift runs in each of max(reps, baseline_reps), the baselines in the
-    /// first `baseline_reps`.
+    /// first `baseline_reps`; without baselines, max(reps, 1) rounds.
     pub reps: usize,
     /// Rounds the baselines are timed in, the first ones; at least 1 when `run_baselines`
     /// (`run` refuses 0).
