@@ -200,8 +200,8 @@ impl SummaryBuilder {
                 ),
             };
             // Best: highest delta first; ties keep the earlier example.
-            insert(&mut t.best, example, |a, b| a.delta > b.delta);
-            insert(&mut t.worst, example, |a, b| a.delta < b.delta);
+            insert(&mut t.best, delta, example, |a, b| a > b);
+            insert(&mut t.worst, delta, example, |a, b| a < b);
         }
     }
 
@@ -213,18 +213,21 @@ impl SummaryBuilder {
     }
 }
 
+/// Puts the example of a call with `delta` in its place in `list` (the first place whose example
+/// it is `better` than), keeping the first `EXAMPLES`; the example (its context string) is made
+/// only when it is kept.
 fn insert(
     list: &mut Vec<Example>,
-    make: impl Fn() -> Example,
-    better: impl Fn(&Example, &Example) -> bool,
+    delta: f64,
+    make: impl FnOnce() -> Example,
+    better: impl Fn(f64, f64) -> bool,
 ) {
-    let e = make();
     let at = list
         .iter()
-        .position(|x| better(&e, x))
+        .position(|x| better(delta, x.delta))
         .unwrap_or(list.len());
     if at < EXAMPLES {
-        list.insert(at, e);
+        list.insert(at, make());
         list.truncate(EXAMPLES);
     }
 }
