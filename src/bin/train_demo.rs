@@ -207,3 +207,36 @@ fn non_negative(s: &str) -> Result<f64, String> {
 fn fraction(s: &str) -> Result<f64, String> {
     float_in(s, |v| (0.0..=1.0).contains(&v), "a fraction from 0 to 1")
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    fn parses(args: &[&str]) -> bool {
+        let argv = ["train-demo", "--out", "x"].iter().chain(args);
+        Cli::try_parse_from(argv).is_ok()
+    }
+
+    /// The float flags at their bounds: --lr above 0, --weight-decay and --grad-clip 0 or more,
+    /// --final-lr-frac 0 to 1 inclusive, none infinite or NaN.
+    #[test]
+    fn float_flags_are_checked_at_their_bounds() {
+        assert!(parses(&["--lr", "1e-9"]) && !parses(&["--lr", "0"]));
+        assert!(!parses(&["--lr", "inf"]) && !parses(&["--lr", "NaN"]));
+        assert!(parses(&["--weight-decay", "0"]) && !parses(&["--weight-decay", "-0.1"]));
+        assert!(parses(&["--grad-clip", "0"]) && !parses(&["--grad-clip", "inf"]));
+        assert!(parses(&["--final-lr-frac", "0"]) && parses(&["--final-lr-frac", "1"]));
+        assert!(!parses(&["--final-lr-frac", "1.01"]) && !parses(&["--final-lr-frac", "-0.01"]));
+    }
+
+    /// --vocab-size leaves room for a merge (258 and up); --check-sequences and --batch at
+    /// least 1 (a check of none would pass having compared nothing).
+    #[test]
+    fn integer_flags_are_checked_at_their_bounds() {
+        assert!(parses(&["--vocab-size", "258"]) && !parses(&["--vocab-size", "257"]));
+        assert!(parses(&["--check-sequences", "1"]) && !parses(&["--check-sequences", "0"]));
+        assert!(parses(&["--batch", "1"]) && !parses(&["--batch", "0"]));
+    }
+}

@@ -144,7 +144,69 @@ pub fn check_folder(dir: &Path, o: &TrainOptions) -> Result<ReferenceCheck> {
 
 #[cfg(test)]
 mod tests {
-    use super::worst_of;
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+    use crate::demo::train::write_config;
+    use crate::model::checkpoint::write_safetensors;
+
+    fn check(max_abs_diff: f64, engine_vs_reference: f64) -> ReferenceCheck {
+        ReferenceCheck {
+            sequences: 1,
+            positions: 1,
+            max_abs_diff,
+            worst: (0, 0, 0),
+            worst_log_p: 0.0,
+            max_abs_diff_likely: 0.0,
+            engine_vs_reference,
+            candle_vs_engine: 0.0,
+        }
+    }
+
+    /// The gate: within 1e-4 of the reference passes whatever the engine's error, beyond it only
+    /// within twice the engine's own error.
+    #[test]
+    fn the_gate_is_1e_4_or_twice_the_engines_error() {
+        assert!(check(5e-5, 0.0).passes());
+        assert!(check(1e-4, 0.0).passes());
+        assert!(check(1e-3, 6e-4).passes());
+        assert!(!check(1e-3, 4e-4).passes());
+        assert!(!check(f64::INFINITY, 1.0).passes());
+    }
+
+    /// A candle forward that gives NaN (a NaN weight the written folder does not have) is the
+    /// worst difference and fails the check, not a difference of 0; positions count every token.
+    #[test]
+    fn a_nan_in_candles_log_probs_fails_the_check() {
+        let config = TrainOptions {
+            n_layer: 1,
+            n_embd: 16,
+            n_head: 2,
+            rotary_dim: 4,
+            n_positions: 16,
+            ..TrainOptions::default()
+        }
+        .gptj_config(24);
+        let model = TrainModel::init(&config, 2).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        write_config(dir.path(), &config, 23).unwrap();
+        let tensors = model.named_tensors().unwrap();
+        write_safetensors(&dir.path().join("model.safetensors"), &tensors).unwrap();
+        let seqs = vec![vec![1, 2, 3], vec![4, 5]];
+        let ok = check_against_reference(dir.path(), &model, &seqs).unwrap();
+        assert!(ok.passes() && ok.max_abs_diff < 1e-5, "{ok:?}");
+        assert_eq!((ok.sequences, ok.positions), (2, 5));
+        let (_, bias) = model
+            .named_vars()
+            .iter()
+            .find(|(n, _)| n == "lm_head.bias")
+            .unwrap();
+        bias.set(&Tensor::full(f32::NAN, 24, &Device::Cpu).unwrap())
+            .unwrap();
+        let bad = check_against_reference(dir.path(), &model, &seqs).unwrap();
+        assert_eq!(bad.max_abs_diff, f64::INFINITY);
+        assert!(!bad.passes());
+    }
 
     #[test]
     fn a_nan_difference_is_the_worst_and_stays_so() {

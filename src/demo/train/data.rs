@@ -89,7 +89,63 @@ pub fn encode_pieces(tok: &crate::model::Tokenizer, pieces: &[String]) -> Result
 
 #[cfg(test)]
 mod tests {
-    use super::Batch;
+    use super::{epoch_batches, shuffle, Batch};
+    use crate::util::rng::Rng;
+
+    /// Inputs are each sequence less its last token, right-padded with the pad id; the rows that
+    /// predict are each row's own positions in the flat [B * T], their targets the next tokens.
+    #[test]
+    fn a_batch_pads_with_the_pad_id_and_targets_the_next_tokens() {
+        let seqs = vec![vec![1, 2, 3, 4], vec![5, 6]];
+        let b = Batch::new(&seqs, &[1, 0], 9).unwrap();
+        assert_eq!(b.ids.to_vec2::<u32>().unwrap(), [[5, 9, 9], [1, 2, 3]]);
+        assert_eq!(b.rows.to_vec1::<u32>().unwrap(), [0, 3, 4, 5]);
+        assert_eq!(b.targets.to_vec1::<u32>().unwrap(), [6, 2, 3, 4]);
+        assert_eq!((b.tokens, b.padded_len), (4, 3));
+    }
+
+    /// The shuffle is Fisher-Yates (a swap partner from 0 to i inclusive): every permutation
+    /// occurs. With 0..i (Sattolo's) only the cycles would, never one leaving an element in place.
+    #[test]
+    fn the_shuffle_reaches_every_permutation() {
+        let mut rng = Rng::new(5);
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..2000 {
+            let mut v = [0, 1, 2, 3];
+            shuffle(&mut v, &mut rng);
+            seen.insert(v);
+        }
+        assert_eq!(seen.len(), 24);
+    }
+
+    /// An epoch holds every sequence once; within a bucket (`batch * bucket_batches`) batches are
+    /// cut from the length-sorted order, so two batches of one bucket do not overlap in length;
+    /// the batches are shuffled, not left shortest first.
+    #[test]
+    fn an_epoch_sorts_each_bucket_by_length_and_shuffles_the_batches() {
+        let lens: Vec<usize> = (0..20).map(|i| 100 + (i * 7) % 20).collect();
+        let batches = epoch_batches(&lens, 4, 5, &mut Rng::new(2));
+        assert_eq!(batches.len(), 5);
+        let mut all: Vec<usize> = batches.concat();
+        all.sort();
+        assert_eq!(all, (0..20).collect::<Vec<_>>());
+        let ranges: Vec<(usize, usize)> = batches
+            .iter()
+            .map(|b| {
+                let l: Vec<usize> = b.iter().map(|&i| lens[i]).collect();
+                (*l.iter().min().unwrap(), *l.iter().max().unwrap())
+            })
+            .collect();
+        for (i, a) in ranges.iter().enumerate() {
+            for b in &ranges[i + 1..] {
+                assert!(a.1 < b.0 || b.1 < a.0, "overlapping batches: {ranges:?}");
+            }
+        }
+        assert!(ranges.windows(2).any(|w| w[0].0 > w[1].0), "{ranges:?}");
+        // Buckets of one batch: batches are then the shuffled order, unsorted.
+        let small = epoch_batches(&lens, 4, 1, &mut Rng::new(2));
+        assert!(small.iter().all(|b| b.len() == 4));
+    }
 
     #[test]
     fn a_batch_refuses_an_empty_sequence_and_one_with_nothing_to_predict() {

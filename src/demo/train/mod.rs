@@ -778,6 +778,132 @@ mod tests {
         assert!(last < first * 0.8, "{first} -> {last}");
     }
 
+    /// The schedule at its corners: warmup from lr / warmup at step 0 to lr at step warmup - 1,
+    /// the cosine from lr at step `warmup` (over `steps - warmup`, not `steps`) to the floor
+    /// `final_lr_frac * lr` at the last step and after; warmup 0 starts at lr.
+    #[test]
+    fn lr_warms_up_linearly_then_decays_by_cosine_to_the_floor() {
+        let o = TrainOptions {
+            lr: 1.0,
+            warmup: 4,
+            steps: 14,
+            final_lr_frac: 0.1,
+            ..TrainOptions::default()
+        };
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        for (step, want) in [
+            (0, 0.25),
+            (1, 0.5),
+            (3, 1.0),
+            (4, 1.0),
+            (9, 0.55),
+            (14, 0.1),
+            (99, 0.1),
+        ] {
+            let got = o.lr_at(step);
+            assert!(close(got, want), "step {step}: {got}, want {want}");
+        }
+        let none = TrainOptions { warmup: 0, ..o };
+        assert!(close(none.lr_at(0), 1.0) && close(none.lr_at(7), 0.55));
+    }
+
+    /// The model's vocabulary is the tokenizer's size rounded up to a multiple of 8.
+    #[test]
+    fn the_vocabulary_is_padded_to_a_multiple_of_8() {
+        let o = TrainOptions::default();
+        let sizes: Vec<usize> = [505, 511, 512, 513]
+            .map(|n| o.gptj_config(n).vocab_size)
+            .to_vec();
+        assert_eq!(sizes, [512, 512, 512, 520]);
+    }
+
+    /// A tiny run end to end (1 layer, 3 steps over 2 epochs): the data statistics against the
+    /// written tokenizer, one log entry every `log_every` steps and one at the last, the batch
+    /// order (each entry's tokens: a new shuffle for the second epoch), `check_sequences`
+    /// compared, `mean_step_s`; a second run into its own output is allowed and gives the same
+    /// losses; `check_folder` cuts sequences to n_positions as `run` does; only sequences
+    /// longer than n_positions count as truncated.
+    #[test]
+    fn a_tiny_run_reports_its_data_log_and_check_and_reruns_into_its_folder() {
+        let o = TrainOptions {
+            docs: 6,
+            steps: 5,
+            batch: 4,
+            bucket_batches: 1,
+            warmup: 2,
+            vocab_size: 400,
+            n_layer: 1,
+            n_embd: 16,
+            n_head: 2,
+            rotary_dim: 4,
+            n_positions: 24,
+            log_every: 2,
+            check_sequences: 2,
+            ..TrainOptions::default()
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m");
+        let r = run(&out, &o, "test", &mut |_| {}).unwrap();
+
+        let tok = crate::model::Tokenizer::from_file(&out.join("tokenizer.json")).unwrap();
+        let full: Vec<usize> = crate::demo::corpus::training_sequences(o.data_seed, o.docs)
+            .iter()
+            .map(|p| encode_pieces(&tok, p).unwrap().len())
+            .collect();
+        let lens: Vec<usize> = full.iter().map(|&n| n.min(o.n_positions)).collect();
+        let d = &r.data;
+        assert_eq!(d.sequences, lens.len());
+        assert_eq!(d.dropped_short, 0);
+        assert_eq!(d.truncated, full.iter().filter(|&&n| n > 24).count());
+        assert!(d.truncated > 0 && d.truncated < d.sequences, "{d:?}");
+        assert_eq!(d.tokens, lens.iter().sum::<usize>());
+        assert_eq!(d.max_len, 24);
+        assert_eq!(d.tokenizer_size, tok.vocab_size());
+        assert_eq!(r.config.vocab_size, d.tokenizer_size.div_ceil(8) * 8);
+
+        let steps: Vec<usize> = r.losses.iter().map(|e| e.step).collect();
+        assert_eq!(steps, [2, 4, 5]);
+        assert_eq!(r.step_losses.len(), 5);
+        let mut rng = Rng::new(o.seed ^ 0x5EED_BA7C_0000_0001);
+        let mut order = epoch_batches(&lens, 4, 1, &mut rng);
+        assert_eq!(order.len(), 3, "{lens:?}");
+        order.extend(epoch_batches(&lens, 4, 1, &mut rng));
+        let tokens: Vec<f64> = order
+            .iter()
+            .map(|b| b.iter().map(|&i| lens[i] - 1).sum::<usize>() as f64)
+            .collect();
+        let want = [
+            (tokens[0] + tokens[1]) / 2.0,
+            (tokens[2] + tokens[3]) / 2.0,
+            tokens[4],
+        ];
+        let got: Vec<f64> = r.losses.iter().map(|e| e.tokens).collect();
+        assert_eq!(got, want);
+        assert_eq!(r.reference.sequences, 2);
+        assert!(r.reference.passes(), "{:?}", r.reference);
+        assert!((r.mean_step_s - r.train_s / 5.0).abs() < 1e-12);
+
+        let again = run(&out, &o, "test", &mut |_| {}).unwrap();
+        assert_eq!(again.step_losses, r.step_losses);
+        let check = check_folder(&out, &o).unwrap();
+        assert_eq!(check.sequences, 2);
+        assert!(check.passes(), "{check:?}");
+
+        // A sequence of exactly n_positions tokens is kept whole, not counted as truncated.
+        let mut sorted = full.clone();
+        sorted.sort();
+        let at = sorted[sorted.len() / 2];
+        assert!(at < sorted[sorted.len() - 1]);
+        let o = TrainOptions {
+            n_positions: at,
+            steps: 1,
+            ..o
+        };
+        let r = run(&tmp.path().join("m2"), &o, "test", &mut |_| {}).unwrap();
+        assert_eq!(r.data.truncated, full.iter().filter(|&&n| n > at).count());
+        assert_eq!(r.data.max_len, at);
+    }
+
     #[test]
     fn tokenizer_splits_digits_and_keeps_brackets() {
         let texts: Vec<String> = (0..50)
@@ -791,5 +917,24 @@ mod tests {
         let eot = check_tokenizer(&tok, &texts).unwrap();
         assert_eq!(eot as usize, tok.vocab_size() - 1);
         assert_eq!(tok.encode_ids(" 25").unwrap().len(), 3);
+    }
+
+    /// 258 ids (256 bytes, one merge, <|endoftext|>) is the smallest tokenizer; with so few
+    /// merges " [" is two tokens, which `check_tokenizer` refuses when the texts hold it.
+    #[test]
+    fn the_smallest_tokenizer_is_258_ids_and_a_split_bracket_is_refused() {
+        let texts: Vec<String> = (0..20).map(|i| format!("total {i} of 7 passed")).collect();
+        let err = train_tokenizer(&texts, 257).unwrap_err().to_string();
+        assert!(err.contains("no room for merges"), "{err}");
+        let tok = train_tokenizer(&texts, 258).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        tok.save(&path, false).unwrap();
+        let tok = crate::model::Tokenizer::from_file(&path).unwrap();
+        assert_eq!(tok.vocab_size(), 258);
+        assert!(check_tokenizer(&tok, &texts).is_ok());
+        let bracket = vec!["see [x]".to_string()];
+        let err = check_tokenizer(&tok, &bracket).unwrap_err().to_string();
+        assert!(err.contains("raise --vocab-size"), "{err}");
     }
 }

@@ -254,3 +254,68 @@ impl TrainModel {
         Ok(lp.to_vec2::<f32>()?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::demo::train::TrainOptions;
+
+    fn config(n_layer: usize) -> GptjConfig {
+        TrainOptions {
+            n_layer,
+            n_embd: 32,
+            n_head: 4,
+            rotary_dim: 4,
+            n_positions: 16,
+            ..TrainOptions::default()
+        }
+        .gptj_config(40)
+    }
+
+    /// A padded batch's loss is the mean, over the real positions of its rows, of -log p of the
+    /// next token, as `log_softmax` gives it for each sequence alone (padding is not a target).
+    #[test]
+    fn the_loss_is_the_mean_next_token_cross_entropy_of_real_positions() {
+        let model = TrainModel::init(&config(1), 5).unwrap();
+        let seqs = vec![vec![1, 5, 9, 2], vec![3, 7], vec![4, 4, 8]];
+        let batch = Batch::new(&seqs, &[0, 1, 2], 39).unwrap();
+        let loss = model.loss(&batch).unwrap().to_scalar::<f32>().unwrap() as f64;
+        let mut sum = 0f64;
+        for s in &seqs {
+            let lp = model.log_softmax(s).unwrap();
+            for i in 0..s.len() - 1 {
+                sum -= lp[i][s[i + 1] as usize] as f64;
+            }
+        }
+        let want = sum / 6.0;
+        assert!((loss - want).abs() < 1e-5, "{loss} vs {want}");
+    }
+
+    /// Initial weights: std 0.02, out_proj and fc_out 0.02 / sqrt(2 n_layer), LayerNorm
+    /// weights 1, biases 0 (sample std of a seeded draw, within 10%).
+    #[test]
+    fn init_scales_the_residual_projections_by_one_over_sqrt_2_n_layer() {
+        let model = TrainModel::init(&config(2), 1).unwrap();
+        for (name, var) in model.named_vars() {
+            let v: Vec<f32> = var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+            if name.ends_with("ln_1.weight") || name.ends_with("ln_f.weight") {
+                assert!(v.iter().all(|&x| x == 1.0), "{name}");
+                continue;
+            }
+            if name.ends_with(".bias") {
+                assert!(v.iter().all(|&x| x == 0.0), "{name}");
+                continue;
+            }
+            let want = if name.ends_with("out_proj.weight") || name.ends_with("fc_out.weight") {
+                0.01
+            } else {
+                0.02
+            };
+            let std = (v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
+            assert!(
+                (std / want - 1.0).abs() < 0.1,
+                "{name}: std {std}, want {want}"
+            );
+        }
+    }
+}
