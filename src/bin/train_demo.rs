@@ -42,8 +42,9 @@ struct Cli {
     /// Global gradient-norm clip (0: none).
     #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
     grad_clip: f64,
-    /// Threads for candle's matrix products (default: all cores).
-    #[arg(long)]
+    /// Threads for candle's matrix products (default: all cores; at least 1, so that the
+    /// count training.json records is the one that ran).
+    #[arg(long, value_parser = at_least(1))]
     threads: Option<usize>,
     /// Tokenizer size, <|endoftext|> included (the model's vocabulary is padded to a multiple of
     /// 8): more than the 256 bytes and <|endoftext|>.
@@ -231,12 +232,13 @@ mod tests {
         assert!(!parses(&["--final-lr-frac", "1.01"]) && !parses(&["--final-lr-frac", "-0.01"]));
     }
 
-    /// --vocab-size leaves room for a merge (258 and up); --check-sequences and --batch at
-    /// least 1 (a check of none would pass having compared nothing).
+    /// --vocab-size leaves room for a merge (258 and up); --check-sequences, --batch and
+    /// --threads at least 1 (a check of none would pass having compared nothing).
     #[test]
     fn integer_flags_are_checked_at_their_bounds() {
         assert!(parses(&["--vocab-size", "258"]) && !parses(&["--vocab-size", "257"]));
         assert!(parses(&["--check-sequences", "1"]) && !parses(&["--check-sequences", "0"]));
         assert!(parses(&["--batch", "1"]) && !parses(&["--batch", "0"]));
+        assert!(parses(&["--threads", "1"]) && !parses(&["--threads", "0"]));
     }
 }

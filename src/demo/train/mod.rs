@@ -316,10 +316,14 @@ pub fn run(
     let pieces = crate::demo::corpus::training_sequences(o.data_seed, o.docs);
     let texts = crate::demo::corpus::tokenizer_texts(o.data_seed, o.docs);
     let tok = train_tokenizer(&texts, o.vocab_size)?;
+    // Written into the folder with the model, at the end: a run that fails before then (a
+    // tokenizer `check_tokenizer` refuses, an interrupted training) leaves no file there that
+    // would make `check_out_folder` refuse the rerun.
     let tok_path = out.join("tokenizer.json");
-    tok.save(&tok_path, true)
-        .map_err(|e| anyhow!("writing {}: {e}", tok_path.display()))?;
-    let tok = crate::model::Tokenizer::from_file(&tok_path)?;
+    let tok_json = tok
+        .to_string(true)
+        .map_err(|e| anyhow!("serialising the tokenizer: {e}"))?;
+    let tok = crate::model::Tokenizer::from_bytes(tok_json.as_bytes(), &tok_path)?;
     let eot = check_tokenizer(&tok, &texts)?;
     let tokenizer_size = tok.vocab_size();
     let mut seqs = Vec::with_capacity(pieces.len());
@@ -456,6 +460,8 @@ pub fn run(
 
     // The folder, then the proof that the engine computes what was trained.
     write_config(out, &config, eot)?;
+    std::fs::write(&tok_path, &tok_json)
+        .with_context(|| format!("writing {}", tok_path.display()))?;
     write_safetensors(&out.join("model.safetensors"), &model.named_tensors()?)?;
     let check: Vec<Vec<u32>> = seqs
         .iter()
@@ -815,6 +821,38 @@ mod tests {
             .map(|n| o.gptj_config(n).vocab_size)
             .to_vec();
         assert_eq!(sizes, [512, 512, 512, 520]);
+    }
+
+    /// A run that fails after its tokenizer is trained (one `check_tokenizer` refuses: too few
+    /// ids for " [" to be one token) leaves its new folder empty, so the rerun with a larger
+    /// vocabulary is not refused as "not a train-demo output".
+    #[test]
+    fn a_failed_run_leaves_its_folder_to_the_rerun() {
+        let o = TrainOptions {
+            docs: 6,
+            steps: 1,
+            batch: 4,
+            bucket_batches: 1,
+            vocab_size: 259,
+            n_layer: 1,
+            n_embd: 16,
+            n_head: 2,
+            rotary_dim: 4,
+            n_positions: 24,
+            check_sequences: 1,
+            ..TrainOptions::default()
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m");
+        let err = run(&out, &o, "test", &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains("raise --vocab-size"), "{err}");
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+        let o = TrainOptions {
+            vocab_size: 400,
+            ..o
+        };
+        run(&out, &o, "test", &mut |_| {}).unwrap();
+        assert!(out.join("tokenizer.json").is_file() && out.join("training.json").is_file());
     }
 
     /// A tiny run end to end (1 layer, 3 steps over 2 epochs): the data statistics against the
