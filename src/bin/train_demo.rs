@@ -79,6 +79,35 @@ struct Cli {
     profile_steps: usize,
 }
 
+impl Cli {
+    /// The run's options: the flags, the rest of the demo model's recipe, and `threads` (the
+    /// count that runs, `--threads` or all cores).
+    fn options(&self, threads: usize) -> TrainOptions {
+        TrainOptions {
+            seed: self.seed,
+            data_seed: self.data_seed.unwrap_or(self.seed),
+            docs: self.docs,
+            steps: self.steps,
+            batch: self.batch,
+            lr: self.lr,
+            warmup: self.warmup,
+            final_lr_frac: self.final_lr_frac,
+            weight_decay: self.weight_decay,
+            grad_clip: self.grad_clip,
+            vocab_size: self.vocab_size,
+            n_layer: self.n_layer,
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+            rotary_dim: self.rotary_dim,
+            n_positions: self.n_positions,
+            log_every: self.log_every,
+            check_sequences: self.check_sequences,
+            threads,
+            ..TrainOptions::default()
+        }
+    }
+}
+
 /// Keeps freed tensor buffers in the heap instead of returning them to the kernel: a training
 /// step allocates and frees the same large buffers over and over, and glibc's default (buffers of
 /// 128 KiB and more are fresh mmaps) made a step almost twice as long in page faults.
@@ -118,28 +147,7 @@ fn main() -> Result<()> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()?;
-    let o = TrainOptions {
-        seed: cli.seed,
-        data_seed: cli.data_seed.unwrap_or(cli.seed),
-        docs: cli.docs,
-        steps: cli.steps,
-        batch: cli.batch,
-        lr: cli.lr,
-        warmup: cli.warmup,
-        final_lr_frac: cli.final_lr_frac,
-        weight_decay: cli.weight_decay,
-        grad_clip: cli.grad_clip,
-        vocab_size: cli.vocab_size,
-        n_layer: cli.n_layer,
-        n_embd: cli.n_embd,
-        n_head: cli.n_head,
-        rotary_dim: cli.rotary_dim,
-        n_positions: cli.n_positions,
-        log_every: cli.log_every,
-        check_sequences: cli.check_sequences,
-        threads,
-        ..TrainOptions::default()
-    };
+    let o = cli.options(threads);
     if let Some(len) = cli.profile_len {
         let t = train::profile(&o, len, cli.profile_steps)?;
         println!(
@@ -213,7 +221,7 @@ fn fraction(s: &str) -> Result<f64, String> {
 mod tests {
     use clap::Parser;
 
-    use super::Cli;
+    use super::{Cli, TrainOptions};
 
     fn parses(args: &[&str]) -> bool {
         let argv = ["train-demo", "--out", "x"].iter().chain(args);
@@ -230,6 +238,21 @@ mod tests {
         assert!(parses(&["--grad-clip", "0"]) && !parses(&["--grad-clip", "inf"]));
         assert!(parses(&["--final-lr-frac", "0"]) && parses(&["--final-lr-frac", "1"]));
         assert!(!parses(&["--final-lr-frac", "1.01"]) && !parses(&["--final-lr-frac", "-0.01"]));
+    }
+
+    /// With no flags, train-demo trains the demo model's recipe (`TrainOptions::default()`, which
+    /// docs/demo-model.md gives); the corpus seed follows --seed unless --data-seed is given.
+    #[test]
+    fn no_flags_train_the_default_recipe() {
+        let cli = |args: &[&str]| {
+            Cli::try_parse_from(["train-demo", "--out", "x"].iter().chain(args)).unwrap()
+        };
+        let recipe = TrainOptions::default();
+        assert_eq!(cli(&[]).options(recipe.threads), recipe);
+        let o = cli(&["--seed", "7"]).options(1);
+        assert_eq!((o.seed, o.data_seed), (7, 7));
+        let o = cli(&["--seed", "7", "--data-seed", "9"]).options(1);
+        assert_eq!((o.seed, o.data_seed), (7, 9));
     }
 
     /// --vocab-size leaves room for a merge (258 and up); --check-sequences, --batch and

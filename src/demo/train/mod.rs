@@ -50,7 +50,7 @@ use crate::util::rng::Rng;
 pub const EOT: &str = "<|endoftext|>";
 
 /// Everything a training run depends on. `Default` is the demo model's recipe.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TrainOptions {
     /// Seed of the weights and of the batch order.
     pub seed: u64,
