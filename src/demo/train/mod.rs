@@ -823,47 +823,10 @@ mod tests {
         assert_eq!(sizes, [512, 512, 512, 520]);
     }
 
-    /// A run that fails after its tokenizer is trained (one `check_tokenizer` refuses: too few
-    /// ids for " [" to be one token) leaves its new folder empty, so the rerun with a larger
-    /// vocabulary is not refused as "not a train-demo output".
-    #[test]
-    fn a_failed_run_leaves_its_folder_to_the_rerun() {
-        let o = TrainOptions {
-            docs: 6,
-            steps: 1,
-            batch: 4,
-            bucket_batches: 1,
-            vocab_size: 259,
-            n_layer: 1,
-            n_embd: 16,
-            n_head: 2,
-            rotary_dim: 4,
-            n_positions: 24,
-            check_sequences: 1,
-            ..TrainOptions::default()
-        };
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("m");
-        let err = run(&out, &o, "test", &mut |_| {}).unwrap_err().to_string();
-        assert!(err.contains("raise --vocab-size"), "{err}");
-        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
-        let o = TrainOptions {
-            vocab_size: 400,
-            ..o
-        };
-        run(&out, &o, "test", &mut |_| {}).unwrap();
-        assert!(out.join("tokenizer.json").is_file() && out.join("training.json").is_file());
-    }
-
-    /// A tiny run end to end (1 layer, 3 steps over 2 epochs): the data statistics against the
-    /// written tokenizer, one log entry every `log_every` steps and one at the last, the batch
-    /// order (each entry's tokens: a new shuffle for the second epoch), `check_sequences`
-    /// compared, `mean_step_s`; a second run into its own output is allowed and gives the same
-    /// losses; `check_folder` cuts sequences to n_positions as `run` does; only sequences
-    /// longer than n_positions count as truncated.
-    #[test]
-    fn a_tiny_run_reports_its_data_log_and_check_and_reruns_into_its_folder() {
-        let o = TrainOptions {
+    /// A run of a second or less: 1 layer of 16 dims, 5 steps of 4 sequences over 6 documents,
+    /// sequences cut to 24 tokens, a log entry every 2 steps, 2 sequences checked.
+    fn tiny_run() -> TrainOptions {
+        TrainOptions {
             docs: 6,
             steps: 5,
             batch: 4,
@@ -878,7 +841,42 @@ mod tests {
             log_every: 2,
             check_sequences: 2,
             ..TrainOptions::default()
+        }
+    }
+
+    /// A run that fails after its tokenizer is trained (one `check_tokenizer` refuses: too few
+    /// ids for " [" to be one token) leaves its new folder empty, so the rerun with a larger
+    /// vocabulary is not refused as "not a train-demo output".
+    #[test]
+    fn a_failed_run_leaves_its_folder_to_the_rerun() {
+        let o = TrainOptions {
+            steps: 1,
+            ..tiny_run()
         };
+        let too_small = TrainOptions {
+            vocab_size: 259,
+            ..o.clone()
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m");
+        let err = run(&out, &too_small, "test", &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("raise --vocab-size"), "{err}");
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+        run(&out, &o, "test", &mut |_| {}).unwrap();
+        assert!(out.join("tokenizer.json").is_file() && out.join("training.json").is_file());
+    }
+
+    /// A tiny run end to end (1 layer, 3 steps over 2 epochs): the data statistics against the
+    /// written tokenizer, one log entry every `log_every` steps and one at the last, the batch
+    /// order (each entry's tokens: a new shuffle for the second epoch), `check_sequences`
+    /// compared, `mean_step_s`; a second run into its own output is allowed and gives the same
+    /// losses; `check_folder` cuts sequences to n_positions as `run` does; only sequences
+    /// longer than n_positions count as truncated.
+    #[test]
+    fn a_tiny_run_reports_its_data_log_and_check_and_reruns_into_its_folder() {
+        let o = tiny_run();
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("m");
         let r = run(&out, &o, "test", &mut |_| {}).unwrap();
