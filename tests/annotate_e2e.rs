@@ -126,15 +126,27 @@ impl Parts {
         config: &AnnotateConfig,
         tools: &[ToolKind],
     ) -> toolsift::Result<Annotator<'_>> {
+        self.try_annotator_sampling(&self.sampler, config, tools)
+    }
+
+    /// An annotator with these parts but `sampler` (one that draws what a test needs).
+    fn annotator_sampling<'a>(
+        &'a self,
+        sampler: &'a dyn Sampler,
+        config: &AnnotateConfig,
+        tools: &[ToolKind],
+    ) -> Annotator<'a> {
+        self.try_annotator_sampling(sampler, config, tools).unwrap()
+    }
+
+    fn try_annotator_sampling<'a>(
+        &'a self,
+        sampler: &'a dyn Sampler,
+        config: &AnnotateConfig,
+        tools: &[ToolKind],
+    ) -> toolsift::Result<Annotator<'a>> {
         let tok = self.model.tokenizer().unwrap();
-        Annotator::new(
-            tok,
-            &self.sampler,
-            &self.scorer,
-            &self.registry,
-            config,
-            tools,
-        )
+        Annotator::new(tok, sampler, &self.scorer, &self.registry, config, tools)
     }
 }
 
@@ -762,15 +774,7 @@ fn calls_are_sampled_at_the_likeliest_position_after_its_prefix() {
             call: tok.encode_ids("Calculator(12 * 3)]").unwrap(),
             seen: Default::default(),
         };
-        let a = Annotator::new(
-            tok,
-            &sampler,
-            &parts.scorer,
-            &parts.registry,
-            &config,
-            &[ToolKind::Calculator],
-        )
-        .unwrap();
+        let a = parts.annotator_sampling(&sampler, &config, &[ToolKind::Calculator]);
         let (r, s) = a.annotate_document(&doc(1, text)).unwrap();
         assert_eq!(s.tools["calculator"].positions, 1);
         let (ids, prefixes) = sampler.seen.into_inner().unwrap();
@@ -815,15 +819,7 @@ fn calls_of_two_tools_are_listed_by_position_and_spliced_best_first() {
             .collect(),
     );
     let tools = [ToolKind::Calculator, ToolKind::Calendar];
-    let a = Annotator::new(
-        tok,
-        &sampler,
-        &parts.scorer,
-        &parts.registry,
-        &config,
-        &tools,
-    )
-    .unwrap();
+    let a = parts.annotator_sampling(&sampler, &config, &tools);
     let text = "Out of 1400 people, 400 (or 29%) said yes.";
     let (r, s) = a.annotate_document(&doc(1, text)).unwrap();
     for key in ["calculator", "calendar"] {
