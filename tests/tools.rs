@@ -4,7 +4,8 @@
 //! only from an 8-digit run, WikiSearch's title-only hits, its 32-word query cap and a failed
 //! build that leaves nothing, a command tool's input ending with a newline, the 1 MiB output
 //! limit, HTTP 408/429 retried and an HTTP result trimmed, 10 retries allowed, and which
-//! services a tools table provides.
+//! services a tools table provides. And `toolsift index`, the command that builds WikiSearch's
+//! index, which no other test runs.
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -235,4 +236,59 @@ fn a_timeout_without_retries_does_not_count_tries() {
         tries: 1,
     };
     assert_eq!(e.to_string(), "timed out after 100ms");
+}
+
+/// `toolsift index` builds what WikiSearch opens, from the field --text-field names, and says
+/// what it read: documents, blank lines skipped, ids an earlier document has. An existing
+/// folder at --out is refused by name, and left as it was.
+#[test]
+fn the_index_command_builds_what_wikisearch_opens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let docs = write(
+        tmp.path(),
+        "docs.jsonl",
+        "{\"id\":\"z\",\"body\":\"A zebra is an African equine.\"}\n\n\
+         {\"id\":\"q\",\"body\":\"A quagga was a plains zebra.\"}\n\
+         {\"id\":\"z\",\"body\":\"An okapi is a giraffid.\"}\n",
+    );
+    let out = tmp.path().join("idx");
+    let index = |out: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["index", "--text-field", "body", "--docs"])
+            .arg(&docs)
+            .arg("--out")
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let o = index(&out);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "indexed 3 documents (1 blank lines skipped) into {}",
+            out.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("warning: 1 documents have an id an earlier document has"),
+        "{stderr}"
+    );
+    let w = WikiSearch::open(&out).unwrap();
+    // (The snippet is tantivy's fragment: it ends with the last word, before the period.)
+    let got = w.call("okapi", &doc("x"));
+    assert!(
+        matches!(&got, Ok(s) if s.starts_with("An okapi is a giraffid")),
+        "{got:?}"
+    );
+
+    let taken = tmp.path().join("taken");
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("keep"), "keep").unwrap();
+    let o = index(&taken);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&taken.display().to_string()), "{stderr}");
+    assert_eq!(std::fs::read_to_string(taken.join("keep")).unwrap(), "keep");
 }
