@@ -2517,3 +2517,51 @@ fn cli_generate_to_a_closed_pipe_ends_quietly() {
     assert!(out.status.success(), "{err}");
     assert!(!err.contains("Broken pipe"), "{err}");
 }
+
+/// `--top-k-call` and `--max-calls` reach the loop as themselves: on the demo model's arithmetic
+/// prompts the defaults (10, 1) start one call a prompt, either flag at 0 starts none, room for
+/// three starts a second, and `--top-k-call 1` (only where greedy decoding writes the opener)
+/// starts one with room for three.
+#[test]
+fn cli_top_k_call_and_max_calls_are_the_loops() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let lines: String = demo_prompts(4)
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            format!(
+                "{}\n",
+                serde_json::json!({"id": i, "prompt": p.prompt.text})
+            )
+        })
+        .collect();
+    std::fs::write(&input, lines).unwrap();
+    let calls_per_line = |flags: &[&str]| -> Vec<usize> {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["generate", "--demo", "--max-new-tokens", "24", "--input"])
+            .arg(&input)
+            .args(flags)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                v["calls"].as_array().unwrap().len()
+            })
+            .collect()
+    };
+    assert_eq!(calls_per_line(&[]), [1, 1, 1, 1]);
+    assert_eq!(calls_per_line(&["--max-calls", "0"]), [0, 0, 0, 0]);
+    assert_eq!(calls_per_line(&["--top-k-call", "0"]), [0, 0, 0, 0]);
+    // Room for three: a second call, at an opener among the top 10 that greedy would not write.
+    assert_eq!(calls_per_line(&["--max-calls", "3"]), [2, 2, 2, 2]);
+    let greedy = calls_per_line(&["--top-k-call", "1", "--max-calls", "3"]);
+    assert_eq!(greedy, [1, 1, 1, 1]);
+}
