@@ -415,20 +415,22 @@ fn ids_without_text_are_never_drawn() {
     );
 }
 
+/// A "Calculator" that answers with a fixed text.
+struct Answers(String);
+
+impl Tool for Answers {
+    fn name(&self) -> &str {
+        "Calculator"
+    }
+    fn call(&self, _: &str, _: &DocContext<'_>) -> Result<String, ToolError> {
+        Ok(self.0.clone())
+    }
+}
+
 /// A result with a token the model has no row for (a tokenizer larger than the model) fails
 /// that call, closed with "]", instead of the whole batch at the next step.
 #[test]
 fn a_result_outside_the_vocabulary_fails_its_call_only() {
-    /// A "Calculator" that answers with a fixed text.
-    struct Answers(String);
-    impl Tool for Answers {
-        fn name(&self) -> &str {
-            "Calculator"
-        }
-        fn call(&self, _: &str, _: &DocContext<'_>) -> Result<String, ToolError> {
-            Ok(self.0.clone())
-        }
-    }
     let model = tiny();
     let tokenizer = tok(&model);
     let m = scripted(tokenizer, 1, "Calculator(400 / 1400) ->", |_| 0);
@@ -468,6 +470,41 @@ fn a_result_outside_the_vocabulary_fails_its_call_only() {
     };
     let g = run(&m, tokenizer, &tools, &o);
     assert_eq!(g.calls[0].status, CallStatus::Ok, "{word}");
+}
+
+/// A result the tokenizer cannot encode (here a character its vocabulary lacks, with an unknown
+/// token it does not have either) fails that call, closed with "]", and decoding goes on: it
+/// failed the whole batch, every prompt in it an error line.
+#[test]
+fn a_result_the_tokenizer_cannot_encode_fails_its_call_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::tiny("f32").join("tokenizer.json");
+    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    // "~" is in no merge, so the rest of the vocabulary encodes as before.
+    json["model"]["vocab"].as_object_mut().unwrap().remove("~");
+    json["model"]["unk_token"] = "<unk>".into();
+    let file = dir.path().join("tokenizer.json");
+    std::fs::write(&file, json.to_string()).unwrap();
+    let tokenizer = &Tokenizer::from_file(&file).unwrap();
+    assert!(tokenizer.encode_ids("~").is_err());
+    let m = scripted(tokenizer, 1, "Calculator(1 + 2) ->", |_| 0);
+    let mut tools = ToolRegistry::new();
+    tools.register(Answers("~".into()));
+    let o = GenerateOptions {
+        max_new_tokens: 30,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &tools, &o);
+    let call = &g.calls[0];
+    assert_eq!(call.status, CallStatus::ToolError, "{:?}", g.completion);
+    let err = call.error.as_deref().unwrap();
+    assert!(err.contains("the result cannot be tokenized"), "{err}");
+    assert!(err.contains("<unk>"), "{err}");
+    assert!(
+        g.completion.starts_with("[Calculator(1 + 2) ->] a"),
+        "{:?}",
+        g.completion
+    );
 }
 
 /// A tokenizer that writes "]" with an id the model has no row for is refused before anything

@@ -631,19 +631,29 @@ impl Seq<'_> {
                                     ""
                                 };
                                 let splice = format!("{sep}{result}]");
-                                let ids = ctx.tokenizer.encode_ids(&splice)?;
-                                match ctx.options.vocab_size.map(|v| check_vocab(&ids, v)) {
-                                    // A token the model has no row for would fail the whole
-                                    // batch at the next step: this call's failure instead.
-                                    Some(Err(e)) => {
-                                        record.status = CallStatus::ToolError;
-                                        record.error = Some(format!("the result's {e}"));
-                                        close()?
-                                    }
-                                    _ => {
+                                // A result the tokenizer refuses, or with a token the model
+                                // has no row for, would fail the whole batch (now, or at the
+                                // next step): this call's failure instead.
+                                let ids = ctx
+                                    .tokenizer
+                                    .encode_ids(&splice)
+                                    .map_err(|e| format!("the result cannot be tokenized: {e}"))
+                                    .and_then(|ids| match ctx.options.vocab_size {
+                                        Some(v) => check_vocab(&ids, v)
+                                            .map(|()| ids)
+                                            .map_err(|e| format!("the result's {e}")),
+                                        None => Ok(ids),
+                                    });
+                                match ids {
+                                    Ok(ids) => {
                                         record.status = CallStatus::Ok;
                                         record.result = result;
                                         ids
+                                    }
+                                    Err(e) => {
+                                        record.status = CallStatus::ToolError;
+                                        record.error = Some(e);
+                                        close()?
                                     }
                                 }
                             }
