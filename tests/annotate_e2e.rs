@@ -2950,3 +2950,235 @@ fn a_corpus_changed_during_the_run_gets_advice_that_works() {
         }
     }
 }
+
+// Review of the driver
+
+/// A sharded run resumed says how many of its own lines it resumed after (not the number of
+/// the last corpus line its journal holds).
+#[test]
+fn a_sharded_resume_counts_its_own_lines_resumed() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 23);
+    let opts = |stop_after| RunOptions {
+        shard: Shard::new(1, 3).unwrap(),
+        stop_after,
+        ..whole_run(&corpus, dir.path().join("sh.jsonl"))
+    };
+    // Shard 1/3 owns lines 2, 5, ..., 23: two stops of 2 leave lines 2-11 done.
+    for _ in 0..2 {
+        let outcome = annotate::annotate(&a, &opts(Some(2))).unwrap();
+        assert!(matches!(outcome, RunOutcome::Stopped(2)), "{outcome:?}");
+    }
+    let RunOutcome::Done(summary, _) = annotate::annotate(&a, &opts(None)).unwrap() else {
+        panic!("not done")
+    };
+    assert_eq!((summary.lines, summary.lines_resumed), (8, 4));
+}
+
+/// A document the annotator refuses as input (here the sampler says so) is that line's
+/// reject, with the reason, and the run goes on to finish; it does not stop the run.
+#[test]
+fn an_input_error_annotating_a_document_is_its_reject() {
+    struct Refuses;
+    impl Sampler for Refuses {
+        fn token_log_probs(&self, _: &[u32], _: &[u32]) -> toolsift::Result<Vec<Vec<f32>>> {
+            Err(toolsift::Error::input("a sequence the sampler cannot take"))
+        }
+        fn sample(
+            &self,
+            _: &[SampleRequest],
+            _: &SampleOptions,
+        ) -> toolsift::Result<Vec<Vec<Sample>>> {
+            Err(toolsift::Error::input("a sequence the sampler cannot take"))
+        }
+    }
+    let mut config = test_config();
+    config.per_tool.calculator.min_numbers = 0; // every document reaches the sampler
+    let parts = Parts::new(&config);
+    let a = parts.annotator_sampling(&Refuses, &config, &[ToolKind::Calculator]);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    std::fs::write(
+        &corpus,
+        "{\"text\": \"Out of 1400 people, 400 said yes.\"}\n{\"text\": \"3 cats\"}\n",
+    )
+    .unwrap();
+    let RunOutcome::Done(summary, paths) =
+        annotate::annotate(&a, &whole_run(&corpus, dir.path().join("o.jsonl"))).unwrap()
+    else {
+        panic!("not done")
+    };
+    assert_eq!((summary.lines, summary.rejected), (2, 2));
+    let rejects = std::fs::read_to_string(&paths.rejects).unwrap();
+    assert_eq!(rejects.lines().count(), 2, "{rejects}");
+    assert!(
+        rejects.contains("\"line\":2,")
+            && rejects.contains("annotation failed: a sequence the sampler cannot take"),
+        "{rejects}"
+    );
+}
+
+/// A shard whose corpus changed during its run (a line of another shard edited) is told to
+/// restore the corpus and rerun, which finishes it: not that its journal cannot be resumed.
+#[test]
+fn a_shard_whose_corpus_changed_is_told_to_restore_it_and_rerun() {
+    let config = test_config();
+    let mut parts = Parts::new(&config);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 12);
+    // Past the reader's 1 MiB buffer, as in a_corpus_changed_during_the_run_gets_advice_that_works.
+    let mut text = std::fs::read_to_string(&corpus).unwrap();
+    for i in 0..700 {
+        text.push_str(&json!({"id": i, "body": "x".repeat(2200)}).to_string());
+        text.push('\n');
+    }
+    std::fs::write(&corpus, &text).unwrap();
+    let total = text.lines().count() as u64;
+    assert_eq!(total % 2, 0, "the last line is shard 1/2's");
+    let opts = RunOptions {
+        shard: Shard::new(0, 2).unwrap(),
+        ..RunOptions::new(&corpus, dir.path().join("out.jsonl"))
+    };
+    parts.registry.register(EditsTheCorpus {
+        corpus: corpus.clone(),
+        edit: |p| {
+            let mut bytes = std::fs::read(p).unwrap();
+            let at = bytes.len() - 10;
+            bytes[at] = b'y';
+            std::fs::write(p, bytes).unwrap();
+        },
+        done: false.into(),
+    });
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let err = annotate::annotate(&a, &opts)
+        .expect_err("the corpus changed")
+        .to_string();
+    assert!(
+        err.contains("the corpus changed during the run")
+            && err.contains("restore the corpus and rerun to finish"),
+        "{err}"
+    );
+    drop(a);
+    std::fs::write(&corpus, &text).unwrap();
+    parts
+        .registry
+        .register(toolsift::annotate::tools::Calculator::new());
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let RunOutcome::Done(summary, _) = annotate::annotate(&a, &opts).unwrap() else {
+        panic!("not done")
+    };
+    assert_eq!(summary.lines, total / 2);
+}
+
+/// `toolsift annotate` refuses an --out that is a folder, and a tool that cannot run, before
+/// it loads the model (minutes for a 6B checkpoint): here there is no model to load at all.
+#[test]
+fn the_output_and_the_tools_are_checked_before_the_model_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 2);
+    let config = dir.path().join("custom.toml");
+    std::fs::write(
+        &config,
+        "[per_tool.custom.Echo]\nprompt = \"[Echo(a)] a\\nInput: {x}\\nOutput: \"\n\
+         [tools.custom.Echo]\ncommand = [\"/nonexistent/toolsift-no-such-program\"]\n",
+    )
+    .unwrap();
+    let run = |out: &Path, tools: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["annotate", "--no-progress", "--tools", tools, "--model"])
+            .arg(dir.path().join("no-model"))
+            .arg("--corpus")
+            .arg(&corpus)
+            .arg("--out")
+            .arg(out)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = run(dir.path(), "calculator");
+    assert!(err.contains("give a file name for C*"), "{err}");
+    let err = run(&dir.path().join("o.jsonl"), "Echo");
+    assert!(
+        err.contains("toolsift-no-such-program") && err.contains("cannot run"),
+        "{err}"
+    );
+}
+
+/// The WikiSearch index's hash is among a run's settings only when WikiSearch runs: a run
+/// without it is not tied to an index it never reads.
+#[test]
+fn a_run_without_wikisearch_does_not_record_its_index() {
+    use toolsift::annotate::tools::build_index;
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 2);
+    let docs = dir.path().join("wiki.jsonl");
+    std::fs::write(&docs, "{\"id\": \"a\", \"text\": \"The cat sat.\"}\n").unwrap();
+    let index = dir.path().join("idx");
+    build_index(&docs, &index, "text").unwrap();
+    let mut text = std::fs::read_to_string(bin_config(dir.path())).unwrap();
+    text.push_str(&format!(
+        "[tools.wikisearch]\nindex = {:?}\n",
+        index.display().to_string()
+    ));
+    let wiki_config = dir.path().join("wiki.toml");
+    std::fs::write(&wiki_config, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args([
+            "annotate",
+            "--no-progress",
+            "--tools",
+            "calculator",
+            "--model",
+        ])
+        .arg(common::tiny("f32"))
+        .arg("--corpus")
+        .arg(&corpus)
+        .arg("--out")
+        .arg(dir.path().join("w.jsonl"))
+        .arg("--config")
+        .arg(&wiki_config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("w.summary.json")).unwrap())
+            .unwrap();
+    let info = &summary["run"]["info"];
+    assert!(info["model_xxh3"].is_string(), "{summary}");
+    assert!(info.get("wikisearch_index_xxh3").is_none(), "{summary}");
+}
+
+/// An output whose temporary name is another run's output is refused up front: no line is
+/// annotated and no journal is left (not refused only when the final files are written).
+#[test]
+fn a_temporary_name_clash_is_refused_before_any_line_is_annotated() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    write_corpus(&corpus, 3);
+    annotate::annotate(&a, &whole_run(&corpus, dir.path().join("c.jsonl.tmp"))).unwrap();
+    let out = annotate::OutputPaths::new(&dir.path().join("c.jsonl"));
+    let err = annotate::annotate(&a, &whole_run(&corpus, out.out.clone()))
+        .expect_err("a run over another run's output")
+        .to_string();
+    assert!(err.contains("which is another run's output"), "{err}");
+    for p in [&out.journal, &out.out, &out.rejects, &out.summary] {
+        assert!(!p.exists(), "{} written", p.display());
+    }
+}

@@ -440,6 +440,53 @@ mod tests {
         );
     }
 
+    /// A null id, URL or date reads as the field left out, not as a reject.
+    #[test]
+    fn null_id_url_and_date_are_absent() {
+        let line = br#"{"id": null, "url": null, "date": null, "text": "a"}"#;
+        let Line::Doc(d) = parse_line(2, line, "text") else {
+            panic!("{:?}", parse_line(2, line, "text"))
+        };
+        assert_eq!((d.id, d.url, d.date), (Value::Null, None, None));
+    }
+
+    /// What tools see as the document's id: a string id as it is (not quoted), none as "".
+    #[test]
+    fn id_str_is_the_id_unquoted_or_empty() {
+        let mut d = Document::new(1, "t");
+        assert_eq!(d.id_str(), "");
+        d.id = Value::from("doc-1");
+        assert_eq!(d.id_str(), "doc-1");
+        d.id = Value::from(-3i64);
+        assert_eq!(d.id_str(), "-3");
+    }
+
+    /// A read that fails mid-corpus names the file and the line it was reading.
+    #[test]
+    fn a_read_error_names_the_file_and_the_line() {
+        struct Fails;
+        impl std::io::Read for Fails {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::other("disk gone"))
+            }
+        }
+        let reader = std::io::Read::chain(&b"{\"text\":\"a\"}\n"[..], Fails);
+        let mut c = Corpus::new(
+            std::io::BufReader::new(reader),
+            Path::new("dir/c.jsonl"),
+            "text",
+        );
+        assert!(matches!(
+            c.next_line(|_| true),
+            Ok(Some(Some(Line::Doc(_))))
+        ));
+        let e = c.next_line(|_| true).unwrap_err().to_string();
+        assert!(
+            e.contains("dir/c.jsonl") && e.contains("line 2: disk gone"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn numbered_lines() {
         let data = b"{\"text\":\"a\"}\nbad\n{\"text\":\"c\"}";

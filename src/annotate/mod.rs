@@ -491,6 +491,19 @@ mod tests {
         }
     }
 
+    /// The refusal of an --out that is no file for C* suggests one: inside it when it is a
+    /// folder, else a plain name (not one under a device).
+    #[cfg(unix)]
+    #[test]
+    fn check_out_suggests_a_file_name_inside_a_folder_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = check_out(dir.path()).unwrap_err().to_string();
+        let inside = dir.path().join("cstar.jsonl");
+        assert!(e.contains(&format!("e.g. {}", inside.display())), "{e}");
+        let e = check_out(Path::new("/dev/null")).unwrap_err().to_string();
+        assert!(e.ends_with("e.g. cstar.jsonl"), "{e}");
+    }
+
     /// `finish` writes outputs only from a journal of exactly the shard's lines: one short of
     /// them, or with a gap, is refused and left in place with no output written.
     #[test]
