@@ -3182,3 +3182,298 @@ fn a_temporary_name_clash_is_refused_before_any_line_is_annotated() {
         assert!(!p.exists(), "{} written", p.display());
     }
 }
+
+// Review of the per-document flow
+
+/// The tokens of `prompt` around its "{x}", as the annotator counts them.
+fn prompt_tokens(tok: &Tokenizer, prompt: &str) -> usize {
+    let (before, after) = prompt.split_once("{x}").unwrap();
+    tok.encode_ids(before).unwrap().len() + tok.encode_ids(after).unwrap().len()
+}
+
+/// A prompt and max_call_tokens that leave room for exactly 2 text tokens are accepted, and a
+/// text is tried on its first 2; one call token more leaves no room: an error.
+#[test]
+fn a_prompt_that_leaves_room_for_exactly_two_text_tokens_is_accepted() {
+    let mut config = test_config();
+    config.per_tool.calculator.min_numbers = 0;
+    let parts = Parts::new(&config);
+    let tok = parts.model.tokenizer().unwrap();
+    let n = parts.model.config().n_positions;
+    let fixed = prompt_tokens(tok, &config.per_tool.calculator.prompt);
+    config.max_call_tokens = n - fixed - 4;
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let (_, s) = a.annotate_document(&doc(1, "1 2 3 4 5 6")).unwrap();
+    let st = s.tools["calculator"];
+    assert_eq!(
+        (st.texts_considered, st.texts_truncated, st.texts_too_long),
+        (1, 1, 0)
+    );
+    assert_eq!(st.positions, 1, "x_1 x_2 has one position");
+    config.max_call_tokens += 1;
+    let e = parts
+        .try_annotator(&config, &[ToolKind::Calculator])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("leave no room"), "{e}");
+}
+
+/// A long text is cut to as many tokens as the sampling prefix holds: P(x) ++ x twice plus a
+/// call of max_call_tokens fits n_positions, and one text token more would not.
+#[test]
+fn the_sampling_prefix_holds_as_much_text_as_fits_and_no_more() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    // No position is likely: the sampler only reads the sequence it is asked to score.
+    let sampler = Peaked {
+        x_len: 0,
+        peak: 1,
+        decoy: 1,
+        call: Vec::new(),
+        seen: Default::default(),
+    };
+    let a = parts.annotator_sampling(&sampler, &config, &[ToolKind::Calculator]);
+    let (_, s) = a.annotate_document(&doc(1, &"1 2 3 ".repeat(200))).unwrap();
+    assert_eq!(s.tools["calculator"].texts_truncated, 1);
+    let (ids, _) = sampler.seen.into_inner().unwrap();
+    let n = parts.model.config().n_positions;
+    let used = ids.len() + config.max_call_tokens;
+    assert!(used <= n && used + 2 > n, "{used} of {n}");
+}
+
+/// A tool's calls on a long text are the same whichever other tools run (the head tokenized is
+/// the longest any tool reads, docs/annotate.md step 3), and they are scored on the whole loss
+/// window past the tool's searched head: the last call's losses are those of the whole text.
+#[test]
+fn a_tools_calls_do_not_depend_on_the_other_tools_and_read_past_its_head() {
+    let mut config = test_config();
+    // A loss window of 100 tokens, and a text of long tokens (13 bytes each), so that the
+    // tokenized head is not much longer than asked for.
+    config.weights = vec![0.1; 100];
+    let calc = &mut config.per_tool.calculator;
+    (calc.tau_s, calc.k, calc.m, calc.min_numbers) = (0.0, 200, 1, 0);
+    let parts = Parts::new(&config);
+    let tok = parts.model.tokenizer().unwrap();
+    let n = parts.model.config().n_positions;
+    // Calendar's prompt leaves it a head of a few tokens only.
+    let tail = "[Calendar()] 1\nInput: {x}\nOutput: ";
+    let mut pad = String::new();
+    while prompt_tokens(tok, &format!("{pad}{tail}")) + config.max_call_tokens + 14 < n {
+        pad.push_str("day. ");
+    }
+    config.per_tool.calendar.prompt = format!("{pad}{tail}");
+    let sampler = one_call(tok.encode_ids("Calculator(12 * 3)]").unwrap());
+    let run = |tools: &[ToolKind], text: &str| {
+        let a = parts.annotator_sampling(&sampler, &config, tools);
+        a.annotate_document(&doc(1, text)).unwrap()
+    };
+    let text = "participants ".repeat(400);
+    let (alone, alone_stats) = run(&[ToolKind::Calculator], &text);
+    let (both, both_stats) = run(&[ToolKind::Calculator, ToolKind::Calendar], &text);
+    let st = alone_stats.tools["calculator"];
+    assert_eq!(both_stats.tools["calculator"], st);
+    assert_eq!(st.texts_truncated, 1);
+    assert!(st.calls_scored > 100, "{st:?}");
+    assert_eq!(
+        both.calls, alone.calls,
+        "calendar samples no call of its own"
+    );
+
+    let last = alone.calls.last().unwrap();
+    let candidate = toolsift::score::TextCandidate {
+        text: text.as_str().into(),
+        position: last.position,
+        tool: last.tool.clone(),
+        input: last.input.clone(),
+        result: last.result.clone().unwrap(),
+        weights: None,
+    };
+    let options = toolsift::score::ScoreOptions {
+        placement: config.placement,
+        weights: toolsift::score::LossWeights::new(config.weights.clone()).unwrap(),
+    };
+    let whole =
+        toolsift::score::score_texts(&parts.scorer, tok, &[candidate], &options, config.call_form)
+            .unwrap()[0];
+    for (got, want) in [
+        (last.l_none, whole.l_none),
+        (last.l_call, whole.l_call),
+        (last.l_call_result, whole.l_call_result),
+    ] {
+        assert!((got.unwrap() - want).abs() < 1e-6, "{last:?} {whole:?}");
+    }
+}
+
+/// A tool given twice runs once.
+#[test]
+fn a_tool_given_twice_runs_once() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator, ToolKind::Calculator]);
+    assert_eq!(a.tools(), [ToolName::from(ToolKind::Calculator)]);
+    let d = doc(5, "Out of 1400 people, 400 (or 29%) said yes.");
+    let once = parts.annotator(&config, &[ToolKind::Calculator]);
+    let ((twice, twice_stats), (one, one_stats)) = (
+        a.annotate_document(&d).unwrap(),
+        once.annotate_document(&d).unwrap(),
+    );
+    assert_eq!(twice, one);
+    assert_eq!(twice_stats.tools, one_stats.tools);
+}
+
+/// A one-token text that a tool's heuristics rule out is counted as ruled out (the heuristics
+/// come first), not left out of the counters.
+#[test]
+fn a_one_token_text_the_heuristics_rule_out_is_counted_skipped() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let (_, s) = a.annotate_document(&doc(1, "x")).unwrap();
+    assert_eq!(s.tools["calculator"].texts_skipped_heuristic, 1);
+}
+
+/// Each tool's calls are kept by its own tau_f, and only kept calls count as kept; C* lists the
+/// calls at one position tool by tool, each's in sampling order.
+#[test]
+fn each_tools_calls_are_filtered_by_its_own_threshold() {
+    let mut config = test_config();
+    config.per_tool.calculator.tau_f = 1e9;
+    config.per_tool.calendar.tau_f = -1e9;
+    let parts = Parts::new(&config);
+    let tok = parts.model.tokenizer().unwrap();
+    let sampler = Cycling(
+        ["Calculator(12 * 3)]", "Calendar()]", "Calculator(1 + 2)]"]
+            .iter()
+            .map(|c| tok.encode_ids(c).unwrap())
+            .collect(),
+    );
+    let a = parts.annotator_sampling(
+        &sampler,
+        &config,
+        &[ToolKind::Calculator, ToolKind::Calendar],
+    );
+    let text = "Out of 1400 people, 400 (or 29%) said yes.";
+    let (r, s) = a.annotate_document(&doc(1, text)).unwrap();
+    let (calc, cal) = (s.tools["calculator"], s.tools["calendar"]);
+    assert_eq!((calc.calls_scored, calc.calls_kept), (4, 0), "{calc:?}");
+    assert_eq!((cal.calls_scored, cal.calls_kept), (2, 2), "{cal:?}");
+    for c in &r.calls {
+        assert_eq!(c.kept, c.tool == "Calendar", "{c:?}");
+    }
+    assert!(!r.annotated_text.contains("[Calculator("));
+    // C* order: by position, then tool, then sampling order.
+    assert_eq!(r.calls.len(), 6);
+    for at in r.calls.chunks(3) {
+        let calls: Vec<_> = at
+            .iter()
+            .map(|c| (c.tool.as_str(), c.input.as_str()))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("Calculator", "12 * 3"),
+                ("Calculator", "1 + 2"),
+                ("Calendar", "")
+            ]
+        );
+        assert!(at.iter().all(|c| c.position == at[0].position));
+    }
+}
+
+/// A call the scorer itself refuses (beyond `validate`) is unscorable, with the scorer's reason
+/// and not the index of a batch the record does not show; the other calls are scored.
+#[test]
+fn a_call_the_scorer_refuses_is_unscorable_with_its_reason() {
+    struct RefusesOnce<'a>(&'a CpuScorer, std::sync::atomic::AtomicBool);
+    impl toolsift::score::Scorer for RefusesOnce<'_> {
+        fn name(&self) -> &str {
+            "refuses-once"
+        }
+        fn config(&self) -> &toolsift::GptjConfig {
+            self.0.config()
+        }
+        fn variant_losses_unchecked(
+            &self,
+            candidates: &[toolsift::score::TokenCandidate],
+            options: &toolsift::score::ScoreOptions,
+        ) -> toolsift::Result<Vec<[f64; 3]>> {
+            if !self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Err(toolsift::Error::candidate(1, "too odd for this scorer"));
+            }
+            self.0.variant_losses_unchecked(candidates, options)
+        }
+    }
+    let mut config = test_config();
+    config.per_tool.calculator.m = 5;
+    let parts = Parts::new(&config);
+    let refusing = RefusesOnce(&parts.scorer, Default::default());
+    let tok = parts.model.tokenizer().unwrap();
+    let a = Annotator::new(
+        tok,
+        &parts.sampler,
+        &refusing,
+        &parts.registry,
+        &config,
+        &[ToolKind::Calculator],
+    )
+    .unwrap();
+    let d = doc(5, "Out of 1400 people, 400 (or 29%) said yes.");
+    let (r, s) = a.annotate_document(&d).unwrap();
+    let (_, want) = parts
+        .annotator(&config, &[ToolKind::Calculator])
+        .annotate_document(&d)
+        .unwrap();
+    let (st, want) = (s.tools["calculator"], want.tools["calculator"]);
+    assert_eq!(st.calls_scored, want.calls_scored - 1);
+    assert_eq!(st.calls_unscorable, want.calls_unscorable + 1);
+    assert_eq!(s.candidates, want.calls_scored - 1);
+    let refused: Vec<_> = r
+        .calls
+        .iter()
+        .filter(|c| c.error.as_deref().is_some_and(|e| e.contains("too odd")))
+        .collect();
+    assert_eq!(refused.len(), 1, "{:?}", r.calls);
+    let why = refused[0].error.as_deref().unwrap();
+    assert_eq!(why, "cannot be scored: too odd for this scorer");
+    assert!(!refused[0].kept && refused[0].delta.is_none());
+}
+
+/// A tokenizer with "[" but no " [" token samples calls with "[" alone (docs/annotate.md, step
+/// 4: a tokenizer with only one of them uses that one).
+#[test]
+fn a_tokenizer_with_only_one_opener_annotates_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = common::fixture_dir("tiny-gptj").join("tokenizer.json");
+    let mut json: Value = serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
+    let model = json["model"].as_object_mut().unwrap();
+    assert!(model["vocab"]
+        .as_object_mut()
+        .unwrap()
+        .remove("Ġ[")
+        .is_some());
+    let merges = model["merges"].as_array_mut().unwrap();
+    merges.retain(|m| m != &json!(["Ġ", "["]));
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+    let tok = Tokenizer::from_file(&path).unwrap();
+    assert_eq!(tok.encode_ids(" [").unwrap().len(), 2);
+
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let sampler = one_call(tok.encode_ids("Calculator(12 * 3)]").unwrap());
+    let a = Annotator::new(
+        &tok,
+        &sampler,
+        &parts.scorer,
+        &parts.registry,
+        &config,
+        &[ToolKind::Calculator],
+    )
+    .unwrap();
+    let (r, s) = a
+        .annotate_document(&doc(1, "Out of 1400 people, 400 (or 29%) said yes."))
+        .unwrap();
+    assert_eq!(s.tools["calculator"].positions, 2);
+    assert!(r.calls.iter().all(|c| c.delta.is_some()), "{:?}", r.calls);
+}

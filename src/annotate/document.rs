@@ -776,4 +776,28 @@ mod tests {
         assert_eq!(open_token_ids(Some(58), None), vec![58]);
         assert_eq!(open_token_ids(None, None), Vec::<u32>::new());
     }
+
+    /// Every counter and every stage is added (a summary adds its documents' stats).
+    #[test]
+    fn adding_stats_adds_every_field() {
+        let numbered = |v: Value| -> Value {
+            let map = v.as_object().unwrap();
+            let keys = map.keys().enumerate();
+            Value::Object(keys.map(|(i, k)| (k.clone(), (i + 1).into())).collect())
+        };
+        let o: ToolStats = serde_json::from_value(numbered(
+            serde_json::to_value(ToolStats::default()).unwrap(),
+        ))
+        .unwrap();
+        let mut sum = ToolStats::default();
+        sum.add(&o);
+        assert_eq!(sum, o);
+        let o: StageSecs = serde_json::from_value(numbered(
+            serde_json::to_value(StageSecs::default()).unwrap(),
+        ))
+        .unwrap();
+        let mut sum = StageSecs::default();
+        sum.add(&o);
+        assert_eq!(sum, o);
+    }
 }

@@ -321,4 +321,99 @@ mod tests {
         // The head, not the whole text, must show the arithmetic.
         assert!(!applies(&params, &sums, "He had 12 apples", None, 0.5));
     }
+
+    /// Words with a non-ASCII letter, not words with any non-ASCII character (a currency sign,
+    /// a dash).
+    #[test]
+    fn foreign_words_need_a_non_ascii_letter() {
+        assert_eq!(count_foreign_words("It costs 5€ — a bargain."), 0);
+        assert_eq!(count_foreign_words("Un café — 2€"), 1);
+    }
+
+    /// A date that does not parse is no date; a fallback date is one (when it parses).
+    #[test]
+    fn a_date_is_known_when_one_parses() {
+        let mut doc = Document {
+            line: 1,
+            id: serde_json::Value::Null,
+            text: "Today.".into(),
+            url: None,
+            date: Some("last week".into()),
+        };
+        assert!(!has_date(&doc, None));
+        assert!(!has_date(&doc, Some("soon")));
+        assert!(has_date(&doc, Some("2023-01-30")));
+        doc.date = Some("2021-03-04".into());
+        assert!(has_date(&doc, None));
+    }
+
+    /// The 1% of `require_arithmetic` is draw < 0.01, exactly.
+    #[test]
+    fn numbers_only_texts_pass_below_a_draw_of_one_percent() {
+        let mut params = ToolParams::paper(crate::annotate::ToolKind::Calculator);
+        params.require_arithmetic = true;
+        let doc = Document {
+            line: 1,
+            id: serde_json::Value::Null,
+            text: "In 2019, 17 teams and 240 players took part.".into(),
+            url: None,
+            date: None,
+        };
+        let ok = |draw: f64| applies(&params, &doc, &doc.text, None, draw);
+        assert!(ok(0.0) && ok(0.0099));
+        assert!(!ok(NUMBERS_ONLY_RATE) && !ok(0.015));
+    }
+
+    /// `min_numbers` and `min_foreign_words` read the whole document, not only the searched head
+    /// (docs/annotate.md, "Heuristics read the whole document").
+    #[test]
+    fn counting_heuristics_read_the_whole_document() {
+        let doc = Document {
+            line: 1,
+            id: serde_json::Value::Null,
+            text: "Words first. Then 1, 2 and 3, très bien.".into(),
+            url: None,
+            date: None,
+        };
+        let head = "Words first.";
+        let calc = ToolParams::paper(crate::annotate::ToolKind::Calculator);
+        assert!(applies(&calc, &doc, head, None, 0.5));
+        let mt = ToolParams::paper(crate::annotate::ToolKind::Mt);
+        assert!(applies(&mt, &doc, head, None, 0.5));
+    }
+
+    /// The window's edges: numbers exactly 100 words apart are related, 101 are not; and two
+    /// numbers on either side of a third must be within 100 numbers of each other too.
+    #[test]
+    fn the_arithmetic_window_includes_its_edge() {
+        // "12" is word 3, "42" word 8 + n: 100 words apart for n = 95.
+        let text = |n: usize| {
+            format!(
+                "He had 12 apples{} and 30 more, 42 in all.",
+                " word".repeat(n)
+            )
+        };
+        assert!(shows_arithmetic(&text(95)));
+        assert!(!shows_arithmetic(&text(96)));
+        // 42 = 12 + 30 with 12 and 30 200 numbers apart, each 100 from 42.
+        let spread = format!("12;{}42;{}30", "7;".repeat(99), "7;".repeat(99));
+        assert!(!shows_arithmetic(&spread));
+        let close = format!("12;{}42;{}30", "7;".repeat(49), "7;".repeat(49));
+        assert!(shows_arithmetic(&close));
+    }
+
+    /// "=" after a letter or "_" (a URL's query, a name) is no equation; a tab may come before
+    /// the number.
+    #[test]
+    fn equals_signs_after_names_are_not_equations() {
+        assert!(!shows_arithmetic("Set max_=3 in the file."));
+        assert!(shows_arithmetic("x =\t5"));
+    }
+
+    /// Leading zeros are not significant: "0.3" (one digit) matches 1/3 only if exact.
+    #[test]
+    fn leading_zeros_are_not_significant_digits() {
+        assert!(!shows_arithmetic("1 of 3 people, 0.3 of them, came."));
+        assert!(shows_arithmetic("1 of 3 people, 0.33 of them, came."));
+    }
 }

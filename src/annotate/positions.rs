@@ -124,4 +124,13 @@ mod tests {
         assert_eq!(splice_byte("éa", &split, 1), None);
         assert_eq!(splice_byte("éa", &split, 2), Some(2));
     }
+
+    /// Of positions equally likely, the earlier ones are taken first.
+    #[test]
+    fn ties_take_the_earlier_position() {
+        assert_eq!(
+            select(&[0.0, 0.5, 0.5, 0.5], |_| true, 0.1, 2),
+            vec![(1, 0.5), (2, 0.5)]
+        );
+    }
 }

@@ -232,4 +232,16 @@ mod tests {
         let names: Vec<_> = v.iter().map(|t| t.call_name()).collect();
         assert_eq!(names, ["Calculator", "MT", "Alpha"]);
     }
+
+    /// `--tools " qa"` and the like: a key is trimmed; built-ins display as their call name; a
+    /// custom tool's service is under [tools.custom.<Name>].
+    #[test]
+    fn keys_are_trimmed_and_names_displayed_as_calls_write_them() {
+        assert_eq!(ToolKind::from_key(" qa\n").unwrap(), ToolKind::Qa);
+        assert_eq!(ToolName::from(ToolKind::Qa).to_string(), "QA");
+        assert_eq!(ToolName::from(ToolKind::Qa).service_table(), "[tools.qa]");
+        let w = ToolName::custom("Weather").unwrap();
+        assert_eq!(w.service_table(), "[tools.custom.Weather]");
+        assert_eq!(w.to_string(), "Weather");
+    }
 }
