@@ -100,7 +100,9 @@ pub struct ToolStats {
     pub texts_considered: u64,
     /// Documents its heuristics ruled out.
     pub texts_skipped_heuristic: u64,
-    /// Documents whose P(x) ++ x could not fit n_positions even with x cut to 1 position.
+    /// Always 0: documents whose P(x) ++ x could not fit n_positions even with x cut to 1
+    /// position, which cannot happen since the run refuses at its start a prompt that leaves no
+    /// room for 2 text tokens. Kept so that journals and summaries keep their fields.
     pub texts_too_long: u64,
     /// Documents considered on a prefix of x only (the rest did not fit n_positions).
     pub texts_truncated: u64,
@@ -466,11 +468,9 @@ impl<'a> Annotator<'a> {
             return Ok(Vec::new());
         }
         if t < 2 {
-            // Position 1 needs x_1 and x_2 at least: a text of one token has no position
-            // (neither considered nor too long), a longer one did not fit.
-            if head.x.len() >= 2 {
-                st.texts_too_long += 1;
-            }
+            // Position 1 needs x_1 and x_2 at least: a text of one token has no position (not
+            // considered). A longer one always fits: `new` refuses a prompt that leaves no
+            // room for 2 text tokens.
             return Ok(Vec::new());
         }
         st.texts_considered += 1;

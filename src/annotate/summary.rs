@@ -104,7 +104,7 @@ type Column = (&'static str, fn(&ToolStats) -> u64);
 /// is malformed, of an unknown tool, a duplicate, dropped as lookahead or executed. Each is the
 /// summary's field of that name (`calls_*`). Lookahead and unscorable are shown only when a tool
 /// has some.
-const COLUMNS: [Column; 13] = [
+const COLUMNS: [Column; 12] = [
     ("texts", |st| st.texts_considered),
     ("positions", |st| st.positions),
     ("sampled", |st| st.calls_sampled),
@@ -117,7 +117,6 @@ const COLUMNS: [Column; 13] = [
     ("unscorable", |st| st.calls_unscorable),
     ("kept", |st| st.calls_kept),
     ("heuristic", |st| st.texts_skipped_heuristic),
-    ("toolong", |st| st.texts_too_long),
 ];
 
 /// Accumulates journal entries into a `Summary`.
