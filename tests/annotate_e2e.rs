@@ -1371,6 +1371,13 @@ fn library_run_resumes_after_a_stop_with_identical_output() {
         let fifo = dir.path().join("fifo");
         let made = Command::new("mkfifo").arg(&fifo).status();
         if made.is_ok_and(|s| s.success()) {
+            // Without the check the run would block opening the pipe: a writer after 5 s (and
+            // again at each reopening) lets it read nothing and fail this test, not hang it.
+            let pipe = fifo.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(5));
+                while std::fs::OpenOptions::new().write(true).open(&pipe).is_ok() {}
+            });
             let err = refused(RunOptions {
                 corpus: fifo,
                 ..opts("piped.jsonl", None)
