@@ -1414,3 +1414,346 @@ fn score_runs_on_the_demo_model_and_reads_negative_weights() {
         .unwrap();
     assert_eq!(stopped.status.code(), Some(1));
 }
+
+// Review of the CLI glue: tests from a hand mutation review of src/cli (streams, score, convert,
+// demo, bench) and src/main.rs.
+
+/// A `toolsift` command in `cwd`, its demo assets under `tmp` (TMPDIR).
+fn toolsift_in(cwd: &Path, tmp: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolsift"));
+    cmd.args(args).current_dir(cwd).env("TMPDIR", tmp);
+    cmd
+}
+
+/// A command's output with stdout a pipe whose reader has already gone (`| head -0`).
+#[cfg(unix)]
+fn output_into_closed_pipe(cmd: &mut Command) -> std::process::Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    cmd.stdout(writer).output().unwrap()
+}
+
+/// A reader of stdout that has gone ends the output quietly, exit 0, for `score --output -` and
+/// for what `emit` writes (here `--print-config`); a stdout that is full is an error, exit 1.
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_ends_quietly_and_a_full_one_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let text: String = token_lines().iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, text).unwrap();
+    let model = tiny("f32");
+    let score = ["score", "--model", model.to_str().unwrap(), "--output", "-"];
+    let mut cmd = toolsift_in(tmp.path(), tmp.path(), &score);
+    let o = output_into_closed_pipe(cmd.arg("--input").arg(&input));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("error"), "{stderr}");
+    let config = ["annotate", "--demo", "--print-config"];
+    let o = output_into_closed_pipe(&mut toolsift_in(tmp.path(), tmp.path(), &config));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    #[cfg(target_os = "linux")]
+    {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let o = toolsift_in(tmp.path(), tmp.path(), &config)
+            .stdout(full)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("error: writing to stdout"), "{stderr}");
+    }
+}
+
+/// Only `-` itself is a standard stream: `./-` is a file named `-`, and an output named
+/// without a folder is written in the working directory.
+#[test]
+fn relative_outputs_and_dot_slash_dash_are_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text: String = token_lines().iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(tmp.path().join("in.jsonl"), &text).unwrap();
+    let model = tiny("f32");
+    for output in ["out.jsonl", "./-"] {
+        let o = toolsift_in(tmp.path(), tmp.path(), &["score", "--model"])
+            .arg(&model)
+            .args(["--input", "in.jsonl", "--output", output])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{output}: {stderr}");
+        assert!(o.stdout.is_empty(), "{output}");
+        let written = std::fs::read_to_string(tmp.path().join(output)).unwrap();
+        assert_eq!(written.lines().count(), token_lines().len(), "{output}");
+        assert!(stderr.contains(&format!("-> {output}")), "{stderr}");
+    }
+}
+
+/// An input read from stdin that fails to read is named `<stdin>` in the error.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stdin_that_cannot_be_read_is_named_stdin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    // A folder opened as a file: reading it fails (EISDIR).
+    let folder = std::fs::File::open(tmp.path()).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["score", "--model"])
+        .arg(tiny("f32"))
+        .args(["--input", "-", "--output"])
+        .arg(&out)
+        .stdin(folder)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("scoring <stdin> into "), "{stderr}");
+}
+
+/// An output that is the input file (under any path) is refused before anything is written,
+/// and a missing input is named.
+#[test]
+fn an_output_that_is_the_input_and_a_missing_input_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let text: String = token_lines().iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, &text).unwrap();
+    let linked = tmp.path().join("linked.jsonl");
+    std::fs::hard_link(&input, &linked).unwrap();
+    for output in [&input, &linked] {
+        let (ok, stderr) = run_score_unread(&tiny("f32"), &input, output, &[]);
+        assert!(!ok, "{stderr}");
+        assert!(stderr.contains("the output is the input file"), "{stderr}");
+        assert_eq!(std::fs::read_to_string(&input).unwrap(), text);
+    }
+    let missing = tmp.path().join("no-such.jsonl");
+    let (ok, stderr) = run_score_unread(&tiny("f32"), &missing, &tmp.path().join("o"), &[]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("no-such.jsonl: No such file or directory"),
+        "{stderr}"
+    );
+}
+
+/// --input and --output are checked before the model loads: with a model that does not load
+/// and an output folder that does not exist, the error is the output's.
+#[test]
+fn io_is_checked_before_the_model_loads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    std::fs::write(&input, "{}\n").unwrap();
+    let broken = tmp.path().join("broken");
+    std::fs::create_dir(&broken).unwrap();
+    std::fs::write(broken.join("config.json"), "{}").unwrap();
+    let out = tmp.path().join("no/such/out.jsonl");
+    let (ok, stderr) = run_score_unread(&broken, &input, &out, &[]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("does not exist") && !stderr.contains("config.json"),
+        "{stderr}"
+    );
+}
+
+/// `--reference`, `--placement` and `--weights` reach the scorer: the rows are the library
+/// oracle's with the same options, byte for byte (the fast engine's f32 differs in the last
+/// digits).
+#[test]
+fn reference_placement_and_weights_reach_the_scorer() {
+    use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
+    let lines = token_lines();
+    let input: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let model = toolsift::Model::load(tiny("f32")).unwrap();
+    let oracle = toolsift::ReferenceScorer::new(&model);
+    let options = JsonlOptions {
+        score: toolsift::ScoreOptions {
+            placement: toolsift::Placement::Inline,
+            weights: toolsift::score::LossWeights::new(vec![1.0, 0.5]).unwrap(),
+        },
+        ..JsonlOptions::default()
+    };
+    let mut want = Vec::new();
+    score_jsonl(input.as_bytes(), &mut want, &oracle, None, &options).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let (input_path, out) = (tmp.path().join("in.jsonl"), tmp.path().join("out.jsonl"));
+    std::fs::write(&input_path, &input).unwrap();
+    let extra = ["--reference", "--placement", "inline", "--weights", "1,0.5"];
+    let (ok, stderr) = run_score_unread(&tiny("f32"), &input_path, &out, &extra);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        String::from_utf8(std::fs::read(&out).unwrap()).unwrap(),
+        String::from_utf8(want).unwrap()
+    );
+}
+
+/// The summary line counts the rows as written: scored, of them kept, and failed.
+#[test]
+fn the_summary_counts_scored_kept_and_failed_rows() {
+    let mut lines = token_lines();
+    lines.push(json!({"id": "bad", "text_ids": [1], "position": 9}));
+    let (ok, rows, stderr) = run_score(&tiny("f32"), &lines, &["--tau-f", "0"]);
+    assert!(!ok);
+    let failed = rows.iter().filter(|r| r.get("error").is_some()).count();
+    let kept = rows.iter().filter(|r| r["kept"] == true).count();
+    let scored = rows.len() - failed;
+    assert!(failed == 1 && 0 < kept && kept < scored, "{rows:?}");
+    let said = format!(
+        "{} lines: {scored} scored ({kept} kept), {failed} failed -> ",
+        rows.len()
+    );
+    assert!(stderr.contains(&said), "{said}: {stderr}");
+}
+
+/// With `--chunk-lines 1` each line's row reaches a pipe's reader before the next line is
+/// written (the default, 4096, waits for more input).
+#[test]
+fn chunk_lines_sets_when_rows_reach_a_pipe() {
+    use std::io::{BufRead as _, Write as _};
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["score", "--model"])
+        .arg(tiny("f32"))
+        .args(["--input", "-", "--output", "-", "--chunk-lines", "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut first = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut first);
+        let _ = tx.send(first);
+    });
+    writeln!(stdin, "{}", token_lines()[0]).unwrap();
+    stdin.flush().unwrap();
+    let first = rx.recv_timeout(std::time::Duration::from_secs(20));
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    let first = first.expect("no row before the input ended");
+    let row: Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(row["id"], "case-0");
+}
+
+/// `convert --dtype` writes the type asked for (f16 and bf16 not swapped), without it each
+/// tensor's own; the note names the written file.
+#[test]
+fn convert_writes_the_dtype_asked_for() {
+    use toolsift::model::DType;
+    let tmp = tempfile::tempdir().unwrap();
+    for (flag, want) in [
+        (Some("f16"), DType::F16),
+        (Some("bf16"), DType::BF16),
+        (None, DType::F32),
+    ] {
+        let out = tmp.path().join(flag.unwrap_or("own"));
+        let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["convert", "--model"])
+            .arg(tiny("f32"))
+            .arg("--out")
+            .arg(&out)
+            .args(flag.map(|f| ["--dtype", f]).iter().flatten())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{stderr}");
+        let file = out.join("model.safetensors");
+        assert!(
+            stderr.contains(&format!("tensors to {}", file.display())),
+            "{stderr}"
+        );
+        let model = toolsift::Model::load(&out).unwrap();
+        for (name, t) in model.weights().named_tensors(model.config()) {
+            assert_eq!(t.dtype(), want, "{flag:?}: {name}");
+        }
+    }
+}
+
+/// `annotate --demo --print-config` checks `--tools` first: a tool the demo has not configured
+/// is refused, not printed past.
+#[test]
+fn demo_print_config_checks_the_tools_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "annotate",
+        "--demo",
+        "--print-config",
+        "--tools",
+        "wikisearch",
+    ];
+    let o = toolsift_in(tmp.path(), tmp.path(), &args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("wikisearch is not available"), "{stderr}");
+    assert!(o.stdout.is_empty());
+}
+
+/// eval-demo: `--seed` picks the set, the table goes to stdout and the note names eval.json.
+#[test]
+fn eval_demo_takes_its_seed_and_names_its_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let common = [
+        "eval-demo",
+        "--docs",
+        "2",
+        "--skip-generate",
+        "--no-progress",
+    ];
+    let mut args = common.to_vec();
+    args.extend(["--seed", "7", "--json"]);
+    let o = toolsift_in(tmp.path(), tmp.path(), &args).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["seed"], 7);
+    let o = toolsift_in(tmp.path(), tmp.path(), &common)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(!o.stdout.is_empty());
+    let report = std::path::absolute(tmp.path().join("toolsift-demo-eval/eval.json")).unwrap();
+    let relative = Path::new("toolsift-demo-eval").join("eval.json");
+    assert!(
+        stderr.contains(&format!("wrote {}", report.display()))
+            || stderr.contains(&format!("wrote {}", relative.display())),
+        "{stderr}"
+    );
+}
+
+/// bench's `--placement`, `--seed` and `--device` reach the run: the report says the placement
+/// (one small run: the GEMM peak it measures takes most of its 1.7 s), seed 2's workload does
+/// not fit the fixture where seed 1's does, and CUDA without a CUDA build is refused.
+#[test]
+fn bench_passes_placement_seed_and_device() {
+    let model = tiny("f32");
+    let bench = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["bench", "--model", model.to_str().unwrap(), "--texts", "1"])
+            .args(["--reps", "1", "--skip-baselines"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), out.stdout, stderr)
+    };
+    let (ok, stdout, err) = bench(&["--seed", "2"]);
+    assert!(!ok && err.contains("does not fit this model"), "{err}");
+    if !cfg!(feature = "cuda") {
+        let (ok, _, err) = bench(&["--device", "cuda"]);
+        assert!(
+            !ok && err.contains("built without the `cuda` feature"),
+            "{err}"
+        );
+        assert!(stdout.is_empty());
+    }
+    let (ok, stdout, err) = bench(&["--placement", "inline", "--seed", "1"]);
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_slice(&stdout).unwrap();
+    assert_eq!(report["placement"], "inline", "{report}");
+}
