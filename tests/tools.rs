@@ -292,3 +292,127 @@ fn the_index_command_builds_what_wikisearch_opens() {
     assert!(stderr.contains(&taken.display().to_string()), "{stderr}");
     assert_eq!(std::fs::read_to_string(taken.join("keep")).unwrap(), "keep");
 }
+
+// Review of the settings and the registry: behaviour of `ToolRegistry::from_config`, `register`,
+// `call` and the tools table's `provides` / `check_provided` that a hand mutation review found
+// unpinned.
+
+fn cat_service() -> ExternalToolConfig {
+    ExternalToolConfig {
+        command: Some(vec!["cat".into()]),
+        ..Default::default()
+    }
+}
+
+/// Registration order is the settings' order (the names reports list): the built-ins, QA, MT,
+/// then the custom services by name.
+#[test]
+fn from_config_registers_custom_services_after_the_built_ins() {
+    let cfg = ToolsConfig {
+        qa: Some(cat_service()),
+        mt: Some(cat_service()),
+        custom: [("Echo".to_string(), cat_service())].into(),
+        ..Default::default()
+    };
+    let reg = ToolRegistry::from_config(&cfg).unwrap();
+    assert_eq!(reg.names(), ["Calculator", "Calendar", "QA", "MT", "Echo"]);
+}
+
+/// A custom service under a name calls cannot have, or a built-in's, is refused when the
+/// registry is built (generate builds it without annotate's `validate`).
+#[test]
+fn from_config_refuses_a_custom_service_under_a_name_that_cannot_be() {
+    for (name, says) in [("QA", "built-in"), ("Two words", "letters, digits")] {
+        let cfg = ToolsConfig {
+            custom: [(name.to_string(), cat_service())].into(),
+            ..Default::default()
+        };
+        let e = ToolRegistry::from_config(&cfg).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("tool {name}: ")) && e.contains(says),
+            "{e}"
+        );
+        assert_eq!(cfg.check().unwrap_err().to_string(), e);
+    }
+}
+
+/// A tool registered under a name already taken replaces the earlier one: calls reach the new.
+#[test]
+fn a_tool_registered_again_replaces_the_earlier() {
+    struct Fixed(&'static str);
+    impl Tool for Fixed {
+        fn name(&self) -> &str {
+            "Fixed"
+        }
+        fn call(&self, _input: &str, _doc: &DocContext<'_>) -> Result<String, ToolError> {
+            Ok(self.0.to_string())
+        }
+    }
+    let mut reg = ToolRegistry::new();
+    reg.register(Fixed("old"));
+    let old = reg.register(Fixed("new")).unwrap();
+    assert_eq!(old.call("", &doc("d")), Ok("old".into()));
+    assert_eq!(reg.call("Fixed", "", &doc("d")), Ok("new".into()));
+    assert_eq!(reg.len(), 1);
+}
+
+/// A call's error names the tool: one not registered, and one that panicked.
+#[test]
+fn a_calls_error_names_the_tool() {
+    struct Boom;
+    impl Tool for Boom {
+        fn name(&self) -> &str {
+            "Boom"
+        }
+        fn call(&self, _input: &str, _doc: &DocContext<'_>) -> Result<String, ToolError> {
+            panic!("bang")
+        }
+    }
+    let mut reg = ToolRegistry::new();
+    reg.register(Boom);
+    let e = reg.call("Nope", "", &doc("d")).unwrap_err().to_string();
+    assert_eq!(e, "no tool named \"Nope\" is registered");
+    let e = reg.call("Boom", "", &doc("d")).unwrap_err().to_string();
+    assert!(
+        e.starts_with("tool \"Boom\" panicked: ") && e.contains("bang"),
+        "{e}"
+    );
+}
+
+/// `provides` answers for the tool it is asked about: the Calendar by its own switch, a
+/// custom tool by its own name.
+#[test]
+fn provides_tells_each_tool_by_its_own_setting() {
+    let cfg = ToolsConfig {
+        calendar: CalendarConfig {
+            enabled: false,
+            ..Default::default()
+        },
+        custom: [("Weather".to_string(), cat_service())].into(),
+        ..Default::default()
+    };
+    assert!(cfg.provides(&ToolKind::Calculator.into()));
+    assert!(!cfg.provides(&ToolKind::Calendar.into()));
+    assert!(cfg.provides(&ToolName::custom("Weather").unwrap()));
+    assert!(!cfg.provides(&ToolName::custom("Other").unwrap()));
+    let e = cfg
+        .check_provided(&[ToolKind::Calculator.into(), ToolKind::Calendar.into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tool calendar is not available"), "{e}");
+}
+
+/// `check_provided` names the first of the tools that is not provided, and where to configure
+/// it.
+#[test]
+fn check_provided_names_the_first_tool_missing() {
+    let cfg = ToolsConfig::default();
+    let tools = [
+        ToolKind::Calculator.into(),
+        ToolKind::Qa.into(),
+        ToolKind::Mt.into(),
+    ];
+    let e = cfg.check_provided(&tools).unwrap_err().to_string();
+    assert_eq!(e, "tool qa is not available: configure it under [tools.qa]");
+    assert!(cfg.check_provided(&tools[..1]).is_ok());
+}

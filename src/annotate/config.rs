@@ -727,4 +727,112 @@ mod tests {
         let e = AnnotateConfig::from_toml("weights = [0.0, 0.0]").unwrap_err();
         assert!(e.to_string().contains("positive weight"), "{e}");
     }
+
+    /// The top-level defaults docs/annotate.md gives (and `--print-config` prints): a file
+    /// that sets nothing runs with them.
+    #[test]
+    fn top_level_defaults_are_the_documented_ones() {
+        let c = AnnotateConfig::from_toml("").unwrap();
+        assert_eq!(c, AnnotateConfig::default());
+        assert_eq!((c.text_field.as_str(), c.seed), ("text", 0));
+        assert_eq!(
+            (c.placement, c.call_form),
+            (Placement::Prefix, CallForm::Arrow)
+        );
+        assert_eq!(
+            (c.max_call_tokens, c.temperature, c.top_k_tokens),
+            (32, 1.0, 0)
+        );
+        assert_eq!(c.weights, LossWeights::default().as_slice());
+    }
+
+    /// k * m is bounded at MAX_SAMPLES itself, and the refusal says k and m in that order and
+    /// names the table, a custom tool's included.
+    #[test]
+    fn k_times_m_past_the_bound_is_refused_with_k_then_m() {
+        let e = AnnotateConfig::from_toml("[per_tool.qa]\nk = 100\nm = 101\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("[per_tool.qa] k * m = 100 * 101 samples per document; at most 10000"),
+            "{e}"
+        );
+        let e = AnnotateConfig::from_toml(
+            "[per_tool.custom.Weather]\nprompt = \"W {x}\"\nk = 10001\nm = 1\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("[per_tool.custom.Weather] k * m"), "{e}");
+    }
+
+    /// Every built-in's table is validated, each under its own name.
+    #[test]
+    fn every_built_in_table_is_validated() {
+        for t in ToolKind::ALL {
+            let text = format!("[per_tool.{}]\ntau_s = 2.0\n", t.key());
+            let e = AnnotateConfig::from_toml(&text).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("[per_tool.{}] tau_s = 2 is not", t.key())),
+                "{text}: {e}"
+            );
+        }
+    }
+
+    /// The smallest values that mean something are accepted: one call token, and the largest
+    /// seed TOML can write (one past it is refused: `--print-config` could not print it).
+    #[test]
+    fn the_smallest_call_length_and_largest_seed_are_accepted() {
+        let c = AnnotateConfig::from_toml("max_call_tokens = 1\n").unwrap();
+        assert_eq!(c.max_call_tokens, 1);
+        let past = AnnotateConfig {
+            seed: i64::MAX as u64 + 1,
+            ..Default::default()
+        };
+        let e = past.validate().unwrap_err().to_string();
+        assert!(e.contains("past TOML's integer range"), "{e}");
+    }
+
+    /// A custom tool's name that cannot be is named with the table it is under.
+    #[test]
+    fn a_bad_custom_name_is_told_with_its_table() {
+        let e = AnnotateConfig::from_toml("[per_tool.custom.\"Two words\"]\nprompt = \"{x}\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("[per_tool.custom] custom tool name \"Two words\""),
+            "{e}"
+        );
+    }
+
+    /// Each custom service needs a prompt table of its own name: another tool's does not do.
+    #[test]
+    fn a_custom_service_needs_its_own_prompt_table() {
+        let e = AnnotateConfig::from_toml(
+            "[per_tool.custom.A]\nprompt = \"A {x}\"\n[tools.custom.B]\ncommand = [\"cat\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("[tools.custom.B] has no [per_tool.custom.B]"),
+            "{e}"
+        );
+    }
+
+    /// An error in a settings file names the file, as a read error does.
+    #[test]
+    fn a_settings_files_parse_error_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.toml");
+        for (text, says) in [
+            ("sed = 1\n", "sed"),
+            ("[per_tool.qa]\ntau_s = 2.0\n", "[per_tool.qa] tau_s"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = AnnotateConfig::from_file(&path).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("{}: ", path.display())) && e.contains(says),
+                "{text}: {e}"
+            );
+        }
+    }
 }

@@ -238,4 +238,97 @@ mod tests {
         let reg = tools_from_config(Some(&toml_path), None).unwrap();
         assert_eq!(reg.names(), vec!["Calculator", "Calendar"]);
     }
+
+    /// `--tools` keeps exactly the tools it names: a service not named goes (QA and MT), one
+    /// not configured is an error, names are trimmed, and a custom tool is kept by its exact
+    /// name only.
+    #[test]
+    fn only_the_named_tools_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[tools.qa]\ncommand = [\"cat\"]\n[tools.mt]\ncommand = [\"cat\"]\n\
+             [tools.custom.Echo]\ncommand = [\"cat\"]\n[tools.custom.ECHO]\ncommand = [\"cat\"]\n",
+        )
+        .unwrap();
+        let names = |only: &[&str]| {
+            let only: Vec<String> = only.iter().map(|s| s.to_string()).collect();
+            tools_from_config(Some(&path), Some(&only))
+                .map(|r| r.names().into_iter().map(String::from).collect::<Vec<_>>())
+        };
+        assert_eq!(names(&["calendar"]).unwrap(), ["Calendar"]);
+        assert_eq!(names(&[" qa ", "\tMT"]).unwrap(), ["QA", "MT"]);
+        assert_eq!(names(&["Echo"]).unwrap(), ["Echo"]);
+        assert_eq!(names(&["ECHO"]).unwrap(), ["ECHO"]);
+
+        let e = tools_from_config(None, Some(&["mt".into()]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"mt\" is not configured (available: Calculator, Calendar)"),
+            "{e}"
+        );
+        let e = tools_from_config(None, Some(&["WikiSearch".into()]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"WikiSearch\" is not configured"), "{e}");
+    }
+
+    /// A blank `--tools` is told as no tool named (an unset shell variable), not a stray comma.
+    #[test]
+    fn a_blank_tools_value_is_told_as_such() {
+        let e = tools_from_config(None, Some(&[" ".into()]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--tools: no tool named"), "{e}");
+    }
+
+    /// A kept tool that cannot run (a command tool's program) is an error before generating,
+    /// naming the file and the tool.
+    #[test]
+    fn a_tool_that_cannot_start_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[tools.qa]\ncommand = [\"/no/such/toolsift-program\"]\n",
+        )
+        .unwrap();
+        let e = tools_from_config(Some(&path), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("tool QA: "),
+            "{e}"
+        );
+        // Left out by --tools, it is not checked.
+        let only = ["calculator".to_string()];
+        let reg = tools_from_config(Some(&path), Some(&only)).unwrap();
+        assert_eq!(reg.names(), ["Calculator"]);
+    }
+
+    /// WikiSearch, configured but not named by `--tools`, is left out like the services.
+    #[test]
+    fn wikisearch_not_named_is_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let docs = dir.path().join("docs.jsonl");
+        std::fs::write(&docs, "{\"id\":\"a\",\"text\":\"A zebra.\"}\n").unwrap();
+        let index = dir.path().join("idx");
+        crate::annotate::tools::build_index(&docs, &index, "text").unwrap();
+        let path = dir.path().join("c.toml");
+        let text = format!(
+            "[tools.wikisearch]\nindex = {:?}\n",
+            index.display().to_string()
+        );
+        std::fs::write(&path, text).unwrap();
+        let kept = |only: &str| {
+            tools_from_config(Some(&path), Some(&[only.to_string()]))
+                .unwrap()
+                .names()
+                .join(",")
+        };
+        assert_eq!(kept("calendar"), "Calendar");
+        assert_eq!(kept("wikisearch"), "WikiSearch");
+    }
 }
