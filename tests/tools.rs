@@ -5,7 +5,8 @@
 //! build that leaves nothing, a command tool's input ending with a newline, the 1 MiB output
 //! limit, HTTP 408/429 retried and an HTTP result trimmed, 10 retries allowed, and which
 //! services a tools table provides. And `toolsift index`, the command that builds WikiSearch's
-//! index, which no other test runs.
+//! index, which no other test runs; then, from a review of the settings and the registry (session
+//! 47), what `ToolRegistry::from_config` registers, in what order, and what it refuses.
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
