@@ -1616,9 +1616,10 @@ fn a_journal_from_other_weights_in_the_same_folder_is_refused() {
 }
 
 /// A run with WikiSearch records its index's hash among the settings a resume must match, so a
-/// journal is not resumed on an index rebuilt in place.
+/// journal is not resumed on an index rebuilt in place; a run without it, same config, does not
+/// (it is not tied to an index it never reads).
 #[test]
-fn a_run_with_wikisearch_records_its_index() {
+fn a_run_records_the_wikisearch_index_only_when_wikisearch_runs() {
     use toolsift::annotate::tools::{build_index, WikiSearch};
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("corpus.jsonl");
@@ -1639,33 +1640,30 @@ fn a_run_with_wikisearch_records_its_index() {
     ));
     let wiki_config = dir.path().join("wiki.toml");
     std::fs::write(&wiki_config, text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
-        .args([
-            "annotate",
-            "--no-progress",
-            "--tools",
-            "calculator,wikisearch",
-            "--model",
-        ])
-        .arg(common::tiny("f32"))
-        .arg("--corpus")
-        .arg(&corpus)
-        .arg("--out")
-        .arg(dir.path().join("w.jsonl"))
-        .arg("--config")
-        .arg(&wiki_config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("w.summary.json")).unwrap())
+    let run_info = |tools: &str, out: &str| -> Value {
+        let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .args(["annotate", "--no-progress", "--tools", tools, "--model"])
+            .arg(common::tiny("f32"))
+            .arg("--corpus")
+            .arg(&corpus)
+            .arg("--out")
+            .arg(dir.path().join(format!("{out}.jsonl")))
+            .arg("--config")
+            .arg(&wiki_config)
+            .output()
             .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let summary = dir.path().join(format!("{out}.summary.json"));
+        let summary: Value =
+            serde_json::from_str(&std::fs::read_to_string(summary).unwrap()).unwrap();
+        summary["run"]["info"].clone()
+    };
     let want = format!("{:016x}", WikiSearch::index_xxh3(&index).unwrap());
-    assert_eq!(summary["run"]["info"]["wikisearch_index_xxh3"], json!(want));
+    let info = run_info("calculator,wikisearch", "w");
+    assert_eq!(info["wikisearch_index_xxh3"], json!(want));
+    let info = run_info("calculator", "c");
+    assert!(info["model_xxh3"].is_string(), "{info}");
+    assert!(info.get("wikisearch_index_xxh3").is_none(), "{info}");
 }
 
 /// Runs annotate into `{name}.jsonl`, killing it (SIGKILL) after a random share of `run_ms` and
@@ -3118,55 +3116,6 @@ fn the_output_and_the_tools_are_checked_before_the_model_loads() {
         err.contains("toolsift-no-such-program") && err.contains("cannot run"),
         "{err}"
     );
-}
-
-/// The WikiSearch index's hash is among a run's settings only when WikiSearch runs: a run
-/// without it is not tied to an index it never reads.
-#[test]
-fn a_run_without_wikisearch_does_not_record_its_index() {
-    use toolsift::annotate::tools::build_index;
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("corpus.jsonl");
-    write_corpus(&corpus, 2);
-    let docs = dir.path().join("wiki.jsonl");
-    std::fs::write(&docs, "{\"id\": \"a\", \"text\": \"The cat sat.\"}\n").unwrap();
-    let index = dir.path().join("idx");
-    build_index(&docs, &index, "text").unwrap();
-    let mut text = std::fs::read_to_string(bin_config(dir.path())).unwrap();
-    text.push_str(&format!(
-        "[tools.wikisearch]\nindex = {:?}\n",
-        index.display().to_string()
-    ));
-    let wiki_config = dir.path().join("wiki.toml");
-    std::fs::write(&wiki_config, text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
-        .args([
-            "annotate",
-            "--no-progress",
-            "--tools",
-            "calculator",
-            "--model",
-        ])
-        .arg(common::tiny("f32"))
-        .arg("--corpus")
-        .arg(&corpus)
-        .arg("--out")
-        .arg(dir.path().join("w.jsonl"))
-        .arg("--config")
-        .arg(&wiki_config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("w.summary.json")).unwrap())
-            .unwrap();
-    let info = &summary["run"]["info"];
-    assert!(info["model_xxh3"].is_string(), "{summary}");
-    assert!(info.get("wikisearch_index_xxh3").is_none(), "{summary}");
 }
 
 /// An output whose temporary name is another run's output is refused up front: no line is
