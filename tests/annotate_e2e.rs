@@ -139,6 +139,17 @@ impl Parts {
         self.try_annotator_sampling(sampler, config, tools).unwrap()
     }
 
+    /// An annotator with these parts but `scorer` (one that refuses or fails as a test needs).
+    fn annotator_scoring<'a>(
+        &'a self,
+        scorer: &'a dyn toolsift::score::Scorer,
+        config: &AnnotateConfig,
+        tools: &[ToolKind],
+    ) -> Annotator<'a> {
+        let tok = self.model.tokenizer().unwrap();
+        Annotator::new(tok, &self.sampler, scorer, &self.registry, config, tools).unwrap()
+    }
+
     fn try_annotator_sampling<'a>(
         &'a self,
         sampler: &'a dyn Sampler,
@@ -376,16 +387,7 @@ fn calls_whose_losses_are_not_finite_are_unscorable() {
     config.per_tool.calculator.m = 5;
     let parts = Parts::new(&config);
     let overflowing = Overflowing(&parts.scorer);
-    let tok = parts.model.tokenizer().unwrap();
-    let a = Annotator::new(
-        tok,
-        &parts.sampler,
-        &overflowing,
-        &parts.registry,
-        &config,
-        &[ToolKind::Calculator],
-    )
-    .unwrap();
+    let a = parts.annotator_scoring(&overflowing, &config, &[ToolKind::Calculator]);
     let d = doc(5, "Out of 1400 people, 400 (or 29%) said yes.");
     let (record, stats) = a.annotate_document(&d).unwrap();
     let (reference, reference_stats) = parts
@@ -997,17 +999,8 @@ fn a_backend_error_stops_the_run_naming_its_line_and_the_rerun_finishes() {
         calls: AtomicUsize::new(0),
         fail_at: 3,
     };
-    let tok = parts.model.tokenizer().unwrap();
     let tools = [ToolKind::Calculator];
-    let a = Annotator::new(
-        tok,
-        &parts.sampler,
-        &failing,
-        &parts.registry,
-        &config,
-        &tools,
-    )
-    .unwrap();
+    let a = parts.annotator_scoring(&failing, &config, &tools);
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("c.jsonl");
     write_corpus(&corpus, 12);
@@ -3364,16 +3357,7 @@ fn a_call_the_scorer_refuses_is_unscorable_with_its_reason() {
     config.per_tool.calculator.m = 5;
     let parts = Parts::new(&config);
     let refusing = RefusesOnce(&parts.scorer, Default::default());
-    let tok = parts.model.tokenizer().unwrap();
-    let a = Annotator::new(
-        tok,
-        &parts.sampler,
-        &refusing,
-        &parts.registry,
-        &config,
-        &[ToolKind::Calculator],
-    )
-    .unwrap();
+    let a = parts.annotator_scoring(&refusing, &config, &[ToolKind::Calculator]);
     let d = doc(5, "Out of 1400 people, 400 (or 29%) said yes.");
     let (r, s) = a.annotate_document(&d).unwrap();
     let (_, want) = parts
