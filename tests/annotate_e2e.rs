@@ -2861,6 +2861,21 @@ impl toolsift::annotate::tools::Tool for EditsTheCorpus {
     }
 }
 
+/// `c.jsonl` in `dir`: 12 documents, then 700 rejects (no text field) that cost nothing to
+/// annotate, past the reader's 1 MiB buffer, so that a run reads the tail after its first call
+/// (which a test's tool can use to change it). Returns the path and the text.
+fn corpus_past_the_read_buffer(dir: &Path) -> (PathBuf, String) {
+    let corpus = dir.join("c.jsonl");
+    write_corpus(&corpus, 12);
+    let mut text = std::fs::read_to_string(&corpus).unwrap();
+    for i in 0..700 {
+        text.push_str(&json!({"id": i, "body": "x".repeat(2200)}).to_string());
+        text.push('\n');
+    }
+    std::fs::write(&corpus, &text).unwrap();
+    (corpus, text)
+}
+
 /// A corpus changed during the run stops it before the final files, and the advice given is
 /// the one that works: lines only appended, the journal resumes once they are removed; a line
 /// the run annotated edited in place, neither text resumes it, and deleting it does.
@@ -2870,16 +2885,7 @@ fn a_corpus_changed_during_the_run_gets_advice_that_works() {
     let config = test_config();
     let mut parts = Parts::new(&config);
     let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("c.jsonl");
-    write_corpus(&corpus, 12);
-    // Past the reader's 1 MiB buffer, so that the run reads the tail after the first call
-    // changed it: rejects (no text field) that cost nothing to annotate.
-    let mut text = std::fs::read_to_string(&corpus).unwrap();
-    for i in 0..700 {
-        text.push_str(&json!({"id": i, "body": "x".repeat(2200)}).to_string());
-        text.push('\n');
-    }
-    std::fs::write(&corpus, &text).unwrap();
+    let (corpus, text) = corpus_past_the_read_buffer(dir.path());
     let total = text.lines().count();
     let opts = RunOptions::new(&corpus, dir.path().join("out.jsonl"));
     let append: fn(&Path) = |p| {
@@ -3027,15 +3033,7 @@ fn a_shard_whose_corpus_changed_is_told_to_restore_it_and_rerun() {
     let config = test_config();
     let mut parts = Parts::new(&config);
     let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("c.jsonl");
-    write_corpus(&corpus, 12);
-    // Past the reader's 1 MiB buffer, as in a_corpus_changed_during_the_run_gets_advice_that_works.
-    let mut text = std::fs::read_to_string(&corpus).unwrap();
-    for i in 0..700 {
-        text.push_str(&json!({"id": i, "body": "x".repeat(2200)}).to_string());
-        text.push('\n');
-    }
-    std::fs::write(&corpus, &text).unwrap();
+    let (corpus, text) = corpus_past_the_read_buffer(dir.path());
     let total = text.lines().count() as u64;
     assert_eq!(total % 2, 0, "the last line is shard 1/2's");
     let opts = RunOptions {
