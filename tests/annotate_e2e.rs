@@ -20,6 +20,7 @@ use toolsift::annotate::{
 use toolsift::cpu::CpuScorer;
 use toolsift::model::Tokenizer;
 use toolsift::sample::{Sample, SampleOptions, SampleRequest, Sampler};
+use toolsift::score::Scorer as _;
 use toolsift::util::rng::Rng;
 use toolsift::Model;
 
@@ -158,6 +159,35 @@ impl Parts {
     ) -> toolsift::Result<Annotator<'a>> {
         let tok = self.model.tokenizer().unwrap();
         Annotator::new(tok, sampler, &self.scorer, &self.registry, config, tools)
+    }
+}
+
+/// The fixture's scorer behind `answer`, which gets it and each call's candidates and options:
+/// a scorer that fails, refuses or overflows where a test needs it to.
+struct Around<'a, F>(&'a CpuScorer, F);
+
+impl<F> toolsift::score::Scorer for Around<'_, F>
+where
+    F: Fn(
+            &CpuScorer,
+            &[toolsift::score::TokenCandidate],
+            &toolsift::score::ScoreOptions,
+        ) -> toolsift::Result<Vec<[f64; 3]>>
+        + Send
+        + Sync,
+{
+    fn name(&self) -> &str {
+        "around"
+    }
+    fn config(&self) -> &toolsift::GptjConfig {
+        self.0.config()
+    }
+    fn variant_losses_unchecked(
+        &self,
+        candidates: &[toolsift::score::TokenCandidate],
+        options: &toolsift::score::ScoreOptions,
+    ) -> toolsift::Result<Vec<[f64; 3]>> {
+        (self.1)(self.0, candidates, options)
     }
 }
 
@@ -362,31 +392,17 @@ fn a_long_document_is_annotated_on_its_head() {
 /// nulls in place of numbers, not kept), the others are scored as usual.
 #[test]
 fn calls_whose_losses_are_not_finite_are_unscorable() {
-    struct Overflowing<'a>(&'a CpuScorer);
-    impl toolsift::score::Scorer for Overflowing<'_> {
-        fn name(&self) -> &str {
-            "overflowing"
-        }
-        fn config(&self) -> &toolsift::GptjConfig {
-            self.0.config()
-        }
-        fn variant_losses_unchecked(
-            &self,
-            candidates: &[toolsift::score::TokenCandidate],
-            options: &toolsift::score::ScoreOptions,
-        ) -> toolsift::Result<Vec<[f64; 3]>> {
-            let mut losses = self.0.variant_losses_unchecked(candidates, options)?;
-            losses[0][2] = f64::NAN;
-            if let Some(l) = losses.get_mut(1) {
-                l[0] = f64::INFINITY;
-            }
-            Ok(losses)
-        }
-    }
     let mut config = test_config();
     config.per_tool.calculator.m = 5;
     let parts = Parts::new(&config);
-    let overflowing = Overflowing(&parts.scorer);
+    let overflowing = Around(&parts.scorer, |scorer: &CpuScorer, c: &[_], o: &_| {
+        let mut losses = scorer.variant_losses_unchecked(c, o)?;
+        losses[0][2] = f64::NAN;
+        if let Some(l) = losses.get_mut(1) {
+            l[0] = f64::INFINITY;
+        }
+        Ok(losses)
+    });
     let a = parts.annotator_scoring(&overflowing, &config, &[ToolKind::Calculator]);
     let d = doc(5, "Out of 1400 people, 400 (or 29%) said yes.");
     let (record, stats) = a.annotate_document(&d).unwrap();
@@ -967,38 +983,17 @@ fn a_line_over_64_mib_is_a_reject_not_an_out_of_memory() {
 #[test]
 fn a_backend_error_stops_the_run_naming_its_line_and_the_rerun_finishes() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    /// The real scorer, but its `fail_at`-th call (0-based) is a backend error.
-    struct FailsOnce<'a> {
-        scorer: &'a CpuScorer,
-        calls: AtomicUsize,
-        fail_at: usize,
-    }
-    impl toolsift::score::Scorer for FailsOnce<'_> {
-        fn name(&self) -> &str {
-            "fails-once"
-        }
-        fn config(&self) -> &toolsift::GptjConfig {
-            self.scorer.config()
-        }
-        fn variant_losses_unchecked(
-            &self,
-            candidates: &[toolsift::score::TokenCandidate],
-            options: &toolsift::score::ScoreOptions,
-        ) -> toolsift::Result<Vec<[f64; 3]>> {
-            if self.calls.fetch_add(1, Ordering::SeqCst) == self.fail_at {
-                return Err(toolsift::Error::Backend("cuda: the device was lost".into()));
-            }
-            self.scorer.variant_losses_unchecked(candidates, options)
-        }
-    }
     let mut config = test_config();
     config.per_tool.calculator.min_numbers = 0; // every document scores calls
     let parts = Parts::new(&config);
-    let failing = FailsOnce {
-        scorer: &parts.scorer,
-        calls: AtomicUsize::new(0),
-        fail_at: 3,
-    };
+    // Its 4th call is a backend error.
+    let calls = AtomicUsize::new(0);
+    let failing = Around(&parts.scorer, |scorer: &CpuScorer, c: &[_], o: &_| {
+        if calls.fetch_add(1, Ordering::SeqCst) == 3 {
+            return Err(toolsift::Error::Backend("cuda: the device was lost".into()));
+        }
+        scorer.variant_losses_unchecked(c, o)
+    });
     let tools = [ToolKind::Calculator];
     let a = parts.annotator_scoring(&failing, &config, &tools);
     let dir = tempfile::tempdir().unwrap();
@@ -3332,29 +3327,17 @@ fn each_tools_calls_are_filtered_by_its_own_threshold() {
 /// and not the index of a batch the record does not show; the other calls are scored.
 #[test]
 fn a_call_the_scorer_refuses_is_unscorable_with_its_reason() {
-    struct RefusesOnce<'a>(&'a CpuScorer, std::sync::atomic::AtomicBool);
-    impl toolsift::score::Scorer for RefusesOnce<'_> {
-        fn name(&self) -> &str {
-            "refuses-once"
-        }
-        fn config(&self) -> &toolsift::GptjConfig {
-            self.0.config()
-        }
-        fn variant_losses_unchecked(
-            &self,
-            candidates: &[toolsift::score::TokenCandidate],
-            options: &toolsift::score::ScoreOptions,
-        ) -> toolsift::Result<Vec<[f64; 3]>> {
-            if !self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                return Err(toolsift::Error::candidate(1, "too odd for this scorer"));
-            }
-            self.0.variant_losses_unchecked(candidates, options)
-        }
-    }
     let mut config = test_config();
     config.per_tool.calculator.m = 5;
     let parts = Parts::new(&config);
-    let refusing = RefusesOnce(&parts.scorer, Default::default());
+    // Its first call refuses a candidate.
+    let refused = std::sync::atomic::AtomicBool::new(false);
+    let refusing = Around(&parts.scorer, |scorer: &CpuScorer, c: &[_], o: &_| {
+        if !refused.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(toolsift::Error::candidate(1, "too odd for this scorer"));
+        }
+        scorer.variant_losses_unchecked(c, o)
+    });
     let a = parts.annotator_scoring(&refusing, &config, &[ToolKind::Calculator]);
     let d = doc(5, "Out of 1400 people, 400 (or 29%) said yes.");
     let (r, s) = a.annotate_document(&d).unwrap();
