@@ -427,6 +427,13 @@ impl Tool for Answers {
     }
 }
 
+/// Tools of one "Calculator" that answers `text` whatever it is asked.
+fn answering(text: &str) -> ToolRegistry {
+    let mut tools = ToolRegistry::new();
+    tools.register(Answers(text.to_string()));
+    tools
+}
+
 /// A result with a token the model has no row for (a tokenizer larger than the model) fails
 /// that call, closed with "]", instead of the whole batch at the next step.
 #[test]
@@ -446,8 +453,7 @@ fn a_result_outside_the_vocabulary_fails_its_call_only() {
         .map(|w| w.trim().to_string())
         .find(|w| !w.is_empty() && w.chars().all(char::is_alphanumeric))
         .expect("a word the small model has no row for");
-    let mut tools = ToolRegistry::new();
-    tools.register(Answers(word.clone()));
+    let tools = answering(&word);
     let o = GenerateOptions {
         max_new_tokens: 40,
         vocab_size: Some(vocab_size),
@@ -478,18 +484,14 @@ fn a_result_outside_the_vocabulary_fails_its_call_only() {
 #[test]
 fn a_result_the_tokenizer_cannot_encode_fails_its_call_only() {
     let dir = tempfile::tempdir().unwrap();
-    let path = common::tiny("f32").join("tokenizer.json");
-    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    // "~" is in no merge, so the rest of the vocabulary encodes as before.
-    json["model"]["vocab"].as_object_mut().unwrap().remove("~");
-    json["model"]["unk_token"] = "<unk>".into();
-    let file = dir.path().join("tokenizer.json");
-    std::fs::write(&file, json.to_string()).unwrap();
-    let tokenizer = &Tokenizer::from_file(&file).unwrap();
+    let tokenizer = &fixture_tokenizer_edited(dir.path(), |json| {
+        // "~" is in no merge, so the rest of the vocabulary encodes as before.
+        json["model"]["vocab"].as_object_mut().unwrap().remove("~");
+        json["model"]["unk_token"] = "<unk>".into();
+    });
     assert!(tokenizer.encode_ids("~").is_err());
     let m = scripted(tokenizer, 1, "Calculator(1 + 2) ->", |_| 0);
-    let mut tools = ToolRegistry::new();
-    tools.register(Answers("~".into()));
+    let tools = answering("~");
     let o = GenerateOptions {
         max_new_tokens: 30,
         ..Default::default()
@@ -701,27 +703,34 @@ fn a_special_tokens_text_in_an_input_is_not_run() {
 /// The fixture's tokenizer with extra tokens that carry text past an arrow (" ->-", " ->]"), as
 /// real vocabularies can (punctuation only: the pre-tokenizer splits digits and letters off).
 fn tokenizer_with_arrow_tokens(dir: &std::path::Path) -> Tokenizer {
+    fixture_tokenizer_edited(dir, |json| {
+        let model = &mut json["model"];
+        // In the vocabulary as in GPT-2's own file, or `tokenizers` would give it an id of the new
+        // tokens'.
+        model["vocab"]["<|endoftext|>"] = serde_json::json!(499);
+        for (id, (merge, token)) in [
+            (["\u{120}->", "-"], "\u{120}->-"),
+            (["\u{120}->", "]"], "\u{120}->]"),
+            (["-", ">"], "->"),
+            (["]", "->"], "]->"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            model["vocab"][token] = serde_json::json!(500 + id);
+            model["merges"]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!(merge));
+        }
+    })
+}
+
+/// The fixture's tokenizer.json after `edit`, written to `dir` and loaded.
+fn fixture_tokenizer_edited(dir: &std::path::Path, edit: impl FnOnce(&mut Value)) -> Tokenizer {
     let path = common::tiny("f32").join("tokenizer.json");
     let mut json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let model = &mut json["model"];
-    // In the vocabulary as in GPT-2's own file, or `tokenizers` would give it an id of the new
-    // tokens'.
-    model["vocab"]["<|endoftext|>"] = serde_json::json!(499);
-    for (id, (merge, token)) in [
-        (["\u{120}->", "-"], "\u{120}->-"),
-        (["\u{120}->", "]"], "\u{120}->]"),
-        (["-", ">"], "->"),
-        (["]", "->"], "]->"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        model["vocab"][token] = serde_json::json!(500 + id);
-        model["merges"]
-            .as_array_mut()
-            .unwrap()
-            .push(serde_json::json!(merge));
-    }
+    edit(&mut json);
     let file = dir.join("tokenizer.json");
     std::fs::write(&file, json.to_string()).unwrap();
     Tokenizer::from_file(&file).unwrap()
