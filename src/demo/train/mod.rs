@@ -275,14 +275,20 @@ pub fn write_config(dir: &Path, c: &GptjConfig, eot: u32) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// `--out` must be a new or empty folder, or an earlier train-demo output (its training.json):
-/// the run writes config.json, model.safetensors and tokenizer.json there, and a model folder
-/// of someone else's would be left with a new tokenizer beside old weights by a run that
-/// fails, or replaced by one that does not.
+/// Written into `--out` before the model's files and removed once training.json is there: it
+/// marks a folder whose run stopped in between (its reference check failed to load the model,
+/// a write failed, the process was killed) as train-demo's own, so the rerun is taken.
+const INCOMPLETE_MARKER: &str = "train-demo.incomplete";
+
+/// `--out` must be a new or empty folder, or an earlier train-demo output (its training.json,
+/// or the marker of a run that stopped while writing): the run writes config.json,
+/// model.safetensors and tokenizer.json there, and a model folder of someone else's would be
+/// left with a new tokenizer beside old weights by a run that fails, or replaced by one that
+/// does not.
 fn check_out_folder(out: &Path) -> Result<()> {
     let fresh =
         crate::util::fs::missing_or_empty(out).map_err(|e| anyhow!("{}: {e}", out.display()))?;
-    if fresh || out.join("training.json").is_file() {
+    if fresh || out.join("training.json").is_file() || out.join(INCOMPLETE_MARKER).is_file() {
         return Ok(());
     }
     Err(anyhow!(
@@ -459,6 +465,15 @@ pub fn run(
     let train_s = train_start.elapsed().as_secs_f64();
 
     // The folder, then the proof that the engine computes what was trained.
+    let marker = out.join(INCOMPLETE_MARKER);
+    std::fs::write(
+        &marker,
+        format!(
+            "train-demo stopped after writing some of this folder's files and before \
+             training.json; rerun it into this folder to replace them:\n{command}\n"
+        ),
+    )
+    .with_context(|| format!("writing {}", marker.display()))?;
     write_config(out, &config, eot)?;
     std::fs::write(&tok_path, &tok_json)
         .with_context(|| format!("writing {}", tok_path.display()))?;
@@ -491,6 +506,7 @@ pub fn run(
     let path = out.join("training.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")
         .with_context(|| format!("writing {}", path.display()))?;
+    std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
     if !report.reference.passes() {
         bail!(
             "the trained model and toolsift's reference disagree: max |log p difference| = \
@@ -846,7 +862,9 @@ mod tests {
 
     /// A run that fails after its tokenizer is trained (one `check_tokenizer` refuses: too few
     /// ids for " [" to be one token) leaves its new folder empty, so the rerun with a larger
-    /// vocabulary is not refused as "not a train-demo output".
+    /// vocabulary is not refused as "not a train-demo output"; so is the rerun into a folder a
+    /// run left while writing its files (its marker, half its files), and a finished run
+    /// removes the marker.
     #[test]
     fn a_failed_run_leaves_its_folder_to_the_rerun() {
         let o = TrainOptions {
@@ -864,8 +882,16 @@ mod tests {
             .to_string();
         assert!(err.contains("raise --vocab-size"), "{err}");
         assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+        // What a run stopped between its config and its training.json leaves.
+        std::fs::write(out.join(INCOMPLETE_MARKER), "stopped").unwrap();
+        std::fs::write(out.join("config.json"), "{}").unwrap();
         run(&out, &o, "test", &mut |_| {}).unwrap();
         assert!(out.join("tokenizer.json").is_file() && out.join("training.json").is_file());
+        assert!(!out.join(INCOMPLETE_MARKER).exists());
+        // Without the marker, the same half-written folder is someone else's.
+        std::fs::remove_file(out.join("training.json")).unwrap();
+        let err = check_out_folder(&out).unwrap_err().to_string();
+        assert!(err.contains("not a train-demo output"), "{err}");
     }
 
     /// A tiny run end to end (1 layer, 3 steps over 2 epochs): the data statistics against the
