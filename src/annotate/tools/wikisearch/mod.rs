@@ -14,6 +14,7 @@ pub use index::{build_index, IndexStats};
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -396,13 +397,16 @@ impl WikiSearch {
             let per_char = text.len().div_ceil(chars).max(1);
             let mut snippets = ranked.snippets.borrow_mut();
             snippets.set_max_num_chars(self.max_snippet_chars.saturating_mul(per_char));
-            snippets.snippet(&text).fragment().to_string()
+            snippets.snippet(&text).fragment_range()
         };
-        let snippet = if fragment.trim().is_empty() {
+        let snippet = if text
+            .get(fragment.clone())
+            .is_none_or(|f| f.trim().is_empty())
+        {
             // Only the title matched: the start of the text says what the page is.
             truncate_words(&text, self.max_snippet_chars)
         } else {
-            truncate_words(&fragment, self.max_snippet_chars)
+            whole_words(&text, fragment, self.max_snippet_chars)
         };
         Ok(SearchHit {
             id: first(self.id).unwrap_or_default(),
@@ -427,6 +431,29 @@ impl WikiSearch {
         }
         Ok(words)
     }
+}
+
+/// The fragment `range` of `text` as a snippet of at most `max_chars` characters, widened to
+/// whole words where they fit: tantivy's fragments start and end at its tokens, which leave out
+/// the punctuation around a word ("giraffid" of "giraffid.", "born" of "(born"). The widest of
+/// both ends widened, the end only, and the fragment as it is, that fits whole.
+fn whole_words(text: &str, range: Range<usize>, max_chars: usize) -> String {
+    let start = text[..range.start]
+        .char_indices()
+        .rev()
+        .find(|(_, c)| c.is_whitespace())
+        .map_or(0, |(i, c)| i + c.len_utf8());
+    let end = text[range.end..]
+        .find(char::is_whitespace)
+        .map_or(text.len(), |i| range.end + i);
+    let fragment = &text[range.clone()];
+    for candidate in [&text[start..end], &text[range.start..end]] {
+        let cut = truncate_words(candidate, max_chars);
+        if cut.split_whitespace().count() == candidate.split_whitespace().count() {
+            return cut;
+        }
+    }
+    truncate_words(fragment, max_chars)
 }
 
 /// Collapses whitespace and cuts `text` to at most `max_chars` characters, at a word
@@ -687,6 +714,37 @@ mod tests {
         registry.register(WikiSearch::open(&out).unwrap());
         assert_eq!(registry.wikisearch_index_xxh3(), None);
         assert!(WikiSearch::index_xxh3(&tmp.path().join("none")).is_err());
+    }
+
+    /// A snippet keeps the punctuation around its first and last words (tantivy's fragment
+    /// stops at tokens): the sentence's final period, an opening parenthesis; each end only
+    /// where the words still fit the limit.
+    #[test]
+    fn snippets_end_at_whole_words() {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(
+            tmp.path(),
+            "{\"id\":\"o\",\"text\":\"An okapi is a giraffid.\"}\n",
+        );
+        let out = tmp.path().join("idx");
+        build_index(&docs, &out, "text").unwrap();
+        let wiki = WikiSearch::open(&out).unwrap();
+        assert_eq!(
+            wiki.call("giraffid", &doc("x")).unwrap(),
+            "An okapi is a giraffid."
+        );
+
+        let text = "Ann (born  1950) sang.";
+        let born = 5..15; // "born  1950"
+        assert_eq!(&text[born.clone()], "born  1950");
+        assert_eq!(whole_words(text, born.clone(), 40), "(born 1950)");
+        assert_eq!(whole_words(text, born.clone(), 10), "born 1950)");
+        assert_eq!(whole_words(text, born.clone(), 9), "born 1950");
+        assert_eq!(whole_words(text, born, 6), "born");
+        // At the text's ends, and a range already on whole words.
+        assert_eq!(whole_words(text, 0..3, 40), "Ann");
+        assert_eq!(whole_words(text, 17..21, 40), "sang.");
+        assert_eq!(whole_words("Москва, город", 0..12, 40), "Москва,");
     }
 
     #[test]
