@@ -77,7 +77,7 @@ impl Engine for crate::cuda::CudaScorer {
         crate::cuda::CudaScorer::weights_bytes(self)
     }
     fn gemm_peak_gflops(&self) -> Result<f64> {
-        crate::cuda::gemm::measure_peak_gflops(self.gpu(), 5)
+        self.gpu().measure_peak_gflops(5)
     }
 }
 

@@ -734,8 +734,7 @@ fn cuda_bench() {
     let stats = scorer.last_stats();
     // This card's dense bf16 GEMM rate, measured after the timed runs: the trunk's fraction of
     // it is the FLOP floor's figure (gpu-check's summary), whichever card ran.
-    let gemm_peak_tflops =
-        toolsift::cuda::gemm::measure_peak_gflops(scorer.gpu(), 5).unwrap() / 1e3;
+    let gemm_peak_tflops = scorer.gpu().measure_peak_gflops(5).unwrap() / 1e3;
     let c = model.config();
     // Trunk FLOPs per token: 2 * (4 d^2 + 2 d f) per layer.
     let flop_per_token = 2.0

@@ -263,6 +263,44 @@ impl Gpu {
             .mem_get_info()
             .map_err(driver_err("querying device memory"))
     }
+
+    /// The device's dense GEMM rate in GFLOP/s as the layer GEMMs run it (bf16 in and out, f32
+    /// compute, through `self.blas`): the fastest of `reps` timings of `iters` products
+    /// [n, n] x [n, n]^T after a warm-up, with n 8192 (1.1 TFLOP a product; 128 MiB an operand).
+    /// The emulated device (host matmuls) gets n 64 and one product: it checks the path, not the
+    /// rate. Operands hold a fixed non-zero pattern: zeros would run cooler, and faster.
+    pub fn measure_peak_gflops(&self, reps: usize) -> Result<f64> {
+        let emulated = self.name.contains("emulated");
+        let (n, iters) = if emulated { (64, 1) } else { (8192, 10) };
+        let host: Vec<bf16> = (0..n * n)
+            .map(|i| bf16::from_f32(((i * 7919) % 2001) as f32 / 1000.0 - 1.0))
+            .collect();
+        let a = self
+            .stream
+            .clone_htod(&host)
+            .map_err(driver_err("uploading the peak GEMM's operand"))?;
+        let mut out = self
+            .stream
+            .alloc_zeros::<bf16>(n * n)
+            .map_err(driver_err("allocating the peak GEMM's output"))?;
+        let mut product = || {
+            let (a, mut out) = (a.as_view(), out.as_view_mut());
+            self.blas
+                .linear(&a, n, &a, n, &mut out, n, [n, n, n], false)
+        };
+        product()?;
+        self.sync()?;
+        let mut fastest = f64::INFINITY;
+        for _ in 0..reps.max(1) {
+            let t = std::time::Instant::now();
+            for _ in 0..iters {
+                product()?;
+            }
+            self.sync()?;
+            fastest = fastest.min(t.elapsed().as_secs_f64() / iters as f64);
+        }
+        Ok(2.0 * (n as f64).powi(3) / fastest.max(1e-12) / 1e9)
+    }
 }
 
 /// `tree_attention_mma`'s instantiations: [vec, scalar] x HD_MAX 64, 128, 256.

@@ -110,8 +110,7 @@ impl TensorMap {
             }
             map.check_index(&index, dir, &weight_map)?;
         } else if bin.is_file() {
-            // read_torch_bin already leaves out the buffers.
-            for (name, tensor) in torch_bin::read_torch_bin(&bin)? {
+            for (name, tensor) in torch_bin::read_torch_bin(&bin, is_ignored_buffer)? {
                 map.insert(name, tensor, &bin)?;
             }
         } else if let Some(odd) = [&single, &index, &bin]
@@ -716,6 +715,15 @@ fn config_json(model: &super::Model, dtype: Option<DType>) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gptj_buffer_names() {
+        assert!(is_ignored_buffer("transformer.h.0.attn.bias"));
+        assert!(is_ignored_buffer("transformer.h.27.attn.masked_bias"));
+        assert!(!is_ignored_buffer("transformer.h.0.attn.c_attn.bias"));
+        assert!(!is_ignored_buffer("h.0.c_attn.bias"));
+        assert!(!is_ignored_buffer("transformer.h.0.mlp.fc_in.bias"));
+    }
 
     /// The streamed file is byte for byte what the safetensors crate's `serialize` makes (its
     /// tensor order, header and padding), metadata or not.
