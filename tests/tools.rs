@@ -7,6 +7,8 @@
 //! services a tools table provides. And `toolsift index`, the command that builds WikiSearch's
 //! index, which no other test runs; then, from a review of the settings and the registry (session
 //! 47), what `ToolRegistry::from_config` registers, in what order, and what it refuses.
+//! Last, from a review of the external tools: their defaults made in code, a refused
+//! connection retried, and how an HTTP reply's result and error are read.
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -416,4 +418,62 @@ fn check_provided_names_the_first_tool_missing() {
     let e = cfg.check_provided(&tools).unwrap_err().to_string();
     assert_eq!(e, "tool qa is not available: configure it under [tools.qa]");
     assert!(cfg.check_provided(&tools[..1]).is_ok());
+}
+
+// ---- from the review of annotate/tools/external ----
+
+/// A tool made in code gets the documented defaults: 10 s per try and 2 retries.
+#[test]
+fn a_tool_made_in_code_has_the_default_timeout_and_retries() {
+    for tool in [
+        ExternalTool::command("QA", vec!["cat".into()]),
+        ExternalTool::http("QA", "http://127.0.0.1:1/qa"),
+    ] {
+        assert_eq!((tool.timeout, tool.retries), (Duration::from_secs(10), 2));
+    }
+}
+
+/// A refused connection is retried, and the error says how many tries were made.
+#[test]
+fn a_refused_connection_is_retried() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tool = ExternalTool::http("QA", format!("http://127.0.0.1:{port}/qa"))
+        .with_timeout(Duration::from_secs(2))
+        .with_retries(1);
+    let got = tool.call("x", &doc("d"));
+    assert!(
+        matches!(&got, Err(ToolError::Failed(m)) if m.contains("after 2 tries")),
+        "{got:?}"
+    );
+}
+
+/// A reply's string result wins over an `error` beside it; a null error is no error; a
+/// service's error is quoted as it wrote it (a string without JSON quotes).
+#[test]
+fn an_http_reply_is_read_result_first_and_its_error_as_written() {
+    let call = |body: &'static str| {
+        let (url, _) = server(200, body);
+        ExternalTool::http("QA", url)
+            .with_timeout(Duration::from_secs(2))
+            .with_retries(0)
+            .call("x", &doc("d"))
+    };
+    assert_eq!(
+        call("{\"result\": \"Paris\", \"error\": \"slow\"}"),
+        Ok("Paris".into())
+    );
+    let got = call("{\"result\": 3, \"error\": null}");
+    assert!(
+        matches!(&got, Err(ToolError::Failed(m)) if m.ends_with("reply has no string \"result\"")),
+        "{got:?}"
+    );
+    let got = call("{\"error\": \"no model\"}");
+    assert!(
+        matches!(&got, Err(ToolError::Failed(m)) if m.ends_with("service error: no model")),
+        "{got:?}"
+    );
 }

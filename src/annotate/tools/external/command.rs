@@ -742,4 +742,45 @@ mod tests {
             );
         }
     }
+
+    /// A background process that holds stdout a little after the program exited is waited
+    /// for, up to the timeout: the call succeeds once it lets go.
+    #[test]
+    fn stdout_held_briefly_after_exit_is_waited_for() {
+        let tool = sh("sleep 0.3 & echo hi").with_timeout(Duration::from_secs(3));
+        assert_eq!(run(&tool, "x"), Ok("hi".into()));
+    }
+
+    /// A failed call's error keeps its stderr even when a background process still holds the
+    /// pipe (the reader is told the call ended, instead of waiting for the end of the pipe).
+    #[test]
+    fn a_failure_keeps_its_stderr_when_a_background_process_holds_it() {
+        let tool = sh("sleep 5 >/dev/null & echo 'model not loaded' >&2; exit 3");
+        let msg = run(&tool, "x").unwrap_err().to_string();
+        assert!(msg.contains("model not loaded"), "{msg}");
+    }
+
+    /// A timed-out tool's group is killed with SIGKILL: what it started dies even when it
+    /// ignores SIGTERM.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_timeout_kills_a_group_that_ignores_sigterm() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_path = dir.path().join("bg");
+        let tool = sh(&format!(
+            "trap '' TERM; sleep 30 >/dev/null & echo $! > {}; sleep 30",
+            pid_path.display()
+        ))
+        .with_timeout(Duration::from_millis(300));
+        assert!(matches!(run(&tool, "x"), Err(ToolError::Timeout { .. })));
+        let pid = std::fs::read_to_string(&pid_path)
+            .unwrap()
+            .trim()
+            .to_string();
+        let ended = ends_within(&pid, Duration::from_secs(2));
+        if !ended {
+            let _ = Command::new("kill").args(["-9", &pid]).status();
+        }
+        assert!(ended, "a process ignoring SIGTERM survived the timeout");
+    }
 }

@@ -419,4 +419,38 @@ mod tests {
             "{got:?}"
         );
     }
+
+    /// A reply of exactly `MAX_OUTPUT_BYTES` is accepted; one byte more is refused at once,
+    /// not retried (another try would get the same reply).
+    #[test]
+    fn http_body_limit_is_inclusive_and_an_oversized_reply_is_not_retried() {
+        let body = |size: usize| {
+            let mut json = b"{\"result\": \"".to_vec();
+            json.resize(size - 2, b'a');
+            json.extend_from_slice(b"\"}");
+            json
+        };
+        let (url, _) = raw_server(move |_| reply(200, "application/json", &body(MAX_OUTPUT_BYTES)));
+        assert_eq!(
+            run(&http_tool(&url, 0), "x").unwrap().len(),
+            MAX_OUTPUT_BYTES - 14
+        );
+        let (url, count) =
+            raw_server(move |_| reply(200, "application/json", &body(MAX_OUTPUT_BYTES + 1)));
+        let msg = run(&http_tool(&url, 2), "x").unwrap_err().to_string();
+        assert!(msg.contains("larger than"), "{msg}");
+        assert_eq!(count.load(Ordering::SeqCst), 1, "not retried");
+    }
+
+    /// A reply that is not HTTP, and a connection closed without a reply, are transport
+    /// failures: retried.
+    #[test]
+    fn http_garbage_or_no_reply_is_retried() {
+        for answer in [&b"garbage\r\n\r\n"[..], b""] {
+            let (url, count) = raw_server(move |_| answer.to_vec());
+            let got = run(&http_tool(&url, 1), "x");
+            assert!(matches!(got, Err(ToolError::Failed(_))), "{got:?}");
+            assert_eq!(count.load(Ordering::SeqCst), 2, "{answer:?}: {got:?}");
+        }
+    }
 }

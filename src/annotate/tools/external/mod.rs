@@ -420,4 +420,59 @@ mod tests {
             assert!(err.to_string().starts_with("tool QA:"), "{err}");
         }
     }
+
+    /// A command whose program is an empty string names none: refused when configured, not
+    /// a spawn failure on every call.
+    #[test]
+    fn a_command_whose_program_is_empty_is_refused() {
+        let config = ExternalToolConfig {
+            command: Some(argv(&["", "qa.py"])),
+            ..Default::default()
+        };
+        let err = ExternalTool::from_config("QA", &config).unwrap_err();
+        assert!(err.to_string().contains("must name a program"), "{err}");
+    }
+
+    /// An https URL is refused with the reason (no TLS is built in), not a parse detail.
+    #[test]
+    fn an_https_url_is_refused_as_not_built_in() {
+        let err = ExternalTool::from_config("QA", &url("https://example.com/qa")).unwrap_err();
+        assert!(err.to_string().contains("https is not built in"), "{err}");
+    }
+
+    /// A bracketed IPv6 host's port is the part after its last colon, checked like any other.
+    #[test]
+    fn an_ipv6_hosts_port_is_checked() {
+        for bad in ["http://[::1]:99999/x", "http://[::1]:0/x"] {
+            assert!(ExternalTool::from_config("QA", &url(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shorten_keeps_max_characters_and_marks_a_cut() {
+        assert_eq!(shorten("abc", 3), "abc");
+        assert_eq!(shorten("abcd", 3), "abc…");
+        assert_eq!(shorten("éèêë", 2), "éè…");
+        assert_eq!(shorten("", 0), "");
+    }
+
+    /// Between tries the tool waits 50 ms, then 100, then 200 (doubling): each try starts at
+    /// least that long after the one before.
+    #[test]
+    fn retries_wait_50_ms_doubling_between_tries() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("starts");
+        let script = format!("date +%s%N >> '{}'; exit 1", log.display());
+        assert!(run(&sh(&script).with_retries(3), "x").is_err());
+        let starts: Vec<u128> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect();
+        assert_eq!(starts.len(), 4);
+        for (gap, least_ms) in starts.windows(2).zip([50, 100, 200]) {
+            let ms = (gap[1] - gap[0]) / 1_000_000;
+            assert!(ms >= least_ms, "{ms} ms < {least_ms} ms: {starts:?}");
+        }
+    }
 }

@@ -272,6 +272,9 @@ mod tests {
     fn a_signal_ends_the_tools_and_what_they_started() {
         use std::os::unix::process::ExitStatusExt;
         if let Ok(dir) = std::env::var("TOOLSIFT_TEST_SIGNALLED_RUN") {
+            // SAFETY: setting SIGINT's action to the default before any handler is installed:
+            // a test run started in the background ignores it, and so would this run.
+            unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
             stop_tools_on_signals().unwrap();
             set_stop_note("rerun to resume");
             let tool = sh(&format!(
@@ -385,5 +388,54 @@ mod tests {
         );
         let tool = std::fs::read_to_string(dir.path().join("tool")).unwrap();
         assert!(ends_within(tool.trim(), Duration::from_secs(5)));
+    }
+
+    /// A call ended is no longer listed: a later stop must not signal its pid, which the
+    /// system may have given to another process since.
+    #[test]
+    fn a_call_ended_is_no_longer_listed() {
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let running = Running::start(&child);
+        assert!(RUNNING.lock().unwrap().contains(&pid));
+        drop(running);
+        assert!(!RUNNING.lock().unwrap().contains(&pid));
+        child.wait().unwrap();
+    }
+
+    /// Ctrl-C's SIGINT is named as such in the note (the run otherwise as with SIGTERM).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_sigint_is_named_in_the_stop_note() {
+        use std::os::unix::process::ExitStatusExt;
+        let dir = tempfile::tempdir().unwrap();
+        let signalled = this_test_as_a_run(
+            "a_signal_ends_the_tools_and_what_they_started",
+            "TOOLSIFT_TEST_SIGNALLED_RUN",
+            dir.path(),
+        )
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let tool = pid_written_to(&dir.path().join("tool"));
+        let background = pid_written_to(&dir.path().join("started"));
+        let pid = libc::pid_t::try_from(signalled.id()).unwrap();
+        // SAFETY: kill(2) on the child this test started and has not reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+        let ended = signalled.wait_with_output().unwrap();
+        assert_eq!(
+            ended.status.signal(),
+            Some(libc::SIGINT),
+            "{}",
+            ended.status
+        );
+        let stderr = String::from_utf8_lossy(&ended.stderr);
+        assert!(
+            stderr.contains("toolsift: stopped by SIGINT: rerun to resume"),
+            "{stderr}"
+        );
+        for pid in [&tool, &background] {
+            assert!(ends_within(pid, Duration::from_secs(5)));
+        }
     }
 }
