@@ -771,7 +771,8 @@ mod tests {
             "trap '' TERM; sleep 30 >/dev/null & echo $! > {}; sleep 30",
             pid_path.display()
         ))
-        .with_timeout(Duration::from_millis(300));
+        // Long enough for a loaded machine to start the script and write the pid.
+        .with_timeout(Duration::from_secs(1));
         assert!(matches!(run(&tool, "x"), Err(ToolError::Timeout { .. })));
         let pid = std::fs::read_to_string(&pid_path)
             .unwrap()
