@@ -49,7 +49,12 @@ impl std::str::FromStr for Shard {
 impl Shard {
     /// Shard `index` of `count`; fails (`Error::Input`) unless `index < count`.
     pub fn new(index: u64, count: u64) -> Result<Self> {
-        if count == 0 || index >= count {
+        if count == 0 {
+            return Err(Error::input(format!(
+                "shard {index}/0: the count must be at least 1"
+            )));
+        }
+        if index >= count {
             return Err(Error::input(format!(
                 "shard {index}/{count}: the index must be below the count (0-based)"
             )));
@@ -185,7 +190,9 @@ mod tests {
         let first = Shard::new(0, 3).unwrap();
         assert!(first.owns(1) && first.owns(4) && !first.owns(3));
         assert!(shards.iter().all(|s| !s.owns(0)));
-        assert!("3/3".parse::<Shard>().is_err());
+        let err = |s: &str| s.parse::<Shard>().unwrap_err().to_string();
+        assert!(err("3/3").contains("3/3: the index must be below the count"));
+        assert!(err("0/0").contains("0/0: the count must be at least 1"));
         let err = "1/18446744073709551616"
             .parse::<Shard>()
             .unwrap_err()
