@@ -1757,3 +1757,320 @@ fn bench_passes_placement_seed_and_device() {
     let report: Value = serde_json::from_slice(&stdout).unwrap();
     assert_eq!(report["placement"], "inline", "{report}");
 }
+
+// ---- from the review of cli/annotate.rs, cli/generate.rs, generate/jsonl.rs, util/fs.rs ----
+
+/// `toolsift generate ARGS` on the tiny fixture: (success, stdout, stderr).
+fn generate_tiny(args: &[&str]) -> (bool, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .arg("generate")
+        .arg("--model")
+        .arg(tiny("f32"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (o.status.success(), text(&o.stdout), text(&o.stderr))
+}
+
+/// The completion `generate` wrote on stdout for its one prompt.
+fn completion_of(stdout: &str) -> String {
+    let line: Value = serde_json::from_str(stdout).unwrap();
+    line["completion"].as_str().unwrap().to_string()
+}
+
+/// `generate`'s --seed, --top-k and --max-new-tokens reach the loop: two seeds sample two
+/// completions, `--top-k 1` samples the greedy one, a cap of 3 tokens writes a strict prefix of
+/// a cap of 6; and a --seed without a temperature is said to have no effect, as --top-k is.
+#[test]
+fn generate_sampling_and_length_flags_reach_the_loop() {
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--prompt", "The sum"];
+        if !extra.contains(&"--max-new-tokens") {
+            args.extend(["--max-new-tokens", "6"]);
+        }
+        args.extend(extra);
+        let (ok, stdout, stderr) = generate_tiny(&args);
+        assert!(ok, "{extra:?}: {stderr}");
+        (completion_of(&stdout), stderr)
+    };
+    let (greedy, _) = run(&[]);
+    let sampled = |seed| run(&["--temperature", "0.9", "--seed", seed]).0;
+    assert_ne!(sampled("3"), sampled("4"), "the seed picks the draws");
+    let (top1, _) = run(&["--temperature", "0.9", "--seed", "4", "--top-k", "1"]);
+    assert_eq!(top1, greedy, "--top-k 1 draws the most likely token");
+    let (short, _) = run(&["--max-new-tokens", "3"]);
+    assert!(
+        short.len() < greedy.len() && greedy.starts_with(&short),
+        "{short:?} {greedy:?}"
+    );
+    let (_, stderr) = run(&["--seed", "5"]);
+    assert!(
+        stderr.contains("--top-k and --seed have no effect"),
+        "{stderr}"
+    );
+}
+
+/// On the demo model's arithmetic prompt, `--max-call-tokens 2` closes the call before its
+/// arrow (too_long), and a length cap that cuts the Calculator's result is said in the summary.
+#[test]
+fn generate_max_call_tokens_reaches_the_loop_and_a_cut_result_is_said() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("p.jsonl");
+    std::fs::write(
+        &input,
+        "{\"id\": 0, \"prompt\": \"Out of 540 voters, 108 (or\"}\n",
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--demo", "--input", input.to_str().unwrap()];
+        args.extend(extra);
+        let o = toolsift_in(tmp.path(), tmp.path(), &args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{stderr}");
+        let line: Value = serde_json::from_slice(&o.stdout).unwrap();
+        (line["calls"][0].clone(), stderr)
+    };
+    let (call, _) = run(&["--max-new-tokens", "24"]);
+    assert_eq!(
+        (&call["status"], &call["result"]),
+        (&json!("ok"), &json!("20"))
+    );
+    let (call, _) = run(&["--max-new-tokens", "24", "--max-call-tokens", "2"]);
+    assert_eq!(call["status"], "too_long", "{call}");
+    // 19 tokens end right after the arrow's space: "20" is spliced, then cut.
+    let (call, stderr) = run(&["--max-new-tokens", "19"]);
+    assert_eq!(
+        (&call["status"], &call["result"]),
+        (&json!("unfinished"), &json!("20"))
+    );
+    assert!(
+        stderr.contains("(1 calls, 1 with a result, 1 of them cut off by the length cap)"),
+        "{stderr}"
+    );
+}
+
+/// `generate --output` naming a file of the model folder is refused before anything is written
+/// (the model's own config.json here, in a copy of the fixture).
+#[test]
+fn generate_refuses_an_output_in_the_model_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for name in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(tiny("f32").join(name), model.join(name)).unwrap();
+    }
+    let config = std::fs::read(model.join("config.json")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args([
+            "generate",
+            "--prompt",
+            "The sum",
+            "--max-new-tokens",
+            "2",
+            "--model",
+        ])
+        .arg(&model)
+        .arg("--output")
+        .arg(model.join("config.json"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && stderr.contains("a file of the model folder"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(model.join("config.json")).unwrap(), config);
+}
+
+/// `generate --resume` keeps the lines an output answers and generates the rest only: said on
+/// stderr, and the summary counts this run's lines (3 of 5), not the whole input's.
+#[test]
+fn generate_resume_generates_only_the_lines_left() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let prompts: String = (0..5)
+        .map(|k| format!("{{\"id\": {k}, \"prompt\": \"The sum of {k}\"}}\n"))
+        .collect();
+    std::fs::write(&input, prompts).unwrap();
+    let output = tmp.path().join("out.jsonl");
+    let args = [
+        "--max-new-tokens",
+        "3",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+    ];
+    let (ok, _, stderr) = generate_tiny(&args);
+    assert!(ok, "{stderr}");
+    let whole = std::fs::read_to_string(&output).unwrap();
+    let kept: String = whole.lines().take(2).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&output, &kept).unwrap();
+    let mut resumed = args.to_vec();
+    resumed.push("--resume");
+    let (ok, _, stderr) = generate_tiny(&resumed);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("resuming: 2 lines") && stderr.contains("3 prompts: 3 generated"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), whole);
+}
+
+/// The settings of `annotate` runs on the tiny fixture (as annotate_e2e's binary runs').
+fn annotate_config(dir: &Path) -> PathBuf {
+    let path = dir.join("toolsift.toml");
+    let prompt = |call: &str| format!("prompt = \"[{call}] 1\\nInput: {{x}}\\nOutput: \"\n");
+    let text = format!(
+        "max_call_tokens = 4\n[per_tool.calculator]\nk = 2\nm = 2\n{}[per_tool.calendar]\nk = 1\n\
+         m = 2\n{}[tools.calendar]\ndate = \"2023-01-30\"\n",
+        prompt("Calculator(1)"),
+        prompt("Calendar()")
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `toolsift annotate` on the tiny fixture in `dir`, from `corpus` (written there) into `out`.
+fn annotate_tiny(dir: &Path, corpus: &str, out: &str, extra: &[&str]) -> std::process::Output {
+    let config = annotate_config(dir);
+    std::fs::write(dir.join("corpus.jsonl"), corpus).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .current_dir(dir)
+        .env_remove("JOB_COMPLETION_INDEX")
+        .env_remove("SLURM_ARRAY_TASK_ID")
+        .args([
+            "annotate",
+            "--no-progress",
+            "--corpus",
+            "corpus.jsonl",
+            "--out",
+            out,
+        ])
+        .arg("--model")
+        .arg(tiny("f32"))
+        .arg("--config")
+        .arg(config)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// The warning that every corpus line was rejected is for a corpus whose every line was: not
+/// for one with a line annotated, nor for an empty one.
+#[test]
+fn annotate_warns_only_when_every_line_is_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (corpus, out) in [
+        (
+            "{\"text\": \"the cat sat on 3 mats\"}\n{\"body\": \"2 dogs\"}\n",
+            "some.jsonl",
+        ),
+        ("", "empty.jsonl"),
+    ] {
+        let o = annotate_tiny(tmp.path(), corpus, out, &[]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{stderr}");
+        assert!(stderr.contains(&format!("wrote {out}")), "{stderr}");
+        assert!(!stderr.contains("warning"), "{corpus:?}: {stderr}");
+    }
+}
+
+/// `annotate --shards N` with JOB_COMPLETION_INDEX set runs that shard, into the shard's
+/// output; a --device the build has no backend for is refused, not run on the CPU.
+#[test]
+fn annotate_passes_shards_and_device_to_the_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = "{\"text\": \"the cat sat on 3 mats\"}\n{\"text\": \"2 dogs\"}\n";
+    let mut cmd_out = annotate_tiny(tmp.path(), corpus, "o.jsonl", &["--shards", "2"]);
+    assert!(!cmd_out.status.success(), "JOB_COMPLETION_INDEX is unset");
+    let config = annotate_config(tmp.path());
+    cmd_out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .current_dir(tmp.path())
+        .env("JOB_COMPLETION_INDEX", "1")
+        .env_remove("SLURM_ARRAY_TASK_ID")
+        .args([
+            "annotate",
+            "--no-progress",
+            "--corpus",
+            "corpus.jsonl",
+            "--out",
+            "o.jsonl",
+        ])
+        .args(["--shards", "2", "--model"])
+        .arg(tiny("f32"))
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&cmd_out.stderr);
+    assert!(cmd_out.status.success(), "{stderr}");
+    let shard = std::fs::read_to_string(tmp.path().join("o.shard-00001-of-00002.jsonl")).unwrap();
+    assert_eq!(shard.lines().count(), 1, "{shard}");
+    if !cfg!(feature = "cuda") {
+        let o = annotate_tiny(tmp.path(), corpus, "gpu.jsonl", &["--device", "cuda"]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && stderr.contains("built without the `cuda` feature"),
+            "{stderr}"
+        );
+        assert!(!tmp.path().join("gpu.jsonl").exists());
+    }
+}
+
+/// `toolsift index` warns about ids held twice only where there are some.
+#[test]
+fn index_says_nothing_of_duplicate_ids_without_any() {
+    let tmp = tempfile::tempdir().unwrap();
+    let docs = tmp.path().join("docs.jsonl");
+    std::fs::write(
+        &docs,
+        "{\"id\": \"z\", \"text\": \"A zebra.\"}\n{\"id\": \"q\", \"text\": \"A quagga.\"}\n",
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["index", "--docs"])
+        .arg(&docs)
+        .arg("--out")
+        .arg(tmp.path().join("idx"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("indexed 2 documents (0 blank lines skipped)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("warning"), "{stderr}");
+}
+
+/// `toolsift merge` says what it merged: documents and rejects apart, the corpus lines and the
+/// shard count (two shards of a 3-line corpus whose second line is rejected).
+#[test]
+fn merge_counts_documents_rejects_lines_and_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus =
+        "{\"text\": \"the cat sat on 3 mats\"}\n{\"body\": \"x\"}\n{\"text\": \"2 dogs\"}\n";
+    for shard in ["0/2", "1/2"] {
+        let o = annotate_tiny(tmp.path(), corpus, "o.jsonl", &["--shard", shard]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .current_dir(tmp.path())
+        .args(["merge", "--out", "m.jsonl"])
+        .args([
+            "o.shard-00000-of-00002.jsonl",
+            "o.shard-00001-of-00002.jsonl",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "merged 2 documents and 1 rejects (3 corpus lines) from 2 shards into m.jsonl"
+        ),
+        "{stderr}"
+    );
+}

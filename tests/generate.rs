@@ -2611,3 +2611,125 @@ fn cli_top_k_call_and_max_calls_are_the_loops() {
     let greedy = calls_per_line(&["--top-k-call", "1", "--max-calls", "3"]);
     assert_eq!(greedy, [1, 1, 1, 1]);
 }
+
+// ---- from the review of cli/annotate.rs, cli/generate.rs, generate/jsonl.rs, util/fs.rs ----
+
+/// Makes the error a failing decoder fails with.
+type MakeError = fn() -> toolsift::Error;
+
+/// A decoder whose every session fails with the error its `MakeError` makes.
+struct FailingDecoder(MakeError);
+struct FailingSession(MakeError);
+impl DecodeSession for FailingSession {
+    fn new_sequence(&mut self) -> usize {
+        0
+    }
+    fn extend(&mut self, _: &[usize], _: &[Vec<u32>]) -> toolsift::Result<Vec<Vec<f32>>> {
+        Err((self.0)())
+    }
+    fn len(&self, _: usize) -> usize {
+        0
+    }
+}
+impl Decoder for FailingDecoder {
+    fn session(&self) -> Box<dyn DecodeSession + Send + '_> {
+        Box::new(FailingSession(self.0))
+    }
+}
+
+/// Out of memory and an I/O error stop the run naming the batch's lines, as a backend error
+/// does (a rerun can answer them); an error of the prompts' own answers each line and goes on.
+#[test]
+fn out_of_memory_and_io_errors_stop_the_run_other_errors_fail_the_lines() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let o = GenerateOptions {
+        max_new_tokens: 4,
+        batch_size: 2,
+        ..Default::default()
+    };
+    let stops: [(MakeError, &str); 2] = [
+        (
+            || toolsift::Error::OutOfMemory("cuda: out of memory".into()),
+            "out of memory",
+        ),
+        (
+            || toolsift::Error::io("/dev/gpu", std::io::Error::other("gone")),
+            "/dev/gpu",
+        ),
+    ];
+    for (error, want) in stops {
+        let mut out = Vec::new();
+        let decoder = FailingDecoder(error);
+        let input = q_lines(3);
+        let err = generate_jsonl(
+            input.as_bytes(),
+            &mut out,
+            &decoder,
+            tokenizer,
+            &calculator(),
+            &o,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("generating input lines 1-2: ") && err.contains(want),
+            "{err}"
+        );
+        assert!(out.is_empty());
+    }
+    let mut out = Vec::new();
+    let decoder = FailingDecoder(|| toolsift::Error::input("no room for this prompt"));
+    let input = q_lines(3);
+    let summary = generate_jsonl(
+        input.as_bytes(),
+        &mut out,
+        &decoder,
+        tokenizer,
+        &calculator(),
+        &o,
+    )
+    .unwrap();
+    assert_eq!((summary.lines, summary.failed), (3, 3));
+    for (k, line) in rows(&out).iter().enumerate() {
+        assert_eq!(line["line"], k + 1);
+        let error = line["error"].as_str().unwrap();
+        assert!(error.contains("no room for this prompt"), "{error}");
+    }
+}
+
+/// Output that records, at each flush, how many lines had been written.
+#[derive(Default)]
+struct FlushLog {
+    bytes: Vec<u8>,
+    lines_at_flush: Vec<usize>,
+}
+impl std::io::Write for FlushLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        let lines = self.bytes.iter().filter(|&&b| b == b'\n').count();
+        self.lines_at_flush.push(lines);
+        Ok(())
+    }
+}
+
+/// Each batch's lines are flushed as the batch ends (a reader of a pipe sees them then), the
+/// last, short one included.
+#[test]
+fn each_batch_is_flushed_as_it_ends() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
+    let o = GenerateOptions {
+        max_new_tokens: 4,
+        batch_size: 2,
+        ..Default::default()
+    };
+    let mut out = FlushLog::default();
+    let input = q_lines(5);
+    generate_jsonl(input.as_bytes(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
+    assert_eq!(out.lines_at_flush, [2, 4, 5]);
+}

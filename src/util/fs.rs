@@ -584,4 +584,121 @@ mod tests {
         assert_eq!(folder_problem(&missing.join("out.jsonl")), None);
         assert_eq!(folder_problem(dir.path()), Some("is a folder"));
     }
+
+    // ---- from the review of cli/annotate.rs, cli/generate.rs, generate/jsonl.rs, util/fs.rs ----
+
+    /// A rename that fails (a folder holding a file at the output's name) is an error naming the
+    /// output, and the temporary file is removed, not left beside it.
+    #[test]
+    fn a_commit_whose_rename_fails_removes_its_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        std::fs::create_dir(&p).unwrap();
+        std::fs::write(p.join("keep"), "keep").unwrap();
+        let mut f = AtomicFile::create(&p).unwrap();
+        writeln!(f, "new").unwrap();
+        let err = f.commit().unwrap_err().to_string();
+        assert!(err.starts_with(&format!("{}: ", p.display())), "{err}");
+        assert!(!AtomicFile::tmp_path(&p).exists());
+        assert_eq!(std::fs::read_to_string(p.join("keep")).unwrap(), "keep");
+    }
+
+    /// A bare file name's folder is the current one (its parent is ""), which syncs.
+    #[cfg(unix)]
+    #[test]
+    fn a_bare_file_name_syncs_the_current_folder() {
+        sync_dir(Path::new("out.jsonl")).unwrap();
+    }
+
+    /// A file whose size says nothing of what it holds (/proc's say 0) is still refused past
+    /// `max`, from what is read, not taken cut to `max` bytes.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn read_at_most_refuses_a_file_larger_than_its_size_says() {
+        let p = Path::new("/proc/self/status");
+        assert_eq!(std::fs::metadata(p).unwrap().len(), 0);
+        assert_eq!(read_at_most(p, 8).unwrap(), None);
+        let whole = read_at_most(p, 1 << 20).unwrap().unwrap();
+        assert!(whole.len() > 9 && whole.starts_with(b"Name:"));
+    }
+
+    /// An existing folder with nothing in it, or none at all, may take a fresh output; one
+    /// holding a file may not.
+    #[cfg(feature = "annotate")]
+    #[test]
+    fn missing_or_empty_is_true_only_without_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(missing_or_empty(&dir.path().join("none")).unwrap());
+        assert!(missing_or_empty(dir.path()).unwrap());
+        std::fs::write(dir.path().join("f"), "").unwrap();
+        assert!(!missing_or_empty(dir.path()).unwrap());
+    }
+
+    /// A writer that opened the temporary file while another held it, and finds it renamed into
+    /// place once the lock is its, fails saying so: it does not start over under a new temporary
+    /// file and replace what the other just wrote. (Linux: /proc/self/fd says when it has
+    /// opened the file.)
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_writer_that_waited_for_one_that_committed_does_not_replace_its_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        let tmp = AtomicFile::tmp_path(&p);
+        let opened = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|target| *target == tmp)
+                .count()
+        };
+        let mut first = AtomicFile::create(&p).unwrap();
+        writeln!(first, "first").unwrap();
+        let waiting = std::thread::scope(|s| {
+            let waiting = s.spawn(|| AtomicFile::create(&p).map(|_| ()));
+            let started = Instant::now();
+            while opened() < 2 && started.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            assert_eq!(opened(), 2, "the second writer opened the temporary file");
+            first.commit().unwrap();
+            waiting.join().unwrap()
+        });
+        let err = waiting.expect_err("the output was written meanwhile");
+        assert!(
+            err.to_string().contains("wrote it while this one started"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "first\n");
+    }
+
+    /// A device (here /dev/null) cannot be an output the run renames a file over; a link can,
+    /// even one to nothing (the rename replaces the link).
+    #[cfg(unix)]
+    #[test]
+    fn an_output_that_is_a_device_is_refused_a_link_is_not() {
+        assert_eq!(
+            output_file_problem(Path::new("/dev/null")),
+            Some("is not a regular file")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("out.jsonl");
+        std::os::unix::fs::symlink(dir.path().join("none"), &link).unwrap();
+        assert_eq!(output_file_problem(&link), None);
+    }
+
+    /// A small file over its limit is refused saying the limit in MiB.
+    #[test]
+    fn a_small_file_over_its_limit_says_the_limit_in_mib() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.json");
+        std::fs::write(&p, vec![b' '; (1 << 20) + 1]).unwrap();
+        let err = read_small_file(&p, 1 << 20, Error::input)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is larger than 1 MiB"), "{err}");
+        assert_eq!(
+            read_small_file(&p, 2 << 20, Error::input).unwrap().len(),
+            (1 << 20) + 1
+        );
+    }
 }
