@@ -1845,7 +1845,9 @@ fn generate_max_call_tokens_reaches_the_loop_and_a_cut_result_is_said() {
         (&json!("unfinished"), &json!("20"))
     );
     assert!(
-        stderr.contains("(1 calls, 1 with a result, 1 of them cut off by the length cap)"),
+        stderr.contains(
+            "1 prompt: 1 generated (1 call, 1 with a result, 1 of them cut off by the length cap)"
+        ),
         "{stderr}"
     );
 }

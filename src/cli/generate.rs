@@ -192,11 +192,12 @@ pub(crate) fn run(args: GenerateArgs) -> Result<ExitCode> {
     })?;
     // A result the length cap cut off was still executed and spliced: it counts, and is said.
     let cut = summary.calls_with_result.saturating_sub(summary.calls_ok);
+    let counted = |n: usize, noun: &str| format!("{n} {noun}{}", if n == 1 { "" } else { "s" });
     note!(
-        "{} prompts: {} generated ({} calls, {} with a result{}), {} failed",
-        summary.lines,
+        "{}: {} generated ({}, {} with a result{}), {} failed",
+        counted(summary.lines, "prompt"),
         summary.generated,
-        summary.calls,
+        counted(summary.calls, "call"),
         summary.calls_with_result,
         if cut > 0 {
             format!(", {cut} of them cut off by the length cap")
