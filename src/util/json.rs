@@ -460,7 +460,8 @@ pub fn from_object<T: DeserializeOwned>(obj: Map<String, Value>) -> Result<T, se
 
 /// `text` without one leading UTF-8 byte order mark, which Windows editors write and serde_json
 /// reads as "expected value at line 1 column 1". Every JSON file of a checkpoint folder is read
-/// through it (config.json, tokenizer.json, model.safetensors.index.json), so that they agree.
+/// through it (config.json, model.safetensors.index.json) or its twin over bytes,
+/// [`strip_bom_bytes`] (tokenizer.json), so that they agree.
 pub fn strip_bom(text: &str) -> &str {
     text.strip_prefix('\u{feff}').unwrap_or(text)
 }
