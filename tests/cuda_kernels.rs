@@ -166,6 +166,7 @@ fn layer_norm_matches_reference() {
     });
     for block in layer_norm::BLOCK_CHOICES {
         layer_norm_run::<bf16>(&gpu, &layer_norm_gptj(block)).unwrap();
+        layer_norm_run::<bf16>(&gpu, &layer_norm_flat(block)).unwrap();
     }
 }
 
@@ -293,6 +294,7 @@ fn lm_head_xent_and_log_softmax_match_reference() {
     for block in lm_head_xent::BLOCK_CHOICES {
         xent_run(&gpu, &xent_gptj(block)).unwrap();
         xent_run(&gpu, &xent_masked(block)).unwrap();
+        xent_run(&gpu, &xent_large_logits(block)).unwrap();
     }
 }
 
@@ -457,7 +459,6 @@ fn gemm_matches_reference() {
 
 fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
     let c = AttentionCase::<T>::new(p);
-    let n = c.plan.n_tokens();
     let layouts = c.layouts.each_ref().map(|t| t.upload(gpu).unwrap());
     let (q_d, k_d, v_d) = (up(gpu, &c.qkv[0]), up(gpu, &c.qkv[1]), up(gpu, &c.qkv[2]));
     let shape = AttentionShape {
@@ -481,7 +482,7 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
         .into_iter()
         .flat_map(|v| layouts.iter().map(move |t| (v, t)))
     {
-        let mut out = gpu.stream.alloc_zeros::<T>(n * c.ld_out).unwrap();
+        let mut out = up(gpu, &c.out_init());
         tree_attention::tree_attention(
             gpu,
             &q_d.as_view(),
@@ -498,7 +499,7 @@ fn attention_run<T: DeviceFloat>(gpu: &Gpu, p: &AttentionProblem) -> R {
     }
     // decode_attention serves the same (unpacked) tiles, one row after another: same contract,
     // P in f32. It never sees packed tiles: decoding steps are single queries.
-    let mut out = gpu.stream.alloc_zeros::<T>(n * c.ld_out).unwrap();
+    let mut out = up(gpu, &c.out_init());
     tree_attention::decode_attention(
         gpu,
         &q_d.as_view(),
@@ -525,6 +526,7 @@ fn tree_attention_matches_reference() {
     for inline in [false, true] {
         attention_run::<bf16>(&gpu, &attention_gptj(16, inline)).unwrap();
     }
+    attention_run::<bf16>(&gpu, &attention_sharp()).unwrap();
 }
 
 /// The host side of the attention tiles needs no GPU: every tile's context is its ancestors'

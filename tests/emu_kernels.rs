@@ -155,6 +155,7 @@ fn layer_norm_matches_reference() {
     });
     for block in [32, 1024] {
         layer_norm_run::<bf16>(&layer_norm_gptj(block)).unwrap();
+        layer_norm_run::<bf16>(&layer_norm_flat(block)).unwrap();
     }
 }
 
@@ -299,6 +300,7 @@ fn lm_head_xent_and_log_softmax_match_reference() {
     for block in [32, 512] {
         xent_run(&xent_gptj(block)).unwrap();
         xent_run(&xent_masked(block)).unwrap();
+        xent_run(&xent_large_logits(block)).unwrap();
     }
 }
 
@@ -311,14 +313,13 @@ fn tree_attention_launch<T: EmuFloat>(
     variant: Option<AttentionVariant>,
     seed: u64,
 ) -> Vec<u32> {
-    let n = c.plan.n_tokens();
     let q = Buffer::from_slice("q", &c.qkv[0]).unwrap();
     let k = Buffer::from_slice("k", &c.qkv[1]).unwrap();
     let v = Buffer::from_slice("v", &c.qkv[2]).unwrap();
     let t = Buffer::from_slice("tiles", &tiles.tiles).unwrap();
     let tc = Buffer::from_slice("tile_ctx", &tiles.tile_ctx).unwrap();
     let ctx = Buffer::from_slice("ctx_tokens", &tiles.ctx_tokens).unwrap();
-    let mut out = Buffer::<T>::zeroed("out", n * c.ld_out).unwrap();
+    let mut out = Buffer::from_slice("out", &c.out_init()).unwrap();
     let op = out.mut_ptr();
     let u = |v: usize| v as u32;
     let (hd, ld, ld_out) = (u(p.head_dim), u(c.ld), u(c.ld_out));
@@ -430,7 +431,7 @@ fn tree_attention_matches_reference_at_gptj_head_size() {
 
 /// What the random problems reach only now and then, at fixed sizes: the mma kernel's HD_MAX
 /// 128 instance (head_dim 128, vector and scalar loads, both dtypes and placements), f16 at
-/// GPT-J's head size, and a packed tile of exactly 64 rows (packing's `<= 64` edge and the top
+/// GPT-J's head size, sharp attention (`attention_sharp`), and a packed tile of exactly 64 rows (packing's `<= 64` edge and the top
 /// bit of its rows' masks), its seed found here so that the case cannot drift away from it.
 #[test]
 fn tree_attention_matches_reference_at_its_edges() {
@@ -449,6 +450,7 @@ fn tree_attention_matches_reference_at_its_edges() {
             CudaDType::F16 => attention_run::<f16>(&p).unwrap(),
         }
     }
+    attention_run::<bf16>(&attention_sharp()).unwrap();
     let full_tile = (0..1000)
         .map(|seed| AttentionProblem {
             head_dim: 64,

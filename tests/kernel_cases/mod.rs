@@ -39,6 +39,23 @@ pub fn f64s(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
 }
 
+/// Rows `0..n` of an output buffer with row stride `ld`, filled with `fill` before the launch,
+/// still hold `fill` past their width `d`: a kernel writes its rows' first `d` columns and nothing
+/// else (a loop bound off by one writes the padding, which the comparison never reads).
+pub fn padding_untouched(what: &str, v: &[f32], n: usize, d: usize, ld: usize, fill: f32) -> R {
+    for r in 0..n {
+        for c in d..ld {
+            let x = v[r * ld + c];
+            if x != fill {
+                return Err(TestCaseError::fail(format!(
+                    "{what}: row {r}, column {c} (padding past the width {d}) was written: {x}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Rows `0..n` of width `d` out of a buffer with row stride `ld`, as f64.
 pub fn rows_f64(v: &[f32], n: usize, d: usize, ld: usize) -> Vec<f64> {
     (0..n).flat_map(|r| f64s(&v[r * ld..r * ld + d])).collect()
@@ -133,8 +150,8 @@ impl<T: DeviceFloat> EmbeddingCase<T> {
             0.0,
             0.0,
             None,
-        )
-        .map(|_| ())
+        )?;
+        padding_untouched("embedding", x, p.n, p.d, self.ld_x, 0.0)
     }
 }
 
@@ -150,6 +167,9 @@ pub struct LayerNormProblem {
     pub mode: u8,
     pub block: Option<u32>,
     pub seed: u64,
+    /// x is uniform in +-x_scale: 3, or 0.003 (variance ~3e-6, below eps = 1e-5, which then
+    /// sets the scale of the output: a kernel that drops eps or adds it outside the root fails).
+    pub x_scale: f32,
 }
 
 pub fn layer_norm_problems(blocks: &[u32]) -> impl Strategy<Value = LayerNormProblem> {
@@ -157,16 +177,27 @@ pub fn layer_norm_problems(blocks: &[u32]) -> impl Strategy<Value = LayerNormPro
         Just(None),
         prop::sample::select(blocks.to_vec()).prop_map(Some)
     ];
-    (dtype(), width(), 1usize..7, 0u8..3, block, any::<u64>()).prop_map(
-        |(dtype, d, n_x, mode, block, seed)| LayerNormProblem {
-            dtype,
-            d,
-            n_x,
-            mode,
-            block,
-            seed,
-        },
+    let x_scale = prop_oneof![3 => Just(3.0f32), 1 => Just(0.003f32)];
+    (
+        dtype(),
+        width(),
+        1usize..7,
+        0u8..3,
+        block,
+        any::<u64>(),
+        x_scale,
     )
+        .prop_map(
+            |(dtype, d, n_x, mode, block, seed, x_scale)| LayerNormProblem {
+                dtype,
+                d,
+                n_x,
+                mode,
+                block,
+                seed,
+                x_scale,
+            },
+        )
 }
 
 /// GPT-J's ln_1 / ln_f width at one block size.
@@ -178,6 +209,17 @@ pub fn layer_norm_gptj(block: u32) -> LayerNormProblem {
         mode: 1,
         block: Some(block),
         seed: 9,
+        x_scale: 3.0,
+    }
+}
+
+/// Rows of near-constant values (variance ~3e-6, below eps) at GPT-J's width, no residual bias
+/// (which would add its own variance): where eps matters.
+pub fn layer_norm_flat(block: u32) -> LayerNormProblem {
+    LayerNormProblem {
+        mode: 0,
+        x_scale: 0.003,
+        ..layer_norm_gptj(block)
     }
 }
 
@@ -198,7 +240,7 @@ impl LayerNormCase {
 
     pub fn new(p: &LayerNormProblem) -> Self {
         let (d, ld) = (p.d, stride(p.d));
-        let x = random_vec(p.seed, p.n_x * ld, 3.0);
+        let x = random_vec(p.seed, p.n_x * ld, p.x_scale);
         let residual_bias = random_vec(p.seed ^ 2, d, 0.5);
         let ln = CpuLayerNorm {
             weight: random_vec(p.seed ^ 3, d, 1.5),
@@ -252,6 +294,7 @@ impl LayerNormCase {
             u(dt),
             None,
         )?;
+        padding_untouched("layer_norm out", out, self.rows.len(), d, self.ld_out, 0.0)?;
         compare(
             "layer_norm x",
             &f64s(x_after),
@@ -365,6 +408,7 @@ impl RotaryCase {
                 u(dt),
                 None,
             )?;
+            padding_untouched(&format!("rotary {name}"), got, p.n, d, self.ld, 0.0)?;
         }
         Ok(())
     }
@@ -477,7 +521,7 @@ pub fn xent_problems(blocks: &[u32]) -> impl Strategy<Value = XentProblem> {
         1usize..6,
         vocab,
         0usize..9,
-        prop::sample::select(vec![0.1f32, 3.0, 20.0]),
+        prop::sample::select(vec![0.1f32, 3.0, 20.0, 100.0]),
         block,
         any::<u64>(),
     )
@@ -504,6 +548,18 @@ pub fn xent_gptj(block: u32) -> XentProblem {
         block: Some(block),
         seed: 11,
         masked: 0,
+    }
+}
+
+/// Logits in +-100 at one block size: exp overflows f32 past 88, so a log-sum-exp that does not
+/// subtract the row's max comes out inf.
+pub fn xent_large_logits(block: u32) -> XentProblem {
+    XentProblem {
+        rows: 3,
+        vocab: 2000,
+        logit_scale: 100.0,
+        seed: 13,
+        ..xent_gptj(block)
     }
 }
 
@@ -612,8 +668,8 @@ impl XentCase {
             2e-5,
             1e-6,
             None,
-        )
-        .map(|_| ())
+        )?;
+        padding_untouched("log_softmax", got, p.rows, p.vocab, ld_out, 0.0)
     }
 }
 
@@ -684,6 +740,18 @@ pub fn attention_gptj(n_head: usize, inline: bool) -> AttentionProblem {
     }
 }
 
+/// One head of 40 with q and k in +-17 (scores ~N(0, 100), the random problems' sharp case) on
+/// GPT-J-like tree structure: exp of an unshifted score overflows f32, so every max subtraction
+/// of the online softmax and of decode_attention's merge of its warps is needed. 40 pads to 48,
+/// less than the mma kernel's HD_MAX (64): its loops over dims must stop at the padded width.
+pub fn attention_sharp() -> AttentionProblem {
+    AttentionProblem {
+        head_dim: 40,
+        qk_scale: 17.0,
+        ..attention_gptj(1, false)
+    }
+}
+
 /// A random plan from random candidates: shared prefixes, branches, single-token segments,
 /// segments and contexts longer than one 64-row tile when texts are long.
 pub fn random_plan(p: &AttentionProblem) -> Plan {
@@ -737,6 +805,15 @@ pub struct AttentionCase<T> {
 }
 
 impl<T: DeviceFloat> AttentionCase<T> {
+    /// What the output buffer holds before a launch: far from any output (|out| <= max |v| = 2)
+    /// and exact in both 16-bit types.
+    pub const OUT_FILL: f32 = 1000.0;
+
+    /// The [n, ld_out] output buffer's contents before a launch.
+    pub fn out_init(&self) -> Vec<T> {
+        vec![T::from_f32(Self::OUT_FILL); self.plan.n_tokens() * self.ld_out]
+    }
+
     pub fn new(p: &AttentionProblem) -> Self {
         let plan = random_plan(p);
         let (nh, hd) = (p.n_head, p.head_dim);
@@ -783,7 +860,10 @@ impl<T: DeviceFloat> AttentionCase<T> {
             2.0 * uu * self.max_v + 1e-5,
             uu,
             None,
-        )
-        .map(|_| ())
+        )?;
+        // Past the last head's columns: a store loop one column too long writes the next head's
+        // first column there (overwritten by that head's block, in whatever order they run), with
+        // the zero of a padding dim, hence the fill.
+        padding_untouched(what, got, n, d, self.ld_out, Self::OUT_FILL)
     }
 }
