@@ -187,4 +187,37 @@ mod tests {
             Err(e) => panic!("unexpected error kind: {e}"),
         }
     }
+
+    /// Device names are exact: no other case or spelling is taken, and the refusal names the
+    /// value and the choices.
+    #[test]
+    fn device_names_are_exact() {
+        for bad in ["CPU", "Cuda", "", " cpu", "gpu"] {
+            let err = bad.parse::<Device>().unwrap_err();
+            assert!(matches!(err, Error::Input(_)), "{bad:?}: {err}");
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&format!("{bad:?}")) && msg.contains("\"cuda\""),
+                "{msg}"
+            );
+        }
+    }
+
+    /// The decoder, like the scorer, is never a silent CPU fallback for CUDA.
+    #[test]
+    fn a_cuda_decoder_is_cuda_or_a_backend_error() {
+        let config = GptjConfig::small(1, 8, 2, 2, 16);
+        let weights = GptjWeights::random(&config, 1, DType::F32);
+        let model = Model::from_parts(config, weights, None).unwrap();
+        match decoder_for(&model, Device::Cuda) {
+            Ok(_) if Device::CUDA_BUILT => {}
+            Ok(_) => panic!("a decoder without the cuda feature"),
+            Err(Error::Backend(msg)) => {
+                if !Device::CUDA_BUILT {
+                    assert!(msg.contains("--features cuda"), "{msg}");
+                }
+            }
+            Err(e) => panic!("unexpected error kind: {e}"),
+        }
+    }
 }

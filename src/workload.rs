@@ -123,4 +123,90 @@ mod tests {
         let small = w.generate(100, Placement::Inline);
         assert!(small.iter().all(|c| c.call_ids.iter().all(|&t| t < 100)));
     }
+
+    /// n_candidates is what generate returns, for a shape whose factors differ.
+    #[test]
+    fn n_candidates_counts_texts_positions_and_calls() {
+        let w = Workload {
+            positions_per_text: 3,
+            calls_per_position: 2,
+            ..Workload::standard(4, 1)
+        };
+        assert_eq!(w.n_candidates(), 24);
+        assert_eq!(w.generate(1000, Placement::Prefix).len(), 24);
+    }
+
+    /// A call is "[" Tool "(" input ") ->" "]" + " " in prefix placement and " [" ... "]" inline,
+    /// with GPT-2's ids of that syntax; e(c, r) puts the result before "]". The calls at one
+    /// position share their tool and differ in input.
+    #[test]
+    fn calls_have_the_documented_syntax() {
+        let w = Workload::standard(2, 3);
+        for (placement, lead, trail) in [
+            (Placement::Prefix, 58, &[220][..]),
+            (Placement::Inline, 685, &[][..]),
+        ] {
+            let cands = w.generate(50400, placement);
+            for c in &cands {
+                let (call, result) = (&c.call_ids, &c.call_result_ids);
+                let n = 1 + 2 + 1 + w.input_len;
+                assert_eq!(call[0], lead);
+                assert_eq!(call[3], 7, "(");
+                assert_eq!(call[n..], [&[8, 4613, 60][..], trail].concat()[..]);
+                assert_eq!(result[..n + 2], call[..n + 2]);
+                assert_eq!(result[n + 2 + w.result_len..], call[n + 2..]);
+            }
+            for at in cands.chunks(w.calls_per_position) {
+                assert!(at.iter().all(|c| c.position == at[0].position));
+                assert!(at.iter().all(|c| c.call_ids[1..3] == at[0].call_ids[1..3]));
+                assert!(at[1..]
+                    .iter()
+                    .all(|c| c.call_ids[4..8] != at[0].call_ids[4..8]));
+            }
+        }
+    }
+
+    /// Positions reach both ends of their inclusive range; ids stay below GPT-2's 50257 in a
+    /// larger vocabulary.
+    #[test]
+    fn draws_cover_their_whole_ranges() {
+        let w = Workload {
+            position_range: (10, 11),
+            ..Workload::standard(8, 5)
+        };
+        let cands = w.generate(50400, Placement::Prefix);
+        for end in [10, 11] {
+            assert!(cands.iter().any(|c| c.position == end), "position {end}");
+        }
+        let ids = cands.iter().flat_map(|c| {
+            c.text_ids
+                .iter()
+                .chain(&c.call_ids)
+                .chain(&c.call_result_ids)
+        });
+        assert!(ids.clone().all(|&t| t < 50257));
+        // Texts of 256 uniform ids in a vocabulary of 3: every id shows up, the last one too.
+        let tiny = Workload::standard(1, 5).generate(3, Placement::Prefix);
+        assert!((0..3).all(|id| tiny[0].text_ids.contains(&id)));
+    }
+
+    /// The same seed gives the same candidates on any machine (the benchmarks quote them):
+    /// pinned, with another seed giving others.
+    #[test]
+    fn a_seed_gives_the_same_candidates_everywhere() {
+        let c = Workload::standard(1, 7).generate(50400, Placement::Prefix);
+        assert_eq!(c[0].position, 47);
+        assert_eq!(
+            c[0].call_ids,
+            [58, 35127, 12468, 7, 13223, 48242, 16632, 4256, 8, 4613, 60, 220]
+        );
+        let result = [41002, 31176, 39934, 16016];
+        assert_eq!(
+            c[0].call_result_ids,
+            [&c[0].call_ids[..10], &result, &[60, 220]].concat()
+        );
+        assert_eq!(c[0].text_ids[..4], [10103, 19280, 25550, 25111]);
+        let other = Workload::standard(1, 8).generate(50400, Placement::Prefix);
+        assert_ne!(other[0].text_ids, c[0].text_ids);
+    }
 }

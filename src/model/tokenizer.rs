@@ -726,4 +726,152 @@ mod tests {
         assert_eq!(tok.ids().last(), Some(&499));
         assert_eq!(tok.id_count(), 500);
     }
+
+    /// The hash is of the bytes as read, a byte order mark included: it identifies the file,
+    /// while the tokens are those of the text after the mark.
+    #[test]
+    fn source_hash_is_of_the_bytes_read_byte_order_mark_included() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj/tokenizer.json");
+        let plain = std::fs::read(fixture).unwrap();
+        let with_bom = [&b"\xEF\xBB\xBF"[..], &plain].concat();
+        let path = Path::new("t/tokenizer.json");
+        let a = Tokenizer::from_bytes(&plain, path).unwrap();
+        let b = Tokenizer::from_bytes(&with_bom, path).unwrap();
+        assert_eq!(a.source_xxh3(), xxhash_rust::xxh3::xxh3_64(&plain));
+        assert_eq!(b.source_xxh3(), xxhash_rust::xxh3::xxh3_64(&with_bom));
+        assert_ne!(a.source_xxh3(), b.source_xxh3());
+        let text = "Out of 1400 participants, 400 passed.";
+        assert_eq!(a.encode_ids(text).unwrap(), b.encode_ids(text).unwrap());
+    }
+
+    /// special_tokens is sorted by text, whatever the ids' order (the crate hands them over
+    /// from a hash map).
+    #[test]
+    fn special_tokens_are_sorted_by_text() {
+        let added = [
+            ("zz", true),
+            ("mm", true),
+            ("aa", true),
+            ("yy", true),
+            ("bb", true),
+        ];
+        let mut json: serde_json::Value = serde_json::from_str(&wordpiece_json(&added)).unwrap();
+        for k in 0..added.len() {
+            json["added_tokens"][k]["special"] = true.into();
+        }
+        let path = Path::new("t/tokenizer.json");
+        let tok = Tokenizer::from_bytes(json.to_string().as_bytes(), path).unwrap();
+        assert_eq!(tok.special_tokens(), ["aa", "bb", "mm", "yy", "zz"]);
+    }
+
+    /// A tokenizer whose post-processor adds [CLS] and [SEP] (BERT's) encodes a text to its own
+    /// tokens: `encode` adds no special tokens.
+    #[test]
+    fn encode_adds_no_special_tokens() {
+        let mut json: serde_json::Value = serde_json::from_str(&wordpiece_json(&[])).unwrap();
+        json["model"]["vocab"]["[CLS]"] = 5.into();
+        json["model"]["vocab"]["[SEP]"] = 6.into();
+        let special = |id: &str| serde_json::json!({"SpecialToken": {"id": id, "type_id": 0}});
+        let seq = |id: &str| serde_json::json!({"Sequence": {"id": id, "type_id": 0}});
+        json["post_processor"] = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [special("[CLS]"), seq("A"), special("[SEP]")],
+            "pair": [special("[CLS]"), seq("A"), special("[SEP]"), seq("B"), special("[SEP]")],
+            "special_tokens": {
+                "[CLS]": {"id": "[CLS]", "ids": [5], "tokens": ["[CLS]"]},
+                "[SEP]": {"id": "[SEP]", "ids": [6], "tokens": ["[SEP]"]}
+            }
+        });
+        let path = Path::new("t/tokenizer.json");
+        let tok = Tokenizer::from_bytes(json.to_string().as_bytes(), path).unwrap();
+        let enc = tok.encode("a b").unwrap();
+        assert_eq!(enc.ids, [1, 2]);
+        assert_eq!(enc.spans, [(0, 1), (2, 3)]);
+    }
+
+    /// vocab_size counts the added tokens (the fixture's 499 ids and <|endoftext|>).
+    #[test]
+    fn vocab_size_counts_added_tokens() {
+        let tok = gptj_tokenizer();
+        assert_eq!(tok.vocab_size(), 500);
+        assert_eq!(tok.vocab_size(), tok.ids().len());
+    }
+
+    /// A text exactly as long as the first head tried is tokenized whole, and says so.
+    #[test]
+    fn a_text_as_long_as_the_first_head_is_encoded_whole() {
+        let tok = demo_tokenizer();
+        // (2 + 8) tokens x 8 bytes: the first head is the whole 80 bytes.
+        let text = "a ".repeat(40);
+        let (enc, whole) = tok.encode_head_whole(&text, 2).unwrap();
+        assert!(whole);
+        assert_eq!(enc.ids, tok.encode(&text).unwrap().ids);
+    }
+
+    /// A head cut past a stretch of more than MAX_UNCUT_BYTES with no place to cut is refused
+    /// too, not only the whole text: here the head with enough tokens ends before the text does.
+    #[test]
+    fn a_head_cut_past_a_long_uncut_stretch_is_refused() {
+        let tok = demo_tokenizer();
+        let word = "a".repeat(MAX_UNCUT_BYTES + 1);
+        // 1000 tokens before the word, too few for 1100; a tail of 2 MiB after it.
+        let text = format!("{}{word}{}", "w ".repeat(1000), " w".repeat(1 << 20));
+        let err = match tok.encode_head(&text, 1100) {
+            Ok(enc) => panic!("{} tokens, not refused", enc.ids.len()),
+            Err(e) => e,
+        };
+        assert!(matches!(err, Error::Input(_)), "{err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("in the {} bytes from byte 1999", word.len() + 1)),
+            "{err}"
+        );
+    }
+
+    /// Of two longest stretches, the first is reported (the error names where it starts).
+    #[test]
+    fn longest_uncut_reports_the_first_of_equal_stretches() {
+        assert_eq!(longest_uncut("abc de f"), (0, 3));
+    }
+
+    /// Of several added tokens that normalize to nothing, the one of the lowest id is named
+    /// (the crate hands them over from a hash map).
+    #[test]
+    fn of_several_empty_added_tokens_the_lowest_id_is_named() {
+        let path = Path::new("t/tokenizer.json");
+        let json = wordpiece_json(&[("\u{200b}", true), ("\u{200c}", true)]);
+        let msg = match Tokenizer::from_bytes(json.as_bytes(), path) {
+            Err(Error::Tokenizer { msg, .. }) => msg,
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            msg.contains(r#"the added token "\u{200b}" is empty"#),
+            "{msg}"
+        );
+    }
+
+    /// An error shows a text's first 200 characters and its length, not a whole document.
+    #[test]
+    fn preview_shows_the_first_200_characters() {
+        let short = "\u{e9}".repeat(200);
+        assert_eq!(preview(&short), short);
+        let long = "\u{e9}".repeat(201);
+        assert_eq!(preview(&long), format!("{short}\u{2026} (402 bytes)"));
+    }
+
+    /// An offset at or past the last token's end says where the tokens end.
+    #[test]
+    fn an_offset_after_the_last_token_names_where_the_tokens_end() {
+        let enc = Encoding {
+            ids: vec![0, 1],
+            spans: vec![(0, 1), (1, 3)],
+        };
+        for offset in [3, 5] {
+            assert_eq!(
+                enc.locate_byte(offset),
+                Err(crate::error::InvalidCandidate::NoTokenAfter { offset, end: 3 })
+            );
+        }
+    }
 }
