@@ -288,22 +288,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let path = |name: &str| dir.path().join(name);
-        let signalled = this_test_as_a_run(
-            "a_signal_ends_the_tools_and_what_they_started",
-            "TOOLSIFT_TEST_SIGNALLED_RUN",
-            dir.path(),
-        )
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-        let (tool, background) = (
-            pid_written_to(&path("tool")),
-            pid_written_to(&path("started")),
-        );
-        let pid = libc::pid_t::try_from(signalled.id()).unwrap();
-        // SAFETY: kill(2) on the child this test started and has not reaped.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let ended = signalled.wait_with_output().unwrap();
+        let (ended, tool, background) = signal_a_run_in_a_call(dir.path(), libc::SIGTERM);
         let status = ended.status;
         assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}");
         let stderr = String::from_utf8_lossy(&ended.stderr);
@@ -318,6 +303,30 @@ mod tests {
             );
         }
         assert!(!path("reported").exists(), "the killed call was reported");
+    }
+
+    /// Starts `a_signal_ends_the_tools_and_what_they_started`'s run (a tool call held by a tool
+    /// that started a background process), sends it `signal` once both pids are written in
+    /// `dir`, and returns how it ended with the tool's and the background process's pids.
+    #[cfg(target_os = "linux")]
+    fn signal_a_run_in_a_call(
+        dir: &std::path::Path,
+        signal: libc::c_int,
+    ) -> (std::process::Output, String, String) {
+        let signalled = this_test_as_a_run(
+            "a_signal_ends_the_tools_and_what_they_started",
+            "TOOLSIFT_TEST_SIGNALLED_RUN",
+            dir,
+        )
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let tool = pid_written_to(&dir.join("tool"));
+        let background = pid_written_to(&dir.join("started"));
+        let pid = libc::pid_t::try_from(signalled.id()).unwrap();
+        // SAFETY: kill(2) on the child this test started and has not reaped.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        (signalled.wait_with_output().unwrap(), tool, background)
     }
 
     /// A signal the run was started ignoring (SIGHUP under `nohup`) is left ignored: the run
@@ -409,20 +418,7 @@ mod tests {
     fn a_sigint_is_named_in_the_stop_note() {
         use std::os::unix::process::ExitStatusExt;
         let dir = tempfile::tempdir().unwrap();
-        let signalled = this_test_as_a_run(
-            "a_signal_ends_the_tools_and_what_they_started",
-            "TOOLSIFT_TEST_SIGNALLED_RUN",
-            dir.path(),
-        )
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-        let tool = pid_written_to(&dir.path().join("tool"));
-        let background = pid_written_to(&dir.path().join("started"));
-        let pid = libc::pid_t::try_from(signalled.id()).unwrap();
-        // SAFETY: kill(2) on the child this test started and has not reaped.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-        let ended = signalled.wait_with_output().unwrap();
+        let (ended, tool, background) = signal_a_run_in_a_call(dir.path(), libc::SIGINT);
         assert_eq!(
             ended.status.signal(),
             Some(libc::SIGINT),
