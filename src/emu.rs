@@ -7,8 +7,10 @@
 //!
 //! - [`launch`] runs a kernel as every thread of a grid: blocks one after another, each thread a
 //!   fiber that runs until a barrier; the order of the threads between barriers is drawn from a
-//!   seed, so a missing barrier shows as a result that depends on it. A barrier that can never
-//!   complete is an `Error::Backend` naming the block and where each warp waits.
+//!   seed, and a seeded launch holds some warps back a few rounds at the start of a barrier
+//!   phase (a warp runs ahead of another, as on the device), so a missing barrier shows as a
+//!   result that depends on it. A barrier that can never complete is an `Error::Backend` naming
+//!   the block and where each warp waits.
 //! - [`Buffer`] is host memory that ends flush against an inaccessible page once rounded up to
 //!   16 bytes: a kernel reading or writing past that stops the process with a message naming the
 //!   kernel, the block, the thread and the buffer (dynamic shared memory is guarded the same
@@ -60,7 +62,8 @@ pub struct Launch {
     /// with 0xFF bytes (NaN) at the start of every block.
     pub smem_bytes: usize,
     /// 0 runs the ready threads in index order; any other value shuffles that order at every
-    /// round between barriers, drawn from the seed and the block index.
+    /// round between barriers and holds some warps back a few rounds at the start of each
+    /// `__syncthreads` phase, drawn from the seed and the block index.
     pub seed: u64,
 }
 
@@ -452,6 +455,7 @@ mod tests {
         fn emu_selftest_partial_warp(out: *mut f32);
         fn emu_selftest_exit_before_barrier(out: *mut f32);
         fn emu_selftest_write_at(out: *mut f32, at: i32);
+        fn emu_selftest_scratch_reuse(out: *mut f32, barrier: i32);
     }
 
     fn block(threads: u32, seed: u64) -> Launch {
@@ -482,6 +486,34 @@ mod tests {
         }
         let racy: Vec<Vec<f32>> = (1..5).map(|seed| run(seed, false)).collect();
         assert!(racy.iter().any(|r| r != &racy[0]), "the race went unseen");
+    }
+
+    /// A warp can run a whole barrier phase ahead of another (ten shuffles, into the next
+    /// phase's write of shared memory) on the device: a block sum whose scratch is reused
+    /// without a trailing barrier reads a partial of the next sum under some seed.
+    #[test]
+    fn a_warp_running_a_phase_ahead_shows_as_a_seed_dependent_result() {
+        let run = |seed: u64, barrier: bool| {
+            let mut out = Buffer::<f32>::zeroed("out", 512).unwrap();
+            let o = out.mut_ptr();
+            launch("scratch_reuse", &block(256, seed), || unsafe {
+                emu_selftest_scratch_reuse(o, barrier as i32)
+            })
+            .unwrap();
+            out.to_vec()
+        };
+        let want: Vec<f32> = (0..512)
+            .map(|i| if i % 2 == 0 { 256.0 } else { 32640.0 })
+            .collect();
+        for seed in 0..8 {
+            assert_eq!(run(seed, true), want, "seed {seed}");
+        }
+        // Seed 0 runs the threads in order, with no warp held back.
+        assert_eq!(run(0, false), want);
+        assert!(
+            (1..8).any(|seed| run(seed, false) != want),
+            "the race went unseen"
+        );
     }
 
     #[test]

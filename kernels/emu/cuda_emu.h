@@ -11,7 +11,9 @@
 //   error naming the block and the waiting threads, not a hang;
 // - between barriers the fibers of a block run in an order drawn from the launch's seed, so a
 //   read of shared memory another thread writes without a barrier in between shows up as a
-//   result that changes with the seed;
+//   result that changes with the seed; a seeded launch also holds some warps back a few rounds
+//   at the start of each __syncthreads phase, so one warp can run shuffles and a phase's worth
+//   of code ahead of another, as on the device;
 // - shared memory, static and dynamic, starts every block filled with 0xFF bytes (NaN as
 //   floats), so a read of shared memory nobody wrote poisons the output instead of reading zeros
 //   or what the previous block left.

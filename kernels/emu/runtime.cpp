@@ -308,6 +308,16 @@ struct Rng {
     }
 };
 
+// Between two __syncthreads a GPU may run one warp far ahead of another: many warp barriers
+// (shuffles) ahead, into the next phase's first writes of shared memory. Rounds alone never
+// show that (every warp goes one warp barrier per round), so with a nonzero seed each warp sits
+// out the first 1..=MAX_HOLD rounds of a barrier phase with odds 1 in HOLD_ODDS: a read of
+// scratch that a fast warp rewrites before the next __syncthreads (block_sum called twice
+// without its trailing barrier) then shows as a seed-dependent result. MAX_HOLD covers two
+// warp_sums (ten shuffles) and the code between them.
+constexpr uint64_t HOLD_ODDS = 4;
+constexpr uint64_t MAX_HOLD = 32;
+
 // Why no fiber of the block can go on, for the error message.
 std::string describe_stall() {
     std::string out;
@@ -343,14 +353,28 @@ bool run_block(uint64_t seed) {
     Rng rng{(seed ^ (0x9E3779B97F4A7C15ull * (1 + g->bid.x + 65536ull * g->bid.y))) | 1};
     std::vector<size_t> order(n);
     for (size_t i = 0; i < n; ++i) order[i] = i;
+    // Rounds each warp still sits out, drawn at the start of every barrier phase (see HOLD_ODDS).
+    std::vector<int> hold(g->warps.size(), 0);
+    auto draw_holds = [&] {
+        if (seed == 0) return;
+        for (int& h : hold) h = rng.next() % HOLD_ODDS == 0 ? 1 + (int)(rng.next() % MAX_HOLD) : 0;
+    };
+    draw_holds();
     for (;;) {
         if (seed != 0)
             for (size_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng.next() % i]);
+        // A held warp sits out only while another can run: once every warp that can go on is
+        // held, the holds end, so holding never makes a barrier wait for ever.
+        bool unheld_ready = false;
+        for (const Fiber& f : g->fibers)
+            unheld_ready |= f.state == State::Ready && hold[f.warp] == 0;
+        if (!unheld_ready) std::fill(hold.begin(), hold.end(), 0);
         for (size_t i : order) {
-            if (g->fibers[i].state != State::Ready) continue;
+            if (g->fibers[i].state != State::Ready || hold[g->fibers[i].warp] > 0) continue;
             run_fiber(&g->fibers[i]);
             if (!g->error.empty()) return false;
         }
+        for (int& h : hold) h -= h > 0;
         bool any_live = false, released = false;
         for (size_t w = 0; w < g->warps.size(); ++w) {
             int waiting = 0, other = 0;
@@ -369,7 +393,9 @@ bool run_block(uint64_t seed) {
         }
         any_live = live > 0;
         if (!any_live) return true;
-        if (released) continue;
+        bool any_ready = false;
+        for (const Fiber& f : g->fibers) any_ready |= f.state == State::Ready;
+        if (released || any_ready) continue;
         if (at_block == live) {
             // The device leaves a __syncthreads that some threads never reach undefined, exited
             // ones included (early returns must be block-uniform).
@@ -384,6 +410,7 @@ bool run_block(uint64_t seed) {
             }
             for (Fiber& f : g->fibers)
                 if (f.state == State::AtBlockBarrier) f.state = State::Ready;
+            draw_holds();
             continue;
         }
         char head[200];

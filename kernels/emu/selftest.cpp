@@ -40,3 +40,18 @@ extern "C" void emu_selftest_exit_before_barrier(float* out) {
 extern "C" void emu_selftest_write_at(float* out, int at) {
     if (threadIdx.x == 0) out[at] = 1.0f;
 }
+
+// Two block sums on one scratch, as layer_norm takes its mean and variance. With `barrier` 0 the
+// first sum leaves out its trailing __syncthreads, so a warp running ahead can overwrite its
+// partial with the second sum's before a warp held back has read it.
+extern "C" void emu_selftest_scratch_reuse(float* out, int barrier) {
+    __shared__ float scratch[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    float v = toolsift::warp_sum(1.0f);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = toolsift::warp_sum(lane < n_warps ? scratch[lane] : 0.0f);
+    if (barrier) __syncthreads();
+    out[2 * threadIdx.x] = v;
+    out[2 * threadIdx.x + 1] = toolsift::block_sum((float)threadIdx.x, scratch);
+}
