@@ -586,3 +586,233 @@ fn bench_refuses_comparisons_that_mean_nothing() {
     assert_eq!(alone.rounds, 1);
     assert!(alone.toolsift_secs > 0.0 && alone.toolsift_cands_per_s.is_finite());
 }
+
+// From the hand mutation review of src/baselines/ (session 49).
+
+/// A small random model (2 layers, head_dim 12, rotary 8) with `n_positions` positions and
+/// layer-norm epsilon `eps`, as toolsift's `Model` and the candle copy of it.
+fn small_model(n_positions: usize, eps: f64) -> (Model, CandleGptj) {
+    let mut config = GptjConfig::small(2, 48, 4, 8, 300);
+    config.n_positions = n_positions;
+    config.layer_norm_epsilon = eps;
+    let weights = GptjWeights::random(&config, 5, DType::F32);
+    let model = Model::from_parts(config, weights, None).unwrap();
+    let candle = candle_model(&model);
+    (model, candle)
+}
+
+/// Two calls on one 12-token text, at positions 3 and 6: in inline placement the tuned and the
+/// tuned-kv baselines run different sequences (so different counts and rounding).
+fn two_calls_on_one_text() -> Vec<TokenCandidate> {
+    let a = TokenCandidate {
+        text_ids: (40..52u32).collect::<Vec<_>>().into(),
+        position: 3,
+        call_ids: vec![20, 21],
+        call_result_ids: vec![20, 21, 22],
+        weights: None,
+    };
+    let b = TokenCandidate {
+        position: 6,
+        ..a.clone()
+    };
+    vec![a, b]
+}
+
+/// A `BaselineScorer` is the baseline it names: its name, its token count and its losses (to the
+/// bit: the same candle code) are that baseline's, not another's.
+#[test]
+fn a_baseline_scorer_runs_counts_and_names_its_own_baseline() {
+    let (_, candle) = small_model(2048, 1e-5);
+    let candidates = two_calls_on_one_text();
+    let inline = options(Placement::Inline);
+    type Losses = fn(&CandleGptj, &[TokenCandidate], &ScoreOptions, usize) -> Vec<[f64; 3]>;
+    type Tokens = fn(&[TokenCandidate], &ScoreOptions, usize) -> usize;
+    let own: [(Baseline, &str, Losses, Tokens); 3] = [
+        (
+            Baseline::Naive,
+            "candle-naive",
+            |m, c, o, b| naive_losses(m, c, o, b).unwrap(),
+            naive_tokens,
+        ),
+        (
+            Baseline::Tuned,
+            "candle-tuned",
+            |m, c, o, b| tuned_losses(m, c, o, b).unwrap(),
+            tuned_tokens,
+        ),
+        (
+            Baseline::TunedKv,
+            "candle-tuned-kv",
+            |m, c, o, b| tuned_kv_losses(m, c, o, b).unwrap(),
+            tuned_kv_tokens,
+        ),
+    ];
+    // The three counts differ, so a scorer counting another baseline's work is seen.
+    let counts: Vec<usize> = own.iter().map(|o| o.3(&candidates, &inline, 2)).collect();
+    assert!(
+        counts[0] != counts[1] && counts[1] != counts[2],
+        "{counts:?}"
+    );
+    for (baseline, name, losses, tokens) in own {
+        let scorer = BaselineScorer::new(candle.clone(), baseline, 2);
+        assert_eq!(scorer.name(), name);
+        assert_eq!(
+            scorer.tokens(&candidates, &inline),
+            tokens(&candidates, &inline, 2),
+            "{name}"
+        );
+        let got = scorer.variant_losses(&candidates, &inline).unwrap();
+        assert_eq!(got, losses(&candle, &candidates, &inline, 2), "{name}");
+    }
+}
+
+/// n_positions is a limit, not one past it: the naive baseline runs call + whole text of exactly
+/// n_positions tokens (and gets the reference's losses); one more is refused with the lengths,
+/// by every baseline (the tuned ones through the engine's cut-sequence check), and a forward
+/// past n_positions is refused with a message rather than failing inside candle.
+#[test]
+fn sequences_of_exactly_n_positions_run_and_longer_ones_are_refused_clearly() {
+    let (model, candle) = small_model(12, 1e-5);
+    let options = ScoreOptions::default();
+    let fits = TokenCandidate {
+        text_ids: (0..8u32).collect::<Vec<_>>().into(),
+        position: 2,
+        call_ids: vec![1],
+        call_result_ids: vec![1, 2, 3, 4], // 4 + 8 = 12 whole; 4 + 7 = 11 cut
+        weights: None,
+    };
+    toolsift::baselines::check_whole_texts_fit(candle.config(), std::slice::from_ref(&fits))
+        .unwrap();
+    let want = ReferenceScorer::new(&model)
+        .variant_losses(std::slice::from_ref(&fits), &options)
+        .unwrap();
+    let got = naive_losses(&candle, std::slice::from_ref(&fits), &options, 1).unwrap();
+    for v in 0..3 {
+        assert_close(&format!("variant {v}"), got[0][v], want[0][v], LOSS_TOL);
+    }
+    let whole_too_long = TokenCandidate {
+        call_result_ids: vec![1, 2, 3, 4, 5],
+        ..fits.clone()
+    };
+    let err = naive_losses(&candle, &[whole_too_long], &options, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("candidate 0") && err.contains("13 tokens") && err.contains("(12)"),
+        "{err}"
+    );
+    let cut_too_long = TokenCandidate {
+        call_result_ids: vec![1, 2, 3, 4, 5, 6], // 6 + 7 = 13 cut
+        ..fits
+    };
+    for result in [
+        naive_losses(&candle, std::slice::from_ref(&cut_too_long), &options, 1),
+        tuned_losses(&candle, std::slice::from_ref(&cut_too_long), &options, 1),
+        tuned_kv_losses(&candle, std::slice::from_ref(&cut_too_long), &options, 1),
+    ] {
+        let err = result.unwrap_err().to_string();
+        assert!(
+            err.contains("candidate 0") && err.contains("n_positions"),
+            "{err}"
+        );
+    }
+    let ids = |n: u32| right_padded_batch(&[&(0..n).collect::<Vec<_>>()[..]], &Device::Cpu);
+    let hidden = candle.forward_hidden(&ids(12).unwrap()).unwrap();
+    assert_eq!(hidden.dims(), &[1, 12, 48]);
+    let err = candle.forward_hidden(&ids(13).unwrap()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("sequence of 13 tokens is longer than n_positions (12)"),
+        "{err}"
+    );
+}
+
+/// Pads are token 0 (as documented), after each sequence's own tokens.
+#[test]
+fn right_padded_batch_pads_with_token_0_after_each_sequence() {
+    let batch = right_padded_batch(&[&[5, 6, 7], &[8], &[]], &Device::Cpu).unwrap();
+    assert_eq!(
+        batch.to_vec2::<u32>().unwrap(),
+        vec![vec![5, 6, 7], vec![8, 0, 0], vec![0, 0, 0]]
+    );
+}
+
+/// A cache kept while continuing another holds both (its length past + T, and their keys), so a
+/// third forward continuing it gives the fixture's values.
+#[test]
+fn a_cache_kept_over_a_cache_is_continued_where_it_ends() {
+    let cases = cases();
+    let model = Model::load(tiny("f32")).unwrap();
+    let candle = candle_model(&model);
+    let case = cases.forward.iter().find(|c| c.ids.len() >= 5).unwrap();
+    let n = case.ids.len();
+    let ids = |s: &[u32]| right_padded_batch(&[s], &Device::Cpu).unwrap();
+    let (_, first) = candle
+        .forward_cached(&ids(&case.ids[..2]), None, true)
+        .unwrap();
+    let first = first.unwrap();
+    let (_, both) = candle
+        .forward_cached(&ids(&case.ids[2..n - 1]), Some(&first), true)
+        .unwrap();
+    let both = both.unwrap();
+    assert_eq!(both.len(), n - 1);
+    let (hidden, _) = candle
+        .forward_cached(&ids(&case.ids[n - 1..]), Some(&both), false)
+        .unwrap();
+    let got: Vec<Vec<Vec<f32>>> =
+        candle_nn::ops::log_softmax(&candle.logits(&hidden).unwrap(), D::Minus1)
+            .unwrap()
+            .to_vec3()
+            .unwrap();
+    for (v, &want) in case.log_softmax[n - 1].iter().enumerate() {
+        assert_close(
+            &format!("{:?} position {} id {v}", case.name, n - 1),
+            f64::from(got[0][0][v]),
+            want,
+            FORWARD_TOL,
+        );
+    }
+}
+
+/// The candle model takes the config's layer-norm epsilon (the fixtures all use 1e-5): with
+/// eps = 1 its losses are still the reference's.
+#[test]
+fn the_candle_model_uses_the_configs_layer_norm_epsilon() {
+    let (model, candle) = small_model(2048, 1.0);
+    let candidates = two_calls_on_one_text();
+    let options = ScoreOptions::default();
+    let want = ReferenceScorer::new(&model)
+        .variant_losses(&candidates, &options)
+        .unwrap();
+    let got = tuned_losses(&candle, &candidates, &options, 4).unwrap();
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        for v in 0..3 {
+            assert_close(&format!("candidate {k} variant {v}"), g[v], w[v], LOSS_TOL);
+        }
+    }
+}
+
+/// In prefix placement no call variant shares the text's start, so tuned-kv runs them as the
+/// tuned baseline does: deduplicated and batched across texts, longest first. Two texts (8 of
+/// each in the window), a call of 2 and a call with result of 3 at position 3 of each: the text
+/// passes 7 + 7; the calls [10, 10] [9, 9] in batches of 2 (per text, or unsorted: 2 x (10 + 10)).
+#[test]
+fn tuned_kv_in_prefix_placement_batches_call_variants_across_texts_longest_first() {
+    let a = TokenCandidate {
+        text_ids: (40..50u32).collect::<Vec<_>>().into(),
+        position: 3,
+        call_ids: vec![20, 21],
+        call_result_ids: vec![20, 21, 22],
+        weights: None,
+    };
+    let b = TokenCandidate {
+        text_ids: (60..70u32).collect::<Vec<_>>().into(),
+        ..a.clone()
+    };
+    let prefix = options(Placement::Prefix);
+    assert_eq!(
+        tuned_kv_tokens(&[a.clone(), b.clone()], &prefix, 2),
+        7 + 7 + 20 + 18
+    );
+    assert_eq!(tuned_tokens(&[a, b], &prefix, 2), 20 + 18 + 14);
+}

@@ -325,3 +325,33 @@ pub fn right_padded_batch(seqs: &[&[u32]], device: &Device) -> Result<Tensor> {
     }
     Tensor::from_vec(ids, (seqs.len(), t), device)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::DType;
+
+    /// Every linear weight is held as the [out, in] view of an [in, out] buffer, so that the
+    /// forward's `weight.t()` is contiguous (the layout that made the tuned baseline 1.13x
+    /// faster; docs/benchmarks.md): the baselines must not be handicapped.
+    #[test]
+    fn linear_weights_are_stored_in_out() {
+        let config = GptjConfig::small(1, 16, 2, 4, 40);
+        let weights = GptjWeights::random(&config, 1, DType::F32);
+        let model = CandleGptj::new(&config, &weights).unwrap();
+        let b = &model.blocks[0];
+        for (name, l) in [
+            ("q_proj", &b.q_proj),
+            ("k_proj", &b.k_proj),
+            ("v_proj", &b.v_proj),
+            ("out_proj", &b.out_proj),
+            ("fc_in", &b.fc_in),
+            ("fc_out", &b.fc_out),
+            ("lm_head", &model.lm_head),
+        ] {
+            let w = l.weight();
+            assert!(!w.is_contiguous(), "{name}");
+            assert!(w.t().unwrap().is_contiguous(), "{name}");
+        }
+    }
+}

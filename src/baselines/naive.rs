@@ -145,3 +145,43 @@ pub fn naive_tokens(
     });
     padded_tokens(lengths, batch_size)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The naive baseline runs every variant whole, not cut after its last weighted token (what
+    /// `naive_tokens` counts), with the call where the placement puts it.
+    #[test]
+    fn sequences_are_whole_texts_with_the_call_placed() {
+        let c = TokenCandidate {
+            text_ids: (0..12u32).collect::<Vec<_>>().into(),
+            position: 2,
+            call_ids: vec![20, 21],
+            call_result_ids: vec![20, 21, 22],
+            weights: None,
+        };
+        let text: Vec<u32> = (0..12).collect();
+        for (placement, call_result) in [
+            (Placement::Prefix, [&[20, 21, 22][..], &text].concat()),
+            (
+                Placement::Inline,
+                [&text[..2], &[20, 21, 22], &text[2..]].concat(),
+            ),
+        ] {
+            let options = ScoreOptions {
+                placement,
+                ..Default::default()
+            };
+            let seqs = sequences(std::slice::from_ref(&c), &options);
+            let lengths: Vec<usize> = seqs.iter().map(|s| s.ids.len()).collect();
+            assert_eq!(lengths, [12, 14, 15], "{placement:?}");
+            assert_eq!(seqs[0].ids, text, "{placement:?}");
+            assert_eq!(seqs[2].ids, call_result, "{placement:?}");
+            assert_eq!(
+                naive_tokens(std::slice::from_ref(&c), &options, 1),
+                lengths.iter().sum::<usize>()
+            );
+        }
+    }
+}

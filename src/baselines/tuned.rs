@@ -148,3 +148,46 @@ pub fn tuned_tokens(
         .map(|u| plan.unique[u].len());
     padded_tokens(lengths, batch_size)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The batches the tuned baseline runs are `batch_size` sequences each (the last the rest),
+    /// longest first, and `tuned_tokens` counts exactly those batches.
+    #[test]
+    fn plan_batches_are_batch_size_long_longest_first_as_counted() {
+        let a = TokenCandidate {
+            text_ids: (0..10u32).collect::<Vec<_>>().into(),
+            position: 3,
+            call_ids: vec![20, 21],
+            call_result_ids: vec![20, 21, 22],
+            weights: None,
+        };
+        let c = TokenCandidate {
+            position: 8,
+            ..a.clone()
+        };
+        let candidates = [a, c];
+        let options = ScoreOptions::default();
+        for batch_size in [1, 2, 3, 4, 5, 6] {
+            let plan = plan(&candidates, &options, batch_size);
+            let lengths: Vec<Vec<usize>> = plan
+                .batches
+                .iter()
+                .map(|b| b.iter().map(|&u| plan.unique[u].len()).collect())
+                .collect();
+            let flat = lengths.concat();
+            assert_eq!(flat, [12, 11, 10, 9, 9], "batch {batch_size}");
+            let sizes: Vec<usize> = lengths.iter().map(Vec::len).collect();
+            let want: Vec<usize> = flat.chunks(batch_size).map(<[usize]>::len).collect();
+            assert_eq!(sizes, want, "batch {batch_size}");
+            let run: usize = lengths.iter().map(|b| b.len() * b[0]).sum();
+            assert_eq!(
+                tuned_tokens(&candidates, &options, batch_size),
+                run,
+                "batch {batch_size}"
+            );
+        }
+    }
+}

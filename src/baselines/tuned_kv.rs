@@ -282,3 +282,27 @@ pub fn tuned_kv_tokens(
         })
         .sum()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group holds each sequence once and each (row, token) read of it once (the LM head runs
+    /// once per read), and runs its sequences longest first in `batch_size` batches.
+    #[test]
+    fn a_group_deduplicates_sequences_and_reads_and_batches_longest_first() {
+        let mut group = Group::new(0, 3);
+        let short = group.add(&[1, 2]);
+        let long = group.add(&[1, 2, 3, 4]);
+        assert_eq!(group.add(&[1, 2]), short);
+        let middle = group.add(&[5, 6, 7]);
+        assert_eq!(group.sequences.len(), 3);
+        group.read(long, 1, 9);
+        group.read(long, 1, 9);
+        group.read(long, 1, 8);
+        assert_eq!(group.reads[long], [(1, 9), (1, 8)]);
+        assert!(group.reads[short].is_empty());
+        assert_eq!(group.batches(2), [vec![long, middle], vec![short]]);
+        assert_eq!(group.batches(0), [vec![long], vec![middle], vec![short]]);
+    }
+}
