@@ -339,17 +339,23 @@ fn baselines_match_the_reference_on_a_random_model() {
     }
 }
 
+/// A call of 2 tokens (ids 20, 21) whose result adds one (22), at `position` of the text
+/// `text` (token ids in that range): the hand-worked candidates below.
+fn call_at(text: std::ops::Range<u32>, position: usize) -> TokenCandidate {
+    TokenCandidate {
+        text_ids: text.collect::<Vec<_>>().into(),
+        position,
+        call_ids: vec![20, 21],
+        call_result_ids: vec![20, 21, 22],
+        weights: None,
+    }
+}
+
 /// The counts the benchmark reports, worked by hand for a 10-token text, a call of 2 tokens and a
 /// call with result of 3, candidates A (position 3), its duplicate, and C (position 8, cut).
 #[test]
 fn token_counts_include_padding_and_reflect_deduplication() {
-    let a = TokenCandidate {
-        text_ids: (0..10u32).collect::<Vec<_>>().into(),
-        position: 3,
-        call_ids: vec![20, 21],
-        call_result_ids: vec![20, 21, 22],
-        weights: None,
-    };
+    let a = call_at(0..10, 3);
     let c = TokenCandidate {
         position: 8,
         ..a.clone()
@@ -604,13 +610,7 @@ fn small_model(n_positions: usize, eps: f64) -> (Model, CandleGptj) {
 /// Two calls on one 12-token text, at positions 3 and 6: in inline placement the tuned and the
 /// tuned-kv baselines run different sequences (so different counts and rounding).
 fn two_calls_on_one_text() -> Vec<TokenCandidate> {
-    let a = TokenCandidate {
-        text_ids: (40..52u32).collect::<Vec<_>>().into(),
-        position: 3,
-        call_ids: vec![20, 21],
-        call_result_ids: vec![20, 21, 22],
-        weights: None,
-    };
+    let a = call_at(40..52, 3);
     let b = TokenCandidate {
         position: 6,
         ..a.clone()
@@ -798,13 +798,7 @@ fn the_candle_model_uses_the_configs_layer_norm_epsilon() {
 /// passes 7 + 7; the calls [10, 10] [9, 9] in batches of 2 (per text, or unsorted: 2 x (10 + 10)).
 #[test]
 fn tuned_kv_in_prefix_placement_batches_call_variants_across_texts_longest_first() {
-    let a = TokenCandidate {
-        text_ids: (40..50u32).collect::<Vec<_>>().into(),
-        position: 3,
-        call_ids: vec![20, 21],
-        call_result_ids: vec![20, 21, 22],
-        weights: None,
-    };
+    let a = call_at(40..50, 3);
     let b = TokenCandidate {
         text_ids: (60..70u32).collect::<Vec<_>>().into(),
         ..a.clone()

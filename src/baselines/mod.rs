@@ -133,3 +133,16 @@ impl Scorer for BaselineScorer {
         }
     }
 }
+
+/// The unit tests' hand-worked candidate: a call of 2 tokens (ids 20, 21) whose result adds one
+/// (22), at `position` of a text whose token ids are `text`.
+#[cfg(test)]
+fn call_at(text: std::ops::Range<u32>, position: usize) -> TokenCandidate {
+    TokenCandidate {
+        text_ids: text.collect::<Vec<_>>().into(),
+        position,
+        call_ids: vec![20, 21],
+        call_result_ids: vec![20, 21, 22],
+        weights: None,
+    }
+}

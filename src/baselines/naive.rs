@@ -149,18 +149,13 @@ pub fn naive_tokens(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::baselines::call_at;
 
     /// The naive baseline runs every variant whole, not cut after its last weighted token (what
     /// `naive_tokens` counts), with the call where the placement puts it.
     #[test]
     fn sequences_are_whole_texts_with_the_call_placed() {
-        let c = TokenCandidate {
-            text_ids: (0..12u32).collect::<Vec<_>>().into(),
-            position: 2,
-            call_ids: vec![20, 21],
-            call_result_ids: vec![20, 21, 22],
-            weights: None,
-        };
+        let c = call_at(0..12, 2);
         let text: Vec<u32> = (0..12).collect();
         for (placement, call_result) in [
             (Placement::Prefix, [&[20, 21, 22][..], &text].concat()),

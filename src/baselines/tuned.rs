@@ -152,18 +152,13 @@ pub fn tuned_tokens(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::baselines::call_at;
 
     /// The batches the tuned baseline runs are `batch_size` sequences each (the last the rest),
     /// longest first, and `tuned_tokens` counts exactly those batches.
     #[test]
     fn plan_batches_are_batch_size_long_longest_first_as_counted() {
-        let a = TokenCandidate {
-            text_ids: (0..10u32).collect::<Vec<_>>().into(),
-            position: 3,
-            call_ids: vec![20, 21],
-            call_result_ids: vec![20, 21, 22],
-            weights: None,
-        };
+        let a = call_at(0..10, 3);
         let c = TokenCandidate {
             position: 8,
             ..a.clone()
