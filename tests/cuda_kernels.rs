@@ -730,3 +730,459 @@ fn tree_tiles_from_groups_equal_the_plans() {
     assert_eq!(decode.ctx_tokens, vec![0, 1, 2, 3, 4, 9, 0, 1, 2, 7, 10]);
     assert_eq!((decode.q_rows, decode.kv_rows), (2, 11));
 }
+
+// ---------------------------------------------------------------------------------------------
+// From the hand mutation review of the emulated device (session 49).
+
+/// The emulated device's own promises (kernels/emu/device), driven through cudarc directly: its
+/// bounds and liveness checks, launch limits, events and host matmuls. Skipped on a GPU, whose
+/// driver need not catch what these do on purpose.
+#[cfg(feature = "emu")]
+mod emulated_device {
+    use super::*;
+    use std::ffi::c_void;
+    use toolsift::cuda::cudarc::cublaslt::{result as lt, sys as ltsys};
+    use toolsift::cuda::cudarc::driver::{
+        result as drv, sys, CudaContext, DevicePtr, DriverError, LaunchConfig, PushKernelArg,
+    };
+    use toolsift::cuda::cudarc::nvrtc::Ptx;
+
+    /// Bytes of the raw allocations below: not a multiple of 16, so a byte past the end lands in
+    /// the allocation's padding (a mutant that lets it through returns, rather than faulting).
+    const N: usize = 13;
+
+    fn emulated() -> Option<Gpu> {
+        let gpu = gpu()?;
+        if !gpu.name.contains("emulated") {
+            eprintln!("SKIPPED: checks of the emulated device");
+            return None;
+        }
+        gpu.ctx.bind_to_thread().unwrap();
+        Some(gpu)
+    }
+
+    /// The emulated driver's reason for refusing `r` (its error string).
+    fn reason<T: std::fmt::Debug>(r: Result<T, DriverError>) -> String {
+        let e = r.expect_err("the emulated device accepted it");
+        e.error_string()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// A module whose PTX names `entries` (the emulated driver reads only the `.entry` names).
+    fn module(
+        ctx: &std::sync::Arc<CudaContext>,
+        entries: &[&str],
+    ) -> Result<std::sync::Arc<toolsift::cuda::cudarc::driver::CudaModule>, DriverError> {
+        let mut ptx = String::from(".version 8.0\n.target sm_90\n");
+        for e in entries {
+            ptx += &format!(".visible .entry {e}(\n)\n{{\n}}\n");
+        }
+        ctx.load_module(Ptx::from_src(ptx))
+    }
+
+    /// `gelu_bf16(x, bias, n = 0, f, ld)` (touches no memory) with raw pointer arguments.
+    fn launch_gelu(
+        gpu: &Gpu,
+        f: &toolsift::cuda::cudarc::driver::CudaFunction,
+        x: u64,
+        bias: u64,
+        cfg: LaunchConfig,
+    ) -> Result<(), DriverError> {
+        let (n, width, ld) = (0u32, 4u32, 4u32);
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&x).arg(&bias).arg(&n).arg(&width).arg(&ld);
+        // SAFETY: n = 0: the kernel reads and writes nothing; the pointers are only checked.
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+
+    fn one_warp(smem: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: smem,
+        }
+    }
+
+    /// Copies and memsets must lie inside one live allocation: a whole one, a tail from the
+    /// middle and an empty copy at the end pass; one byte more, from the start or the middle, in
+    /// any direction, is refused with its reason.
+    #[test]
+    fn copies_and_memsets_stop_at_the_end_of_an_allocation() {
+        let Some(_gpu) = emulated() else { return };
+        let bytes: Vec<u8> = (1..=N as u8 + 1).collect();
+        let outside = "not inside one device allocation";
+        // SAFETY: raw allocations of N bytes; every access that passes lies inside them.
+        unsafe {
+            let (p, q) = (drv::malloc_sync(N).unwrap(), drv::malloc_sync(N).unwrap());
+            drv::memcpy_htod_sync(p, &bytes[..N]).unwrap();
+            drv::memcpy_htod_sync(p + 5, &bytes[..N - 5]).unwrap();
+            drv::memcpy_htod_sync(p + N as u64, &bytes[..0]).unwrap();
+            for (at, n) in [(p, N + 1), (p + 5, N - 4)] {
+                let why = reason(drv::memcpy_htod_sync(at, &bytes[..n]));
+                assert!(
+                    why.contains("cuMemcpyHtoD destination") && why.contains(outside),
+                    "{why}"
+                );
+            }
+            drv::memset_d8_sync(p + 2, 0xAB, N - 2).unwrap();
+            let why = reason(drv::memset_d8_sync(p + 2, 0xAB, N - 1));
+            assert!(why.contains("cuMemsetD8") && why.contains(outside), "{why}");
+            drv::memcpy_dtod_sync(q, p, N).unwrap();
+            let why = reason(drv::memcpy_dtod_sync(q + 1, p, N));
+            assert!(why.contains("cuMemcpyDtoD destination"), "{why}");
+            let why = reason(drv::memcpy_dtod_sync(q, p + 1, N));
+            assert!(why.contains("cuMemcpyDtoD source"), "{why}");
+            let mut back = [0u8; N + 1];
+            let why = reason(drv::memcpy_dtoh_sync(&mut back[..], q));
+            assert!(
+                why.contains("cuMemcpyDtoH source") && why.contains(outside),
+                "{why}"
+            );
+            drv::memcpy_dtoh_sync(&mut back[..N], q).unwrap();
+            let mut want = vec![1u8, 2];
+            want.extend([0xAB; N - 2]);
+            assert_eq!(back[..N], want[..]);
+            drv::free_sync(p).unwrap();
+            drv::free_sync(q).unwrap();
+        }
+    }
+
+    /// A launch checks every pointer argument (null, the middle or the end of a live allocation
+    /// pass; a host pointer fails the launch, naming the first bad argument), the block, grid and
+    /// dynamic shared memory limits, and the function attribute that raises the last; a module
+    /// loads only kernels the host build has, and hands out one function per name.
+    #[test]
+    fn launches_check_pointer_arguments_and_limits() {
+        let Some(gpu) = emulated() else { return };
+        assert_eq!((gpu.sm_count, gpu.max_smem_optin), (132, 227 * 1024));
+        let m = module(&gpu.ctx, &["gelu_bf16", "gelu_f16"]).unwrap();
+        let (f, g) = (
+            m.load_function("gelu_bf16").unwrap(),
+            m.load_function("gelu_bf16").unwrap(),
+        );
+        let host_buffer = [0u8; 64];
+        let host = host_buffer.as_ptr() as u64;
+        // SAFETY: a raw allocation of N bytes, freed at the end; n = 0 launches touch nothing.
+        let p = unsafe { drv::malloc_sync(N).unwrap() };
+        for (x, bias) in [(p, 0), (p + 5, p + N as u64), (p + N as u64, p)] {
+            launch_gelu(&gpu, &f, x, bias, one_warp(0)).unwrap();
+        }
+        for (x, bias, bad) in [(host, p, 0), (p, host, 1), (host, host, 0)] {
+            let why = reason(launch_gelu(&gpu, &f, x, bias, one_warp(0)));
+            let want = format!("kernel gelu_bf16: argument {bad} ");
+            assert!(
+                why.contains(&want) && why.contains("not in any device allocation"),
+                "{why}"
+            );
+        }
+        launch_gelu(&gpu, &f, p, p, one_warp(48 * 1024)).unwrap();
+        let why = reason(launch_gelu(&gpu, &f, p, p, one_warp(48 * 1024 + 1)));
+        assert!(why.contains("MAX_DYNAMIC_SHARED_SIZE_BYTES"), "{why}");
+        let big = |grid_dim, block_dim| LaunchConfig {
+            grid_dim,
+            block_dim,
+            shared_mem_bytes: 0,
+        };
+        for cfg in [big((1, 1, 1), (1025, 1, 1)), big((0, 1, 1), (32, 1, 1))] {
+            let why = reason(launch_gelu(&gpu, &f, p, p, cfg));
+            assert!(why.contains("out of range"), "{cfg:?}: {why}");
+        }
+        use sys::CUfunction_attribute_enum as Attr;
+        const MAX_SMEM: Attr = Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        let why = reason(f.set_attribute(MAX_SMEM, 227 * 1024 + 1));
+        assert!(why.contains("over the opt-in limit"), "{why}");
+        f.set_attribute(MAX_SMEM, 227 * 1024).unwrap();
+        // `g` is the same function as `f`, as on the device: the attribute holds for it.
+        launch_gelu(&gpu, &g, p, p, one_warp(227 * 1024)).unwrap();
+        // SAFETY: p is a live allocation of this test.
+        unsafe { drv::free_sync(p).unwrap() };
+        assert_eq!(
+            m.load_function("layer_norm_bf16").unwrap_err().0,
+            sys::CUresult::CUDA_ERROR_NOT_FOUND
+        );
+        let why = reason(module(&gpu.ctx, &["gelu_bf16", "no_such_kernel"]));
+        assert!(
+            why.contains("no_such_kernel") && why.contains("lacks"),
+            "{why}"
+        );
+    }
+
+    /// Events time what lies between their records through cudarc's `elapsed_ms`, which calls
+    /// CUDA 13's `cuEventElapsedTime_v2`: the emulated driver had only the older name, so
+    /// cudarc panicked on a missing symbol.
+    #[test]
+    fn events_time_what_lies_between_them() {
+        let Some(gpu) = emulated() else { return };
+        let new = || {
+            gpu.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .unwrap()
+        };
+        let (start, end) = (new(), new());
+        start.record(&gpu.stream).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        end.record(&gpu.stream).unwrap();
+        let ms = start.elapsed_ms(&end).unwrap();
+        assert!((19.0..10_000.0).contains(&ms), "{ms} ms");
+    }
+
+    /// Freeing and allocation accounting, and a freed pointer refused by copies and launches:
+    /// in a process of its own (`lifecycle_child`), so no other test's allocation can take the
+    /// freed address or the device's memory.
+    #[test]
+    fn freed_and_inner_pointers_and_the_whole_device() {
+        cuda_common::run_child_on_a_small_device("emulated_device::lifecycle_child", 1 << 20);
+    }
+
+    #[test]
+    #[ignore = "the child of freed_and_inner_pointers_and_the_whole_device"]
+    fn lifecycle_child() {
+        assert!(
+            std::env::var_os("TOOLSIFT_EMU_DEVICE_BYTES").is_some(),
+            "run by its parent test, with a small emulated device"
+        );
+        toolsift::emu::device::use_unless_gpu().unwrap();
+        let ctx = CudaContext::new(0).unwrap();
+        let stream = ctx.default_stream();
+        let (free, total) = drv::mem_get_info().unwrap();
+        assert_eq!((free, total), (1 << 20, 1 << 20));
+        let f = module(&ctx, &["gelu_bf16"])
+            .unwrap()
+            .load_function("gelu_bf16")
+            .unwrap();
+        let launch = |x: u64, bias: u64| {
+            let (n, width, ld) = (0u32, 4u32, 4u32);
+            let mut b = stream.launch_builder(&f);
+            b.arg(&x).arg(&bias).arg(&n).arg(&width).arg(&ld);
+            // SAFETY: n = 0: the kernel touches nothing; the pointers are only checked.
+            unsafe { b.launch(one_warp(0)) }.map(|_| ())
+        };
+        let not_start = "not the start of an allocation";
+        // SAFETY: raw allocations; the accesses that pass lie inside live ones.
+        unsafe {
+            // The whole device in two allocations, and then not a byte more.
+            let p = drv::malloc_sync(free / 2).unwrap();
+            let q = drv::malloc_sync(free - free / 2).unwrap();
+            assert_eq!(drv::mem_get_info().unwrap().0, 0);
+            let oom = drv::malloc_sync(1).unwrap_err();
+            assert_eq!(oom.0, sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+            let why = reason(drv::free_sync(p + 4));
+            assert!(why.contains(not_start), "{why}");
+            drv::free_sync(p).unwrap();
+            assert_eq!(drv::mem_get_info().unwrap().0, free / 2);
+            let why = reason(drv::free_sync(p));
+            assert!(why.contains(not_start), "{why}");
+            let why = reason(drv::memcpy_htod_sync(p, &[0u8; 4]));
+            assert!(why.contains("not inside one device allocation"), "{why}");
+            let why = reason(launch(p, q));
+            assert!(why.contains("argument 0"), "{why}");
+            let why = reason(launch(q, p));
+            assert!(why.contains("argument 1"), "{why}");
+            launch(q, q).unwrap();
+            drv::free_sync(q).unwrap();
+            assert_eq!(drv::mem_get_info().unwrap().0, free);
+        }
+    }
+
+    /// `D = alpha op(A) op(B) + beta C` through the emulated cuBLASLt: `layouts` are (type,
+    /// rows, cols, ld) of A, B, C and D, `ptrs` their device addresses.
+    fn lt_matmul(
+        trans: [i32; 2],
+        layouts: [(ltsys::cudaDataType, u64, u64, i64); 4],
+        ptrs: [u64; 4],
+        [alpha, beta]: [f32; 2],
+    ) -> Result<(), lt::CublasError> {
+        use ltsys::cublasLtMatmulDescAttributes_t as Attr;
+        let handle = lt::create_handle()?;
+        let desc = lt::create_matmul_desc(
+            ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ltsys::cudaDataType::CUDA_R_32F,
+        )?;
+        // SAFETY: i32 attribute buffers as documented; live descriptors and layouts; the
+        // operands are device addresses the emulated cuBLASLt checks against its allocations.
+        unsafe {
+            for (attr, t) in [
+                (Attr::CUBLASLT_MATMUL_DESC_TRANSA, &trans[0]),
+                (Attr::CUBLASLT_MATMUL_DESC_TRANSB, &trans[1]),
+            ] {
+                lt::set_matmul_desc_attribute(desc, attr, t as *const i32 as *const c_void, 4)?;
+            }
+            let mut l = Vec::new();
+            for (ty, rows, cols, ld) in layouts {
+                l.push(lt::create_matrix_layout(ty, rows, cols, ld)?);
+            }
+            let pref = lt::create_matmul_pref()?;
+            let h = lt::get_matmul_algo_heuristic(handle, desc, l[0], l[1], l[2], l[3], pref)?;
+            lt::matmul(
+                handle,
+                desc,
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                ptrs[0] as *const c_void,
+                l[0],
+                ptrs[1] as *const c_void,
+                l[1],
+                ptrs[2] as *const c_void,
+                l[2],
+                ptrs[3] as *mut c_void,
+                l[3],
+                &h.algo,
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+            )?;
+            for x in l {
+                lt::destroy_matrix_layout(x)?;
+            }
+            lt::destroy_matmul_pref(pref)?;
+            lt::destroy_matmul_desc(desc)?;
+            lt::destroy_handle(handle)
+        }
+    }
+
+    const F32: ltsys::cudaDataType = ltsys::cudaDataType::CUDA_R_32F;
+
+    /// Every TRANSA / TRANSB pair, leading dimensions past the rows (each its own), alpha 2 and
+    /// beta -1/2 on small integers: the emulated cuBLASLt is column-major BLAS exactly, leaves
+    /// D's rows past m alone, and does not read C when beta is 0 (C all NaN).
+    #[test]
+    fn cublaslt_matmul_is_column_major_blas_for_every_transpose() {
+        let Some(gpu) = emulated() else { return };
+        let (m, n, k) = (3usize, 2usize, 4usize);
+        let (ldc, pad) = (m + 3, 7777.0f32);
+        for (ta, tb) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+            let (ar, ac) = if ta == 1 { (k, m) } else { (m, k) };
+            let (br, bc) = if tb == 1 { (n, k) } else { (k, n) };
+            let (lda, ldb) = (ar + 2, br + 1);
+            let a: Vec<f32> = (0..lda * ac).map(|i| (i % 7) as f32 - 3.0).collect();
+            let b: Vec<f32> = (0..ldb * bc).map(|i| (i % 5) as f32 - 2.0).collect();
+            let c: Vec<f32> = (0..ldc * n).map(|i| (i % 4) as f32 + 1.0).collect();
+            let op_a = |i: usize, p: usize| {
+                if ta == 1 {
+                    a[p + i * lda]
+                } else {
+                    a[i + p * lda]
+                }
+            };
+            let op_b = |p: usize, j: usize| {
+                if tb == 1 {
+                    b[j + p * ldb]
+                } else {
+                    b[p + j * ldb]
+                }
+            };
+            for (beta, c) in [(-0.5f32, c.clone()), (0.0, vec![f32::NAN; ldc * n])] {
+                let mut want = vec![pad; ldc * n];
+                for j in 0..n {
+                    for i in 0..m {
+                        let ab: f32 = (0..k).map(|p| op_a(i, p) * op_b(p, j)).sum();
+                        let cij = if beta == 0.0 {
+                            0.0
+                        } else {
+                            beta * c[i + j * ldc]
+                        };
+                        want[i + j * ldc] = 2.0 * ab + cij;
+                    }
+                }
+                let (a_d, b_d, c_d) = (up(&gpu, &a), up(&gpu, &b), up(&gpu, &c));
+                let d_d = up(&gpu, &vec![pad; ldc * n]);
+                let ptrs = [
+                    a_d.device_ptr(&gpu.stream).0,
+                    b_d.device_ptr(&gpu.stream).0,
+                    c_d.device_ptr(&gpu.stream).0,
+                    d_d.device_ptr(&gpu.stream).0,
+                ];
+                let cd = (F32, m as u64, n as u64, ldc as i64);
+                let layouts = [
+                    (F32, ar as u64, ac as u64, lda as i64),
+                    (F32, br as u64, bc as u64, ldb as i64),
+                    cd,
+                    cd,
+                ];
+                lt_matmul([ta, tb], layouts, ptrs, [2.0, beta]).unwrap();
+                assert_eq!(
+                    down(&gpu, &d_d),
+                    want,
+                    "TRANSA {ta} TRANSB {tb} beta {beta}"
+                );
+            }
+        }
+    }
+
+    /// 16-bit outputs are rounded once, to nearest even (ties included, f16's subnormals and
+    /// overflow too); an f16 subnormal input is read at its value.
+    #[test]
+    fn cublaslt_rounds_16_bit_outputs_to_nearest_even() {
+        let Some(gpu) = emulated() else { return };
+        let x: [f32; 8] = [
+            1.0 + 3.0 / 512.0,
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            -(1.0 + 3.0 / 4096.0),
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+            1.5 / 16777216.0,
+            70000.0,
+        ];
+        let m = x.len() as u64;
+        let (x_d, one) = (up(&gpu, &x), up(&gpu, &[1f32]));
+        let col = |ty| (ty, m, 1u64, m as i64);
+        let one_by_one = (F32, 1u64, 1u64, 1i64);
+        let bf = up(&gpu, &[bf16::ZERO; 8]);
+        let hf = up(&gpu, &[f16::ZERO; 8]);
+        let (xp, op) = (x_d.device_ptr(&gpu.stream).0, one.device_ptr(&gpu.stream).0);
+        let (bp, hp) = (bf.device_ptr(&gpu.stream).0, hf.device_ptr(&gpu.stream).0);
+        let bf_t = ltsys::cudaDataType::CUDA_R_16BF;
+        let hf_t = ltsys::cudaDataType::CUDA_R_16F;
+        let layouts = |out| [col(F32), one_by_one, col(out), col(out)];
+        lt_matmul([0, 0], layouts(bf_t), [xp, op, bp, bp], [1.0, 0.0]).unwrap();
+        lt_matmul([0, 0], layouts(hf_t), [xp, op, hp, hp], [1.0, 0.0]).unwrap();
+        let want_bf: Vec<u16> = x.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+        let want_hf: Vec<u16> = x.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+        let got_bf: Vec<u16> = down(&gpu, &bf).iter().map(|v| v.to_bits()).collect();
+        let got_hf: Vec<u16> = down(&gpu, &hf).iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got_bf, want_bf, "bf16");
+        assert_eq!(got_hf, want_hf, "f16");
+        // 3 x 2^-24, an f16 subnormal, times 1 into f32.
+        let (sub, h1) = (up(&gpu, &[f16::from_bits(3)]), up(&gpu, &[f16::ONE]));
+        let out = up(&gpu, &[0f32]);
+        let ptrs = [
+            sub.device_ptr(&gpu.stream).0,
+            h1.device_ptr(&gpu.stream).0,
+            out.device_ptr(&gpu.stream).0,
+            out.device_ptr(&gpu.stream).0,
+        ];
+        let h = (hf_t, 1u64, 1u64, 1i64);
+        lt_matmul([0, 0], [h, h, one_by_one, one_by_one], ptrs, [1.0, 0.0]).unwrap();
+        assert_eq!(down(&gpu, &out), [3.0 / 16777216.0]);
+    }
+
+    /// An operand that ends one element past its allocation is refused (one that ends exactly at
+    /// it passes), and so are a leading dimension under the rows, op(A) and op(B) that disagree
+    /// on k, and A and B of different types.
+    #[test]
+    fn cublaslt_refuses_operands_past_their_allocation_and_bad_shapes() {
+        let Some(gpu) = emulated() else { return };
+        // A 3 x 2 with ld 5 spans (2 - 1) * 5 + 3 = 8 elements; B 2 x 1; C = D 3 x 1.
+        let a_layout = (F32, 3u64, 2u64, 5i64);
+        let bcd = [(F32, 2u64, 1u64, 2i64), (F32, 3, 1, 3), (F32, 3, 1, 3)];
+        let (b, d) = (up(&gpu, &[1f32, 2.0]), up(&gpu, &[0f32; 3]));
+        let (bp, dp) = (b.device_ptr(&gpu.stream).0, d.device_ptr(&gpu.stream).0);
+        for (len, fits) in [(8usize, true), (7, false)] {
+            let a = up(&gpu, &vec![1f32; len]);
+            let ptrs = [a.device_ptr(&gpu.stream).0, bp, dp, dp];
+            let layouts = [a_layout, bcd[0], bcd[1], bcd[2]];
+            let r = lt_matmul([0, 0], layouts, ptrs, [1.0, 0.0]);
+            assert_eq!(r.is_ok(), fits, "A of {len} elements: {r:?}");
+        }
+        assert!(lt::create_matrix_layout(F32, 4, 2, 3).is_err());
+        let nine = up(&gpu, &[0f32; 9]);
+        let ptrs = [nine.device_ptr(&gpu.stream).0, bp, dp, dp];
+        let k_differs = [(F32, 3u64, 3u64, 3i64), bcd[0], bcd[1], bcd[2]];
+        assert!(lt_matmul([0, 0], k_differs, ptrs, [1.0, 0.0]).is_err());
+        let bf_b = (ltsys::cudaDataType::CUDA_R_16BF, 2u64, 1u64, 2i64);
+        let types_differ = [a_layout, bf_b, bcd[1], bcd[2]];
+        assert!(lt_matmul([0, 0], types_differ, ptrs, [1.0, 0.0]).is_err());
+    }
+}

@@ -383,6 +383,11 @@ EXPORT CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
     return CUDA_SUCCESS;
 }
 
+// CUDA 13's name for it: cudarc's bindings (feature `cuda-13000`) call this one.
+EXPORT CUresult cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end) {
+    return cuEventElapsedTime(ms, start, end);
+}
+
 // ---- memory ------------------------------------------------------------------------------------
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) { return allocate(dptr, bytes); }
