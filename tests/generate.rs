@@ -370,6 +370,15 @@ fn scripted(
     })
 }
 
+/// Options that take the prompts two to a batch, each writing at most `max_new_tokens`.
+fn two_per_batch(max_new_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_new_tokens,
+        batch_size: 2,
+        ..Default::default()
+    }
+}
+
 fn run(m: &Mock, tokenizer: &Tokenizer, tools: &ToolRegistry, o: &GenerateOptions) -> Generation {
     generate(m, tokenizer, tools, &[Prompt::new("Q")], o)
         .unwrap()
@@ -1340,11 +1349,7 @@ fn jsonl_answers_every_line_in_order_with_error_lines() {
     let mut input = input.as_bytes().to_vec();
     input.extend(b"{\"id\": 10, \"prompt\": \"\xff\"}\n");
     let mut out = Vec::new();
-    let o = GenerateOptions {
-        max_new_tokens: 12,
-        batch_size: 2,
-        ..Default::default()
-    };
+    let o = two_per_batch(12);
     let summary =
         generate_jsonl(input.as_slice(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
     assert_eq!(
@@ -1393,11 +1398,7 @@ fn lines_read_before_an_input_error_are_still_answered() {
     let tokenizer = tok(&model);
     let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
     let input = q_lines(3);
-    let o = GenerateOptions {
-        max_new_tokens: 12,
-        batch_size: 2,
-        ..Default::default()
-    };
+    let o = two_per_batch(12);
     let mut out = Vec::new();
     let reader = std::io::BufReader::new(common::FailsAfter::new(input));
     let err = generate_jsonl(reader, &mut out, &m, tokenizer, &calculator(), &o)
@@ -1424,11 +1425,7 @@ fn an_input_error_at_a_batch_border_stops_the_run() {
     let model = tiny();
     let tokenizer = tok(&model);
     let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
-    let o = GenerateOptions {
-        max_new_tokens: 4,
-        batch_size: 2,
-        ..Default::default()
-    };
+    let o = two_per_batch(4);
     let mut out = Vec::new();
     let reader = std::io::BufReader::new(common::FailsAfter::new(q_lines(2)));
     let err = generate_jsonl(reader, &mut out, &m, tokenizer, &calculator(), &o)
@@ -1464,11 +1461,7 @@ fn a_row_that_is_not_finite_fails_its_line_alone() {
         r#"{"id": 2, "prompt": "P"}"#,
         "\n",
     );
-    let o = GenerateOptions {
-        max_new_tokens: 6,
-        batch_size: 2,
-        ..Default::default()
-    };
+    let o = two_per_batch(6);
     let mut out = Vec::new();
     let summary =
         generate_jsonl(input.as_bytes(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
@@ -1593,11 +1586,7 @@ fn an_unreadable_line_names_its_own_line() {
     let mut input = q_lines(2).into_bytes();
     input.extend(b"{\"id\": 2, \"prompt\": \"\xff\"}\n");
     input.extend(q_lines(1).as_bytes());
-    let o = GenerateOptions {
-        max_new_tokens: 4,
-        batch_size: 2,
-        ..Default::default()
-    };
+    let o = two_per_batch(4);
     let mut out = Vec::new();
     generate_jsonl(input.as_slice(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
     let lines = rows(&out);
@@ -1653,11 +1642,7 @@ fn a_backend_error_stops_the_run_naming_its_batch() {
         fail_at: 1,
     };
     let input = q_lines(5);
-    let o = GenerateOptions {
-        max_new_tokens: 12,
-        batch_size: 2,
-        ..Default::default()
-    };
+    let o = two_per_batch(12);
     let mut out = Vec::new();
     let err = generate_jsonl(
         input.as_bytes(),
@@ -2643,11 +2628,7 @@ impl Decoder for FailingDecoder {
 fn out_of_memory_and_io_errors_stop_the_run_other_errors_fail_the_lines() {
     let model = tiny();
     let tokenizer = tok(&model);
-    let o = GenerateOptions {
-        max_new_tokens: 4,
-        batch_size: 2,
-        ..Default::default()
-    };
+    let o = two_per_batch(4);
     let stops: [(MakeError, &str); 2] = [
         (
             || toolsift::Error::OutOfMemory("cuda: out of memory".into()),
@@ -2723,11 +2704,7 @@ fn each_batch_is_flushed_as_it_ends() {
     let model = tiny();
     let tokenizer = tok(&model);
     let m = scripted(tokenizer, 1, "Calculator(1+2) ->", |_| 0);
-    let o = GenerateOptions {
-        max_new_tokens: 4,
-        batch_size: 2,
-        ..Default::default()
-    };
+    let o = two_per_batch(4);
     let mut out = FlushLog::default();
     let input = q_lines(5);
     generate_jsonl(input.as_bytes(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
