@@ -624,3 +624,147 @@ fn an_unwritable_temp_dir_is_named_with_the_way_out() {
         "{err}"
     );
 }
+
+// From the hand mutation review of demo/tool_use, demo/run and cli/demo (session 49).
+
+/// An eval-demo run removes an interrupted earlier run's journal (it belongs to another set),
+/// annotates with the demo's settings (their seed, not the set's), and writes its report to
+/// eval.json as one line with the unfiltered metrics.
+#[test]
+fn an_eval_run_clears_the_journal_and_writes_one_line_of_eval_json() {
+    use toolsift::demo::run::{settings, EvalOptions, EvalRun};
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("cstar.jsonl.partial");
+    std::fs::write(&journal, "").unwrap();
+    let eval = EvalRun::prepare(EvalOptions {
+        seed: 7,
+        docs: 2,
+        device: toolsift::Device::Cpu,
+        out_dir: dir.path().to_path_buf(),
+        tool_use: false,
+        progress: false,
+    })
+    .unwrap();
+    assert_eq!(eval.replaced, std::slice::from_ref(&journal));
+    assert!(!journal.exists());
+    let outcome = eval.run().unwrap();
+    assert_eq!(outcome.report_path, dir.path().join("eval.json"));
+    let text = std::fs::read_to_string(&outcome.report_path).unwrap();
+    assert!(text.ends_with("}\n") && text.lines().count() == 1, "{text}");
+    assert!(outcome.report.unfiltered.is_some());
+    let run = outcome.summary.run.expect("the run recorded");
+    let config = run["config"].as_str().unwrap();
+    let seed = settings(None).unwrap().seed;
+    assert_ne!(seed, 7);
+    assert!(config.contains(&format!("seed = {seed}\n")), "{config}");
+}
+
+/// `annotate --demo` resumes an interrupted demo run, so its journal is neither removed nor
+/// listed as replaced; and tools the demo's settings lack are refused when preparing.
+#[test]
+fn a_demo_run_keeps_the_journal_and_refuses_tools_it_lacks() {
+    use toolsift::annotate::ToolKind;
+    use toolsift::demo::run::{DemoOptions, DemoRun};
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("c.jsonl.partial");
+    std::fs::write(&journal, "").unwrap();
+    let options = DemoOptions {
+        device: toolsift::Device::Cpu,
+        seed: None,
+        docs: Some(1),
+        tools: None,
+        out: dir.path().join("c.jsonl"),
+        progress: false,
+    };
+    let demo = DemoRun::prepare(options.clone()).unwrap();
+    assert!(demo.replaced.is_empty(), "{:?}", demo.replaced);
+    assert!(journal.exists());
+    drop(demo);
+    let refused = DemoRun::prepare(DemoOptions {
+        tools: Some(vec![ToolKind::WikiSearch]),
+        ..options
+    });
+    assert!(refused.is_err(), "a demo run with WikiSearch");
+}
+
+/// eval-demo's flags reach the run: --seed and --docs make the set, --skip-generate leaves the
+/// comparison out, --json prints the report.
+#[test]
+fn eval_demo_flags_reach_the_run() {
+    let cwd = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "eval-demo",
+        "--seed",
+        "7",
+        "--docs",
+        "2",
+        "--skip-generate",
+        "--json",
+        "--no-progress",
+        "--out",
+        "ev",
+    ];
+    let o = toolsift(cwd.path(), tmp.path(), &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: Value = serde_json::from_slice(&o.stdout).expect("one JSON object on stdout");
+    assert_eq!(report["seed"], 7);
+    assert_eq!(report["metrics"]["docs"], 2);
+    assert!(report["tool_use"].is_null(), "{report}");
+    assert_eq!(lines(&cwd.path().join("ev").join("corpus.jsonl")).len(), 2);
+}
+
+/// `annotate --demo`'s --seed and --tools reach the run: its recorded settings have the seed,
+/// its summary those tools alone.
+#[test]
+fn annotate_demo_seed_and_tools_reach_the_run() {
+    let cwd = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "annotate",
+        "--demo",
+        "--seed",
+        "9",
+        "--tools",
+        "calendar",
+        "--demo-docs",
+        "1",
+        "--out",
+        "c.jsonl",
+        "--no-progress",
+    ];
+    let o = toolsift(cwd.path(), tmp.path(), &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(cwd.path().join("c.summary.json")).unwrap())
+            .unwrap();
+    let config = summary["run"]["config"].as_str().unwrap();
+    assert!(config.contains("seed = 9\n"), "{config}");
+    assert_eq!(summary["tools"].as_array().unwrap().len(), 1, "{summary}");
+    assert_eq!(summary["tools"][0]["tool"], "Calendar");
+}
+
+/// A relative --out from inside the demo's own folder is refused too: the working directory
+/// is where it would go.
+#[test]
+fn a_relative_out_inside_the_demo_folder_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let assets = toolsift::demo::assets::materialize_in(tmp.path()).unwrap();
+    let args = [
+        "annotate",
+        "--demo",
+        "--out",
+        "c.jsonl",
+        "--demo-docs",
+        "1",
+        "--no-progress",
+    ];
+    let o = toolsift(&assets, tmp.path(), &args);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("inside the demo's own folder"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!assets.join("c.jsonl").exists());
+}

@@ -487,4 +487,13 @@ mod tests {
         assert_eq!(with("{\"seed\": 2}\n"), (false, false));
         assert_eq!(with("{\"metrics\": {}}\n"), (false, false));
     }
+
+    /// An eval.json is read whole: one pretty-printed over several lines is still the report's.
+    #[test]
+    fn a_report_over_several_lines_is_eval_demos() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("eval.json");
+        std::fs::write(&path, "{\n  \"seed\": 2,\n  \"metrics\": {}\n}\n").unwrap();
+        assert!(refuse_foreign_report(&path).is_ok());
+    }
 }

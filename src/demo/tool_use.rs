@@ -124,6 +124,25 @@ fn correct(gen: &Generation, answer: &str) -> bool {
     }
 }
 
+/// The two settings `compare` generates with, greedy and up to 40 new tokens within the
+/// model's `n_positions`: the paper's (a call may start when "[" is within the top 10, at most
+/// one call) and the same with calls disabled (`max_calls` 0).
+fn settings(n_positions: usize) -> (GenerateOptions, GenerateOptions) {
+    let with = GenerateOptions {
+        max_new_tokens: 40,
+        top_k_call: 10,
+        max_calls: 1,
+        temperature: 0.0,
+        n_positions: Some(n_positions),
+        ..GenerateOptions::default()
+    };
+    let without = GenerateOptions {
+        max_calls: 0,
+        ..with.clone()
+    };
+    (with, without)
+}
+
 /// Generates every prompt twice (tools on, tools off) with greedy decoding and counts correct
 /// answers.
 pub fn compare(
@@ -135,17 +154,20 @@ pub fn compare(
 ) -> Result<ToolUseReport> {
     let start = Instant::now();
     let texts: Vec<Prompt> = prompts.iter().map(|p| p.prompt.clone()).collect();
-    let with = GenerateOptions {
-        max_new_tokens: 40,
-        n_positions: Some(n_positions),
-        ..GenerateOptions::default()
-    };
-    let without = GenerateOptions {
-        max_calls: 0,
-        ..with.clone()
-    };
+    let (with, without) = settings(n_positions);
     let gens_with = generate(decoder, tokenizer, tools, &texts, &with)?;
     let gens_without = generate(decoder, tokenizer, tools, &texts, &without)?;
+    Ok(tally(prompts, &gens_with, &gens_without, start))
+}
+
+/// `compare`'s report from its two passes' completions (each in `prompts`' order), timed from
+/// `start`.
+fn tally(
+    prompts: &[ArithmeticPrompt],
+    gens_with: &[Generation],
+    gens_without: &[Generation],
+    start: Instant,
+) -> ToolUseReport {
     let n = prompts.len();
     let count = |gens: &[Generation]| {
         gens.iter()
@@ -153,9 +175,9 @@ pub fn compare(
             .filter(|(g, p)| correct(g, &p.answer))
             .count()
     };
-    let (cw, cwo) = (count(&gens_with), count(&gens_without));
+    let (cw, cwo) = (count(gens_with), count(gens_without));
     let ratio = |c: usize| (n > 0).then(|| c as f64 / n as f64);
-    Ok(ToolUseReport {
+    ToolUseReport {
         prompts: n,
         correct_with_tools: cw,
         correct_without_tools: cwo,
@@ -179,7 +201,7 @@ pub fn compare(
                 )
             })
             .collect(),
-    })
+    }
 }
 
 #[cfg(test)]
@@ -340,6 +362,112 @@ mod tests {
         assert_eq!(
             (r.prompts, r.accuracy_with_tools, r.accuracy_without_tools),
             (0, None, None)
+        );
+    }
+
+    /// Calls nest: what is inside a call's inner "[...]" and after it, up to the call's own
+    /// "]", is still inside the call.
+    #[test]
+    fn a_nested_call_is_skipped_to_its_own_close() {
+        assert_eq!(answer_in("[a[1]2] 5"), Some(5.0));
+    }
+
+    /// With tools is the paper's setting (greedy, a call when "[" is within the top 10, at most
+    /// one call), without is the same with calls disabled; both stop at 40 new tokens and at
+    /// the model's `n_positions`.
+    #[test]
+    fn the_two_settings_are_the_papers_and_calls_disabled() {
+        let (with, without) = settings(77);
+        assert_eq!(
+            (with.top_k_call, with.max_calls, with.max_new_tokens),
+            (10, 1, 40)
+        );
+        assert_eq!((with.temperature, with.n_positions), (0.0, Some(77)));
+        assert_eq!(without.max_calls, 0);
+        let back = GenerateOptions {
+            max_calls: 1,
+            ..without.clone()
+        };
+        assert_eq!(back, with);
+    }
+
+    fn prompt(text: &str, answer: &str) -> ArithmeticPrompt {
+        ArithmeticPrompt {
+            prompt: Prompt {
+                text: text.into(),
+                id: text.into(),
+                url: None,
+                date: None,
+            },
+            answer: answer.into(),
+        }
+    }
+
+    fn generation(completion: &str, results: &[&str]) -> Generation {
+        Generation {
+            completion: completion.into(),
+            calls: results
+                .iter()
+                .map(|r| crate::generate::CallRecord {
+                    position: 0,
+                    tool: "Calculator".into(),
+                    input: String::new(),
+                    result: r.to_string(),
+                    status: crate::generate::CallStatus::Ok,
+                    error: None,
+                })
+                .collect(),
+            finish: crate::generate::Finish::Eos,
+            tokens: Vec::new(),
+            token_log_probs: Vec::new(),
+        }
+    }
+
+    /// Each pass is counted on its own completions against its own prompt; a completion
+    /// without a call neither made one nor got a result; the rates are over all prompts; the
+    /// examples are the first three prompts' completions with tools, as (prompt, completion,
+    /// answer).
+    #[test]
+    fn the_tally_counts_each_pass_against_its_prompts() {
+        let prompts: Vec<_> = ["a", "b", "c", "d"]
+            .iter()
+            .zip(["1", "2", "3", "4"])
+            .map(|(t, a)| prompt(t, a))
+            .collect();
+        let with = [
+            generation(" [C() -> 1] 1", &["1"]),
+            generation(" [C() ->] 2", &[""]),
+            generation(" 3", &[]),
+            generation(" 9", &[]),
+        ];
+        let without = [
+            generation(" 1", &[]),
+            generation(" 7", &[]),
+            generation(" 7", &[]),
+            generation(" 7", &[]),
+        ];
+        let r = tally(&prompts, &with, &without, Instant::now());
+        assert_eq!(
+            (r.prompts, r.correct_with_tools, r.correct_without_tools),
+            (4, 3, 1)
+        );
+        assert_eq!((r.calls_made, r.calls_with_result), (2, 1));
+        assert_eq!(
+            (r.accuracy_with_tools, r.accuracy_without_tools),
+            (Some(0.75), Some(0.25))
+        );
+        let examples: Vec<(&str, &str, &str)> = r
+            .examples
+            .iter()
+            .map(|(p, c, a)| (p.as_str(), c.as_str(), a.as_str()))
+            .collect();
+        assert_eq!(
+            examples,
+            [
+                ("a", " [C() -> 1] 1", "1"),
+                ("b", " [C() ->] 2", "2"),
+                ("c", " 3", "3")
+            ]
         );
     }
 }
