@@ -3,10 +3,10 @@
 //!
 //! A prompt is an arithmetic document cut right before a calculator site ("Out of 540 voters,
 //! 108 (or"); the answer is the number the document writes there ("20"). A completion answers
-//! correctly when its first number outside any call ("[...]") equals it. "With tools" is the
-//! paper's setting (a call may start when "[" is within the top 10, at most one call); "without"
-//! disables calls (`max_calls` 0: the openers are never written), as the paper's "Toolformer
-//! (disabled)".
+//! correctly when its first number outside any call ("[...]"), with its sign, equals it. "With
+//! tools" is the paper's setting (a call may start when "[" is within the top 10, at most one
+//! call); "without" disables calls (`max_calls` 0: the openers are never written), as the
+//! paper's "Toolformer (disabled)".
 
 use std::time::Instant;
 
@@ -53,7 +53,8 @@ pub fn arithmetic_prompts(docs: &[DemoDoc]) -> Vec<ArithmeticPrompt> {
 }
 
 /// The first number of `completion` outside calls: "[...]" spans (an unclosed "[" runs to the
-/// end) are skipped.
+/// end) are skipped. A "-" right before it is its sign ("-5" is not 5), unless a letter or
+/// digit comes before the "-" (a hyphen: "A-5").
 pub fn answer_in(completion: &str) -> Option<f64> {
     let mut outside = String::with_capacity(completion.len());
     let mut depth = 0usize;
@@ -69,7 +70,10 @@ pub fn answer_in(completion: &str) -> Option<f64> {
         }
     }
     let start = outside.find(|c: char| c.is_ascii_digit())?;
-    number_after(&outside, start)
+    let value = number_after(&outside, start)?;
+    let mut before = outside[..start].chars().rev();
+    let signed = before.next() == Some('-') && !before.next().is_some_and(char::is_alphanumeric);
+    Some(if signed { -value } else { value })
 }
 
 /// Correct answers with and without tools, on the same prompts.
@@ -370,6 +374,23 @@ mod tests {
     #[test]
     fn a_nested_call_is_skipped_to_its_own_close() {
         assert_eq!(answer_in("[a[1]2] 5"), Some(5.0));
+    }
+
+    /// A minus sign belongs to the answer: a completion "-20" does not answer 20. A hyphen after
+    /// a word or a number is not a sign.
+    #[test]
+    fn a_minus_sign_is_part_of_the_answer() {
+        assert_eq!(answer_in(" -20 voters"), Some(-20.0));
+        assert_eq!(answer_in("-3.5"), Some(-3.5));
+        assert_eq!(answer_in(" [Calculator(1 - 2) -> -1] -1 left"), Some(-1.0));
+        assert_eq!(answer_in(" A-5 won"), Some(5.0));
+        assert_eq!(answer_in(" 2016-2020"), Some(2016.0));
+        let twenty = Generation {
+            completion: " -20".into(),
+            ..generation("", &[])
+        };
+        assert!(!correct(&twenty, "20"));
+        assert!(correct(&twenty, "-20"));
     }
 
     /// With tools is the paper's setting (greedy, a call when "[" is within the top 10, at most
