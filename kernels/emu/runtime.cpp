@@ -386,16 +386,15 @@ bool run_block(uint64_t seed) {
                 released = true;
             }
         }
-        int live = 0, at_block = 0;
+        int live = 0, at_block = 0, ready = 0;  // ready: a released warp, or one still held
         for (const Fiber& f : g->fibers) {
             live += f.state != State::Done;
             at_block += f.state == State::AtBlockBarrier;
+            ready += f.state == State::Ready;
         }
         any_live = live > 0;
         if (!any_live) return true;
-        bool any_ready = false;
-        for (const Fiber& f : g->fibers) any_ready |= f.state == State::Ready;
-        if (released || any_ready) continue;
+        if (released || ready > 0) continue;
         if (at_block == live) {
             // The device leaves a __syncthreads that some threads never reach undefined, exited
             // ones included (early returns must be block-uniform).
