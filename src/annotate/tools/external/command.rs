@@ -19,32 +19,51 @@ const STDERR_KEEP: usize = 4096;
 const EXIT_GRACE: Duration = Duration::from_millis(100);
 
 /// Why `program` cannot be started as `Command::new(program)` would start it, if it cannot: a
-/// path (with a slash) must be an executable file, a name that of an executable file in `PATH`
+/// path (with a slash) must be a file this user may execute, a name that of such a file in `PATH`
 /// (unset: execvp's default, /bin:/usr/bin). For a run about to start (it reads the disk;
 /// `Tool::check_ready`), so that a typo is one error naming the tool, not a failure of every
 /// call in a run that then finishes. Elsewhere than Unix the lookup has other rules
 /// (extensions), and nothing is checked.
 #[cfg(unix)]
 pub(super) fn check_program(program: &str) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
-    let runnable = |m: &std::fs::Metadata| m.is_file() && m.permissions().mode() & 0o111 != 0;
+    let runnable =
+        |path: &Path| std::fs::metadata(path).is_ok_and(|m| m.is_file()) && may_execute(path);
     let path = Path::new(program);
     if program.contains('/') {
         return match std::fs::metadata(path) {
             Ok(m) if !m.is_file() => Err("it is not a file".into()),
-            Ok(m) if !runnable(&m) => Err("it is not executable".into()),
+            Ok(_) if !may_execute(path) => Err("it is not executable by this user".into()),
             Ok(_) => Ok(()),
             Err(e) => Err(e.to_string()),
         };
     }
     let search = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
-    let found = std::env::split_paths(&search)
-        .any(|dir| std::fs::metadata(dir.join(path)).is_ok_and(|m| runnable(&m)));
+    let found = std::env::split_paths(&search).any(|dir| runnable(&dir.join(path)));
     if found {
         Ok(())
     } else {
         Err("no executable file of that name in PATH".into())
+    }
+}
+
+/// Whether this process may execute `path`, as execve decides it: the owner's, the group's or
+/// the others' execute bit by who the process is (effective ids; root: any execute bit), which
+/// the mode bits alone cannot say.
+#[cfg(unix)]
+fn may_execute(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c_path` is a valid NUL-terminated string that outlives the call.
+    unsafe {
+        libc::faccessat(
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            libc::X_OK,
+            libc::AT_EACCESS,
+        ) == 0
     }
 }
 
@@ -726,7 +745,10 @@ mod tests {
                 "no executable file of that name in PATH",
             ),
             (missing.to_str().unwrap(), "No such file or directory"),
-            (not_executable.to_str().unwrap(), "it is not executable"),
+            (
+                not_executable.to_str().unwrap(),
+                "it is not executable by this user",
+            ),
             (folder.as_str(), "it is not a file"),
         ] {
             let registry = registry(program);
@@ -739,6 +761,32 @@ mod tests {
                     && err.contains(program)
                     && err.contains(why),
                 "{err}"
+            );
+        }
+    }
+
+    /// The check says what starting the program says, whoever runs the tests: an execute bit
+    /// for another class of user than this process's does not make a file runnable (except
+    /// for root, which any execute bit lets run).
+    #[test]
+    fn the_check_agrees_with_starting_the_program_for_each_execute_bit() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        for mode in [0o001, 0o010, 0o100, 0o644, 0o755] {
+            let script = dir.path().join(format!("tool-{mode:o}.sh"));
+            std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(mode)).unwrap();
+            let checked = check_program(script.to_str().unwrap());
+            // A file just written may be busy (ETXTBSY) while a child another test forked
+            // holds it open: try again.
+            let started = (0..50)
+                .map(|_| Command::new(&script).status())
+                .find(|r| !matches!(r, Err(e) if e.raw_os_error() == Some(libc::ETXTBSY)))
+                .unwrap();
+            assert_eq!(
+                checked.is_ok(),
+                started.is_ok(),
+                "mode {mode:o}: {checked:?}"
             );
         }
     }
