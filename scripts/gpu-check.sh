@@ -15,9 +15,10 @@
 #    opt-in packed tiles and mma attention kernel); at 6B also the sampling steps (position
 #    log-probs over a 512-token sequence, 5 prefixes x 5 samples of 16 tokens, and both as one
 #    propose call); last, `toolsift bench --device cuda --skip-baselines` at its default size;
-# 4. keeps every log and JSON in a work folder (GPU_CHECK_WORK, default /tmp/gpu-check-work)
-#    and rewrites OUT_DIR/summary.json after every step, so a run killed at its limit still
-#    brings back the figures so far; at the end (an EXIT trap) OUT_DIR holds summary.json and
+# 4. keeps every log and JSON in a work folder (GPU_CHECK_WORK, default /tmp/gpu-check-work;
+#    the benchmark weights in GPU_CHECK_BENCH, default /tmp/toolsift-gpu-bench) and rewrites
+#    OUT_DIR/summary.json after every step, so a run killed at its limit still brings back the
+#    figures so far; at the end (an EXIT trap) OUT_DIR holds summary.json and
 #    gpu-results.tgz, the work folder archived (only 8 files come back from the machine).
 #
 # Time: every step has its own timeout, cut to what is left before GPU_CHECK_DEADLINE seconds
@@ -35,7 +36,7 @@ T0=$(date +%s)
 DEADLINE="${GPU_CHECK_DEADLINE:-380}"
 BIN=gpu-bundle/bin
 # The benchmark weights (12 GB at 6B) live outside OUT: only 8 files come back.
-BENCH=/tmp/toolsift-gpu-bench
+BENCH="${GPU_CHECK_BENCH:-/tmp/toolsift-gpu-bench}"
 FUZZ_CASES="${TOOLSIFT_FUZZ_CASES:-256}"
 TEXTS_6B="${TOOLSIFT_TEXTS_6B:-8}"
 TEXTS_DEFAULT="${TOOLSIFT_TEXTS_DEFAULT:-8}"

@@ -227,6 +227,8 @@ json.dump({"candidates": 3, "sdpa_backend": "flash"}, open(os.path.join(out, f"h
             .arg(out)
             .env("GPU_CHECK_DEADLINE", "60")
             .env("GPU_CHECK_WORK", tmp.path().join("work"))
+            // Not the machine-wide default: another run's (or another user's) is left alone.
+            .env("GPU_CHECK_BENCH", tmp.path().join("bench"))
             .env("SUMMARY", out.join("summary.json"))
             .output()
             .unwrap();

@@ -507,11 +507,16 @@ mod tests {
         assert!(!is_complete(&dir).unwrap());
         assert_eq!(materialize_in(parent.path()).unwrap(), dir);
         assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o077, 0);
-        // Another user's folder at that name (only root can make one here).
-        if std::os::unix::fs::chown(&dir, Some(65534), None).is_ok() {
+        // Another user's folder at that name (only root can make one here; `nobody` is the
+        // other user unless the tests run as `nobody`, who may chown to itself).
+        let other = if uid == 65534 { 65533 } else { 65534 };
+        if std::os::unix::fs::chown(&dir, Some(other), None).is_ok() {
             let err = materialize_in(parent.path()).unwrap_err().to_string();
-            assert!(err.contains("belongs to another user (uid 65534)"), "{err}");
-            assert_eq!(fs::metadata(&dir).unwrap().uid(), 65534, "left alone");
+            assert!(
+                err.contains(&format!("belongs to another user (uid {other})")),
+                "{err}"
+            );
+            assert_eq!(fs::metadata(&dir).unwrap().uid(), other, "left alone");
         } else {
             eprintln!("SKIPPED (not root): a folder of another user's");
         }
