@@ -204,3 +204,76 @@ fn cached_attention(
             attend(&rows, q, kv, out);
         });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::head;
+    use crate::model::{DType, GptjConfig, GptjWeights, Tensor};
+    use crate::sample::cached::KvEngine;
+    use crate::util::rng::Rng;
+
+    fn engine(config: &GptjConfig, edit: impl FnOnce(&mut GptjWeights)) -> CpuScorer {
+        let mut weights = GptjWeights::random(config, 11, DType::F32);
+        edit(&mut weights);
+        CpuScorer::from_weights(config, weights).unwrap()
+    }
+
+    /// The decoder's full rows equal the scoring head's (`head::log_probs_at`) with logits near
+    /// +-1000 (the LM head's bias shifted: a log-softmax does not move), far past where exp
+    /// overflows or underflows (the rows are shifted by their max), and at rows whose ln_f
+    /// needs its epsilon: a flat one (0 / 0 without it) and one of variance 1e-6.
+    #[test]
+    fn log_softmax_rows_match_the_scoring_head_past_exp_range_and_at_flat_rows() {
+        let (d, vocab) = (8, 37);
+        let config = GptjConfig::small(1, d, 2, 4, vocab);
+        let mut rng = Rng::new(2);
+        let mut x: Vec<f32> = (0..3 * d).map(|_| rng.normal()).collect();
+        x.extend(vec![0.5f32; d]);
+        x.extend((0..d).map(|i| 0.25 + [1e-3f32, -1e-3][i % 2]));
+        for shift in [1000f32, -1000.0] {
+            let cpu = engine(&config, |w| {
+                let bias = w.lm_head.bias.as_ref().unwrap().to_f32();
+                let shifted: Vec<f32> = bias.iter().map(|b| b + shift).collect();
+                w.lm_head.bias = Some(Tensor::from_f32(vec![vocab], &shifted));
+            });
+            let got = cpu.log_softmax_rows(&x);
+            let rows = [0u32, 1, 2, 3, 4];
+            let targets: Vec<(u32, u32)> = rows
+                .iter()
+                .flat_map(|&r| (0..vocab as u32).map(move |t| (r, t)))
+                .collect();
+            let eps = config.layer_norm_epsilon as f32;
+            let want = head::log_probs_at(
+                &x,
+                &rows,
+                &targets,
+                &cpu.weights,
+                [d, vocab],
+                eps,
+                head::TILES,
+            );
+            // f32 logits near 1000 are rounded to ~6e-5.
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (*g as f64 - w).abs() < 1e-3,
+                    "shift {shift}, {k}: {g} vs {w}"
+                );
+            }
+        }
+    }
+
+    /// A sampled token's K/V bytes in the budget (`sample_budget`) are what the host store holds
+    /// per row, K and V of every layer: half of it would let groups outgrow the budget.
+    #[test]
+    fn the_sample_budget_counts_the_kv_rows_the_store_holds() {
+        let config = GptjConfig::small(3, 8, 2, 4, 37);
+        let cpu = engine(&config, |_| {});
+        let mut tree = KvTree::new(config.n_layer);
+        let root = tree.root();
+        cpu.extend(&mut tree, &[root], &[vec![1, 2, 3, 4, 5]]);
+        assert_eq!(tree.rows(), 5);
+        let floats: usize = tree.store.k.iter().chain(&tree.store.v).map(Vec::len).sum();
+        assert_eq!(4 * floats, tree.rows() * cpu.sample_budget().0.kv);
+    }
+}

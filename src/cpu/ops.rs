@@ -237,6 +237,61 @@ mod tests {
         }
     }
 
+    /// LayerNorm where epsilon matters: a flat row (variance 0) gives the bias exactly, not
+    /// 0 / 0, and a row of variance 1e-6 (a tenth of epsilon) is scaled by 1 / sqrt(var + eps),
+    /// the biased variance: both against f64.
+    #[test]
+    fn layer_norm_rows_of_tiny_variance_count_epsilon() {
+        let d = 12;
+        let ln = CpuLayerNorm {
+            weight: (0..d).map(|i| 0.5 + i as f32 * 0.25).collect(),
+            bias: (0..d).map(|i| i as f32 * 0.125 - 0.5).collect(),
+        };
+        let mut out = vec![0f32; d];
+        layer_norm_row(&[0.75; 12], &ln, 1e-5, &mut out);
+        assert_eq!(out, ln.bias);
+        let x: Vec<f32> = (0..d).map(|i| 0.25 + [1e-3, -1e-3][i % 2]).collect();
+        layer_norm_row(&x, &ln, 1e-5, &mut out);
+        let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        let mean = x64.iter().sum::<f64>() / d as f64;
+        let var = x64.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / d as f64;
+        for (i, &got) in out.iter().enumerate() {
+            let want =
+                (x64[i] - mean) / (var + 1e-5).sqrt() * ln.weight[i] as f64 + ln.bias[i] as f64;
+            // f32's rounding near 0.25 (~1.5e-8) against deviations of 1e-3: ~1e-5 relative;
+            // an unbiased variance moves these by ~5e-3.
+            assert!((got as f64 - want).abs() < 1e-4, "{i}: {got} vs {want}");
+        }
+    }
+
+    /// gelu_new (bias added first) against transformers' formula in f64, out to |u| = 20 where
+    /// tanh saturates (0 on the left, u on the right): tight enough for a constant off in its
+    /// fifth digit (sqrt(2/pi), 0.044715), which moves a loss less than the engine tests' budget.
+    #[test]
+    fn bias_gelu_matches_f64_gelu_new() {
+        let bias = [0.0f32, 0.375, -1.5];
+        let mut x: Vec<f32> = (-2000..=2000).map(|k| k as f32 * 0.01).collect();
+        x.truncate(x.len() / 3 * 3);
+        let mut y = x.clone();
+        bias_gelu_new(&mut y, &bias);
+        let k = (2.0 / std::f64::consts::PI).sqrt();
+        let mut worst = (0f64, 0f64);
+        for (i, (&v, &got)) in x.iter().zip(&y).enumerate() {
+            let u = (v + bias[i % 3]) as f64;
+            let want = 0.5 * u * (1.0 + (k * (u + 0.044715 * u * u * u)).tanh());
+            let err = (got as f64 - want).abs() / u.abs().max(1.0);
+            if err > worst.0 {
+                worst = (err, u);
+            }
+        }
+        assert!(
+            worst.0 < 1e-6,
+            "worst |error| / max(1, |u|) {:e} at u {}",
+            worst.0,
+            worst.1
+        );
+    }
+
     #[test]
     fn fast_tanh_matches_libm() {
         let mut worst = 0f64;

@@ -204,3 +204,34 @@ impl DecodeSession for CpuDecodeSession<'_> {
         self.nodes.get(sequence).map_or(0, |&n| self.tree.len(n))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DType, GptjWeights};
+
+    /// No tokens asked for: a row per position, each empty (as the oracle's sampler gives them),
+    /// not a split of the head's output into rows of zero.
+    #[test]
+    fn token_log_probs_of_no_tokens_are_empty_rows() {
+        let config = GptjConfig::small(1, 8, 2, 4, 37);
+        let weights = GptjWeights::random(&config, 3, DType::F32);
+        let cpu = CpuScorer::from_weights(&config, weights).unwrap();
+        let got = cpu.token_log_probs(&[3, 1, 4], &[]).unwrap();
+        assert_eq!(got, vec![Vec::<f32>::new(); 3]);
+    }
+
+    /// Exactly the rows asked for, in their order: the first rows of more (not all of them),
+    /// every row out of order, one row twice; every row in order is `x` itself.
+    #[test]
+    fn gather_rows_gives_the_rows_asked_for() {
+        let x: Vec<f32> = (0..6).map(|v| v as f32).collect(); // 3 rows of 2
+        assert_eq!(gather_rows(x.clone(), &[0, 1], 2), [0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(
+            gather_rows(x.clone(), &[2, 0, 1], 2),
+            [4.0, 5.0, 0.0, 1.0, 2.0, 3.0]
+        );
+        assert_eq!(gather_rows(x.clone(), &[1, 1], 2), [2.0, 3.0, 2.0, 3.0]);
+        assert_eq!(gather_rows(x.clone(), &[0, 1, 2], 2), x);
+    }
+}

@@ -211,6 +211,15 @@ impl CpuWeights {
 mod tests {
     use super::*;
 
+    /// Every parameter counted once, four bytes each (`GptjConfig::n_params`: both LayerNorm
+    /// vectors of every norm, the LM head's bias included).
+    #[test]
+    fn bytes_are_four_per_parameter() {
+        let config = GptjConfig::small(2, 12, 3, 2, 50);
+        let w = CpuWeights::from_owned(&config, GptjWeights::random(&config, 1, DType::F32));
+        assert_eq!(w.bytes(), 4 * config.n_params());
+    }
+
     #[test]
     fn transposes_any_shape() {
         for (rows, cols) in [

@@ -389,4 +389,68 @@ mod tests {
         assert!(gain[1] > 1e4, "nearly constant row: {}", gain[1]);
         assert!(gain[2] > 1.0 && gain[2] < 2.0, "{}", gain[2]);
     }
+
+    /// The MLP's output counts in the magnitude as the attention's does: with out_proj's and
+    /// fc_out's weights zero, the MLP adds fc_out's bias b to every row, so ln_f's factor is
+    /// max(1, ||e| + |b|| / sqrt(|x - mean x|^2 + n eps)) for x = e + b, here nearly cancelled.
+    #[test]
+    fn layer_norm_gain_counts_the_mlp_output() {
+        let config = GptjConfig::small(1, 4, 1, 2, 1);
+        let mut weights = GptjWeights::random(&config, 3, DType::F32);
+        let zero = |t: &Tensor| Tensor::from_f32(t.shape().to_vec(), &vec![0.0; t.numel()]);
+        let (e, b) = ([1.0f32, -1.0, 2.0, -2.0], [-1.0f32, 1.0, -2.0, 2.01]);
+        let block = &mut weights.h[0];
+        block.attn.out_proj.weight = zero(&block.attn.out_proj.weight);
+        block.mlp.fc_out.weight = zero(&block.mlp.fc_out.weight);
+        block.mlp.fc_out.bias = Some(Tensor::from_f32(vec![4], &b));
+        weights.wte = Tensor::from_f32(vec![1, 4], &e);
+        let gain = ReferenceModel::new(&config, &weights).layer_norm_gain(&[0]);
+        let factor = |x: &[f64], magnitude: &[f64]| {
+            let mean = x.iter().sum::<f64>() / 4.0;
+            let centred: f64 = x.iter().map(|v| (v - mean) * (v - mean)).sum();
+            let norm: f64 = magnitude.iter().map(|v| v * v).sum();
+            (norm / (centred + 4.0 * config.layer_norm_epsilon))
+                .sqrt()
+                .max(1.0)
+        };
+        let (e, b) = (e.map(f64::from), b.map(f64::from));
+        let x: Vec<f64> = e.iter().zip(&b).map(|(e, b)| e + b).collect();
+        let m: Vec<f64> = e.iter().zip(&b).map(|(e, b)| e.abs() + b.abs()).collect();
+        let want = factor(&e, &e.map(f64::abs)) * factor(&x, &m);
+        assert!(want > 100.0, "{want}");
+        assert!(
+            (gain[0] - want).abs() <= 1e-12 * want,
+            "{} vs {want}",
+            gain[0]
+        );
+    }
+
+    /// Logits near +-1000 (the LM head's bias shifted) give the log-softmax of the unshifted
+    /// ones: the oracle shifts by the max before exp, which would overflow or underflow.
+    #[test]
+    fn log_softmax_does_not_move_with_a_shift_past_exp_range() {
+        let config = GptjConfig::small(1, 4, 1, 2, 5);
+        let mut weights = GptjWeights::random(&config, 3, DType::F32);
+        let bias = weights.lm_head.bias.as_ref().unwrap().to_f32();
+        for shift in [1000f32, -1000.0] {
+            // Biases b + shift and (b + shift) - shift (exact in f32): logits `shift` apart.
+            let mut with_bias = |bias: Vec<f32>| {
+                weights.lm_head.bias = Some(Tensor::from_f32(vec![5], &bias));
+                ReferenceModel::new(&config, &weights)
+            };
+            let shifted: Vec<f32> = bias.iter().map(|b| b + shift).collect();
+            let base = with_bias(shifted.iter().map(|b| b - shift).collect());
+            let base = base.log_softmax(&[1, 4, 2]);
+            let model = with_bias(shifted);
+            let got = model.log_softmax(&[1, 4, 2]);
+            for (g, w) in got.data.iter().zip(&base.data) {
+                assert!((g - w).abs() < 1e-9, "shift {shift}: {g} vs {w}");
+            }
+            let at = model.log_probs_at(&[1, 4, 2], &[(2, 3)]);
+            assert!(
+                (at[0] - base.row(2)[3]).abs() < 1e-9,
+                "shift {shift}: {at:?}"
+            );
+        }
+    }
 }
