@@ -492,4 +492,84 @@ mod tests {
             "tokenizer t.json: annotating c.jsonl:7: cannot decode"
         );
     }
+
+    /// The variants the test above does not place: each keeps its variant and path, and puts
+    /// the place before the message (a tensor's name stays first), and out of memory stays
+    /// out of memory (a caller retries it with a smaller batch).
+    #[test]
+    fn context_places_every_variant() {
+        let at = "converting m";
+        let config = Error::Config {
+            path: "c/config.json".into(),
+            msg: "n_head is 0".into(),
+        };
+        assert_eq!(
+            config.context(at).to_string(),
+            "c/config.json: converting m: n_head is 0"
+        );
+        let checkpoint = Error::Checkpoint {
+            path: "c/model.bin".into(),
+            msg: "truncated".into(),
+        };
+        assert_eq!(
+            checkpoint.context(at).to_string(),
+            "c/model.bin: converting m: truncated"
+        );
+        let tensor = Error::Tensor {
+            path: "c/model.bin".into(),
+            tensor: "transformer.wte.weight".into(),
+            msg: "missing".into(),
+        };
+        assert_eq!(
+            tensor.context(at).to_string(),
+            "c/model.bin: tensor `transformer.wte.weight`: converting m: missing"
+        );
+        let oom = Error::OutOfMemory("cuda: out of memory".into()).context(at);
+        assert!(
+            matches!(&oom, Error::OutOfMemory(_)) && !oom.is_input(),
+            "{oom:?}"
+        );
+        assert_eq!(oom.to_string(), "converting m: cuda: out of memory");
+    }
+
+    /// Only a request's errors are input errors: the files', the model's and the backend's
+    /// (out of memory included) stop a run.
+    #[test]
+    fn only_input_and_candidate_errors_are_input() {
+        assert!(Error::input("x").is_input() && Error::candidate(0, "x").is_input());
+        for engine in [
+            Error::io("f", std::io::ErrorKind::NotFound.into()),
+            Error::Backend("lost".into()),
+            Error::OutOfMemory("full".into()),
+            Error::Checkpoint {
+                path: "f".into(),
+                msg: "x".into(),
+            },
+        ] {
+            assert!(!engine.is_input(), "{engine:?}");
+        }
+    }
+
+    /// A text of two tokens has one scorable position, 1; one of a token has none.
+    #[test]
+    fn out_of_range_names_the_scorable_positions() {
+        let two = InvalidCandidate::PositionOutOfRange {
+            position: 2,
+            text_len: 2,
+        };
+        assert!(
+            two.to_string()
+                .ends_with("the text has 2 tokens, so the scorable positions are 1 to 1"),
+            "{two}"
+        );
+        let one = InvalidCandidate::PositionOutOfRange {
+            position: 1,
+            text_len: 1,
+        };
+        assert!(
+            one.to_string()
+                .contains("1 token, so no position can be scored"),
+            "{one}"
+        );
+    }
 }

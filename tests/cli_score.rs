@@ -2076,3 +2076,51 @@ fn merge_counts_documents_rejects_lines_and_shards() {
         "{stderr}"
     );
 }
+
+// From the hand mutation review of the score/convert/bench CLI glue (session 50).
+
+/// An input that exists but cannot be opened (a Unix socket: open fails with ENXIO after the
+/// checks before the model load pass) is named by its path.
+#[cfg(unix)]
+#[test]
+fn an_input_that_cannot_be_opened_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let socket = tmp.path().join("in.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let (ok, stderr) = run_score_unread(&tiny("f32"), &socket, &out, &[]);
+    assert!(!ok);
+    assert!(
+        stderr.contains(&format!("error: {}: ", socket.display())),
+        "{stderr}"
+    );
+}
+
+/// A full stdout is no reader gone away: `score --output -` into /dev/full fails, exit 1,
+/// naming the streams, where a closed pipe ends quietly.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_full_stdout_fails_score_with_exit_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    std::fs::write(&input, format!("{}\n", token_lines()[0])).unwrap();
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["score", "--model"])
+        .arg(tiny("f32"))
+        .arg("--input")
+        .arg(&input)
+        .args(["--output", "-"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("into <stdout>") && stderr.contains("(os error 28)"),
+        "{stderr}"
+    );
+}
