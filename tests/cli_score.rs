@@ -2124,3 +2124,65 @@ fn a_full_stdout_fails_score_with_exit_1() {
         "{stderr}"
     );
 }
+
+/// A named pipe as `--output` whose reader goes away is an error naming it, exit 1: only a
+/// closed stdout ends quietly. Opened for reading and writing (as a regular output is, to lock
+/// it), the pipe had this run as its own reader: no write ever failed, and once the pipe's
+/// buffer was full the run waited forever.
+#[cfg(unix)]
+#[test]
+fn a_named_pipe_output_whose_reader_leaves_fails_instead_of_hanging() {
+    use std::io::Read;
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("out.fifo");
+    if !Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("SKIPPED: mkfifo is not available");
+        return;
+    }
+    // Far more output than a pipe holds (64 KiB on Linux), so that some of it is written
+    // after the reader has gone, however the two race.
+    let lines: String = token_lines().iter().map(|l| format!("{l}\n")).collect();
+    let input = tmp.path().join("in.jsonl");
+    std::fs::write(&input, lines.repeat(100)).unwrap();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            let mut first = [0u8; 10];
+            std::fs::File::open(&fifo)
+                .unwrap()
+                .read_exact(&mut first)
+                .unwrap();
+            first
+        })
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["score", "--model"])
+        .arg(tiny("f32"))
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&fifo)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert_eq!(&reader.join().unwrap(), b"{\"id\":\"cas");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("score still writing into a pipe nobody reads after 20 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("into {}", fifo.display())) && stderr.contains("Broken pipe"),
+        "{stderr}"
+    );
+}

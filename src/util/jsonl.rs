@@ -419,10 +419,15 @@ impl Drop for LockedOutput {
 /// the returned output is (and then the file [`start_output`] makes of it): a second run on the
 /// same output is refused, instead of cutting the file and writing its lines over this run's.
 /// Take it before reading the output to resume. A pipe or a device is opened unlocked.
+///
+/// Opened for writing only: a named pipe is then written as a shell's `>` writes it (opening
+/// waits for a reader; a reader that leaves fails the next write). Opened for reading too, the
+/// run would be the pipe's reader itself: no write would fail, and once the pipe was full it
+/// would wait forever.
 pub fn lock_output(output: &std::path::Path) -> crate::error::Result<LockedOutput> {
     let io = |e| crate::error::Error::io(output, e);
     let mut options = std::fs::OpenOptions::new();
-    options.read(true).write(true);
+    options.write(true);
     // Whether this run creates it: only then may a failed start remove it.
     let (file, created) = match options.clone().create_new(true).open(output) {
         Ok(file) => (file, true),
