@@ -639,4 +639,478 @@ mod tests {
             kernels::embedding_bf16(ids.ptr(), wte.ptr(), xp, 2, 10, 10, 10)
         });
     }
+
+    // From the hand mutation review of the host emulator (session 50).
+
+    extern "C" {
+        fn emu_selftest_indices(out: *mut u32);
+        fn emu_selftest_fresh_shared(out: *mut u32);
+        fn emu_selftest_shared_write_at(at: i32);
+        fn emu_selftest_read_at(input: *const f32, out: *mut f32, at: std::ffi::c_long, who: i32);
+        fn emu_selftest_unsupported(which: i32, out: *mut f32);
+        fn emu_selftest_shuffle_xor(out: *mut f32, mask: i32);
+        fn emu_selftest_wmma_store(out: *mut f32, sync: i32);
+        fn emu_selftest_convert(
+            input: *const f32,
+            bf: *mut u16,
+            h: *mut u16,
+            bf_back: *mut f32,
+            h_back: *mut f32,
+            n: i32,
+        );
+        fn emu_selftest_ldmatrix(src: *const u16, out: *mut u32);
+        fn emu_selftest_one_lane_exits(out: *mut f32);
+        fn emu_selftest_mma(a: *const u16, b: *const u16, c: *const f32, d: *mut f32, f16: i32);
+    }
+
+    /// The neighbour kernel without its barrier, under `seed`.
+    fn racy_neighbour(seed: u64) -> Vec<u32> {
+        let mut out = Buffer::<f32>::zeroed("out", 64).unwrap();
+        let o = out.mut_ptr();
+        launch("neighbour", &block(64, seed), || unsafe {
+            emu_selftest_neighbour(o, 0)
+        })
+        .unwrap();
+        out.to_vec().iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Seed 0 runs the threads in index order (each reads its neighbour's slot unwritten, the
+    /// last reads thread 0's); a seed gives the same order every time it is used.
+    #[test]
+    fn seed_zero_runs_in_index_order_and_a_seed_reproduces_its_order() {
+        let zero = racy_neighbour(0);
+        for (i, &v) in zero.iter().enumerate() {
+            let want = if i == 63 { 0 } else { u32::MAX };
+            assert_eq!(v, want, "thread {i}");
+        }
+        for seed in [3u64, 11] {
+            let first = racy_neighbour(seed);
+            assert_ne!(first, zero, "seed {seed} kept the index order");
+            assert_eq!(racy_neighbour(seed), first, "seed {seed}");
+        }
+    }
+
+    /// threadIdx, blockIdx, blockDim, gridDim and the lane of a 3-d block in a 3-d grid: x
+    /// fastest, warps of 32 linear threads.
+    #[test]
+    fn thread_and_block_indices_of_3d_launches() {
+        let (grid, blk) = ((2u32, 3u32, 2u32), (8u32, 5u32, 2u32));
+        let per_block = (blk.0 * blk.1 * blk.2) as usize;
+        let blocks = (grid.0 * grid.1 * grid.2) as usize;
+        let mut out = Buffer::<u32>::zeroed("out", 13 * per_block * blocks).unwrap();
+        let o = out.mut_ptr();
+        let cfg = Launch {
+            grid,
+            block: blk,
+            smem_bytes: 0,
+            seed: 5,
+        };
+        launch("indices", &cfg, || unsafe { emu_selftest_indices(o) }).unwrap();
+        let got = out.to_vec();
+        for b in 0..blocks as u32 {
+            let (bx, by, bz) = (b % grid.0, b / grid.0 % grid.1, b / (grid.0 * grid.1));
+            for t in 0..per_block as u32 {
+                let (tx, ty, tz) = (t % blk.0, t / blk.0 % blk.1, t / (blk.0 * blk.1));
+                let want = [
+                    tx,
+                    ty,
+                    tz,
+                    bx,
+                    by,
+                    bz,
+                    blk.0,
+                    blk.1,
+                    blk.2,
+                    grid.0,
+                    grid.1,
+                    grid.2,
+                    t % 32,
+                ];
+                let at = 13 * (b as usize * per_block + t as usize);
+                assert_eq!(got[at..at + 13], want, "block {b}, thread {t}");
+            }
+        }
+    }
+
+    /// Static and dynamic shared memory read 0xFF bytes in every block, the second block
+    /// included (not what the first one wrote); dynamic shared memory is 128-byte aligned.
+    #[test]
+    fn every_block_starts_with_poisoned_aligned_shared_memory() {
+        let mut out = Buffer::<u32>::zeroed("out", 2 * 129).unwrap();
+        let o = out.mut_ptr();
+        let cfg = Launch {
+            smem_bytes: 260,
+            ..block(64, 9)
+        };
+        launch("fresh_shared", &cfg, || unsafe {
+            emu_selftest_fresh_shared(o)
+        })
+        .unwrap();
+        let got = out.to_vec();
+        for b in 0..2 {
+            assert!(
+                got[b * 129..b * 129 + 128].iter().all(|&w| w == u32::MAX),
+                "block {b}"
+            );
+            assert_eq!(got[b * 129 + 128], 0, "block {b}");
+        }
+    }
+
+    /// A write into the dynamic shared memory's padding (260 bytes round up to 384) fails the
+    /// launch naming it; the last byte in bounds does not.
+    #[test]
+    fn a_write_into_the_shared_memory_padding_is_an_error() {
+        let cfg = Launch {
+            smem_bytes: 260,
+            ..block(32, 0)
+        };
+        let write_at = |at: i32| {
+            launch("shared_write_at", &cfg, || unsafe {
+                emu_selftest_shared_write_at(at)
+            })
+        };
+        write_at(259).unwrap();
+        let err = write_at(383).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "kernel shared_write_at wrote past the end of buffer \"dynamic shared memory\" \
+                 (260 bytes), at byte 123 of its alignment padding"
+            ),
+            "{err}"
+        );
+    }
+
+    /// The padding is checked from its first byte (element 10 of a 10-float buffer).
+    #[test]
+    fn a_write_one_past_the_end_is_reported_at_padding_byte_zero() {
+        let mut out = Buffer::<f32>::zeroed("out", 10).unwrap();
+        let o = out.mut_ptr();
+        let err = launch("write_at", &block(32, 0), || unsafe {
+            emu_selftest_write_at(o, 10)
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("buffer \"out\" (40 bytes), at byte 0 of its alignment padding"),
+            "{err}"
+        );
+    }
+
+    /// Blocks of 0 or more than 1024 threads are errors naming the kernel, in any dimension.
+    #[test]
+    fn blocks_outside_1_to_1024_threads_are_errors() {
+        for (blk, threads) in [
+            ((0, 1, 1), 0),
+            ((1, 1, 0), 0),
+            ((1025, 1, 1), 1025),
+            ((32, 8, 4), 1024),
+        ] {
+            let cfg = Launch {
+                grid: (1, 1, 1),
+                block: blk,
+                smem_bytes: 0,
+                seed: 0,
+            };
+            let r = launch("sized", &cfg, || {});
+            if threads == 1024 {
+                r.unwrap();
+                continue;
+            }
+            let err = r.unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("sized: block of {threads} threads (1..=1024)")),
+                "{err}"
+            );
+        }
+    }
+
+    /// What the emulator refuses is an error naming the kernel and the construct, raised where
+    /// the kernel reaches it (nothing after it runs).
+    #[test]
+    fn unsupported_constructs_are_errors_naming_the_kernel() {
+        let whats = [
+            "__syncwarp with a partial mask",
+            "__shfl_xor_sync with a partial mask or width",
+            "__shfl_xor_sync with a partial mask or width",
+            "WMMA load/store pointer not 32-byte aligned",
+            "WMMA load/store ldm not a multiple of 16 bytes",
+            "ldmatrix row address not 16-byte aligned",
+        ];
+        let mut out = Buffer::<f32>::zeroed("out", 32).unwrap();
+        let o = out.mut_ptr();
+        for (which, what) in whats.iter().enumerate() {
+            let err = launch("refused", &block(32, 1), || unsafe {
+                emu_selftest_unsupported(which as i32, o)
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains(&format!(
+                    "kernel refused: not supported by the emulator: {what}"
+                )),
+                "{which}: {err}"
+            );
+        }
+        assert!(out.to_vec().iter().all(|&v| v == 0.0));
+        launch("refused", &block(32, 1), || unsafe {
+            emu_selftest_unsupported(6, o)
+        })
+        .unwrap();
+        assert_eq!(out.to_vec(), vec![2.0; 32]);
+    }
+
+    /// __shfl_xor_sync reads lane ^ mask for every mask of 0..=31, from any warp of the block.
+    #[test]
+    fn xor_shuffles_read_the_lane_xor_the_mask() {
+        let mut out = Buffer::<f32>::zeroed("out", 64).unwrap();
+        let o = out.mut_ptr();
+        for mask in [0, 1, 5, 16, 31] {
+            launch("shuffle_xor", &block(64, 7), || unsafe {
+                emu_selftest_shuffle_xor(o, mask)
+            })
+            .unwrap();
+            let want: Vec<f32> = (0..64)
+                .map(|i: i32| ((i & !31) | ((i & 31) ^ mask)) as f32 + 100.0)
+                .collect();
+            assert_eq!(out.to_vec(), want, "mask {mask}");
+        }
+    }
+
+    /// A WMMA store writes only the calling lane's elements (e % 32 == lane): read before a
+    /// __syncwarp, another lane's element is still unwritten (NaN) when that lane has not run.
+    #[test]
+    fn a_wmma_store_is_seen_by_other_lanes_only_after_a_syncwarp() {
+        let mut out = Buffer::<f32>::zeroed("out", 32).unwrap();
+        let o = out.mut_ptr();
+        launch("wmma_store", &block(32, 0), || unsafe {
+            emu_selftest_wmma_store(o, 1)
+        })
+        .unwrap();
+        assert_eq!(out.to_vec(), vec![1.0; 32]);
+        launch("wmma_store", &block(32, 0), || unsafe {
+            emu_selftest_wmma_store(o, 0)
+        })
+        .unwrap();
+        let got = out.to_vec();
+        assert!(got[..31].iter().all(|v| v.is_nan()), "{got:?}");
+        assert_eq!(got[31], 1.0);
+    }
+
+    /// bf16 and f16 rounding (to nearest, ties to even; NaN stays NaN, also a NaN whose payload
+    /// lies in the low bits; subnormals kept) and widening, against the `half` crate.
+    #[test]
+    fn bf16_and_f16_conversions_round_to_nearest_even() {
+        let mut input: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -2.5,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xff80_0001),
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            f32::from_bits(0x0000_0001),
+            1e-6,
+            -3e-7,
+            6.0e-8,
+            2.9e-8,
+            65504.0,
+            65520.0,
+            1e5,
+        ];
+        // Ties and near-ties for bf16 (bit 16 even/odd, low half 0x8000 / 0x7fff / 0x8001) and
+        // for f16 (13 dropped bits).
+        for hi in [0x3f80u32, 0x3f81, 0xc2f0, 0xc2f1] {
+            for lo in [0x8000u32, 0x7fff, 0x8001, 0xffff] {
+                input.push(f32::from_bits(hi << 16 | lo));
+            }
+        }
+        for base in [0x3f80_0000u32, 0x3f80_2000, 0x3880_0000] {
+            for low in [0x1000u32, 0x0fff, 0x1001] {
+                input.push(f32::from_bits(base | low));
+            }
+        }
+        let n = input.len();
+        let inp = Buffer::from_slice("in", &input).unwrap();
+        let (mut bf, mut h) = (
+            Buffer::<u16>::zeroed("bf", n).unwrap(),
+            Buffer::<u16>::zeroed("h", n).unwrap(),
+        );
+        let (mut bb, mut hb) = (
+            Buffer::<f32>::zeroed("bf_back", n).unwrap(),
+            Buffer::<f32>::zeroed("h_back", n).unwrap(),
+        );
+        let (bfp, hp, bbp, hbp) = (bf.mut_ptr(), h.mut_ptr(), bb.mut_ptr(), hb.mut_ptr());
+        launch("convert", &block(32, 3), || unsafe {
+            emu_selftest_convert(inp.ptr(), bfp, hp, bbp, hbp, n as i32)
+        })
+        .unwrap();
+        let (bf, h, bb, hb) = (bf.to_vec(), h.to_vec(), bb.to_vec(), hb.to_vec());
+        for (i, &x) in input.iter().enumerate() {
+            let (wb, wh) = (half::bf16::from_f32(x), half::f16::from_f32(x));
+            if x.is_nan() {
+                assert!(half::bf16::from_bits(bf[i]).is_nan(), "{x:?}: {:#x}", bf[i]);
+                assert!(half::f16::from_bits(h[i]).is_nan(), "{x:?}: {:#x}", h[i]);
+                assert!(bb[i].is_nan() && hb[i].is_nan(), "{x:?}");
+                continue;
+            }
+            assert_eq!(bf[i], wb.to_bits(), "bf16 of {x:e} ({:#x})", x.to_bits());
+            assert_eq!(h[i], wh.to_bits(), "f16 of {x:e} ({:#x})", x.to_bits());
+            assert_eq!(bb[i].to_bits(), wb.to_f32().to_bits(), "{x:e}");
+            assert_eq!(hb[i].to_bits(), wh.to_f32().to_bits(), "{x:e}");
+        }
+    }
+
+    /// ldmatrix x4 and x4.trans, back to back (each lane's row address is gathered anew): lane
+    /// l names a row; lane l gets of matrix m (the rows lanes 8m..8m+7 name), in register m, the
+    /// pair at row l / 4 and columns 2 (l % 4), +1, or with .trans at rows 2 (l % 4), +1 of
+    /// column l / 4.
+    #[test]
+    fn ldmatrix_follows_the_ptx_fragment_layout() {
+        let src: Vec<u16> = (0..256).map(|i| 1000 + i as u16).collect();
+        let s = Buffer::from_slice("src", &src).unwrap();
+        let mut out = Buffer::<u32>::zeroed("out", 512).unwrap();
+        let o = out.mut_ptr();
+        launch("ldmatrix", &block(32, 4), || unsafe {
+            emu_selftest_ldmatrix(s.ptr(), o)
+        })
+        .unwrap();
+        let got = out.to_vec();
+        for call in 0..4 {
+            let (reversed, trans) = (call < 2, call % 2 == 1);
+            // Element (i, j) of matrix m: row i of it is the row lane 8m + i named.
+            let at = |m: usize, i: usize, j: usize| {
+                let lane = 8 * m + i;
+                let row = if reversed { 31 - lane } else { lane };
+                src[8 * row + j] as u32
+            };
+            for l in 0..32 {
+                let (g, t) = (l / 4, l % 4);
+                for m in 0..4 {
+                    let want = if trans {
+                        at(m, 2 * t, g) | at(m, 2 * t + 1, g) << 16
+                    } else {
+                        at(m, g, 2 * t) | at(m, g, 2 * t + 1) << 16
+                    };
+                    assert_eq!(
+                        got[128 * call + 4 * l + m],
+                        want,
+                        "call {call}, lane {l}, reg {m}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A warp barrier (a shuffle) that one lane of the warp exited before never completes.
+    #[test]
+    fn a_shuffle_after_one_lane_exited_is_an_error() {
+        let mut out = Buffer::<f32>::zeroed("out", 64).unwrap();
+        let o = out.mut_ptr();
+        let err = launch("one_lane_exits", &block(64, 2), || unsafe {
+            emu_selftest_one_lane_exits(o)
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains(
+                "kernel one_lane_exits, block (0, 0, 0): barrier can never complete; warp 0: 0 \
+                 at __syncthreads, 31 at a warp barrier, 1 exited; warp 1: 0 at __syncthreads, \
+                 0 at a warp barrier, 32 exited"
+            ),
+            "{err}"
+        );
+    }
+
+    /// mma.sync m16n8k16 (bf16 and f16) with every fragment register filled and read through
+    /// the PTX layouts: D = A B + C, exact on small integers.
+    #[test]
+    fn mma_m16n8k16_follows_the_ptx_fragment_layouts() {
+        let a: Vec<f32> = (0..256)
+            .map(|i| ((i * 7 + i / 16) % 13) as f32 - 6.0)
+            .collect();
+        let b: Vec<f32> = (0..128)
+            .map(|i| ((i * 5 + i / 8) % 11) as f32 - 5.0)
+            .collect();
+        let c: Vec<f32> = (0..128).map(|i| (i % 17) as f32 * 0.5).collect();
+        let mut want = c.clone();
+        for r in 0..16 {
+            for col in 0..8 {
+                for k in 0..16 {
+                    want[8 * r + col] += a[16 * r + k] * b[8 * k + col];
+                }
+            }
+        }
+        for f16 in [false, true] {
+            let bits = |v: &[f32]| -> Vec<u16> {
+                v.iter()
+                    .map(|&x| {
+                        if f16 {
+                            half::f16::from_f32(x).to_bits()
+                        } else {
+                            half::bf16::from_f32(x).to_bits()
+                        }
+                    })
+                    .collect()
+            };
+            let ab = Buffer::from_slice("a", &bits(&a)).unwrap();
+            let bb = Buffer::from_slice("b", &bits(&b)).unwrap();
+            let cb = Buffer::from_slice("c", &c).unwrap();
+            let mut d = Buffer::<f32>::zeroed("d", 128).unwrap();
+            let dp = d.mut_ptr();
+            launch("mma", &block(32, 6), || unsafe {
+                emu_selftest_mma(ab.ptr(), bb.ptr(), cb.ptr(), dp, f16 as i32)
+            })
+            .unwrap();
+            assert_eq!(d.to_vec(), want, "f16 {f16}");
+        }
+    }
+
+    /// A read at the first byte past a buffer's rounded end (element 12 of 10 floats: byte 48)
+    /// stops the process naming the kernel, block, thread, buffer and distance.
+    #[test]
+    fn a_read_one_past_the_rounded_end_names_the_buffer() {
+        let exe = std::env::current_exe().unwrap();
+        let child = std::process::Command::new(exe)
+            .args([
+                "--ignored",
+                "--exact",
+                "emu::tests::read_past_child",
+                "--nocapture",
+            ])
+            .env("TOOLSIFT_EMU_OOB_CHILD", "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&child.stderr);
+        assert!(!child.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(
+                "invalid memory access in kernel read_at, block (1, 0, 0), thread (5, 0, 0)"
+            ) && stderr.contains("is 8 bytes past the end of buffer \"in\" (40 bytes)"),
+            "{stderr}"
+        );
+    }
+
+    #[test]
+    #[ignore = "the child of a_read_one_past_the_rounded_end_names_the_buffer: it aborts"]
+    fn read_past_child() {
+        if std::env::var_os("TOOLSIFT_EMU_OOB_CHILD").is_none() {
+            return;
+        }
+        let input = Buffer::from_slice("in", &[1.0f32; 10]).unwrap();
+        let mut out = Buffer::<f32>::zeroed("out", 1).unwrap();
+        let o = out.mut_ptr();
+        // Element 11 (in the padding) reads NaN; element 12 faults.
+        launch("read_at", &block(32, 0), || unsafe {
+            emu_selftest_read_at(input.ptr(), o, 11, 5)
+        })
+        .unwrap();
+        assert!(out.to_vec()[0].is_nan());
+        let _ = launch("read_at", &block(32, 0), || unsafe {
+            emu_selftest_read_at(input.ptr(), o, 12, 5)
+        });
+    }
 }

@@ -55,3 +55,141 @@ extern "C" void emu_selftest_scratch_reuse(float* out, int barrier) {
     out[2 * threadIdx.x] = v;
     out[2 * threadIdx.x + 1] = toolsift::block_sum((float)threadIdx.x, scratch);
 }
+
+// From the hand mutation review of the host emulator (session 50).
+#include "cuda_bf16.h"
+#include "cuda_fp16.h"
+#include "mma.h"
+#include "mma_sync.cuh"
+
+// Every thread writes its threadIdx, blockIdx, blockDim, gridDim and lane (13 values) at its
+// global linear index.
+extern "C" void emu_selftest_indices(unsigned* out) {
+    const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    unsigned* o = out + 13 * (b * blockDim.x * blockDim.y * blockDim.z + t);
+    const unsigned v[13] = {threadIdx.x, threadIdx.y, threadIdx.z, blockIdx.x,   blockIdx.y,
+                            blockIdx.z,  blockDim.x,  blockDim.y,  blockDim.z,   gridDim.x,
+                            gridDim.y,   gridDim.z,   (unsigned)toolsift_emu::lane_id()};
+    for (int i = 0; i < 13; ++i) o[i] = v[i];
+}
+
+// Thread i of each block reads, before anything writes them, word i of the static and of the
+// dynamic shared memory (both must read 0xFFFFFFFF), then writes them; thread 0 also writes the
+// dynamic shared memory's address modulo 128 after the block's words.
+extern "C" void emu_selftest_fresh_shared(unsigned* out) {
+    __shared__ unsigned words[64];
+    unsigned* dyn = reinterpret_cast<unsigned*>(toolsift_emu::dynamic_shared());
+    const unsigned o = blockIdx.x * 129;
+    out[o + threadIdx.x] = words[threadIdx.x];
+    out[o + 64 + threadIdx.x] = dyn[threadIdx.x];
+    words[threadIdx.x] = threadIdx.x;
+    dyn[threadIdx.x] = threadIdx.x;
+    if (threadIdx.x == 0) out[o + 128] = (unsigned)(reinterpret_cast<uintptr_t>(dyn) % 128);
+}
+
+// Thread 0 writes byte `at` of the dynamic shared memory.
+extern "C" void emu_selftest_shared_write_at(int at) {
+    if (threadIdx.x == 0) toolsift_emu::dynamic_shared()[at] = 1;
+}
+
+// Thread `who` of block 1 reads in[at] into out[0].
+extern "C" void emu_selftest_read_at(const float* in, float* out, long at, int who) {
+    if (blockIdx.x == 1 && (int)threadIdx.x == who) out[0] = in[at];
+}
+
+// One construct the emulator refuses (`which` 0..=5, see the switch), or none (then every thread
+// writes 2 at out[threadIdx.x], which the refused ones never reach).
+extern "C" void emu_selftest_unsupported(int which, float* out) {
+    __shared__ __align__(32) __nv_bfloat16 tile[16 * 32];
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
+                           nvcuda::wmma::row_major>
+        a;
+    uint32_t r[4];
+    switch (which) {
+        case 0: __syncwarp(0xffffu); break;
+        case 1: out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1, 16); break;
+        case 2: out[threadIdx.x] = __shfl_xor_sync(0xffffu, 1.0f, 1); break;
+        case 3: nvcuda::wmma::load_matrix_sync(a, tile + 8, 16); break;  // 16-byte aligned only
+        case 4: nvcuda::wmma::load_matrix_sync(a, tile, 20); break;      // ldm: 40 bytes
+        case 5: toolsift::ldmatrix_x4(r, tile + 16 * threadIdx.x + 4); break;  // 8-byte rows
+        default: break;
+    }
+    out[threadIdx.x] = 2.0f;
+}
+
+// __shfl_xor_sync with lane mask `mask`: out[lane] = the value lane ^ mask offers (lane + 100).
+extern "C" void emu_selftest_shuffle_xor(float* out, int mask) {
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (float)threadIdx.x + 100.0f, mask);
+}
+
+// A WMMA accumulator of ones stored to shared memory, then lane l reads element l + 1 (stored by
+// lane l + 1); `sync` puts the __syncwarp in between.
+extern "C" void emu_selftest_wmma_store(float* out, int sync) {
+    __shared__ __align__(32) float tile[16 * 16];
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc;
+    nvcuda::wmma::fill_fragment(acc, 1.0f);
+    nvcuda::wmma::store_matrix_sync(tile, acc, 16, nvcuda::wmma::mem_row_major);
+    if (sync) __syncwarp();
+    out[threadIdx.x] = tile[(threadIdx.x + 1) % 32];
+}
+
+// bf16 and f16 rounding of in[i] (bits out) and the widening of those bits back.
+extern "C" void emu_selftest_convert(const float* in, uint16_t* bf, uint16_t* h, float* bf_back,
+                                     float* h_back, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        bf[i] = __float2bfloat16_rn(in[i]).bits;
+        h[i] = __float2half_rn(in[i]).bits;
+        bf_back[i] = __bfloat162float(__nv_bfloat16{bf[i]});
+        h_back[i] = __half2float(__half{h[i]});
+    }
+}
+
+// ldmatrix_x4 and ldmatrix_x4_trans of 32 rows of 8 16-bit values, back to back: first lane l
+// giving the address of row 31 - l, then of row l. out[128 c + 4 l + m] = register m of lane l
+// in call c (0: plain, 1: .trans, rows 31 - l; 2: plain, 3: .trans, rows l).
+extern "C" void emu_selftest_ldmatrix(const uint16_t* src, uint32_t* out) {
+    __shared__ __align__(16) uint16_t rows[32 * 8];
+    for (int i = 0; i < 8; ++i) rows[8 * threadIdx.x + i] = src[8 * threadIdx.x + i];
+    __syncwarp();
+    for (int call = 0; call < 4; ++call) {
+        uint32_t r[4];
+        const uint16_t* row = rows + 8 * (call < 2 ? 31 - threadIdx.x : threadIdx.x);
+        if (call % 2)
+            toolsift::ldmatrix_x4_trans(r, row);
+        else
+            toolsift::ldmatrix_x4(r, row);
+        for (int m = 0; m < 4; ++m) out[128 * call + 4 * threadIdx.x + m] = r[m];
+    }
+}
+
+// Lane 5 of the first warp returns; the others then shuffle (a warp barrier it never reaches).
+extern "C" void emu_selftest_one_lane_exits(float* out) {
+    if (threadIdx.x == 5) return;
+    out[threadIdx.x] = toolsift::warp_sum(1.0f);
+}
+
+// d = a b + c by mma_m16n8k16 (`f16`: __half, else __nv_bfloat16), every register filled and
+// read through the PTX ISA's fragment layouts (kernels/mma_sync.cuh), written here afresh:
+// a 16 x 16 row-major, b 16 x 8 (k x n) row-major, c and d 16 x 8 row-major.
+extern "C" void emu_selftest_mma(const uint16_t* a, const uint16_t* b, const float* c, float* d,
+                                 int f16) {
+    const int g = threadIdx.x / 4, t = threadIdx.x % 4;
+    auto pair = [](uint16_t lo, uint16_t hi) { return (uint32_t)lo | (uint32_t)hi << 16; };
+    uint32_t ar[4], br[2];
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i % 2), k = 2 * t + 8 * (i / 2);
+        ar[i] = pair(a[16 * row + k], a[16 * row + k + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+        const int k = 2 * t + 8 * i;
+        br[i] = pair(b[8 * k + g], b[8 * (k + 1) + g]);
+    }
+    float cr[4], dr[4];
+    for (int i = 0; i < 4; ++i) cr[i] = c[8 * (g + 8 * (i / 2)) + 2 * t + i % 2];
+    if (f16)
+        toolsift::mma_m16n8k16<__half>(dr, ar, br, cr);
+    else
+        toolsift::mma_m16n8k16<__nv_bfloat16>(dr, ar, br, cr);
+    for (int i = 0; i < 4; ++i) d[8 * (g + 8 * (i / 2)) + 2 * t + i % 2] = dr[i];
+}
