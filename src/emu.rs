@@ -15,7 +15,9 @@
 //!   16 bytes: a kernel reading or writing past that stops the process with a message naming the
 //!   kernel, the block, the thread and the buffer (dynamic shared memory is guarded the same
 //!   way, rounded to 128). The padding before the page is 0xFF bytes (NaN): a read of it poisons
-//!   the result, and a write to it fails the launch with an error naming the buffer.
+//!   the result, and a write to it fails the launch with an error naming the buffer. So is the
+//!   rest of the page before the buffer's start: a read there gives NaN, a write to the 16 bytes
+//!   before it fails the launch.
 //! - [`kernels`] declares every exported kernel with its C signature; [`EmuFloat`] picks the
 //!   16-bit instantiation.
 
@@ -1092,6 +1094,36 @@ mod tests {
             ) && stderr.contains("is 8 bytes past the end of buffer \"in\" (40 bytes)"),
             "{stderr}"
         );
+    }
+
+    /// Fixed in this review: the page before a buffer's start was zeros, so an index of -1 read
+    /// 0.0 and wrote unseen. It is poisoned now (a read gives NaN), and a write to the 16 bytes
+    /// before the start fails the launch, naming the buffer, once.
+    #[test]
+    fn an_access_just_before_the_start_is_poisoned_or_an_error() {
+        let input = Buffer::from_slice("in", &[1.0f32; 10]).unwrap();
+        let mut out = Buffer::<f32>::zeroed("out", 10).unwrap();
+        let o = out.mut_ptr();
+        launch("read_at", &block(32, 0), || unsafe {
+            emu_selftest_read_at(input.ptr(), o, -1, 3)
+        })
+        .unwrap();
+        assert!(out.to_vec()[0].is_nan());
+        let write_at = |at: i32| {
+            launch("write_at", &block(32, 0), || unsafe {
+                emu_selftest_write_at(o, at)
+            })
+        };
+        let err = write_at(-1).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "kernel write_at wrote before the start of buffer \"out\" (40 bytes), at byte 4 \
+                 before it"
+            ),
+            "{err}"
+        );
+        write_at(0).unwrap();
+        assert_eq!(out.to_vec()[0], 1.0);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 // C API (src/emu.rs):
 //   toolsift_emu_launch  run body(ctx) as every thread of a grid; 0, or 1 with a message
 //   toolsift_emu_alloc   bytes ending flush against a PROT_NONE page once rounded up to 16
-//                        (the alignment); the padding is a canary every launch checks
+//                        (the alignment); the padding is a canary every launch checks, and so
+//                        are the 16 bytes before the start (the rest of that page reads NaN)
 //   toolsift_emu_free
 #include <signal.h>
 #include <stdio.h>
@@ -55,7 +56,9 @@ std::vector<Mapping> g_mappings;
 constexpr unsigned char CANARY = 0xFF;
 
 // `bytes` (rounded up to `align`, a power of two up to a page) ending at a PROT_NONE page:
-// reading or writing past the rounded end faults; the padding up to it is CANARY.
+// reading or writing past the rounded end faults; the padding up to it is CANARY, and so is the
+// rest of the first page before the buffer (a read just before the start gives NaN, and a write
+// there within FRONT_CHECK bytes fails the launch).
 Mapping map_guarded(size_t bytes, const char* label, size_t align = 16) {
     const size_t page = page_size(), span = round_up(round_up(bytes, align), page);
     void* base = mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
@@ -65,15 +68,29 @@ Mapping map_guarded(size_t bytes, const char* label, size_t align = 16) {
     mprotect(b + span, page, PROT_NONE);
     unsigned char* data = b + span - round_up(bytes, align);
     memset(data + bytes, CANARY, round_up(bytes, align) - bytes);
+    memset(b, CANARY, data - b);
     return Mapping{b, span + page, data, bytes, label};
 }
 
-// The first mapping whose padding a write changed (the write stayed short of the guard page),
-// as an error message naming the buffer, or "" when every padding holds. The padding is
-// restored, so that a later launch (another test's, in the same process) is not blamed for it.
+// Bytes before a buffer's start that every launch checks for writes (up to its first page).
+constexpr size_t FRONT_CHECK = 16;
+
+// The first mapping whose padding a write changed (the write stayed short of the guard page), or
+// whose FRONT_CHECK bytes before the start it did, as an error message naming the buffer, or ""
+// when every padding holds. The padding is restored, so that a later launch (another test's, in
+// the same process) is not blamed for it.
 std::string check_padding(const char* kernel) {
     std::lock_guard<std::mutex> lock(g_mappings_lock);
     for (const Mapping& m : g_mappings) {
+        const size_t front = m.data - m.base < FRONT_CHECK ? m.data - m.base : FRONT_CHECK;
+        for (unsigned char* p = m.data - front; p < m.data; ++p)
+            if (*p != CANARY) {
+                const size_t at = m.data - p;
+                memset(m.data - front, CANARY, front);
+                return std::string("kernel ") + kernel + " wrote before the start of buffer \"" +
+                       m.label + "\" (" + std::to_string(m.bytes) + " bytes), at byte " +
+                       std::to_string(at) + " before it";
+            }
         unsigned char* end = m.base + m.length - page_size();
         for (unsigned char* p = m.data + m.bytes; p < end; ++p)
             if (*p != CANARY) {
