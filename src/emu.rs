@@ -17,7 +17,8 @@
 //!   way, rounded to 128). The padding before the page is 0xFF bytes (NaN): a read of it poisons
 //!   the result, and a write to it fails the launch with an error naming the buffer. So is the
 //!   rest of the page before the buffer's start: a read there gives NaN, a write to the 16 bytes
-//!   before it fails the launch.
+//!   before it fails the launch; and an inaccessible page lies before that one (a buffer that
+//!   starts a page has it right before its first byte).
 //! - [`kernels`] declares every exported kernel with its C signature; [`EmuFloat`] picks the
 //!   16-bit instantiation.
 
@@ -1124,6 +1125,53 @@ mod tests {
         );
         write_at(0).unwrap();
         assert_eq!(out.to_vec()[0], 1.0);
+    }
+
+    fn page_bytes() -> usize {
+        // SAFETY: sysconf has no preconditions.
+        unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+    }
+
+    /// A buffer that starts a page (a page of floats) has no poisoned bytes before it: a read at
+    /// index -1 lands on the guard page before it and stops the process, naming the buffer.
+    #[test]
+    fn a_read_just_before_a_page_aligned_buffer_names_it() {
+        let exe = std::env::current_exe().unwrap();
+        let child = std::process::Command::new(exe)
+            .args([
+                "--ignored",
+                "--exact",
+                "emu::tests::read_before_child",
+                "--nocapture",
+            ])
+            .env("TOOLSIFT_EMU_OOB_CHILD", "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&child.stderr);
+        assert!(!child.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(
+                "invalid memory access in kernel read_at, block (1, 0, 0), thread (3, 0, 0)"
+            ) && stderr.contains(&format!(
+                "is 4 bytes before the start of buffer \"in\" ({} bytes)",
+                page_bytes()
+            )),
+            "{stderr}"
+        );
+    }
+
+    #[test]
+    #[ignore = "the child of a_read_just_before_a_page_aligned_buffer_names_it: it aborts"]
+    fn read_before_child() {
+        if std::env::var_os("TOOLSIFT_EMU_OOB_CHILD").is_none() {
+            return;
+        }
+        let input = Buffer::from_slice("in", &vec![1.0f32; page_bytes() / 4]).unwrap();
+        let mut out = Buffer::<f32>::zeroed("out", 1).unwrap();
+        let o = out.mut_ptr();
+        let _ = launch("read_at", &block(32, 0), || unsafe {
+            emu_selftest_read_at(input.ptr(), o, -1, 3)
+        });
     }
 
     #[test]

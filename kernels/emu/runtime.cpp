@@ -6,7 +6,8 @@
 //   toolsift_emu_launch  run body(ctx) as every thread of a grid; 0, or 1 with a message
 //   toolsift_emu_alloc   bytes ending flush against a PROT_NONE page once rounded up to 16
 //                        (the alignment); the padding is a canary every launch checks, and so
-//                        are the 16 bytes before the start (the rest of that page reads NaN)
+//                        are the 16 bytes before the start (the rest of that page reads NaN;
+//                        a PROT_NONE page lies before it)
 //   toolsift_emu_free
 #include <signal.h>
 #include <stdio.h>
@@ -55,21 +56,23 @@ std::vector<Mapping> g_mappings;
 // caught by `check_padding` after the launch.
 constexpr unsigned char CANARY = 0xFF;
 
-// `bytes` (rounded up to `align`, a power of two up to a page) ending at a PROT_NONE page:
-// reading or writing past the rounded end faults; the padding up to it is CANARY, and so is the
-// rest of the first page before the buffer (a read just before the start gives NaN, and a write
-// there within FRONT_CHECK bytes fails the launch).
+// `bytes` (rounded up to `align`, a power of two up to a page) between two PROT_NONE pages,
+// ending at the second: reading or writing past the rounded end faults; the padding up to it is
+// CANARY, and so is the rest of the page the buffer starts in (a read just before the start
+// gives NaN, and a write there within FRONT_CHECK bytes fails the launch); before that page, or
+// just before a buffer that starts a page, the first guard page faults.
 Mapping map_guarded(size_t bytes, const char* label, size_t align = 16) {
     const size_t page = page_size(), span = round_up(round_up(bytes, align), page);
-    void* base = mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                      -1, 0);
+    void* base = mmap(nullptr, span + 2 * page, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) return Mapping{nullptr, 0, nullptr, 0, label};
     unsigned char* b = static_cast<unsigned char*>(base);
-    mprotect(b + span, page, PROT_NONE);
-    unsigned char* data = b + span - round_up(bytes, align);
+    mprotect(b, page, PROT_NONE);
+    mprotect(b + page + span, page, PROT_NONE);
+    unsigned char* data = b + page + span - round_up(bytes, align);
     memset(data + bytes, CANARY, round_up(bytes, align) - bytes);
-    memset(b, CANARY, data - b);
-    return Mapping{b, span + page, data, bytes, label};
+    memset(b + page, CANARY, data - (b + page));
+    return Mapping{b, span + 2 * page, data, bytes, label};
 }
 
 // Bytes before a buffer's start that every launch checks for writes (up to its first page).
@@ -82,7 +85,8 @@ constexpr size_t FRONT_CHECK = 16;
 std::string check_padding(const char* kernel) {
     std::lock_guard<std::mutex> lock(g_mappings_lock);
     for (const Mapping& m : g_mappings) {
-        const size_t front = m.data - m.base < FRONT_CHECK ? m.data - m.base : FRONT_CHECK;
+        const size_t room = m.data - (m.base + page_size());
+        const size_t front = room < FRONT_CHECK ? room : FRONT_CHECK;
         for (unsigned char* p = m.data - front; p < m.data; ++p)
             if (*p != CANARY) {
                 const size_t at = m.data - p;
@@ -265,11 +269,18 @@ void on_fault(int sig, siginfo_t* info, void*) {
     const char* what = "an address outside every emulator buffer";
     char buf[320] = {0};
     for (const Mapping& m : g_mappings) {
-        const uintptr_t guard = reinterpret_cast<uintptr_t>(m.base) + m.length - page_size();
+        const uintptr_t front = reinterpret_cast<uintptr_t>(m.base);
+        const uintptr_t guard = front + m.length - page_size();
         if (addr >= guard && addr < guard + page_size()) {
             snprintf(buf, sizeof buf, "%zu bytes past the end of buffer \"%s\" (%zu bytes)",
                      (size_t)(addr - reinterpret_cast<uintptr_t>(m.data)) - m.bytes,
                      m.label.c_str(), m.bytes);
+            what = buf;
+        }
+        if (addr >= front && addr < front + page_size()) {
+            snprintf(buf, sizeof buf, "%zu bytes before the start of buffer \"%s\" (%zu bytes)",
+                     (size_t)(reinterpret_cast<uintptr_t>(m.data) - addr), m.label.c_str(),
+                     m.bytes);
             what = buf;
         }
     }
