@@ -1072,23 +1072,29 @@ mod tests {
         }
     }
 
-    /// A read at the first byte past a buffer's rounded end (element 12 of 10 floats: byte 48)
-    /// stops the process naming the kernel, block, thread, buffer and distance.
-    #[test]
-    fn a_read_one_past_the_rounded_end_names_the_buffer() {
-        let exe = std::env::current_exe().unwrap();
-        let child = std::process::Command::new(exe)
+    /// Runs the ignored test `name` (a child that aborts on a fault) in a process of its own
+    /// and returns its stderr, checking that it failed.
+    fn stderr_of_aborted_child(name: &str) -> String {
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--ignored",
                 "--exact",
-                "emu::tests::read_past_child",
+                &format!("emu::tests::{name}"),
                 "--nocapture",
             ])
             .env("TOOLSIFT_EMU_OOB_CHILD", "1")
             .output()
             .unwrap();
-        let stderr = String::from_utf8_lossy(&child.stderr);
+        let stderr = String::from_utf8_lossy(&child.stderr).into_owned();
         assert!(!child.status.success(), "{stderr}");
+        stderr
+    }
+
+    /// A read at the first byte past a buffer's rounded end (element 12 of 10 floats: byte 48)
+    /// stops the process naming the kernel, block, thread, buffer and distance.
+    #[test]
+    fn a_read_one_past_the_rounded_end_names_the_buffer() {
+        let stderr = stderr_of_aborted_child("read_past_child");
         assert!(
             stderr.contains(
                 "invalid memory access in kernel read_at, block (1, 0, 0), thread (5, 0, 0)"
@@ -1136,19 +1142,7 @@ mod tests {
     /// index -1 lands on the guard page before it and stops the process, naming the buffer.
     #[test]
     fn a_read_just_before_a_page_aligned_buffer_names_it() {
-        let exe = std::env::current_exe().unwrap();
-        let child = std::process::Command::new(exe)
-            .args([
-                "--ignored",
-                "--exact",
-                "emu::tests::read_before_child",
-                "--nocapture",
-            ])
-            .env("TOOLSIFT_EMU_OOB_CHILD", "1")
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&child.stderr);
-        assert!(!child.status.success(), "{stderr}");
+        let stderr = stderr_of_aborted_child("read_before_child");
         assert!(
             stderr.contains(
                 "invalid memory access in kernel read_at, block (1, 0, 0), thread (3, 0, 0)"
