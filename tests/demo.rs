@@ -590,17 +590,35 @@ fn eval_demo_runs_on_the_emulated_cuda_device() {
     // The CUDA backend scored the calls: their losses are the CPU engine's up to bf16 rounding
     // (as in the annotate test above), not the same bits.
     assert_eq!(cuda_summary["run"]["info"]["device"], "Cuda");
-    let losses = |cstar: &[Value]| -> Vec<f64> {
-        let calls = cstar.iter().flat_map(|d| d["calls"].as_array().unwrap());
-        calls.filter_map(|c| c["l_none"].as_f64()).collect()
+    // Calls sampled by both (bf16 sampling may draw a call the CPU did not, and miss one).
+    let losses = |cstar: &[Value]| -> std::collections::HashMap<String, f64> {
+        let calls = cstar.iter().flat_map(|d| {
+            let calls = d["calls"].as_array().unwrap();
+            calls.iter().map(move |c| (d["line"].clone(), c))
+        });
+        calls
+            .filter_map(|(line, c)| {
+                let key = format!("{line} {} {} {}", c["position"], c["input"], c["result"]);
+                Some((key, c["l_none"].as_f64()?))
+            })
+            .collect()
     };
     let (cpu_losses, cuda_losses) = (losses(&cpu_cstar), losses(&cuda_cstar));
-    assert_eq!(cpu_losses.len(), cuda_losses.len());
-    assert!(cpu_losses
+    let common: Vec<(f64, f64)> = cuda_losses
         .iter()
-        .zip(&cuda_losses)
-        .all(|(w, g)| (g - w).abs() <= 0.05 + 0.02 * w));
-    assert_ne!(cpu_losses, cuda_losses);
+        .filter_map(|(key, &g)| Some((cpu_losses.get(key).copied()?, g)))
+        .collect();
+    assert!(
+        common.len() * 2 >= cpu_losses.len(),
+        "{cpu_losses:?} vs {cuda_losses:?}"
+    );
+    for &(w, g) in &common {
+        assert!((g - w).abs() <= 0.05 + 0.02 * w, "cpu {w} vs cuda {g}");
+    }
+    assert!(
+        common.iter().any(|(w, g)| w != g),
+        "the same bits: the CPU engine ran"
+    );
     assert_eq!(cuda["metrics"]["records"], 4, "{cuda}");
     assert_eq!(cuda["metrics"]["unmatched_records"], 0, "{cuda}");
     let calc = &cuda["metrics"]["calculator"];
