@@ -7,15 +7,29 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn toolsift(cwd: &Path, tmpdir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_toolsift"))
+/// The built binary with `args`, run in `cwd` with its temporary files in `tmpdir`, as no shard
+/// of a job array.
+fn command(cwd: &Path, tmpdir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_toolsift"));
+    command
         .args(args)
         .current_dir(cwd)
         .env("TMPDIR", tmpdir)
         .env_remove("JOB_COMPLETION_INDEX")
-        .env_remove("SLURM_ARRAY_TASK_ID")
-        .output()
-        .expect("run toolsift")
+        .env_remove("SLURM_ARRAY_TASK_ID");
+    command
+}
+
+fn toolsift(cwd: &Path, tmpdir: &Path, args: &[&str]) -> Output {
+    command(cwd, tmpdir, args).output().expect("run toolsift")
+}
+
+/// `toolsift` with `--device cuda` meaning the emulated device (docs/kernels.md).
+#[cfg(feature = "emu")]
+fn on_the_emulated_device(cwd: &Path, tmpdir: &Path, args: &[&str]) -> Output {
+    let mut command = command(cwd, tmpdir, args);
+    command.env("TOOLSIFT_EMU_DEVICE", "1");
+    command.output().expect("run toolsift")
 }
 
 fn stderr(o: &Output) -> String {
@@ -485,13 +499,7 @@ fn annotate_demo_runs_on_the_emulated_cuda_device() {
             "--demo-docs",
             "3",
         ];
-        let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
-            .args(args)
-            .current_dir(cwd.path())
-            .env("TMPDIR", tmp.path())
-            .env("TOOLSIFT_EMU_DEVICE", "1")
-            .output()
-            .expect("run toolsift");
+        let o = on_the_emulated_device(cwd.path(), tmp.path(), &args);
         assert!(o.status.success(), "--device {device}: {}", stderr(&o));
         let dir = cwd.path().join("toolsift-demo");
         let summary: Value =
@@ -568,14 +576,18 @@ fn eval_demo_runs_on_the_emulated_cuda_device() {
     let run = |device: &str| -> (Value, Value, Vec<Value>) {
         let cwd = tempfile::tempdir().unwrap();
         let tmp = tempfile::tempdir().unwrap();
-        let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
-            .args(["eval-demo", "--device", device, "--no-progress", "--json"])
-            .args(["--seed", "3", "--docs", "4"])
-            .current_dir(cwd.path())
-            .env("TMPDIR", tmp.path())
-            .env("TOOLSIFT_EMU_DEVICE", "1")
-            .output()
-            .expect("run toolsift");
+        let args = [
+            "eval-demo",
+            "--device",
+            device,
+            "--no-progress",
+            "--json",
+            "--seed",
+            "3",
+            "--docs",
+            "4",
+        ];
+        let o = on_the_emulated_device(cwd.path(), tmp.path(), &args);
         assert!(o.status.success(), "--device {device}: {}", stderr(&o));
         let report: Value = serde_json::from_slice(&o.stdout).expect("one JSON object on stdout");
         let cstar = cwd.path().join(report["cstar"].as_str().unwrap());
@@ -653,18 +665,16 @@ fn eval_demo_runs_on_the_emulated_cuda_device() {
 fn annotate_demo_on_cuda_without_a_gpu_is_a_clear_error() {
     let cwd = tempfile::tempdir().unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
-        .args([
-            "annotate",
-            "--demo",
-            "--device",
-            "cuda",
-            "--no-progress",
-            "--demo-docs",
-            "1",
-        ])
-        .current_dir(cwd.path())
-        .env("TMPDIR", tmp.path())
+    let args = [
+        "annotate",
+        "--demo",
+        "--device",
+        "cuda",
+        "--no-progress",
+        "--demo-docs",
+        "1",
+    ];
+    let o = command(cwd.path(), tmp.path(), &args)
         .env_remove("TOOLSIFT_EMU_DEVICE")
         .output()
         .expect("run toolsift");

@@ -527,14 +527,16 @@ extern "C" int toolsift_emu_launch(const char* name, const unsigned grid[3],
         snprintf(err, err_len, "%s", msg.c_str());
         return 1;
     };
+    // What fails before the kernel runs says which kernel, as the kernel's own errors do.
+    auto refuse = [&](const std::string& why) {
+        return fail(std::string("kernel ") + name + ": " + why);
+    };
     const size_t threads = (size_t)block[0] * block[1] * block[2];
     if (threads == 0 || threads > 1024)
-        return fail(std::string("kernel ") + name + ": block of " + std::to_string(threads) +
-                    " threads (1..=1024)");
+        return refuse("block of " + std::to_string(threads) + " threads (1..=1024)");
     if ((size_t)grid[0] * grid[1] * grid[2] == 0) return 0;
     std::lock_guard<std::mutex> launch_lock(g_launch_lock);
-    if (!ensure_stacks(threads))
-        return fail(std::string("kernel ") + name + ": cannot map the emulator's thread stacks");
+    if (!ensure_stacks(threads)) return refuse("cannot map the emulator's thread stacks");
     Launch launch;
     launch.name = name;
     launch.grid = dim3{grid[0], grid[1], grid[2]};
@@ -543,8 +545,7 @@ extern "C" int toolsift_emu_launch(const char* name, const unsigned grid[3],
     launch.ctx = ctx;
     // 128-byte aligned, like the kernels' `extern __shared__ __align__(128)` on the device.
     launch.smem = map_guarded(smem_bytes, "dynamic shared memory", 128);
-    if (!launch.smem.base)
-        return fail(std::string("kernel ") + name + ": cannot map the emulator's shared memory");
+    if (!launch.smem.base) return refuse("cannot map the emulator's shared memory");
     {
         std::lock_guard<std::mutex> lock(g_mappings_lock);
         g_mappings.push_back(launch.smem);
