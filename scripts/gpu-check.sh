@@ -178,6 +178,10 @@ for size in ("default", "6b"):
         for base in HF_SCORERS:
             if base in h:
                 e[f"speedup_vs_hf_{base}"] = ts["cands_per_s"] / h[base]["cands_per_s"]
+                # Device memory at its peak, weights included, both counted by their allocator
+                # (toolsift's: the CUDA memory pool's high-water mark; torch's caching allocator).
+                if ts.get("peak_mem_gib") and h[base].get("peak_mem_gib"):
+                    e[f"peak_mem_vs_hf_{base}"] = ts["peak_mem_gib"] / h[base]["peak_mem_gib"]
         # The FLOP floor: the trunk's rate over this card's bf16 GEMM rate, measured in the run.
         if "trunk_tflops" in ts:
             e["gemm_peak_tflops"] = ts.get("gemm_peak_tflops")

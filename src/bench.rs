@@ -54,6 +54,13 @@ trait Engine: Scorer {
     fn weights_bytes(&self) -> usize;
     /// The machine's GEMM rate in GFLOP/s, measured now on the engine's own hardware.
     fn gemm_peak_gflops(&self) -> Result<f64>;
+    /// Bytes of one K or V element as the engine stores them: 4 (the CPU's f32), 2 (CUDA's).
+    fn kv_element_bytes(&self) -> usize;
+    /// Restarts the high-water mark of the device memory the engine's buffers hold and returns
+    /// the bytes held now; None for an engine whose memory is the process's (the CPU's).
+    fn reset_device_peak(&self) -> Result<Option<u64>>;
+    /// That high-water mark since `reset_device_peak` (which `held` is what it returned).
+    fn device_peak(&self, held: u64) -> Result<Option<u64>>;
 }
 
 impl Engine for CpuScorer {
@@ -65,6 +72,15 @@ impl Engine for CpuScorer {
     }
     fn gemm_peak_gflops(&self) -> Result<f64> {
         Ok(crate::cpu::gemm::measure_peak_gflops(1536, 5))
+    }
+    fn kv_element_bytes(&self) -> usize {
+        4
+    }
+    fn reset_device_peak(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+    fn device_peak(&self, _held: u64) -> Result<Option<u64>> {
+        Ok(None)
     }
 }
 
@@ -78,6 +94,17 @@ impl Engine for crate::cuda::CudaScorer {
     }
     fn gemm_peak_gflops(&self) -> Result<f64> {
         self.gpu().measure_peak_gflops(5)
+    }
+    fn kv_element_bytes(&self) -> usize {
+        2 // bf16 or f16
+    }
+    fn reset_device_peak(&self) -> Result<Option<u64>> {
+        self.gpu().reset_peak_memory()?;
+        Ok(self.gpu().pool_memory()?.map(|m| m.in_use))
+    }
+    fn device_peak(&self, held: u64) -> Result<Option<u64>> {
+        // `held` too: the driver may restart the mark at 0 rather than at the bytes held.
+        Ok(self.gpu().pool_memory()?.map(|m| m.high_water.max(held)))
     }
 }
 
@@ -253,12 +280,19 @@ pub struct BenchReport {
     /// Bytes of the engine's weights: the CPU engine's f32 copy, or the CUDA engine's device
     /// copy (bf16 or f16).
     pub weights_bytes: usize,
-    /// unique tokens x n_layer x 2 x d x 4 bytes: an f32 KV cache for the whole plan, the
-    /// memory a cached engine would hold. The CPU engine holds none when it scores (each
-    /// layer's K/V live in its activations, one layer at a time), so `memory_ratio` =
-    /// peak / (weights + this) can be under 1; it is a yardstick, not the engine's accounting.
+    /// unique tokens x n_layer x 2 x d x the engine's element size (4 on the CPU, 2 on CUDA):
+    /// a KV cache for the whole plan, the memory a cached engine would hold. The CPU engine
+    /// holds none when it scores (each layer's K/V live in its activations, one layer at a
+    /// time), so `memory_ratio` = peak / (weights + this) can be under 1; it is a yardstick,
+    /// not the engine's accounting.
     pub kv_bytes: usize,
-    /// `peak_rss_bytes` / (`weights_bytes` + `kv_bytes`); None where the peak RSS is unknown.
+    /// CUDA: the most device memory the engine's buffers held at once in its first run over
+    /// the workload (weights included), the device memory pool's high-water mark, which is what
+    /// transformers' `torch.cuda.max_memory_allocated` counts; None on the CPU (its figure is
+    /// `peak_rss_bytes`) or a device without memory pools.
+    pub device_peak_bytes: Option<u64>,
+    /// The engine's peak over (`weights_bytes` + `kv_bytes`): on the CPU `peak_rss_bytes`, on
+    /// CUDA `device_peak_bytes`; None where that peak is unknown.
     pub memory_ratio: Option<f64>,
     /// Threads of the rayon pool `run` was called in (the global one unless the caller
     /// installed another): the CPU engine's and its GEMMs' parallelism.
@@ -482,9 +516,15 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     // the thread pool).
     let engine = open_engine(args, loaded)?;
     let peak_reset = reset_peak_rss();
+    let device_held = engine.reset_device_peak()?;
     // Checked once here; the timed calls below run the engines alone.
     let ours = engine.variant_losses(&candidates, &options)?;
     let peak = peak_rss_bytes();
+    let device_peak_bytes = match device_held {
+        Some(held) => engine.device_peak(held)?,
+        None => None,
+    };
+    let kv_element_bytes = engine.kv_element_bytes();
     let weights_bytes = engine.weights_bytes();
     let baselines = if args.run_baselines {
         let baselines = open_baselines(args, &config)?;
@@ -564,7 +604,11 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     let fraction = |tokens: usize, secs: f64| {
         tokens as f64 * flops_per_token / secs.max(1e-12) / 1e9 / gemm_gflops_peak
     };
-    let kv_bytes = stats.unique_tokens * c.n_layer * 2 * c.n_embd * 4;
+    let kv_bytes = stats.unique_tokens * c.n_layer * 2 * c.n_embd * kv_element_bytes;
+    let engine_peak = match args.device {
+        Device::Cpu => peak,
+        Device::Cuda => device_peak_bytes,
+    };
     let head_flops = stats.head_rows as f64 * 2.0 * c.n_embd as f64 * c.vocab_size as f64;
 
     let n = candidates.len() as f64;
@@ -603,7 +647,8 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         peak_rss_bytes: peak,
         weights_bytes,
         kv_bytes,
-        memory_ratio: peak.map(|p| p as f64 / (weights_bytes + kv_bytes) as f64),
+        device_peak_bytes,
+        memory_ratio: engine_peak.map(|p| p as f64 / (weights_bytes + kv_bytes) as f64),
         threads: rayon::current_num_threads(),
         peak_rss_reset: peak_reset,
         tuned_kv_tokens: 0,

@@ -729,6 +729,8 @@ fn bench_reports_its_rates_on_both_streams() {
     );
     // An f32 K and V per unique token, layer and width.
     close("kv_bytes", f("kv_bytes"), unique * 2.0 * 32.0 * 4.0);
+    // The CPU engine's memory is the process's: its figure is the peak RSS.
+    assert!(report["device_peak_bytes"].is_null(), "{report}");
     if !report["peak_rss_bytes"].is_null() {
         let memory = f("weights_bytes") + f("kv_bytes");
         close(
@@ -793,6 +795,22 @@ fn bench_on_cuda_measures_the_devices_gemm_peak() {
     let peak = report["gemm_gflops_peak"].as_f64().unwrap();
     // The emulated device's host matmuls: nowhere near the H200's 790,000 of before.
     assert!(peak > 0.0 && peak < 10_000.0, "{peak}");
+    // Memory is the device's: its pool's peak, weights included, over weights and a 16-bit
+    // K and V per unique token, layer and width.
+    let f = |key: &str| {
+        report[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key}: {report}"))
+    };
+    let kv = f("unique_tokens") * 2.0 * 32.0 * 2.0;
+    assert_eq!(f("kv_bytes"), kv, "{report}");
+    let device_peak = f("device_peak_bytes");
+    assert!(device_peak > f("weights_bytes"), "{report}");
+    let ratio = device_peak / (f("weights_bytes") + kv);
+    assert!(
+        (f("memory_ratio") - ratio).abs() <= 1e-9 * ratio,
+        "{report}"
+    );
 }
 
 /// An input that fails to read partway through a chunk: the lines read before the failure are

@@ -49,6 +49,21 @@ impl Problem {
             weights: LossWeights::default(),
         }
     }
+
+    /// Both attention tile layouts on alternate cases.
+    fn pack_tiles(&self) -> bool {
+        self.seed % 2 == 1
+    }
+
+    /// Both multi-query kernels on alternate pairs of cases, or one kernel only
+    /// (TOOLSIFT_TEST_MMA).
+    fn mma_attention(&self) -> bool {
+        match mma_cases() {
+            MmaCases::Without => false,
+            MmaCases::Only => true,
+            MmaCases::Both => self.seed % 4 >= 2,
+        }
+    }
 }
 
 fn problem() -> impl Strategy<Value = Problem> {
@@ -133,14 +148,8 @@ fn check(p: &Problem) -> Result<f64, TestCaseError> {
     let opts = CudaOptions {
         dtype: Some(p.dtype),
         head_chunk_rows: p.head_chunk_rows,
-        // Both attention tile layouts and both multi-query kernels, on alternate cases (or one
-        // kernel only: TOOLSIFT_TEST_MMA).
-        pack_tiles: p.seed % 2 == 1,
-        mma_attention: match mma_cases() {
-            MmaCases::Without => false,
-            MmaCases::Only => true,
-            MmaCases::Both => p.seed % 4 >= 2,
-        },
+        pack_tiles: p.pack_tiles(),
+        mma_attention: p.mma_attention(),
         ..CudaOptions::default()
     };
     let mut gpu = CudaScorer::new(&model, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -172,6 +181,78 @@ fn check(p: &Problem) -> Result<f64, TestCaseError> {
     Ok(worst)
 }
 
+/// What a scoring call allocates on the device (the memory pool's peak over it, less what was
+/// held before) stays within the scorer's own accounting: its largest chunk's activations and
+/// attention context map (`bytes_per_token` a token, a u32 an ancestor entry; what
+/// `plan_chunks` sizes chunks by) plus the LM head's scratch (`head_bytes`). The memory budget
+/// is only as good as that accounting. Random problems as `cuda_matches_reference`'s, budgets
+/// that split the batch included, in a process of their own: the pool is the whole process's.
+#[test]
+fn scoring_allocates_within_its_accounting() {
+    if gpu().is_none() {
+        return;
+    }
+    cuda_common::run_child("scoring_allocates_within_its_accounting_child", &[]);
+}
+
+#[test]
+#[ignore = "the child of scoring_allocates_within_its_accounting"]
+fn scoring_allocates_within_its_accounting_child() {
+    let Some(g) = gpu() else { return };
+    if g.pool_memory().unwrap().is_none() {
+        eprintln!("SKIPPED: the device has no memory pools, whose accounting this reads");
+        return;
+    }
+    let mut runner = TestRunner::new(Config {
+        cases: cases(24),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&problem(), |p| {
+            let cands = candidates(&p, &mut Rng::new(p.seed ^ 0xABCD));
+            let options = p.options();
+            let mut config = p.config.clone();
+            config.n_positions = common::longest_sequence(&cands, &options) + 1;
+            let p = Problem { config, ..p };
+            let opts = CudaOptions {
+                pack_tiles: p.pack_tiles(),
+                mma_attention: p.mma_attention(),
+                ..CudaOptions::default()
+            };
+            let scorer = scorer_with(&p, &opts);
+            let gpu = scorer.gpu();
+            gpu.reset_peak_memory().unwrap();
+            let before = gpu.pool_memory().unwrap().unwrap();
+            scorer.score(&cands, &options).unwrap();
+            let after = gpu.pool_memory().unwrap().unwrap();
+            let used = after.peak_since(&before) - before.in_use;
+            let largest_chunk = scorer
+                .plan_chunks(&cands, &options)
+                .map(|(_, plan)| {
+                    plan.tokens.len() * scorer.bytes_per_token() + 4 * plan.ancestors.len()
+                })
+                .max()
+                .unwrap_or(0);
+            // Exact on the emulated device, which counts the bytes asked for; a real device's
+            // pool rounds allocations up (by an amount CUDA does not document).
+            let margin = if gpu.name.contains("emulated") {
+                0
+            } else {
+                64 << 20
+            };
+            let accounted = (largest_chunk + scorer.head_bytes() + margin) as u64;
+            prop_assert!(
+                used <= accounted,
+                "the call allocated {used} device bytes, over its accounting of {accounted} \
+                 (largest chunk {largest_chunk}, head scratch {}, margin {margin})\n{p:?}",
+                scorer.head_bytes()
+            );
+            Ok(())
+        })
+        .unwrap();
+}
+
 #[test]
 fn cuda_matches_reference() {
     if gpu().is_none() {
@@ -200,6 +281,11 @@ fn cuda_matches_reference() {
 
 /// The scorer of `p` (bf16 weights from its seed), its budget `p.budget_tokens` if any.
 fn scorer_for(p: &Problem) -> CudaScorer {
+    scorer_with(p, &CudaOptions::default())
+}
+
+/// `scorer_for` with `options` but for its dtype and head chunk rows (`p`'s).
+fn scorer_with(p: &Problem, options: &CudaOptions) -> CudaScorer {
     let model = Model::from_parts(
         p.config.clone(),
         GptjWeights::random(&p.config, p.seed, DType::BF16),
@@ -209,7 +295,7 @@ fn scorer_for(p: &Problem) -> CudaScorer {
     let opts = CudaOptions {
         dtype: Some(p.dtype),
         head_chunk_rows: p.head_chunk_rows,
-        ..CudaOptions::default()
+        ..options.clone()
     };
     let scorer = CudaScorer::new(&model, &opts).unwrap();
     match p.budget_tokens {
@@ -721,6 +807,10 @@ fn cuda_bench() {
         placement,
         weights: LossWeights::default(),
     };
+    // The device memory pool's peak over every run, weights included: transformers' scorers
+    // report torch.cuda.max_memory_allocated over theirs (`peak_mem_gib`).
+    scorer.gpu().reset_peak_memory().unwrap();
+    let held = scorer.gpu().pool_memory().unwrap();
     let losses = scorer.variant_losses(&cands, &options).unwrap(); // warm-up (and the answer)
     let mut times: Vec<f64> = (0..reps.max(1))
         .map(|_| {
@@ -732,6 +822,9 @@ fn cuda_bench() {
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let stats = scorer.last_stats();
+    let device_peak_bytes = held
+        .zip(scorer.gpu().pool_memory().unwrap())
+        .map(|(held, after)| after.peak_since(&held));
     // This card's dense bf16 GEMM rate, measured after the timed runs: the trunk's fraction of
     // it is the FLOP floor's figure (gpu-check's summary), whichever card ran.
     let gemm_peak_tflops = scorer.gpu().measure_peak_gflops(5).unwrap() / 1e3;
@@ -761,6 +854,9 @@ fn cuda_bench() {
         // Weights plus the largest chunk's activations and K/V (the scorer's own accounting).
         "device_bytes_planned": scorer.weights_bytes()
             + stats.unique_tokens.div_ceil(stats.chunks.max(1)) * scorer.bytes_per_token(),
+        // Measured: what the buffers held at most (None on a device without memory pools).
+        "device_peak_bytes": device_peak_bytes,
+        "peak_mem_gib": device_peak_bytes.map(|b| b as f64 / (1u64 << 30) as f64),
         "losses": losses,
     });
     std::fs::write(&output, serde_json::to_string_pretty(&report).unwrap()).unwrap();

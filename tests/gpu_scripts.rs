@@ -74,7 +74,8 @@ fn losses(n: usize, shift: f64) -> Value {
 
 /// A run's files as hf_baseline.py and cuda_bench write them, at the default size: the three
 /// transformers scorers, toolsift and one opt-in variant; the summary holds each speedup, the
-/// SDPA backend and the agreement with transformers' tuned losses.
+/// SDPA backend, the peak device memory against each scorer's and the agreement with
+/// transformers' tuned losses.
 #[test]
 fn the_summary_reads_a_runs_files() {
     if !python3() {
@@ -98,7 +99,7 @@ fn the_summary_reads_a_runs_files() {
                     "entropy_nats_median": 2.6, "entropy_nats_uniform": 10.8,
                     "sdpa_backend": "flash", "prefix": placement, "inline": placement});
     std::fs::write(dir.join("bench/hf_default.json"), hf.to_string()).unwrap();
-    let toolsift = |cands_per_s: f64| json!({"cands_per_s": cands_per_s, "trunk_tflops": 395.0, "gemm_peak_tflops": 632.0, "losses": losses(n, 0.02)});
+    let toolsift = |cands_per_s: f64| json!({"cands_per_s": cands_per_s, "trunk_tflops": 395.0, "gemm_peak_tflops": 632.0, "peak_mem_gib": 1.5, "losses": losses(n, 0.02)});
     for p in ["prefix", "inline"] {
         let file = dir.join(format!("toolsift_default_{p}.json"));
         std::fs::write(file, toolsift(40.0).to_string()).unwrap();
@@ -150,7 +151,9 @@ fn the_summary_reads_a_runs_files() {
             "{base}: {prefix}"
         );
         assert_eq!(prefix["hf"][base]["peak_mem_gib"], 2.0, "{prefix}");
+        assert_eq!(prefix[format!("peak_mem_vs_hf_{base}")], 0.75, "{prefix}");
     }
+    assert_eq!(prefix["toolsift"]["peak_mem_gib"], 1.5, "{prefix}");
     assert_eq!(prefix["hf"]["sdpa_vs_tuned_max_abs_diff"], 0.01);
     // Over the run's own measured GEMM peak.
     assert_eq!(prefix["gemm_peak_tflops"], 632.0);

@@ -165,6 +165,24 @@ pub struct Kernels {
     _modules: Vec<Arc<CudaModule>>,
 }
 
+/// The device memory pool's accounting ([`Gpu::pool_memory`]), in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolMemory {
+    /// Held by live buffers now.
+    pub in_use: u64,
+    /// The most held at once since the high-water mark was last reset.
+    pub high_water: u64,
+}
+
+impl PoolMemory {
+    /// The most held at once over a span of work that started at `before` (read right after
+    /// [`Gpu::reset_peak_memory`]) and ended at `self`, whether the reset restarted the mark at
+    /// 0 or at the bytes then in use.
+    pub fn peak_since(&self, before: &PoolMemory) -> u64 {
+        self.high_water.max(before.in_use)
+    }
+}
+
 /// A device, its stream, the kernels and cuBLASLt: everything a launcher needs.
 pub struct Gpu {
     /// The CUDA context of the device (event tracking off: all work goes to `stream`).
@@ -262,6 +280,77 @@ impl Gpu {
         self.ctx
             .mem_get_info()
             .map_err(driver_err("querying device memory"))
+    }
+
+    /// The device memory the backend's buffers hold now and at most since the last
+    /// [`Gpu::reset_peak_memory`], in bytes: the device's memory pool's accounting, which is
+    /// torch's `max_memory_allocated` for this engine (every buffer, weights included, since
+    /// cudarc allocates with cuMemAllocAsync from that pool). None on a device without memory
+    /// pools (cudarc then allocates with cuMemAlloc, which no pool counts). Synchronises first:
+    /// stream-ordered frees count once the stream has run them.
+    pub fn pool_memory(&self) -> Result<Option<PoolMemory>> {
+        use cudarc::driver::sys::CUmemPool_attribute::{
+            CU_MEMPOOL_ATTR_USED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+        };
+        let Some(pool) = self.memory_pool()? else {
+            return Ok(None);
+        };
+        self.sync()?;
+        let read = |attribute, what| {
+            let mut value: u64 = 0;
+            // SAFETY: a live pool of this device; both attributes are cuuint64_t (u64).
+            unsafe {
+                cudarc::driver::sys::cuMemPoolGetAttribute(pool, attribute, (&raw mut value).cast())
+            }
+            .result()
+            .map_err(driver_err(what))?;
+            Ok::<_, Error>(value)
+        };
+        Ok(Some(PoolMemory {
+            in_use: read(
+                CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                "reading the pool's bytes in use",
+            )?,
+            high_water: read(
+                CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                "reading the pool's high-water mark",
+            )?,
+        }))
+    }
+
+    /// Restarts [`PoolMemory::high_water`] (a no-op without memory pools). The driver may
+    /// restart it at 0 rather than at the bytes in use: a peak over a span of work is the
+    /// larger of `in_use` before it and `high_water` after it ([`PoolMemory::peak_since`]).
+    pub fn reset_peak_memory(&self) -> Result<()> {
+        let Some(pool) = self.memory_pool()? else {
+            return Ok(());
+        };
+        self.sync()?;
+        let mut zero: u64 = 0;
+        // SAFETY: a live pool of this device; the high-water mark is a cuuint64_t that may only
+        // be set to 0.
+        unsafe {
+            cudarc::driver::sys::cuMemPoolSetAttribute(
+                pool,
+                cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                (&raw mut zero).cast(),
+            )
+        }
+        .result()
+        .map_err(driver_err("resetting the pool's high-water mark"))
+    }
+
+    /// The pool cudarc's stream allocations come from, where it allocates from one.
+    fn memory_pool(&self) -> Result<Option<cudarc::driver::sys::CUmemoryPool>> {
+        if !self.ctx.has_async_alloc() {
+            return Ok(None);
+        }
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: writes the device's current pool (cuMemAllocAsync's) into `pool`.
+        unsafe { cudarc::driver::sys::cuDeviceGetMemPool(&mut pool, self.ctx.cu_device()) }
+            .result()
+            .map_err(driver_err("finding the device's memory pool"))?;
+        Ok(Some(pool))
     }
 
     /// The device's dense GEMM rate in GFLOP/s as the layer GEMMs run it (bf16 in and out, f32

@@ -45,7 +45,7 @@ pub use cudarc;
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 
-pub use context::{stride, CudaDType, DeviceFloat, Gpu, KERNELS_BUILT};
+pub use context::{stride, CudaDType, DeviceFloat, Gpu, PoolMemory, KERNELS_BUILT};
 use decode::HeadGather;
 use layer_norm::Rows;
 use profile::{Laps, Stage, StageSecs};
@@ -367,8 +367,9 @@ impl CudaScorer {
     }
 
     /// Bytes of the LM head's scratch: hidden rows, the bounded logits buffer and the sampler's
-    /// log-softmax rows of the same size.
-    fn head_bytes(&self) -> usize {
+    /// log-softmax rows of the same size. Outside the memory budget: the default budget is what
+    /// is free after it (and `RESERVE_BYTES`).
+    pub fn head_bytes(&self) -> usize {
         let c = &self.config;
         self.head_chunk_rows * (2 * stride(c.n_embd) + 2 * 4 * stride(c.vocab_size))
     }

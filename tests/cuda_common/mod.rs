@@ -15,9 +15,17 @@ pub fn run_child_on_a_small_device(child: &str, bytes: u64) {
         eprintln!("SKIPPED: needs the emulated device, whose memory can be made small");
         return;
     }
+    run_child(child, &[("TOOLSIFT_EMU_DEVICE_BYTES", bytes.to_string())]);
+}
+
+/// Runs the ignored test `child` of this test binary in a process of its own (on the device
+/// `gpu()` opens, with the variables `env` added) and asserts that it passed: for a test that
+/// reads the device's memory accounting, which the tests running beside it in one process
+/// would move.
+pub fn run_child(child: &str, env: &[(&str, String)]) {
     let run = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", child, "--ignored", "--nocapture"])
-        .env("TOOLSIFT_EMU_DEVICE_BYTES", bytes.to_string())
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&run.stdout);

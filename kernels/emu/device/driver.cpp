@@ -13,7 +13,8 @@
 //   opt-in shared memory per block, compute capability 9.0);
 // - device memory as guarded host mappings (an access past the end of an allocation stops the
 //   process naming the kernel, block, thread and allocation); copies, memsets and every pointer
-//   argument of a launch must lie inside a live allocation;
+//   argument of a launch must lie inside a live allocation; one memory pool that every
+//   allocation comes from, with the driver's accounting (bytes in use, their high-water mark);
 // - modules from PTX text: each `.entry` must be a kernel the emulator has (kernels/*.cu built for
 //   the host), so the PTX and the host build cannot drift apart unnoticed;
 // - launches: more than 48 KiB of dynamic shared memory needs the function's
@@ -76,11 +77,15 @@ struct CUstream_st {
 struct CUevent_st {
     std::chrono::steady_clock::time_point at;
 };
+struct CUmemPoolHandle_st {
+    int unused;
+};
 typedef CUctx_st* CUcontext;
 typedef CUmod_st* CUmodule;
 typedef CUfunc_st* CUfunction;
 typedef CUstream_st* CUstream;
 typedef CUevent_st* CUevent;
+typedef CUmemPoolHandle_st* CUmemoryPool;
 
 namespace {
 
@@ -98,6 +103,10 @@ thread_local CUcontext t_current = nullptr;
 // Live allocations: start -> bytes.
 std::map<uintptr_t, size_t> g_allocations;
 size_t g_allocated = 0;
+// The most g_allocated has been since the memory pool's high-water mark was last reset.
+size_t g_allocated_high = 0;
+// The device's one memory pool: every allocation, cuMemAlloc's too, comes from it.
+CUmemPoolHandle_st g_pool{0};
 uint64_t g_allocation_count = 0;
 uint64_t g_launches = 0;
 // The reason for the last error and its code: cuGetErrorString of that code returns it.
@@ -165,6 +174,7 @@ CUresult allocate(CUdeviceptr* dptr, size_t bytes) {
     if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
     g_allocations[(uintptr_t)p] = bytes;
     g_allocated += bytes;
+    if (g_allocated > g_allocated_high) g_allocated_high = g_allocated;
     *dptr = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
 }
@@ -396,6 +406,41 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream) {
 }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return release(dptr); }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream) { return release(dptr); }
+
+// The memory pool's accounting, as the driver keeps it for cuMemAllocAsync: bytes in use and
+// their high-water mark (CUmemPool_attribute 7 and 8; nothing is cached, so the reserved bytes,
+// 5 and 6, are the same). Only a high-water mark can be set, and only to 0, which restarts it
+// from the bytes in use.
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice device) {
+    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    *pool = &g_pool;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice device) {
+    return cuDeviceGetMemPool(pool, device);
+}
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attribute, void* value) {
+    if (pool != &g_pool || !value) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lock(g_lock);
+    switch (attribute) {
+        case 5: case 7: *(uint64_t*)value = g_allocated; return CUDA_SUCCESS;
+        case 6: case 8: *(uint64_t*)value = g_allocated_high; return CUDA_SUCCESS;
+        default: return fail(CUDA_ERROR_NOT_SUPPORTED, "cuMemPoolGetAttribute: attribute " +
+                                                           std::to_string(attribute));
+    }
+}
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attribute, void* value) {
+    if (pool != &g_pool || !value) return CUDA_ERROR_INVALID_VALUE;
+    if (attribute != 6 && attribute != 8)
+        return fail(CUDA_ERROR_NOT_SUPPORTED,
+                    "cuMemPoolSetAttribute: attribute " + std::to_string(attribute));
+    if (*(uint64_t*)value != 0)
+        return fail(CUDA_ERROR_INVALID_VALUE, "cuMemPoolSetAttribute: a high-water mark resets to 0");
+    std::lock_guard<std::mutex> lock(g_lock);
+    g_allocated_high = g_allocated;
+    return CUDA_SUCCESS;
+}
 
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n) {
     if (CUresult r = check_span(dst, n, "cuMemsetD8")) return r;
