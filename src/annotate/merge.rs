@@ -1,6 +1,7 @@
 //! `toolsift merge`: the outputs of every shard of one run joined into one C* and one rejects
 //! file, in input-line order, by a streaming k-way merge (docs/annotate.md, docs/scaling.md).
 
+use std::collections::BTreeMap;
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 
@@ -56,13 +57,23 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
         )));
     }
     let outputs = merge_inputs(inputs)?;
+    let (count, corpus_lines, seen) = check_shards(&outputs)?;
+    let out_paths = check_merge_outputs(out, &outputs)?;
+    write_merged(out, &out_paths, outputs, count, corpus_lines, &seen)
+}
+
+/// Checks that `outputs` are every shard of one run, each once: refuses none at all, a shard
+/// index past its count, runs with other settings, another shard count or corpus length, a
+/// shard given twice, and a missing shard (naming what is where its output would be). Returns
+/// the shard count, the corpus's line count and each shard index's C*.
+fn check_shards(outputs: &[MergeInput]) -> Result<(u64, u64, BTreeMap<u64, PathBuf>)> {
     let Some(first) = outputs.first() else {
         return Err(Error::input("merge: no C* files given"));
     };
     let (count, corpus_lines) = (first.shard.count, first.corpus_lines);
     // Shard index -> its output; a map, so that a corrupt count allocates nothing.
-    let mut seen = std::collections::BTreeMap::new();
-    for o in &outputs {
+    let mut seen = BTreeMap::new();
+    for o in outputs {
         if o.shard.index >= o.shard.count {
             return Err(Error::input(format!(
                 "{}: shard {}/{} is not a shard",
@@ -95,7 +106,7 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
                 corpus_lines
             )));
         }
-        if let Some(other) = seen.insert(o.shard.index, &o.paths.out) {
+        if let Some(other) = seen.insert(o.shard.index, o.paths.out.clone()) {
             return Err(Error::input(format!(
                 "shard {}/{count} is given twice: {} and {}",
                 o.shard.index,
@@ -113,6 +124,15 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
             missing_shard_state(&first.paths.out, first.shard.index, first_missing, count)
         )));
     }
+    Ok((count, corpus_lines, seen))
+}
+
+/// Checks that the merge's output names (`out`'s C*, rejects and summary) are free to write,
+/// and returns them. Refuses an input among them, a run in progress on `out`, a temporary name
+/// that is another run's output, files there of another kind than the merge writes, and a C*
+/// or run in progress on the other spelling of `out`: the merge would replace or strand files
+/// that are not its own.
+fn check_merge_outputs(out: &Path, outputs: &[MergeInput]) -> Result<OutputPaths> {
     let out_paths = OutputPaths::new(out);
     let written = [
         out_paths.out.clone(),
@@ -122,7 +142,7 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
         AtomicFile::tmp_path(&out_paths.rejects),
         AtomicFile::tmp_path(&out_paths.summary),
     ];
-    for o in &outputs {
+    for o in outputs {
         for input in [&o.paths.out, &o.paths.rejects, &o.paths.summary] {
             // Compared as files, not spellings: "dir/../x" and a symlink are the same input.
             if let Some(w) = written.iter().find(|w| is_same_file(input, w)) {
@@ -191,7 +211,21 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
             out_paths.summary.display()
         )));
     }
+    Ok(out_paths)
+}
 
+/// Writes the merged C*, rejects and summary (`out_paths`) from the checked shards `outputs`
+/// (`seen`: shard index -> C*, of `count` shards of a `corpus_lines`-line corpus), by a k-way
+/// merge; a line in two outputs, in none, out of order or past the corpus's end is refused
+/// before any of the files is committed.
+fn write_merged(
+    out: &Path,
+    out_paths: &OutputPaths,
+    outputs: Vec<MergeInput>,
+    count: u64,
+    corpus_lines: u64,
+    seen: &BTreeMap<u64, PathBuf>,
+) -> Result<MergeReport> {
     // One stream per file; a k-way merge on the input line number.
     let mut streams = Vec::new();
     for o in &outputs {

@@ -94,98 +94,7 @@ pub enum RunOutcome {
 pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcome> {
     let started = Instant::now();
     let shard = options.shard;
-    check_out(&options.out)?;
-    // The corpus is read twice (its lines are counted first, and a resumed run reads it again
-    // from the start): a pipe would give an empty second read.
-    let meta = std::fs::metadata(&options.corpus).map_err(|e| Error::io(&options.corpus, e))?;
-    if !meta.is_file() {
-        return Err(Error::input(format!(
-            "{}: the corpus must be a regular file (it is read more than once); write it to a \
-             file first",
-            options.corpus.display()
-        )));
-    }
-    let paths = OutputPaths::new(&shard.output_path(&options.out));
-    // Writing any of them would replace the corpus (C*'s temporary name is renamed onto C*).
-    if let Some(clash) = paths
-        .written()
-        .into_iter()
-        .find(|p| fs::is_same_file(&options.corpus, p))
-    {
-        return Err(Error::input(format!(
-            "the corpus {} is {}, a file this run writes; give another output (--out)",
-            options.corpus.display(),
-            clash.display()
-        )));
-    }
-    if let Some(why) = paths.temporary_clash() {
-        return Err(temporary_clash(&paths.out, &why));
-    }
-    // A fresh output folder (a shard job's, say) is made, not an error about the journal.
-    if let Some(dir) = paths.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
-    // A run on the other spelling ("x" / "x.jsonl") would write these rejects and summary
-    // too; looked at before this run's own outputs (which may be that run's rejects and
-    // summary, and the error should name its C*), and again once the journal is held, for a
-    // run that started meanwhile.
-    let other = paths.other_spelling();
-    let other_running = || {
-        Error::input(format!(
-            "a run on {} is in progress (its journal {} exists), and it writes the rejects \
-             and summary this run would ({}, {}); let it finish or delete its journal, or give \
-             another output (--out)",
-            other.out.display(),
-            other.journal.display(),
-            paths.rejects.display(),
-            paths.summary.display()
-        ))
-    };
-    // Its finished C* too: these rejects and summary would then sit beside it, of another run.
-    let other_done = || -> Result<Option<Error>> {
-        let done = other.out.is_file() && writer::not_a_cstar(&other.out)?.is_none();
-        Ok(done.then(|| {
-            Error::input(format!(
-                "{} is a finished run's C*, and its rejects and summary are the ones this run \
-                 would write ({}, {}); delete the three, or give another output (--out)",
-                other.out.display(),
-                paths.rejects.display(),
-                paths.summary.display()
-            ))
-        }))
-    };
-    if other.journal.exists() {
-        return Err(other_running());
-    }
-    if let Some(e) = other_done()? {
-        return Err(e);
-    }
-    // Without a journal, any of the three outputs is a finished run's: "--out x" and "--out
-    // x.jsonl" share their rejects and summary names, so C* alone is not enough to look at.
-    if !paths.journal.exists() {
-        if let Some(what) = writer::not_a_cstar(&paths.out)? {
-            return Err(Error::input(format!(
-                "{} (--out) exists and is not a C* file ({what}); give another output",
-                paths.out.display()
-            )));
-        }
-        let done: Vec<String> = [&paths.out, &paths.rejects, &paths.summary]
-            .into_iter()
-            .filter(|p| p.exists())
-            .map(|p| p.display().to_string())
-            .collect();
-        if let [first, .., last] | [first @ last] = &done[..] {
-            let all = match &done[..done.len() - 1] {
-                [] => last.clone(),
-                rest => format!("{} and {last}", rest.join(", ")),
-            };
-            return Err(Error::input(format!(
-                "{first} exists and no run is in progress (no {}): it is a finished run's \
-                 output; delete {all} to annotate again, or give another output (--out)",
-                paths.journal.display(),
-            )));
-        }
-    }
+    let paths = check_outputs(options)?;
     let corpus_id = corpus::fingerprint(&options.corpus)?;
     let total = corpus_id.lines;
     let run = json!({
@@ -206,11 +115,8 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
             paths.out.display()
         )));
     }
-    if other.journal.exists() {
-        journal.discard()?;
-        return Err(other_running());
-    }
-    if let Some(e) = other_done()? {
+    // Again, now that the journal is held: a run on the other spelling may have started since.
+    if let Some(e) = other_spelling_refusal(&paths)? {
         journal.discard()?;
         return Err(e);
     }
@@ -308,38 +214,13 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     bar.finish_and_clear();
     let read = corpus.fingerprint();
     if read != corpus_id {
-        // Lines only added after the run's: its journal holds the text it started from, and
-        // resumes once they are removed. Unsharded, with lines 1..total read changed: the
-        // journal's last line was read from the changed text, so neither text resumes it.
-        // Otherwise (lines removed, or a shard whose own lines may not have changed) only the
-        // resume's own check can tell.
-        let journal = paths.journal.display();
-        let advice = if read_to_total == Some(corpus_id) {
-            format!(
-                "lines were added after line {total}; the journal {journal} is kept: remove \
-                 them (restore the corpus) and rerun to finish, or delete the journal to start \
-                 over"
-            )
-        } else if shard.count == 1 && read_to_total.is_some() {
-            format!(
-                "a line among 1-{total} changed, so the journal {journal} holds lines read \
-                 from both texts and neither can resume it: delete the journal and rerun"
-            )
-        } else {
-            format!(
-                "the journal {journal} is kept: restore the corpus and rerun to finish; if the \
-                 rerun says the lines it has done changed, delete the journal and rerun"
-            )
-        };
-        return Err(Error::input(format!(
-            "{}: the corpus changed during the run ({} lines, XXH3 {:016x} when it started; {} \
-             lines, {:016x} now); {advice}",
-            options.corpus.display(),
-            corpus_id.lines,
-            corpus_id.xxh3,
-            read.lines,
-            read.xxh3,
-        )));
+        return Err(corpus_changed(
+            options,
+            &paths,
+            corpus_id,
+            read,
+            read_to_total,
+        ));
     }
     let mut settings = run;
     if let Some(map) = settings.as_object_mut() {
@@ -356,6 +237,160 @@ pub fn annotate(annotator: &Annotator, options: &RunOptions) -> Result<RunOutcom
     // Unlocked only now: a second run must not start on this output while it is being written.
     drop(journal);
     Ok(RunOutcome::Done(Box::new(summary), paths))
+}
+
+/// `annotate`'s checks before it reads the corpus; returns the run's output paths (their folder
+/// made). Refuses an output that is no file for C*, a corpus that is not a regular file or is
+/// one of the files this run writes, a temporary name that is another run's output, a run on
+/// the other spelling, and a finished output without a journal: writing would replace a file
+/// that is not this run's to replace.
+fn check_outputs(options: &RunOptions) -> Result<OutputPaths> {
+    check_out(&options.out)?;
+    // The corpus is read twice (its lines are counted first, and a resumed run reads it again
+    // from the start): a pipe would give an empty second read.
+    let meta = std::fs::metadata(&options.corpus).map_err(|e| Error::io(&options.corpus, e))?;
+    if !meta.is_file() {
+        return Err(Error::input(format!(
+            "{}: the corpus must be a regular file (it is read more than once); write it to a \
+             file first",
+            options.corpus.display()
+        )));
+    }
+    let paths = OutputPaths::new(&options.shard.output_path(&options.out));
+    // Writing any of them would replace the corpus (C*'s temporary name is renamed onto C*).
+    if let Some(clash) = paths
+        .written()
+        .into_iter()
+        .find(|p| fs::is_same_file(&options.corpus, p))
+    {
+        return Err(Error::input(format!(
+            "the corpus {} is {}, a file this run writes; give another output (--out)",
+            options.corpus.display(),
+            clash.display()
+        )));
+    }
+    if let Some(why) = paths.temporary_clash() {
+        return Err(temporary_clash(&paths.out, &why));
+    }
+    // A fresh output folder (a shard job's, say) is made, not an error about the journal.
+    if let Some(dir) = paths.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    // A run on the other spelling ("x" / "x.jsonl") would write these rejects and summary
+    // too; looked at before this run's own outputs (which may be that run's rejects and
+    // summary, and the error should name its C*), and again once the journal is held, for a
+    // run that started meanwhile.
+    if let Some(e) = other_spelling_refusal(&paths)? {
+        return Err(e);
+    }
+    check_no_finished_output(&paths)?;
+    Ok(paths)
+}
+
+/// The refusal of a run whose rejects and summary a run on the other spelling of its C* ("x" /
+/// "x.jsonl") writes too: that run in progress (its journal is there) or finished (its C* is).
+/// An error reading that C* is returned as the `Err`, a refusal as `Ok(Some(_))`.
+fn other_spelling_refusal(paths: &OutputPaths) -> Result<Option<Error>> {
+    let other = paths.other_spelling();
+    if other.journal.exists() {
+        return Ok(Some(Error::input(format!(
+            "a run on {} is in progress (its journal {} exists), and it writes the rejects \
+             and summary this run would ({}, {}); let it finish or delete its journal, or give \
+             another output (--out)",
+            other.out.display(),
+            other.journal.display(),
+            paths.rejects.display(),
+            paths.summary.display()
+        ))));
+    }
+    // Its finished C* too: these rejects and summary would then sit beside it, of another run.
+    let done = other.out.is_file() && writer::not_a_cstar(&other.out)?.is_none();
+    Ok(done.then(|| {
+        Error::input(format!(
+            "{} is a finished run's C*, and its rejects and summary are the ones this run \
+             would write ({}, {}); delete the three, or give another output (--out)",
+            other.out.display(),
+            paths.rejects.display(),
+            paths.summary.display()
+        ))
+    }))
+}
+
+/// Refuses outputs of a finished run (no journal beside them): a C* file that is not C*, or any
+/// of C*, rejects and summary, which a new run would replace.
+fn check_no_finished_output(paths: &OutputPaths) -> Result<()> {
+    // Without a journal, any of the three outputs is a finished run's: "--out x" and "--out
+    // x.jsonl" share their rejects and summary names, so C* alone is not enough to look at.
+    if !paths.journal.exists() {
+        if let Some(what) = writer::not_a_cstar(&paths.out)? {
+            return Err(Error::input(format!(
+                "{} (--out) exists and is not a C* file ({what}); give another output",
+                paths.out.display()
+            )));
+        }
+        let done: Vec<String> = [&paths.out, &paths.rejects, &paths.summary]
+            .into_iter()
+            .filter(|p| p.exists())
+            .map(|p| p.display().to_string())
+            .collect();
+        if let [first, .., last] | [first @ last] = &done[..] {
+            let all = match &done[..done.len() - 1] {
+                [] => last.clone(),
+                rest => format!("{} and {last}", rest.join(", ")),
+            };
+            return Err(Error::input(format!(
+                "{first} exists and no run is in progress (no {}): it is a finished run's \
+                 output; delete {all} to annotate again, or give another output (--out)",
+                paths.journal.display(),
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The refusal of a run whose corpus read `read` at its end, not `start` as when it began:
+/// its lines would not be the corpus's. `read_to_total` (the hash of lines 1 to `start.lines`
+/// as read) picks the advice: whether, and how, the journal can still finish the run.
+fn corpus_changed(
+    options: &RunOptions,
+    paths: &OutputPaths,
+    start: corpus::Fingerprint,
+    read: corpus::Fingerprint,
+    read_to_total: Option<corpus::Fingerprint>,
+) -> Error {
+    let total = start.lines;
+    // Lines only added after the run's: its journal holds the text it started from, and
+    // resumes once they are removed. Unsharded, with lines 1..total read changed: the
+    // journal's last line was read from the changed text, so neither text resumes it.
+    // Otherwise (lines removed, or a shard whose own lines may not have changed) only the
+    // resume's own check can tell.
+    let journal = paths.journal.display();
+    let advice = if read_to_total == Some(start) {
+        format!(
+            "lines were added after line {total}; the journal {journal} is kept: remove \
+             them (restore the corpus) and rerun to finish, or delete the journal to start \
+             over"
+        )
+    } else if options.shard.count == 1 && read_to_total.is_some() {
+        format!(
+            "a line among 1-{total} changed, so the journal {journal} holds lines read \
+             from both texts and neither can resume it: delete the journal and rerun"
+        )
+    } else {
+        format!(
+            "the journal {journal} is kept: restore the corpus and rerun to finish; if the \
+             rerun says the lines it has done changed, delete the journal and rerun"
+        )
+    };
+    Error::input(format!(
+        "{}: the corpus changed during the run ({} lines, XXH3 {:016x} when it started; {} \
+         lines, {:016x} now); {advice}",
+        options.corpus.display(),
+        start.lines,
+        start.xxh3,
+        read.lines,
+        read.xxh3,
+    ))
 }
 
 /// The output (`--out`) must name a file for C* (not a folder). Errors here and in `annotate`
