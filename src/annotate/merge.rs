@@ -57,21 +57,29 @@ pub fn merge(out: &Path, inputs: &[PathBuf]) -> Result<MergeReport> {
         )));
     }
     let outputs = merge_inputs(inputs)?;
-    let (count, corpus_lines, seen) = check_shards(&outputs)?;
+    let shards = check_shards(&outputs)?;
     let out_paths = check_merge_outputs(out, &outputs)?;
-    write_merged(out, &out_paths, outputs, count, corpus_lines, &seen)
+    write_merged(out, &out_paths, outputs, &shards)
+}
+
+/// What the inputs of a merge are, once checked to be every shard of one run.
+struct ShardSet {
+    /// Shards of the run.
+    count: u64,
+    /// Lines of the corpus the run annotated.
+    corpus_lines: u64,
+    /// Shard index -> its C*; a map, so that a corrupt count allocates nothing.
+    cstar: BTreeMap<u64, PathBuf>,
 }
 
 /// Checks that `outputs` are every shard of one run, each once: refuses none at all, a shard
 /// index past its count, runs with other settings, another shard count or corpus length, a
-/// shard given twice, and a missing shard (naming what is where its output would be). Returns
-/// the shard count, the corpus's line count and each shard index's C*.
-fn check_shards(outputs: &[MergeInput]) -> Result<(u64, u64, BTreeMap<u64, PathBuf>)> {
+/// shard given twice, and a missing shard (naming what is where its output would be).
+fn check_shards(outputs: &[MergeInput]) -> Result<ShardSet> {
     let Some(first) = outputs.first() else {
         return Err(Error::input("merge: no C* files given"));
     };
     let (count, corpus_lines) = (first.shard.count, first.corpus_lines);
-    // Shard index -> its output; a map, so that a corrupt count allocates nothing.
     let mut seen = BTreeMap::new();
     for o in outputs {
         if o.shard.index >= o.shard.count {
@@ -124,7 +132,11 @@ fn check_shards(outputs: &[MergeInput]) -> Result<(u64, u64, BTreeMap<u64, PathB
             missing_shard_state(&first.paths.out, first.shard.index, first_missing, count)
         )));
     }
-    Ok((count, corpus_lines, seen))
+    Ok(ShardSet {
+        count,
+        corpus_lines,
+        cstar: seen,
+    })
 }
 
 /// Checks that the merge's output names (`out`'s C*, rejects and summary) are free to write,
@@ -214,18 +226,16 @@ fn check_merge_outputs(out: &Path, outputs: &[MergeInput]) -> Result<OutputPaths
     Ok(out_paths)
 }
 
-/// Writes the merged C*, rejects and summary (`out_paths`) from the checked shards `outputs`
-/// (`seen`: shard index -> C*, of `count` shards of a `corpus_lines`-line corpus), by a k-way
-/// merge; a line in two outputs, in none, out of order or past the corpus's end is refused
-/// before any of the files is committed.
+/// Writes the merged C*, rejects and summary (`out_paths`) from the checked shards `outputs`,
+/// by a k-way merge; a line in two outputs, in none, out of order or past the corpus's end is
+/// refused before any of the files is committed.
 fn write_merged(
     out: &Path,
     out_paths: &OutputPaths,
     outputs: Vec<MergeInput>,
-    count: u64,
-    corpus_lines: u64,
-    seen: &BTreeMap<u64, PathBuf>,
+    shards: &ShardSet,
 ) -> Result<MergeReport> {
+    let (count, corpus_lines) = (shards.count, shards.corpus_lines);
     // One stream per file; a k-way merge on the input line number.
     let mut streams = Vec::new();
     for o in &outputs {
@@ -268,7 +278,7 @@ fn write_merged(
                 format!(
                     "input line {next} is missing from its shard's output (shard \
                      {owner}/{count}, {}), or out of order there",
-                    seen[&owner].display()
+                    shards.cstar[&owner].display()
                 )
             } else {
                 format!(
@@ -296,7 +306,7 @@ fn write_merged(
         // Named as above: which shard's files lost their last lines (a cut copy, say).
         return Err(Error::input(format!(
             "input line {next} is missing from its shard's output (shard {owner}/{count}, {})",
-            seen[&owner].display()
+            shards.cstar[&owner].display()
         )));
     }
     let shard_summaries: Vec<Summary> = outputs.into_iter().map(|o| o.summary).collect();
