@@ -1195,3 +1195,145 @@ fn cuda_sampling_bench() {
     eprintln!("{json}");
     std::fs::write(&output, serde_json::to_string_pretty(&json).unwrap()).unwrap();
 }
+
+/// What the sampling steps allocate on the device (the memory pool's peak over a call, less
+/// what was held before) stays within what they plan with, and nothing is left held after a
+/// call. The bounds, from the planning in `sample::cached` and `sample::batch::sample_groups`:
+/// - `sample`: the budget, or the costliest request alone (a request that does not fit is a
+///   group of its own): its prefix at `bytes_per_token` a token, its samples' new tokens' K/V
+///   and one token's activations per sample; plus the head's scratch (`head_bytes`).
+/// - `token_log_probs`: the sequence in one forward at `bytes_per_token` a token, the head's
+///   scratch, and the gather of the asked tokens (blocks of rows no larger than the head's
+///   logits scratch, or one row: 16 bytes a (row, token), and the row lists).
+/// - `propose`: that; the tree's one growth to the largest group (a reallocation: the old rows
+///   and the new capacity at once, outside the budget); or the sequence's K/V beside the budget
+///   left for the branches, or the costliest branch alone, plus the head's scratch.
+///
+/// Random models, head chunks, budgets (4 to 200 tokens' worth), requests and branches, in a
+/// process of its own: the pool is the whole process's, which the tests beside it would move.
+#[test]
+fn sampling_allocates_within_its_accounting() {
+    if gpu().is_none() {
+        return;
+    }
+    cuda_common::run_child("sampling_allocates_within_its_accounting_child", &[]);
+}
+
+#[test]
+#[ignore = "the child of sampling_allocates_within_its_accounting"]
+fn sampling_allocates_within_its_accounting_child() {
+    let Some(g) = gpu() else { return };
+    if g.pool_memory().unwrap().is_none() {
+        eprintln!("SKIPPED: the device has no memory pools, whose accounting this reads");
+        return;
+    }
+    let strategy = (
+        1usize..=2,
+        prop::sample::select(vec![8usize, 12, 17]),
+        20usize..320,
+        prop::sample::select(vec![CudaDType::BF16, CudaDType::F16]),
+        prop::sample::select(vec![1usize, 7, 64, 1024]),
+        4usize..200,
+        any::<u64>(),
+    );
+    fuzz(
+        "sampling_allocates_within_its_accounting",
+        16,
+        strategy,
+        |(n_layer, head_dim, vocab, dtype, head_rows, budget_tokens, seed)| {
+            let m = model(n_layer, 2, head_dim, vocab, dtype, seed);
+            let probe = engine(&m, dtype, head_rows);
+            let (per_token, kv) = (probe.bytes_per_token(), probe.kv_bytes_per_token());
+            let activations = per_token - kv;
+            let budget = budget_tokens * per_token;
+            let cuda = probe.with_memory_budget(budget);
+            let head = cuda.head_bytes();
+            let g = cuda.gpu();
+            // The pool's peak over `call`, less what was held before; nothing left held after.
+            let allocated = |call: &dyn Fn()| -> Result<usize, TestCaseError> {
+                g.reset_peak_memory().unwrap();
+                let before = g.pool_memory().unwrap().unwrap();
+                call();
+                let after = g.pool_memory().unwrap().unwrap();
+                prop_assert_eq!(after.in_use, before.in_use, "device memory left held");
+                Ok((after.peak_since(&before) - before.in_use) as usize)
+            };
+            let within = |what: &str, used: usize, bound: usize| {
+                prop_assert!(
+                    used <= bound,
+                    "{what} allocated {used} device bytes, over its accounting of {bound} \
+                     (budget {budget}, head scratch {head}, {per_token} bytes a token)"
+                );
+                Ok(())
+            };
+            let mut rng = Rng::new(seed);
+            let options = SampleOptions {
+                max_new_tokens: rng.range(0, 40),
+                seed,
+                ..Default::default()
+            };
+            let requests: Vec<SampleRequest> = (0..1 + rng.range(0, 5))
+                .map(|_| {
+                    let n = 1 + rng.range(0, 60);
+                    SampleRequest {
+                        prefix: random_ids(&mut rng, n, vocab),
+                        n_samples: rng.range(0, 4),
+                    }
+                })
+                .collect();
+            let decode = |n_samples: usize| {
+                n_samples * options.max_new_tokens * kv + n_samples * activations
+            };
+            let costliest = |prefix: &dyn Fn(&SampleRequest) -> usize| {
+                requests
+                    .iter()
+                    .map(|r| prefix(r) * per_token + decode(r.n_samples))
+                    .max()
+                    .unwrap_or(0)
+            };
+            let used = allocated(&|| {
+                cuda.sample(&requests, &options).unwrap();
+            })?;
+            within(
+                "sample",
+                used,
+                budget.max(costliest(&|r| r.prefix.len())) + head,
+            )?;
+
+            let n = 1 + rng.range(0, 100);
+            let ids = random_ids(&mut rng, n, vocab);
+            let tokens: Vec<u32> = (0..1 + rng.range(0, vocab - 1) as u32).collect();
+            let scratch = head_rows * toolsift::cuda::stride(vocab) * 4;
+            let gather = scratch.max(16 * tokens.len()) + 8 * (n + 1);
+            let sequence = n * per_token + head + gather;
+            let used = allocated(&|| {
+                cuda.token_log_probs(&ids, &tokens).unwrap();
+            })?;
+            within("token_log_probs", used, sequence)?;
+
+            let branches: Vec<Branch> = (0..1 + rng.range(0, 6))
+                .map(|_| Branch {
+                    at: rng.range(0, n),
+                    token: rng.range(0, vocab - 1) as u32,
+                    n_samples: rng.range(0, 3),
+                })
+                .collect();
+            let new_rows: usize = branches
+                .iter()
+                .map(|b| 1 + b.n_samples * options.max_new_tokens)
+                .sum();
+            let costliest_branch = branches
+                .iter()
+                .map(|b| per_token + decode(b.n_samples))
+                .max()
+                .unwrap_or(0);
+            let growth = (2 * n + new_rows) * kv;
+            let groups = n * kv + budget.saturating_sub(n * kv).max(costliest_branch) + head;
+            let used = allocated(&|| {
+                cuda.propose(&ids, &tokens, &mut |_| branches.clone(), &options)
+                    .unwrap();
+            })?;
+            within("propose", used, sequence.max(growth).max(groups))
+        },
+    );
+}
