@@ -1208,6 +1208,8 @@ fn cuda_sampling_bench() {
 /// - `propose`: that; the tree's one growth to the largest group (a reallocation: the old rows
 ///   and the new capacity at once, outside the budget); or the sequence's K/V beside the budget
 ///   left for the branches, or the costliest branch alone, plus the head's scratch.
+/// - a decode session: between calls the device holds exactly the cache it counts against the
+///   budget (`session_kv_bytes`), and nothing once it is dropped.
 ///
 /// Random models, head chunks, budgets (4 to 200 tokens' worth), requests and branches, in a
 /// process of its own: the pool is the whole process's, which the tests beside it would move.
@@ -1333,7 +1335,37 @@ fn sampling_allocates_within_its_accounting_child() {
                 cuda.propose(&ids, &tokens, &mut |_| branches.clone(), &options)
                     .unwrap();
             })?;
-            within("propose", used, sequence.max(growth).max(groups))
+            within("propose", used, sequence.max(growth).max(groups))?;
+
+            // A decode session holds its KV cache between calls, counted against the budget
+            // (`session_kv_bytes`): exactly what the device holds for it, all of it freed with
+            // the session. Its first step grows the cache past its first 256 rows at times.
+            let before = g.pool_memory().unwrap().unwrap();
+            {
+                let mut session = cuda.session();
+                let ids: Vec<usize> = (0..1 + rng.range(0, 3))
+                    .map(|_| session.new_sequence())
+                    .collect();
+                for step in 0..3 {
+                    let tokens: Vec<Vec<u32>> = ids
+                        .iter()
+                        .map(|_| {
+                            let k = 1 + rng.range(0, if step == 0 { 120 } else { 4 });
+                            random_ids(&mut rng, k, vocab)
+                        })
+                        .collect();
+                    session.extend(&ids, &tokens).unwrap();
+                    let held = g.pool_memory().unwrap().unwrap().in_use - before.in_use;
+                    prop_assert_eq!(held as usize, cuda.session_kv_bytes(), "step {}", step);
+                }
+            }
+            let after = g.pool_memory().unwrap().unwrap();
+            prop_assert_eq!(
+                after.in_use,
+                before.in_use,
+                "a dropped session's cache left held"
+            );
+            Ok(())
         },
     );
 }
