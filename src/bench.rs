@@ -435,25 +435,7 @@ pub fn reset_peak_rss() -> bool {
 /// built, on CUDA, or in 0 rounds; a random model too large for this machine's memory; a
 /// workload that does not fit the model's n_positions), and on any engine's error.
 pub fn run(args: &BenchArgs) -> Result<BenchReport> {
-    if args.run_baselines {
-        // Before any work: the comparison is the point of the run.
-        if !cfg!(feature = "baselines") {
-            return run_baselines_unavailable();
-        }
-        if args.baseline_reps == 0 {
-            return Err(Error::input(
-                "baseline_reps is 0: the baselines run in at least one round (or not at all: \
-                 run_baselines false)",
-            ));
-        }
-        if args.device == Device::Cuda {
-            return Err(Error::input(
-                "the candle baselines run on the CPU, so a ratio against the GPU engine compares \
-                 devices, not scorers: bench --device cuda with --skip-baselines (the GPU \
-                 comparison, against transformers on the same card, is scripts/gpu-check.sh)",
-            ));
-        }
-    }
+    check_baselines_request(args)?;
     let loaded = match &args.model_dir {
         Some(dir) => Some(Model::load(dir)?),
         None => None,
@@ -461,44 +443,12 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     let config = loaded
         .as_ref()
         .map_or(args.config.clone(), |m| m.config().clone());
-    let c = &config;
-    // A loaded model's config was checked as it loaded; a random one's comes from the size
-    // flags, which the message names.
-    c.validate().map_err(|e| {
-        Error::input(format!(
-            "the random model's sizes (--layers, --embd, --heads, --rotary, --vocab; in the \
-             library, BenchArgs::config): {e}"
-        ))
-    })?;
-    if loaded.is_none() {
-        check_fits_in_memory(c, args.n_texts)?;
-    }
-    let workload = Workload::standard(args.n_texts, args.seed);
-    let candidates = workload.generate(c.vocab_size, args.placement);
     let options = ScoreOptions {
         placement: args.placement,
         weights: LossWeights::default(),
     };
-    // The engines' `variant_losses` assume checked candidates (`Scorer::score` checks them); a
-    // real checkpoint's n_positions may be too short for the workload's sequences.
-    for cand in &candidates {
-        crate::score::validate(cand, c, &options).map_err(|e| {
-            Error::input(format!(
-                "the standard workload does not fit this model: {e} (its sequences need up to \
-                 ~272 positions)"
-            ))
-        })?;
-    }
-    // The naive baseline runs whole texts: found out here, not after the engine's warm-up.
-    #[cfg(feature = "baselines")]
-    if args.run_baselines {
-        crate::baselines::check_whole_texts_fit(c, &candidates).map_err(|e| {
-            Error::input(format!(
-                "the standard workload does not fit this model's n_positions for the naive \
-                 baseline ({e}); --skip-baselines runs toolsift alone"
-            ))
-        })?;
-    }
+    let candidates = standard_workload(args, &config, &options, loaded.is_none())?;
+    let c = &config;
     let model_name = format!(
         "gptj L{} d{} h{} r{} v{}",
         c.n_layer,
@@ -519,13 +469,16 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     let device_held = engine.reset_device_peak()?;
     // Checked once here; the timed calls below run the engines alone.
     let ours = engine.variant_losses(&candidates, &options)?;
-    let peak = peak_rss_bytes();
-    let device_peak_bytes = match device_held {
-        Some(held) => engine.device_peak(held)?,
-        None => None,
+    let memory = Memory {
+        peak_rss_bytes: peak_rss_bytes(),
+        peak_rss_reset: peak_reset,
+        device_peak_bytes: match device_held {
+            Some(held) => engine.device_peak(held)?,
+            None => None,
+        },
+        weights_bytes: engine.weights_bytes(),
+        kv_element_bytes: engine.kv_element_bytes(),
     };
-    let kv_element_bytes = engine.kv_element_bytes();
-    let weights_bytes = engine.weights_bytes();
     let baselines = if args.run_baselines {
         let baselines = open_baselines(args, &config)?;
         let warm_up = &candidates[..candidates.len().min(args.batch_size.max(1))];
@@ -536,85 +489,226 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
     } else {
         None
     };
+    let rounds = time_rounds(args, &*engine, baselines.as_ref(), &candidates, &options)?;
+    drop(engine);
+    let mut report = toolsift_report(args, &config, model_name, &candidates, &rounds, &memory);
+    if let Some(baselines) = &baselines {
+        add_baselines(
+            &mut report,
+            &config,
+            baselines,
+            &rounds,
+            &ours,
+            &candidates,
+            &options,
+        );
+    }
+    Ok(report)
+}
 
-    // Timed rounds: toolsift, the peak, then the baselines (in the first baseline_reps).
-    let flops_per_token = c.trunk_flops_per_token();
+/// Refuses a baseline comparison this build or device cannot run, before any work: the
+/// comparison is the point of such a run.
+fn check_baselines_request(args: &BenchArgs) -> Result<()> {
+    if !args.run_baselines {
+        return Ok(());
+    }
+    if !cfg!(feature = "baselines") {
+        return run_baselines_unavailable();
+    }
+    if args.baseline_reps == 0 {
+        return Err(Error::input(
+            "baseline_reps is 0: the baselines run in at least one round (or not at all: \
+             run_baselines false)",
+        ));
+    }
+    if args.device == Device::Cuda {
+        return Err(Error::input(
+            "the candle baselines run on the CPU, so a ratio against the GPU engine compares \
+             devices, not scorers: bench --device cuda with --skip-baselines (the GPU \
+             comparison, against transformers on the same card, is scripts/gpu-check.sh)",
+        ));
+    }
+    Ok(())
+}
+
+/// The standard workload for `config`, checked to fit it (and, when `random`, this machine's
+/// memory) before any engine is built.
+fn standard_workload(
+    args: &BenchArgs,
+    config: &GptjConfig,
+    options: &ScoreOptions,
+    random: bool,
+) -> Result<Vec<TokenCandidate>> {
+    let c = config;
+    // A loaded model's config was checked as it loaded; a random one's comes from the size
+    // flags, which the message names.
+    c.validate().map_err(|e| {
+        Error::input(format!(
+            "the random model's sizes (--layers, --embd, --heads, --rotary, --vocab; in the \
+             library, BenchArgs::config): {e}"
+        ))
+    })?;
+    if random {
+        check_fits_in_memory(c, args.n_texts)?;
+    }
+    let workload = Workload::standard(args.n_texts, args.seed);
+    let candidates = workload.generate(c.vocab_size, args.placement);
+    // The engines' `variant_losses` assume checked candidates (`Scorer::score` checks them); a
+    // real checkpoint's n_positions may be too short for the workload's sequences.
+    for cand in &candidates {
+        crate::score::validate(cand, c, options).map_err(|e| {
+            Error::input(format!(
+                "the standard workload does not fit this model: {e} (its sequences need up to \
+                 ~272 positions)"
+            ))
+        })?;
+    }
+    // The naive baseline runs whole texts: found out here, not after the engine's warm-up.
+    #[cfg(feature = "baselines")]
+    if args.run_baselines {
+        crate::baselines::check_whole_texts_fit(c, &candidates).map_err(|e| {
+            Error::input(format!(
+                "the standard workload does not fit this model's n_positions for the naive \
+                 baseline ({e}); --skip-baselines runs toolsift alone"
+            ))
+        })?;
+    }
+    Ok(candidates)
+}
+
+/// What the engine held, measured around its warm-up run.
+struct Memory {
+    peak_rss_bytes: Option<u64>,
+    peak_rss_reset: bool,
+    device_peak_bytes: Option<u64>,
+    weights_bytes: usize,
+    kv_element_bytes: usize,
+}
+
+/// One timed toolsift run: seconds, its stats, the GEMM peak measured right after (GFLOP/s).
+struct ToolsiftRound {
+    secs: f64,
+    stats: RunStats,
+    peak_gflops: f64,
+}
+
+/// The timed rounds' figures. Baselines in the order of `open_baselines`: tuned, naive,
+/// tuned-kv.
+struct Rounds {
+    toolsift: Vec<ToolsiftRound>,
+    /// Each baseline's seconds per round.
+    baseline_secs: [Vec<f64>; 3],
+    /// Each baseline's losses (its last round's).
+    baseline_losses: [Vec<[f64; 3]>; 3],
+    /// toolsift's seconds around each baseline round: the ratios' denominators.
+    bracketing: [Vec<f64>; 3],
+    /// The 1-minute load average at the start and at the end.
+    load_average: Option<[f64; 2]>,
+}
+
+/// The timed rounds: toolsift, the GEMM peak, then (in the first `baseline_reps` rounds) each
+/// baseline followed by toolsift again.
+fn time_rounds(
+    args: &BenchArgs,
+    engine: &dyn Engine,
+    baselines: Option<&[Box<dyn Baseline>; 3]>,
+    candidates: &[TokenCandidate],
+    options: &ScoreOptions,
+) -> Result<Rounds> {
     let rounds = args.reps.max(1).max(if baselines.is_some() {
         args.baseline_reps
     } else {
         0
     });
-    let mut toolsift = Vec::new(); // (secs, stats, GEMM peak GFLOP/s) per round
-    let mut timed: [Vec<f64>; 3] = Default::default(); // tuned, naive, tuned-kv secs per round
-    let mut outputs: [Vec<[f64; 3]>; 3] = Default::default();
-    // toolsift secs around each baseline round (tuned, naive, tuned-kv): the ratios'
-    // denominators.
-    let mut bracketing: [Vec<f64>; 3] = Default::default();
+    let mut r = Rounds {
+        toolsift: Vec::new(),
+        baseline_secs: Default::default(),
+        baseline_losses: Default::default(),
+        bracketing: Default::default(),
+        load_average: None,
+    };
     let load_at_start = load_average();
     for round in 0..rounds {
         let t = Instant::now();
-        engine.variant_losses_unchecked(&candidates, &options)?;
+        engine.variant_losses_unchecked(candidates, options)?;
         let secs = t.elapsed().as_secs_f64();
         let peak_gflops = engine.gemm_peak_gflops()?;
-        toolsift.push((secs, engine.last_stats(), peak_gflops));
+        r.toolsift.push(ToolsiftRound {
+            secs,
+            stats: engine.last_stats(),
+            peak_gflops,
+        });
         let mut before = secs;
-        for (i, b) in baselines.iter().flatten().enumerate() {
+        for (i, b) in baselines.into_iter().flatten().enumerate() {
             if round < args.baseline_reps {
                 let t = Instant::now();
-                outputs[i] = b.variant_losses_unchecked(&candidates, &options)?;
-                timed[i].push(t.elapsed().as_secs_f64());
+                r.baseline_losses[i] = b.variant_losses_unchecked(candidates, options)?;
+                r.baseline_secs[i].push(t.elapsed().as_secs_f64());
                 // toolsift again right after: the ratio's toolsift time is the mean of the runs
                 // on either side of the baseline's, so that a change of load during a
                 // minute-long baseline run reaches both sides of it, not only the baseline's.
                 let t = Instant::now();
-                engine.variant_losses_unchecked(&candidates, &options)?;
+                engine.variant_losses_unchecked(candidates, options)?;
                 let after = t.elapsed().as_secs_f64();
-                bracketing[i].push((before + after) / 2.0);
+                r.bracketing[i].push((before + after) / 2.0);
                 before = after;
             }
         }
     }
-    let load_average = load_at_start.zip(load_average()).map(|(a, b)| [a, b]);
-    drop(engine);
-    let secs_of = |r: &(f64, RunStats, f64)| r.0;
-    let toolsift_secs = median(&toolsift.iter().map(secs_of).collect::<Vec<_>>());
-    let gemm_gflops_peak = median(&toolsift.iter().map(|r| r.2).collect::<Vec<_>>());
+    r.load_average = load_at_start.zip(load_average()).map(|(a, b)| [a, b]);
+    Ok(r)
+}
+
+/// The report of toolsift's rounds (the baselines' fields empty).
+fn toolsift_report(
+    args: &BenchArgs,
+    c: &GptjConfig,
+    model: String,
+    candidates: &[TokenCandidate],
+    rounds: &Rounds,
+    memory: &Memory,
+) -> BenchReport {
+    let toolsift = &rounds.toolsift;
+    let flops_per_token = c.trunk_flops_per_token();
+    let toolsift_secs = median(&toolsift.iter().map(|r| r.secs).collect::<Vec<_>>());
+    let gemm_gflops_peak = median(&toolsift.iter().map(|r| r.peak_gflops).collect::<Vec<_>>());
     // The stats of the median round (the upper one of an even count).
-    let mut by_time: Vec<&(f64, RunStats, f64)> = toolsift.iter().collect();
-    by_time.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let stats = by_time[by_time.len() / 2].1;
+    let mut by_time: Vec<&ToolsiftRound> = toolsift.iter().collect();
+    by_time.sort_by(|a, b| a.secs.total_cmp(&b.secs));
+    let stats = by_time[by_time.len() / 2].stats;
     // Trunk GEMM time when the backend measures it, else the whole run (a lower bound); each
     // round's rate over that round's peak.
-    let gemm_secs = |r: &(f64, RunStats, f64)| {
-        if r.1.trunk_gemm_secs > 0.0 {
-            r.1.trunk_gemm_secs
+    let gemm_secs = |r: &ToolsiftRound| {
+        if r.stats.trunk_gemm_secs > 0.0 {
+            r.stats.trunk_gemm_secs
         } else {
-            r.0
+            r.secs
         }
     };
     let trunk_gflops_of =
-        |r: &(f64, RunStats, f64)| r.1.unique_tokens as f64 * flops_per_token / gemm_secs(r) / 1e9;
+        |r: &ToolsiftRound| r.stats.unique_tokens as f64 * flops_per_token / gemm_secs(r) / 1e9;
     let trunk_gflops = median(&toolsift.iter().map(trunk_gflops_of).collect::<Vec<_>>());
     let trunk_fraction_of_peak = median(
         &toolsift
             .iter()
-            .map(|r| trunk_gflops_of(r) / r.2)
+            .map(|r| trunk_gflops_of(r) / r.peak_gflops)
             .collect::<Vec<_>>(),
     );
-    let fraction = |tokens: usize, secs: f64| {
-        tokens as f64 * flops_per_token / secs.max(1e-12) / 1e9 / gemm_gflops_peak
-    };
-    let kv_bytes = stats.unique_tokens * c.n_layer * 2 * c.n_embd * kv_element_bytes;
+    let whole_run_fraction_of_peak = stats.unique_tokens as f64 * flops_per_token
+        / toolsift_secs.max(1e-12)
+        / 1e9
+        / gemm_gflops_peak;
+    let weights_bytes = memory.weights_bytes;
+    let kv_bytes = stats.unique_tokens * c.n_layer * 2 * c.n_embd * memory.kv_element_bytes;
     let engine_peak = match args.device {
-        Device::Cpu => peak,
-        Device::Cuda => device_peak_bytes,
+        Device::Cpu => memory.peak_rss_bytes,
+        Device::Cuda => memory.device_peak_bytes,
     };
     let head_flops = stats.head_rows as f64 * 2.0 * c.n_embd as f64 * c.vocab_size as f64;
-
     let n = candidates.len() as f64;
-    let mut report = BenchReport {
+    BenchReport {
         placement: args.placement,
-        model: model_name,
+        model,
         candidates: candidates.len(),
         baseline_cands_per_s: None,
         tuned_cands_per_s: None,
@@ -631,26 +725,26 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         device: args.device,
         peak_source: "measured".into(),
         trunk_fraction_of_peak,
-        whole_run_fraction_of_peak: fraction(stats.unique_tokens, toolsift_secs),
+        whole_run_fraction_of_peak,
         baseline_fraction_of_peak: None,
         tuned_fraction_of_peak: None,
         toolsift_secs,
         baseline_secs: None,
         tuned_secs: None,
-        rounds,
+        rounds: toolsift.len(),
         speedup_rounds: Vec::new(),
         speedup_vs_tuned_rounds: Vec::new(),
         attention_secs: stats.attention_secs,
         head_secs: stats.head_secs,
         head_rows: stats.head_rows,
         head_gflops: head_flops / stats.head_secs.max(1e-12) / 1e9,
-        peak_rss_bytes: peak,
+        peak_rss_bytes: memory.peak_rss_bytes,
         weights_bytes,
         kv_bytes,
-        device_peak_bytes,
+        device_peak_bytes: memory.device_peak_bytes,
         memory_ratio: engine_peak.map(|p| p as f64 / (weights_bytes + kv_bytes) as f64),
         threads: rayon::current_num_threads(),
-        peak_rss_reset: peak_reset,
+        peak_rss_reset: memory.peak_rss_reset,
         tuned_kv_tokens: 0,
         tuned_kv_cands_per_s: None,
         tuned_kv_secs: None,
@@ -662,51 +756,68 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport> {
         tuned_kv_round_secs: Vec::new(),
         baseline_threads: None,
         cpu_model: cpu_model(),
-        load_average,
+        load_average: rounds.load_average,
         toolsift_version: env!("CARGO_PKG_VERSION").into(),
         unix_time: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-    };
-    if let Some([tuned, naive, tuned_kv]) = &baselines {
-        // Per round, [baseline secs, toolsift secs around it], and their quotients.
-        let pairs = |secs: &[f64], toolsift: &[f64]| -> Vec<[f64; 2]> {
-            secs.iter().zip(toolsift).map(|(&b, &t)| [b, t]).collect()
-        };
-        let ratios =
-            |pairs: &[[f64; 2]]| -> Vec<f64> { pairs.iter().map(|[b, t]| b / t).collect() };
-        report.tuned_round_secs = pairs(&timed[0], &bracketing[0]);
-        report.baseline_round_secs = pairs(&timed[1], &bracketing[1]);
-        report.tuned_kv_round_secs = pairs(&timed[2], &bracketing[2]);
-        let [tuned_secs, naive_secs] = [median(&timed[0]), median(&timed[1])];
-        report.tuned_tokens = tuned.tokens(&candidates, &options);
-        report.baseline_tokens = naive.tokens(&candidates, &options);
-        report.tuned_cands_per_s = Some(n / tuned_secs);
-        report.baseline_cands_per_s = Some(n / naive_secs);
-        report.tuned_secs = Some(tuned_secs);
-        report.baseline_secs = Some(naive_secs);
-        report.speedup_vs_tuned_rounds = ratios(&report.tuned_round_secs);
-        report.speedup_rounds = ratios(&report.baseline_round_secs);
-        report.speedup_vs_tuned = Some(median(&report.speedup_vs_tuned_rounds));
-        report.speedup = Some(median(&report.speedup_rounds));
-        report.tuned_fraction_of_peak = Some(fraction(report.tuned_tokens, tuned_secs));
-        report.baseline_fraction_of_peak = Some(fraction(report.baseline_tokens, naive_secs));
-        let kv_secs = median(&timed[2]);
-        report.tuned_kv_tokens = tuned_kv.tokens(&candidates, &options);
-        report.tuned_kv_cands_per_s = Some(n / kv_secs);
-        report.tuned_kv_secs = Some(kv_secs);
-        report.speedup_vs_tuned_kv_rounds = ratios(&report.tuned_kv_round_secs);
-        report.speedup_vs_tuned_kv = Some(median(&report.speedup_vs_tuned_kv_rounds));
-        report.tuned_kv_fraction_of_peak = Some(fraction(report.tuned_kv_tokens, kv_secs));
-        report.baseline_threads = baseline_threads();
-        report.max_abs_diff = Some(
-            outputs
-                .iter()
-                .map(|o| max_abs_diff(&ours, o))
-                .fold(0.0, f64::max),
-        );
     }
-    Ok(report)
+}
+
+/// The baselines' figures in `report`: their rates, each speedup (the median of its rounds'
+/// ratios), their fractions of the GEMM peak, and the largest difference of their losses from
+/// toolsift's (`ours`).
+fn add_baselines(
+    report: &mut BenchReport,
+    c: &GptjConfig,
+    [tuned, naive, tuned_kv]: &[Box<dyn Baseline>; 3],
+    rounds: &Rounds,
+    ours: &[[f64; 3]],
+    candidates: &[TokenCandidate],
+    options: &ScoreOptions,
+) {
+    let (timed, bracketing) = (&rounds.baseline_secs, &rounds.bracketing);
+    let n = candidates.len() as f64;
+    // A run of `tokens` trunk tokens in `secs` against the GEMM peak, as toolsift's whole run.
+    let (flops_per_token, peak) = (c.trunk_flops_per_token(), report.gemm_gflops_peak);
+    let fraction =
+        |tokens: usize, secs: f64| tokens as f64 * flops_per_token / secs.max(1e-12) / 1e9 / peak;
+    // Per round, [baseline secs, toolsift secs around it], and their quotients.
+    let pairs = |secs: &[f64], toolsift: &[f64]| -> Vec<[f64; 2]> {
+        secs.iter().zip(toolsift).map(|(&b, &t)| [b, t]).collect()
+    };
+    let ratios = |pairs: &[[f64; 2]]| -> Vec<f64> { pairs.iter().map(|[b, t]| b / t).collect() };
+    report.tuned_round_secs = pairs(&timed[0], &bracketing[0]);
+    report.baseline_round_secs = pairs(&timed[1], &bracketing[1]);
+    report.tuned_kv_round_secs = pairs(&timed[2], &bracketing[2]);
+    let [tuned_secs, naive_secs] = [median(&timed[0]), median(&timed[1])];
+    report.tuned_tokens = tuned.tokens(candidates, options);
+    report.baseline_tokens = naive.tokens(candidates, options);
+    report.tuned_cands_per_s = Some(n / tuned_secs);
+    report.baseline_cands_per_s = Some(n / naive_secs);
+    report.tuned_secs = Some(tuned_secs);
+    report.baseline_secs = Some(naive_secs);
+    report.speedup_vs_tuned_rounds = ratios(&report.tuned_round_secs);
+    report.speedup_rounds = ratios(&report.baseline_round_secs);
+    report.speedup_vs_tuned = Some(median(&report.speedup_vs_tuned_rounds));
+    report.speedup = Some(median(&report.speedup_rounds));
+    report.tuned_fraction_of_peak = Some(fraction(report.tuned_tokens, tuned_secs));
+    report.baseline_fraction_of_peak = Some(fraction(report.baseline_tokens, naive_secs));
+    let kv_secs = median(&timed[2]);
+    report.tuned_kv_tokens = tuned_kv.tokens(candidates, options);
+    report.tuned_kv_cands_per_s = Some(n / kv_secs);
+    report.tuned_kv_secs = Some(kv_secs);
+    report.speedup_vs_tuned_kv_rounds = ratios(&report.tuned_kv_round_secs);
+    report.speedup_vs_tuned_kv = Some(median(&report.speedup_vs_tuned_kv_rounds));
+    report.tuned_kv_fraction_of_peak = Some(fraction(report.tuned_kv_tokens, kv_secs));
+    report.baseline_threads = baseline_threads();
+    report.max_abs_diff = Some(
+        rounds
+            .baseline_losses
+            .iter()
+            .map(|o| max_abs_diff(ours, o))
+            .fold(0.0, f64::max),
+    );
 }
 
 fn run_baselines_unavailable<T>() -> Result<T> {
