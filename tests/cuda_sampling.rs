@@ -1260,11 +1260,13 @@ fn sampling_allocates_within_its_accounting_child() {
                 prop_assert_eq!(after.in_use, before.in_use, "device memory left held");
                 Ok((after.peak_since(&before) - before.in_use) as usize)
             };
+            let margin = cuda_common::pool_rounding_margin(g) as usize;
             let within = |what: &str, used: usize, bound: usize| {
                 prop_assert!(
-                    used <= bound,
+                    used <= bound + margin,
                     "{what} allocated {used} device bytes, over its accounting of {bound} \
-                     (budget {budget}, head scratch {head}, {per_token} bytes a token)"
+                     (budget {budget}, head scratch {head}, {per_token} bytes a token, margin \
+                     {margin})"
                 );
                 Ok(())
             };
@@ -1355,8 +1357,13 @@ fn sampling_allocates_within_its_accounting_child() {
                         })
                         .collect();
                     session.extend(&ids, &tokens).unwrap();
-                    let held = g.pool_memory().unwrap().unwrap().in_use - before.in_use;
-                    prop_assert_eq!(held as usize, cuda.session_kv_bytes(), "step {}", step);
+                    let held = (g.pool_memory().unwrap().unwrap().in_use - before.in_use) as usize;
+                    let counted = cuda.session_kv_bytes();
+                    prop_assert!(
+                        counted <= held && held <= counted + margin,
+                        "step {step}: the device holds {held} bytes for the session, which \
+                         counts {counted}"
+                    );
                 }
             }
             let after = g.pool_memory().unwrap().unwrap();

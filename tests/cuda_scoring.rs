@@ -234,14 +234,8 @@ fn scoring_allocates_within_its_accounting_child() {
                 })
                 .max()
                 .unwrap_or(0);
-            // Exact on the emulated device, which counts the bytes asked for; a real device's
-            // pool rounds allocations up (by an amount CUDA does not document).
-            let margin = if gpu.name.contains("emulated") {
-                0
-            } else {
-                64 << 20
-            };
-            let accounted = (largest_chunk + scorer.head_bytes() + margin) as u64;
+            let margin = cuda_common::pool_rounding_margin(gpu);
+            let accounted = (largest_chunk + scorer.head_bytes()) as u64 + margin;
             prop_assert!(
                 used <= accounted,
                 "the call allocated {used} device bytes, over its accounting of {accounted} \

@@ -18,6 +18,18 @@ pub fn run_child_on_a_small_device(child: &str, bytes: u64) {
     run_child(child, &[("TOOLSIFT_EMU_DEVICE_BYTES", bytes.to_string())]);
 }
 
+/// What a device's memory pool may count beyond the bytes asked for (`Gpu::pool_memory`), in
+/// bytes: none on the emulated device, which counts exactly those; on a GPU the pool rounds
+/// each allocation up by an amount CUDA does not document (2 MiB pages at most), and a call
+/// holds a few dozen buffers at once, so a bound there is checked with this much to spare.
+pub fn pool_rounding_margin(gpu: &Gpu) -> u64 {
+    if gpu.name.contains("emulated") {
+        0
+    } else {
+        256 << 20
+    }
+}
+
 /// Runs the ignored test `child` of this test binary in a process of its own (on the device
 /// `gpu()` opens, with the variables `env` added) and asserts that it passed: for a test that
 /// reads the device's memory accounting, which the tests running beside it in one process
