@@ -212,121 +212,24 @@ impl Journal {
                 )
             },
         )?;
-        let mut last_line = 0;
-        let mut last_corpus_xxh3 = None;
-        let mut good_end = 0u64;
-        // Why the line that ended the reading could not be used.
-        let mut bad = String::from("cut short");
-        {
-            let mut reader = BufReader::new(&mut file);
-            let mut buf = Vec::new();
-            let mut offset = 0u64;
-            let mut n = 0u64;
-            loop {
-                buf.clear();
-                let read = reader.read_until(b'\n', &mut buf).map_err(io)?;
-                if read == 0 {
-                    break;
-                }
-                n += 1;
-                let complete = buf.ends_with(b"\n");
-                let parsed = if complete {
-                    Some(&buf[..buf.len() - 1])
-                } else {
-                    None
-                };
-                let ok = match (n, parsed) {
-                    // A header cut short by a crash starts as every header does; anything
-                    // else there is someone's file, not to be emptied.
-                    (1, None) if !header_start_compatible(&buf) => {
-                        return Err(Error::input(format!(
-                            "{}:1: not a toolsift journal (one line, without a newline, that \
-                             does not start as a journal's header); remove it or give another \
-                             output",
-                            path.display()
-                        )))
-                    }
-                    (_, None) => false,
-                    (1, Some(bytes)) => {
-                        let header: Header = serde_json::from_slice(bytes).map_err(|e| {
-                            Error::input(format!(
-                                "{}:1: not a toolsift journal: {e}",
-                                path.display()
-                            ))
-                        })?;
-                        if header.journal != MAGIC {
-                            return Err(Error::input(format!(
-                                "{}: journal format {:?}, expected {MAGIC:?} (written by \
-                                 another toolsift build); delete it to start over",
-                                path.display(),
-                                header.journal
-                            )));
-                        }
-                        let (journal_run, this_run) = without_hashed_paths(&header.run, run);
-                        if !same_run(&journal_run, &this_run) {
-                            return Err(Error::input(format!(
-                                "{}: this journal was written by a run with other settings \
-                                 ({}); rerun with the same command and corpus, or delete the \
-                                 journal to start over",
-                                path.display(),
-                                run_differences(&header.run, run).join("; ")
-                            )));
-                        }
-                        true
-                    }
-                    (_, Some(bytes)) => match JournalEntry::from_line(bytes) {
-                        Ok(e) if e.line > last_line => {
-                            last_line = e.line;
-                            last_corpus_xxh3 = e.corpus_xxh3;
-                            true
-                        }
-                        Ok(e) => {
-                            return Err(Error::input(format!(
-                                "{}:{n}: input line {} after line {last_line}: the journal is \
-                                 corrupt; delete it to start over",
-                                path.display(),
-                                e.line
-                            )))
-                        }
-                        Err(why) => {
-                            bad = why;
-                            false
-                        }
-                    },
-                };
-                if !ok {
-                    // Only the very last line may be damaged (a crash mid-write).
-                    let mut rest = Vec::new();
-                    reader.read_to_end(&mut rest).map_err(io)?;
-                    if !rest.is_empty() {
-                        return Err(Error::input(format!(
-                            "{}:{n}: unreadable journal line before the end ({bad}); the \
-                             journal is corrupt, delete it to start over",
-                            path.display()
-                        )));
-                    }
-                    break;
-                }
-                offset += read as u64;
-                good_end = offset;
-            }
-        }
-        file.set_len(good_end).map_err(io)?;
+        // What earlier runs wrote, then truncated to its good end (a damaged last line cut away).
+        let existing = read_existing(&mut file, path, run)?;
+        file.set_len(existing.good_end).map_err(io)?;
         file.seek(SeekFrom::End(0)).map_err(io)?;
         let mut journal = Journal {
             file,
             path: path.to_owned(),
-            created: good_end == 0,
-            last_corpus_xxh3,
+            created: existing.good_end == 0,
+            last_corpus_xxh3: existing.last_corpus_xxh3,
         };
-        if good_end == 0 {
+        if existing.good_end == 0 {
             let header = Header {
                 journal: MAGIC.into(),
                 run: run.clone(),
             };
             journal.append_json(&serde_json::to_string(&header).map_err(json_err)?)?;
         }
-        Ok((journal, last_line))
+        Ok((journal, existing.last_line))
     }
 
     /// The hash of the corpus up to the last line done, as the run that did it read the corpus
@@ -391,6 +294,128 @@ impl Journal {
         self.file.write_all(line.as_bytes()).map_err(io)?;
         self.file.sync_data().map_err(io)
     }
+}
+
+/// What [`Journal::open`] found in the journal's file (nothing, for a new one).
+struct ExistingJournal {
+    /// The last input line done (0 if none).
+    last_line: u64,
+    /// The last entry's `corpus_xxh3`.
+    last_corpus_xxh3: Option<String>,
+    /// The byte offset where the good lines end: a damaged last line after it is truncated away.
+    good_end: u64,
+}
+
+/// Reads the journal open as `file` from its start: its header (`check_header`), then its
+/// entries, in strictly increasing line order. Only the last line may be unreadable (cut short
+/// by a crash); an unreadable line before it, or lines out of order, are errors.
+fn read_existing(file: &mut File, path: &Path, run: &Value) -> Result<ExistingJournal> {
+    let io = |e| Error::io(path, e);
+    let mut last_line = 0;
+    let mut last_corpus_xxh3 = None;
+    let mut good_end = 0u64;
+    // Why the line that ended the reading could not be used.
+    let mut bad = String::from("cut short");
+    let mut reader = BufReader::new(file);
+    let mut buf = Vec::new();
+    let mut offset = 0u64;
+    let mut n = 0u64;
+    loop {
+        buf.clear();
+        let read = reader.read_until(b'\n', &mut buf).map_err(io)?;
+        if read == 0 {
+            break;
+        }
+        n += 1;
+        let complete = buf.ends_with(b"\n");
+        let parsed = if complete {
+            Some(&buf[..buf.len() - 1])
+        } else {
+            None
+        };
+        let ok = match (n, parsed) {
+            // A header cut short by a crash starts as every header does; anything
+            // else there is someone's file, not to be emptied.
+            (1, None) if !header_start_compatible(&buf) => {
+                return Err(Error::input(format!(
+                    "{}:1: not a toolsift journal (one line, without a newline, that \
+                     does not start as a journal's header); remove it or give another \
+                     output",
+                    path.display()
+                )))
+            }
+            (_, None) => false,
+            (1, Some(bytes)) => {
+                check_header(bytes, path, run)?;
+                true
+            }
+            (_, Some(bytes)) => match JournalEntry::from_line(bytes) {
+                Ok(e) if e.line > last_line => {
+                    last_line = e.line;
+                    last_corpus_xxh3 = e.corpus_xxh3;
+                    true
+                }
+                Ok(e) => {
+                    return Err(Error::input(format!(
+                        "{}:{n}: input line {} after line {last_line}: the journal is \
+                         corrupt; delete it to start over",
+                        path.display(),
+                        e.line
+                    )))
+                }
+                Err(why) => {
+                    bad = why;
+                    false
+                }
+            },
+        };
+        if !ok {
+            // Only the very last line may be damaged (a crash mid-write).
+            let mut rest = Vec::new();
+            reader.read_to_end(&mut rest).map_err(io)?;
+            if !rest.is_empty() {
+                return Err(Error::input(format!(
+                    "{}:{n}: unreadable journal line before the end ({bad}); the \
+                     journal is corrupt, delete it to start over",
+                    path.display()
+                )));
+            }
+            break;
+        }
+        offset += read as u64;
+        good_end = offset;
+    }
+    Ok(ExistingJournal {
+        last_line,
+        last_corpus_xxh3,
+        good_end,
+    })
+}
+
+/// Checks a journal's first line (without its newline): a header of this format (`MAGIC`),
+/// written by a run with the same settings as `run`.
+fn check_header(bytes: &[u8], path: &Path, run: &Value) -> Result<()> {
+    let header: Header = serde_json::from_slice(bytes)
+        .map_err(|e| Error::input(format!("{}:1: not a toolsift journal: {e}", path.display())))?;
+    if header.journal != MAGIC {
+        return Err(Error::input(format!(
+            "{}: journal format {:?}, expected {MAGIC:?} (written by \
+             another toolsift build); delete it to start over",
+            path.display(),
+            header.journal
+        )));
+    }
+    let (journal_run, this_run) = without_hashed_paths(&header.run, run);
+    if !same_run(&journal_run, &this_run) {
+        return Err(Error::input(format!(
+            "{}: this journal was written by a run with other settings \
+             ({}); rerun with the same command and corpus, or delete the \
+             journal to start over",
+            path.display(),
+            run_differences(&header.run, run).join("; ")
+        )));
+    }
+    Ok(())
 }
 
 /// Whether a journal's run description matches this run's, allowing `KEYS_ADDED_LATER` to be

@@ -36,7 +36,7 @@ pub use model::TrainModel;
 pub use step::{train_step, Optim, PhaseTimes};
 pub use tokenizer::{check_tokenizer, train_tokenizer};
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -318,6 +318,71 @@ pub fn run(
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
 
     // Corpus and tokenizer.
+    let data = tokenized_corpus(out, o, log)?;
+
+    // Model.
+    let config = o.gptj_config(data.stats.tokenizer_size);
+    let model = TrainModel::init(&config, o.seed)?;
+    let mut optim = Optim::new(&model, o)?;
+    log(&describe_model(&config, o));
+
+    // Training.
+    let trained = train_model(o, &model, &mut optim, &data, log)?;
+
+    // The folder, then the proof that the engine computes what was trained.
+    let marker = write_model_files(out, command, &config, &model, &data)?;
+    let check: Vec<Vec<u32>> = data
+        .seqs
+        .iter()
+        .take(o.check_sequences.max(1))
+        .cloned()
+        .collect();
+    let reference = check_against_reference(out, &model, &check)?;
+    log(&reference.describe(config.vocab_size));
+    let report = TrainReport {
+        command: command.to_owned(),
+        seed: o.seed,
+        steps: o.steps,
+        threads: o.threads,
+        options: o.clone(),
+        n_params: config.n_params(),
+        config,
+        data: data.stats,
+        losses: trained.losses,
+        step_losses: trained.step_losses,
+        tokenizer_s: data.tokenizer_s,
+        train_s: trained.train_s,
+        mean_step_s: trained.train_s / o.steps.max(1) as f64,
+        wall_s: wall.elapsed().as_secs_f64(),
+        reference,
+    };
+    finish_folder(out, &marker, &report)?;
+    Ok(report)
+}
+
+/// The training data: the tokenizer trained on the corpus, and the corpus's sequences it encodes.
+struct TokenizedCorpus {
+    /// Where the tokenizer goes (written with the model, at the end).
+    tok_path: PathBuf,
+    /// The tokenizer's tokenizer.json.
+    tok_json: String,
+    /// The kept training sequences, cut to `n_positions`.
+    seqs: Vec<Vec<u32>>,
+    /// The length of each of `seqs`.
+    lens: Vec<usize>,
+    /// training.json's "data".
+    stats: DataStats,
+    /// Seconds for the corpus, the tokenizer's training and the tokenization of the sequences.
+    tokenizer_s: f64,
+}
+
+/// Generates the corpus, trains the tokenizer on it (checked by `check_tokenizer`) and encodes
+/// the training sequences; logs the data's line.
+fn tokenized_corpus(
+    out: &Path,
+    o: &TrainOptions,
+    log: &mut dyn FnMut(&str),
+) -> Result<TokenizedCorpus> {
     let t = Instant::now();
     let pieces = crate::demo::corpus::training_sequences(o.data_seed, o.docs);
     let texts = crate::demo::corpus::tokenizer_texts(o.data_seed, o.docs);
@@ -374,12 +439,19 @@ pub fn run(
         tokenizer_size,
         tokenizer_s
     ));
+    Ok(TokenizedCorpus {
+        tok_path,
+        tok_json,
+        seqs,
+        lens,
+        stats: data,
+        tokenizer_s,
+    })
+}
 
-    // Model.
-    let config = o.gptj_config(tokenizer_size);
-    let model = TrainModel::init(&config, o.seed)?;
-    let mut optim = Optim::new(&model, o)?;
-    log(&format!(
+/// The model's progress line: its sizes, its parameters and the training's settings.
+fn describe_model(config: &GptjConfig, o: &TrainOptions) -> String {
+    format!(
         "model: n_layer {} n_embd {} n_head {} rotary_dim {} vocab {} n_positions {}: {} parameters; \
          {} steps of batch {}, lr {} (warmup {}), {} threads",
         config.n_layer,
@@ -394,9 +466,29 @@ pub fn run(
         o.lr,
         o.warmup,
         o.threads
-    ));
+    )
+}
 
-    // Training.
+/// What the training loop produced (training.json's "losses", "step_losses" and "train_s").
+struct Trained {
+    /// One entry every `log_every` steps and one at the last step.
+    losses: Vec<LogEntry>,
+    /// The loss of every step, in order.
+    step_losses: Vec<f32>,
+    /// Seconds of the training loop.
+    train_s: f64,
+}
+
+/// The training loop: `o.steps` steps over batches of `data`'s sequences, a new shuffled epoch
+/// whenever the batches run out; logs a progress line every `log_every` steps and at the last.
+fn train_model(
+    o: &TrainOptions,
+    model: &TrainModel,
+    optim: &mut Optim,
+    data: &TokenizedCorpus,
+    log: &mut dyn FnMut(&str),
+) -> Result<Trained> {
+    let (seqs, lens, eot) = (&data.seqs, &data.lens, data.stats.eot_id);
     let train_start = Instant::now();
     let mut rng = Rng::new(o.seed ^ 0x5EED_BA7C_0000_0001);
     let mut batches = Vec::new().into_iter();
@@ -412,15 +504,15 @@ pub fn run(
             Some(b) => b,
             None => {
                 epoch += 1;
-                batches = epoch_batches(&lens, o.batch, o.bucket_batches, &mut rng).into_iter();
+                batches = epoch_batches(lens, o.batch, o.bucket_batches, &mut rng).into_iter();
                 batches.next().expect("at least one batch")
             }
         };
-        let batch = Batch::new(&seqs, &idx, eot)?;
+        let batch = Batch::new(seqs, &idx, eot)?;
         let batch_s = t_batch.elapsed().as_secs_f64();
         let lr = o.lr_at(step);
-        let (loss, norm, mut times) = train_step(&model, &mut optim, &batch, lr)
-            .with_context(|| format!("step {}", step + 1))?;
+        let (loss, norm, mut times) =
+            train_step(model, optim, &batch, lr).with_context(|| format!("step {}", step + 1))?;
         times.batch = batch_s;
         step_losses.push(loss);
         win_loss += loss as f64;
@@ -462,9 +554,22 @@ pub fn run(
             win_start = Instant::now();
         }
     }
-    let train_s = train_start.elapsed().as_secs_f64();
+    Ok(Trained {
+        losses,
+        step_losses,
+        train_s: train_start.elapsed().as_secs_f64(),
+    })
+}
 
-    // The folder, then the proof that the engine computes what was trained.
+/// Writes the model's files into `out`: the `INCOMPLETE_MARKER` first, then config.json,
+/// tokenizer.json and model.safetensors. Returns the marker's path, for `finish_folder`.
+fn write_model_files(
+    out: &Path,
+    command: &str,
+    config: &GptjConfig,
+    model: &TrainModel,
+    data: &TokenizedCorpus,
+) -> Result<PathBuf> {
     let marker = out.join(INCOMPLETE_MARKER);
     std::fs::write(
         &marker,
@@ -474,47 +579,29 @@ pub fn run(
         ),
     )
     .with_context(|| format!("writing {}", marker.display()))?;
-    write_config(out, &config, eot)?;
-    std::fs::write(&tok_path, &tok_json)
-        .with_context(|| format!("writing {}", tok_path.display()))?;
+    write_config(out, config, data.stats.eot_id)?;
+    std::fs::write(&data.tok_path, &data.tok_json)
+        .with_context(|| format!("writing {}", data.tok_path.display()))?;
     write_safetensors(&out.join("model.safetensors"), &model.named_tensors()?)?;
-    let check: Vec<Vec<u32>> = seqs
-        .iter()
-        .take(o.check_sequences.max(1))
-        .cloned()
-        .collect();
-    let reference = check_against_reference(out, &model, &check)?;
-    log(&reference.describe(config.vocab_size));
-    let max_diff = reference.max_abs_diff;
-    let report = TrainReport {
-        command: command.to_owned(),
-        seed: o.seed,
-        steps: o.steps,
-        threads: o.threads,
-        options: o.clone(),
-        n_params: config.n_params(),
-        config,
-        data,
-        losses,
-        step_losses,
-        tokenizer_s,
-        train_s,
-        mean_step_s: train_s / o.steps.max(1) as f64,
-        wall_s: wall.elapsed().as_secs_f64(),
-        reference,
-    };
+    Ok(marker)
+}
+
+/// Writes training.json, then removes the marker: the folder is complete. Then an error if the
+/// reference check did not pass.
+fn finish_folder(out: &Path, marker: &Path, report: &TrainReport) -> Result<()> {
     let path = out.join("training.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")
+    std::fs::write(&path, serde_json::to_string_pretty(report)? + "\n")
         .with_context(|| format!("writing {}", path.display()))?;
-    std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
+    std::fs::remove_file(marker).with_context(|| format!("removing {}", marker.display()))?;
     if !report.reference.passes() {
         bail!(
             "the trained model and toolsift's reference disagree: max |log p difference| = \
-             {max_diff:e} > 1e-4 and > twice the engine's own f32 error ({:e})",
+             {:e} > 1e-4 and > twice the engine's own f32 error ({:e})",
+            report.reference.max_abs_diff,
             report.reference.engine_vs_reference
         );
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Times `steps` training steps on random ids [batch, len] at the given sizes (no corpus, no
