@@ -518,8 +518,66 @@ fn write_safetensors_to(
 /// leave the new weights beside the earlier small files. An earlier tokenizer.json that the new
 /// model lacks is removed.
 pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result<usize> {
-    use crate::util::fs::{is_same_file, AtomicFile};
+    use crate::util::fs::AtomicFile;
     use std::io::Write;
+    check_convert_destination(model, out)?;
+    // Read everything from the source before anything is written.
+    let cfg = config_json(model, dtype)?;
+    let tokenizer = match &model.tokenizer {
+        Some(tok) => Some(std::fs::read(tok.path()).map_err(|e| Error::io(tok.path(), e))?),
+        None => None,
+    };
+    let tensors = converted_tensors(model, out, dtype)?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    // config.json's temporary file is taken first: its lock, held until the end, makes this
+    // conversion the folder's only writer, so a second `convert` into it fails at once instead
+    // of writing into the same temporary weights.
+    let cfg_path = out.join("config.json");
+    let mut cfg_file = AtomicFile::create(&cfg_path)?;
+    // Weights, then the small files, each under its temporary name; renamed into place
+    // together.
+    let weights_path = out.join("model.safetensors");
+    let mut weights_file = AtomicFile::create(&weights_path)?;
+    let format = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    let written = write_safetensors_to(&mut weights_file, &weights_path, &tensors, Some(format))
+        .and_then(|()| {
+            cfg_file
+                .write_all(cfg.as_bytes())
+                .map_err(|e| Error::io(&cfg_path, e))?;
+            let tok_file = match &tokenizer {
+                Some(bytes) => {
+                    let dst = out.join("tokenizer.json");
+                    let mut f = AtomicFile::create(&dst)?;
+                    f.write_all(bytes).map_err(|e| Error::io(&dst, e))?;
+                    Some(f)
+                }
+                None => None,
+            };
+            weights_file.commit()?;
+            if let Some(f) = tok_file {
+                f.commit()?;
+            } else {
+                crate::util::fs::remove_if_exists(&out.join("tokenizer.json"))?;
+            }
+            Ok(())
+        });
+    match written {
+        // config.json last: its rename releases the folder to the next writer.
+        Ok(()) => cfg_file.commit().map(|()| tensors.len()),
+        // The uncommitted files' temporary names are removed as they are dropped, config.json's
+        // (the folder's lock) last.
+        Err(e) => {
+            drop(cfg_file);
+            Err(e)
+        }
+    }
+}
+
+/// Refuses a destination `convert` must not write into: not a folder, the source itself, a
+/// sharded checkpoint's folder, or one whose config.json, model.safetensors or tokenizer.json is
+/// a folder or a link to a source file. Checked before anything is written.
+fn check_convert_destination(model: &super::Model, out: &Path) -> Result<()> {
+    use crate::util::fs::is_same_file;
     let refuse = |msg: String| Error::Checkpoint {
         path: out.to_owned(),
         msg,
@@ -582,11 +640,19 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
             )));
         }
     }
-    // Read everything from the source before anything is written.
-    let cfg = config_json(model, dtype)?;
-    let tokenizer = match &model.tokenizer {
-        Some(tok) => Some(std::fs::read(tok.path()).map_err(|e| Error::io(tok.path(), e))?),
-        None => None,
+    Ok(())
+}
+
+/// `model`'s tensors by their checkpoint names, in `dtype` where one is given; a weight out of
+/// that type's range is refused (naming `out`, the conversion's destination).
+fn converted_tensors(
+    model: &super::Model,
+    out: &Path,
+    dtype: Option<DType>,
+) -> Result<Vec<(String, Tensor)>> {
+    let refuse = |msg: String| Error::Checkpoint {
+        path: out.to_owned(),
+        msg,
     };
     let mut tensors = model.weights.named_tensors(&model.config);
     if let Some(dtype) = dtype {
@@ -613,49 +679,7 @@ pub fn convert(model: &super::Model, out: &Path, dtype: Option<DType>) -> Result
             }
         }
     }
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    // config.json's temporary file is taken first: its lock, held until the end, makes this
-    // conversion the folder's only writer, so a second `convert` into it fails at once instead
-    // of writing into the same temporary weights.
-    let cfg_path = out.join("config.json");
-    let mut cfg_file = AtomicFile::create(&cfg_path)?;
-    // Weights, then the small files, each under its temporary name; renamed into place
-    // together.
-    let weights_path = out.join("model.safetensors");
-    let mut weights_file = AtomicFile::create(&weights_path)?;
-    let format = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-    let written = write_safetensors_to(&mut weights_file, &weights_path, &tensors, Some(format))
-        .and_then(|()| {
-            cfg_file
-                .write_all(cfg.as_bytes())
-                .map_err(|e| Error::io(&cfg_path, e))?;
-            let tok_file = match &tokenizer {
-                Some(bytes) => {
-                    let dst = out.join("tokenizer.json");
-                    let mut f = AtomicFile::create(&dst)?;
-                    f.write_all(bytes).map_err(|e| Error::io(&dst, e))?;
-                    Some(f)
-                }
-                None => None,
-            };
-            weights_file.commit()?;
-            if let Some(f) = tok_file {
-                f.commit()?;
-            } else {
-                crate::util::fs::remove_if_exists(&out.join("tokenizer.json"))?;
-            }
-            Ok(())
-        });
-    match written {
-        // config.json last: its rename releases the folder to the next writer.
-        Ok(()) => cfg_file.commit().map(|()| tensors.len()),
-        // The uncommitted files' temporary names are removed as they are dropped, config.json's
-        // (the folder's lock) last.
-        Err(e) => {
-            drop(cfg_file);
-            Err(e)
-        }
-    }
+    Ok(tensors)
 }
 
 fn same_dir(a: &Path, b: &Path) -> bool {
