@@ -1205,9 +1205,10 @@ fn cuda_sampling_bench() {
 /// - `token_log_probs`: the sequence in one forward at `bytes_per_token` a token, the head's
 ///   scratch, and the gather of the asked tokens (blocks of rows no larger than the head's
 ///   logits scratch, or one row: 16 bytes a (row, token), and the row lists).
-/// - `propose`: that; the tree's one growth to the largest group (a reallocation: the old rows
-///   and the new capacity at once, outside the budget); or the sequence's K/V beside the budget
-///   left for the branches, or the costliest branch alone, plus the head's scratch.
+/// - `propose`: that; or the sequence's K/V beside the budget left for the branches, or beside
+///   the costliest branch alone, plus one K or V buffer's old rows while the cache grows to the
+///   largest group (`propose_groups_bound`), plus the head's scratch; also on a model whose K/V
+///   is most of a token's bytes, with branches that fill the budget.
 /// - a decode session: between calls the device holds exactly the cache it counts against the
 ///   budget (`session_kv_bytes`), and nothing once it is dropped.
 ///
@@ -1322,22 +1323,17 @@ fn sampling_allocates_within_its_accounting_child() {
                     n_samples: rng.range(0, 3),
                 })
                 .collect();
-            let new_rows: usize = branches
-                .iter()
-                .map(|b| 1 + b.n_samples * options.max_new_tokens)
-                .sum();
             let costliest_branch = branches
                 .iter()
                 .map(|b| per_token + decode(b.n_samples))
                 .max()
                 .unwrap_or(0);
-            let growth = (2 * n + new_rows) * kv;
-            let groups = n * kv + budget.saturating_sub(n * kv).max(costliest_branch) + head;
+            let groups = propose_groups_bound(n, kv, n_layer, budget, costliest_branch) + head;
             let used = allocated(&|| {
                 cuda.propose(&ids, &tokens, &mut |_| branches.clone(), &options)
                     .unwrap();
             })?;
-            within("propose", used, sequence.max(growth).max(groups))?;
+            within("propose", used, sequence.max(groups))?;
 
             // A decode session holds its KV cache between calls, counted against the budget
             // (`session_kv_bytes`): exactly what the device holds for it, all of it freed with
@@ -1374,5 +1370,67 @@ fn sampling_allocates_within_its_accounting_child() {
             );
             Ok(())
         },
+    );
+    propose_on_a_kv_heavy_model_stays_within_its_accounting();
+}
+
+/// What `propose`'s branch groups may hold at once: the sequence's K/V (`n` rows) beside the
+/// budget left for the groups, or beside the costliest branch alone; and while the cache grows
+/// to the largest group, one K or V buffer's old rows beside its new capacity (the buffers are
+/// replaced one at a time: `CudaKvTree::grow_to`).
+fn propose_groups_bound(
+    n: usize,
+    kv: usize,
+    n_layer: usize,
+    budget: usize,
+    costliest: usize,
+) -> usize {
+    let one_buffer = n * kv / (2 * n_layer);
+    n * kv + budget.saturating_sub(n * kv).max(costliest) + one_buffer
+}
+
+/// `propose` on a model whose K/V is most of a token's bytes (24 layers of width 16, as at 6B,
+/// where it is ~80%), six branches that fill the budget left beside the sequence's cache
+/// together, so that the cache's growth to them comes on top of a full budget: a growth that
+/// held the whole old cache beside the new one (not one buffer at a time) would go over.
+fn propose_on_a_kv_heavy_model_stays_within_its_accounting() {
+    let (dtype, vocab, n) = (CudaDType::BF16, 40, 100);
+    let m = model(24, 2, 8, vocab, dtype, 3);
+    let probe = engine(&m, dtype, 1);
+    let (per_token, kv) = (probe.bytes_per_token(), probe.kv_bytes_per_token());
+    let options = SampleOptions {
+        max_new_tokens: 20,
+        seed: 3,
+        ..Default::default()
+    };
+    let branches: Vec<Branch> = (0..6)
+        .map(|k| Branch {
+            at: 10 + 15 * k,
+            token: k as u32,
+            n_samples: 1,
+        })
+        .collect();
+    // Each branch: its token's bytes, its sample's new tokens' K/V, one token's activations.
+    let branch = per_token + options.max_new_tokens * kv + (per_token - kv);
+    let budget = n * kv + 6 * branch;
+    let cuda = probe.with_memory_budget(budget);
+    let g = cuda.gpu();
+    let mut rng = Rng::new(3);
+    let ids = random_ids(&mut rng, n, vocab);
+    g.reset_peak_memory().unwrap();
+    let before = g.pool_memory().unwrap().unwrap();
+    cuda.propose(&ids, &[1], &mut |_| branches.clone(), &options)
+        .unwrap();
+    let after = g.pool_memory().unwrap().unwrap();
+    let used = (after.peak_since(&before) - before.in_use) as usize;
+    let scratch = toolsift::cuda::stride(vocab) * 4;
+    let sequence = n * per_token + scratch.max(16) + 8 * (n + 1);
+    let bound = sequence.max(propose_groups_bound(n, kv, 24, budget, branch)) + cuda.head_bytes();
+    let margin = cuda_common::pool_rounding_margin(g) as usize;
+    assert!(
+        used <= bound + margin,
+        "propose allocated {used} device bytes, over its accounting of {bound} (budget {budget}, \
+         the sequence's K/V {}, margin {margin})",
+        n * kv
     );
 }
