@@ -1225,9 +1225,7 @@ fn sampling_allocates_within_its_accounting() {
 #[test]
 #[ignore = "the child of sampling_allocates_within_its_accounting"]
 fn sampling_allocates_within_its_accounting_child() {
-    let Some(g) = gpu() else { return };
-    if g.pool_memory().unwrap().is_none() {
-        eprintln!("SKIPPED: the device has no memory pools, whose accounting this reads");
+    if cuda_common::gpu_with_memory_pool().is_none() {
         return;
     }
     let strategy = (
@@ -1254,12 +1252,10 @@ fn sampling_allocates_within_its_accounting_child() {
             let g = cuda.gpu();
             // The pool's peak over `call`, less what was held before; nothing left held after.
             let allocated = |call: &dyn Fn()| -> Result<usize, TestCaseError> {
-                g.reset_peak_memory().unwrap();
-                let before = g.pool_memory().unwrap().unwrap();
-                call();
-                let after = g.pool_memory().unwrap().unwrap();
-                prop_assert_eq!(after.in_use, before.in_use, "device memory left held");
-                Ok((after.peak_since(&before) - before.in_use) as usize)
+                let ((), memory) = cuda_common::device_memory_of(g, call);
+                let [before, after] = memory.held;
+                prop_assert_eq!(after, before, "device memory left held");
+                Ok(memory.allocated as usize)
             };
             let margin = cuda_common::pool_rounding_margin(g) as usize;
             let within = |what: &str, used: usize, bound: usize| {
@@ -1417,12 +1413,11 @@ fn propose_on_a_kv_heavy_model_stays_within_its_accounting() {
     let g = cuda.gpu();
     let mut rng = Rng::new(3);
     let ids = random_ids(&mut rng, n, vocab);
-    g.reset_peak_memory().unwrap();
-    let before = g.pool_memory().unwrap().unwrap();
-    cuda.propose(&ids, &[1], &mut |_| branches.clone(), &options)
-        .unwrap();
-    let after = g.pool_memory().unwrap().unwrap();
-    let used = (after.peak_since(&before) - before.in_use) as usize;
+    let (_, memory) = cuda_common::device_memory_of(g, || {
+        cuda.propose(&ids, &[1], &mut |_| branches.clone(), &options)
+            .unwrap()
+    });
+    let used = memory.allocated as usize;
     let scratch = toolsift::cuda::stride(vocab) * 4;
     let sequence = n * per_token + scratch.max(16) + 8 * (n + 1);
     let bound = sequence.max(propose_groups_bound(n, kv, 24, budget, branch)) + cuda.head_bytes();

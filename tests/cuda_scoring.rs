@@ -198,18 +198,14 @@ fn scoring_allocates_within_its_accounting() {
 #[test]
 #[ignore = "the child of scoring_allocates_within_its_accounting"]
 fn scoring_allocates_within_its_accounting_child() {
-    let Some(g) = gpu() else { return };
-    if g.pool_memory().unwrap().is_none() {
-        eprintln!("SKIPPED: the device has no memory pools, whose accounting this reads");
+    if cuda_common::gpu_with_memory_pool().is_none() {
         return;
     }
-    let mut runner = TestRunner::new(Config {
-        cases: cases(24),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    runner
-        .run(&problem(), |p| {
+    cuda_common::fuzz(
+        "scoring_allocates_within_its_accounting",
+        24,
+        problem(),
+        |p| {
             let cands = candidates(&p, &mut Rng::new(p.seed ^ 0xABCD));
             let options = p.options();
             let mut config = p.config.clone();
@@ -222,11 +218,9 @@ fn scoring_allocates_within_its_accounting_child() {
             };
             let scorer = scorer_with(&p, &opts);
             let gpu = scorer.gpu();
-            gpu.reset_peak_memory().unwrap();
-            let before = gpu.pool_memory().unwrap().unwrap();
-            scorer.score(&cands, &options).unwrap();
-            let after = gpu.pool_memory().unwrap().unwrap();
-            let used = after.peak_since(&before) - before.in_use;
+            let (_, memory) =
+                cuda_common::device_memory_of(gpu, || scorer.score(&cands, &options).unwrap());
+            let used = memory.allocated;
             let largest_chunk = scorer
                 .plan_chunks(&cands, &options)
                 .map(|(_, plan)| {
@@ -243,8 +237,8 @@ fn scoring_allocates_within_its_accounting_child() {
                 scorer.head_bytes()
             );
             Ok(())
-        })
-        .unwrap();
+        },
+    );
 }
 
 #[test]

@@ -18,6 +18,40 @@ pub fn run_child_on_a_small_device(child: &str, bytes: u64) {
     run_child(child, &[("TOOLSIFT_EMU_DEVICE_BYTES", bytes.to_string())]);
 }
 
+/// The GPU, for a test that reads its memory pool's accounting (`Gpu::pool_memory`); None
+/// after saying why where there is no GPU or it has no memory pools.
+pub fn gpu_with_memory_pool() -> Option<Gpu> {
+    let g = gpu()?;
+    if g.pool_memory().unwrap().is_none() {
+        eprintln!("SKIPPED: the device has no memory pools, whose accounting this reads");
+        return None;
+    }
+    Some(g)
+}
+
+/// What one call did to the device memory pool (`device_memory_of`), in bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct CallMemory {
+    /// The most it held at once beyond what was held before it.
+    pub allocated: u64,
+    /// Held before and after it.
+    pub held: [u64; 2],
+}
+
+/// Runs `call` and measures its device memory on `gpu`'s pool (which has one: see
+/// `gpu_with_memory_pool`).
+pub fn device_memory_of<R>(gpu: &Gpu, call: impl FnOnce() -> R) -> (R, CallMemory) {
+    gpu.reset_peak_memory().unwrap();
+    let before = gpu.pool_memory().unwrap().unwrap();
+    let out = call();
+    let after = gpu.pool_memory().unwrap().unwrap();
+    let memory = CallMemory {
+        allocated: after.peak_since(&before) - before.in_use,
+        held: [before.in_use, after.in_use],
+    };
+    (out, memory)
+}
+
 /// What a device's memory pool may count beyond the bytes asked for (`Gpu::pool_memory`), in
 /// bytes: none on the emulated device, which counts exactly those; on a GPU the pool rounds
 /// each allocation up by an amount CUDA does not document (2 MiB pages at most), and a call
