@@ -2525,21 +2525,27 @@ fn merge_refuses_shard_outputs_that_do_not_add_up_to_the_corpus() {
         &|s| write(&s.out, &[&[off.clone()][..], &cstar[1][1..]].concat()),
         "not a C* record: a call at byte 4 is not at a character boundary",
     );
-    // Summaries that name a shard past the count, or another split of the corpus.
-    let summary_with = |s: &annotate::OutputPaths, shard: Value| {
+    // Summaries that name a shard past the count, or another split or length of the corpus.
+    let summary_with = |s: &annotate::OutputPaths, key: &str, value: Value| {
         let mut summary: Value = serde_json::from_str(&read(&s.summary)).unwrap();
-        summary["shard"] = shard;
+        summary[key] = value;
         std::fs::write(&s.summary, summary.to_string()).unwrap();
     };
     refused(
         0,
-        &|s| summary_with(s, json!({"index": 3, "count": 3})),
+        &|s| summary_with(s, "shard", json!({"index": 3, "count": 3})),
         "shard 3/3 is not a shard",
     );
     refused(
         2,
-        &|s| summary_with(s, json!({"index": 2, "count": 4})),
+        &|s| summary_with(s, "shard", json!({"index": 2, "count": 4})),
         "is shard 2/4 of a 9-line corpus, but",
+    );
+    // Not the first input's: its lines add up to the first's 9, yet its run read 10.
+    refused(
+        2,
+        &|s| summary_with(s, "corpus_lines", json!(10)),
+        "is shard 2/3 of a 10-line corpus, but",
     );
     // A shard's rejects file deleted: its outputs are not a finished run's.
     refused(

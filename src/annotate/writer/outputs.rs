@@ -287,6 +287,12 @@ mod tests {
             .contains("does not start as a C* record"));
         std::fs::write(&p, b"\xff\xfe\n").unwrap();
         assert!(not_a_cstar(&p).unwrap().unwrap().contains("not UTF-8"));
+        // A short last line is read whole, not by its start: a user's file is not replaced.
+        std::fs::write(&p, "{\"line\":1,\"mine\":true}").unwrap();
+        assert!(not_a_cstar(&p).unwrap().is_some());
+        // An empty file is an empty C* (every line rejected): a rerun may replace it.
+        std::fs::write(&p, "").unwrap();
+        assert_eq!(not_a_cstar(&p).unwrap(), None);
     }
 
     /// A journal is told from someone's file at its path by its header; an empty one (a run

@@ -195,6 +195,11 @@ mod tests {
                 "run.corpus_xxh3: (absent) vs \"00ff\"",
             ]
         );
+        // The same named either way round: the hashed run given first.
+        assert_eq!(
+            run_differences(&a, &older)[0],
+            "run.corpus: \"corpus.jsonl\" vs \"/w/corpus.jsonl\""
+        );
         // A path without its content hash beside it is all there is to compare.
         assert_eq!(
             run_differences(
@@ -205,9 +210,55 @@ mod tests {
         );
         let long = "x".repeat(200);
         let diff = run_differences(&json!({"tools": [long]}), &json!({"tools": []}));
-        assert!(
-            diff[0].len() < 120 && diff[0].ends_with("xx... vs []"),
-            "{diff:?}"
+        // Cut at 80 characters of its JSON: "[\"" and 78 of the x's.
+        assert_eq!(diff, [format!("run.tools: [\"{}... vs []", "x".repeat(78))]);
+    }
+
+    /// The index's line is told by parsing, not by how it starts: a prompt's line that reads
+    /// like it is left as it is, and a setting after the index is named at its own line.
+    #[test]
+    fn a_prompt_line_that_reads_like_the_index_is_not_taken_for_it() {
+        use crate::annotate::config::AnnotateConfig;
+        use crate::annotate::tools::WikiSearchConfig;
+        let config = |index: &str, max_snippet_chars: usize| {
+            let mut c = AnnotateConfig::default();
+            c.per_tool.wikisearch.prompt = "index = 1\nInput: x\nOutput:".into();
+            c.tools.wikisearch = Some(WikiSearchConfig {
+                index: index.into(),
+                max_snippet_chars,
+            });
+            c.to_toml()
+        };
+        let run = |config: String| {
+            let info = json!({"model": "d", "wikisearch_index_xxh3": "0a"});
+            json!({"config": config, "info": info})
+        };
+        let text = config("idx", 300);
+        let line = |what: &str| 1 + text.lines().position(|l| l.starts_with(what)).unwrap();
+        assert!(line("index = 1") < line("index = \"idx"), "{text}");
+        let chars = line("max_snippet_chars");
+        assert!(chars > line("index = \"idx"), "{text}");
+        assert_eq!(
+            run_differences(&run(config("idx", 300)), &run(config("/w/idx", 400))),
+            [format!(
+                "run.config, line {chars}: \"max_snippet_chars = 300\" vs \
+                 \"max_snippet_chars = 400\""
+            )]
+        );
+    }
+
+    /// Texts whose lines agree but whose line ends do not ("\r\n", a last newline) are named as
+    /// whole values: a difference found by no line is still one, not two runs taken as one.
+    #[test]
+    fn texts_that_differ_only_in_line_ends_differ() {
+        let a = json!({"config": "seed = 3\nmax_call_tokens = 4\n"});
+        let b = json!({"config": "seed = 3\r\nmax_call_tokens = 4"});
+        assert_eq!(
+            run_differences(&a, &b),
+            [concat!(
+                r#"run.config: "seed = 3\nmax_call_tokens = 4\n" vs "#,
+                r#""seed = 3\r\nmax_call_tokens = 4""#
+            )]
         );
     }
 
