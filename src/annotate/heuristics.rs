@@ -347,6 +347,26 @@ mod tests {
         assert!(has_date(&doc, None));
     }
 
+    /// A document without a "date" field has one when its URL holds a date.
+    #[test]
+    fn a_date_in_the_url_is_a_known_date() {
+        let mut doc = Document::new(1, "Today.");
+        assert!(!has_date(&doc, None));
+        doc.url = Some("https://example.com/2021/03/04/story".into());
+        assert!(has_date(&doc, None));
+    }
+
+    /// Calendar is tried only on documents with a date (`require_date`), whatever their text.
+    #[test]
+    fn require_date_turns_away_documents_without_a_date() {
+        let calendar = ToolParams::paper(crate::annotate::ToolKind::Calendar);
+        let mut doc = Document::new(1, "The meeting is next Friday.");
+        assert!(!applies(&calendar, &doc, &doc.text, None, 0.5));
+        assert!(applies(&calendar, &doc, &doc.text, Some("2023-01-30"), 0.5));
+        doc.date = Some("2023-01-30".into());
+        assert!(applies(&calendar, &doc, &doc.text, None, 0.5));
+    }
+
     /// The 1% of `require_arithmetic` is draw < 0.01, exactly.
     #[test]
     fn numbers_only_texts_pass_below_a_draw_of_one_percent() {
@@ -415,5 +435,29 @@ mod tests {
     fn leading_zeros_are_not_significant_digits() {
         assert!(!shows_arithmetic("1 of 3 people, 0.3 of them, came."));
         assert!(shows_arithmetic("1 of 3 people, 0.33 of them, came."));
+    }
+
+    /// A number is not an operand twice: "24" is 12 + 12 only with a second "12".
+    #[test]
+    fn a_number_is_not_paired_with_itself() {
+        assert!(!shows_arithmetic("Room 12 has 24 chairs."));
+        assert!(shows_arithmetic("Rooms 12 and 12 have 24 chairs."));
+    }
+
+    /// A later number less an earlier one, rounded to the result's precision: 5 - 3.14 = 1.86
+    /// reads as "1.9" (no other operation of the three gives one of them).
+    #[test]
+    fn a_rounded_difference_of_the_later_number_counts() {
+        assert!(shows_arithmetic(
+            "The score went from 3.14 to 5, a gain of 1.9."
+        ));
+    }
+
+    /// A one-digit percentage is never matched by rounding, but an exact one counts: 1 of 20
+    /// is 5%.
+    #[test]
+    fn an_exact_one_digit_percentage_counts() {
+        assert!(shows_arithmetic("1 of 20 people, 5% of them, said so."));
+        assert!(!shows_arithmetic("1 of 19 people, 5% of them, said so."));
     }
 }
