@@ -329,4 +329,33 @@ mod tests {
         );
         assert_eq!(flag.unwrap().count, 2);
     }
+
+    /// `--shards N` (N > 1) with nothing to pick a shard is refused: run as the whole corpus, N
+    /// tasks would each annotate every line.
+    #[test]
+    fn shards_without_an_index_are_refused() {
+        for n in [2, 8] {
+            let e = Shard::resolve(None, Some(n), env(&[]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--shards without --shard"), "{n}: {e}");
+        }
+    }
+
+    /// A Slurm task ID below the array's MIN is an error, not shard 0 (another task's).
+    #[test]
+    fn a_slurm_task_below_the_arrays_min_is_refused() {
+        let vars = [
+            ("SLURM_ARRAY_TASK_ID", "0"),
+            ("SLURM_ARRAY_TASK_COUNT", "4"),
+            ("SLURM_ARRAY_TASK_MIN", "1"),
+        ];
+        let e = Shard::resolve(None, None, env(&vars))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("SLURM_ARRAY_TASK_ID 0 is below SLURM_ARRAY_TASK_MIN 1"),
+            "{e}"
+        );
+    }
 }
