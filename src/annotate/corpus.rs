@@ -487,6 +487,22 @@ mod tests {
         );
     }
 
+    /// A line's newline, "\n" or "\r\n", is no part of it: a line cut short inside a string is
+    /// the same reject either way (not a control character found in the string).
+    #[test]
+    fn a_line_is_judged_without_its_newline() {
+        let cut = br#"{"text":"a"#;
+        let want = reason(parse_line(1, cut, "text"));
+        assert!(want.contains("EOF while parsing a string"), "{want}");
+        let data = [&cut[..], b"\n", cut, b"\r\n", cut, b"\r\n"].concat();
+        let mut c = Corpus::new(&data[..], Path::new("c.jsonl"), "text");
+        for n in 1..=3 {
+            let line = c.next_line(|_| true).unwrap().unwrap().unwrap();
+            assert_eq!(line.number(), n);
+            assert_eq!(reason(line), want, "line {n}");
+        }
+    }
+
     #[test]
     fn numbered_lines() {
         let data = b"{\"text\":\"a\"}\nbad\n{\"text\":\"c\"}";
