@@ -133,4 +133,17 @@ mod tests {
             vec![(1, 0.5), (2, 0.5)]
         );
     }
+
+    /// A token that starts inside a character reports the whole character, so the previous
+    /// token's end, though a character boundary, falls inside it: no place for a call.
+    #[test]
+    fn no_call_goes_inside_a_token_that_starts_mid_character() {
+        // "xét": "x", the first byte of "é", then its second byte merged with "t" (from byte 1).
+        let enc = Encoding {
+            ids: vec![0, 1, 2],
+            spans: vec![(0, 1), (1, 3), (1, 4)],
+        };
+        assert_eq!(splice_byte("xét", &enc, 2), None);
+        assert_eq!(splice_byte("xét", &enc, 1), Some(1));
+    }
 }
