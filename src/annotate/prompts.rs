@@ -94,4 +94,50 @@ mod tests {
             );
         }
     }
+
+    /// Each example's output is its input with calls added ("[Tool(input)] " before a word),
+    /// and a Calculator call computes the number after it (in percent before a "%"): an example
+    /// with a wrong call teaches the model to propose wrong calls.
+    #[test]
+    fn the_examples_are_their_inputs_with_correct_calls() {
+        use crate::annotate::tools::{evaluate, format_result};
+        for tool in ToolKind::ALL {
+            let (head, _) = split(default_prompt(tool));
+            let lines: Vec<&str> = head.lines().collect();
+            let mut examples = 0;
+            for pair in lines.windows(2) {
+                let (Some(input), Some(output)) = (
+                    pair[0].strip_prefix("Input: "),
+                    pair[1].strip_prefix("Output: "),
+                ) else {
+                    continue;
+                };
+                examples += 1;
+                let (mut plain, mut rest) = (String::new(), output);
+                while let Some(open) = rest.find('[') {
+                    plain.push_str(&rest[..open]);
+                    let close = open + rest[open..].find("] ").expect("a call ends in \"] \"");
+                    let call = &rest[open + 1..close];
+                    rest = &rest[close + 2..];
+                    let args = call
+                        .strip_prefix(tool.call_name())
+                        .and_then(|c| c.strip_prefix('('))
+                        .and_then(|c| c.strip_suffix(')'))
+                        .unwrap_or_else(|| panic!("{tool:?}: {call} is not a call of it"));
+                    if tool == ToolKind::Calculator {
+                        let number: String = rest
+                            .chars()
+                            .take_while(|c| c.is_ascii_digit() || *c == '.')
+                            .collect();
+                        let percent = rest[number.len()..].starts_with('%');
+                        let expr = if percent { format!("({args}) * 100") } else { args.into() };
+                        assert_eq!(format_result(evaluate(&expr).unwrap()), number, "{call}");
+                    }
+                }
+                plain.push_str(rest);
+                assert_eq!(plain, input, "{tool:?}");
+            }
+            assert_eq!(examples, 2, "{tool:?}");
+        }
+    }
 }
