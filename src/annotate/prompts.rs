@@ -130,7 +130,11 @@ mod tests {
                             .take_while(|c| c.is_ascii_digit() || *c == '.')
                             .collect();
                         let percent = rest[number.len()..].starts_with('%');
-                        let expr = if percent { format!("({args}) * 100") } else { args.into() };
+                        let expr = if percent {
+                            format!("({args}) * 100")
+                        } else {
+                            args.into()
+                        };
                         assert_eq!(format_result(evaluate(&expr).unwrap()), number, "{call}");
                     }
                 }
