@@ -453,11 +453,37 @@ fn sharded_safetensors_load_and_a_missing_shard_is_named() {
             "not in the index's weight_map",
         ],
     );
+    // Old GPT-J indexes list the attention buffers, which the loader skips: listed, they are
+    // no inconsistency.
+    let mut buffers = map.clone();
+    buffers.insert(
+        "transformer.h.0.attn.bias".into(),
+        "model-00001-of-00002.safetensors".into(),
+    );
+    std::fs::write(
+        &index,
+        serde_json::json!({"weight_map": buffers}).to_string(),
+    )
+    .unwrap();
+    Model::load(&dir).unwrap();
     std::fs::write(&index, good).unwrap();
     Model::load(&dir).unwrap();
     std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
     let err = load_err(&dir);
-    assert_names(&err, &["model-00002-of-00002.safetensors"]);
+    // The missing shard is named with the first tensor (in name order) listed in it.
+    let first_in_2 = map
+        .iter()
+        .filter(|(_, shard)| *shard == "model-00002-of-00002.safetensors")
+        .map(|(name, _)| name.as_str())
+        .min()
+        .unwrap();
+    assert_names(
+        &err,
+        &[
+            "model-00002-of-00002.safetensors",
+            &format!("`{first_in_2}`"),
+        ],
+    );
 }
 
 /// convert never writes through a link into the source, removes a stale tokenizer.json, and a
@@ -488,6 +514,15 @@ fn convert_leaves_sources_and_earlier_outputs_whole() {
         );
         assert_eq!(std::fs::read(dir.join("config.json")).unwrap(), config);
     }
+    // A file of the source folder that the model keeps no handle on (config.json) too.
+    let out = tmp.path().join("linked_config");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::hard_link(dir.join("config.json"), out.join("config.json")).unwrap();
+    let err = toolsift::model::checkpoint::convert(&model, &out, None)
+        .unwrap_err()
+        .to_string();
+    assert_names(&err, &["config.json is the source's"]);
+    assert_eq!(std::fs::read(dir.join("config.json")).unwrap(), config);
     // A conversion that fails midway (its weights are written, its tokenizer.json cannot be)
     // leaves the earlier output: no new file, no temporary file.
     let out = tmp.path().join("out");

@@ -744,6 +744,9 @@ mod tests {
     fn gptj_buffer_names() {
         assert!(is_ignored_buffer("transformer.h.0.attn.bias"));
         assert!(is_ignored_buffer("transformer.h.27.attn.masked_bias"));
+        // The whole name may be the buffer's (a checkpoint saved from a bare block).
+        assert!(is_ignored_buffer("attn.bias"));
+        assert!(is_ignored_buffer("attn.masked_bias"));
         assert!(!is_ignored_buffer("transformer.h.0.attn.c_attn.bias"));
         assert!(!is_ignored_buffer("h.0.c_attn.bias"));
         assert!(!is_ignored_buffer("transformer.h.0.mlp.fc_in.bias"));

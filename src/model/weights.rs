@@ -489,4 +489,20 @@ mod tests {
             );
         }
     }
+
+    /// Each kind of non-finite value is named as what it is.
+    #[test]
+    fn each_kind_of_non_finite_value_is_named() {
+        for (value, what) in [
+            (f32::NEG_INFINITY, "-inf"),
+            (f32::INFINITY, "+inf"),
+            (f32::NAN, "NaN"),
+        ] {
+            let t = Tensor::from_f32(vec![2], &[0.5, value]);
+            let err = check_finite(&[("w".into(), &t, Path::new("m.safetensors"))])
+                .expect_err("a non-finite value");
+            let want = format!("1 non-finite value ({what} at element 1)");
+            assert!(err.to_string().contains(&want), "{err}");
+        }
+    }
 }

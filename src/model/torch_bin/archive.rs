@@ -230,5 +230,7 @@ mod tests {
         assert!(check_disjoint(vec![(8, 16, "b"), (0, 8, "a"), (16, 16, "c")]).is_ok());
         let err = check_disjoint(vec![(0, 8, "a"), (4, 12, "b")]).unwrap_err();
         assert_eq!(err, "zip entries `a` and `b` share bytes");
+        // One byte is sharing too.
+        assert!(check_disjoint(vec![(0, 8, "a"), (7, 12, "b")]).is_err());
     }
 }

@@ -749,7 +749,8 @@ mod tests {
     fn a_big_endian_checkpoint_is_refused() {
         let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 1, 0, &[1], &[1]));
         let data = f32_bytes(&[1.5]);
-        for order in ["little", "big"] {
+        // The entry is "little" exactly: a prefix of it or more after it is not.
+        for order in ["little", "big", "lit", "little\n"] {
             let dir = tempfile::tempdir().unwrap();
             let path = write_zip(
                 dir.path(),
@@ -765,8 +766,9 @@ mod tests {
                     assert_eq!(tensors[0].1.to_f32(), [1.5]);
                 }
                 Err(e) => {
-                    assert_eq!(order, "big", "{e}");
-                    assert!(e.to_string().contains("byte order is `big`"), "{e}");
+                    assert_ne!(order, "little", "{e}");
+                    let want = format!("byte order is `{order}`");
+                    assert!(e.to_string().contains(&want), "{e}");
                 }
             }
         }
@@ -890,5 +892,246 @@ mod tests {
         pkl.resize(MAX_PICKLE_BYTES, b'N'); // NONE opcodes past the STOP
         let tensors = read_checkpoint(&pkl, &[("0", &f32_bytes(&[2.5]))]).unwrap();
         assert_eq!(tensors[0].1.to_f32(), [2.5]);
+    }
+
+    /// Pickles that would index past the stack, a MARK or an integer's 8 bytes are errors, not
+    /// panics; so are a BUILD with no object under its state, a persistent id not tagged
+    /// 'storage' and a negative BINSTRING length.
+    #[test]
+    fn malformed_pickles_at_the_bounds_are_errors() {
+        let mut bad_tag = b"\x80\x02(".to_vec();
+        bad_tag.extend(short_str("blob"));
+        bad_tag.extend(b"ctorch\nFloatStorage\n");
+        bad_tag.extend(short_str("0"));
+        bad_tag.extend(short_str("cpu"));
+        bad_tag.extend(b"K\x01tQ.");
+        let cases: [(&[u8], &str); 6] = [
+            // TUPLE2 over one item
+            (b"\x80\x02K\x01\x86.", "stack underflow"),
+            // the MARK's items popped before TUPLE
+            (b"\x80\x02N(0t.", "stack underflow below MARK"),
+            (
+                b"\x80\x02\x8a\x09\x01\x02\x03\x04\x05\x06\x07\x08\x09.",
+                "9-byte integer",
+            ),
+            // BUILD's state with no object under it
+            (b"\x80\x02Nb}.", "stack underflow"),
+            (b"\x80\x02T\xff\xff\xff\xff", "negative string length"),
+            (&bad_tag, "bad persistent id"),
+        ];
+        for (pkl, want) in cases {
+            let err = Unpickler::new(pkl).run().unwrap_err();
+            assert!(err.contains(want), "{pkl:?}: {err}");
+        }
+    }
+
+    /// The int an integer pickle reads as.
+    fn int_of(pkl: &[u8]) -> i64 {
+        let mut unpickler = Unpickler::new(pkl);
+        let root = unpickler.run().unwrap();
+        match unpickler.values[root] {
+            Value::Int(v) => v,
+            _ => panic!("{pkl:?}: {}", unpickler.values[root].kind()),
+        }
+    }
+
+    /// BININT is a signed 32-bit int, BININT2 an unsigned 16-bit one (as in CPython).
+    #[test]
+    fn fixed_width_integers_are_read_as_cpython_writes_them() {
+        assert_eq!(int_of(b"\x80\x02J\xff\xff\xff\xff."), -1);
+        assert_eq!(int_of(b"\x80\x02J\x00\x00\x01\x00."), 65536);
+        assert_eq!(int_of(b"\x80\x02M\xff\xff."), 65535);
+    }
+
+    /// Protocol 4's long forms are read whole: FRAME's 8-byte length, BINUNICODE8's 8-byte
+    /// length and LONG_BINPUT/LONG_BINGET's 4-byte memo keys (GPT-J 6B's pickle memoises
+    /// past key 255).
+    #[test]
+    fn protocol_4_long_forms_are_read_whole() {
+        let mut pkl = b"\x80\x04\x95".to_vec();
+        pkl.extend(25u64.to_le_bytes());
+        pkl.push(0x8d);
+        pkl.extend(3u64.to_le_bytes());
+        pkl.extend(b"abc");
+        // LONG_BINPUT 300, POP, LONG_BINGET 300
+        pkl.extend(b"r\x2c\x01\x00\x000j\x2c\x01\x00\x00.");
+        let mut unpickler = Unpickler::new(&pkl);
+        let root = unpickler.run().unwrap();
+        assert!(
+            matches!(&unpickler.values[root], Value::Str(s) if &**s == "abc"),
+            "{}",
+            unpickler.values[root].kind()
+        );
+    }
+
+    /// Appends and set-items on an object the reader does not build (the result of a callable
+    /// it does not know) are dropped: that object is never looked into.
+    #[test]
+    fn items_added_to_an_opaque_object_are_dropped() {
+        let pkl = b"\x80\x02cmod\nThing\n)R(K\x01K\x02eK\x03aK\x04K\x05s.";
+        let mut unpickler = Unpickler::new(pkl);
+        let root = unpickler.run().unwrap();
+        assert!(matches!(unpickler.values[root], Value::Object));
+    }
+
+    /// The arena holds fewer than `pickle::MAX_VALUES` (2^18) values, the power of two its
+    /// doubling stops at: one less is read, that many are refused.
+    #[test]
+    fn the_value_cap_is_exact() {
+        const MAX_VALUES: usize = 1 << 18;
+        for (n, ok) in [(MAX_VALUES - 1, true), (MAX_VALUES, false)] {
+            let mut pkl = b"\x80\x02".to_vec();
+            pkl.resize(2 + n, b'N');
+            pkl.push(b'.');
+            let result = Unpickler::new(&pkl).run();
+            assert_eq!(result.is_ok(), ok, "{n} values: {:?}", result.err());
+        }
+    }
+
+    /// A weight pickled as an nn.Parameter (`_rebuild_parameter(tensor, requires_grad,
+    /// hooks)`) reads as its tensor.
+    #[test]
+    fn a_parameter_reads_as_its_tensor() {
+        let mut p = b"ctorch._utils\n_rebuild_parameter\n(".to_vec();
+        p.extend(tensor_ops("FloatStorage", "0", 2, 0, &[2], &[1]));
+        p.extend(b"\x89ccollections\nOrderedDict\n)RtR");
+        let tensors = read_checkpoint(
+            &state_dict_pickle("w", &p),
+            &[("0", &f32_bytes(&[1.0, 2.0]))],
+        )
+        .unwrap();
+        assert_eq!(tensors[0].1.to_f32(), [1.0, 2.0]);
+    }
+
+    /// `_rebuild_tensor_v2` with fewer than 4 arguments (no stride) is an error, not an index
+    /// past its arguments.
+    #[test]
+    fn a_rebuild_without_a_stride_is_an_error() {
+        let mut p = b"ctorch._utils\n_rebuild_tensor_v2\n((".to_vec();
+        p.extend(short_str("storage"));
+        p.extend(b"ctorch\nFloatStorage\n");
+        p.extend(short_str("0"));
+        p.extend(short_str("cpu"));
+        // storage, offset 0, size (1,)
+        p.extend(b"K\x01tQK\x00(K\x01ttR");
+        let err = read_checkpoint(&state_dict_pickle("w", &p), &[("0", &[0; 4])]).unwrap_err();
+        assert!(err.to_string().contains("fewer than 4"), "{err}");
+    }
+
+    /// A negative offset is refused as the bad argument it is, not read as a huge one.
+    #[test]
+    fn a_negative_offset_is_named_as_such() {
+        let tensor = tensor_ops("FloatStorage", "0", 1, 0, &[1], &[1]);
+        let at = tensor.windows(4).position(|w| w == b"QK\x00(").unwrap();
+        let mut p = tensor[..at + 1].to_vec();
+        p.extend(b"J\xff\xff\xff\xff");
+        p.extend(&tensor[at + 3..]);
+        let err = read_checkpoint(&state_dict_pickle("w", &p), &[("0", &[0; 4])]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("bad _rebuild_tensor_v2 arguments: offset"),
+            "{err}"
+        );
+    }
+
+    /// A tensor may have torch's 64 dimensions, not 65.
+    #[test]
+    fn sixty_four_dimensions_are_read_not_sixty_five() {
+        let one = f32_bytes(&[3.0]);
+        let ok = tensor_ops("FloatStorage", "0", 1, 0, &[1; 64], &[1; 64]);
+        let tensors = read_checkpoint(&state_dict_pickle("w", &ok), &[("0", &one)]).unwrap();
+        assert_eq!(tensors[0].1.shape(), [1; 64]);
+        let over = tensor_ops("FloatStorage", "0", 1, 0, &[1; 65], &[1; 65]);
+        let err = read_checkpoint(&state_dict_pickle("w", &over), &[("0", &one)]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("bad _rebuild_tensor_v2 arguments: size"),
+            "{err}"
+        );
+    }
+
+    /// Only a dict under the key "state_dict" is a nested state dict: another dict beside the
+    /// tensors leaves the top-level dict the state dict.
+    #[test]
+    fn a_dict_beside_the_tensors_is_not_the_state_dict() {
+        let mut pkl = b"\x80\x02}(".to_vec();
+        pkl.extend(short_str("w"));
+        pkl.extend(tensor_ops("FloatStorage", "0", 1, 0, &[1], &[1]));
+        pkl.extend(short_str("meta"));
+        pkl.extend(b"}u.");
+        let tensors = read_checkpoint(&pkl, &[("0", &f32_bytes(&[4.0]))]).unwrap();
+        assert_eq!(tensors.len(), 1);
+        assert_eq!(tensors[0].1.to_f32(), [4.0]);
+    }
+
+    /// A stride shorter than the size is refused, not read as row-major over its first
+    /// dimensions.
+    #[test]
+    fn a_stride_shorter_than_the_size_is_refused() {
+        let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 6, 0, &[2, 3], &[1]));
+        let err = read_checkpoint(&pkl, &[("0", &[0; 24])]).unwrap_err();
+        assert!(tensor_msg(&err).1.contains("different lengths"), "{err}");
+    }
+
+    /// torch gives an empty [3, 0] tensor the stride [1, 1]: a tensor with no elements is
+    /// contiguous whatever its strides.
+    #[test]
+    fn an_empty_tensor_reads_whatever_its_strides() {
+        let pkl = state_dict_pickle(
+            "w",
+            &tensor_ops("FloatStorage", "0", 0, 0, &[3, 0], &[1, 1]),
+        );
+        let tensors = read_checkpoint(&pkl, &[("0", &[])]).unwrap();
+        assert_eq!(tensors[0].1.shape(), [3, 0]);
+    }
+
+    /// Where the zip header of entry `name` (signature `sig`, its name at `name_at`) starts.
+    fn zip_header(bytes: &[u8], sig: &[u8; 4], name_at: usize, name: &[u8]) -> usize {
+        (0..bytes.len() - name_at - name.len())
+            .find(|&i| &bytes[i..i + 4] == sig && &bytes[i + name_at..][..name.len()] == name)
+            .unwrap()
+    }
+
+    /// An entry whose recorded size reaches over the next entry's bytes is refused by name
+    /// before any storage is read (two tensors would read the same bytes).
+    #[test]
+    fn entries_whose_bytes_overlap_are_refused() {
+        let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 1, 0, &[1], &[1]));
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 4]), ("1", &[0; 4])]);
+        let mut bytes = std::fs::read(&path).unwrap();
+        // Entry 0's central sizes (compressed, uncompressed) grown over entry 1.
+        let at = zip_header(&bytes, b"PK\x01\x02", 46, b"archive/data/0");
+        for field in [20, 24] {
+            bytes[at + field..at + field + 4].copy_from_slice(&100u32.to_le_bytes());
+        }
+        std::fs::write(&path, bytes).unwrap();
+        let err = read_torch_bin(&path, is_ignored_buffer).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("zip entries `archive/data/0` and `archive/data/1` share bytes"),
+            "{err}"
+        );
+    }
+
+    /// An entry flagged encrypted is refused as such, even where its bytes match its CRC-32.
+    #[test]
+    fn an_entry_flagged_encrypted_is_refused() {
+        let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 1, 0, &[1], &[1]));
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_checkpoint(dir.path(), &pkl, &[("0", &[0; 4])]);
+        let mut bytes = std::fs::read(&path).unwrap();
+        // Bit 0 of the general purpose flags, in the local and the central header.
+        let local = zip_header(&bytes, b"PK\x03\x04", 30, b"archive/data/0");
+        bytes[local + 6] |= 1;
+        let central = zip_header(&bytes, b"PK\x01\x02", 46, b"archive/data/0");
+        bytes[central + 8] |= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let err = read_torch_bin(&path, is_ignored_buffer).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("entry `archive/data/0` is encrypted"),
+            "{err}"
+        );
     }
 }
