@@ -1068,7 +1068,7 @@ fn a_pickle_at_its_size_limit_stays_small() {
         let err = check_load(&dir).unwrap_or_else(|e| panic!("{what}: {e}"));
         let refused = err
             .as_deref()
-            .is_some_and(|e| e.contains("builds more than 262144"));
+            .is_some_and(|e| e.contains("builds 262144 values"));
         assert_eq!(refused, capped, "{what}: {err:?}");
     }
 }

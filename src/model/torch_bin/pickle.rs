@@ -9,9 +9,9 @@ use std::rc::Rc;
 /// small however often a pickle re-uses one huge size tuple.
 const MAX_DIMS: usize = 64;
 
-/// The most values (and memo entries) a pickle may build: a state dict's tensor takes about 15
-/// (GPT-J 6B's whole pickle some 4,000), and one value takes up to 88 bytes. A power of two, so
-/// that the arena's doubling stops at this many (23 MB).
+/// A pickle that builds this many values (or memo entries) is refused: a state dict's tensor
+/// takes about 15 (GPT-J 6B's whole pickle some 4,000), and one value takes up to 88 bytes. A
+/// power of two, so that the arena's doubling stops at this many (23 MB).
 const MAX_VALUES: usize = 1 << 18;
 
 /// Index of a value in the unpickler's arena.
@@ -176,8 +176,8 @@ impl<'a> Unpickler<'a> {
             // Each opcode adds at most one value and one memo entry.
             if self.values.len() >= MAX_VALUES || self.memo.len() >= MAX_VALUES {
                 return Err(format!(
-                    "builds more than {MAX_VALUES} values or memo entries, more than a state \
-                     dict needs (opcode 0x{op:02x} at byte {at})"
+                    "builds {MAX_VALUES} values or memo entries, more than a state dict \
+                     needs (opcode 0x{op:02x} at byte {at})"
                 ));
             }
         }
