@@ -958,6 +958,75 @@ fn a_backend_error_names_the_lines_it_was_scoring() {
     assert_eq!(String::from_utf8(out).unwrap().lines().count(), 2);
 }
 
+/// A scorer's own refusal of one candidate (beyond `validate`: a backend's limit) is the row of
+/// that candidate's line, named by its own number, not by the first line of its chunk; the
+/// lines around it are scored.
+#[test]
+fn a_scorers_own_refusal_names_its_own_line() {
+    use toolsift::score::jsonl::{score_jsonl, JsonlOptions};
+    use toolsift::score::{ScoreOptions, Scorer, TokenCandidate};
+    /// Refuses the candidates at `position` with `call_ids`.
+    struct Refuses<'a>(&'a toolsift::cpu::CpuScorer, usize, Vec<u32>);
+    impl Scorer for Refuses<'_> {
+        fn name(&self) -> &str {
+            "refuses-one"
+        }
+        fn config(&self) -> &toolsift::GptjConfig {
+            self.0.config()
+        }
+        fn variant_losses_unchecked(
+            &self,
+            candidates: &[TokenCandidate],
+            options: &ScoreOptions,
+        ) -> toolsift::Result<Vec<[f64; 3]>> {
+            let refused = candidates
+                .iter()
+                .position(|c| c.position == self.1 && c.call_ids == self.2);
+            if let Some(index) = refused {
+                return Err(toolsift::Error::candidate(
+                    index,
+                    "over this backend's limit",
+                ));
+            }
+            self.0.variant_losses_unchecked(candidates, options)
+        }
+    }
+    let model = toolsift::Model::load(tiny("f32")).unwrap();
+    let cpu = toolsift::cpu::CpuScorer::new(&model);
+    let lines = token_lines();
+    let (other, refused) = (&lines[0], &lines[1]);
+    let key = |l: &Value| (l["position"].clone(), l["call_ids"].clone());
+    assert_ne!(key(other), key(refused));
+    let call_ids: Vec<u32> = serde_json::from_value(refused["call_ids"].clone()).unwrap();
+    let position = refused["position"].as_u64().unwrap() as usize;
+    let scorer = Refuses(&cpu, position, call_ids);
+    let input: String = [other, other, refused, other]
+        .iter()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut out = Vec::new();
+    let summary = score_jsonl(
+        input.as_bytes(),
+        &mut out,
+        &scorer,
+        None,
+        &JsonlOptions::default(),
+    )
+    .unwrap();
+    assert_eq!((summary.scored, summary.failed), (3, 1));
+    let rows: Vec<Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows[2]["line"], 3);
+    let error = rows[2]["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("line 3: ") && error.contains("over this backend's limit"),
+        "{error}"
+    );
+}
+
 /// Text-level lines tokenize only the head of the text their window reads: the scores of a
 /// candidate in a long text are those of the same candidate tokenized whole (as a token-level
 /// line), early in the text or deep into it.

@@ -586,6 +586,67 @@ mod tests {
         );
     }
 
+    /// A row is checked as an answer to its own line whatever its kind: an error row's id too,
+    /// a "line" that is no integer (a string, a float), and an id where the input line has
+    /// none (it is not JSON) are no answers of this input.
+    #[test]
+    fn every_row_must_answer_its_line_and_its_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let (input, output) = (dir.path().join("in.jsonl"), dir.path().join("out.jsonl"));
+        std::fs::write(&input, "{\"id\": \"a\"}\nnot json\n").unwrap();
+        let point = |text: &str| {
+            std::fs::write(&output, text).unwrap();
+            resume_point(&input, &output, "x")
+        };
+        let first = "{\"id\":\"a\",\"x\":1}\n";
+        for (text, why) in [
+            (
+                "{\"id\":\"b\",\"line\":1,\"error\":\"e\"}\n".to_string(),
+                "line 1: it answers id \"b\", the input's is \"a\"",
+            ),
+            (
+                format!("{first}{{\"id\":\"z\",\"line\":2,\"error\":\"e\"}}\n"),
+                "line 2: it answers id \"z\", the input's is none",
+            ),
+            (
+                "{\"id\":\"a\",\"line\":\"1\",\"x\":1}\n".to_string(),
+                "line 1: it answers line \"1\"",
+            ),
+            (
+                "{\"id\":\"a\",\"line\":1.0,\"x\":1}\n".to_string(),
+                "line 1: it answers line 1.0",
+            ),
+        ] {
+            let e = point(&text).unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains("is not an output of"), "{e}");
+        }
+        // The same rows with the input's ids and lines are its answers.
+        let ok = format!("{first}{{\"id\":null,\"line\":2,\"error\":\"e\"}}\n");
+        assert_eq!(point(&ok).unwrap().unwrap().lines, 2);
+    }
+
+    /// A line over the limit is read through keeping only its first limit + 1 bytes, and a
+    /// buffer that grew past `KEPT_BUFFER_BYTES` for it is freed at the next line: a runaway
+    /// line costs the limit, once, not its length.
+    #[test]
+    fn a_line_over_the_limit_is_held_only_to_the_limit() {
+        let max = 2 * KEPT_BUFFER_BYTES;
+        let input = format!("{}\nshort\n", "x".repeat(3 * max));
+        let reader = std::io::BufReader::with_capacity(4096, input.as_bytes());
+        let mut lines = JsonlLines::new(reader).with_max_line_bytes(max);
+        let (n, text) = lines.next().unwrap().unwrap();
+        assert_eq!(n, 1);
+        assert!(text.unwrap_err().starts_with("line of"));
+        assert!(lines.buf.len() <= max + 1, "{}", lines.buf.len());
+        assert!(lines.buf.capacity() <= max + 1, "{}", lines.buf.capacity());
+        // Nor handed over as the next line's text.
+        let (n, text) = lines.next().unwrap().unwrap();
+        let text = text.unwrap();
+        assert_eq!((n, text.as_str()), (2, "short"));
+        assert!(text.capacity() <= KEPT_BUFFER_BYTES, "{}", text.capacity());
+        assert!(lines.buf.capacity() <= KEPT_BUFFER_BYTES);
+    }
+
     /// Found by tests/input_fuzz.rs: `score` echoes the id of a line whose other key, held
     /// twice, holds a lone surrogate (which serde_json's own reader refuses); resuming from
     /// that output was refused as "not an output of" its input.
