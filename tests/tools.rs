@@ -9,6 +9,9 @@
 //! 47), what `ToolRegistry::from_config` registers, in what order, and what it refuses.
 //! Last, from a review of the external tools: their defaults made in code, a refused
 //! connection retried, and how an HTTP reply's result and error are read.
+//! Then, from a second review of the four built-in tools: thousands groups of exactly 3 digits,
+//! the shapes of a URL or field date, a snippet widened over a multibyte space, repeated query
+//! words, a search for 0 hits and a fractional document id.
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -476,4 +479,118 @@ fn an_http_reply_is_read_result_first_and_its_error_as_written() {
         matches!(&got, Err(ToolError::Failed(m)) if m.ends_with("service error: no model")),
         "{got:?}"
     );
+}
+
+// From a second hand mutation review of the four built-in tools: each test below failed on a mutant
+// (a one-line slip) that every other test let through.
+
+#[test]
+fn a_thousands_group_is_exactly_three_digits_not_three_or_more() {
+    // "1,4000" is no number as written; read as 14000 it would be a silent wrong result.
+    for bad in ["1,4000", "12,345,6789", "1,000.5 + 2,0000"] {
+        let got = Calculator::new().call(bad, &doc("d"));
+        assert!(
+            matches!(got, Err(ToolError::InvalidInput(_))),
+            "{bad}: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn a_url_date_in_segments_has_a_four_digit_year_and_a_short_month() {
+    for url in [
+        "https://example.com/02023/01/30/",
+        "https://example.com/2023/001/30/",
+    ] {
+        assert_eq!(Date::from_url(url), None, "{url}");
+    }
+}
+
+#[test]
+fn a_date_field_takes_a_lowercase_t_before_the_time() {
+    assert_eq!(
+        Date::parse_iso("2023-01-30t12:00:00z"),
+        Date::new(2023, 1, 30)
+    );
+}
+
+#[test]
+fn a_url_host_is_never_read_as_a_path() {
+    // No slash after the host: the path is empty, and a date in the host name is not taken.
+    for url in [
+        "https://news-2023-01-30.example.com",
+        "https://20230130.example.com?x",
+    ] {
+        assert_eq!(Date::from_url(url), None, "{url}");
+    }
+}
+
+#[test]
+fn a_dashed_url_date_has_a_dash_before_the_day() {
+    assert_eq!(Date::from_url("https://example.com/a/2023-01x30"), None);
+    assert_eq!(
+        Date::from_url("https://example.com/a/2023-01_30.html"),
+        None
+    );
+}
+
+#[test]
+fn a_day_segment_may_end_only_in_a_file_extension() {
+    // "30.best-of" and "30.5-things" are slugs; "30.html" is a file.
+    for url in [
+        "https://example.com/2023/01/30.best-of",
+        "https://example.com/2023/01/30.5-things",
+    ] {
+        assert_eq!(Date::from_url(url), None, "{url}");
+    }
+    assert_eq!(
+        Date::from_url("https://example.com/2023/01/30.html"),
+        Date::new(2023, 1, 30)
+    );
+}
+
+#[test]
+fn a_snippet_after_a_multibyte_space_is_cut_at_a_char_boundary() {
+    // Words joined by no-break spaces (2 bytes): widening a fragment to the word before it
+    // must step over the whole space, or slicing the text panics. (The snippet need not hold
+    // "zebra": the byte budget, 2 a char here, picks a fragment wider than 20 chars, cut from
+    // its start.)
+    let words: Vec<String> = (0..40).map(|i| format!("w{i}")).collect();
+    let text = format!("{}\u{a0}zebra\u{a0}runs", words.join("\u{a0}"));
+    let (_t, w) = wiki(&format!("{{\"id\":\"z\",\"text\":\"{text}\"}}\n"));
+    let w = w.with_max_snippet_chars(20);
+    let got = w.call("zebra", &doc("x")).unwrap();
+    assert!(!got.is_empty() && got.chars().count() <= 20, "{got:?}");
+}
+
+#[test]
+fn a_repeated_query_word_counts_once_toward_the_32() {
+    let (_t, w) = wiki("{\"id\":\"z\",\"text\":\"A zebra is an African equine.\"}\n");
+    let query = format!("{}zebra", "filler ".repeat(40));
+    assert!(w.call(&query, &doc("x")).is_ok());
+}
+
+#[test]
+fn a_search_for_no_hits_returns_none() {
+    let (_t, w) = wiki("{\"id\":\"z\",\"text\":\"A zebra is an African equine.\"}\n");
+    assert_eq!(w.search("zebra", None, 0), Ok(vec![]));
+    assert_eq!(w.search("zebra", None, 1).unwrap().len(), 1);
+}
+
+#[test]
+fn a_fractional_document_id_is_refused() {
+    // Only integer ids are read as text; 1.5 (or 1e3) is not an id anyone wrote.
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, id) in ["1.5", "1e3"].iter().enumerate() {
+        let docs = write(
+            tmp.path(),
+            "docs.jsonl",
+            &format!("{{\"id\":{id},\"text\":\"x\"}}\n"),
+        );
+        let got = build_index(&docs, &tmp.path().join(format!("idx{i}")), "text");
+        assert!(
+            matches!(&got, Err(IndexError::Malformed { line: 1, .. })),
+            "{id}: {got:?}"
+        );
+    }
 }
