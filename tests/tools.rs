@@ -552,15 +552,35 @@ fn a_day_segment_may_end_only_in_a_file_extension() {
 #[test]
 fn a_snippet_after_a_multibyte_space_is_cut_at_a_char_boundary() {
     // Words joined by no-break spaces (2 bytes): widening a fragment to the word before it
-    // must step over the whole space, or slicing the text panics. (The snippet need not hold
-    // "zebra": the byte budget, 2 a char here, picks a fragment wider than 20 chars, cut from
-    // its start.)
+    // must step over the whole space, or slicing the text panics. The byte budget, 2 a char
+    // here, picks a fragment wider than 20 chars: it is cut so as to keep "zebra".
     let words: Vec<String> = (0..40).map(|i| format!("w{i}")).collect();
     let text = format!("{}\u{a0}zebra\u{a0}runs", words.join("\u{a0}"));
     let (_t, w) = wiki(&format!("{{\"id\":\"z\",\"text\":\"{text}\"}}\n"));
     let w = w.with_max_snippet_chars(20);
     let got = w.call("zebra", &doc("x")).unwrap();
-    assert!(!got.is_empty() && got.chars().count() <= 20, "{got:?}");
+    assert!(
+        got.contains("zebra") && got.chars().count() <= 20,
+        "{got:?}"
+    );
+}
+
+#[test]
+fn a_snippet_of_mostly_ascii_text_keeps_the_matched_word() {
+    // One wider character doubles the byte budget of a text of ASCII words, so tantivy's
+    // fragment holds about twice the characters asked for; the cut keeps the match wherever
+    // it falls in the fragment (tantivy's fragments are consecutive windows from the start).
+    for n in 20..40 {
+        let words: Vec<String> = (0..n).map(|i| format!("w{i}")).collect();
+        let text = format!("Caf\u{e9} {} zebra runs", words.join(" "));
+        let (_t, w) = wiki(&format!("{{\"id\":\"z\",\"text\":\"{text}\"}}\n"));
+        let w = w.with_max_snippet_chars(30);
+        let got = w.call("zebra", &doc("x")).unwrap();
+        assert!(
+            got.contains("zebra") && got.chars().count() <= 30,
+            "{n}: {got:?}"
+        );
+    }
 }
 
 #[test]

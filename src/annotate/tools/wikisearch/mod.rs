@@ -390,14 +390,21 @@ impl WikiSearch {
                 .and_then(|v| v.as_str().map(str::to_string))
         };
         let text = first(self.text).unwrap_or_default();
-        let fragment = {
+        let (fragment, first_match) = {
             // tantivy's limit counts bytes: give it this text's bytes for the characters wanted
-            // (2-3 per character in Cyrillic or CJK), then `truncate_words` counts characters.
+            // (2-3 per character in Cyrillic or CJK), then `whole_words` counts characters.
             let chars = text.chars().count().max(1);
             let per_char = text.len().div_ceil(chars).max(1);
             let mut snippets = ranked.snippets.borrow_mut();
             snippets.set_max_num_chars(self.max_snippet_chars.saturating_mul(per_char));
-            snippets.snippet(&text).fragment_range()
+            let snippet = snippets.snippet(&text);
+            let range = snippet.fragment_range();
+            let first_match = snippet
+                .highlighted()
+                .iter()
+                .map(|h| range.start + h.start)
+                .min();
+            (range, first_match)
         };
         let snippet = if text
             .get(fragment.clone())
@@ -406,7 +413,7 @@ impl WikiSearch {
             // Only the title matched: the start of the text says what the page is.
             truncate_words(&text, self.max_snippet_chars)
         } else {
-            whole_words(&text, fragment, self.max_snippet_chars)
+            whole_words(&text, fragment, first_match, self.max_snippet_chars)
         };
         Ok(SearchHit {
             id: first(self.id).unwrap_or_default(),
@@ -436,8 +443,17 @@ impl WikiSearch {
 /// The fragment `range` of `text` as a snippet of at most `max_chars` characters, widened to
 /// whole words where they fit: tantivy's fragments start and end at its tokens, which leave out
 /// the punctuation around a word ("giraffid" of "giraffid.", "born" of "(born"). The widest of
-/// both ends widened, the end only, and the fragment as it is, that fits whole.
-fn whole_words(text: &str, range: Range<usize>, max_chars: usize) -> String {
+/// both ends widened, the end only, and the fragment as it is, that fits whole. A fragment
+/// longer than `max_chars` (its byte budget is an average's: a text of mostly ASCII with a few
+/// wider characters gets twice the bytes it needs) is cut from its start, or from the start of
+/// the word its first match falls in (`first_match`, a byte offset in `text`) when a cut from
+/// its start would leave that word out: the snippet quotes what the search found.
+fn whole_words(
+    text: &str,
+    range: Range<usize>,
+    first_match: Option<usize>,
+    max_chars: usize,
+) -> String {
     let start = text[..range.start]
         .char_indices()
         .rev()
@@ -453,7 +469,23 @@ fn whole_words(text: &str, range: Range<usize>, max_chars: usize) -> String {
             return cut;
         }
     }
-    truncate_words(fragment, max_chars)
+    let cut = truncate_words(fragment, max_chars);
+    let Some(hit) = first_match.filter(|h| range.contains(h)) else {
+        return cut;
+    };
+    // Words of the fragment up to and including the matched one, against the words cut kept.
+    let through_hit = text[hit..range.end]
+        .find(char::is_whitespace)
+        .map_or(range.end, |i| hit + i);
+    if text[range.start..through_hit].split_whitespace().count() <= cut.split_whitespace().count() {
+        return cut;
+    }
+    let word_start = text[range.start..hit]
+        .char_indices()
+        .rev()
+        .find(|(_, c)| c.is_whitespace())
+        .map_or(range.start, |(i, c)| range.start + i + c.len_utf8());
+    truncate_words(&text[word_start..range.end], max_chars)
 }
 
 /// Collapses whitespace and cuts `text` to at most `max_chars` characters, at a word
@@ -737,14 +769,18 @@ mod tests {
         let text = "Ann (born  1950) sang.";
         let born = 5..15; // "born  1950"
         assert_eq!(&text[born.clone()], "born  1950");
-        assert_eq!(whole_words(text, born.clone(), 40), "(born 1950)");
-        assert_eq!(whole_words(text, born.clone(), 10), "born 1950)");
-        assert_eq!(whole_words(text, born.clone(), 9), "born 1950");
-        assert_eq!(whole_words(text, born, 6), "born");
+        assert_eq!(whole_words(text, born.clone(), None, 40), "(born 1950)");
+        assert_eq!(whole_words(text, born.clone(), None, 10), "born 1950)");
+        assert_eq!(whole_words(text, born.clone(), None, 9), "born 1950");
+        assert_eq!(whole_words(text, born.clone(), None, 6), "born");
         // At the text's ends, and a range already on whole words.
-        assert_eq!(whole_words(text, 0..3, 40), "Ann");
-        assert_eq!(whole_words(text, 17..21, 40), "sang.");
-        assert_eq!(whole_words("Москва, город", 0..12, 40), "Москва,");
+        assert_eq!(whole_words(text, 0..3, None, 40), "Ann");
+        assert_eq!(whole_words(text, 17..21, None, 40), "sang.");
+        assert_eq!(whole_words("Москва, город", 0..12, None, 40), "Москва,");
+        // Too long: cut from its start while that keeps the match, else from the match's word.
+        assert_eq!(whole_words(text, born.clone(), Some(5), 6), "born");
+        assert_eq!(whole_words(text, born.clone(), Some(11), 6), "1950");
+        assert_eq!(whole_words(text, born, Some(13), 6), "1950");
     }
 
     #[test]
