@@ -458,4 +458,29 @@ mod tests {
         assert_eq!(w, vec![(0, 1.0 / 3.0), (1, 0.8 / 3.0)]);
         assert_eq!(c.text_end(&o), 8);
     }
+
+    /// An id outside the vocabulary is named by its field and its first index there (the first
+    /// field checked wins: text_ids, then call_ids, then call_result_ids).
+    #[test]
+    fn the_first_id_outside_the_vocabulary_is_named() {
+        let config = GptjConfig::small(1, 8, 2, 2, 32);
+        let o = ScoreOptions::default();
+        let refused = |c: TokenCandidate| validate(&c, &config, &o).unwrap_err();
+        let oov = |field, index, id| InvalidCandidate::OutOfVocabulary {
+            field,
+            index,
+            id,
+            vocab_size: 32,
+        };
+        let bad_call = TokenCandidate {
+            call_ids: vec![1, 40, 2, 33],
+            ..cand()
+        };
+        assert_eq!(refused(bad_call.clone()), oov("call_ids", 1, 40));
+        let bad_text = TokenCandidate {
+            text_ids: vec![10, 11, 12, 13, 99, 15, 16, 50].into(),
+            ..bad_call
+        };
+        assert_eq!(refused(bad_text), oov("text_ids", 4, 99));
+    }
 }

@@ -444,4 +444,15 @@ mod tests {
             }
         }
     }
+
+    /// delta is exactly L- - L+, and the filter is the paper's ">=": a call whose delta is
+    /// tau_f is kept, and one with tau_f a float above it is not.
+    #[test]
+    fn a_delta_of_exactly_tau_f_is_kept() {
+        let s = Scores::from_losses([3.0, 2.5, 1.0]);
+        assert_eq!((s.l_minus, s.l_plus, s.delta), (2.5, 1.0, 1.5));
+        let just_above = f64::from_bits(1.5f64.to_bits() + 1);
+        assert!(s.kept(1.5));
+        assert!(!s.kept(just_above));
+    }
 }

@@ -302,4 +302,15 @@ mod tests {
             proptest::prop_assert_eq!(check_call(&tool, &input, "3").is_ok(), reads_back);
         }
     }
+
+    /// Several calls at one offset before whitespace each stand as they would alone: each with
+    /// its space in front, in the order given (not only the first).
+    #[test]
+    fn calls_at_one_spaced_offset_each_get_their_space() {
+        let calls = [(5, "[A() -> 1]".to_string()), (5, "[B() -> 2]".to_string())];
+        assert_eq!(
+            splice("is 42 Next", &calls),
+            "is 42 [A() -> 1] [B() -> 2] Next"
+        );
+    }
 }
