@@ -286,9 +286,9 @@ impl Gpu {
     /// [`Gpu::reset_peak_memory`], in bytes: the device's memory pool's accounting, which is
     /// torch's `max_memory_allocated` for this engine (every buffer, weights included, since
     /// cudarc allocates with cuMemAllocAsync from that pool). The pool is the whole process's:
-    /// two engines on one device, or other CUDA work in the process, count together. None on a device without memory
-    /// pools (cudarc then allocates with cuMemAlloc, which no pool counts). Synchronises first:
-    /// stream-ordered frees count once the stream has run them.
+    /// two engines on one device, or other CUDA work in the process, count together. None on a
+    /// device without memory pools (cudarc then allocates with cuMemAlloc, which no pool
+    /// counts). Synchronises first: stream-ordered frees count once the stream has run them.
     pub fn pool_memory(&self) -> Result<Option<PoolMemory>> {
         use cudarc::driver::sys::CUmemPool_attribute::{
             CU_MEMPOOL_ATTR_USED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_HIGH,

@@ -454,14 +454,8 @@ fn whole_words(
     first_match: Option<usize>,
     max_chars: usize,
 ) -> String {
-    let start = text[..range.start]
-        .char_indices()
-        .rev()
-        .find(|(_, c)| c.is_whitespace())
-        .map_or(0, |(i, c)| i + c.len_utf8());
-    let end = text[range.end..]
-        .find(char::is_whitespace)
-        .map_or(text.len(), |i| range.end + i);
+    let start = word_start(text, 0, range.start);
+    let end = word_end(text, range.end, text.len());
     let fragment = &text[range.clone()];
     for candidate in [&text[start..end], &text[range.start..end]] {
         let cut = truncate_words(candidate, max_chars);
@@ -474,18 +468,32 @@ fn whole_words(
         return cut;
     };
     // Words of the fragment up to and including the matched one, against the words cut kept.
-    let through_hit = text[hit..range.end]
-        .find(char::is_whitespace)
-        .map_or(range.end, |i| hit + i);
+    let through_hit = word_end(text, hit, range.end);
     if text[range.start..through_hit].split_whitespace().count() <= cut.split_whitespace().count() {
         return cut;
     }
-    let word_start = text[range.start..hit]
+    truncate_words(
+        &text[word_start(text, range.start, hit)..range.end],
+        max_chars,
+    )
+}
+
+/// Where the word around byte `at` of `text` starts: after the last whitespace before `at`, not
+/// before `floor`.
+fn word_start(text: &str, floor: usize, at: usize) -> usize {
+    text[floor..at]
         .char_indices()
         .rev()
         .find(|(_, c)| c.is_whitespace())
-        .map_or(range.start, |(i, c)| range.start + i + c.len_utf8());
-    truncate_words(&text[word_start..range.end], max_chars)
+        .map_or(floor, |(i, c)| floor + i + c.len_utf8())
+}
+
+/// Where the word around byte `at` of `text` ends: at the first whitespace from `at`, not past
+/// `ceiling`.
+fn word_end(text: &str, at: usize, ceiling: usize) -> usize {
+    text[at..ceiling]
+        .find(char::is_whitespace)
+        .map_or(ceiling, |i| at + i)
 }
 
 /// Collapses whitespace and cuts `text` to at most `max_chars` characters, at a word
