@@ -110,6 +110,33 @@ fn launchers_refuse_a_row_stride_under_the_width() {
     assert!(err.to_string().contains("row stride"), "{err}");
 }
 
+/// A buffer one element short of what its shape spans (`(rows - 1) * ld + width`, the row
+/// stride past the width) is refused before the launch; one of exactly that length runs.
+#[test]
+fn launchers_refuse_a_buffer_one_element_short_of_its_rows() {
+    let Some(gpu) = gpu() else { return };
+    let (n, d, ld_x, vocab) = (3, 8, 24, 5);
+    let ids = up(&gpu, &[0u32, 1, 2]);
+    let wte = up(&gpu, &vec![bf16::ONE; vocab * d]);
+    let span = (n - 1) * ld_x + d;
+    for (len, refused) in [(span - 1, true), (span, false)] {
+        let mut x = gpu.stream.alloc_zeros::<f32>(len).unwrap();
+        let got = embedding::embedding(
+            &gpu,
+            &ids.as_view(),
+            &wte.as_view(),
+            vocab,
+            &mut x.as_view_mut(),
+            [n, d, d, ld_x],
+        );
+        match (refused, got) {
+            (true, Err(e)) => assert!(e.to_string().contains("buffers shorter"), "{e}"),
+            (false, Ok(())) => assert_eq!(down(&gpu, &x)[(n - 1) * ld_x], 1.0),
+            (_, got) => panic!("x of {len} elements for a span of {span}: {got:?}"),
+        }
+    }
+}
+
 #[test]
 fn embedding_matches_reference() {
     let Some(gpu) = gpu() else { return };
@@ -168,6 +195,20 @@ fn layer_norm_matches_reference() {
         layer_norm_run::<bf16>(&gpu, &layer_norm_gptj(block)).unwrap();
         layer_norm_run::<bf16>(&gpu, &layer_norm_flat(block)).unwrap();
     }
+}
+
+/// The launcher's own block choice for a row wider than 8192 (no block given) is one it can
+/// launch, and normalises the row.
+#[test]
+fn layer_norm_runs_its_default_block_past_8192_columns() {
+    let Some(gpu) = gpu() else { return };
+    let p = LayerNormProblem {
+        d: 8200,
+        n_x: 2,
+        block: None,
+        ..layer_norm_gptj(32)
+    };
+    layer_norm_run::<bf16>(&gpu, &p).unwrap();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -453,6 +494,88 @@ fn gemm_matches_reference() {
         gemm_run::<bf16>(&gpu, &p).unwrap();
     }
     eprintln!("gemm: {} cached cuBLASLt plans", gpu.blas.cached_plans());
+}
+
+/// `Blas::linear` reads `a` at its row stride and `w` at its own, and a cached plan is one
+/// shape's and strides' only: products that differ from an earlier one in a single stride (of
+/// a, of w or of the output) each come out exact (small integers, sums exact in f32).
+#[test]
+fn gemm_keeps_each_operands_row_stride_and_plans_per_stride() {
+    let Some(gpu) = gpu() else { return };
+    let (m, n, k) = (3, 5, 16);
+    let value = |r: usize, c: usize, s: usize| ((r * 7 + c * 3 + s) % 5) as f32 - 2.0;
+    for (lda, ldw, ldo) in [
+        (16, 16, 8),
+        (16, 24, 8),
+        (16, 32, 8),
+        (24, 16, 8),
+        (16, 16, 16),
+    ] {
+        // Padding columns hold values too: a stride read wrong picks them up.
+        let a: Vec<f32> = (0..m * lda).map(|i| value(i / lda, i % lda, 1)).collect();
+        let w: Vec<f32> = (0..n * ldw).map(|i| value(i / ldw, i % ldw, 2)).collect();
+        let (a_d, w_d) = (up(&gpu, &to_t::<bf16>(&a)), up(&gpu, &to_t::<bf16>(&w)));
+        let mut out = gpu.stream.alloc_zeros::<f32>(m * ldo).unwrap();
+        gpu.blas
+            .linear(
+                &a_d.as_view(),
+                lda,
+                &w_d.as_view(),
+                ldw,
+                &mut out.as_view_mut(),
+                ldo,
+                [m, n, k],
+                false,
+            )
+            .unwrap();
+        let got = down(&gpu, &out);
+        for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
+            let want: f32 = (0..k).map(|c| a[i * lda + c] * w[j * ldw + c]).sum();
+            assert_eq!(
+                got[i * ldo + j],
+                want,
+                "({i}, {j}) at lda {lda} ldw {ldw} ldo {ldo}"
+            );
+        }
+    }
+}
+
+/// The 16-byte row loads are refused for rows whose stride is not a multiple of 8 elements
+/// (every row after the first would start off a 16-byte boundary), and run at a stride that is.
+#[test]
+fn vector_attention_needs_a_row_stride_of_a_multiple_of_8() {
+    let Some(gpu) = gpu() else { return };
+    let groups = [Group {
+        ranges: std::iter::once(0..2).collect(),
+        n_new: 2,
+        first_query: 0,
+    }];
+    let tiles = TreeTiles::from_groups(&groups).upload(&gpu).unwrap();
+    for ld in [12, 16] {
+        let qkv = up(&gpu, &vec![bf16::ONE; 2 * ld]);
+        let mut out = gpu.stream.alloc_zeros::<bf16>(2 * ld).unwrap();
+        let shape = AttentionShape {
+            n_head: 1,
+            head_dim: 8,
+            ld,
+            ld_out: ld,
+        };
+        let got = tree_attention::tree_attention(
+            &gpu,
+            &qkv.as_view(),
+            &qkv.as_view(),
+            &qkv.as_view(),
+            &tiles,
+            &mut out.as_view_mut(),
+            shape,
+            Some(AttentionVariant::Vec),
+        );
+        match (ld, got) {
+            (12, Err(e)) => assert!(e.to_string().contains("vector variants"), "{e}"),
+            (16, Ok(())) => assert_eq!(down(&gpu, &out)[ld + 7], bf16::ONE),
+            (_, got) => panic!("ld {ld}: {got:?}"),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

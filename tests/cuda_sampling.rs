@@ -592,6 +592,39 @@ fn a_session_told_its_size_holds_exactly_that_many_rows() {
     assert_eq!(cuda.session_kv_bytes(), 480 * kv, "told 5000 rows");
 }
 
+/// A size announced after the cache exists grows it at once with the rows already held copied
+/// over: the next step's log-probs equal those of a session that grew by doubling instead.
+#[test]
+fn a_cache_grown_to_a_size_told_late_keeps_its_rows() {
+    if gpu().is_none() {
+        return;
+    }
+    let dtype = CudaDType::BF16;
+    let m = model(1, 2, 8, 31, dtype, 14);
+    let cuda = engine(&m, dtype, 16);
+    let kv = cuda.kv_bytes_per_token();
+    let mut rng = Rng::new(14);
+    let first: Vec<Vec<u32>> = (0..3).map(|_| random_ids(&mut rng, 90, 31)).collect();
+    let next: Vec<Vec<u32>> = (0..3).map(|_| random_ids(&mut rng, 2, 31)).collect();
+    let run = |told: bool| {
+        let mut session = cuda.session();
+        let ids: Vec<usize> = (0..3).map(|_| session.new_sequence()).collect();
+        session.extend(&ids, &first).unwrap();
+        assert_eq!(cuda.session_kv_bytes(), 270 * kv, "270 rows, no size told");
+        if told {
+            session.reserve(10);
+        }
+        let out = session.extend(&ids, &next).unwrap();
+        let rows = if told { 280 } else { 480 };
+        assert_eq!(cuda.session_kv_bytes(), rows * kv, "told: {told}");
+        out
+    };
+    let (told, doubled) = (run(true), run(false));
+    for (a, b) in told.iter().flatten().zip(doubled.iter().flatten()) {
+        assert!((a - b).abs() <= 1e-5, "{a} vs {b}");
+    }
+}
+
 /// A sequence added once the session's cache exists decodes as in a session of its own, and
 /// the sequences before it are unchanged: its log-probs against the oracle's full forward.
 #[test]

@@ -424,6 +424,100 @@ fn weights_bytes_count_the_uploaded_tensors() {
     }
 }
 
+/// Row strides round a width up to a multiple of 8 elements (16 bytes of a 16-bit type) and
+/// leave a multiple of 8 as it is: GPT-J's widths are stored unpadded.
+#[test]
+fn row_strides_round_up_to_8_and_leave_multiples_of_8_unpadded() {
+    use toolsift::cuda::stride;
+    let got: Vec<usize> = [1, 7, 8, 9, 16, 21, 4096, 16384, 50400]
+        .map(stride)
+        .to_vec();
+    assert_eq!(got, [8, 8, 8, 16, 16, 24, 4096, 16384, 50400]);
+}
+
+/// The operand cap of `max_chunk_tokens` is set by the widest per-token operand, the MLP
+/// hidden or qkv (3 x n_embd), whichever is wider; a budget that holds no token still runs one
+/// at a time.
+#[test]
+fn max_chunk_tokens_caps_the_widest_operand_and_is_never_zero() {
+    if gpu().is_none() {
+        return;
+    }
+    let cap = i32::MAX as usize;
+    for (n_inner, widest) in [(8, 48), (100, 104)] {
+        let mut config = GptjConfig::small(1, 16, 2, 4, 61);
+        config.n_inner = Some(n_inner);
+        let model = Model::from_parts(
+            config.clone(),
+            GptjWeights::random(&config, 8, DType::BF16),
+            None,
+        )
+        .unwrap();
+        let scorer = CudaScorer::new(&model, &CudaOptions::default()).unwrap();
+        let scorer = scorer.with_memory_budget(usize::MAX);
+        assert_eq!(scorer.max_chunk_tokens(), cap / widest, "n_inner {n_inner}");
+        let scorer = scorer.with_memory_budget(0);
+        assert_eq!(scorer.max_chunk_tokens(), 1);
+    }
+}
+
+/// `head_chunk_rows` 0 counts as 1 (`CudaOptions`): the losses are those of head chunks of one
+/// row (to f32 rounding: a GPU's cuBLASLt may sum a product of other rows in another order).
+#[test]
+fn a_head_chunk_of_zero_rows_counts_as_one() {
+    if gpu().is_none() {
+        return;
+    }
+    let mut config = GptjConfig::small(1, 16, 2, 4, 61);
+    config.n_positions = 64;
+    let p = |head_chunk_rows| Problem {
+        config: config.clone(),
+        dtype: CudaDType::BF16,
+        seed: 9,
+        n_texts: 1,
+        max_text: 12,
+        placement: Placement::Prefix,
+        budget_tokens: None,
+        head_chunk_rows,
+    };
+    let cands = candidates(&p(0), &mut Rng::new(9));
+    let options = ScoreOptions::default();
+    let [zero, one] = [0, 1].map(|rows| {
+        scorer_for(&p(rows))
+            .variant_losses(&cands, &options)
+            .unwrap()
+    });
+    assert_eq!(zero.len(), one.len());
+    for (z, o) in zero.iter().flatten().zip(one.iter().flatten()) {
+        assert!((z - o).abs() <= 1e-4, "{z} vs {o}");
+    }
+}
+
+/// A device ordinal past the machine's last device is refused by name, before any context is
+/// created on it.
+#[test]
+fn a_device_ordinal_past_the_last_device_is_refused() {
+    use toolsift::cuda::cudarc::driver::CudaContext;
+    if gpu().is_none() {
+        return;
+    }
+    let n = CudaContext::device_count().unwrap() as usize;
+    let config = GptjConfig::small(1, 8, 2, 2, 16);
+    let model = Model::from_parts(
+        config.clone(),
+        GptjWeights::random(&config, 1, DType::BF16),
+        None,
+    )
+    .unwrap();
+    let opts = CudaOptions {
+        device: n,
+        ..CudaOptions::default()
+    };
+    let err = CudaScorer::new(&model, &opts).unwrap_err().to_string();
+    let want = format!("no CUDA device {n} (this machine has {n})");
+    assert!(err.contains(&want), "{err}");
+}
+
 /// `execute` takes any plan, not only the checked candidates' of `score`: a token or target
 /// outside the vocabulary, or a position past n_positions, is an error naming it, before any
 /// kernel reads past a table. A valid plan runs.
