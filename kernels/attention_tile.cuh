@@ -28,8 +28,8 @@ __device__ void gather_rows(T* __restrict__ dst, int ldd, const T* __restrict__ 
             const int r = idx / vecs, c = (idx % vecs) * 8;
             uint4 val = make_uint4(0, 0, 0, 0);
             if (r < valid_rows && c < head_dim)
-                val = *reinterpret_cast<const uint4*>(src + (size_t)tok[r] * ld + col0 + c);
-            *reinterpret_cast<uint4*>(dst + r * ldd + c) = val;
+                val = load_vec16(src + (size_t)tok[r] * ld + col0 + c);
+            store_vec16(dst + r * ldd + c, val);
         }
     } else {
         for (int idx = threadIdx.x; idx < n_rows * hdp; idx += THREADS) {

@@ -15,6 +15,12 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+// The host emulator (kernels/emu/cuda_emu.h, included first there) defines this to stop the
+// launch when `p` is not `bytes`-aligned; on the device a misaligned vector access faults.
+#ifndef TOOLSIFT_CHECK_ALIGNED
+#define TOOLSIFT_CHECK_ALIGNED(p, bytes, what)
+#endif
+
 namespace toolsift {
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
@@ -38,6 +44,17 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+// 16-byte vector load and store: `p` must be 16-byte aligned ("misaligned address" on the
+// device; x86 would read or write it, so the emulator checks).
+__device__ __forceinline__ uint4 load_vec16(const void* p) {
+    TOOLSIFT_CHECK_ALIGNED(p, 16, "16-byte vector load not 16-byte aligned");
+    return *reinterpret_cast<const uint4*>(p);
+}
+__device__ __forceinline__ void store_vec16(void* p, uint4 v) {
+    TOOLSIFT_CHECK_ALIGNED(p, 16, "16-byte vector store not 16-byte aligned");
+    *reinterpret_cast<uint4*>(p) = v;
 }
 
 // Sum over the block (blockDim.x a multiple of 32, <= 1024). Every thread gets the result.

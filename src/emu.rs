@@ -842,6 +842,8 @@ mod tests {
             "WMMA load/store pointer not 32-byte aligned",
             "WMMA load/store ldm not a multiple of 16 bytes",
             "ldmatrix row address not 16-byte aligned",
+            "16-byte vector load not 16-byte aligned (the device faults)",
+            "16-byte vector store not 16-byte aligned (the device faults)",
         ];
         let mut out = Buffer::<f32>::zeroed("out", 32).unwrap();
         let o = out.mut_ptr();
@@ -860,7 +862,7 @@ mod tests {
         }
         assert!(out.to_vec().iter().all(|&v| v == 0.0));
         launch("refused", &block(32, 1), || unsafe {
-            emu_selftest_unsupported(6, o)
+            emu_selftest_unsupported(8, o)
         })
         .unwrap();
         assert_eq!(out.to_vec(), vec![2.0; 32]);

@@ -71,6 +71,13 @@ unsigned char* dynamic_shared();
 
 }  // namespace toolsift_emu
 
+// kernels/common.cuh's alignment hook: an access the device would fault on stops the launch.
+#define TOOLSIFT_CHECK_ALIGNED(p, bytes, what)                                   \
+    do {                                                                         \
+        if (reinterpret_cast<uintptr_t>(p) % (bytes) != 0)                       \
+            ::toolsift_emu::unsupported(what " (the device faults)");            \
+    } while (0)
+
 #define threadIdx (::toolsift_emu::thread_idx())
 #define blockIdx (::toolsift_emu::block_idx())
 #define blockDim (::toolsift_emu::block_dim())

@@ -98,7 +98,7 @@ extern "C" void emu_selftest_read_at(const float* in, float* out, long at, int w
     if (blockIdx.x == 1 && (int)threadIdx.x == who) out[0] = in[at];
 }
 
-// One construct the emulator refuses (`which` 0..=5, see the switch), or none (then every thread
+// One construct the emulator refuses (`which` 0..=7, see the switch), or none (then every thread
 // writes 2 at out[threadIdx.x], which the refused ones never reach).
 extern "C" void emu_selftest_unsupported(int which, float* out) {
     __shared__ __align__(32) __nv_bfloat16 tile[16 * 32];
@@ -113,6 +113,8 @@ extern "C" void emu_selftest_unsupported(int which, float* out) {
         case 3: nvcuda::wmma::load_matrix_sync(a, tile + 8, 16); break;  // 16-byte aligned only
         case 4: nvcuda::wmma::load_matrix_sync(a, tile, 20); break;      // ldm: 40 bytes
         case 5: toolsift::ldmatrix_x4(r, tile + 16 * threadIdx.x + 4); break;  // 8-byte rows
+        case 6: out[threadIdx.x] = (float)toolsift::load_vec16(tile + 4).x; break;  // 8 bytes in
+        case 7: toolsift::store_vec16(tile + 8 * threadIdx.x + 4, make_uint4(0, 0, 0, 0)); break;
         default: break;
     }
     out[threadIdx.x] = 2.0f;
