@@ -3404,3 +3404,231 @@ fn a_tokenizer_with_only_one_opener_annotates_with_it() {
     assert_eq!(s.tools["calculator"].positions, 2);
     assert!(r.calls.iter().all(|c| c.delta.is_some()), "{:?}", r.calls);
 }
+
+/// A sampler that records the draw options of every `sample` call and writes no call: every
+/// position as likely as in `Cycling`.
+struct RecordingOptions(std::sync::Mutex<Vec<SampleOptions>>);
+
+impl Sampler for RecordingOptions {
+    fn token_log_probs(&self, ids: &[u32], t: &[u32]) -> toolsift::Result<Vec<Vec<f32>>> {
+        Ok(ids.iter().map(|_| vec![-0.5; t.len()]).collect())
+    }
+
+    fn sample(
+        &self,
+        requests: &[SampleRequest],
+        options: &SampleOptions,
+    ) -> toolsift::Result<Vec<Vec<Sample>>> {
+        self.0.lock().unwrap().push(options.clone());
+        let nothing = Sample {
+            tokens: Vec::new(),
+            stopped: false,
+        };
+        Ok(requests
+            .iter()
+            .map(|r| vec![nothing.clone(); r.n_samples])
+            .collect())
+    }
+}
+
+/// The run's draw settings reach the sampler as they are: the temperature, top_k_tokens (1 is
+/// greedy among one token, 0 the whole vocabulary), max_call_tokens as the longest sample, and
+/// the document's own seed for the tool.
+#[test]
+fn the_draw_settings_reach_the_sampler() {
+    let mut config = test_config();
+    (config.temperature, config.top_k_tokens, config.seed) = (0.5, 1, 11);
+    let parts = Parts::new(&config);
+    let text = "Out of 1400 people, 400 (or 29%) said yes.";
+    let options = |config: &AnnotateConfig| {
+        let sampler = RecordingOptions(Default::default());
+        let a = parts.annotator_sampling(&sampler, config, &[ToolKind::Calculator]);
+        a.annotate_document(&doc(3, text)).unwrap();
+        let mut seen = sampler.0.into_inner().unwrap();
+        assert_eq!(seen.len(), 1);
+        seen.pop().unwrap()
+    };
+    let o = options(&config);
+    assert_eq!(
+        (o.temperature, o.top_k, o.max_new_tokens),
+        (0.5, Some(1), 8)
+    );
+    let tool = ToolName::from(ToolKind::Calculator);
+    assert_eq!(o.seed, Annotator::doc_seed(11, 3, &tool));
+    config.top_k_tokens = 0;
+    assert_eq!(options(&config).top_k, None);
+}
+
+/// `require_arithmetic` reads the searched head to its last token: arithmetic completed by the
+/// last text token of the sampling prefix lets the text through, one token later it does not.
+#[test]
+fn require_arithmetic_reads_the_searched_heads_last_token() {
+    let mut config = test_config();
+    config.per_tool.calculator.require_arithmetic = true;
+    let parts = Parts::new(&config);
+    let tok = parts.model.tokenizer().unwrap();
+    let n = parts.model.config().n_positions;
+    let fixed = prompt_tokens(tok, &config.per_tool.calculator.prompt);
+    let searched = (n - fixed - config.max_call_tokens) / 2;
+    let sums = "He had 12 apples and bought 30 more, 42";
+    let mut pad = String::new();
+    while tok.encode_ids(&format!("{pad}{sums}")).unwrap().len() < searched {
+        pad.push_str("the ");
+    }
+    assert_eq!(
+        tok.encode_ids(&format!("{pad}{sums}")).unwrap().len(),
+        searched
+    );
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    // Line 1's 1% draw does not pass: only the arithmetic decides.
+    let considered = |pad: &str| {
+        let text = format!("{pad}{sums} in all.{}", " and so on".repeat(100));
+        let (_, s) = a.annotate_document(&doc(1, &text)).unwrap();
+        let st = s.tools["calculator"];
+        assert_eq!(
+            st.texts_considered + st.texts_skipped_heuristic,
+            1,
+            "{st:?}"
+        );
+        st.texts_considered == 1
+    };
+    assert!(considered(&pad));
+    assert!(!considered(&format!("the {pad}")));
+}
+
+/// A prompt refused for leaving no room for a text is told with its tokens on both sides of
+/// "{x}" and max_call_tokens.
+#[test]
+fn a_prompt_with_no_room_is_told_with_its_token_count() {
+    let mut config = test_config();
+    let prompt = format!("{} {{x}} {}", "word ".repeat(100), "more ".repeat(100));
+    config.per_tool.calendar.prompt = prompt.clone();
+    let parts = Parts::new(&config);
+    let tokens = prompt_tokens(parts.model.tokenizer().unwrap(), &prompt);
+    let err = parts
+        .try_annotator(&config, &[ToolKind::Calendar])
+        .err()
+        .expect("no room for a text")
+        .to_string();
+    assert!(
+        err.contains(&format!("its {tokens} tokens and max_call_tokens (8)")),
+        "{err}"
+    );
+}
+
+/// With m = 0 the positions are still chosen and counted, and no call is sampled.
+#[test]
+fn m_zero_counts_positions_and_samples_no_call() {
+    let mut config = test_config();
+    config.per_tool.calculator.m = 0;
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let (r, s) = a
+        .annotate_document(&doc(1, "Out of 1400 people, 400 (or 29%) said yes."))
+        .unwrap();
+    let st = s.tools["calculator"];
+    assert_eq!((st.positions, st.calls_sampled), (2, 0), "{st:?}");
+    assert!(r.calls.is_empty());
+}
+
+/// A call whose delta is exactly its tool's tau_f passes the filter (delta >= tau_f).
+#[test]
+fn a_call_whose_delta_is_tau_f_is_kept() {
+    let mut config = test_config();
+    let parts = Parts::new(&config);
+    let d = doc(5, "Out of 1400 people, 400 (or 29%) said yes.");
+    let run = |config: &AnnotateConfig| {
+        let a = parts.annotator(config, &[ToolKind::Calculator]);
+        a.annotate_document(&d).unwrap().0
+    };
+    let first = run(&config).calls.into_iter().find(|c| c.delta.is_some());
+    let first = first.expect("a scored call");
+    config.per_tool.calculator.tau_f = first.delta.unwrap();
+    let again = run(&config);
+    let same = again
+        .calls
+        .iter()
+        .find(|c| (c.position, &c.input, c.delta) == (first.position, &first.input, first.delta));
+    assert!(
+        same.is_some_and(|c| c.kept),
+        "{first:?} in {:?}",
+        again.calls
+    );
+}
+
+/// A tokenizer with "[" but no " [" opens every call with "[", at a position whose token starts
+/// with a space too (where " [" would go).
+#[test]
+fn a_tokenizer_without_a_spaced_opener_opens_spaced_positions_with_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = common::fixture_dir("tiny-gptj").join("tokenizer.json");
+    let mut json: Value = serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
+    let model = json["model"].as_object_mut().unwrap();
+    model["vocab"].as_object_mut().unwrap().remove("Ġ[");
+    let merges = model["merges"].as_array_mut().unwrap();
+    merges.retain(|m| m != &json!(["Ġ", "["]));
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+    let tok = Tokenizer::from_file(&path).unwrap();
+
+    let mut config = test_config();
+    config.per_tool.calculator.k = 1;
+    let parts = Parts::new(&config);
+    let text = "Out of 1400 people, 400 (or 29%) said yes.";
+    let x = tok.encode_ids(text).unwrap();
+    // x_2 is " 1400": a spaced position.
+    let sampler = Peaked {
+        x_len: x.len(),
+        peak: 2,
+        decoy: 2,
+        call: tok.encode_ids("Calculator(12 * 3)]").unwrap(),
+        seen: Default::default(),
+    };
+    let a = Annotator::new(
+        &tok,
+        &sampler,
+        &parts.scorer,
+        &parts.registry,
+        &config,
+        &[ToolKind::Calculator],
+    )
+    .unwrap();
+    let (r, _) = a.annotate_document(&doc(1, text)).unwrap();
+    assert!(text[r.calls[0].position..].starts_with(' '), "{r:?}");
+    let (_, prefixes) = sampler.seen.into_inner().unwrap();
+    let open = tok.encode_ids("[").unwrap();
+    assert_eq!(prefixes.len(), 1);
+    assert_eq!(prefixes[0].last(), open.last(), "{prefixes:?}");
+}
+
+/// The MT post-filter reads the whole text, as C* holds it: an input the text says only past
+/// the head the tools read is still said only ahead of the call.
+#[test]
+fn lookahead_inputs_are_looked_for_in_the_whole_text() {
+    let model = model();
+    let tok = model.tokenizer().unwrap();
+    let sampler = one_call(tok.encode_ids("MT(the coffee is hot)]").unwrap());
+    let scorer = CpuScorer::new(&model);
+    let text = format!(
+        "Le café est chaud.{} And the coffee is hot.",
+        " Oui.".repeat(400)
+    );
+    let mut config = test_config();
+    config.per_tool.mt.drop_lookahead_inputs = true;
+    config.tools.mt = Some(toolsift::annotate::tools::ExternalToolConfig {
+        command: Some(vec!["cat".into()]),
+        ..Default::default()
+    });
+    let registry = ToolRegistry::from_config(&config.tools).unwrap();
+    let a = Annotator::new(tok, &sampler, &scorer, &registry, &config, &[ToolKind::Mt]).unwrap();
+    let (r, s) = a.annotate_document(&doc(1, &text)).unwrap();
+    let st = s.tools["mt"];
+    assert_eq!(st.texts_truncated, 1, "{st:?}");
+    assert!(st.positions > 0, "{st:?}");
+    assert_eq!(
+        (st.calls_lookahead, st.calls_executed),
+        (st.positions, 0),
+        "{st:?}"
+    );
+    assert!(r.calls.is_empty());
+}

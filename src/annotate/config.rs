@@ -835,4 +835,12 @@ mod tests {
             );
         }
     }
+
+    /// k = 0 or m = 0 is a tool that samples nothing: accepted, not refused by the k * m bound.
+    #[test]
+    fn k_or_m_zero_is_accepted() {
+        for text in ["[per_tool.qa]\nk = 0\n", "[per_tool.qa]\nm = 0\n"] {
+            assert!(AnnotateConfig::from_toml(text).is_ok(), "{text}");
+        }
+    }
 }

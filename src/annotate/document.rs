@@ -800,4 +800,25 @@ mod tests {
         sum.add(&o);
         assert_eq!(sum, o);
     }
+
+    /// A token with text after its "]" ("].", as GPT-J's vocabulary has) ends a call as well.
+    #[test]
+    fn a_token_with_text_after_its_closing_bracket_ends_a_call() {
+        let demo =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo/tokenizer.json");
+        let mut json: Value = serde_json::from_slice(&std::fs::read(demo).unwrap()).unwrap();
+        let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+        // "()]" renamed "].", at its id.
+        let id = vocab.remove("()]").unwrap();
+        vocab.insert("].".into(), id.clone());
+        let id = id.as_u64().unwrap() as u32;
+        let merges = json["model"]["merges"].as_array_mut().unwrap();
+        merges.retain(|m| m != &serde_json::json!(["(", ")]"]));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+        let tok = Tokenizer::from_file(&path).unwrap();
+        assert_eq!(tok.decode(&[id]).unwrap(), "].");
+        assert!(closing_tokens(&tok, &tok.ids()).contains(&id));
+    }
 }

@@ -728,4 +728,152 @@ mod tests {
             format!("…{}{call_text}{}…", &text[40..101], &text[101..141])
         );
     }
+
+    /// The 40 bytes after the call are widened outwards too: past a character they end in.
+    #[test]
+    fn an_examples_context_ends_past_a_character_it_would_cut() {
+        // 40 bytes after the call at byte 100 is inside the "é" at 139..141.
+        let text = format!("{}{}", "a".repeat(101), "é".repeat(50));
+        let got = context(&text, 100, "Calculator", "1 + 1", Some("2"));
+        assert_eq!(
+            got,
+            format!(
+                "…{}[Calculator(1 + 1) -> 2]{}…",
+                &text[40..100],
+                &text[100..141]
+            )
+        );
+    }
+
+    /// A merge adds up every shard's seconds per stage, and its wall time is the slowest
+    /// shard's wherever that shard is in the list.
+    #[test]
+    fn a_merge_sums_the_stage_seconds_and_takes_the_slowest_shard_first_or_last() {
+        let shard = |sampling, wall_secs| {
+            let mut b = calculator();
+            let secs = StageSecs {
+                sampling,
+                tools: 1.0,
+                scoring: 2.0,
+            };
+            b.document(
+                &one_call(1, 0.5),
+                &DocStats {
+                    secs,
+                    ..Default::default()
+                },
+            );
+            b.finish(wall_secs)
+        };
+        let merged = Summary::merge_shards(&[shard(1.0, 5.0), shard(3.0, 2.0)]);
+        let want = StageSecs {
+            sampling: 4.0,
+            tools: 2.0,
+            scoring: 4.0,
+        };
+        assert_eq!(merged.secs, want);
+        assert_eq!(merged.wall_secs, 5.0);
+    }
+
+    /// Each count of the table is right-aligned under its header, a header longer than the
+    /// usual 8 columns ("unscorable", shown when any tool, not only the first, has some)
+    /// included; the tool column is as wide as the longest name in characters, not bytes.
+    #[test]
+    fn render_aligns_each_count_under_its_header() {
+        let name = "Wetterstationé";
+        let tools = [
+            crate::annotate::ToolKind::Calculator.into(),
+            ToolName::custom(name).unwrap(),
+        ];
+        let mut b = SummaryBuilder::new(&tools);
+        let mut stats = DocStats::default();
+        let st = ToolStats {
+            calls_sampled: 3,
+            calls_executed: 3,
+            calls_unscorable: 2,
+            calls_kept: 1,
+            ..Default::default()
+        };
+        stats.tools.insert(name.into(), st);
+        b.document(&one_call(1, 0.5), &stats);
+        let text = b.finish(1.0).render();
+        let lines: Vec<&str> = text.lines().collect();
+        let (header, row) = (lines[1], lines[3]);
+        let w = name.chars().count();
+        assert!(
+            header.starts_with(&format!("{:<w$} {:>8}", "tool", "texts")),
+            "{text}"
+        );
+        let row: Vec<char> = row.chars().collect();
+        assert_eq!(header.len(), row.len(), "{text}");
+        for (name, value) in [("sampled", "3"), ("unscorable", "2"), ("kept", "1")] {
+            let end = header.find(name).unwrap() + name.len();
+            let at: String = row[end - value.len() - 1..end].iter().collect();
+            assert_eq!(at, format!(" {value}"), "{name}: {text}");
+        }
+    }
+
+    /// The warning names a tool only when every call it executed failed, not when some did.
+    #[test]
+    fn no_warning_when_some_calls_of_a_tool_succeed() {
+        let mut b = calculator();
+        let mut stats = DocStats::default();
+        let st = ToolStats {
+            calls_sampled: 3,
+            calls_executed: 3,
+            calls_failed: 2,
+            ..Default::default()
+        };
+        stats.tools.insert("calculator".into(), st);
+        b.document(&one_call(1, 0.5), &stats);
+        let text = b.finish(1.0).render();
+        assert!(!text.contains("warning"), "{text}");
+    }
+
+    /// The first line counts the lines, documents, rejects, documents with kept calls (two
+    /// kept calls in one document count once) and candidates, each in its place.
+    #[test]
+    fn render_first_line_gives_each_count_in_its_place() {
+        let mut b = calculator();
+        b.reject();
+        let two_kept = CStarRecord {
+            calls: vec![call(3, 1.5, true), call(3, 2.5, true)],
+            ..one_call(2, 0.0)
+        };
+        let stats = DocStats {
+            candidates: 5,
+            ..Default::default()
+        };
+        b.document(&two_kept, &stats);
+        b.document(&one_call(3, 0.5), &stats);
+        let text = b.finish(1.0).render();
+        assert_eq!(
+            text.lines().next().unwrap(),
+            "3 lines: 2 documents, 1 rejected; 1 documents with kept calls; 10 candidates scored"
+        );
+    }
+
+    /// An example of an older summary, without its losses, shows "-" for each; a tab in a
+    /// context is printed as a space like every control character.
+    #[test]
+    fn render_shows_missing_losses_as_dashes_and_tabs_as_spaces() {
+        let mut s = calculator().finish(1.0);
+        s.tools[0].best.push(Example {
+            line: 4,
+            tool: "Calculator".into(),
+            delta: 1.0,
+            l_none: None,
+            l_call: None,
+            l_call_result: None,
+            kept: true,
+            context: "a\tb".into(),
+        });
+        let text = s.render();
+        assert!(
+            text.contains(
+                "Calculator best delta +1.000 (L_none -, L_call -, L_call_result -; line 4, kept): a b"
+            ),
+            "{text}"
+        );
+    }
 }
