@@ -461,6 +461,52 @@ fn max_chunk_tokens_caps_the_widest_operand_and_is_never_zero() {
     }
 }
 
+/// `plan_chunks` counts the attention context map's u32 per ancestor entry, not only the
+/// per-token margin: one call at every position of a text, inline, cuts the shared x_1..x_{i-1}
+/// into one-token segments, and each position's branches list every segment before them. Each
+/// chunk of several candidates stays within the budget (a test of the plan; nothing runs).
+#[test]
+fn chunks_of_a_deep_tree_fit_the_budget_with_their_context_map() {
+    if gpu().is_none() {
+        return;
+    }
+    let config = GptjConfig::small(1, 8, 2, 4, 29);
+    let model = Model::from_parts(
+        config.clone(),
+        GptjWeights::random(&config, 5, DType::BF16),
+        None,
+    )
+    .unwrap();
+    let text: std::sync::Arc<[u32]> = (0..200).map(|t| t % 29).collect();
+    let cands: Vec<TokenCandidate> = (1..text.len() - 5)
+        .map(|position| TokenCandidate {
+            text_ids: text.clone(),
+            position,
+            call_ids: vec![1, 2],
+            call_result_ids: vec![1, 2, 3],
+            weights: None,
+        })
+        .collect();
+    let options = ScoreOptions {
+        placement: Placement::Inline,
+        weights: LossWeights::default(),
+    };
+    let scorer = CudaScorer::new(&model, &CudaOptions::default()).unwrap();
+    let per_token = scorer.bytes_per_token();
+    let budget = 2000 * per_token;
+    let scorer = scorer.with_memory_budget(budget);
+    let mut deep = false;
+    for (range, plan) in scorer.plan_chunks(&cands, &options) {
+        let (tokens, entries) = (plan.tokens.len(), plan.ancestors.len());
+        deep |= 4 * entries > 64 * tokens;
+        if range.len() > 1 {
+            let need = tokens * per_token + 4 * entries;
+            assert!(need <= budget, "{range:?}: {need} bytes over {budget}");
+        }
+    }
+    assert!(deep, "no chunk's context map outgrew the per-token margin");
+}
+
 /// `head_chunk_rows` 0 counts as 1 (`CudaOptions`): the losses are those of head chunks of one
 /// row (to f32 rounding: a GPU's cuBLASLt may sum a product of other rows in another order).
 #[test]

@@ -587,6 +587,28 @@ mod tests {
         assert_eq!(c.tool_named(" qa\t").unwrap(), ToolKind::Qa.into());
     }
 
+    /// An unknown --tools name is refused naming it and what it could be: the built-in tools,
+    /// and the custom tools the settings configure, or where one would be configured.
+    #[test]
+    fn tool_named_refuses_an_unknown_name_with_the_known_ones() {
+        let bare = AnnotateConfig::default().tool_named("Weather").unwrap_err();
+        let two = "[per_tool.custom.Weather]\nprompt = \"W {x}\"\n\
+                   [per_tool.custom.Stock]\nprompt = \"S {x}\"\n";
+        let custom = AnnotateConfig::from_toml(two)
+            .unwrap()
+            .tool_named("weather")
+            .unwrap_err();
+        let known = "expected one of calculator, calendar, wikisearch, qa, mt, or a custom tool";
+        for (err, tail) in [
+            (bare, " configured under [per_tool.custom.<Name>]"),
+            (custom, ": Stock, Weather"),
+        ] {
+            let err = err.to_string();
+            assert!(err.contains("--tools: unknown tool \""), "{err}");
+            assert!(err.ends_with(&format!("{known}{tail}")), "{err}");
+        }
+    }
+
     /// The opt-in paper filter parses, prints when on and round-trips; off, it is left out of
     /// the settings (journals written before it existed still describe the same run).
     #[test]
