@@ -24,7 +24,7 @@ use toolsift::generate::{
 };
 use toolsift::model::Tokenizer;
 use toolsift::reference::ReferenceModel;
-use toolsift::sample::{DecodeSession, Decoder};
+use toolsift::sample::{draw, sample_rng, DecodeSession, Decoder, SampleOptions};
 use toolsift::Model;
 
 /// f32 engine vs f64 oracle on log-probs (as tests/sampling.rs).
@@ -1792,6 +1792,8 @@ fn a_call_the_length_cap_cuts_is_unfinished() {
     assert_eq!(g.calls[0].status, CallStatus::Unfinished);
     assert_eq!(g.calls[0].result, "3");
     assert!(g.calls[0].error.as_deref().unwrap().contains("cut"));
+    // One log-prob per token kept: the cut drops the result's tail from both.
+    assert_eq!(g.token_log_probs.len(), g.tokens.len());
     // A run's summary counts that call as one with a result, though not as ok.
     let mut out = Vec::new();
     let input = r#"{"prompt": "Q"}"#.to_string() + "\n";
@@ -2709,4 +2711,173 @@ fn each_batch_is_flushed_as_it_ends() {
     let input = q_lines(5);
     generate_jsonl(input.as_bytes(), &mut out, &m, tokenizer, &calculator(), &o).unwrap();
     assert_eq!(out.lines_at_flush, [2, 4, 5]);
+}
+
+/// Prompt i draws from `sample_rng(seed, i, 0)` under the run's temperature and `top_k`
+/// (docs/generate.md): each completion is exactly those draws, token for token.
+#[test]
+fn each_prompt_draws_from_its_own_stream_with_the_runs_settings() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let words = ids(tokenizer).fillers;
+    let mut row = vec![f32::NEG_INFINITY; VOCAB];
+    for (i, &t) in words.iter().enumerate() {
+        row[t as usize] = -1.0 - 0.3 * i as f32;
+    }
+    let fixed = row.clone();
+    let m = mock(move |_| fixed.clone());
+    let o = GenerateOptions {
+        temperature: 1.0,
+        top_k: Some(3),
+        seed: 7,
+        top_k_call: 0,
+        max_new_tokens: 24,
+        ..Default::default()
+    };
+    let prompts = [Prompt::new("Q"), Prompt::new("Q")];
+    let gens = generate(&m, tokenizer, &calculator(), &prompts, &o).unwrap();
+    let settings = SampleOptions {
+        temperature: 1.0,
+        top_k: Some(3),
+        ..Default::default()
+    };
+    for (i, g) in gens.iter().enumerate() {
+        let mut rng = sample_rng(7, i, 0);
+        let want: Vec<u32> = (0..24).map(|_| draw(&row, &settings, &mut rng)).collect();
+        assert_eq!(g.tokens, want, "prompt {i}");
+        assert!(g.tokens.iter().all(|t| words[..3].contains(t)), "top_k 3");
+    }
+    assert_ne!(gens[0].tokens, gens[1].tokens, "one stream per prompt");
+}
+
+/// A row that is not finite inside a call ends the completion there, and the call keeps what
+/// was decoded of it, as at end of text or the length cap: its tool, its input, the reason.
+#[test]
+fn a_row_not_finite_inside_a_call_keeps_what_was_decoded_of_it() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let open = ids(tokenizer).open;
+    let call = tokenizer.encode_ids("Calculator(1+2").unwrap();
+    let openers = CallTokens::from_tokenizer(tokenizer).openers;
+    let m = mock(move |seq| match after_last_opener(seq, &openers) {
+        Some(rest) if rest.len() < call.len() => ranked(&[call[rest.len()]]),
+        Some(_) => vec![f32::NAN; VOCAB],
+        None => ranked(&[open]),
+    });
+    let g = run(&m, tokenizer, &calculator(), &GenerateOptions::default());
+    assert_eq!(
+        (g.completion.as_str(), g.finish),
+        ("[Calculator(1+2", Finish::NotFinite)
+    );
+    let c = &g.calls[0];
+    assert_eq!(
+        (c.status, c.tool.as_str(), c.input.as_str()),
+        (CallStatus::Unfinished, "Calculator", "1+2")
+    );
+    assert_eq!(c.error.as_deref(), Some("generation ended inside the call"));
+}
+
+/// Inside a call the openers are drawn like any token (they are masked only outside one): a
+/// model that writes "[" in its input gets that input, refused as a call inside the call.
+#[test]
+fn an_opener_inside_a_call_is_drawn_as_written() {
+    let model = tiny();
+    let tokenizer = tok(&model);
+    let Ids { open, x, .. } = ids(tokenizer);
+    assert_eq!(tokenizer.encode_ids("Q").unwrap().len(), 1);
+    let call = tokenizer.encode_ids("Calculator(1+[2) ->").unwrap();
+    assert!(call.contains(&open));
+    // The first opener of the completion starts the call; " a" is second everywhere.
+    let m = mock(move |seq| match &seq[1..] {
+        [] => ranked(&[open, x]),
+        [first, rest @ ..] if *first == open && rest.len() < call.len() => {
+            ranked(&[call[rest.len()], x])
+        }
+        _ => ranked(&[x]),
+    });
+    let o = GenerateOptions {
+        max_new_tokens: 30,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    let c = &g.calls[0];
+    assert_eq!(c.status, CallStatus::Unparsable, "{:?}", g.completion);
+    assert!(
+        c.error
+            .as_deref()
+            .unwrap()
+            .contains("a call inside the call"),
+        "{:?}",
+        c.error
+    );
+    assert!(
+        g.completion.starts_with("[Calculator(1+[2) ->] a"),
+        "{:?}",
+        g.completion
+    );
+}
+
+/// An arrow token that carries the space after the arrow (" -> " as one token) is kept as
+/// drawn, fed to the model, and the result follows it without a second space: `r + "]"`.
+#[test]
+fn an_arrow_token_carrying_the_space_is_kept_and_the_result_follows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = &fixture_tokenizer_edited(dir.path(), |json| {
+        let model = &mut json["model"];
+        model["vocab"]["<|endoftext|>"] = serde_json::json!(499);
+        model["vocab"]["\u{120}->\u{120}"] = serde_json::json!(500);
+    });
+    let arrow = 500u32;
+    assert_eq!(tokenizer.decode(&[arrow]).unwrap(), " -> ");
+    let Ids { open, x, .. } = ids(tokenizer);
+    let mut call = tokenizer.encode_ids("Calculator(1+2)").unwrap();
+    call.push(arrow);
+    let openers = CallTokens::from_tokenizer(tokenizer).openers;
+    let m = mock(move |seq| match after_last_opener(seq, &openers) {
+        Some(rest) if rest.len() < call.len() => ranked(&[call[rest.len()]]),
+        Some(_) => ranked(&[x]),
+        None => ranked(&[open]),
+    });
+    let o = GenerateOptions {
+        max_new_tokens: 20,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    assert!(
+        g.completion.starts_with("[Calculator(1+2) -> 3] a"),
+        "{:?}",
+        g.completion
+    );
+    assert_eq!(g.calls[0].status, CallStatus::Ok);
+    let at = g.tokens.iter().position(|&t| t == arrow);
+    let at = at.expect("the arrow token as drawn");
+    assert!(g.token_log_probs[at].is_some());
+    assert!(m.seen.lock().unwrap().iter().any(|s| s.contains(&arrow)));
+}
+
+/// Only openers that are single tokens open calls: in a vocabulary without " [" (written " "
+/// then "["), "[" alone is an opener, and a space the model puts first opens nothing.
+#[test]
+fn only_single_token_openers_open_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = &fixture_tokenizer_edited(dir.path(), |json| {
+        let model = &mut json["model"];
+        model["vocab"].as_object_mut().unwrap().remove("\u{120}[");
+        let merge = serde_json::json!(["\u{120}", "["]);
+        let merges = model["merges"].as_array_mut().unwrap();
+        merges.retain(|m| *m != merge);
+    });
+    let space = tokenizer.encode_ids(" ").unwrap();
+    assert_eq!(space.len(), 1);
+    assert_eq!(tokenizer.encode_ids(" [").unwrap().len(), 2);
+    let open = tokenizer.encode_ids("[").unwrap()[0];
+    assert_eq!(CallTokens::from_tokenizer(tokenizer).openers, vec![open]);
+    let space = space[0];
+    let m = mock(move |_| ranked(&[space]));
+    let o = GenerateOptions {
+        max_new_tokens: 4,
+        ..Default::default()
+    };
+    let g = run(&m, tokenizer, &calculator(), &o);
+    assert_eq!((g.completion.as_str(), g.calls.len()), ("    ", 0));
 }

@@ -177,4 +177,22 @@ mod tests {
         assert_eq!(parse_partial_call("Two words(x"), None);
         assert_eq!(parse_partial_call("(1+2"), None);
     }
+
+    /// The input is as written between the first "(" and the last ")": its spaces kept, and
+    /// a ")" of its own (a function's, or a group's) part of it.
+    #[test]
+    fn inputs_keep_their_spaces_and_inner_parentheses() {
+        assert_eq!(
+            parse_call("Calculator( 1 + 2 )"),
+            Some(("Calculator", " 1 + 2 "))
+        );
+        assert_eq!(
+            parse_call("Calculator(sqrt(4))"),
+            Some(("Calculator", "sqrt(4)"))
+        );
+        assert_eq!(
+            parse_call("Calculator((1 + 2))"),
+            Some(("Calculator", "(1 + 2)"))
+        );
+    }
 }

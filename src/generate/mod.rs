@@ -778,4 +778,26 @@ mod tests {
             assert!(problem.contains(why), "{input:?}: {problem:?}");
         }
     }
+
+    /// The defaults are docs/generate.md's table: the paper's k = 10 and one call, 64 new
+    /// tokens, 32 call tokens, greedy, batches of 32, stopping at end of text.
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        let o = GenerateOptions::default();
+        assert_eq!(
+            (
+                o.max_new_tokens,
+                o.top_k_call,
+                o.max_calls,
+                o.max_call_tokens
+            ),
+            (64, 10, 1, 32)
+        );
+        assert_eq!((o.temperature, o.top_k, o.seed), (0.0, None, 0));
+        assert_eq!(o.batch_size, 32);
+        assert_eq!(
+            (o.n_positions, o.vocab_size, o.stop_at_eos),
+            (None, None, true)
+        );
+    }
 }

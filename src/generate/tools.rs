@@ -331,4 +331,27 @@ mod tests {
         assert_eq!(kept("calendar"), "Calendar");
         assert_eq!(kept("wikisearch"), "WikiSearch");
     }
+
+    /// QA and MT are kept each by its own name only, and a built-in tool the file disables is
+    /// not configured: naming it is an error, not a run without it.
+    #[test]
+    fn each_service_by_its_own_name_and_a_disabled_tool_is_not_configured() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[tools.qa]\ncommand = [\"cat\"]\n[tools.mt]\ncommand = [\"cat\"]\n\
+             [tools.calendar]\nenabled = false\n",
+        )
+        .unwrap();
+        let names = |only: &str| {
+            tools_from_config(Some(&path), Some(&[only.to_string()]))
+                .map(|r| r.names().join(","))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(names("qa").unwrap(), "QA");
+        assert_eq!(names("mt").unwrap(), "MT");
+        let e = names("calendar").unwrap_err();
+        assert!(e.contains("\"calendar\" is not configured"), "{e}");
+    }
 }
