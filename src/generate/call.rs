@@ -120,6 +120,9 @@ mod tests {
         assert_eq!(opener_in_top_k(&row, &[3, 0], 2), None);
         assert_eq!(opener_in_top_k(&row, &[2, 1], 1), Some(1));
         assert_eq!(opener_in_top_k(&row, &[2, 1], 0), None);
+        // Both openers within the top k: the better-ranked one, whichever is listed first.
+        assert_eq!(opener_in_top_k(&row, &[3, 0], 4), Some(0));
+        assert_eq!(opener_in_top_k(&row, &[0, 2], 4), Some(2));
     }
 
     #[test]
