@@ -1270,3 +1270,20 @@ fn convert_names_the_new_dtype_where_the_source_config_does() {
         (&"bfloat16".into(), &"bfloat16".into())
     );
 }
+
+/// A tokenizer.json that is a link to nothing is a broken folder, not one without a tokenizer.
+#[cfg(unix)]
+#[test]
+fn tokenizer_json_that_is_a_dangling_link_is_reported() {
+    let (_tmp, dir) = copy_fixture();
+    let path = dir.join("tokenizer.json");
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink(dir.join("gone.json"), &path).unwrap();
+    assert_names(
+        &load_err(&dir),
+        &[
+            "tokenizer.json",
+            "symbolic link to a file that does not exist",
+        ],
+    );
+}

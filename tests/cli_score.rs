@@ -2273,3 +2273,26 @@ fn a_named_pipe_output_whose_reader_leaves_fails_instead_of_hanging() {
         "{stderr}"
     );
 }
+
+/// A model folder whose tokenizer has more ids (the fixture's 500) than config.json's
+/// vocab_size is loaded with a warning that names the highest id and the vocab_size; one with
+/// a row for each id (vocab_size 500) loads without it.
+#[test]
+fn a_tokenizer_with_more_ids_than_vocab_size_is_a_warning() {
+    use toolsift::model::{DType, GptjConfig, GptjWeights, Tokenizer};
+    let tmp = tempfile::tempdir().unwrap();
+    let tokenizer = Tokenizer::from_file(&tiny("f32").join("tokenizer.json")).unwrap();
+    for (vocab_size, warned) in [(256, true), (500, false)] {
+        let config = GptjConfig::small(1, 16, 2, 4, vocab_size);
+        let weights = GptjWeights::random(&config, 5, DType::F32);
+        let model = toolsift::Model::from_parts(config, weights, Some(tokenizer.clone())).unwrap();
+        let dir = tmp.path().join(format!("model-{vocab_size}"));
+        model.save(&dir).unwrap();
+        let (ok, _, stderr) = run_score(&dir, &[], &[]);
+        assert!(ok, "{stderr}");
+        let warning = format!(
+            "the tokenizer has ids up to 499, but config.json's vocab_size is {vocab_size}"
+        );
+        assert_eq!(stderr.contains(&warning), warned, "{vocab_size}: {stderr}");
+    }
+}

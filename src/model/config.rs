@@ -367,4 +367,56 @@ mod tests {
         let err = c.validate().unwrap_err();
         assert!(err.contains("n_inner must be positive"), "{err}");
     }
+
+    /// A size of 0 is refused naming its field: an empty vocabulary, context, residual stream,
+    /// stack or head count is no model (and n_head 0 would divide by 0 for the head width).
+    #[test]
+    fn a_size_of_zero_is_refused_naming_its_field() {
+        for field in ["vocab_size", "n_positions", "n_embd", "n_layer", "n_head"] {
+            let mut json = serde_json::to_value(GptjConfig::gptj_6b()).unwrap();
+            json[field] = 0.into();
+            let c: GptjConfig = serde_json::from_value(json).unwrap();
+            let err = c.validate().unwrap_err();
+            assert!(err.contains(&format!("{field} must be positive")), "{err}");
+        }
+    }
+
+    /// A rotary_dim of the whole head is accepted (rotary_dim <= head_dim), given or as null;
+    /// two past it is not.
+    #[test]
+    fn a_rotary_dim_of_the_whole_head_is_accepted() {
+        let mut c = GptjConfig::small(1, 16, 2, 8, 32);
+        assert_eq!(c.head_dim(), 8);
+        assert_eq!(c.validate(), Ok(()));
+        c.rotary_dim = None;
+        assert_eq!((c.rotary_dim(), c.validate()), (8, Ok(())));
+        c.rotary_dim = Some(10);
+        assert!(c.validate().unwrap_err().contains("rotary_dim (10)"));
+    }
+
+    /// A config.json with the required sizes alone reads transformers' defaults for the rest:
+    /// layer_norm_epsilon 1e-5, activation_function "gelu_new", an MLP of 4 * n_embd, untied
+    /// embeddings and no model_type; and it is valid.
+    #[test]
+    fn absent_optional_fields_read_transformers_defaults() {
+        let c: GptjConfig = serde_json::from_str(
+            r#"{"vocab_size": 10, "n_positions": 8, "n_embd": 128, "n_layer": 1, "n_head": 2}"#,
+        )
+        .unwrap();
+        assert_eq!(c.layer_norm_epsilon, 1e-5);
+        assert_eq!(c.activation_function, "gelu_new");
+        assert_eq!(c.inner_dim(), 512);
+        assert!(!c.tie_word_embeddings);
+        assert_eq!(c.model_type, None);
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    /// With tied embeddings the LM head adds its bias alone: its weight is wte, counted once.
+    #[test]
+    fn a_tied_head_counts_its_bias_alone() {
+        let mut c = GptjConfig::small(1, 16, 2, 4, 32);
+        let untied = c.n_params();
+        c.tie_word_embeddings = true;
+        assert_eq!(c.n_params(), untied - 32 * 16);
+    }
 }

@@ -377,4 +377,26 @@ mod tests {
             "a tokenizer"
         );
     }
+
+    /// A model built in memory has no folder: `dir` is empty.
+    #[test]
+    fn a_model_built_in_memory_has_no_folder() {
+        let config = GptjConfig::small(1, 16, 2, 4, 32);
+        assert_eq!(model(&config, 1, None).dir(), Path::new(""));
+    }
+
+    /// The content hash follows the tokenizer file's bytes: two tokenizer.json files that differ
+    /// (here by a trailing newline alone) give two hashes.
+    #[test]
+    fn content_hash_follows_the_tokenizer_file() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj/tokenizer.json");
+        let bytes = std::fs::read(&path).unwrap();
+        let config = GptjConfig::small(1, 16, 2, 4, 32);
+        let hash = |bytes: &[u8]| {
+            let tokenizer = Tokenizer::from_bytes(bytes, &path).unwrap();
+            model(&config, 3, Some(tokenizer)).content_xxh3().unwrap()
+        };
+        assert_ne!(hash(&bytes), hash(&[&bytes[..], b"\n"].concat()));
+    }
 }

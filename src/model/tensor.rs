@@ -299,4 +299,36 @@ mod tests {
             );
         }
     }
+
+    /// The dtypes are named as PyTorch names them (config.json's torch_dtype), with their sizes.
+    #[test]
+    fn dtypes_have_pytorchs_names() {
+        let all = [DType::F32, DType::F16, DType::BF16];
+        assert_eq!(all.map(DType::name), ["float32", "float16", "bfloat16"]);
+        assert_eq!(all.map(DType::size), [4, 2, 2]);
+    }
+
+    /// A scalar (an empty shape) holds one element.
+    #[test]
+    fn a_scalar_has_one_element() {
+        let t = Tensor::from_f32(vec![], &[2.5]);
+        assert_eq!(t.numel(), 1);
+        assert_eq!(t.to_f32(), [2.5]);
+    }
+
+    /// The largest finite values of each storage type are finite: only an exponent of all ones
+    /// is NaN or infinite.
+    #[test]
+    fn the_largest_finite_values_are_not_counted_as_non_finite() {
+        for (dtype, max) in [
+            (DType::F32, f32::MAX),
+            (DType::F16, f16::MAX.to_f32()),
+            (DType::BF16, bf16::MAX.to_f32()),
+        ] {
+            let t = Tensor::from_f32_as(vec![3], &[max, -max, 1.0], dtype);
+            assert_eq!(t.to_f32(), [max, -max, 1.0], "{dtype:?}");
+            assert_eq!(t.count_non_finite(0..3), 0, "{dtype:?}");
+            assert_eq!(t.first_non_finite(), None, "{dtype:?}");
+        }
+    }
 }

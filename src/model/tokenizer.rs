@@ -626,6 +626,10 @@ mod tests {
             err.to_string().contains("no whitespace after a word"),
             "{err}"
         );
+        assert!(
+            err.to_string().contains("than the 8 MiB tokenized"),
+            "{err}"
+        );
         // A word before the huge one does not help: its tokens are needed too. Nor does one
         // past the first head tried (its cut would leave the huge word uncut after it), nor a
         // spaced text around it (its heads would hold it).
@@ -829,10 +833,12 @@ mod tests {
         );
     }
 
-    /// Of two longest stretches, the first is reported (the error names where it starts).
+    /// Of two longest stretches, the first is reported (the error names where it starts), the
+    /// text's last one included.
     #[test]
     fn longest_uncut_reports_the_first_of_equal_stretches() {
         assert_eq!(longest_uncut("abc de f"), (0, 3));
+        assert_eq!(longest_uncut("abc de"), (0, 3));
     }
 
     /// Of several added tokens that normalize to nothing, the one of the lowest id is named
@@ -873,5 +879,14 @@ mod tests {
                 Err(crate::error::InvalidCandidate::NoTokenAfter { offset, end: 3 })
             );
         }
+    }
+
+    /// decode writes special tokens out (a completion that ends in <|endoftext|> shows it).
+    #[test]
+    fn decode_keeps_special_tokens() {
+        let tok = gptj_tokenizer();
+        let eot = tok.token_id("<|endoftext|>").unwrap();
+        let ids = [tok.encode_ids("a b").unwrap(), vec![eot]].concat();
+        assert_eq!(tok.decode(&ids).unwrap(), "a b<|endoftext|>");
     }
 }
