@@ -868,3 +868,28 @@ fn a_relative_out_inside_the_demo_folder_is_refused() {
     );
     assert!(!assets.join("c.jsonl").exists());
 }
+
+/// `annotate --demo`'s output must name a file, as `annotate`'s: a folder, or a name spelled as
+/// one, is refused when preparing, with the way out, and nothing is made there.
+#[test]
+fn a_demo_output_that_names_a_folder_is_refused() {
+    use toolsift::demo::run::{DemoOptions, DemoRun};
+    let dir = tempfile::tempdir().unwrap();
+    let spelled = dir.path().join("new").join("");
+    assert!(spelled.to_str().unwrap().ends_with('/'));
+    for out in [dir.path().to_path_buf(), spelled] {
+        let err = DemoRun::prepare(DemoOptions {
+            device: toolsift::Device::Cpu,
+            seed: None,
+            docs: Some(1),
+            tools: None,
+            out: out.clone(),
+            progress: false,
+        })
+        .err()
+        .unwrap_or_else(|| panic!("{} taken for a C* file", out.display()))
+        .to_string();
+        assert!(err.contains("give a file name for C*"), "{err}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

@@ -444,4 +444,122 @@ mod tests {
         }
         assert!(not_a_demo_run(&run(elsewhere, None), &out).is_some());
     }
+
+    /// What decides that an output is the demo's, past the first test's cases: a summary that
+    /// records no run names no model and is refused; a rejects file alone (no C*, no summary)
+    /// is refused as a C* alone is; without a summary the journal's model decides even when
+    /// the journal is kept (`annotate --demo` resumes it, `journal_too` false), and a kept
+    /// journal is not checked when the summary tells. A refusal names the C*; a companion that
+    /// is not toolsift's is named itself.
+    #[test]
+    fn what_tells_an_output_is_the_demos_and_what_a_refusal_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("c.jsonl");
+        let summary = dir.path().join("c.summary.json");
+        let rejects = dir.path().join("c.rejects.jsonl");
+        let journal = dir.path().join("c.jsonl.partial");
+        let demo = "/tmp/toolsift-demo-0123456789ab-u0";
+        let summary_with = |run: Option<serde_json::Value>| {
+            let mut summary = crate::annotate::summary::SummaryBuilder::new(&[]).finish(0.0);
+            summary.run = run;
+            serde_json::to_string(&summary).unwrap()
+        };
+        let journal_of = |model: &str| {
+            let header = serde_json::json!({
+                "journal": "toolsift-annotate/2",
+                "run": {"info": {"model": model}, "corpus": format!("{model}/corpus.jsonl")}
+            });
+            format!("{header}\n")
+        };
+        let refused = |journal_too: bool| {
+            let err = remove_previous_output(&out, journal_too)
+                .unwrap_err()
+                .to_string();
+            let lead = format!("{} is not an earlier demo output (", out.display());
+            assert!(err.starts_with(&lead), "{err}");
+            err
+        };
+
+        // A summary without a recorded run, beside an empty C*.
+        std::fs::write(&out, "").unwrap();
+        std::fs::write(&summary, summary_with(None)).unwrap();
+        assert!(refused(false).contains("its summary names no model"));
+        assert!(out.exists() && summary.exists());
+        std::fs::remove_file(&out).unwrap();
+        std::fs::remove_file(&summary).unwrap();
+
+        // A rejects file alone.
+        std::fs::write(&rejects, "").unwrap();
+        assert!(refused(false).contains("it has no summary"));
+        assert!(rejects.exists());
+
+        // A C* and rejects file without a summary, the journal (kept) naming another model.
+        std::fs::write(&out, "").unwrap();
+        std::fs::write(&journal, journal_of("/data/gpt-j-6b")).unwrap();
+        let err = refused(false);
+        assert!(
+            err.contains("its journal names the model /data/gpt-j-6b"),
+            "{err}"
+        );
+        assert!(out.exists() && rejects.exists());
+
+        // With the demo's summary, a journal that is kept is the resuming run's to check.
+        let run =
+            serde_json::json!({"info": {"model": demo}, "corpus": format!("{demo}/corpus.jsonl")});
+        std::fs::write(&summary, summary_with(Some(run))).unwrap();
+        assert_eq!(remove_previous_output(&out, false).unwrap().len(), 3);
+        assert!(journal.exists());
+
+        // A companion that is not toolsift's is named in the refusal, not the C*.
+        std::fs::write(&out, "").unwrap();
+        std::fs::write(&rejects, "my notes\n").unwrap();
+        let err = remove_previous_output(&out, false).unwrap_err().to_string();
+        let lead = format!(
+            "{} exists and is not a toolsift rejects file",
+            rejects.display()
+        );
+        assert!(err.starts_with(&lead), "{err}");
+    }
+
+    /// A recorded model path with no folder name ("/") is not the demo's; and a corpus recorded
+    /// through another path to the same folder (a link) is in it, for annotate --demo (the
+    /// model's folder) and eval-demo (the output's folder) alike, with no fingerprint to match.
+    #[cfg(unix)]
+    #[test]
+    fn a_demo_folder_is_the_same_one_by_any_path_to_it() {
+        let run = |model: &Path, corpus: &Path| RecordedRun {
+            model: model.to_path_buf(),
+            corpus: Some(corpus.to_path_buf()),
+            corpus_xxh3: None,
+        };
+        let out = Path::new("/data/ev/cstar.jsonl");
+        let root = Path::new("/");
+        assert_eq!(
+            not_a_demo_run(&run(root, Path::new("/corpus.jsonl")), out).as_deref(),
+            Some("the model /")
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let demo = dir.path().join("toolsift-demo-0123456789ab-u0");
+        let ev = dir.path().join("ev");
+        std::fs::create_dir(&demo).unwrap();
+        std::fs::create_dir(&ev).unwrap();
+        std::os::unix::fs::symlink(&demo, dir.path().join("to-demo")).unwrap();
+        std::os::unix::fs::symlink(&ev, dir.path().join("to-ev")).unwrap();
+        let by_link = dir.path().join("to-demo").join("corpus.first-3.jsonl");
+        assert_eq!(not_a_demo_run(&run(&demo, &by_link), out), None);
+        let by_link = dir.path().join("to-ev").join("corpus.jsonl");
+        assert_eq!(
+            not_a_demo_run(&run(&demo, &by_link), &ev.join("cstar.jsonl")),
+            None
+        );
+        // An empty relative folder is the current one.
+        assert!(same_folder(Path::new(""), Path::new(".")));
+        // Another demo folder is not that one.
+        let other = dir.path().join("toolsift-demo-ba9876543210-u0");
+        std::fs::create_dir(&other).unwrap();
+        assert!(not_a_demo_run(&run(&other, &by_link), &ev.join("c.jsonl")).is_none());
+        let by_link = dir.path().join("to-demo").join("corpus.jsonl");
+        assert!(not_a_demo_run(&run(&other, &by_link), out).is_some());
+    }
 }

@@ -496,4 +496,40 @@ mod tests {
         std::fs::write(&path, "{\n  \"seed\": 2,\n  \"metrics\": {}\n}\n").unwrap();
         assert!(refuse_foreign_report(&path).is_ok());
     }
+
+    /// An output inside the demo's folder is refused by where it would go: a file or folder in
+    /// it, one in a subfolder of it, or through a link to it; one beside it ("<assets>/../x"),
+    /// once the first existing folder on its path is outside, is not.
+    #[cfg(unix)]
+    #[test]
+    fn an_output_is_refused_by_where_it_would_land() {
+        let dir = tempfile::tempdir().unwrap();
+        let assets = dir.path().join("assets");
+        std::fs::create_dir_all(assets.join("sub")).unwrap();
+        std::fs::create_dir(dir.path().join("x")).unwrap();
+        std::os::unix::fs::symlink(&assets, dir.path().join("link")).unwrap();
+        std::fs::write(assets.join("corpus.jsonl"), "").unwrap();
+        for inside in [
+            assets.clone(),
+            assets.join("c.jsonl"),
+            assets.join("corpus.jsonl"),
+            assets.join("sub").join("c.jsonl"),
+            assets.join("sub").join("new").join("c.jsonl"),
+            dir.path().join("link").join("c.jsonl"),
+        ] {
+            let err = refuse_in_assets(&assets, &inside).unwrap_err().to_string();
+            assert!(err.contains("inside the demo's own folder"), "{err}");
+        }
+        for outside in [
+            dir.path().join("c.jsonl"),
+            assets.join("..").join("x").join("c.jsonl"),
+            dir.path().join("x").join("new").join("c.jsonl"),
+        ] {
+            assert!(
+                refuse_in_assets(&assets, &outside).is_ok(),
+                "{}",
+                outside.display()
+            );
+        }
+    }
 }
