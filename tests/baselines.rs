@@ -18,7 +18,7 @@ use toolsift::baselines::{
     naive_losses, naive_tokens, tuned_kv_losses, tuned_kv_tokens, tuned_losses, tuned_tokens,
     Baseline, BaselineScorer, CandleGptj,
 };
-use toolsift::model::{DType, GptjWeights};
+use toolsift::model::DType;
 use toolsift::score::LossWeights;
 use toolsift::util::rng::Rng;
 use toolsift::{
@@ -288,12 +288,7 @@ fn random_candidates(rng: &mut Rng, vocab: usize) -> Vec<TokenCandidate> {
 #[test]
 fn a_candidate_with_nothing_to_score_is_refused() {
     let config = GptjConfig::small(2, 48, 4, 8, 300);
-    let model = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 3, DType::F32),
-        None,
-    )
-    .unwrap();
+    let model = common::random_model(&config, 3, DType::F32);
     let text: Arc<[u32]> = (0..20u32).collect::<Vec<_>>().into();
     let a = TokenCandidate {
         text_ids: text,
@@ -331,8 +326,7 @@ fn a_candidate_with_nothing_to_score_is_refused() {
 fn baselines_match_the_reference_on_a_random_model() {
     let config = GptjConfig::small(2, 48, 4, 8, 300);
     for seed in [1, 2] {
-        let weights = GptjWeights::random(&config, seed, DType::F32);
-        let model = Model::from_parts(config.clone(), weights, None).unwrap();
+        let model = common::random_model(&config, seed, DType::F32);
         let mut rng = Rng::new(100 + seed);
         let candidates = random_candidates(&mut rng, config.vocab_size);
         check_baselines(&model, &candidates, &format!("seed {seed}"));
@@ -391,12 +385,7 @@ fn token_counts_include_padding_and_reflect_deduplication() {
 fn bad_input_is_refused_with_a_message() {
     let mut config = GptjConfig::small(1, 16, 2, 4, 50);
     config.n_positions = 12;
-    let model = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 3, DType::F32),
-        None,
-    )
-    .unwrap();
+    let model = common::random_model(&config, 3, DType::F32);
     let candle = candle_model(&model);
     let options = ScoreOptions::default();
     let ok = TokenCandidate {
@@ -601,8 +590,7 @@ fn small_model(n_positions: usize, eps: f64) -> (Model, CandleGptj) {
     let mut config = GptjConfig::small(2, 48, 4, 8, 300);
     config.n_positions = n_positions;
     config.layer_norm_epsilon = eps;
-    let weights = GptjWeights::random(&config, 5, DType::F32);
-    let model = Model::from_parts(config, weights, None).unwrap();
+    let model = common::random_model(&config, 5, DType::F32);
     let candle = candle_model(&model);
     (model, candle)
 }

@@ -225,12 +225,7 @@ fn cpu_matches_reference_at_edge_shapes() {
 #[test]
 fn cpu_matches_reference_past_one_head_pass() {
     let config = GptjConfig::small(1, 16, 2, 4, 50);
-    let model = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 8, DType::F32),
-        None,
-    )
-    .unwrap();
+    let model = common::random_model(&config, 8, DType::F32);
     let mut rng = Rng::new(8);
     let text: std::sync::Arc<[u32]> = (0..60).map(|_| rng.range(3, 49) as u32).collect();
     let cands: Vec<TokenCandidate> = (0..70)
@@ -277,12 +272,7 @@ fn cpu_matches_reference_at_a_realistic_width() {
     use toolsift::sample::Decoder;
     let mut config = GptjConfig::small(1, 688, 8, 64, 1100);
     config.n_positions = 300;
-    let model = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 31, DType::F32),
-        None,
-    )
-    .unwrap();
+    let model = common::random_model(&config, 31, DType::F32);
     let mut rng = Rng::new(31);
     let text: std::sync::Arc<[u32]> = (0..264).map(|_| rng.range(3, 1099) as u32).collect();
     let cands: Vec<TokenCandidate> = [1, 132, 263]

@@ -20,7 +20,7 @@ use cuda_common::{fuzz, gpu};
 use proptest::prelude::*;
 use toolsift::cpu::CpuScorer;
 use toolsift::cuda::{CudaDType, CudaOptions, CudaScorer};
-use toolsift::model::{DType, GptjConfig, GptjWeights};
+use toolsift::model::{DType, GptjConfig};
 use toolsift::reference::{Mat, ReferenceModel};
 use toolsift::sample::{
     branch_requests, Branch, Decoder, Sample, SampleOptions, SampleRequest, Sampler,
@@ -47,12 +47,7 @@ fn model(
     let rotary_dim = (head_dim - head_dim % 2).min(4);
     let mut config = GptjConfig::small(n_layer, n_head * head_dim, n_head, rotary_dim, vocab);
     config.n_positions = 160;
-    Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, seed, storage(dtype)),
-        None,
-    )
-    .unwrap()
+    common::random_model(&config, seed, storage(dtype))
 }
 
 fn engine(model: &Model, dtype: CudaDType, head_chunk_rows: usize) -> CudaScorer {
@@ -320,12 +315,7 @@ fn announced_size_too_large_child() {
     // Five sequences of up to 2^18 positions: 1.3M rows, 84 MB per K or V buffer and 336 MB in
     // all, past the device's 256 MiB while one or two such buffers fit.
     config.n_positions = 1 << 18;
-    let m = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 5, storage(dtype)),
-        None,
-    )
-    .unwrap();
+    let m = common::random_model(&config, 5, storage(dtype));
     let opts = CudaOptions {
         dtype: Some(dtype),
         head_chunk_rows: 16,

@@ -140,8 +140,7 @@ fn check(p: &Problem) -> Result<f64, TestCaseError> {
     let longest = common::longest_sequence(&cands, &options);
     let mut config = p.config.clone();
     config.n_positions = longest + (p.seed % 3) as usize;
-    let weights = GptjWeights::random(&config, p.seed, storage);
-    let model = Model::from_parts(config, weights, None).unwrap();
+    let model = common::random_model(&config, p.seed, storage);
     let oracle = ReferenceScorer::new(&model)
         .score(&cands, &options)
         .unwrap();
@@ -274,12 +273,7 @@ fn scorer_for(p: &Problem) -> CudaScorer {
 
 /// `scorer_for` with `options` but for its dtype and head chunk rows (`p`'s).
 fn scorer_with(p: &Problem, options: &CudaOptions) -> CudaScorer {
-    let model = Model::from_parts(
-        p.config.clone(),
-        GptjWeights::random(&p.config, p.seed, DType::BF16),
-        None,
-    )
-    .unwrap();
+    let model = common::random_model(&p.config, p.seed, DType::BF16);
     let opts = CudaOptions {
         dtype: Some(p.dtype),
         head_chunk_rows: p.head_chunk_rows,
@@ -402,12 +396,7 @@ fn weights_bytes_count_the_uploaded_tensors() {
     }
     let mut config = GptjConfig::small(2, 12, 2, 4, 37);
     config.n_inner = Some(21);
-    let model = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 4, DType::F32),
-        None,
-    )
-    .unwrap();
+    let model = common::random_model(&config, 4, DType::F32);
     let (d, f, v) = (12, 21, 37);
     let (ds, fs) = (stride(d), stride(f));
     // Per layer: ln_1, qkv, out_proj, fc_in (+ bias), fc_out (+ bias); then wte, ln_f, lm_head
@@ -447,12 +436,7 @@ fn max_chunk_tokens_caps_the_widest_operand_and_is_never_zero() {
     for (n_inner, widest) in [(8, 48), (100, 104)] {
         let mut config = GptjConfig::small(1, 16, 2, 4, 61);
         config.n_inner = Some(n_inner);
-        let model = Model::from_parts(
-            config.clone(),
-            GptjWeights::random(&config, 8, DType::BF16),
-            None,
-        )
-        .unwrap();
+        let model = common::random_model(&config, 8, DType::BF16);
         let scorer = CudaScorer::new(&model, &CudaOptions::default()).unwrap();
         let scorer = scorer.with_memory_budget(usize::MAX);
         assert_eq!(scorer.max_chunk_tokens(), cap / widest, "n_inner {n_inner}");
@@ -471,12 +455,7 @@ fn chunks_of_a_deep_tree_fit_the_budget_with_their_context_map() {
         return;
     }
     let config = GptjConfig::small(1, 8, 2, 4, 29);
-    let model = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 5, DType::BF16),
-        None,
-    )
-    .unwrap();
+    let model = common::random_model(&config, 5, DType::BF16);
     let text: std::sync::Arc<[u32]> = (0..200).map(|t| t % 29).collect();
     let cands: Vec<TokenCandidate> = (1..text.len() - 5)
         .map(|position| TokenCandidate {
@@ -549,12 +528,7 @@ fn a_device_ordinal_past_the_last_device_is_refused() {
     }
     let n = CudaContext::device_count().unwrap() as usize;
     let config = GptjConfig::small(1, 8, 2, 2, 16);
-    let model = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 1, DType::BF16),
-        None,
-    )
-    .unwrap();
+    let model = common::random_model(&config, 1, DType::BF16);
     let opts = CudaOptions {
         device: n,
         ..CudaOptions::default()
@@ -616,12 +590,7 @@ fn the_mma_attention_option_selects_the_mma_kernels() {
     }
     let mut config = GptjConfig::small(1, 264, 1, 4, 29);
     config.n_positions = 64;
-    let model = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 6, DType::BF16),
-        None,
-    )
-    .unwrap();
+    let model = common::random_model(&config, 6, DType::BF16);
     let cands = common::random_candidates(&mut Rng::new(6), 29, 1, 12);
     let options = ScoreOptions::default();
     for mma in [false, true] {
@@ -808,12 +777,7 @@ fn out_of_memory_child() {
     #[cfg(feature = "emu")]
     toolsift::emu::device::use_unless_gpu().unwrap();
     let config = GptjConfig::small(1, 32, 2, 4, 53);
-    let m = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 5, DType::BF16),
-        None,
-    )
-    .unwrap();
+    let m = common::random_model(&config, 5, DType::BF16);
     match CudaScorer::new(&m, &CudaOptions::default()) {
         Err(toolsift::Error::OutOfMemory(msg)) => {
             assert!(msg.contains("CUDA_ERROR_OUT_OF_MEMORY"), "{msg}")
@@ -842,12 +806,7 @@ fn default_budget_child() {
     );
     let Some(_) = gpu() else { return };
     let config = GptjConfig::small(1, 64, 2, 4, 53);
-    let m = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 5, DType::BF16),
-        None,
-    )
-    .unwrap();
+    let m = common::random_model(&config, 5, DType::BF16);
     let scorer = CudaScorer::new(&m, &CudaOptions::default()).unwrap();
     let (free, _) = scorer.gpu().mem_info().unwrap();
     let head = 1024 * (2 * stride(64) + 2 * 4 * stride(53));
@@ -859,12 +818,7 @@ fn default_budget_child() {
 #[test]
 fn cuda_unavailable_is_a_clear_error() {
     let config = GptjConfig::small(1, 8, 2, 2, 16);
-    let model = Model::from_parts(
-        config.clone(),
-        GptjWeights::random(&config, 1, DType::BF16),
-        None,
-    )
-    .unwrap();
+    let model = common::random_model(&config, 1, DType::BF16);
     match CudaScorer::new(&model, &CudaOptions::default()) {
         Ok(_) => eprintln!("a GPU is present; nothing to check"),
         Err(e) => {

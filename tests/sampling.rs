@@ -8,7 +8,7 @@ mod common;
 use proptest::prelude::*;
 use toolsift::cpu::decode::KvTree;
 use toolsift::cpu::CpuScorer;
-use toolsift::model::{DType, GptjConfig, GptjWeights};
+use toolsift::model::{DType, GptjConfig};
 use toolsift::reference::ReferenceModel;
 use toolsift::sample::{Branch, ReferenceSampler, SampleOptions, SampleRequest, Sampler};
 use toolsift::util::rng::Rng;
@@ -36,8 +36,7 @@ fn random_model(seed: u64) -> Model {
 fn random_model_with(vocab: usize, n_positions: usize, seed: u64) -> Model {
     let mut config = GptjConfig::small(2, 24, 3, 4, vocab);
     config.n_positions = n_positions;
-    let w = GptjWeights::random(&config, seed, DType::F32);
-    Model::from_parts(config, w, None).unwrap()
+    common::random_model(&config, seed, DType::F32)
 }
 
 fn random_ids(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
@@ -582,8 +581,7 @@ impl ProposeCase {
             self.vocab,
         );
         config.n_positions = 48;
-        let w = GptjWeights::random(&config, self.seed, DType::F32);
-        Model::from_parts(config, w, None).unwrap()
+        common::random_model(&config, self.seed, DType::F32)
     }
 
     fn ids(&self) -> Vec<u32> {

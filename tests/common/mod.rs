@@ -7,10 +7,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Deserialize;
+use toolsift::model::{DType, GptjConfig, GptjWeights};
 use toolsift::reference::ReferenceModel;
 use toolsift::score::variant_sequence;
 use toolsift::util::rng::Rng;
-use toolsift::{ScoreOptions, Scores, TokenCandidate, Variant};
+use toolsift::{Model, ScoreOptions, Scores, TokenCandidate, Variant};
 
 /// Runs `cmd` with `input` on its standard input, its stdout and stderr captured. A run refused
 /// at the start never reads its input and may close the pipe first: not an error.
@@ -27,6 +28,17 @@ pub fn output_with_stdin(cmd: &mut std::process::Command, input: &[u8]) -> std::
     let _ = stdin.write_all(input);
     drop(stdin);
     child.wait_with_output().unwrap()
+}
+
+/// A model of `config` with random weights (`GptjWeights::random`) stored as `storage`, and no
+/// tokenizer.
+pub fn random_model(config: &GptjConfig, seed: u64, storage: DType) -> Model {
+    Model::from_parts(
+        config.clone(),
+        GptjWeights::random(config, seed, storage),
+        None,
+    )
+    .unwrap()
 }
 
 /// Property-test case count: `default`, or TOOLSIFT_FUZZ_CASES for a longer fuzz run.
