@@ -288,6 +288,11 @@ void on_fault(int sig, siginfo_t* info, void*) {
         if (addr >= reinterpret_cast<uintptr_t>(s) - page_size() &&
             addr < reinterpret_cast<uintptr_t>(s))
             what = "a thread's stack guard (stack overflow)";
+    // x86-64 raises a general-protection fault, reported as SI_KERNEL with no address, for an
+    // aligned 16-byte move off a 16-byte boundary and for a pointer outside the address space.
+    if (sig == SIGSEGV && info->si_code == SI_KERNEL)
+        what = "not reported: a general-protection fault (an aligned 16-byte access off a "
+               "16-byte boundary, or an address far outside memory)";
     if (g && g->current) {
         const Fiber* f = g->current;
         snprintf(msg, sizeof msg,
