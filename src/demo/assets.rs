@@ -663,4 +663,98 @@ mod tests {
             embedded_settings()
         );
     }
+
+    /// `cargo run --example demo_assets -- DIR` may name a folder that is not there yet:
+    /// write_generated makes it, parents and all.
+    #[test]
+    fn write_generated_makes_its_folder() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("assets").join("demo");
+        let written = write_generated(&dir).unwrap();
+        assert_eq!(written[0], dir.join(CORPUS_FILE));
+        assert!(fs::read_to_string(&written[0]).unwrap() == embedded_corpus());
+    }
+
+    /// The temp dir named by TMPDIR may not exist yet: materializing makes it.
+    #[test]
+    fn materialize_makes_a_missing_parent() {
+        let root = tempfile::tempdir().unwrap();
+        let parent = root.path().join("not").join("yet");
+        let dir = materialize_in(&parent).unwrap();
+        assert_eq!(dir, parent.join(folder_name()));
+        assert!(is_complete(&dir).unwrap());
+    }
+
+    /// A folder others (not its group) may write is not the user's alone either: it is not
+    /// complete, and materializing replaces it with a mode-700 one.
+    #[cfg(unix)]
+    #[test]
+    fn a_world_writable_demo_folder_is_replaced() {
+        use std::os::unix::fs::PermissionsExt;
+        let parent = tempfile::tempdir().unwrap();
+        let dir = materialize_in(parent.path()).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o702)).unwrap();
+        assert!(!is_complete(&dir).unwrap());
+        assert_eq!(materialize_in(parent.path()).unwrap(), dir);
+        assert_eq!(
+            fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+    }
+
+    /// A link at the demo folder's name is not the folder, even to a complete copy (what it
+    /// points to can change under the run), nor in the way when it dangles: either is moved
+    /// aside and a real folder written; the linked folder is left as it was.
+    #[cfg(unix)]
+    #[test]
+    fn a_link_at_the_demo_folders_name_is_replaced_by_a_folder() {
+        let elsewhere = tempfile::tempdir().unwrap();
+        let copy = materialize_in(elsewhere.path()).unwrap();
+        let parent = tempfile::tempdir().unwrap();
+        let target = parent.path().join(folder_name());
+        for to in [copy.clone(), elsewhere.path().join("gone")] {
+            std::os::unix::fs::symlink(&to, &target).unwrap();
+            assert!(!is_complete(&target).unwrap(), "{to:?}");
+            assert_eq!(materialize_in(parent.path()).unwrap(), target);
+            let meta = fs::symlink_metadata(&target).unwrap();
+            assert!(meta.is_dir(), "{to:?}: {meta:?}");
+            assert!(is_complete(&target).unwrap());
+            fs::remove_dir_all(&target).unwrap();
+        }
+        assert!(is_complete(&copy).unwrap());
+    }
+
+    /// A file of the right length with other bytes (a bit flipped on disk, an edit) makes the
+    /// folder incomplete, and materializing writes it again.
+    #[test]
+    fn a_file_altered_in_place_makes_the_folder_incomplete() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = materialize_in(parent.path()).unwrap();
+        let path = dir.join("config.json");
+        let mut bytes = fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x20;
+        fs::write(&path, &bytes).unwrap();
+        assert!(!is_complete(&dir).unwrap());
+        assert_eq!(materialize_in(parent.path()).unwrap(), dir);
+        assert_eq!(fs::read(&path).unwrap(), FILES[0].1);
+    }
+
+    /// Each prefix length has its own file, and a prefix file already right is reused as is
+    /// (not written again: the same file, as its inode shows).
+    #[cfg(unix)]
+    #[test]
+    fn corpus_prefixes_have_a_file_each_and_are_reused() {
+        use std::os::unix::fs::MetadataExt;
+        let parent = tempfile::tempdir().unwrap();
+        let dir = materialize_in(parent.path()).unwrap();
+        let three = corpus_prefix(&dir, 3).unwrap();
+        let inode = fs::metadata(&three).unwrap().ino();
+        let five = corpus_prefix(&dir, 5).unwrap();
+        assert_ne!(three, five);
+        assert_eq!(fs::read_to_string(&three).unwrap().lines().count(), 3);
+        assert_eq!(fs::read_to_string(&five).unwrap().lines().count(), 5);
+        assert_eq!(corpus_prefix(&dir, 3).unwrap(), three);
+        assert_eq!(fs::metadata(&three).unwrap().ino(), inode, "reused");
+    }
 }

@@ -971,4 +971,193 @@ mod tests {
             assert!(text.contains(want), "{want}: {text}");
         }
     }
+
+    /// "docs" is every document of the set and "records" those with a C* record: a document
+    /// without one counts in the first, not the second; a record whose id is a document's is
+    /// not unmatched, even when two records carry that id.
+    #[test]
+    fn documents_without_a_record_count_in_docs_only_and_a_repeated_id_is_matched() {
+        let docs = crate::demo::corpus::generate(9, 12);
+        let records: Vec<CStarRecord> = docs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 3 != 1)
+            .map(|(i, d)| record(i as u64 + 1, d, vec![]))
+            .collect();
+        let m = evaluate(&docs, &records);
+        assert_eq!((m.docs, m.records, m.unmatched_records), (12, 8, 0));
+        // A second record of the third document (a resumed run's duplicate) is not unmatched.
+        let mut twice = records.clone();
+        twice.push(record(99, &docs[2], vec![]));
+        let m = evaluate(&docs, &twice);
+        assert_eq!((m.docs, m.records, m.unmatched_records), (12, 8, 0));
+    }
+
+    /// Calendar recall is the share of calendar sites hit, not kept calls per site: three
+    /// kept Calendar calls, one of them at one of two sites, is 0.5.
+    #[test]
+    fn calendar_recall_is_sites_hit_over_sites_not_kept_calls() {
+        let t = "The council met today, a Sunday, and on Monday.";
+        let d = doc(
+            "k1",
+            DocKind::Calendar,
+            t,
+            vec![
+                site(ToolKind::Calendar, t, "Sunday", ""),
+                site(ToolKind::Calendar, t, "Monday", ""),
+            ],
+        );
+        let at = d.sites[1].answer_offset;
+        let records = vec![record(
+            1,
+            &d,
+            vec![
+                call("Calendar", at, "Today is ...", true),
+                call("Calendar", 3, "Today is ...", true),
+                call("Calendar", 11, "Today is ...", true),
+            ],
+        )];
+        let k = evaluate(&[d], &records).calendar;
+        assert_eq!(
+            (k.kept, k.sites, k.sites_hit, k.recall),
+            (3, 2, 1, Some(0.5))
+        );
+    }
+
+    /// Without the filter a call is kept exactly when it is scored, whatever its flag: one
+    /// flagged kept whose L_none is not finite is not kept there.
+    #[test]
+    fn unfiltered_drops_a_kept_call_that_is_not_scored() {
+        let d = apples();
+        let at = d.sites[0].offset;
+        let mut unscored = call("Calculator", at, "70", true);
+        unscored.l_none = Some(f64::INFINITY);
+        let r = record(1, &d, vec![unscored, call("Calculator", 9, "30", false)]);
+        let all = unfiltered(std::slice::from_ref(&r));
+        let kept: Vec<bool> = all[0].calls.iter().map(|c| c.kept).collect();
+        assert_eq!(kept, [false, true]);
+        let c = evaluate(std::slice::from_ref(&d), &all).calculator;
+        assert_eq!((c.kept, c.sites_hit), (1, 0));
+    }
+
+    /// The report lists the tools in the summary's order, and names the C* file by its whole
+    /// path as given.
+    #[test]
+    fn the_report_keeps_the_summarys_tool_order_and_the_whole_cstar_path() {
+        let docs = crate::demo::corpus::generate(5, 4);
+        let tools: [crate::annotate::ToolName; 2] =
+            [ToolKind::Calendar.into(), ToolKind::Calculator.into()];
+        let mut summary = crate::annotate::summary::SummaryBuilder::new(&tools).finish(1.5);
+        summary.tools[0].stats.calls_sampled = 4;
+        summary.tools[1].stats.calls_sampled = 9;
+        let cstar = Path::new("runs").join("demo").join("c.jsonl");
+        let report = EvalReport::new(5, evaluate(&docs, &[]), &summary, 2.0, &cstar);
+        let named: Vec<(&str, u64)> = report
+            .tools
+            .iter()
+            .map(|t| (t.tool.as_str(), t.sampled))
+            .collect();
+        assert_eq!(named, [("Calendar", 4), ("Calculator", 9)]);
+        assert_eq!(report.cstar, cstar.display().to_string());
+        assert!(report
+            .render()
+            .contains(&format!("; C* {}\n", cstar.display())));
+    }
+
+    /// The table's header, tool rows, values (three decimals), target rows (PASS only where
+    /// the target holds), the run without the filter and the times, each in its place; the
+    /// tool-use line comes last.
+    #[test]
+    fn the_table_prints_header_rows_targets_and_times_in_their_places() {
+        let (d1, d2) = (apples(), voters());
+        let t3 = "Bus 12 to the park runs every 7 minutes and stops 9 times.";
+        let t4 = "Bus 13 to the park runs every 8 minutes and stops 5 times.";
+        let t5 = "Bus 14 to the park runs every 6 minutes and stops 4 times.";
+        let docs = [
+            d1.clone(),
+            d2,
+            doc("c1", DocKind::Control, t3, vec![]),
+            doc("c2", DocKind::Control, t4, vec![]),
+            doc("c3", DocKind::Control, t5, vec![]),
+        ];
+        let at = d1.sites[0].offset;
+        let records = vec![
+            record(
+                1,
+                &docs[0],
+                vec![
+                    call("Calculator", at, "70", true),
+                    call("Calculator", 9, "12", true),
+                    call("Calculator", 9, "12", false),
+                ],
+            ),
+            record(3, &docs[2], vec![]),
+            record(4, &docs[3], vec![call("Calculator", 3, "13", false)]),
+            record(5, &docs[4], vec![]),
+        ];
+        let m = evaluate(&docs, &records);
+        let mut all = unfiltered(&records);
+        all[1].calls.push(call("Calculator", 3, "12", false));
+        let all = unfiltered(&all);
+        let mut summary = crate::annotate::summary::SummaryBuilder::new(&[
+            ToolKind::Calculator.into(),
+            ToolKind::Calendar.into(),
+        ])
+        .finish(1.25);
+        let stats = &mut summary.tools[0].stats;
+        (stats.calls_sampled, stats.calls_executed, stats.calls_kept) = (17, 12, 2);
+        let mut report = EvalReport::new(5, m, &summary, 3.5, Path::new("c.jsonl"));
+        report.unfiltered = Some(evaluate(&docs, &all));
+        report.tool_use = Some(crate::demo::tool_use::ToolUseReport {
+            prompts: 4,
+            correct_with_tools: 3,
+            correct_without_tools: 1,
+            calls_made: 4,
+            calls_with_result: 4,
+            accuracy_with_tools: Some(0.75),
+            accuracy_without_tools: Some(0.25),
+            secs: 0.5,
+            examples: vec![],
+        });
+        let text = report.render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0], "eval-demo: seed 5, 5 documents (4 in C*)",
+            "{text}"
+        );
+        assert_eq!(lines[2], "Calculator        17        12      2", "{text}");
+        assert_eq!(lines[3], "Calendar           0         0      0", "{text}");
+        for want in [
+            "calculator precision   0.500  (1 of 2 kept calls",
+            "site recall            0.500  (1 of 2 arithmetic sites",
+            "control rate           0.000  (0 of 3 control documents",
+            "target calculator_precision  >= 0.9   0.500  MISS\n",
+            "target site_recall           >= 0.5   0.500  PASS\n",
+            "target control_rate          <= 0.05  0.000  PASS\n",
+            "precision 0.600 (3 of 5), recall 0.500, control rate 0.667 (2 of 3)\n",
+            "time: annotate 1.25s, wall 3.50s; C* c.jsonl\n",
+        ] {
+            assert!(text.contains(want), "{want}: {text}");
+        }
+        let last = lines.last().unwrap();
+        assert!(
+            last.starts_with("tool use (generate, greedy, same 4 "),
+            "{text}"
+        );
+    }
+
+    /// A line of spaces in a C* file is blank, as an empty one is: skipped, and counted in
+    /// the line numbers of the lines after it.
+    #[test]
+    fn read_cstar_skips_a_line_of_whitespace() {
+        let docs = crate::demo::corpus::generate(5, 2);
+        let good = serde_json::to_string(&record(1, &docs[0], vec![])).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.jsonl");
+        std::fs::write(&path, format!("{good}\n  \t\n{good}\n")).unwrap();
+        assert_eq!(read_cstar(&path).unwrap().len(), 2);
+        std::fs::write(&path, format!("{good}\n  \nnot json\n")).unwrap();
+        let e = read_cstar(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}:3: ", path.display())), "{e}");
+    }
 }
