@@ -882,4 +882,327 @@ mod tests {
         assert_eq!(median(&[5.0]), 5.0);
         assert!(median(&[]).is_nan());
     }
+
+    // From the second hand mutation review of src/bench.rs.
+
+    /// A toolsift round of `secs` whose stats all differ from the other rounds', so that a
+    /// figure read from the wrong round is seen.
+    fn round(secs: f64, k: usize, peak_gflops: f64) -> ToolsiftRound {
+        ToolsiftRound {
+            secs,
+            stats: RunStats {
+                unique_tokens: 1000 + k,
+                head_rows: 50 + k,
+                chunks: 1,
+                trunk_gemm_secs: secs / (2.0 + k as f64),
+                attention_secs: 0.01 * (k + 1) as f64,
+                head_secs: 0.1 * (k + 1) as f64,
+                total_secs: secs,
+            },
+            peak_gflops,
+        }
+    }
+
+    fn bench_args(device: Device) -> BenchArgs {
+        BenchArgs {
+            placement: Placement::Inline,
+            config: GptjConfig::small(2, 64, 4, 16, 512),
+            n_texts: 1,
+            seed: 3,
+            reps: 3,
+            baseline_reps: 2,
+            batch_size: 8,
+            run_baselines: false,
+            device,
+            model_dir: None,
+        }
+    }
+
+    fn rounds(toolsift: Vec<ToolsiftRound>) -> Rounds {
+        Rounds {
+            toolsift,
+            baseline_secs: Default::default(),
+            baseline_losses: Default::default(),
+            bracketing: Default::default(),
+            load_average: Some([0.5, 1.5]),
+        }
+    }
+
+    fn memory() -> Memory {
+        Memory {
+            peak_rss_bytes: Some(7_000_000),
+            peak_rss_reset: false,
+            device_peak_bytes: Some(3_000_000),
+            weights_bytes: 1_000_000,
+            kv_element_bytes: 4,
+        }
+    }
+
+    /// Rounds out of time order (3 s, 1 s, 2 s) and each with its own stats and GEMM peak: the
+    /// report's stats are the median-time round's (the third), its peak the median of the
+    /// peaks, the trunk rate from the GEMMs' own seconds (the backend timed them), its fraction
+    /// of the peak the median of each round's own quotient, the K/V bytes over every layer, and
+    /// the memory figures and the load average passed through as measured.
+    #[test]
+    fn the_report_takes_the_median_rounds_stats_and_the_median_of_per_round_figures() {
+        let c = GptjConfig::small(2, 64, 4, 16, 512);
+        let rounds = rounds(vec![
+            round(3.0, 0, 100.0),
+            round(1.0, 1, 300.0),
+            round(2.0, 2, 200.0),
+        ]);
+        let report = toolsift_report(
+            &bench_args(Device::Cpu),
+            &c,
+            "m".into(),
+            &[],
+            &rounds,
+            &memory(),
+        );
+        let median_round = &rounds.toolsift[2];
+        assert_eq!(report.unique_tokens, 1002);
+        assert_eq!(report.head_rows, 52);
+        assert_eq!(report.attention_secs, median_round.stats.attention_secs);
+        assert_eq!(report.head_secs, median_round.stats.head_secs);
+        assert_eq!(report.toolsift_secs, 2.0);
+        assert_eq!(report.gemm_gflops_peak, 200.0);
+        let per_token = c.trunk_flops_per_token();
+        let rate = |r: &ToolsiftRound| {
+            r.stats.unique_tokens as f64 * per_token / r.stats.trunk_gemm_secs / 1e9
+        };
+        let rates: Vec<f64> = rounds.toolsift.iter().map(rate).collect();
+        assert_eq!(report.trunk_gflops, median(&rates));
+        let fractions: Vec<f64> = rounds
+            .toolsift
+            .iter()
+            .map(|r| rate(r) / r.peak_gflops)
+            .collect();
+        assert_eq!(report.trunk_fraction_of_peak, median(&fractions));
+        // The quotient of the medians is another figure: these rounds tell them apart.
+        assert_ne!(
+            report.trunk_fraction_of_peak,
+            report.trunk_gflops / report.gemm_gflops_peak
+        );
+        assert_eq!(report.kv_bytes, 1002 * 2 * 2 * 64 * 4);
+        assert!(!report.peak_rss_reset);
+        assert_eq!(report.peak_rss_bytes, Some(7_000_000));
+        assert_eq!(report.device_peak_bytes, Some(3_000_000));
+        let memory_bytes = (1_000_000 + report.kv_bytes) as f64;
+        assert_eq!(report.memory_ratio, Some(7_000_000.0 / memory_bytes));
+        assert_eq!(report.load_average, Some([0.5, 1.5]));
+        // On CUDA the engine's peak is the device's, not the process's RSS.
+        let cuda = toolsift_report(
+            &bench_args(Device::Cuda),
+            &c,
+            "m".into(),
+            &[],
+            &rounds,
+            &memory(),
+        );
+        assert_eq!(cuda.memory_ratio, Some(3_000_000.0 / memory_bytes));
+    }
+
+    /// A baseline that reports `tokens` and never runs.
+    struct Fake {
+        config: GptjConfig,
+        tokens: usize,
+    }
+
+    impl Scorer for Fake {
+        fn name(&self) -> &str {
+            "fake"
+        }
+        fn config(&self) -> &GptjConfig {
+            &self.config
+        }
+        fn variant_losses_unchecked(
+            &self,
+            candidates: &[TokenCandidate],
+            _: &ScoreOptions,
+        ) -> Result<Vec<[f64; 3]>> {
+            Ok(vec![[1.0; 3]; candidates.len()])
+        }
+    }
+
+    impl Baseline for Fake {
+        fn tokens(&self, _: &[TokenCandidate], _: &ScoreOptions) -> usize {
+            self.tokens
+        }
+    }
+
+    /// Each baseline's figures are its own: tuned, naive and tuned-kv (`open_baselines`' order)
+    /// with their own tokens, seconds, toolsift seconds around them and losses, so that a figure
+    /// built from another baseline's is seen; the loss difference is the largest of all three.
+    #[test]
+    fn each_baselines_figures_are_built_from_its_own_tokens_seconds_and_losses() {
+        let c = GptjConfig::small(2, 64, 4, 16, 512);
+        let mut rounds = rounds(vec![round(2.0, 0, 100.0)]);
+        rounds.baseline_secs = [vec![4.0], vec![40.0], vec![3.0]];
+        rounds.bracketing = [vec![1.5], vec![2.5], vec![2.25]];
+        let ours = vec![[1.0, 2.0, 3.0]];
+        rounds.baseline_losses = [
+            vec![[1.0, 2.0, 3.0001]],
+            vec![[1.0, 2.0002, 3.0]],
+            vec![[1.0005, 2.0, 3.0]],
+        ];
+        let args = bench_args(Device::Cpu);
+        let mut report = toolsift_report(&args, &c, "m".into(), &[], &rounds, &memory());
+        let fake = |tokens| -> Box<dyn Baseline> {
+            Box::new(Fake {
+                config: c.clone(),
+                tokens,
+            })
+        };
+        let baselines = [fake(1000), fake(9000), fake(700)];
+        let options = ScoreOptions::default();
+        add_baselines(&mut report, &c, &baselines, &rounds, &ours, &[], &options);
+        assert_eq!(report.tuned_round_secs, [[4.0, 1.5]]);
+        assert_eq!(report.baseline_round_secs, [[40.0, 2.5]]);
+        assert_eq!(report.tuned_kv_round_secs, [[3.0, 2.25]]);
+        assert_eq!(
+            [
+                report.tuned_tokens,
+                report.baseline_tokens,
+                report.tuned_kv_tokens
+            ],
+            [1000, 9000, 700]
+        );
+        let fraction = |tokens: f64, secs: f64| {
+            Some(tokens * c.trunk_flops_per_token() / secs / 1e9 / report.gemm_gflops_peak)
+        };
+        assert_eq!(report.tuned_fraction_of_peak, fraction(1000.0, 4.0));
+        assert_eq!(report.baseline_fraction_of_peak, fraction(9000.0, 40.0));
+        assert_eq!(report.tuned_kv_fraction_of_peak, fraction(700.0, 3.0));
+        let diff = report.max_abs_diff.unwrap();
+        assert!((diff - 0.0005).abs() < 1e-9, "{diff}");
+    }
+
+    /// An engine whose runs take 20, 260, 140 and 20 ms in turn (a round with the baselines
+    /// runs it four times) and that reports nothing else.
+    struct Timed {
+        config: GptjConfig,
+        runs: std::sync::atomic::AtomicUsize,
+    }
+
+    const RUN_MS: [u64; 4] = [20, 260, 140, 20];
+
+    impl Scorer for Timed {
+        fn name(&self) -> &str {
+            "timed"
+        }
+        fn config(&self) -> &GptjConfig {
+            &self.config
+        }
+        fn variant_losses_unchecked(
+            &self,
+            candidates: &[TokenCandidate],
+            _: &ScoreOptions,
+        ) -> Result<Vec<[f64; 3]>> {
+            let k = self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(RUN_MS[k % 4]));
+            Ok(vec![[1.0; 3]; candidates.len()])
+        }
+    }
+
+    impl Engine for Timed {
+        fn last_stats(&self) -> RunStats {
+            RunStats::default()
+        }
+        fn weights_bytes(&self) -> usize {
+            0
+        }
+        fn gemm_peak_gflops(&self) -> Result<f64> {
+            Ok(1.0)
+        }
+        fn kv_element_bytes(&self) -> usize {
+            4
+        }
+        fn reset_device_peak(&self) -> Result<Option<u64>> {
+            Ok(None)
+        }
+        fn device_peak(&self, _: u64) -> Result<Option<u64>> {
+            Ok(None)
+        }
+    }
+
+    /// With the baselines the rounds are max(reps, baseline_reps), and each baseline's toolsift
+    /// time is the mean of the toolsift runs just before and just after it: 20 and 260 ms
+    /// around tuned, 260 and 140 around naive, 140 and 20 around tuned-kv (the sleeps are lower
+    /// bounds: only a shorter figure than these can be wrong, whatever the machine's load).
+    #[test]
+    fn each_baseline_round_is_bracketed_by_the_toolsift_runs_either_side_of_it() {
+        let c = GptjConfig::small(1, 16, 2, 4, 64);
+        let engine = Timed {
+            config: c.clone(),
+            runs: Default::default(),
+        };
+        let fake = || -> Box<dyn Baseline> {
+            Box::new(Fake {
+                config: c.clone(),
+                tokens: 0,
+            })
+        };
+        let baselines = [fake(), fake(), fake()];
+        let args = BenchArgs {
+            reps: 1,
+            baseline_reps: 2,
+            ..bench_args(Device::Cpu)
+        };
+        let options = ScoreOptions::default();
+        let r = time_rounds(&args, &engine, Some(&baselines), &[], &options).unwrap();
+        assert_eq!(r.toolsift.len(), 2, "max(reps, baseline_reps)");
+        for (i, want_ms) in [140.0, 200.0, 80.0].into_iter().enumerate() {
+            assert_eq!(r.baseline_secs[i].len(), 2);
+            for (round, &got) in r.bracketing[i].iter().enumerate() {
+                assert!(
+                    got >= want_ms / 1e3,
+                    "baseline {i} round {round}: {got} s, not under {want_ms} ms"
+                );
+            }
+        }
+        assert!(r.toolsift.iter().all(|t| t.secs >= 0.02));
+    }
+
+    /// The memory check counts 4 bytes per weight and per K/V element, the K/V of every text,
+    /// and sizes whose parameter count overflows as too large: each is refused where the
+    /// check without it would let the run start.
+    #[test]
+    fn the_memory_check_counts_f32_bytes_every_texts_kv_and_overflowing_sizes() {
+        let Some(total) = proc_kb_as_bytes("/proc/meminfo", "MemTotal:") else {
+            return; // not Linux: the check passes everything
+        };
+        let total = total as f64;
+        let tiny = GptjConfig::small(1, 4, 1, 0, 64);
+        check_fits_in_memory(&tiny, 1).unwrap();
+        // Parameters of half the memory: 2x the memory in f32.
+        let params = |v: usize| GptjConfig::small(1, 4, 1, 0, v).checked_n_params().unwrap();
+        let per_token = (params(2) - params(1)) as f64;
+        let vocab = ((total / 2.0 - params(0) as f64) / per_token) as usize;
+        let half = GptjConfig::small(1, 4, 1, 0, vocab);
+        let err = check_fits_in_memory(&half, 1).unwrap_err().to_string();
+        assert!(err.contains("more than this machine"), "{err}");
+        // K/V of 1000 tokens x 1 layer x 2 x 4 wide per text, 4 bytes each: 32 kB a text.
+        let texts = (2.0 * total / 32_000.0) as usize;
+        assert!(check_fits_in_memory(&tiny, texts).is_err());
+        let overflowing = GptjConfig::small(1, 4, 1, 0, 1 << 62);
+        assert!(overflowing.checked_n_params().is_none());
+        assert!(check_fits_in_memory(&overflowing, 1).is_err());
+    }
+
+    /// A /proc value in kB is 1024 bytes a kB (the kernel's kB), from the first line with the
+    /// key; a missing key or file is None.
+    #[test]
+    fn proc_values_in_kb_are_1024_bytes_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("status");
+        std::fs::write(
+            &path,
+            "Name:\ttoolsift\nVmHWM:\t    1234 kB\nVmRSS:\t 99 kB\n",
+        )
+        .unwrap();
+        let path = path.to_str().unwrap();
+        assert_eq!(proc_kb_as_bytes(path, "VmHWM:"), Some(1234 * 1024));
+        assert_eq!(proc_kb_as_bytes(path, "VmSwap:"), None);
+        assert_eq!(proc_kb_as_bytes(&format!("{path}.none"), "VmHWM:"), None);
+    }
 }

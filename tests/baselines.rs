@@ -798,3 +798,60 @@ fn tuned_kv_in_prefix_placement_batches_call_variants_across_texts_longest_first
     );
     assert_eq!(tuned_tokens(&[a, b], &prefix, 2), 20 + 18 + 14);
 }
+
+// From the second hand mutation review of src/baselines/.
+
+/// A forward continuing a cache counts the cache's positions against n_positions: 10 cached and
+/// 2 more fit 12, 3 more are refused with the message (not a failure inside candle's rotary
+/// tables). A cache is empty only when it holds no position, and its every prefix, up to the
+/// whole of it, can be taken.
+#[test]
+fn a_cached_forward_counts_the_cache_against_n_positions() {
+    let (_, candle) = small_model(12, 1e-5);
+    let ids = |r: std::ops::Range<u32>| {
+        right_padded_batch(&[&r.collect::<Vec<_>>()[..]], &Device::Cpu).unwrap()
+    };
+    let (_, cache) = candle.forward_cached(&ids(7..17), None, true).unwrap();
+    let cache = cache.unwrap();
+    assert!(!cache.is_empty());
+    assert!(cache.prefix(0).unwrap().is_empty());
+    assert_eq!(cache.prefix(10).unwrap().len(), 10);
+    let (hidden, _) = candle
+        .forward_cached(&ids(17..19), Some(&cache), false)
+        .unwrap();
+    assert_eq!(hidden.dims(), &[1, 2, 48]);
+    let err = candle
+        .forward_cached(&ids(17..20), Some(&cache), false)
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("sequence of 13 tokens is longer than n_positions (12)"),
+        "{err}"
+    );
+}
+
+/// Rotary over none of a head (rotary_dim 0, which a config may say) and over the whole head
+/// (12 of 12) each take their own path through the candle model's rotary: both still give the
+/// reference's losses, in either placement.
+#[test]
+fn the_candle_model_matches_the_reference_with_rotary_over_none_or_all_of_a_head() {
+    for rotary in [0, 12] {
+        let config = GptjConfig::small(2, 48, 4, rotary, 300);
+        let model = common::random_model(&config, 7, DType::F32);
+        let candle = candle_model(&model);
+        let candidates = two_calls_on_one_text();
+        for placement in [Placement::Prefix, Placement::Inline] {
+            let options = options(placement);
+            let want = ReferenceScorer::new(&model)
+                .variant_losses(&candidates, &options)
+                .unwrap();
+            let got = tuned_kv_losses(&candle, &candidates, &options, 2).unwrap();
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                for v in 0..3 {
+                    let what = format!("rotary {rotary} {placement:?} candidate {k} variant {v}");
+                    assert_close(&what, g[v], w[v], LOSS_TOL);
+                }
+            }
+        }
+    }
+}
