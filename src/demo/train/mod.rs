@@ -926,6 +926,34 @@ mod tests {
         assert_eq!(sizes, [512, 512, 512, 520]);
     }
 
+    /// The demo recipe's data (`TrainOptions::default()`: 20,000 documents of seed 1) gives
+    /// the committed tokenizer byte for byte and the data line of the committed model's
+    /// training log. docs/demo.md says `train-demo --seed 1` rebuilds the committed files
+    /// exactly; a change to the generator, its seeds, the tokenizer's training or the encoding
+    /// would break that unseen, and fails here (training itself is left to a rerun).
+    #[test]
+    fn the_demo_recipes_data_gives_the_committed_tokenizer_and_data_line() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let committed = std::fs::read_to_string(root.join("assets/demo/tokenizer.json")).unwrap();
+        let log: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(root.join("docs/results/demo-training.json")).unwrap(),
+        )
+        .unwrap();
+        let o = TrainOptions::default();
+        assert_eq!(
+            log["options"]["data_seed"], o.data_seed,
+            "the log is of the recipe"
+        );
+        assert_eq!(log["options"]["docs"], o.docs);
+        let out = tempfile::tempdir().unwrap();
+        let data = tokenized_corpus(out.path(), &o, &mut |_| {}).unwrap();
+        assert!(
+            data.tok_json == committed,
+            "the trained tokenizer is not the committed one"
+        );
+        assert_eq!(serde_json::to_value(&data.stats).unwrap(), log["data"]);
+    }
+
     /// A run of a second or less: 1 layer of 16 dims, 5 steps of 4 sequences over 6 documents,
     /// sequences cut to 24 tokens, a log entry every 2 steps, 2 sequences checked.
     fn tiny_run() -> TrainOptions {
