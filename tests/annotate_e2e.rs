@@ -3632,3 +3632,204 @@ fn lookahead_inputs_are_looked_for_in_the_whole_text() {
     );
     assert!(r.calls.is_empty());
 }
+
+// Second review of the driver
+
+/// A run's summary records the settings a resume and a merge compare, as docs/annotate.md lists
+/// them: the tools by key, the corpus's path, line count and hash, the run's info; not its shard
+/// (the summary has its own field for that).
+#[test]
+fn a_runs_summary_records_its_tools_and_its_corpus_path_lines_and_hash() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator, ToolKind::Calendar]);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 13);
+    let options = RunOptions {
+        run_info: json!({"model": "m"}),
+        ..whole_run(&corpus, dir.path().join("o.jsonl"))
+    };
+    let RunOutcome::Done(summary, _) = annotate::annotate(&a, &options).unwrap() else {
+        panic!("not done")
+    };
+    let run = summary.run.expect("the run's settings");
+    assert_eq!(run["tools"], json!(["calculator", "calendar"]), "{run}");
+    assert_eq!(run["corpus"], json!(corpus.display().to_string()), "{run}");
+    assert_eq!(run["corpus_lines"], json!(13), "{run}");
+    assert_eq!(run["corpus_xxh3"].as_str().map(str::len), Some(16), "{run}");
+    assert_eq!(run["info"], json!({"model": "m"}), "{run}");
+    assert!(run.get("shard").is_none(), "{run}");
+}
+
+/// A finished run's outputs are named in the refusal as they are: the C* first, then all three
+/// in the advice to delete them ("a, b and c").
+#[test]
+fn a_finished_outputs_refusal_names_its_cstar_first_and_all_three_to_delete() {
+    let config = test_config();
+    let parts = Parts::new(&config);
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 4);
+    let run = whole_run(&corpus, dir.path().join("o.jsonl"));
+    annotate::annotate(&a, &run).unwrap();
+    let err = annotate::annotate(&a, &run).unwrap_err().to_string();
+    let p = annotate::OutputPaths::new(&run.out);
+    let (out, rejects, summary) = (
+        p.out.display().to_string(),
+        p.rejects.display().to_string(),
+        p.summary.display().to_string(),
+    );
+    assert!(
+        err.starts_with(&format!("{out} exists and no run is in progress")),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "delete {out}, {rejects} and {summary} to annotate"
+        )),
+        "{err}"
+    );
+}
+
+/// The corpus-changed refusal gives the line counts the right way round: as the run started,
+/// then as it read the corpus at its end (one line appended meanwhile).
+#[test]
+fn a_corpus_changed_refusal_gives_the_line_counts_then_and_now() {
+    let config = test_config();
+    let mut parts = Parts::new(&config);
+    let dir = tempfile::tempdir().unwrap();
+    let (corpus, text) = corpus_past_the_read_buffer(dir.path());
+    let total = text.lines().count();
+    parts.registry.register(EditsTheCorpus {
+        corpus: corpus.clone(),
+        edit: |p| {
+            let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
+            std::io::Write::write_all(&mut f, b"{\"text\": \"1 2 3\"}\n").unwrap();
+        },
+        done: false.into(),
+    });
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let err = annotate::annotate(&a, &whole_run(&corpus, dir.path().join("o.jsonl")))
+        .expect_err("the corpus changed")
+        .to_string();
+    assert!(
+        err.contains(&format!("({total} lines, XXH3 "))
+            && err.contains(&format!(" when it started; {} lines, ", total + 1)),
+        "{err}"
+    );
+}
+
+/// A run on this output's temporary name that starts while this run annotates (its journal
+/// appears beside "o.jsonl.tmp") stops this run before its final files: they would be
+/// written over that run's output.
+#[test]
+fn a_run_on_the_temporary_name_started_meanwhile_stops_the_final_write() {
+    let config = test_config();
+    let mut parts = Parts::new(&config);
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 12);
+    // The tool's first call starts "the other run": its journal, at o.jsonl.tmp.partial.
+    parts.registry.register(EditsTheCorpus {
+        corpus: dir.path().join("o.jsonl.tmp.partial"),
+        edit: |p| std::fs::write(p, "").unwrap(),
+        done: false.into(),
+    });
+    let a = parts.annotator(&config, &[ToolKind::Calculator]);
+    let paths = annotate::OutputPaths::new(&dir.path().join("o.jsonl"));
+    let err = annotate::annotate(&a, &whole_run(&corpus, paths.out.clone()))
+        .expect_err("a run started on the temporary name")
+        .to_string();
+    assert!(err.contains("which is another run's output"), "{err}");
+    for p in [&paths.out, &paths.rejects, &paths.summary] {
+        assert!(!p.exists(), "{} written", p.display());
+    }
+    assert!(paths.journal.exists(), "the journal is kept for a rerun");
+}
+
+/// `run_job`, the library's whole run, refuses an output that is a folder before it opens the
+/// tools (here a WikiSearch index that is not there): the error is about --out, not the index.
+#[test]
+fn run_job_refuses_a_folder_out_before_it_opens_the_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 2);
+    let settings = dir.path().join("wiki.toml");
+    std::fs::write(
+        &settings,
+        "[tools.wikisearch]\nindex = \"/nonexistent/toolsift-index\"\n",
+    )
+    .unwrap();
+    let job = annotate::Job {
+        model_dir: common::tiny("f32"),
+        corpus,
+        out: dir.path().to_owned(),
+        config: AnnotateConfig::from_file(&settings).unwrap(),
+        tools: None,
+        device: toolsift::Device::Cpu,
+        shard: Shard::default(),
+        progress: false,
+    };
+    let err = annotate::run_job(&job).unwrap_err().to_string();
+    assert!(err.contains("give a file name for C*"), "{err}");
+}
+
+/// `run_job_on` (eval-demo's run) records the model's folder and the device among the run's
+/// settings; a job with no tool is refused saying why: it names none, or its config disables
+/// every built-in and has no tool of its own.
+#[test]
+fn run_job_on_records_model_and_device_and_says_why_there_is_no_tool() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 4);
+    let model = model();
+    let engine = toolsift::engine_for(&model, toolsift::Device::Cpu).unwrap();
+    let job = annotate::Job {
+        model_dir: common::tiny("f32"),
+        corpus,
+        out: dir.path().join("o.jsonl"),
+        config: AnnotateConfig::from_file(&bin_config(dir.path())).unwrap(),
+        tools: None,
+        device: toolsift::Device::Cpu,
+        shard: Shard::default(),
+        progress: false,
+    };
+    let RunOutcome::Done(summary, _) = annotate::run_job_on(&job, &model, engine.as_ref()).unwrap()
+    else {
+        panic!("not done")
+    };
+    let info = &summary.run.as_ref().expect("the run's settings")["info"];
+    let folder = job.model_dir.display().to_string();
+    assert_eq!(info["model"], json!(folder), "{info}");
+    assert_eq!(info["device"], json!("Cpu"), "{info}");
+
+    let named_none = annotate::Job {
+        tools: Some(vec![]),
+        out: dir.path().join("n.jsonl"),
+        ..job.clone()
+    };
+    let err = annotate::run_job_on(&named_none, &model, engine.as_ref())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no tool to run: the job names none"), "{err}");
+    let off = dir.path().join("off.toml");
+    std::fs::write(
+        &off,
+        "[tools.calculator]\nenabled = false\n[tools.calendar]\nenabled = false\n",
+    )
+    .unwrap();
+    let all_off = annotate::Job {
+        config: AnnotateConfig::from_file(&off).unwrap(),
+        out: dir.path().join("d.jsonl"),
+        ..job.clone()
+    };
+    let err = annotate::run_job_on(&all_off, &model, engine.as_ref())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no tool to run: the config disables every built-in tool"),
+        "{err}"
+    );
+}

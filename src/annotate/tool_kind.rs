@@ -244,4 +244,22 @@ mod tests {
         assert_eq!(w.service_table(), "[tools.custom.Weather]");
         assert_eq!(w.to_string(), "Weather");
     }
+
+    /// "none" is reserved in every case (`--tools none`); a built-in's name is refused naming
+    /// the tool as calls write it and its tables by key.
+    #[test]
+    fn none_is_reserved_in_any_case_and_a_built_in_is_told_by_its_call_name() {
+        for none in ["none", "NONE", "None"] {
+            let e = ToolName::custom(none).unwrap_err().to_string();
+            assert!(e.contains("reserved"), "{none}: {e}");
+        }
+        let e = ToolName::custom("wikisearch").unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "is the built-in WikiSearch's; configure that one under [per_tool.wikisearch] \
+                 and [tools.wikisearch]"
+            ),
+            "{e}"
+        );
+    }
 }
