@@ -2296,3 +2296,479 @@ fn a_tokenizer_with_more_ids_than_vocab_size_is_a_warning() {
         assert_eq!(stderr.contains(&warning), warned, "{vocab_size}: {stderr}");
     }
 }
+
+// ---- from a second review of src/cli ----
+
+/// annotate's last note counts the rejected lines and names the rejects file and the summary
+/// file, each as itself: one of two corpus lines has no text, so one reject.
+#[test]
+fn annotate_names_its_rejects_count_rejects_file_and_summary_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = "{\"text\": \"the cat sat on 3 mats\"}\n{\"body\": \"2 dogs\"}\n";
+    let o = annotate_tiny(tmp.path(), corpus, "some.jsonl", &[]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "wrote some.jsonl (1 rejects in some.rejects.jsonl, summary in some.summary.json)"
+        ),
+        "{stderr}"
+    );
+}
+
+/// `convert --dtype f32` writes f32 from a checkpoint that is not (the tiny fixture's f16 copy;
+/// the other dtypes are pinned from an f32 source above).
+#[test]
+fn convert_dtype_f32_widens_an_f16_checkpoint() {
+    use toolsift::model::DType;
+    let tmp = tempfile::tempdir().unwrap();
+    let source = toolsift::Model::load(tiny("f16")).unwrap();
+    let tensors = source.weights().named_tensors(source.config());
+    assert!(
+        tensors.iter().all(|(_, t)| t.dtype() == DType::F16),
+        "the source must be f16"
+    );
+    let out = tmp.path().join("wide");
+    let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["convert", "--dtype", "f32", "--model"])
+        .arg(tiny("f16"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let model = toolsift::Model::load(&out).unwrap();
+    for (name, t) in model.weights().named_tensors(model.config()) {
+        assert_eq!(t.dtype(), DType::F32, "{name}");
+    }
+}
+
+/// The note a stop signal prints names the journal of the file this run writes: a shard's
+/// (`o.shard-00001-of-00002.jsonl.partial`), not that of the --out given. The signal is sent
+/// once that journal exists, so it lands in the run, after the note is set; a run that ends
+/// before the test sees its journal is tried again on a longer corpus.
+#[cfg(unix)]
+#[test]
+fn a_stop_signal_names_the_journal_of_the_shard_being_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = annotate_config(tmp.path());
+    let journal = tmp.path().join("o.shard-00001-of-00002.jsonl.partial");
+    for lines in [400, 4000, 40000] {
+        for name in [
+            "o.shard-00001-of-00002.jsonl",
+            "o.shard-00001-of-00002.jsonl.partial",
+        ] {
+            let _ = std::fs::remove_file(tmp.path().join(name));
+        }
+        let corpus = "{\"text\": \"the cat sat on 3 mats\"}\n".repeat(lines);
+        std::fs::write(tmp.path().join("corpus.jsonl"), corpus).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .current_dir(tmp.path())
+            .env("JOB_COMPLETION_INDEX", "1")
+            .env_remove("SLURM_ARRAY_TASK_ID")
+            .args(["annotate", "--no-progress", "--corpus", "corpus.jsonl"])
+            .args(["--out", "o.jsonl", "--shards", "2", "--model"])
+            .arg(tiny("f32"))
+            .arg("--config")
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        while !journal.exists() && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            continue;
+        }
+        // SAFETY: kill(2) on the child this test started and has not waited for.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            continue; // it ended before the signal came
+        }
+        assert!(
+            stderr.contains(
+                "stopped by SIGTERM: run the same command again to resume from the journal \
+                 o.shard-00001-of-00002.jsonl.partial"
+            ),
+            "{stderr}"
+        );
+        return;
+    }
+    panic!("every run ended before the test saw its journal");
+}
+
+/// With `--batch-size 1` each prompt's completion reaches a pipe's reader before the next
+/// prompt is written (the default, 32, waits for more input): the flag reaches the loop.
+#[test]
+fn generate_batch_size_sets_when_completions_reach_a_pipe() {
+    use std::io::{BufRead as _, Write as _};
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["generate", "--model"])
+        .arg(tiny("f32"))
+        .args(["--input", "-", "--batch-size", "1", "--max-new-tokens", "3"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut first = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut first);
+        let _ = tx.send(first);
+    });
+    writeln!(
+        stdin,
+        "{}",
+        json!({"id": "p-0", "prompt": "the cat sat on"})
+    )
+    .unwrap();
+    stdin.flush().unwrap();
+    let first = rx.recv_timeout(std::time::Duration::from_secs(60));
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    let first = first.expect("no completion before the input ended");
+    let line: Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(line["id"], "p-0", "{line}");
+}
+
+/// `annotate --demo` names a relative --out by its absolute path, where it says C* will go and
+/// where it went: a path that reads the same from any folder the note is read in.
+#[test]
+fn annotate_demo_names_its_output_by_its_absolute_path() {
+    let cwd = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "annotate",
+        "--demo",
+        "--no-progress",
+        "--demo-docs",
+        "1",
+        "--out",
+        "c.jsonl",
+    ];
+    let o = toolsift_in(cwd.path(), tmp.path(), &args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let cwd = std::fs::canonicalize(cwd.path()).unwrap();
+    let shown = cwd.join("c.jsonl");
+    assert!(shown.is_file());
+    assert!(
+        stderr.contains(&format!(
+            "demo: C* will be written to {}\n",
+            shown.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("C*: {}\n", shown.display())),
+        "{stderr}"
+    );
+}
+
+/// bench's stderr line gives the unique tokens per candidate (the report's unique tokens over
+/// its candidates), next to the totals.
+#[test]
+fn bench_says_the_unique_tokens_per_candidate() {
+    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["bench", "--layers", "1", "--embd", "32", "--heads", "2"])
+        .args([
+            "--rotary", "8", "--vocab", "100", "--texts", "1", "--reps", "1",
+        ])
+        .arg("--skip-baselines")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (unique, candidates) = (
+        report["unique_tokens"].as_u64().unwrap(),
+        report["candidates"].as_u64().unwrap(),
+    );
+    assert!(unique > candidates, "{report}");
+    let want = format!(
+        "{candidates} candidates, {unique} unique tokens ({:.0}/candidate)",
+        unique as f64 / candidates as f64
+    );
+    assert!(stderr.contains(&want), "{want}: {stderr}");
+}
+
+/// The note that a resumed run had failed lines is for a run that had some: neither a fresh run
+/// nor one resuming an output without a failed line says it (exit 0 both).
+#[test]
+fn only_a_resumed_run_with_failed_lines_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let output = tmp.path().join("out.jsonl");
+    let lines = token_lines();
+    let text: String = lines[..2].iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, &text).unwrap();
+    let (ok, rows, stderr) = run_score_raw(&tiny("f32"), &input, &output, &[]);
+    assert!(ok && rows.len() == 2, "{stderr}");
+    assert!(!stderr.contains("resumed"), "{stderr}");
+    let more: String = lines[2..4].iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, text + &more).unwrap();
+    let (ok, rows, stderr) = run_score_raw(&tiny("f32"), &input, &output, &["--resume"]);
+    assert!(ok && rows.len() == 4, "{stderr}");
+    assert!(stderr.contains("resuming: 2 lines"), "{stderr}");
+    assert!(!stderr.contains("resumed failed"), "{stderr}");
+}
+
+/// generate's summary counts in the plural for none as for many: an empty input is "0 prompts"
+/// with "0 calls".
+#[test]
+fn generate_counts_an_empty_input_as_zero_prompts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("none.jsonl");
+    std::fs::write(&input, "").unwrap();
+    let (ok, stdout, stderr) = generate_tiny(&["--input", input.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("0 prompts: 0 generated (0 calls, 0 with a result), 0 failed"),
+        "{stderr}"
+    );
+}
+
+/// generate into a named pipe whose reader leaves fails (exit 1, the pipe named), as score does:
+/// only standard output's reader going ends a run quietly. The reader leaves after the first
+/// completion and before the second prompt is given, so the second line meets no reader.
+#[cfg(unix)]
+#[test]
+fn generate_into_a_named_pipe_whose_reader_leaves_fails() {
+    use std::io::{BufRead as _, Write as _};
+    use std::process::Stdio;
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("out.fifo");
+    if !Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("SKIPPED: mkfifo is not available");
+        return;
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["generate", "--model"])
+        .arg(tiny("f32"))
+        .args(["--input", "-", "--batch-size", "1", "--max-new-tokens", "3"])
+        .arg("--output")
+        .arg(&fifo)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            let mut first = String::new();
+            let _ =
+                std::io::BufReader::new(std::fs::File::open(&fifo).unwrap()).read_line(&mut first);
+            let _ = tx.send(first);
+        })
+    };
+    let mut stdin = child.stdin.take().unwrap();
+    let prompt = |id: &str| json!({"id": id, "prompt": "the cat sat on"});
+    writeln!(stdin, "{}", prompt("p-0")).unwrap();
+    stdin.flush().unwrap();
+    let Ok(first) = rx.recv_timeout(std::time::Duration::from_secs(60)) else {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!("no first line: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    reader.join().unwrap();
+    // The reader has gone: the second completion has nowhere to go.
+    let _ = writeln!(stdin, "{}", prompt("p-1"));
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(first.contains("p-0"), "{first}: {stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("into {}", fifo.display())) && stderr.contains("Broken pipe"),
+        "{stderr}"
+    );
+}
+
+/// Without --resume, generate starts its output afresh: a second run into the output of a
+/// finished one generates every prompt again and says nothing of resuming.
+#[test]
+fn generate_without_resume_rewrites_a_finished_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let output = tmp.path().join("out.jsonl");
+    let prompts = [
+        json!({"id": "a", "prompt": "the cat"}),
+        json!({"id": "b", "prompt": "2 dogs"}),
+    ];
+    let text: String = prompts.iter().map(|p| format!("{p}\n")).collect();
+    std::fs::write(&input, text).unwrap();
+    let args = [
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+        "--max-new-tokens",
+        "3",
+    ];
+    let (ok, _, stderr) = generate_tiny(&args);
+    assert!(ok, "{stderr}");
+    let first = std::fs::read_to_string(&output).unwrap();
+    assert_eq!(first.lines().count(), 2, "{first}");
+    let (ok, _, stderr) = generate_tiny(&args);
+    assert!(ok, "{stderr}");
+    assert!(!stderr.contains("resuming"), "{stderr}");
+    assert!(stderr.contains("2 prompts: 2 generated"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), first);
+}
+
+/// generate refuses an output that is its --config file through another path (here a hard link):
+/// the same file, not the same spelling, is what writing would destroy.
+#[test]
+fn generate_refuses_its_config_as_output_through_another_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("tools.toml");
+    let text = "[tools.calculator]\nenabled = true\n";
+    std::fs::write(&config, text).unwrap();
+    let link = tmp.path().join("link.toml");
+    std::fs::hard_link(&config, &link).unwrap();
+    let (ok, _, stderr) = generate_tiny(&[
+        "--prompt",
+        "the cat",
+        "--config",
+        config.to_str().unwrap(),
+        "--output",
+        link.to_str().unwrap(),
+    ]);
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.contains("the output is the --config file"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), text);
+}
+
+/// The every-line-rejected warning quotes the first reject's reason whole, however long (here a
+/// record of over 100 bytes, naming a long --text-field), not only short ones.
+#[test]
+fn annotate_quotes_a_long_first_reject_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let field = "the_body_of_the_document_as_the_crawler_wrote_it_in_its_own_export";
+    let o = annotate_tiny(
+        tmp.path(),
+        "{\"text\": \"2 dogs\"}\n",
+        "long.jsonl",
+        &["--text-field", field],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let record = std::fs::read_to_string(tmp.path().join("long.rejects.jsonl")).unwrap();
+    assert!(record.len() > 100, "{record}");
+    assert!(
+        stderr.contains(&format!(
+            "every one of the 1 corpus lines was rejected; the first: line 1: no field \"{field}\""
+        )),
+        "{stderr}"
+    );
+}
+
+/// score refuses an output that is a file of the model folder through another path (a hard
+/// link outside the folder), and leaves the model as it was.
+#[test]
+fn score_refuses_a_model_file_as_output_through_a_hard_link() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for entry in std::fs::read_dir(tiny("f32")).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), model.join(entry.file_name())).unwrap();
+        }
+    }
+    let config = std::fs::read(model.join("config.json")).unwrap();
+    let link = tmp.path().join("out.jsonl");
+    std::fs::hard_link(model.join("config.json"), &link).unwrap();
+    let input = tmp.path().join("in.jsonl");
+    std::fs::write(&input, format!("{}\n", token_lines()[0])).unwrap();
+    let (ok, stderr) = run_score_unread(&model, &input, &link, &[]);
+    assert!(!ok, "{stderr}");
+    assert!(stderr.contains("a file of the model folder"), "{stderr}");
+    assert_eq!(std::fs::read(model.join("config.json")).unwrap(), config);
+}
+
+/// bench's random model takes its heads and rotary dims from their own flags, also where the
+/// heads outnumber the rotary dims.
+#[test]
+fn bench_builds_its_random_model_from_the_heads_and_rotary_flags() {
+    let out = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["bench", "--layers", "1", "--embd", "32", "--heads", "4"])
+        .args([
+            "--rotary", "2", "--vocab", "100", "--texts", "1", "--reps", "1",
+        ])
+        .arg("--skip-baselines")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["model"], "gptj L1 d32 h4 r2 v100", "{report}");
+}
+
+/// A generate run that resumes an output with a failed line exits 3 and says so, though every
+/// line it generated itself succeeded: the output as a whole has a failed line.
+#[test]
+fn generate_resuming_an_output_with_a_failed_line_exits_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let output = tmp.path().join("out.jsonl");
+    std::fs::write(&input, "{\"id\": \"bad\", \"prompt\": 5}\n").unwrap();
+    let run = |resume: bool| {
+        let mut args = vec!["--input", input.to_str().unwrap()];
+        args.extend([
+            "--output",
+            output.to_str().unwrap(),
+            "--max-new-tokens",
+            "3",
+        ]);
+        args.extend(resume.then_some("--resume"));
+        let o = Command::new(env!("CARGO_BIN_EXE_toolsift"))
+            .arg("generate")
+            .arg("--model")
+            .arg(tiny("f32"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = run(false);
+    assert_eq!(code, Some(3), "{stderr}");
+    let mut text = std::fs::read_to_string(&input).unwrap();
+    text.push_str("{\"id\": \"ok\", \"prompt\": \"the cat\"}\n");
+    std::fs::write(&input, text).unwrap();
+    let (code, stderr) = run(true);
+    assert!(stderr.contains("1 prompt: 1 generated"), "{stderr}");
+    assert!(
+        stderr.contains("the run this one resumed failed on 1 of the output's lines"),
+        "{stderr}"
+    );
+    assert_eq!(code, Some(3), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&output).unwrap().lines().count(), 2);
+}
