@@ -2212,6 +2212,19 @@ fn a_full_stdout_fails_score_with_exit_1() {
     );
 }
 
+/// Makes a named pipe at `path`; false (said on stderr) where mkfifo is not available.
+#[cfg(unix)]
+fn made_fifo(path: &Path) -> bool {
+    let made = Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !made {
+        eprintln!("SKIPPED: mkfifo is not available");
+    }
+    made
+}
+
 /// A named pipe as `--output` whose reader goes away is an error naming it, exit 1: only a
 /// closed stdout ends quietly. Opened for reading and writing (as a regular output is, to lock
 /// it), the pipe had this run as its own reader: no write ever failed, and once the pipe's
@@ -2222,12 +2235,7 @@ fn a_named_pipe_output_whose_reader_leaves_fails_instead_of_hanging() {
     use std::io::Read;
     let tmp = tempfile::tempdir().unwrap();
     let fifo = tmp.path().join("out.fifo");
-    if !Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .is_ok_and(|s| s.success())
-    {
-        eprintln!("SKIPPED: mkfifo is not available");
+    if !made_fifo(&fifo) {
         return;
     }
     // Far more output than a pipe holds (64 KiB on Linux), so that some of it is written
@@ -2553,12 +2561,7 @@ fn generate_into_a_named_pipe_whose_reader_leaves_fails() {
     use std::process::Stdio;
     let tmp = tempfile::tempdir().unwrap();
     let fifo = tmp.path().join("out.fifo");
-    if !Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .is_ok_and(|s| s.success())
-    {
-        eprintln!("SKIPPED: mkfifo is not available");
+    if !made_fifo(&fifo) {
         return;
     }
     let mut child = Command::new(env!("CARGO_BIN_EXE_toolsift"))

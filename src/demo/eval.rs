@@ -901,13 +901,10 @@ mod tests {
         assert!(!targets(&m)[2].pass);
     }
 
-    /// The report's per-tool counts are the summary's sampled, executed and kept, its
-    /// annotate_secs the summary's wall time (not the command's), and the table prints the
-    /// calendar's kept calls and hit sites each where they belong.
-    #[test]
-    fn the_report_takes_the_summarys_counts_and_times() {
+    /// A calendar document with a site at "Sunday" and one at "Monday".
+    fn calendar_doc_with_two_sites() -> DemoDoc {
         let t = "The council met today, a Sunday, and on Monday.";
-        let d = doc(
+        doc(
             "k1",
             DocKind::Calendar,
             t,
@@ -915,7 +912,15 @@ mod tests {
                 site(ToolKind::Calendar, t, "Sunday", ""),
                 site(ToolKind::Calendar, t, "Monday", ""),
             ],
-        );
+        )
+    }
+
+    /// The report's per-tool counts are the summary's sampled, executed and kept, its
+    /// annotate_secs the summary's wall time (not the command's), and the table prints the
+    /// calendar's kept calls and hit sites each where they belong.
+    #[test]
+    fn the_report_takes_the_summarys_counts_and_times() {
+        let d = calendar_doc_with_two_sites();
         let at = d.sites[0].offset;
         let records = vec![record(
             1,
@@ -997,16 +1002,7 @@ mod tests {
     /// kept Calendar calls, one of them at one of two sites, is 0.5.
     #[test]
     fn calendar_recall_is_sites_hit_over_sites_not_kept_calls() {
-        let t = "The council met today, a Sunday, and on Monday.";
-        let d = doc(
-            "k1",
-            DocKind::Calendar,
-            t,
-            vec![
-                site(ToolKind::Calendar, t, "Sunday", ""),
-                site(ToolKind::Calendar, t, "Monday", ""),
-            ],
-        );
+        let d = calendar_doc_with_two_sites();
         let at = d.sites[1].answer_offset;
         let records = vec![record(
             1,
