@@ -1694,16 +1694,20 @@ fn the_summary_counts_scored_kept_and_failed_rows() {
     assert!(stderr.contains(&said), "{said}: {stderr}");
 }
 
-/// With `--chunk-lines 1` each line's row reaches a pipe's reader before the next line is
-/// written (the default, 4096, waits for more input).
-#[test]
-fn chunk_lines_sets_when_rows_reach_a_pipe() {
+/// Runs `toolsift <command> --model <tiny f32> <args>`, gives it `line` on stdin and waits up to
+/// `wait_secs` for its first line of stdout while the input is still open; None if none came.
+fn first_line_before_the_input_ends(
+    command: &str,
+    args: &[&str],
+    line: &str,
+    wait_secs: u64,
+) -> Option<String> {
     use std::io::{BufRead as _, Write as _};
     use std::process::Stdio;
     let mut child = Command::new(env!("CARGO_BIN_EXE_toolsift"))
-        .args(["score", "--model"])
+        .args([command, "--model"])
         .arg(tiny("f32"))
-        .args(["--input", "-", "--output", "-", "--chunk-lines", "1"])
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -1717,12 +1721,21 @@ fn chunk_lines_sets_when_rows_reach_a_pipe() {
         let _ = std::io::BufReader::new(stdout).read_line(&mut first);
         let _ = tx.send(first);
     });
-    writeln!(stdin, "{}", token_lines()[0]).unwrap();
+    writeln!(stdin, "{line}").unwrap();
     stdin.flush().unwrap();
-    let first = rx.recv_timeout(std::time::Duration::from_secs(20));
+    let first = rx.recv_timeout(std::time::Duration::from_secs(wait_secs));
     drop(stdin);
     let _ = child.kill();
     let _ = child.wait();
+    first.ok()
+}
+
+/// With `--chunk-lines 1` each line's row reaches a pipe's reader before the next line is
+/// written (the default, 4096, waits for more input).
+#[test]
+fn chunk_lines_sets_when_rows_reach_a_pipe() {
+    let args = ["--input", "-", "--output", "-", "--chunk-lines", "1"];
+    let first = first_line_before_the_input_ends("score", &args, &token_lines()[0].to_string(), 20);
     let first = first.expect("no row before the input ended");
     let row: Value = serde_json::from_str(&first).unwrap();
     assert_eq!(row["id"], "case-0");
@@ -2418,36 +2431,9 @@ fn a_stop_signal_names_the_journal_of_the_shard_being_written() {
 /// prompt is written (the default, 32, waits for more input): the flag reaches the loop.
 #[test]
 fn generate_batch_size_sets_when_completions_reach_a_pipe() {
-    use std::io::{BufRead as _, Write as _};
-    use std::process::Stdio;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolsift"))
-        .args(["generate", "--model"])
-        .arg(tiny("f32"))
-        .args(["--input", "-", "--batch-size", "1", "--max-new-tokens", "3"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut first = String::new();
-        let _ = std::io::BufReader::new(stdout).read_line(&mut first);
-        let _ = tx.send(first);
-    });
-    writeln!(
-        stdin,
-        "{}",
-        json!({"id": "p-0", "prompt": "the cat sat on"})
-    )
-    .unwrap();
-    stdin.flush().unwrap();
-    let first = rx.recv_timeout(std::time::Duration::from_secs(60));
-    drop(stdin);
-    let _ = child.kill();
-    let _ = child.wait();
+    let args = ["--input", "-", "--batch-size", "1", "--max-new-tokens", "3"];
+    let prompt = json!({"id": "p-0", "prompt": "the cat sat on"}).to_string();
+    let first = first_line_before_the_input_ends("generate", &args, &prompt, 60);
     let first = first.expect("no completion before the input ended");
     let line: Value = serde_json::from_str(&first).unwrap();
     assert_eq!(line["id"], "p-0", "{line}");
