@@ -320,9 +320,9 @@ fn check_owner(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Whether `dir` holds every embedded file with exactly its contents (and, on Unix, is a
-/// folder no other user may write). A missing folder or file is `false`; a folder that cannot
-/// be read is an error.
+/// Whether `dir` holds every embedded file as a regular file with exactly its contents (and, on
+/// Unix, is a folder no other user may write). A missing folder or file is `false`, and so is
+/// anything else at a file's name; a folder that cannot be read is an error.
 pub fn is_complete(dir: &Path) -> Result<bool> {
     match fs::symlink_metadata(dir) {
         #[cfg(unix)]
@@ -335,15 +335,28 @@ pub fn is_complete(dir: &Path) -> Result<bool> {
         Err(e) => return Err(Error::io(dir, e)),
     }
     for (name, bytes) in FILES {
-        let path = dir.join(name);
-        match fs::read(&path) {
-            Ok(b) if b == bytes => {}
-            Ok(_) => return Ok(false),
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(Error::io(&path, e)),
+        if !holds_exactly(&dir.join(name), bytes)? {
+            return Ok(false);
         }
     }
     Ok(true)
+}
+
+/// Whether `path` is a regular file holding exactly `bytes`. Anything else at the name (a
+/// folder, a link, a named pipe whose read would wait for a writer) is not the embedded file,
+/// and neither is a file of another length, which is not read.
+fn holds_exactly(path: &Path, bytes: &[u8]) -> Result<bool> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() && m.len() == bytes.len() as u64 => {}
+        Ok(_) => return Ok(false),
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::io(path, e)),
+    }
+    match fs::read(path) {
+        Ok(b) => Ok(b == bytes),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(path, e)),
+    }
 }
 
 /// The first `n` documents of the materialized corpus in `dir`, as a file: the corpus itself
@@ -356,11 +369,17 @@ pub fn corpus_prefix(dir: &Path, n: usize) -> Result<PathBuf> {
     }
     let text: String = lines[..n].iter().map(|l| format!("{l}\n")).collect();
     let path = dir.join(format!("corpus.first-{n}.jsonl"));
-    match fs::read(&path) {
-        Ok(b) if b == text.as_bytes() => return Ok(path),
-        Ok(_) => {}
-        Err(e) if e.kind() == ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(&path, e)),
+    if holds_exactly(&path, text.as_bytes())? {
+        return Ok(path);
+    }
+    // The rename below replaces a file, a link or a pipe at the name, but not a folder.
+    if fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+        fs::remove_dir_all(&path).map_err(|e| {
+            Error::io(
+                &path,
+                with_context(e, "removing a folder at the prefix's name"),
+            )
+        })?;
     }
     let tmp = dir.join(format!("corpus.first-{n}.jsonl.tmp-{}", unique()));
     let result = write_synced(&tmp, text.as_bytes())
@@ -629,6 +648,71 @@ mod tests {
             assert!(!is_complete(&dir).unwrap(), "{name} missing");
             assert_eq!(materialize_in(parent.path()).unwrap(), dir);
             assert_eq!(fs::read(dir.join(name)).unwrap(), bytes, "{name}");
+        }
+    }
+
+    /// Something other than a regular file at an embedded file's name (a folder, a link to the
+    /// right bytes, a named pipe whose read would wait for a writer) makes the folder
+    /// incomplete, and materializing puts the file back. (A folder was a read error once.)
+    #[cfg(unix)]
+    #[test]
+    fn a_folder_link_or_pipe_at_a_files_name_makes_the_folder_incomplete() {
+        let parent = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let dir = materialize_in(parent.path()).unwrap();
+        for (name, bytes) in FILES {
+            let path = dir.join(name);
+            let copy = elsewhere.path().join(name);
+            fs::write(&copy, bytes).unwrap();
+            for kind in ["folder", "link", "pipe"] {
+                fs::remove_file(&path).unwrap();
+                match kind {
+                    "folder" => fs::create_dir(&path).unwrap(),
+                    "link" => std::os::unix::fs::symlink(&copy, &path).unwrap(),
+                    _ => {
+                        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+                        // SAFETY: mkfifo(3) with a NUL-terminated path.
+                        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+                    }
+                }
+                assert!(!is_complete(&dir).unwrap(), "{kind} at {name}");
+                assert_eq!(materialize_in(parent.path()).unwrap(), dir);
+                let meta = fs::symlink_metadata(&path).unwrap();
+                assert!(meta.is_file(), "{kind} at {name}: {meta:?}");
+                assert_eq!(fs::read(&path).unwrap(), bytes, "{kind} at {name}");
+            }
+        }
+    }
+
+    /// A folder, a link or a named pipe at a corpus prefix's name is replaced by the prefix
+    /// file (not read, which for a pipe would wait for a writer).
+    #[cfg(unix)]
+    #[test]
+    fn a_folder_link_or_pipe_at_a_prefixs_name_is_replaced_by_the_prefix() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = materialize_in(parent.path()).unwrap();
+        let p = corpus_prefix(&dir, 5).unwrap();
+        let good = fs::read(&p).unwrap();
+        let copy = parent.path().join("copy");
+        fs::write(&copy, &good).unwrap();
+        for kind in ["folder", "link", "pipe"] {
+            fs::remove_file(&p).unwrap();
+            match kind {
+                "folder" => {
+                    fs::create_dir(&p).unwrap();
+                    fs::write(p.join("inside"), "x").unwrap();
+                }
+                "link" => std::os::unix::fs::symlink(&copy, &p).unwrap(),
+                _ => {
+                    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+                    // SAFETY: mkfifo(3) with a NUL-terminated path.
+                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+                }
+            }
+            assert_eq!(corpus_prefix(&dir, 5).unwrap(), p, "{kind}");
+            let meta = fs::symlink_metadata(&p).unwrap();
+            assert!(meta.is_file(), "{kind}: {meta:?}");
+            assert_eq!(fs::read(&p).unwrap(), good, "{kind}");
         }
     }
 
