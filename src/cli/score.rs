@@ -59,8 +59,9 @@ pub(crate) struct ScoreArgs {
     /// runs alone (default: 2048 on the CPU; on CUDA 90% of the device memory free after the
     /// weights, the LM head's scratch and 1 GiB).
     /// Not with --reference, which scores one sequence at a time.
-    #[arg(long, value_parser = mebibytes, conflicts_with = "reference")]
-    memory_budget_mb: Option<usize>,
+    #[arg(long = "memory-budget-mb", value_name = "MEMORY_BUDGET_MB", value_parser = mebibytes)]
+    #[arg(conflicts_with = "reference")]
+    memory_budget: Option<usize>,
     /// Input lines planned and scored together.
     #[arg(long, default_value_t = 4096, value_parser = at_least_one)]
     chunk_lines: usize,
@@ -119,12 +120,11 @@ pub(crate) fn run(args: ScoreArgs) -> Result<ExitCode> {
         tokenizer_error: tokenizer_error.map(|e| e.to_string()),
     };
     let tokenizer = model.take_tokenizer();
-    let memory_budget = args.memory_budget_mb.map(|mb| mb << 20);
     let scorer: Box<dyn Scorer> = match (args.reference, args.device) {
         (true, _) => Box::new(ReferenceScorer::new(&model)),
         // The scorer takes the weights; the checkpoint's mapping is released as they are
         // converted.
-        (false, device) => toolsift::backend::scorer_from_model(model, device, memory_budget)?,
+        (false, device) => toolsift::backend::scorer_from_model(model, device, args.memory_budget)?,
     };
     // Emptied (or cut to where it resumes) only now that the model has loaded.
     let output: Box<dyn std::io::Write> = match locked {

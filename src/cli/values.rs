@@ -3,11 +3,11 @@
 
 use std::path::PathBuf;
 
-/// A size in MiB: at least 1, and small enough to count in bytes.
+/// A size given in MiB (at least 1), as bytes: converted where it is parsed, so no caller
+/// shifts it.
 pub(crate) fn mebibytes(s: &str) -> std::result::Result<usize, String> {
-    let v = at_least_one(s)?;
-    v.checked_mul(1 << 20)
-        .map(|_| v)
+    at_least_one(s)?
+        .checked_mul(1 << 20)
         .ok_or_else(|| "too large".to_string())
 }
 
@@ -85,10 +85,11 @@ mod tests {
         assert_eq!(at_least_one("1"), Ok(1));
         assert_eq!(at_least_one("0").unwrap_err(), "must be at least 1");
         assert!(at_least_one("-1").is_err() && at_least_one("1.5").is_err());
-        assert_eq!(mebibytes("1"), Ok(1));
+        assert_eq!(mebibytes("1"), Ok(1 << 20));
+        assert_eq!(mebibytes("3"), Ok(3 << 20));
         assert_eq!(
             mebibytes(&(usize::MAX >> 20).to_string()),
-            Ok(usize::MAX >> 20)
+            Ok((usize::MAX >> 20) << 20)
         );
         assert_eq!(
             mebibytes(&((usize::MAX >> 20) + 1).to_string()).unwrap_err(),
