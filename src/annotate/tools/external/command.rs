@@ -832,4 +832,139 @@ mod tests {
         }
         assert!(ended, "a process ignoring SIGTERM survived the timeout");
     }
+
+    /// The check looks a program up as execvp would, in a run whose working directory and
+    /// `PATH` this test chooses (it runs itself with them): a relative path with a slash is
+    /// checked from the working directory, not looked up in `PATH`; a name is looked for in
+    /// every `PATH` directory in turn, and only an executable file counts (not a folder, not a
+    /// file without an execute bit); with `PATH` unset, /bin and /usr/bin are searched.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_program_check_looks_a_program_up_as_execvp_does() {
+        use std::os::unix::fs::PermissionsExt;
+        match std::env::var("TOOLSIFT_TEST_LOOKUP_RUN").as_deref() {
+            Ok("with-path") => {
+                assert_eq!(check_program("sub/qa.sh"), Ok(()));
+                assert_eq!(check_program("second-tool"), Ok(()));
+                for not_runnable in ["a-folder", "notes", "qa.sh"] {
+                    assert!(check_program(not_runnable).is_err(), "{not_runnable}");
+                }
+                return;
+            }
+            Ok(_) => {
+                assert_eq!(check_program("sh"), Ok(()));
+                return;
+            }
+            Err(_) => {}
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let script = |path: &std::path::Path, mode: u32| {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, "#!/bin/sh\nexit 0\n").unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        script(&dir.path().join("sub/qa.sh"), 0o755);
+        script(&dir.path().join("second/second-tool"), 0o755);
+        script(&dir.path().join("second/notes"), 0o644);
+        std::fs::create_dir_all(dir.path().join("second/a-folder")).unwrap();
+        std::fs::create_dir_all(dir.path().join("first")).unwrap();
+        let path = std::env::join_paths([dir.path().join("first"), dir.path().join("second")]);
+        for with_path in [true, false] {
+            let mut lookup = Command::new(std::env::current_exe().unwrap());
+            lookup
+                .args([
+                    "--exact",
+                    "annotate::tools::external::command::tests::\
+                     the_program_check_looks_a_program_up_as_execvp_does",
+                ])
+                .current_dir(dir.path());
+            if with_path {
+                lookup
+                    .env("TOOLSIFT_TEST_LOOKUP_RUN", "with-path")
+                    .env("PATH", path.as_ref().unwrap());
+            } else {
+                lookup
+                    .env("TOOLSIFT_TEST_LOOKUP_RUN", "no-path")
+                    .env_remove("PATH");
+            }
+            let ran = lookup.output().unwrap();
+            let stdout = String::from_utf8_lossy(&ran.stdout);
+            assert!(
+                ran.status.success() && stdout.contains("1 passed"),
+                "PATH set: {with_path}: {stdout}"
+            );
+        }
+    }
+
+    /// A timed-out program is killed and reaped: no zombie is left for each timed-out call.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_timed_out_program_is_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_path = dir.path().join("tool");
+        let tool = sh(&format!("echo $$ > {}; exec sleep 30", pid_path.display()))
+            .with_timeout(Duration::from_secs(1));
+        assert!(matches!(run(&tool, "x"), Err(ToolError::Timeout { .. })));
+        let pid = std::fs::read_to_string(&pid_path).unwrap();
+        let proc_entry = format!("/proc/{}", pid.trim());
+        let started = Instant::now();
+        while std::path::Path::new(&proc_entry).exists() {
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{proc_entry} is still there: not reaped"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A failed call's error is the program, its exit status and its stderr, trimmed and cut
+    /// at 300 characters (of the 4096 bytes kept).
+    #[test]
+    fn a_failures_message_is_the_program_its_status_and_300_characters_of_stderr() {
+        let long: String = (0..400u32)
+            .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+            .collect();
+        let msg = run(&sh(&format!("printf '%s' '{long}' >&2; exit 4")), "x")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(msg, format!("\"sh\" exit status: 4: {}…", &long[..300]));
+        let msg = run(
+            &sh("printf '\\n  model not loaded \\n\\n' >&2; exit 5"),
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(msg, "\"sh\" exit status: 5: model not loaded");
+    }
+
+    /// One byte over `MAX_OUTPUT_BYTES` is too much (tests/tools.rs: exactly that is not).
+    #[test]
+    fn output_one_byte_over_the_limit_is_refused() {
+        let tool = sh(&format!(
+            "head -c {} /dev/zero | tr '\\0' a",
+            MAX_OUTPUT_BYTES + 1
+        ));
+        let err = run(&tool, "x").unwrap_err();
+        assert!(err.to_string().contains("printed more than"), "{err}");
+    }
+
+    /// A timeout too large to add to the clock (the field is public) is no practical limit,
+    /// not one already passed.
+    #[test]
+    fn a_timeout_too_large_to_add_is_no_limit() {
+        let tool = sh("echo hi").with_timeout(Duration::MAX);
+        assert_eq!(run(&tool, "x"), Ok("hi".into()));
+    }
+
+    /// A program that printed nothing fails at once: another try would print nothing again.
+    #[test]
+    fn an_empty_output_is_not_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("tries");
+        let tool = sh(&format!("echo x >> '{}'", log.display())).with_retries(2);
+        let msg = run(&tool, "x").unwrap_err().to_string();
+        assert_eq!(msg, "\"sh\" printed nothing");
+        let tries = std::fs::read_to_string(&log).unwrap().lines().count();
+        assert_eq!(tries, 1);
+    }
 }

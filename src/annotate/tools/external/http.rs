@@ -453,4 +453,75 @@ mod tests {
             assert_eq!(count.load(Ordering::SeqCst), 2, "{answer:?}: {got:?}");
         }
     }
+
+    /// Any 2xx status is a success, not only 200.
+    #[test]
+    fn http_any_2xx_status_is_a_success() {
+        for status in [201, 202, 299] {
+            let (url, _) = server(move |_| Some((status, "{\"result\": \"Paris\"}".into())));
+            assert_eq!(
+                run(&http_tool(&url, 0), "x"),
+                Ok("Paris".into()),
+                "{status}"
+            );
+        }
+    }
+
+    /// Every 3xx is a redirect (300 and 308 too, not only the common ones), and one without
+    /// a Location says none was given.
+    #[test]
+    fn http_every_3xx_is_a_redirect_and_a_missing_target_is_named() {
+        for (status, location, named) in [
+            (300, "Location: /elsewhere\r\n", "/elsewhere"),
+            (308, "Location: /elsewhere\r\n", "/elsewhere"),
+            (302, "", "nowhere given"),
+        ] {
+            let (url, count) = raw_server(move |_| {
+                format!(
+                    "HTTP/1.1 {status} X\r\n{location}Content-Length: 0\r\n\
+                     Connection: close\r\n\r\n"
+                )
+                .into_bytes()
+            });
+            let err = run(&http_tool(&url, 2), "x").unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("HTTP {status} redirects to {named};")),
+                "{err}"
+            );
+            assert_eq!(count.load(Ordering::SeqCst), 1, "not retried");
+        }
+    }
+
+    /// A 200 whose body is cut short (the connection dropped) is a transport failure:
+    /// retried, as the next try may get all of it.
+    #[test]
+    fn http_a_success_cut_short_is_retried() {
+        let (url, count) = raw_server(|_| {
+            b"HTTP/1.1 200 X\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\
+              Connection: close\r\n\r\n{\"result\": \"Par"
+                .to_vec()
+        });
+        let got = run(&http_tool(&url, 1), "x");
+        assert!(matches!(got, Err(ToolError::Failed(_))), "{got:?}");
+        assert_eq!(count.load(Ordering::SeqCst), 2, "{got:?}");
+    }
+
+    /// A failed status's body and a service's error are quoted trimmed, cut at 300 characters.
+    #[test]
+    fn http_a_failed_reply_and_a_service_error_quote_300_characters() {
+        let long: String = (0..400u32)
+            .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+            .collect();
+        let body = format!("\n  {long}  \n");
+        let (url, _) = raw_server(move |_| reply(400, "text/plain", body.as_bytes()));
+        let msg = run(&http_tool(&url, 0), "x").unwrap_err().to_string();
+        assert_eq!(msg, format!("POST {url}: HTTP 400: {}…", &long[..300]));
+        let (url, _) = raw_server(move |_| reply(400, "text/plain", b"\n  no model \n"));
+        let msg = run(&http_tool(&url, 0), "x").unwrap_err().to_string();
+        assert_eq!(msg, format!("POST {url}: HTTP 400: no model"));
+        let json = serde_json::json!({ "error": long.clone() }).to_string();
+        let (url, _) = server(move |_| Some((200, json.clone())));
+        let msg = run(&http_tool(&url, 0), "x").unwrap_err().to_string();
+        assert_eq!(msg, format!("POST {url}: service error: {}…", &long[..300]));
+    }
 }

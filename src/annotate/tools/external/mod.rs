@@ -475,4 +475,44 @@ mod tests {
             assert!(ms >= least_ms, "{ms} ms < {least_ms} ms: {starts:?}");
         }
     }
+
+    /// The configured timeout and retries are the tool's, not the defaults.
+    #[test]
+    fn a_configured_timeout_and_retries_are_used() {
+        let config = ExternalToolConfig {
+            command: Some(argv(&["cat"])),
+            timeout_ms: 2345,
+            retries: 7,
+            ..Default::default()
+        };
+        let tool = ExternalTool::from_config("QA", &config).unwrap();
+        assert_eq!(
+            (tool.timeout, tool.retries),
+            (Duration::from_millis(2345), 7)
+        );
+    }
+
+    /// The wait between tries stops doubling at 1 s: 50, 100, 200, 400, 800, then 1000 ms.
+    #[test]
+    fn the_wait_between_tries_stops_doubling_at_one_second() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("starts");
+        let script = format!("date +%s%N >> '{}'; exit 1", log.display());
+        assert!(run(&sh(&script).with_retries(7), "x").is_err());
+        let starts: Vec<u128> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect();
+        assert_eq!(starts.len(), 8);
+        let gaps: Vec<u128> = starts
+            .windows(2)
+            .map(|w| (w[1] - w[0]) / 1_000_000)
+            .collect();
+        // Without the bound the last two would be 1.6 s and 3.2 s; the upper bound leaves a
+        // loaded machine 2 s to start a shell.
+        for &ms in &gaps[5..] {
+            assert!((1000..3000).contains(&ms), "{gaps:?}");
+        }
+    }
 }

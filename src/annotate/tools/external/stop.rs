@@ -272,11 +272,19 @@ mod tests {
     fn a_signal_ends_the_tools_and_what_they_started() {
         use std::os::unix::process::ExitStatusExt;
         if let Ok(dir) = std::env::var("TOOLSIFT_TEST_SIGNALLED_RUN") {
-            // SAFETY: setting SIGINT's action to the default before any handler is installed:
-            // a test run started in the background ignores it, and so would this run.
-            unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
+            // SAFETY: setting SIGINT's and SIGHUP's action to the default before any handler is
+            // installed: a test run started in the background ignores SIGINT, one under nohup
+            // SIGHUP, and so would this run.
+            unsafe {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            }
             stop_tools_on_signals().unwrap();
-            set_stop_note("rerun to resume");
+            // A later note replaces an earlier one; without any the run ends silently.
+            if std::env::var_os("TOOLSIFT_TEST_NO_STOP_NOTE").is_none() {
+                set_stop_note("an earlier note");
+                set_stop_note("rerun to resume");
+            }
             let tool = sh(&format!(
                 "sleep 60 >/dev/null & echo $! > {dir}/started; echo $$ > {dir}/tool; wait"
             ))
@@ -288,7 +296,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let path = |name: &str| dir.path().join(name);
-        let (ended, tool, background) = signal_a_run_in_a_call(dir.path(), libc::SIGTERM);
+        let (ended, tool, background) = signal_a_run_in_a_call(dir.path(), libc::SIGTERM, true);
         let status = ended.status;
         assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}");
         let stderr = String::from_utf8_lossy(&ended.stderr);
@@ -308,19 +316,22 @@ mod tests {
     /// Starts `a_signal_ends_the_tools_and_what_they_started`'s run (a tool call held by a tool
     /// that started a background process), sends it `signal` once both pids are written in
     /// `dir`, and returns how it ended with the tool's and the background process's pids.
+    /// Without `with_note`, the run sets no stop note.
     #[cfg(target_os = "linux")]
     fn signal_a_run_in_a_call(
         dir: &std::path::Path,
         signal: libc::c_int,
+        with_note: bool,
     ) -> (std::process::Output, String, String) {
-        let signalled = this_test_as_a_run(
+        let mut run = this_test_as_a_run(
             "a_signal_ends_the_tools_and_what_they_started",
             "TOOLSIFT_TEST_SIGNALLED_RUN",
             dir,
-        )
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        );
+        if !with_note {
+            run.env("TOOLSIFT_TEST_NO_STOP_NOTE", "1");
+        }
+        let signalled = run.stderr(Stdio::piped()).spawn().unwrap();
         let tool = pid_written_to(&dir.join("tool"));
         let background = pid_written_to(&dir.join("started"));
         let pid = libc::pid_t::try_from(signalled.id()).unwrap();
@@ -418,7 +429,7 @@ mod tests {
     fn a_sigint_is_named_in_the_stop_note() {
         use std::os::unix::process::ExitStatusExt;
         let dir = tempfile::tempdir().unwrap();
-        let (ended, tool, background) = signal_a_run_in_a_call(dir.path(), libc::SIGINT);
+        let (ended, tool, background) = signal_a_run_in_a_call(dir.path(), libc::SIGINT, true);
         assert_eq!(
             ended.status.signal(),
             Some(libc::SIGINT),
@@ -433,5 +444,120 @@ mod tests {
         for pid in [&tool, &background] {
             assert!(ends_within(pid, Duration::from_secs(5)));
         }
+    }
+
+    /// A hang-up (SIGHUP: the terminal closed, or a scheduler's stop) is watched as well, and
+    /// named as such in the note, which starts on a line of its own (a progress bar may hold
+    /// the cursor).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_sighup_is_named_in_the_stop_note_on_a_line_of_its_own() {
+        use std::os::unix::process::ExitStatusExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (ended, tool, background) = signal_a_run_in_a_call(dir.path(), libc::SIGHUP, true);
+        assert_eq!(
+            ended.status.signal(),
+            Some(libc::SIGHUP),
+            "{}",
+            ended.status
+        );
+        let stderr = String::from_utf8_lossy(&ended.stderr);
+        assert!(
+            stderr.contains("\ntoolsift: stopped by SIGHUP: rerun to resume\n"),
+            "{stderr:?}"
+        );
+        for pid in [&tool, &background] {
+            assert!(ends_within(pid, Duration::from_secs(5)));
+        }
+    }
+
+    /// Without a note the run ends on the signal silently, as its default action does, its
+    /// tools still stopped.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_run_without_a_stop_note_ends_silently() {
+        use std::os::unix::process::ExitStatusExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (ended, tool, background) = signal_a_run_in_a_call(dir.path(), libc::SIGTERM, false);
+        assert_eq!(ended.status.signal(), Some(libc::SIGTERM));
+        let stderr = String::from_utf8_lossy(&ended.stderr);
+        assert!(!stderr.contains("stopped by"), "{stderr:?}");
+        for pid in [&tool, &background] {
+            assert!(ends_within(pid, Duration::from_secs(5)));
+        }
+    }
+
+    /// A stop kills the group of every call running, not only the first listed. The test runs
+    /// itself as the stopped run, and checks there, before that process ends (its end would
+    /// take the tools with it anyway).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_stop_kills_every_call_running() {
+        if let Ok(dir) = std::env::var("TOOLSIFT_TEST_STOPPED_TWO_RUN") {
+            let (tx, rx) = mpsc::channel();
+            for name in ["first", "second", "third"] {
+                let tool = sh(&format!("echo $$ > {dir}/{name}; exec sleep 60"))
+                    .with_timeout(Duration::from_secs(60));
+                let tx = tx.clone();
+                thread::spawn(move || tx.send(run(&tool, "x")));
+            }
+            let dir = std::path::Path::new(&dir);
+            let pids = ["first", "second", "third"].map(|name| pid_written_to(&dir.join(name)));
+            stop_command_tools();
+            for pid in &pids {
+                assert!(
+                    ends_within(pid, Duration::from_secs(5)),
+                    "{pid} outlived the stop"
+                );
+            }
+            let reported = rx.recv_timeout(Duration::from_millis(500));
+            assert!(reported.is_err(), "a stopped call reported {reported:?}");
+            std::fs::write(dir.join("checked"), "").unwrap();
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let status = this_test_as_a_run(
+            "a_stop_kills_every_call_running",
+            "TOOLSIFT_TEST_STOPPED_TWO_RUN",
+            dir.path(),
+        )
+        .status()
+        .unwrap();
+        assert!(
+            status.success() && dir.path().join("checked").exists(),
+            "{status}"
+        );
+    }
+
+    /// A call that starts its tool after the stop (the stop killed the groups listed then)
+    /// kills it at once and is held, not left running until the tool's own end.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_call_started_after_the_stop_is_killed_at_once() {
+        if let Ok(dir) = std::env::var("TOOLSIFT_TEST_LATE_CALL_RUN") {
+            stop_command_tools();
+            let tool = sh(&format!("sleep 1; touch {dir}/alive; exec sleep 60"))
+                .with_timeout(Duration::from_secs(60));
+            let (tx, rx) = mpsc::channel();
+            thread::spawn(move || tx.send(run(&tool, "x")));
+            let reported = rx.recv_timeout(Duration::from_secs(3));
+            assert!(reported.is_err(), "the call reported {reported:?}");
+            let alive = std::path::Path::new(&dir).join("alive");
+            assert!(!alive.exists(), "the tool started after the stop ran on");
+            std::fs::write(format!("{dir}/held"), "").unwrap();
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let status = this_test_as_a_run(
+            "a_call_started_after_the_stop_is_killed_at_once",
+            "TOOLSIFT_TEST_LATE_CALL_RUN",
+            dir.path(),
+        )
+        .status()
+        .unwrap();
+        assert!(
+            status.success() && dir.path().join("held").exists(),
+            "{status}"
+        );
     }
 }
