@@ -214,4 +214,108 @@ mod tests {
         assert_eq!(worst, f64::INFINITY);
         assert_eq!([0.5, 2.0, 1.0].into_iter().fold(0.0, worst_of), 2.0);
     }
+
+    fn small_config() -> crate::model::GptjConfig {
+        TrainOptions {
+            n_layer: 1,
+            n_embd: 16,
+            n_head: 2,
+            rotary_dim: 4,
+            n_positions: 16,
+            ..TrainOptions::default()
+        }
+        .gptj_config(24)
+    }
+
+    /// Each figure compares its own pair and `worst` names the entry of `max_abs_diff`: a
+    /// folder whose lm_head bias puts id 5 near log p -43 while candle's model (bias 0) has it
+    /// near -3 differs most there, `worst_log_p` is the reference's log p (not candle's), and
+    /// those entries stay out of the likely figure (the reference's log p is below -20);
+    /// the engine runs the folder, so it agrees with the reference and not with candle.
+    #[test]
+    fn the_worst_entry_is_located_at_the_references_log_p_and_kept_out_of_the_likely_figure() {
+        let config = small_config();
+        let model = TrainModel::init(&config, 2).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        write_config(dir.path(), &config, 23).unwrap();
+        let mut tensors = model.named_tensors().unwrap();
+        for (name, t) in &mut tensors {
+            if name == "lm_head.bias" {
+                let mut v = vec![0f32; 24];
+                v[5] = -40.0;
+                *t = crate::model::Tensor::from_f32(vec![24], &v);
+            }
+        }
+        write_safetensors(&dir.path().join("model.safetensors"), &tensors).unwrap();
+        let seqs = vec![vec![1, 2, 3], vec![4, 6, 7, 8]];
+        let check = check_against_reference(dir.path(), &model, &seqs).unwrap();
+
+        let loaded = crate::Model::load(dir.path()).unwrap();
+        let reference = crate::reference::ReferenceModel::new(loaded.config(), loaded.weights());
+        let (k, i, id) = check.worst;
+        let r = reference.log_softmax(&seqs[k]);
+        let c = model.log_softmax(&seqs[k]).unwrap();
+        assert_eq!(id, 5, "{check:?}");
+        assert_eq!(check.worst_log_p, r.row(i)[5]);
+        assert_eq!((c[i][5] as f64 - r.row(i)[5]).abs(), check.max_abs_diff);
+        assert!(
+            check.max_abs_diff > 30.0 && check.worst_log_p < -40.0,
+            "{check:?}"
+        );
+        assert!(check.max_abs_diff_likely < 0.1, "{check:?}");
+        assert!(check.engine_vs_reference < 1e-4, "{check:?}");
+        let engine = crate::cpu::CpuScorer::new(&loaded);
+        let ids: Vec<u32> = (0..24).collect();
+        let mut candle_vs_engine = 0f64;
+        for s in &seqs {
+            let c = model.log_softmax(s).unwrap();
+            let e = crate::sample::Sampler::token_log_probs(&engine, s, &ids).unwrap();
+            for (a, x) in c.iter().flatten().zip(e.iter().flatten()) {
+                candle_vs_engine = candle_vs_engine.max((*a as f64 - *x as f64).abs());
+            }
+        }
+        assert_eq!(check.candle_vs_engine, candle_vs_engine);
+        assert!(!check.passes());
+    }
+
+    /// A folder whose config.json is not the model's (another n_positions, with which the
+    /// weights still load and the log-probs still agree) is refused rather than compared.
+    #[test]
+    fn a_folder_whose_config_is_not_the_models_is_refused() {
+        let config = small_config();
+        let model = TrainModel::init(&config, 3).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let other = crate::model::GptjConfig {
+            n_positions: 32,
+            ..config.clone()
+        };
+        write_config(dir.path(), &other, 23).unwrap();
+        let tensors = model.named_tensors().unwrap();
+        write_safetensors(&dir.path().join("model.safetensors"), &tensors).unwrap();
+        let err = check_against_reference(dir.path(), &model, &[vec![1, 2, 3]])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("config.json reads back as"), "{err}");
+    }
+
+    /// The log line puts each figure in its place.
+    #[test]
+    fn the_log_line_puts_each_figure_in_its_place() {
+        let c = ReferenceCheck {
+            sequences: 3,
+            positions: 40,
+            max_abs_diff: 2.5e-5,
+            worst: (2, 7, 11),
+            worst_log_p: -23.456,
+            max_abs_diff_likely: 1.25e-6,
+            engine_vs_reference: 3.5e-6,
+            candle_vs_engine: 4.5e-5,
+        };
+        assert_eq!(
+            c.describe(24),
+            "reference check: 3 sequences (40 positions x 24 ids): max |log p candle - log p \
+             f64| = 2.500e-5 (at sequence 2 position 7 id 11, log p -23.46); 1.250e-6 where log \
+             p >= -20; toolsift's f32 CPU engine vs f64: 3.500e-6, candle vs the engine: 4.500e-5"
+        );
+    }
 }

@@ -156,4 +156,13 @@ mod tests {
         let b = Batch::new(&seqs, &[1, 2], 0).unwrap();
         assert_eq!((b.tokens, b.padded_len), (2, 2));
     }
+
+    /// bucket_batches 0 counts as 1 (buckets of one batch), not as buckets of no sequence.
+    #[test]
+    fn bucket_batches_0_counts_as_1() {
+        let lens: Vec<usize> = (0..10).map(|i| 3 + (i * 5) % 7).collect();
+        let zero = epoch_batches(&lens, 3, 0, &mut Rng::new(4));
+        assert_eq!(zero, epoch_batches(&lens, 3, 1, &mut Rng::new(4)));
+        assert_eq!(zero.len(), 4);
+    }
 }

@@ -492,3 +492,163 @@ impl CustomOp3 for CrossEntropyBwd {
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Var};
+
+    use super::*;
+    use crate::util::rng::Rng;
+
+    fn random(shape: &[usize], rng: &mut Rng, scale: f32) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.normal() * scale).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    /// max |a - b| over two tensors of the same shape, a NaN counting as infinite (a tensor max
+    /// may skip it).
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        let (a, b) = (a.flatten_all().unwrap(), b.flatten_all().unwrap());
+        let (a, b) = (a.to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(&b).fold(0f32, |m, (x, y)| {
+            let d = (x - y).abs();
+            if d.is_nan() {
+                f32::INFINITY
+            } else {
+                m.max(d)
+            }
+        })
+    }
+
+    /// Each op checks its inputs' shapes rather than reading short of or past them: a bias
+    /// longer than the rows, a score tensor that is not [.., T, T], a LayerNorm bias of another
+    /// length than its weight, more positions than the rotary tables hold, fewer targets than
+    /// logit rows.
+    #[test]
+    fn each_fused_op_refuses_inputs_of_the_wrong_shape() {
+        let mut rng = Rng::new(11);
+        let x = random(&[4, 6], &mut rng, 1.0);
+        let err = |r: Result<Tensor>| r.unwrap_err().to_string();
+        let e = err(x.apply_op2(&random(&[8], &mut rng, 1.0), BiasGelu));
+        assert!(e.contains("bias-gelu: shapes"), "{e}");
+        let e = err(random(&[2, 3, 5], &mut rng, 1.0).apply_op1(CausalSoftmax));
+        assert!(e.contains("expected [.., T, T]"), "{e}");
+        let (w, b) = (random(&[6], &mut rng, 1.0), random(&[7], &mut rng, 1.0));
+        let e = err(x.apply_op3(&w, &b, LayerNorm { eps: 1e-5 }));
+        assert!(e.contains("layer-norm: shapes"), "{e}");
+        let table = crate::model::rotary::RotaryTable::new(3, 4);
+        let rotary = Rotary {
+            cos: Arc::new(table.cos),
+            sin: Arc::new(table.sin),
+            half: table.half,
+            inverse: false,
+        };
+        let e = err(random(&[1, 5, 2, 4], &mut rng, 1.0).apply_op1(rotary));
+        assert!(e.contains("tables too small"), "{e}");
+        let targets = Tensor::new(&[1u32, 2, 3], &Device::Cpu).unwrap();
+        let e = err(x.apply_op2(&targets, CrossEntropy));
+        assert!(e.contains("cross-entropy: logits"), "{e}");
+    }
+
+    /// The ops subtract each row's maximum over the entries they use, so exp neither overflows
+    /// nor underflows far from zero: causal-softmax rows whose masked entries (after the query)
+    /// are 200 above the rest, or whose entries are all 200 below zero, give the unshifted rows'
+    /// probabilities; cross-entropy's value and gradient are the same with every logit shifted
+    /// by +200 or -200.
+    #[test]
+    fn softmax_and_cross_entropy_hold_far_from_zero() {
+        let mut rng = Rng::new(12);
+        let t = 6;
+        let x = random(&[2, t, t], &mut rng, 2.0);
+        let want = x.apply_op1(CausalSoftmax).unwrap();
+        let above: Vec<f32> = (0..t)
+            .flat_map(|i| (0..t).map(move |j| if j > i { 200.0 } else { 0.0 }))
+            .collect();
+        let above = Tensor::from_vec(above, (t, t), &Device::Cpu).unwrap();
+        let high = x.broadcast_add(&above).unwrap();
+        let d = max_diff(&high.apply_op1(CausalSoftmax).unwrap(), &want);
+        assert!(d < 1e-6, "masked entries 200 above: {d}");
+        let low = (&x - 200.0).unwrap();
+        let d = max_diff(&low.apply_op1(CausalSoftmax).unwrap(), &want);
+        assert!(d < 1e-4, "every entry 200 below zero: {d}");
+
+        let logits = random(&[5, 10], &mut rng, 3.0);
+        let targets = Tensor::new(&[3u32, 0, 9, 9, 4], &Device::Cpu).unwrap();
+        let probe = random(&[5], &mut rng, 1.0);
+        let value_and_grad = |shift: f64| {
+            let var = Var::from_tensor(&(&logits + shift).unwrap()).unwrap();
+            let out = var.as_tensor().apply_op2(&targets, CrossEntropy).unwrap();
+            let grads = (&out * &probe)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            (out, grads.get(&var).unwrap().clone())
+        };
+        let (v0, g0) = value_and_grad(0.0);
+        for shift in [200.0, -200.0] {
+            let (v, g) = value_and_grad(shift);
+            let (dv, dg) = (max_diff(&v, &v0), max_diff(&g, &g0));
+            assert!(
+                dv < 1e-3 && dg < 1e-4,
+                "shift {shift}: value {dv}, gradient {dg}"
+            );
+        }
+    }
+
+    /// An op given a view into a larger tensor (rows 1..5 of a [6, d] tensor: contiguous, at an
+    /// offset) reads only the view's elements: LayerNorm's value and gradients are those of the
+    /// same rows copied, and cross-entropy takes such a view of logits.
+    #[test]
+    fn a_view_into_a_larger_tensor_is_read_as_its_own_elements() {
+        let mut rng = Rng::new(13);
+        let x = random(&[6, 16], &mut rng, 2.0);
+        let (w, b) = (random(&[16], &mut rng, 1.0), random(&[16], &mut rng, 1.0));
+        let probe = random(&[4, 16], &mut rng, 1.0);
+        let value_and_grads = |copy: bool| {
+            let vars: Vec<Var> = [&x, &w, &b]
+                .iter()
+                .map(|t| Var::from_tensor(t).unwrap())
+                .collect();
+            let mut rows = vars[0].as_tensor().narrow(0, 1, 4).unwrap();
+            if copy {
+                rows = (&rows * 1.0).unwrap();
+            }
+            let (w, b) = (vars[1].as_tensor(), vars[2].as_tensor());
+            let y = rows.apply_op3(w, b, LayerNorm { eps: 1e-5 }).unwrap();
+            let grads = (&y * &probe)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let mut out = vec![y];
+            out.extend(vars.iter().map(|v| grads.get(v).unwrap().clone()));
+            out
+        };
+        for (i, (a, b)) in value_and_grads(false)
+            .iter()
+            .zip(&value_and_grads(true))
+            .enumerate()
+        {
+            let d = max_diff(a, b);
+            assert!(
+                d < 1e-6,
+                "output {i} (value, then gradients) differs by {d}"
+            );
+        }
+
+        let logits = random(&[6, 10], &mut rng, 3.0);
+        let targets = Tensor::new(&[3u32, 0, 9, 4], &Device::Cpu).unwrap();
+        let view = logits.narrow(0, 1, 4).unwrap();
+        let copied = (&view * 1.0).unwrap();
+        let d = max_diff(
+            &view.apply_op2(&targets, CrossEntropy).unwrap(),
+            &copied.apply_op2(&targets, CrossEntropy).unwrap(),
+        );
+        assert!(d < 1e-6, "{d}");
+    }
+}

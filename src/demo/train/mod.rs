@@ -1114,4 +1114,187 @@ mod tests {
         let err = check_tokenizer(&tok, &bracket).unwrap_err().to_string();
         assert!(err.contains("raise --vocab-size"), "{err}");
     }
+
+    /// The lengths of `data_seed`'s training sequences as a run encodes them with the tokenizer
+    /// in `out`: before and after the cut to n_positions, and the sequences cut.
+    fn encoded(out: &Path, o: &TrainOptions) -> (Vec<usize>, Vec<Vec<u32>>) {
+        let tok = crate::model::Tokenizer::from_file(&out.join("tokenizer.json")).unwrap();
+        let mut full = Vec::new();
+        let mut seqs = Vec::new();
+        for p in crate::demo::corpus::training_sequences(o.data_seed, o.docs) {
+            let mut ids = encode_pieces(&tok, &p).unwrap();
+            full.push(ids.len());
+            ids.truncate(o.n_positions);
+            seqs.push(ids);
+        }
+        (full, seqs)
+    }
+
+    /// `seed` draws the weights and the batch order, `data_seed` the corpus: a run with the two
+    /// apart records its seed, writes the tokenizer trained on `data_seed`'s texts, starts from
+    /// `seed`'s weights (its first loss is theirs on its first batch), and `check_folder`
+    /// checks `data_seed`'s first sequences cut to n_positions.
+    #[test]
+    fn a_run_takes_its_corpus_from_data_seed_and_its_weights_from_seed() {
+        let o = TrainOptions {
+            seed: 5,
+            data_seed: 9,
+            steps: 1,
+            check_sequences: 3,
+            ..tiny_run()
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m");
+        let r = run(&out, &o, "test", &mut |_| {}).unwrap();
+        assert_eq!((r.seed, r.options.data_seed), (5, 9));
+        let texts = crate::demo::corpus::tokenizer_texts(9, o.docs);
+        let tok = train_tokenizer(&texts, o.vocab_size).unwrap();
+        assert!(
+            std::fs::read_to_string(out.join("tokenizer.json")).unwrap()
+                == tok.to_string(true).unwrap(),
+            "the tokenizer is not the one of data_seed's texts"
+        );
+
+        let (full, seqs) = encoded(&out, &o);
+        assert!(seqs.iter().all(|s| s.len() >= 2));
+        let lens: Vec<usize> = seqs.iter().map(Vec::len).collect();
+        let mut rng = Rng::new(5 ^ 0x5EED_BA7C_0000_0001);
+        let first = epoch_batches(&lens, o.batch, o.bucket_batches, &mut rng).remove(0);
+        let batch = Batch::new(&seqs, &first, r.data.eot_id).unwrap();
+        let model = TrainModel::init(&r.config, 5).unwrap();
+        let loss = model.loss(&batch).unwrap().to_scalar::<f32>().unwrap();
+        assert_eq!(loss, r.step_losses[0]);
+
+        assert!(full[..3].iter().any(|&n| n > o.n_positions), "{full:?}");
+        let check = check_folder(&out, &o).unwrap();
+        let loaded = crate::Model::load(&out).unwrap();
+        let trained = TrainModel::from_weights(loaded.config(), loaded.weights()).unwrap();
+        let want = check_against_reference(&out, &trained, &seqs[..3]).unwrap();
+        assert_eq!(check.positions, want.positions);
+        assert_eq!(check.max_abs_diff, want.max_abs_diff);
+    }
+
+    /// Each log entry averages its own window: the loss is the mean of the window's step
+    /// losses and padded_len the mean of its batches' padded lengths; lr is the window's last
+    /// step's, and grad_norm the norm before clipping (a clip of 1e-3 is below every norm).
+    #[test]
+    fn each_log_entry_averages_its_window_with_the_last_steps_lr_and_unclipped_norm() {
+        // Sequences cut to 256 tokens rather than 24, so that batches differ in padded length.
+        let o = TrainOptions {
+            grad_clip: 1e-3,
+            n_positions: 256,
+            ..tiny_run()
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m");
+        let r = run(&out, &o, "test", &mut |_| {}).unwrap();
+        let (_, seqs) = encoded(&out, &o);
+        let lens: Vec<usize> = seqs.iter().map(Vec::len).collect();
+        let mut rng = Rng::new(o.seed ^ 0x5EED_BA7C_0000_0001);
+        let mut order = epoch_batches(&lens, 4, 1, &mut rng);
+        order.extend(epoch_batches(&lens, 4, 1, &mut rng));
+        let padded: Vec<f64> = order
+            .iter()
+            .map(|b| b.iter().map(|&i| lens[i] - 1).max().unwrap() as f64)
+            .collect();
+        assert!(
+            [(0, 1), (2, 3)]
+                .iter()
+                .all(|&(a, b)| padded[a] != padded[b]),
+            "{padded:?}"
+        );
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs();
+        assert_eq!(r.losses.len(), 3);
+        for (e, (a, b)) in r.losses.iter().zip([(0, 2), (2, 4), (4, 5)]) {
+            let n = (b - a) as f64;
+            let loss = r.step_losses[a..b].iter().map(|&l| l as f64).sum::<f64>() / n;
+            assert!(
+                close(e.loss, loss),
+                "step {}: loss {} vs {loss}",
+                e.step,
+                e.loss
+            );
+            let len = padded[a..b].iter().sum::<f64>() / n;
+            assert!(
+                close(e.padded_len, len),
+                "step {}: {} vs {len}",
+                e.step,
+                e.padded_len
+            );
+            assert_eq!(e.lr, o.lr_at(b - 1), "step {}", e.step);
+            assert!(
+                e.grad_norm > 10.0 * o.grad_clip,
+                "step {}: {}",
+                e.step,
+                e.grad_norm
+            );
+        }
+    }
+
+    /// A run whose reference check fails still completes its folder (training.json, with the
+    /// figures to read, and no marker) and then fails, naming both figures.
+    #[test]
+    fn a_failed_reference_check_completes_the_folder_and_fails_the_run() {
+        let o = TrainOptions {
+            steps: 1,
+            ..tiny_run()
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m");
+        let mut report = run(&out, &o, "test", &mut |_| {}).unwrap();
+        report.reference.max_abs_diff = 0.5;
+        report.reference.engine_vs_reference = 1e-6;
+        std::fs::remove_file(out.join("training.json")).unwrap();
+        let marker = out.join(INCOMPLETE_MARKER);
+        std::fs::write(&marker, "stopped").unwrap();
+        let err = finish_folder(&out, &marker, &report)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("disagree") && err.contains("= 5e-1") && err.contains("(1e-6)"),
+            "{err}"
+        );
+        let written: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("training.json")).unwrap())
+                .unwrap();
+        assert_eq!(written["reference"]["max_abs_diff"], 0.5);
+        assert!(!marker.exists());
+    }
+
+    /// Sequences cut to 2 tokens (n_positions 2) are kept: 2 tokens is one prediction.
+    #[test]
+    fn sequences_cut_to_two_tokens_are_kept() {
+        let o = TrainOptions {
+            n_positions: 2,
+            steps: 1,
+            ..tiny_run()
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let r = run(&tmp.path().join("m"), &o, "test", &mut |_| {}).unwrap();
+        let n = crate::demo::corpus::training_sequences(o.data_seed, o.docs).len();
+        let d = &r.data;
+        assert_eq!(
+            (d.sequences, d.dropped_short, d.truncated, d.max_len),
+            (n, 0, n, 2)
+        );
+    }
+
+    /// config.json names the <|endoftext|> id as bos, eos and pad, and keeps the config's
+    /// epsilon (the reference and the engine read it).
+    #[test]
+    fn config_json_names_the_eot_id_and_keeps_the_epsilon() {
+        let mut config = TrainOptions::default().gptj_config(500);
+        config.layer_norm_epsilon = 1e-3;
+        let dir = tempfile::tempdir().unwrap();
+        write_config(dir.path(), &config, 499).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+                .unwrap();
+        for key in ["bos_token_id", "eos_token_id", "pad_token_id"] {
+            assert_eq!(v[key], 499, "{key}");
+        }
+        assert_eq!(v["layer_norm_epsilon"], 1e-3);
+        let read = GptjConfig::from_file(&dir.path().join("config.json")).unwrap();
+        assert_eq!(read, config);
+    }
 }

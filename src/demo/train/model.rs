@@ -272,6 +272,73 @@ mod tests {
         .gptj_config(40)
     }
 
+    /// `model` written as a folder (config.json, model.safetensors) and checked against the f64
+    /// reference on two sequences.
+    fn checked(model: &TrainModel) -> crate::demo::train::ReferenceCheck {
+        let dir = tempfile::tempdir().unwrap();
+        crate::demo::train::write_config(dir.path(), model.config(), 39).unwrap();
+        let tensors = model.named_tensors().unwrap();
+        crate::model::checkpoint::write_safetensors(
+            &dir.path().join("model.safetensors"),
+            &tensors,
+        )
+        .unwrap();
+        let seqs = vec![vec![1, 5, 9, 2, 33, 7], vec![3, 38, 0, 12]];
+        crate::demo::train::check_against_reference(dir.path(), model, &seqs).unwrap()
+    }
+
+    /// Initial weights leave biases at 0 and LayerNorm weights at 1, which hides a forward that
+    /// drops a bias or takes another epsilon; with every parameter drawn at random and an
+    /// epsilon of 0.01 (a folder `check_folder` may be given), candle's forward is still the
+    /// reference's.
+    #[test]
+    fn a_model_with_every_parameter_random_matches_the_reference() {
+        let mut config = config(2);
+        config.layer_norm_epsilon = 0.01;
+        let model = TrainModel::init(&config, 4).unwrap();
+        let mut rng = Rng::new(8);
+        for (_, var) in model.named_vars() {
+            let v: Vec<f32> = (0..var.elem_count()).map(|_| rng.normal() * 0.3).collect();
+            var.set(&Tensor::from_vec(v, var.dims(), &Device::Cpu).unwrap())
+                .unwrap();
+        }
+        let check = checked(&model);
+        assert!(check.max_abs_diff < 1e-4, "{check:?}");
+    }
+
+    /// GPT-J may rotate whole heads (rotary_dim = head_dim: every pair of each head); such a
+    /// model runs and matches the reference.
+    #[test]
+    fn a_model_rotating_whole_heads_matches_the_reference() {
+        let mut config = config(1);
+        config.rotary_dim = Some(config.head_dim());
+        let model = TrainModel::init(&config, 6).unwrap();
+        let check = checked(&model);
+        assert!(check.max_abs_diff < 1e-5, "{check:?}");
+    }
+
+    /// A sequence longer than n_positions is refused naming the limit (not by whatever check the
+    /// rotary tables make); one of exactly n_positions runs.
+    #[test]
+    fn a_sequence_longer_than_n_positions_is_refused_naming_it() {
+        let model = TrainModel::init(&config(1), 5).unwrap();
+        let ids: Vec<u32> = (0..17).map(|i| (i * 7) % 40).collect();
+        let err = model.log_softmax(&ids).unwrap_err().to_string();
+        assert!(err.contains("17 tokens, n_positions is 16"), "{err}");
+        assert_eq!(model.log_softmax(&ids[..16]).unwrap().len(), 16);
+    }
+
+    /// A config `validate` refuses (n_embd not a multiple of n_head) is refused by init.
+    #[test]
+    fn init_refuses_a_config_that_does_not_validate() {
+        let mut c = config(1);
+        c.n_embd = 30;
+        match TrainModel::init(&c, 1) {
+            Ok(_) => panic!("n_embd 30 over 4 heads was taken"),
+            Err(e) => assert!(e.to_string().starts_with("config:"), "{e}"),
+        }
+    }
+
     /// A padded batch's loss is the mean, over the real positions of its rows, of -log p of the
     /// next token, as `log_softmax` gives it for each sequence alone (padding is not a target).
     #[test]

@@ -302,4 +302,28 @@ mod tests {
         });
         assert!(same);
     }
+
+    /// `add`, `scaled` and `total` take all four phases (the progress lines and `profile` show
+    /// them each).
+    #[test]
+    fn phase_times_add_scale_and_total_every_phase() {
+        let mut sum = PhaseTimes {
+            batch: 1.0,
+            forward: 2.0,
+            backward: 4.0,
+            optimizer: 8.0,
+        };
+        sum.add(&PhaseTimes {
+            batch: 16.0,
+            forward: 32.0,
+            backward: 64.0,
+            optimizer: 128.0,
+        });
+        let s = sum.scaled(0.5);
+        assert_eq!(
+            (s.batch, s.forward, s.backward, s.optimizer),
+            (8.5, 17.0, 34.0, 68.0)
+        );
+        assert_eq!(s.total(), 127.5);
+    }
 }

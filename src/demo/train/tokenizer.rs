@@ -67,3 +67,54 @@ pub fn check_tokenizer(tok: &crate::model::Tokenizer, texts: &[String]) -> Resul
     }
     Ok(eot)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn loaded(tok: &tokenizers::Tokenizer) -> crate::model::Tokenizer {
+        let json = tok.to_string(true).unwrap();
+        crate::model::Tokenizer::from_bytes(json.as_bytes(), Path::new("tokenizer.json")).unwrap()
+    }
+
+    /// A merge is learned only from a pair seen at least twice: with room to spare, "qz", seen
+    /// once, stays two tokens while "ab", seen twice, becomes one.
+    #[test]
+    fn a_merge_needs_a_pair_seen_twice() {
+        let texts = vec!["qz ab".to_string(), "ab".to_string()];
+        let tok = loaded(&train_tokenizer(&texts, 300).unwrap());
+        assert_eq!(tok.encode_ids("ab").unwrap().len(), 1);
+        assert_eq!(tok.encode_ids("qz").unwrap().len(), 2);
+    }
+
+    /// A byte-level BPE without the digit rule merges digits (" 25" in one or two tokens),
+    /// which the annotate driver's numbers cannot use: `check_tokenizer` refuses it.
+    #[test]
+    fn a_tokenizer_that_merges_digits_is_refused() {
+        use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+        use tokenizers::models::TrainerWrapper;
+        use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+        use tokenizers::AddedToken;
+
+        let texts: Vec<String> = (0..20).map(|i| format!("paid 25 of 250, {i}")).collect();
+        let mut tok = tokenizers::Tokenizer::new(BPE::default());
+        tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+        tok.with_decoder(Some(ByteLevel::default()));
+        let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+            .vocab_size(299)
+            .min_frequency(2)
+            .show_progress(false)
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build()
+            .into();
+        tok.train(&mut trainer, texts.iter()).unwrap();
+        tok.add_special_tokens([AddedToken::from(EOT, true)])
+            .unwrap();
+        let tok = loaded(&tok);
+        assert!(tok.encode_ids(" 25").unwrap().len() < 3);
+        let err = check_tokenizer(&tok, &texts).unwrap_err().to_string();
+        assert!(err.contains("\" 25\" should be"), "{err}");
+    }
+}
