@@ -664,22 +664,36 @@ mod tests {
             let path = dir.join(name);
             let copy = elsewhere.path().join(name);
             fs::write(&copy, bytes).unwrap();
-            for kind in ["folder", "link", "pipe"] {
-                fs::remove_file(&path).unwrap();
-                match kind {
-                    "folder" => fs::create_dir(&path).unwrap(),
-                    "link" => std::os::unix::fs::symlink(&copy, &path).unwrap(),
-                    _ => {
-                        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-                        // SAFETY: mkfifo(3) with a NUL-terminated path.
-                        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-                    }
-                }
+            for kind in NOT_FILES {
+                put_in_place_of_a_file(kind, &path, &copy);
                 assert!(!is_complete(&dir).unwrap(), "{kind} at {name}");
                 assert_eq!(materialize_in(parent.path()).unwrap(), dir);
                 let meta = fs::symlink_metadata(&path).unwrap();
                 assert!(meta.is_file(), "{kind} at {name}: {meta:?}");
                 assert_eq!(fs::read(&path).unwrap(), bytes, "{kind} at {name}");
+            }
+        }
+    }
+
+    /// What the folder-link-or-pipe tests put where a file belongs.
+    #[cfg(unix)]
+    const NOT_FILES: [&str; 3] = ["folder", "link", "pipe"];
+
+    /// Replaces the file at `path` by a `kind` of [`NOT_FILES`]: a folder holding a file, a
+    /// link to `link_to`, or a named pipe.
+    #[cfg(unix)]
+    fn put_in_place_of_a_file(kind: &str, path: &Path, link_to: &Path) {
+        fs::remove_file(path).unwrap();
+        match kind {
+            "folder" => {
+                fs::create_dir(path).unwrap();
+                fs::write(path.join("inside"), "x").unwrap();
+            }
+            "link" => std::os::unix::fs::symlink(link_to, path).unwrap(),
+            _ => {
+                let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+                // SAFETY: mkfifo(3) with a NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
             }
         }
     }
@@ -695,20 +709,8 @@ mod tests {
         let good = fs::read(&p).unwrap();
         let copy = parent.path().join("copy");
         fs::write(&copy, &good).unwrap();
-        for kind in ["folder", "link", "pipe"] {
-            fs::remove_file(&p).unwrap();
-            match kind {
-                "folder" => {
-                    fs::create_dir(&p).unwrap();
-                    fs::write(p.join("inside"), "x").unwrap();
-                }
-                "link" => std::os::unix::fs::symlink(&copy, &p).unwrap(),
-                _ => {
-                    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-                    // SAFETY: mkfifo(3) with a NUL-terminated path.
-                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-                }
-            }
+        for kind in NOT_FILES {
+            put_in_place_of_a_file(kind, &p, &copy);
             assert_eq!(corpus_prefix(&dir, 5).unwrap(), p, "{kind}");
             let meta = fs::symlink_metadata(&p).unwrap();
             assert!(meta.is_file(), "{kind}: {meta:?}");

@@ -178,15 +178,7 @@ mod tests {
     /// worst difference and fails the check, not a difference of 0; positions count every token.
     #[test]
     fn a_nan_in_candles_log_probs_fails_the_check() {
-        let config = TrainOptions {
-            n_layer: 1,
-            n_embd: 16,
-            n_head: 2,
-            rotary_dim: 4,
-            n_positions: 16,
-            ..TrainOptions::default()
-        }
-        .gptj_config(24);
+        let config = small_config();
         let model = TrainModel::init(&config, 2).unwrap();
         let dir = tempfile::tempdir().unwrap();
         write_config(dir.path(), &config, 23).unwrap();
@@ -215,6 +207,7 @@ mod tests {
         assert_eq!([0.5, 2.0, 1.0].into_iter().fold(0.0, worst_of), 2.0);
     }
 
+    /// One layer, 16 wide, two heads, 24 ids.
     fn small_config() -> crate::model::GptjConfig {
         TrainOptions {
             n_layer: 1,

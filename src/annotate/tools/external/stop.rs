@@ -270,7 +270,6 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_signal_ends_the_tools_and_what_they_started() {
-        use std::os::unix::process::ExitStatusExt;
         if let Ok(dir) = std::env::var("TOOLSIFT_TEST_SIGNALLED_RUN") {
             // SAFETY: setting SIGINT's and SIGHUP's action to the default before any handler is
             // installed: a test run started in the background ignores SIGINT, one under nohup
@@ -295,34 +294,27 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let path = |name: &str| dir.path().join(name);
-        let (ended, tool, background) = signal_a_run_in_a_call(dir.path(), libc::SIGTERM, true);
-        let status = ended.status;
-        assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}");
-        let stderr = String::from_utf8_lossy(&ended.stderr);
+        let stderr = signal_a_run_in_a_call(dir.path(), libc::SIGTERM, true);
         assert!(
             stderr.contains("toolsift: stopped by SIGTERM: rerun to resume"),
             "{stderr}"
         );
-        for (what, pid) in [("the tool", &tool), ("its background process", &background)] {
-            assert!(
-                ends_within(pid, Duration::from_secs(5)),
-                "{what} outlived the run"
-            );
-        }
-        assert!(!path("reported").exists(), "the killed call was reported");
+        let reported = dir.path().join("reported");
+        assert!(!reported.exists(), "the killed call was reported");
     }
 
     /// Starts `a_signal_ends_the_tools_and_what_they_started`'s run (a tool call held by a tool
     /// that started a background process), sends it `signal` once both pids are written in
-    /// `dir`, and returns how it ended with the tool's and the background process's pids.
-    /// Without `with_note`, the run sets no stop note.
+    /// `dir`, checks that the run ended by that signal and took the tool and the background
+    /// process with it, and returns the run's stderr. Without `with_note`, the run sets no stop
+    /// note.
     #[cfg(target_os = "linux")]
     fn signal_a_run_in_a_call(
         dir: &std::path::Path,
         signal: libc::c_int,
         with_note: bool,
-    ) -> (std::process::Output, String, String) {
+    ) -> String {
+        use std::os::unix::process::ExitStatusExt;
         let mut run = this_test_as_a_run(
             "a_signal_ends_the_tools_and_what_they_started",
             "TOOLSIFT_TEST_SIGNALLED_RUN",
@@ -337,7 +329,15 @@ mod tests {
         let pid = libc::pid_t::try_from(signalled.id()).unwrap();
         // SAFETY: kill(2) on the child this test started and has not reaped.
         assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
-        (signalled.wait_with_output().unwrap(), tool, background)
+        let ended = signalled.wait_with_output().unwrap();
+        assert_eq!(ended.status.signal(), Some(signal), "{}", ended.status);
+        for (what, pid) in [("the tool", &tool), ("its background process", &background)] {
+            assert!(
+                ends_within(pid, Duration::from_secs(5)),
+                "{what} outlived the run"
+            );
+        }
+        String::from_utf8_lossy(&ended.stderr).into_owned()
     }
 
     /// A signal the run was started ignoring (SIGHUP under `nohup`) is left ignored: the run
@@ -427,23 +427,12 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_sigint_is_named_in_the_stop_note() {
-        use std::os::unix::process::ExitStatusExt;
         let dir = tempfile::tempdir().unwrap();
-        let (ended, tool, background) = signal_a_run_in_a_call(dir.path(), libc::SIGINT, true);
-        assert_eq!(
-            ended.status.signal(),
-            Some(libc::SIGINT),
-            "{}",
-            ended.status
-        );
-        let stderr = String::from_utf8_lossy(&ended.stderr);
+        let stderr = signal_a_run_in_a_call(dir.path(), libc::SIGINT, true);
         assert!(
             stderr.contains("toolsift: stopped by SIGINT: rerun to resume"),
             "{stderr}"
         );
-        for pid in [&tool, &background] {
-            assert!(ends_within(pid, Duration::from_secs(5)));
-        }
     }
 
     /// A hang-up (SIGHUP: the terminal closed, or a scheduler's stop) is watched as well, and
@@ -452,23 +441,12 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_sighup_is_named_in_the_stop_note_on_a_line_of_its_own() {
-        use std::os::unix::process::ExitStatusExt;
         let dir = tempfile::tempdir().unwrap();
-        let (ended, tool, background) = signal_a_run_in_a_call(dir.path(), libc::SIGHUP, true);
-        assert_eq!(
-            ended.status.signal(),
-            Some(libc::SIGHUP),
-            "{}",
-            ended.status
-        );
-        let stderr = String::from_utf8_lossy(&ended.stderr);
+        let stderr = signal_a_run_in_a_call(dir.path(), libc::SIGHUP, true);
         assert!(
             stderr.contains("\ntoolsift: stopped by SIGHUP: rerun to resume\n"),
             "{stderr:?}"
         );
-        for pid in [&tool, &background] {
-            assert!(ends_within(pid, Duration::from_secs(5)));
-        }
     }
 
     /// Without a note the run ends on the signal silently, as its default action does, its
@@ -476,15 +454,9 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_run_without_a_stop_note_ends_silently() {
-        use std::os::unix::process::ExitStatusExt;
         let dir = tempfile::tempdir().unwrap();
-        let (ended, tool, background) = signal_a_run_in_a_call(dir.path(), libc::SIGTERM, false);
-        assert_eq!(ended.status.signal(), Some(libc::SIGTERM));
-        let stderr = String::from_utf8_lossy(&ended.stderr);
+        let stderr = signal_a_run_in_a_call(dir.path(), libc::SIGTERM, false);
         assert!(!stderr.contains("stopped by"), "{stderr:?}");
-        for pid in [&tool, &background] {
-            assert!(ends_within(pid, Duration::from_secs(5)));
-        }
     }
 
     /// A stop kills the group of every call running, not only the first listed. The test runs
