@@ -701,4 +701,61 @@ mod tests {
             (1 << 20) + 1
         );
     }
+
+    // ---- from the second review of util/fs.rs, writer/outputs.rs, writer/run_diff.rs ----
+
+    /// A file at the folder's name is neither missing nor empty: it is an error (not a folder),
+    /// not a place a fresh output may be written into.
+    #[cfg(feature = "annotate")]
+    #[test]
+    fn missing_or_empty_is_an_error_for_a_file_at_the_folders_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("index");
+        std::fs::write(&file, "a user's file").unwrap();
+        assert!(missing_or_empty(&file).is_err());
+    }
+
+    /// A small file that cannot be read (here missing) is an I/O error naming it, not a verdict
+    /// on what it holds made through `err`.
+    #[test]
+    fn a_small_file_that_cannot_be_read_is_an_io_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.json");
+        match read_small_file(&p, 1 << 20, Error::input) {
+            Err(Error::Io { path, error }) => {
+                assert_eq!(path, p);
+                assert_eq!(error.kind(), std::io::ErrorKind::NotFound);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Only a missing file is let be: one that cannot be removed (a folder at its name) is an
+    /// error naming it, and the folder is left.
+    #[test]
+    fn remove_if_exists_refuses_what_it_cannot_remove() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.summary.json");
+        remove_if_exists(&p).unwrap();
+        std::fs::create_dir(&p).unwrap();
+        let err = remove_if_exists(&p).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("{}: ", p.display())), "{err}");
+        assert!(p.is_dir());
+    }
+
+    /// What is written and flushed is in the temporary file (a reader of a run in progress
+    /// sees it), not held in the buffer until the commit.
+    #[test]
+    fn a_flush_reaches_the_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        let mut f = AtomicFile::create(&p).unwrap();
+        writeln!(f, "first").unwrap();
+        f.flush().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(AtomicFile::tmp_path(&p)).unwrap(),
+            "first\n"
+        );
+        f.commit().unwrap();
+    }
 }

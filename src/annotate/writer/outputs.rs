@@ -321,4 +321,82 @@ mod tests {
         assert_eq!(p.rejects, Path::new("cstar.rejects.jsonl"));
         assert_eq!(p.journal, Path::new("cstar.partial"));
     }
+
+    // ---- from the second review of util/fs.rs, writer/outputs.rs, writer/run_diff.rs ----
+
+    /// The rejects file's and the summary's temporary names clash with another run's output as
+    /// C*'s does: a run in progress on "c.rejects.jsonl.tmp", a finished one on
+    /// "c.summary.json.tmp" (its C* and summary there).
+    #[test]
+    fn every_temporary_name_is_checked_for_another_runs_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = OutputPaths::new(&dir.path().join("c.jsonl"));
+        assert_eq!(paths.temporary_clash(), None);
+        let rejects_tmp = AtomicFile::tmp_path(&paths.rejects);
+        let theirs = OutputPaths::new(&rejects_tmp);
+        std::fs::write(&theirs.journal, "").unwrap();
+        let why = paths
+            .temporary_clash()
+            .expect("a run in progress under the name");
+        assert!(
+            why.contains(&format!("{} beside it", theirs.journal.display())),
+            "{why}"
+        );
+        std::fs::remove_file(&theirs.journal).unwrap();
+        let summary_tmp = AtomicFile::tmp_path(&paths.summary);
+        let theirs = OutputPaths::new(&summary_tmp);
+        std::fs::write(&summary_tmp, "").unwrap();
+        std::fs::write(&theirs.summary, "{}").unwrap();
+        let why = paths
+            .temporary_clash()
+            .expect("a finished run under the name");
+        assert!(
+            why.contains(&format!("{} beside it", theirs.summary.display())),
+            "{why}"
+        );
+    }
+
+    /// A summary left at a temporary name's summary name with no C* beside it (removed by its
+    /// user) is no run's output there: nothing at the temporary name is lost, no clash.
+    #[test]
+    fn a_summary_without_its_cstar_at_a_temporary_name_is_no_clash() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = OutputPaths::new(&dir.path().join("c.jsonl"));
+        let tmp = AtomicFile::tmp_path(&paths.out);
+        std::fs::write(OutputPaths::new(&tmp).summary, "{}").unwrap();
+        assert_eq!(paths.temporary_clash(), None);
+        std::fs::write(&tmp, "").unwrap();
+        assert!(paths.temporary_clash().is_some());
+    }
+
+    /// A summary is written as pretty JSON ending in a newline, and its run record is read back
+    /// whole (the model, the corpus and its hash), not from its first line alone; a journal's
+    /// header gives the same.
+    #[test]
+    fn a_written_summary_and_a_journal_give_back_their_recorded_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = json!({
+            "corpus": "corpus.jsonl",
+            "corpus_xxh3": "00ff00ff00ff00ff",
+            "info": {"model": "demo-model"},
+        });
+        let recorded = Some(RecordedRun {
+            model: PathBuf::from("demo-model"),
+            corpus: Some(PathBuf::from("corpus.jsonl")),
+            corpus_xxh3: Some("00ff00ff00ff00ff".into()),
+        });
+        let mut summary = crate::annotate::summary::SummaryBuilder::new(&[]).finish(1.5);
+        summary.run = Some(run.clone());
+        let p = dir.path().join("c.summary.json");
+        write_summary(&p, &summary).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.ends_with("}\n") && text.lines().count() > 3, "{text}");
+        assert_eq!(recorded_run(&p, OutputKind::Summary).unwrap(), recorded);
+        let journal = dir.path().join("c.jsonl.partial");
+        drop(Journal::open(&journal, &run).unwrap());
+        assert_eq!(
+            recorded_run(&journal, OutputKind::Journal).unwrap(),
+            recorded
+        );
+    }
 }

@@ -324,4 +324,49 @@ mod tests {
             );
         }
     }
+
+    // ---- from the second review of util/fs.rs, writer/outputs.rs, writer/run_diff.rs ----
+
+    /// A config of several lines against one of a single line (a hand-written record, a config
+    /// cut short) is still named by its first differing line, whichever side holds the lines.
+    #[test]
+    fn a_text_of_several_lines_is_named_by_its_line_against_one_of_one_line() {
+        let several = json!({"config": "seed = 3\nmax_call_tokens = 4\n"});
+        let one = json!({"config": "seed = 4"});
+        assert_eq!(
+            run_differences(&several, &one),
+            ["run.config, line 1: \"seed = 3\" vs \"seed = 4\""]
+        );
+    }
+
+    /// An index path holding a newline is written over several lines of the config (a
+    /// multi-line string), so no single line's replacement parses to the masked table: the
+    /// table rendered again is compared, and two spellings of one hashed index are one run.
+    #[test]
+    fn a_hashed_index_written_over_several_lines_is_still_not_compared_by_its_path() {
+        use crate::annotate::config::AnnotateConfig;
+        use crate::annotate::tools::WikiSearchConfig;
+        let run = |index: &str| {
+            let mut c = AnnotateConfig::default();
+            c.tools.wikisearch = Some(WikiSearchConfig {
+                index: index.into(),
+                max_snippet_chars: 300,
+            });
+            let info = json!({"model": "d", "wikisearch_index_xxh3": "0a"});
+            json!({"config": c.to_toml(), "info": info})
+        };
+        let (a, b) = (run("my\nidx"), run("/w/my\nidx"));
+        let config = a["config"].as_str().unwrap();
+        assert!(
+            !config
+                .lines()
+                .any(|l| l.starts_with("index = ") && l.contains("idx")),
+            "the index on one line: {config}"
+        );
+        assert!(run_differences(&a, &b).is_empty());
+        // Another setting beside it is still found.
+        let mut c = run("my\nidx");
+        c["config"] = json!(config.replace("max_snippet_chars = 300", "max_snippet_chars = 301"));
+        assert_eq!(run_differences(&a, &c).len(), 1);
+    }
 }
