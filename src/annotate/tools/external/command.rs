@@ -440,8 +440,7 @@ fn wait_until(
     deadline: Instant,
     mut stop: impl FnMut() -> bool,
 ) -> std::io::Result<Option<ExitStatus>> {
-    // Poll quickly at first: most services answer in milliseconds.
-    let mut pause = Duration::from_millis(1);
+    let mut pause = FIRST_POLL;
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(Some(status));
@@ -451,8 +450,18 @@ fn wait_until(
             return Ok(None);
         }
         thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(Duration::from_millis(20));
+        pause = next_poll(pause);
     }
+}
+
+/// `wait_until` polls quickly at first (most services answer in milliseconds), then every
+/// [`LONGEST_POLL`]: a call ends at most that long after its program does.
+const FIRST_POLL: Duration = Duration::from_millis(1);
+const LONGEST_POLL: Duration = Duration::from_millis(20);
+
+/// The pause after `pause`: twice as long, up to [`LONGEST_POLL`].
+fn next_poll(pause: Duration) -> Duration {
+    (pause * 2).min(LONGEST_POLL)
 }
 
 #[cfg(test)]
@@ -915,6 +924,17 @@ mod tests {
             );
             thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The wait's pauses double from 1 ms and stop at 20 ms: a program that ends after a
+    /// second is seen to within 20 ms of it, not after up to as long again.
+    #[test]
+    fn the_waits_pauses_double_up_to_20_ms() {
+        let pauses: Vec<u64> = std::iter::successors(Some(FIRST_POLL), |&p| Some(next_poll(p)))
+            .take(8)
+            .map(|p| p.as_millis() as u64)
+            .collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 20, 20, 20]);
     }
 
     /// A failed call's error is the program, its exit status and its stderr, trimmed and cut
