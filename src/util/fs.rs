@@ -702,8 +702,6 @@ mod tests {
         );
     }
 
-    // ---- from the second review of util/fs.rs, writer/outputs.rs, writer/run_diff.rs ----
-
     /// A file at the folder's name is neither missing nor empty: it is an error (not a folder),
     /// not a place a fresh output may be written into.
     #[cfg(feature = "annotate")]

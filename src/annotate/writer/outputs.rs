@@ -322,8 +322,6 @@ mod tests {
         assert_eq!(p.journal, Path::new("cstar.partial"));
     }
 
-    // ---- from the second review of util/fs.rs, writer/outputs.rs, writer/run_diff.rs ----
-
     /// The rejects file's and the summary's temporary names clash with another run's output as
     /// C*'s does: a run in progress on "c.rejects.jsonl.tmp", a finished one on
     /// "c.summary.json.tmp" (its C* and summary there).

@@ -325,8 +325,6 @@ mod tests {
         }
     }
 
-    // ---- from the second review of util/fs.rs, writer/outputs.rs, writer/run_diff.rs ----
-
     /// A config of several lines against one of a single line (a hand-written record, a config
     /// cut short) is still named by its first differing line, whichever side holds the lines.
     #[test]

@@ -147,8 +147,7 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use super::*;
-    use crate::demo::train::write_config;
-    use crate::model::checkpoint::write_safetensors;
+    use crate::demo::train::tests::write_checked_folder;
 
     fn check(max_abs_diff: f64, engine_vs_reference: f64) -> ReferenceCheck {
         ReferenceCheck {
@@ -181,9 +180,7 @@ mod tests {
         let config = small_config();
         let model = TrainModel::init(&config, 2).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        write_config(dir.path(), &config, 23).unwrap();
-        let tensors = model.named_tensors().unwrap();
-        write_safetensors(&dir.path().join("model.safetensors"), &tensors).unwrap();
+        write_checked_folder(dir.path(), &config, 23, &model.named_tensors().unwrap());
         let seqs = vec![vec![1, 2, 3], vec![4, 5]];
         let ok = check_against_reference(dir.path(), &model, &seqs).unwrap();
         assert!(ok.passes() && ok.max_abs_diff < 1e-5, "{ok:?}");
@@ -230,7 +227,6 @@ mod tests {
         let config = small_config();
         let model = TrainModel::init(&config, 2).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        write_config(dir.path(), &config, 23).unwrap();
         let mut tensors = model.named_tensors().unwrap();
         for (name, t) in &mut tensors {
             if name == "lm_head.bias" {
@@ -239,7 +235,7 @@ mod tests {
                 *t = crate::model::Tensor::from_f32(vec![24], &v);
             }
         }
-        write_safetensors(&dir.path().join("model.safetensors"), &tensors).unwrap();
+        write_checked_folder(dir.path(), &config, 23, &tensors);
         let seqs = vec![vec![1, 2, 3], vec![4, 6, 7, 8]];
         let check = check_against_reference(dir.path(), &model, &seqs).unwrap();
 
@@ -282,9 +278,7 @@ mod tests {
             n_positions: 32,
             ..config.clone()
         };
-        write_config(dir.path(), &other, 23).unwrap();
-        let tensors = model.named_tensors().unwrap();
-        write_safetensors(&dir.path().join("model.safetensors"), &tensors).unwrap();
+        write_checked_folder(dir.path(), &other, 23, &model.named_tensors().unwrap());
         let err = check_against_reference(dir.path(), &model, &[vec![1, 2, 3]])
             .unwrap_err()
             .to_string();

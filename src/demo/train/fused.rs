@@ -495,32 +495,11 @@ impl CustomOp3 for CrossEntropyBwd {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{Device, Var};
+    use candle_core::Device;
 
+    use super::super::tests::{max_diff, random, value_and_grads};
     use super::*;
     use crate::util::rng::Rng;
-
-    fn random(shape: &[usize], rng: &mut Rng, scale: f32) -> Tensor {
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| rng.normal() * scale).collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
-
-    /// max |a - b| over two tensors of the same shape, a NaN counting as infinite (a tensor max
-    /// may skip it).
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        let (a, b) = (a.flatten_all().unwrap(), b.flatten_all().unwrap());
-        let (a, b) = (a.to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
-        assert_eq!(a.len(), b.len());
-        a.iter().zip(&b).fold(0f32, |m, (x, y)| {
-            let d = (x - y).abs();
-            if d.is_nan() {
-                f32::INFINITY
-            } else {
-                m.max(d)
-            }
-        })
-    }
 
     /// Each op checks its inputs' shapes rather than reading short of or past them: a bias
     /// longer than the rows, a score tensor that is not [.., T, T], a LayerNorm bias of another
@@ -578,20 +557,15 @@ mod tests {
         let targets = Tensor::new(&[3u32, 0, 9, 9, 4], &Device::Cpu).unwrap();
         let probe = random(&[5], &mut rng, 1.0);
         let value_and_grad = |shift: f64| {
-            let var = Var::from_tensor(&(&logits + shift).unwrap()).unwrap();
-            let out = var.as_tensor().apply_op2(&targets, CrossEntropy).unwrap();
-            let grads = (&out * &probe)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            (out, grads.get(&var).unwrap().clone())
+            let shifted = (&logits + shift).unwrap();
+            value_and_grads(&[shifted], &probe, |t| {
+                t[0].apply_op2(&targets, CrossEntropy).unwrap()
+            })
         };
         let (v0, g0) = value_and_grad(0.0);
         for shift in [200.0, -200.0] {
             let (v, g) = value_and_grad(shift);
-            let (dv, dg) = (max_diff(&v, &v0), max_diff(&g, &g0));
+            let (dv, dg) = (max_diff(&v, &v0), max_diff(&g[0], &g0[0]));
             assert!(
                 dv < 1e-3 && dg < 1e-4,
                 "shift {shift}: value {dv}, gradient {dg}"
@@ -608,30 +582,21 @@ mod tests {
         let x = random(&[6, 16], &mut rng, 2.0);
         let (w, b) = (random(&[16], &mut rng, 1.0), random(&[16], &mut rng, 1.0));
         let probe = random(&[4, 16], &mut rng, 1.0);
-        let value_and_grads = |copy: bool| {
-            let vars: Vec<Var> = [&x, &w, &b]
-                .iter()
-                .map(|t| Var::from_tensor(t).unwrap())
-                .collect();
-            let mut rows = vars[0].as_tensor().narrow(0, 1, 4).unwrap();
-            if copy {
-                rows = (&rows * 1.0).unwrap();
-            }
-            let (w, b) = (vars[1].as_tensor(), vars[2].as_tensor());
-            let y = rows.apply_op3(w, b, LayerNorm { eps: 1e-5 }).unwrap();
-            let grads = (&y * &probe)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            let mut out = vec![y];
-            out.extend(vars.iter().map(|v| grads.get(v).unwrap().clone()));
-            out
+        let value_and_grads_of = |copy: bool| {
+            let inputs = [x.clone(), w.clone(), b.clone()];
+            let (y, grads) = value_and_grads(&inputs, &probe, |t| {
+                let mut rows = t[0].narrow(0, 1, 4).unwrap();
+                if copy {
+                    rows = (&rows * 1.0).unwrap();
+                }
+                rows.apply_op3(&t[1], &t[2], LayerNorm { eps: 1e-5 })
+                    .unwrap()
+            });
+            [vec![y], grads].concat()
         };
-        for (i, (a, b)) in value_and_grads(false)
+        for (i, (a, b)) in value_and_grads_of(false)
             .iter()
-            .zip(&value_and_grads(true))
+            .zip(&value_and_grads_of(true))
             .enumerate()
         {
             let d = max_diff(a, b);

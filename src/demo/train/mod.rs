@@ -673,28 +673,43 @@ mod tests {
         );
     }
 
-    fn random(shape: &[usize], rng: &mut Rng, scale: f32) -> Tensor {
+    /// A tensor of `shape` with normal entries times `scale` (the train module's tests share it).
+    pub(super) fn random(shape: &[usize], rng: &mut Rng, scale: f32) -> Tensor {
         let n: usize = shape.iter().product();
         let v: Vec<f32> = (0..n).map(|_| rng.normal() * scale).collect();
         Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
     }
 
-    /// max |a - b| over two tensors of the same shape.
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar()
-            .unwrap()
+    /// max |a - b| over two tensors of the same shape, a NaN counting as infinite (a tensor max
+    /// may skip it).
+    pub(super) fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        let (a, b) = (a.flatten_all().unwrap(), b.flatten_all().unwrap());
+        let (a, b) = (a.to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(&b).fold(0f32, |m, (x, y)| {
+            let d = (x - y).abs();
+            if d.is_nan() {
+                f32::INFINITY
+            } else {
+                m.max(d)
+            }
+        })
+    }
+
+    /// Writes the folder `check_against_reference` reads: config.json (end-of-text id `eot`)
+    /// and `tensors` as model.safetensors.
+    pub(super) fn write_checked_folder(
+        dir: &Path,
+        config: &GptjConfig,
+        eot: u32,
+        tensors: &[(String, crate::model::Tensor)],
+    ) {
+        write_config(dir, config, eot).unwrap();
+        write_safetensors(&dir.join("model.safetensors"), tensors).unwrap();
     }
 
     /// The value and the gradients (w.r.t. `inputs`) of sum(f(inputs) * probe).
-    fn value_and_grads(
+    pub(super) fn value_and_grads(
         inputs: &[Tensor],
         probe: &Tensor,
         f: impl Fn(&[Tensor]) -> Tensor,
@@ -865,12 +880,7 @@ mod tests {
         let config = o.gptj_config(60);
         let model = TrainModel::init(&config, 7).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        write_config(dir.path(), &config, 59).unwrap();
-        write_safetensors(
-            &dir.path().join("model.safetensors"),
-            &model.named_tensors().unwrap(),
-        )
-        .unwrap();
+        write_checked_folder(dir.path(), &config, 59, &model.named_tensors().unwrap());
         let seqs = vec![vec![1, 5, 9, 2, 33, 40, 7], vec![3; 20]];
         let check = check_against_reference(dir.path(), &model, &seqs).unwrap();
         assert!(check.max_abs_diff < 1e-5, "{check:?}");

@@ -276,13 +276,8 @@ mod tests {
     /// reference on two sequences.
     fn checked(model: &TrainModel) -> crate::demo::train::ReferenceCheck {
         let dir = tempfile::tempdir().unwrap();
-        crate::demo::train::write_config(dir.path(), model.config(), 39).unwrap();
         let tensors = model.named_tensors().unwrap();
-        crate::model::checkpoint::write_safetensors(
-            &dir.path().join("model.safetensors"),
-            &tensors,
-        )
-        .unwrap();
+        crate::demo::train::tests::write_checked_folder(dir.path(), model.config(), 39, &tensors);
         let seqs = vec![vec![1, 5, 9, 2, 33, 7], vec![3, 38, 0, 12]];
         crate::demo::train::check_against_reference(dir.path(), model, &seqs).unwrap()
     }
