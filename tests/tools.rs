@@ -614,3 +614,42 @@ fn a_fractional_document_id_is_refused() {
         );
     }
 }
+
+/// `toolsift index` names a folder an older build left, `.{name}.partial-<pid>`, and no other:
+/// not one without a pid or with other characters after it.
+#[test]
+fn the_index_command_warns_of_an_older_builds_partial_folder_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let docs = write(
+        tmp.path(),
+        "docs.jsonl",
+        "{\"id\":\"z\",\"text\":\"zebra\"}\n",
+    );
+    for name in [
+        ".idx.partial-123",
+        ".idx.partial-",
+        ".idx.partial-12a",
+        ".idx.partial123",
+    ] {
+        std::fs::create_dir(tmp.path().join(name)).unwrap();
+    }
+    let out = tmp.path().join("idx");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_toolsift"))
+        .args(["index", "--docs"])
+        .arg(&docs)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let named: Vec<_> = stderr
+        .lines()
+        .filter(|l| l.contains("left by an interrupted"))
+        .collect();
+    assert_eq!(named.len(), 1, "{stderr}");
+    assert!(
+        named[0].contains(&tmp.path().join(".idx.partial-123").display().to_string()),
+        "{stderr}"
+    );
+}

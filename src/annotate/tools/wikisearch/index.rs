@@ -511,4 +511,120 @@ mod tests {
         assert!(build_index(&docs, &tmp.path().join(name(0xff)), "text").is_err());
         build_index(&docs, &tmp.path().join(name(0xfe)), "text").expect("a lock of its own");
     }
+
+    #[test]
+    fn an_out_dir_without_a_name_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(tmp.path(), "{\"id\":\"a\",\"text\":\"zebra\"}\n");
+        let err = build_index(&docs, &tmp.path().join("sub").join(".."), "text").unwrap_err();
+        assert!(
+            matches!(err, IndexError::Io { .. }) && err.to_string().contains("needs a name"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_out_dirs_missing_parents_are_made() {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(tmp.path(), "{\"id\":\"a\",\"text\":\"zebra\"}\n");
+        let out = tmp.path().join("new").join("deeper").join("idx");
+        build_index(&docs, &out, "text").unwrap();
+        assert_eq!(WikiSearch::open(&out).unwrap().num_docs(), 1);
+    }
+
+    /// Each error names the path it is about: the documents file that has none, or cannot be
+    /// read, and the out dir that cannot be checked (a file, not the partial folder).
+    #[test]
+    fn build_errors_name_the_file_they_are_about() {
+        let tmp = tempfile::tempdir().unwrap();
+        let blank = write_docs(tmp.path(), "\n \n");
+        let err = build_index(&blank, &tmp.path().join("idx"), "text").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("{}: no documents", blank.display())
+        );
+
+        // A folder opens as a file, then fails to read.
+        let folder = tmp.path().join("corpus");
+        fs::create_dir(&folder).unwrap();
+        let err = build_index(&folder, &tmp.path().join("idx"), "text").unwrap_err();
+        assert!(
+            matches!(&err, IndexError::Io { path, .. } if path == &folder),
+            "{err}"
+        );
+
+        let docs = write_docs(tmp.path(), "{\"id\":\"a\",\"text\":\"zebra\"}\n");
+        let file = tmp.path().join("taken");
+        fs::write(&file, "").unwrap();
+        let err = build_index(&docs, &file, "text").unwrap_err();
+        assert!(
+            matches!(&err, IndexError::Io { path, .. } if path == &file),
+            "{err}"
+        );
+    }
+
+    /// Integer ids of either sign and up to u64::MAX are ids, read as their digits.
+    #[test]
+    fn integer_ids_of_any_sign_and_size_are_read_as_text() {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(
+            tmp.path(),
+            "{\"id\":-7,\"text\":\"zebra\"}\n{\"id\":18446744073709551615,\"text\":\"zebra\"}\n",
+        );
+        let out = tmp.path().join("idx");
+        build_index(&docs, &out, "text").unwrap();
+        let wiki = WikiSearch::open(&out).unwrap();
+        let hits = wiki.search("zebra", Some("-7"), 5).unwrap();
+        let ids: Vec<_> = hits.iter().map(|h| h.id.as_str()).collect();
+        assert_eq!(ids, ["18446744073709551615"]);
+        let hits = wiki
+            .search("zebra", Some("18446744073709551615"), 5)
+            .unwrap();
+        assert_eq!(hits[0].id, "-7");
+    }
+
+    /// The id's limit is in bytes (what tantivy's term limit counts): 32,501 two-byte
+    /// characters are over it.
+    #[test]
+    fn the_id_limit_counts_bytes_not_characters() {
+        let tmp = tempfile::tempdir().unwrap();
+        let id = "\u{e9}".repeat(MAX_ID_BYTES / 2 + 1);
+        let line = serde_json::json!({"id": id, "text": "zebra"});
+        let docs = write_docs(tmp.path(), format!("{line}\n"));
+        let err = build_index(&docs, &tmp.path().join("idx"), "text").unwrap_err();
+        assert!(
+            matches!(err, IndexError::Malformed { line: 1, .. })
+                && err.to_string().contains("65002 bytes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_title_held_twice_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let docs = write_docs(
+            tmp.path(),
+            "{\"id\":\"a\",\"title\":\"A\",\"title\":\"B\",\"text\":\"x\"}\n",
+        );
+        let err = build_index(&docs, &tmp.path().join("idx"), "text").unwrap_err();
+        assert!(
+            matches!(err, IndexError::Malformed { line: 1, .. })
+                && err.to_string().contains("duplicate key \"title\""),
+            "{err}"
+        );
+    }
+
+    /// The text's errors name the field the build reads it from.
+    #[test]
+    fn text_errors_name_the_text_field() {
+        let tmp = tempfile::tempdir().unwrap();
+        for (line, needle) in [
+            ("{\"id\":\"a\",\"text\":\"x\"}\n", "missing \"body\""),
+            ("{\"id\":\"a\",\"body\":7}\n", "\"body\" must be a string"),
+        ] {
+            let docs = write_docs(tmp.path(), line);
+            let err = build_index(&docs, &tmp.path().join("idx"), "body").unwrap_err();
+            assert!(err.to_string().contains(needle), "{err}");
+        }
+    }
 }

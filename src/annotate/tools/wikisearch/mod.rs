@@ -921,4 +921,223 @@ mod tests {
         };
         assert!(WikiSearch::from_config(&cfg).is_err());
     }
+
+    /// An index written with tantivy directly, one document holding `fields` (name, value; all
+    /// stored text, the id one raw term) in the order given: what another version might leave.
+    fn index_by_hand(dir: &Path, fields: &[(&str, &str)]) {
+        use tantivy::schema::{STORED, STRING, TEXT};
+        let mut builder = Schema::builder();
+        for &(name, _) in fields {
+            builder.add_text_field(
+                name,
+                if name == ID {
+                    STRING | STORED
+                } else {
+                    TEXT | STORED
+                },
+            );
+        }
+        let schema = builder.build();
+        let index = Index::create_in_dir(dir, schema.clone()).unwrap();
+        let mut writer: tantivy::IndexWriter =
+            index.writer_with_num_threads(1, 15_000_000).unwrap();
+        let mut doc = TantivyDocument::default();
+        for &(name, value) in fields {
+            doc.add_text(schema.get_field(name).unwrap(), value);
+        }
+        writer.add_document(doc).unwrap();
+        writer.commit().unwrap();
+    }
+
+    /// The fields are found by name: an index whose schema lists them in another order still
+    /// quotes the text and gives the title as the title.
+    #[test]
+    fn an_index_is_read_by_its_field_names_not_their_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        index_by_hand(
+            tmp.path(),
+            &[
+                ("text", "A zebra is an African equine."),
+                ("title", "Zebra"),
+                ("id", "z"),
+            ],
+        );
+        let wiki = WikiSearch::open(tmp.path()).unwrap();
+        let hits = wiki.search("zebra", None, 1).unwrap();
+        assert_eq!(hits[0].id, "z");
+        assert_eq!(hits[0].title.as_deref(), Some("Zebra"));
+        assert_eq!(hits[0].snippet, "A zebra is an African equine.");
+    }
+
+    #[test]
+    fn an_index_without_a_title_field_is_refused_naming_the_field() {
+        let tmp = tempfile::tempdir().unwrap();
+        index_by_hand(tmp.path(), &[("id", "z"), ("text", "A zebra.")]);
+        let err = WikiSearch::open(tmp.path()).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, IndexError::WrongSchema { .. }), "{msg}");
+        assert_eq!(
+            msg,
+            format!(
+                "{}: not a WikiSearch index: no field \"title\"",
+                tmp.path().display()
+            )
+        );
+    }
+
+    /// A path that is not there is an I/O error (a typo), not "not an index"; a folder that is
+    /// there without a meta.json is not an index, and says how to build one.
+    #[test]
+    fn open_tells_a_missing_folder_from_one_without_an_index() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("typo");
+        let err = WikiSearch::open(&missing).unwrap_err();
+        assert!(
+            matches!(&err, IndexError::Io { path, error }
+                if path == &missing && error.kind() == std::io::ErrorKind::NotFound),
+            "{err}"
+        );
+        let empty = tmp.path().join("empty");
+        fs::create_dir(&empty).unwrap();
+        let err = WikiSearch::open(&empty).unwrap_err();
+        assert!(matches!(err, IndexError::WrongSchema { .. }), "{err}");
+        assert!(err.to_string().contains("toolsift index"), "{err}");
+    }
+
+    /// The io::Error tantivy keeps in a failed read or a failed folder open is what a write
+    /// failure says, as it is for a failed file write.
+    #[test]
+    fn write_errors_give_the_io_error_of_a_failed_read_or_folder() {
+        use tantivy::directory::error::{OpenDirectoryError, OpenReadError};
+        use tantivy::TantivyError;
+        let full = || std::io::Error::other("No space left on device");
+        for error in [
+            TantivyError::OpenReadError(OpenReadError::wrap_io_error(full(), "a.idx".into())),
+            TantivyError::OpenDirectoryError(OpenDirectoryError::wrap_io_error(
+                full(),
+                "idx".into(),
+            )),
+        ] {
+            let msg = IndexError::Write {
+                out: PathBuf::from("small/idx"),
+                error,
+            }
+            .to_string();
+            assert_eq!(
+                msg,
+                "small/idx: writing the index failed: No space left on device"
+            );
+        }
+    }
+
+    /// `from_config` applies the configured limit, not the default.
+    #[test]
+    fn a_configured_snippet_limit_is_applied() {
+        let (tmp, _) = small_index();
+        let config = WikiSearchConfig {
+            index: tmp.path().join("index"),
+            max_snippet_chars: 25,
+        };
+        let wiki = WikiSearch::from_config(&config).unwrap();
+        let got = wiki.call("Brown Act", &doc("x")).unwrap();
+        assert!(got.contains("Brown") && got.chars().count() <= 25, "{got}");
+        // The smallest limit there is, 1, is a valid setting.
+        let one = WikiSearchConfig {
+            max_snippet_chars: 1,
+            ..config
+        };
+        assert!(WikiSearch::check_config(&one).is_ok());
+        let empty = WikiSearchConfig {
+            index: PathBuf::new(),
+            max_snippet_chars: 25,
+        };
+        let err = WikiSearch::check_config(&empty).unwrap_err().to_string();
+        assert!(err.contains("index is empty"), "{err}");
+    }
+
+    /// A limit of 0 set in code counts as 1: a snippet of one character, not none (which
+    /// would read as a document without text).
+    #[test]
+    fn a_snippet_limit_of_zero_counts_as_one() {
+        let (_tmp, wiki) = small_index();
+        let got = wiki
+            .with_max_snippet_chars(0)
+            .call("Pittsburgh", &doc("x"))
+            .unwrap();
+        assert_eq!(got.chars().count(), 1, "{got:?}");
+    }
+
+    /// A hit on the title alone quotes the start of the text within the limit too.
+    #[test]
+    fn a_title_only_hit_is_cut_to_the_limit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let text = (0..100)
+            .map(|i| format!("w{i}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let line = serde_json::json!({"id": "e", "title": "Eiffel Tower", "text": text});
+        let docs = write_docs(tmp.path(), format!("{line}\n"));
+        let out = tmp.path().join("idx");
+        build_index(&docs, &out, "text").unwrap();
+        let wiki = WikiSearch::open(&out).unwrap().with_max_snippet_chars(20);
+        assert_eq!(
+            wiki.call("Eiffel", &doc("x")).unwrap(),
+            "w0 w1 w2 w3 w4 w5 w6"
+        );
+    }
+
+    /// Each hit carries its own BM25 score, best first.
+    #[test]
+    fn hits_carry_their_scores_best_first() {
+        let (_tmp, wiki) = small_index();
+        let hits = wiki.search("steel Pittsburgh", None, 3).unwrap();
+        assert_eq!(hits.len(), 2, "{hits:?}");
+        assert!(
+            hits[0].score > hits[1].score && hits[1].score > 0.0,
+            "{hits:?}"
+        );
+    }
+
+    /// A call looks through the best 16 hits for one with text: 15 title-only documents ranked
+    /// above it do not hide a document with text, and the error says how many it saw.
+    #[test]
+    fn a_call_looks_through_sixteen_hits_for_text() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut lines = String::new();
+        for i in 0..15 {
+            lines += &format!("{{\"id\": \"t{i}\", \"title\": \"Zebra\", \"text\": \"\"}}\n");
+        }
+        // Fillers make a title's "zebra" rare enough to outrank one word in a long text.
+        for i in 0..100 {
+            lines +=
+                &format!("{{\"id\": \"f{i}\", \"title\": \"Filler\", \"text\": \"filler\"}}\n");
+        }
+        let long = format!("{}zebra", "filler ".repeat(300));
+        lines += &format!("{}\n", serde_json::json!({"id": "z", "text": long}));
+        let docs = write_docs(tmp.path(), lines);
+        let out = tmp.path().join("idx");
+        build_index(&docs, &out, "text").unwrap();
+        let wiki = WikiSearch::open(&out).unwrap().with_max_snippet_chars(30);
+        let hits = wiki.search("zebra", None, 20).unwrap();
+        assert_eq!(hits.len(), 16);
+        assert_eq!(hits[15].id, "z", "the document with text ranks last");
+        assert!(wiki.call("zebra", &doc("x")).unwrap().contains("zebra"));
+        let err = wiki.call("zebra", &doc("z")).unwrap_err().to_string();
+        assert!(err.contains("(the best 15 have an empty text)"), "{err}");
+    }
+
+    /// Cut at its first match, a fragment keeps the words before that match where they fit.
+    #[test]
+    fn a_cut_that_keeps_the_match_keeps_the_words_before_it() {
+        let text = "a b zebra c d";
+        assert_eq!(whole_words(text, 0..13, Some(4), 9), "a b zebra");
+        assert_eq!(whole_words(text, 0..13, Some(4), 8), "zebra c");
+    }
+
+    /// A word longer than the limit is cut between characters, not bytes.
+    #[test]
+    fn a_long_word_is_cut_between_characters() {
+        assert_eq!(truncate_words("Москва город", 3), "Мос");
+        assert_eq!(truncate_words("日本語", 2), "日本");
+    }
 }
