@@ -453,4 +453,109 @@ mod tests {
             );
         }
     }
+
+    /// Each term of the parallel residual counts in the magnitude by its own size: on a random
+    /// two-layer model, the gain is the product of the factors
+    /// max(1, |m| / sqrt(|x - mean x|^2 + n eps)) recomputed here at each ln_1 and at ln_f, with
+    /// m = |e| plus, over earlier layers, |attention| + |MLP| (not |attention + MLP|, which
+    /// their signs would cancel).
+    #[test]
+    fn layer_norm_gain_adds_the_attention_and_mlp_magnitudes_of_every_layer() {
+        let config = GptjConfig::small(2, 8, 2, 2, 11);
+        let weights = GptjWeights::random(&config, 5, DType::F32);
+        let model = ReferenceModel::new(&config, &weights);
+        let ids = [3, 7, 1, 10, 3];
+        let eps = config.layer_norm_epsilon;
+        let factor = |x: &[f64], m: &[f64]| {
+            let mean = x.iter().sum::<f64>() / 8.0;
+            let centred: f64 = x.iter().map(|v| (v - mean) * (v - mean)).sum();
+            let norm: f64 = m.iter().map(|v| v * v).sum();
+            (norm / (centred + 8.0 * eps)).sqrt().max(1.0)
+        };
+        let mut x = embed(&model.wte, &ids);
+        let mut m = x.clone();
+        m.data.iter_mut().for_each(|v| *v = v.abs());
+        let mut want = vec![1.0; ids.len()];
+        let mut cancelled = 0.0f64;
+        for block in &model.h {
+            for (r, w) in want.iter_mut().enumerate() {
+                *w *= factor(x.row(r), m.row(r));
+            }
+            let h = layer_norm(&x, &block.ln_1, eps);
+            let a = attention(&h, block, &config);
+            let f = linear(&gelu_new(&linear(&h, &block.fc_in)), &block.fc_out);
+            for k in 0..x.data.len() {
+                x.data[k] += a.data[k] + f.data[k];
+                m.data[k] += a.data[k].abs() + f.data[k].abs();
+                cancelled = cancelled
+                    .max(a.data[k].abs() + f.data[k].abs() - (a.data[k] + f.data[k]).abs());
+            }
+        }
+        for (r, w) in want.iter_mut().enumerate() {
+            *w *= factor(x.row(r), m.row(r));
+        }
+        // The premise: the two terms have opposite signs somewhere, and the factors exceed 1.
+        assert!(cancelled > 0.1, "{cancelled}");
+        assert!(want.iter().all(|&w| w > 1.01), "{want:?}");
+        let gain = model.layer_norm_gain(&ids);
+        for (g, w) in gain.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-12 * w, "{gain:?} vs {want:?}");
+        }
+    }
+
+    /// GPT-J's rotary ("rotate every two"): the pairs (x[2i], x[2i+1]) of the first rotary_dim
+    /// dims of every head turn by pos * 10000^(-2i / rotary_dim), pos the row's own position
+    /// from 0 (row 0 stays as it is); the head's other dims stay.
+    #[test]
+    fn apply_rotary_turns_each_pair_of_each_head_by_its_own_angle() {
+        let (n_head, head_dim, rotary_dim, rows) = (3, 8, 6, 5);
+        let cols = n_head * head_dim;
+        let data: Vec<f64> = (0..rows * cols)
+            .map(|k| ((k * 37 + 11) % 23) as f64 / 7.0 - 1.5)
+            .collect();
+        let before = Mat { rows, cols, data };
+        let mut x = before.clone();
+        apply_rotary(&mut x, n_head, head_dim, rotary_dim);
+        for pos in 0..rows {
+            for h in 0..n_head {
+                let (was, got) = (before.row(pos), x.row(pos));
+                let d = |k: usize| h * head_dim + k;
+                for i in 0..rotary_dim / 2 {
+                    let angle = pos as f64 * 10000f64.powf(-((2 * i) as f64) / rotary_dim as f64);
+                    let (a, b) = (was[d(2 * i)], was[d(2 * i + 1)]);
+                    let want = [
+                        a * angle.cos() - b * angle.sin(),
+                        b * angle.cos() + a * angle.sin(),
+                    ];
+                    for (g, w) in [got[d(2 * i)], got[d(2 * i + 1)]].iter().zip(want) {
+                        assert!(
+                            (g - w).abs() < 1e-12,
+                            "pos {pos} head {h} pair {i}: {g} vs {w}"
+                        );
+                    }
+                }
+                assert_eq!(
+                    &got[d(rotary_dim)..d(head_dim)],
+                    &was[d(rotary_dim)..d(head_dim)]
+                );
+            }
+        }
+        assert_eq!(x.row(0), before.row(0));
+    }
+
+    /// Attention scores past exp's range give the softmax of the same scores near zero: the
+    /// oracle shifts by the max before exp, which would overflow (or give 0 / 0) otherwise.
+    #[test]
+    fn attention_softmax_does_not_move_with_a_shift_past_exp_range() {
+        let scores: [f64; 4] = [0.25, -1.5, 2.0, 0.75];
+        let total: f64 = scores.iter().map(|s| s.exp()).sum();
+        let want = scores.map(|s| s.exp() / total);
+        for shift in [0.0, 1000.0, -1000.0] {
+            let mut got = scores.map(|s| s + shift);
+            softmax_in_place(&mut got);
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-12, "shift {shift}: {got:?} vs {want:?}");
+            }
+        }
+    }
 }

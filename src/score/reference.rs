@@ -215,4 +215,52 @@ mod tests {
             }
         }
     }
+
+    /// weighted_loss is L_i(z) under the placement and the weights it is given: the l_call that
+    /// `score` gives a candidate whose call is z, with those weights, prefix and inline.
+    #[test]
+    fn weighted_loss_is_the_call_variants_loss_under_its_placement_and_weights() {
+        let scorer = ReferenceScorer::new(&model(64));
+        let text: Arc<[u32]> = (0..12).map(|k| (k * 11 + 5) % 40).collect();
+        let (z, w) = (vec![7, 2, 31], vec![0.9, 0.3, 0.6]);
+        let mut losses = Vec::new();
+        for placement in [Placement::Prefix, Placement::Inline] {
+            let c = TokenCandidate {
+                text_ids: text.clone(),
+                position: 5,
+                call_ids: z.clone(),
+                call_result_ids: vec![7, 2, 31, 19],
+                weights: Some(w.clone()),
+            };
+            let options = ScoreOptions {
+                placement,
+                ..Default::default()
+            };
+            let want = scorer.score(&[c], &options).unwrap()[0].l_call;
+            let got = scorer.weighted_loss(&z, &text, 5, &w, placement).unwrap();
+            assert_eq!(got, want, "{placement:?}");
+            losses.push(got);
+        }
+        assert_ne!(losses[0], losses[1]);
+    }
+
+    /// An empty text is refused as empty, with or without z: at position 0 with no z too, where
+    /// "position 0" would send the caller looking for a prefix that cannot help.
+    #[test]
+    fn an_empty_text_is_refused_as_empty_with_or_without_z() {
+        let scorer = ReferenceScorer::new(&model(64));
+        for z in [&[][..], &[1, 2][..]] {
+            let err = scorer
+                .weighted_loss(z, &[], 0, &[1.0], Placement::Prefix)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("text is empty"), "{z:?}: {err}");
+        }
+    }
+
+    /// The oracle is told from the engines by its name, as "cpu" and "cuda" are.
+    #[test]
+    fn the_oracle_scorer_is_named_cpu_reference() {
+        assert_eq!(ReferenceScorer::new(&model(64)).name(), "cpu-reference");
+    }
 }

@@ -81,4 +81,23 @@ mod tests {
             .to_string();
         assert!(huge.contains("past the largest f64"), "{huge}");
     }
+
+    /// Each refusal says its own reason: an empty vector as empty, a weight that is not finite
+    /// (NaN, either infinity) or negative by its index, not as a sum past the largest f64.
+    #[test]
+    fn each_bad_weight_is_refused_with_its_own_reason_and_index() {
+        let refusal = |w: Vec<f64>| LossWeights::new(w).unwrap_err().to_string();
+        assert_eq!(refusal(vec![]), "weights must not be empty");
+        for (bad, shown) in [
+            (f64::NAN, "NaN"),
+            (f64::INFINITY, "inf"),
+            (f64::NEG_INFINITY, "-inf"),
+            (-0.5, "-0.5"),
+        ] {
+            assert_eq!(
+                refusal(vec![0.4, 0.0, bad, 1.0]),
+                format!("weights[2] = {shown} must be finite and non-negative")
+            );
+        }
+    }
 }

@@ -313,4 +313,19 @@ mod tests {
             "is 42 [A() -> 1] [B() -> 2] Next"
         );
     }
+
+    /// A long value is cut after 60 characters, not 60 bytes: a value of 2-byte characters
+    /// shows 60 of them (a byte cut would show 30, or fall inside a character).
+    #[test]
+    fn long_values_are_cut_after_60_characters_not_bytes() {
+        let long = format!("{}]", "é".repeat(100));
+        let msg = refusal("QA", &long, "y");
+        assert!(
+            msg.starts_with(&format!(
+                "input \"{}\"… (201 bytes) contains",
+                "é".repeat(60)
+            )),
+            "{msg}"
+        );
+    }
 }

@@ -785,4 +785,129 @@ mod tests {
         assert_eq!((first.ids.len(), first.spans.last().unwrap().1), (12, 5));
         head_reads_as_whole(&tok, &c, 12);
     }
+
+    /// A candidate's own weights may read further than the batch's: its text is tokenized as
+    /// far as they reach, so score_texts scores what the whole text's tokens give.
+    #[test]
+    fn a_candidates_own_longer_weights_read_its_text_as_far_as_they_reach() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj");
+        let model = crate::model::Model::load(&dir).unwrap();
+        let tok = model.tokenizer().unwrap();
+        let scorer = crate::score::ReferenceScorer::new(&model);
+        let text =
+            "The population grew by 29% in the decade to 2020, and it grew again. ".repeat(12);
+        let at = text.find(" 29%").unwrap();
+        let mut c = TextCandidate::new(text.as_str(), at, "Calculator", "1 + 2", "3");
+        c.weights = Some((0..120).map(|t| 1.0 / (t + 1) as f64).collect());
+        let options = ScoreOptions::default();
+        let got = score_texts(&scorer, tok, &[c.clone()], &options, CallForm::Arrow).unwrap();
+        let whole = c
+            .to_tokens(tok, options.placement, CallForm::Arrow, None)
+            .unwrap();
+        assert_eq!(whole.window(&options).count(), 120);
+        assert_eq!(got, scorer.score(&[whole], &options).unwrap());
+    }
+
+    /// The first candidate in order that cannot be scored is the one named, even when a later
+    /// one cannot be tokenized at all: candidate 0's own weights are refused by `validate`,
+    /// candidate 1's call by `check_call`.
+    #[test]
+    fn score_texts_names_a_refused_candidate_before_a_later_one_that_cannot_be_tokenized() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj");
+        let model = crate::model::Model::load(&dir).unwrap();
+        let tok = model.tokenizer().unwrap();
+        let scorer = crate::score::ReferenceScorer::new(&model);
+        let text = "It costs 3 dollars, or 29% of what it cost.";
+        let at = text.find(" 29%").unwrap();
+        let mut bad_weights = TextCandidate::new(text, at, "Calculator", "1 + 2", "3");
+        bad_weights.weights = Some(vec![0.5, -1.0]);
+        let bad_call = TextCandidate::new(text, at, "Calculator", "1 + 2", "3] more");
+        let options = ScoreOptions::default();
+        let cands = [bad_weights, bad_call];
+        let err = score_texts(&scorer, tok, &cands, &options, CallForm::Arrow).unwrap_err();
+        assert!(
+            matches!(&err, Error::Candidate { index: 0, .. }) && err.to_string().contains("-1"),
+            "{err}"
+        );
+    }
+
+    /// With a model's n_positions, a candidate that reads past the first n_positions + 1 tokens
+    /// of its text is refused naming what reads there: its window, or its position itself.
+    #[test]
+    fn a_text_read_past_n_positions_is_refused_naming_what_reads_there() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny-gptj/tokenizer.json");
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let text =
+            "The population grew by 29% in the decade to 2020, and it grew again. ".repeat(8);
+        let weights = vec![1.0; 200];
+        let refusal = |position: usize| {
+            let c = TextCandidate::new(text.as_str(), position, "Calculator", "1 + 2", "3");
+            match TextHeads::within(16)
+                .tokens_for(&tok, &c, &weights, Placement::Prefix, CallForm::Arrow)
+                .unwrap()
+            {
+                Err(reason) => reason.to_string(),
+                Ok(t) => panic!("{t:?}"),
+            }
+        };
+        let msg = refusal(text.find(" 29%").unwrap());
+        assert!(
+            msg.contains(
+                "its window of weighted tokens reads past the first n_positions (16) tokens of \
+                 the text"
+            ),
+            "{msg}"
+        );
+        let far = text.rfind(" 29%").unwrap();
+        let msg = refusal(far);
+        assert!(
+            msg.contains(&format!(
+                "position {far} is past the first n_positions (16) tokens"
+            )),
+            "{msg}"
+        );
+    }
+
+    /// An encoding that goes past the end of the text (another, longer text's) is refused too.
+    #[test]
+    fn to_tokens_refuses_an_encoding_of_a_longer_text() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny-gptj/tokenizer.json");
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let text = "The population grew by 29% in the decade to 2020.";
+        let longer = tok.encode(&format!("{text} Then it grew again.")).unwrap();
+        let ids: Arc<[u32]> = longer.ids.clone().into();
+        let c = TextCandidate::new(text, text.find(" 29%").unwrap(), "Calculator", "1", "1");
+        let err = c
+            .to_tokens(
+                &tok,
+                Placement::Prefix,
+                CallForm::Arrow,
+                Some((&longer, ids)),
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("the whole text's"), "{err}");
+    }
+
+    /// A call of exactly n_positions tokens is not "longer than" n_positions: the call check
+    /// lets it through (its sequences, text and all, are `validate`'s to refuse), and one token
+    /// fewer of n_positions refuses it.
+    #[test]
+    fn a_call_of_exactly_n_positions_tokens_is_not_refused_as_longer() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny-gptj/tokenizer.json");
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let text = "It costs 3 dollars, or 29% of what it cost.";
+        let c = TextCandidate::new(text, text.find(" 29%").unwrap(), "Calculator", "1 + 2", "3");
+        let within = |n: usize| {
+            c.to_tokens_within(&tok, Placement::Prefix, CallForm::Arrow, None, Some(n))
+                .unwrap()
+        };
+        let unbounded = within(usize::MAX).unwrap();
+        let n = unbounded.call_result_ids.len();
+        assert_eq!(within(n), Ok(unbounded));
+        let msg = within(n - 1).unwrap_err().to_string();
+        assert!(msg.contains(&format!("n_positions ({})", n - 1)), "{msg}");
+    }
 }
