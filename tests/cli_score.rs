@@ -2543,7 +2543,7 @@ fn generate_counts_an_empty_input_as_zero_prompts() {
 #[cfg(unix)]
 #[test]
 fn generate_into_a_named_pipe_whose_reader_leaves_fails() {
-    use std::io::{BufRead as _, Write as _};
+    use std::io::Write as _;
     use std::process::Stdio;
     let tmp = tempfile::tempdir().unwrap();
     let fifo = tmp.path().join("out.fifo");
@@ -2561,25 +2561,33 @@ fn generate_into_a_named_pipe_whose_reader_leaves_fails() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reader = {
-        let fifo = fifo.clone();
-        std::thread::spawn(move || {
-            let mut first = String::new();
-            let _ =
-                std::io::BufReader::new(std::fs::File::open(&fifo).unwrap()).read_line(&mut first);
-            let _ = tx.send(first);
-        })
+    // The reader is a process of its own, not a thread of this one: a descriptor of this
+    // process is copied into each child that another test forks meanwhile, and one not yet
+    // exec'd still holds the pipe open when the second line is written, which then succeeds.
+    let Ok(reader) = Command::new("head")
+        .args(["-n", "1"])
+        .arg(&fifo)
+        .stdout(Stdio::piped())
+        .spawn()
+    else {
+        let _ = child.kill();
+        eprintln!("SKIPPED: head is not available");
+        return;
     };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let _ = tx.send(reader.wait_with_output().map(|o| o.stdout));
+    });
     let mut stdin = child.stdin.take().unwrap();
     let prompt = |id: &str| json!({"id": id, "prompt": "the cat sat on"});
     writeln!(stdin, "{}", prompt("p-0")).unwrap();
     stdin.flush().unwrap();
-    let Ok(first) = rx.recv_timeout(std::time::Duration::from_secs(60)) else {
+    let Ok(Ok(first)) = rx.recv_timeout(std::time::Duration::from_secs(60)) else {
         let _ = child.kill();
         let out = child.wait_with_output().unwrap();
         panic!("no first line: {}", String::from_utf8_lossy(&out.stderr));
     };
+    let first = String::from_utf8_lossy(&first);
     reader.join().unwrap();
     // The reader has gone: the second completion has nowhere to go.
     let _ = writeln!(stdin, "{}", prompt("p-1"));
