@@ -2571,6 +2571,7 @@ fn generate_into_a_named_pipe_whose_reader_leaves_fails() {
         .spawn()
     else {
         let _ = child.kill();
+        let _ = child.wait();
         eprintln!("SKIPPED: head is not available");
         return;
     };
