@@ -31,7 +31,8 @@ fn doc(id: &str) -> DocContext<'_> {
 
 #[test]
 fn a_division_by_zero_is_named_as_such() {
-    for input in ["1/0", "1/(2-2)", "5 / -0"] {
+    // Zero over zero too: it is no overflow, though no fraction can hold it.
+    for input in ["1/0", "1/(2-2)", "5 / -0", "0 / 0", "(1 - 1) / (2 - 2)"] {
         let got = Calculator::new().call(input, &doc("d"));
         assert!(
             matches!(&got, Err(ToolError::Failed(m)) if m == "division by zero"),
@@ -652,4 +653,164 @@ fn the_index_command_warns_of_an_older_builds_partial_folder_only() {
         named[0].contains(&tmp.path().join(".idx.partial-123").display().to_string()),
         "{stderr}"
     );
+}
+
+#[test]
+fn sums_of_one_scale_add_over_the_common_denominator() {
+    // Over the product of the denominators (10^40) these would pass 128 bits.
+    let got = evaluate("1.00000000000000000001 + 2.00000000000000000002").unwrap();
+    assert_eq!(
+        (got.numerator(), got.denominator()),
+        (300_000_000_000_000_000_003, 100_000_000_000_000_000_000)
+    );
+    assert_eq!(format_result(got), "3");
+}
+
+#[test]
+fn a_product_is_cross_reduced_before_it_multiplies() {
+    // 10^25 / 3^40 times 7 * 3^40 / 10^25: the uncancelled products are past 10^44.
+    let input = "10000000000000000000000000 / 12157665459056928801 \
+                 * (85103658213398501607 / 10000000000000000000000000)";
+    assert!(input.len() <= MAX_INPUT_LEN);
+    assert_eq!(Calculator::new().call(input, &doc("d")), Ok("7".into()));
+}
+
+#[test]
+fn negating_the_least_128_bit_integer_is_too_large_not_wrapped() {
+    let min = "-170141183460469231731687303715884105727 - 1";
+    let got = Calculator::new().call(min, &doc("d"));
+    assert_eq!(got, Ok("-170141183460469231731687303715884105728".into()));
+    let got = Calculator::new().call(&format!("-({min})"), &doc("d"));
+    assert!(
+        matches!(&got, Err(ToolError::Failed(m)) if m.contains("too many digits")),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn calculator_errors_give_the_byte_positions_exactly() {
+    let message = |input: &str| {
+        Calculator::new()
+            .call(input, &doc("d"))
+            .unwrap_err()
+            .to_string()
+    };
+    // The ')' expected where the number stands, for the '(' at the start.
+    assert_eq!(
+        message("(1 2,400.50)"),
+        "invalid input: expected ')' at byte 3 for '(' at byte 0, found number 2,400.50"
+    );
+    // End of input is the input's length, trailing spaces included.
+    assert_eq!(
+        message("3 +  "),
+        "invalid input: expression ends early at byte 5: expected a number or '('"
+    );
+    // A token left over is placed at its start ("at byte 25" would also contain "at byte 2").
+    assert_eq!(
+        message("1 12345678901234567890123"),
+        "invalid input: unexpected number 12345678901234567890123 at byte 2"
+    );
+    // Blank input is told as empty, not as ending early.
+    for blank in ["", " \t\n"] {
+        assert_eq!(
+            message(blank),
+            "invalid input: empty expression",
+            "{blank:?}"
+        );
+    }
+    // The length limit is in bytes, and the message counts bytes: 1 + 100 no-break spaces.
+    let long = format!("1{}", "\u{a0}".repeat(100));
+    assert_eq!(
+        message(&long),
+        "invalid input: expression is 201 bytes long, more than the 200 allowed"
+    );
+}
+
+#[test]
+fn the_last_day_of_year_9999_is_a_date() {
+    let last = Date::new(9999, 12, 31).unwrap();
+    assert_eq!(last.render(), "Today is Friday, December 31, 9999.");
+    assert_eq!(Date::parse_iso("9999-12-31"), Some(last));
+}
+
+#[test]
+fn a_date_field_with_dots_is_no_date() {
+    // Only '-' and '/' separate a field's year, month and day.
+    assert_eq!(Date::parse_iso("2023.01.30"), None);
+}
+
+#[test]
+fn a_url_date_is_not_read_out_of_longer_digit_runs() {
+    for url in [
+        // A 3-digit day segment, a 5-digit run before a dashed date, an underscore for a dash.
+        "https://example.com/2023/01/030/",
+        "https://example.com/a/02023-01-30",
+        "https://example.com/a/2023_01-30",
+    ] {
+        assert_eq!(Date::from_url(url), None, "{url}");
+    }
+}
+
+#[test]
+fn a_url_date_is_looked_for_past_a_run_that_is_no_date() {
+    // An 8-digit id, then a dashed non-date, before the date in the same segment.
+    for url in [
+        "https://example.com/a/99999999-20230130",
+        "https://example.com/a/2023-13-01-to-2023-01-30",
+    ] {
+        assert_eq!(Date::from_url(url), Date::new(2023, 1, 30), "{url}");
+    }
+}
+
+#[test]
+fn a_path_without_a_leading_slash_is_read_from_its_first_segment() {
+    assert_eq!(Date::from_url("2023/01/30/story"), Date::new(2023, 1, 30));
+}
+
+#[test]
+fn calendars_failure_names_the_document_and_its_url() {
+    let doc = DocContext {
+        id: "doc-7",
+        url: Some("https://example.com/about"),
+        date: None,
+    };
+    let err = Calendar::new(None).call("", &doc).unwrap_err();
+    assert_eq!(
+        err,
+        ToolError::Failed(
+            "document \"doc-7\": it has no date field, its URL holds no date, and no date is \
+             configured"
+                .into()
+        )
+    );
+    // An argument after a newline is still an argument.
+    let err = Calendar::new(Date::new(2023, 1, 30))
+        .call("\ntomorrow", &doc)
+        .unwrap_err();
+    assert!(matches!(err, ToolError::InvalidInput(_)), "{err}");
+}
+
+#[test]
+fn a_blank_configured_date_is_refused_not_taken_as_unset() {
+    for blank in ["", "  "] {
+        let cfg = CalendarConfig {
+            enabled: true,
+            date: Some(blank.into()),
+        };
+        assert!(Calendar::from_config(&cfg).is_err(), "{blank:?}");
+    }
+}
+
+#[test]
+fn from_config_leaves_out_a_disabled_calculator_or_calendar() {
+    let mut cfg = ToolsConfig::default();
+    cfg.calculator.enabled = false;
+    let reg = ToolRegistry::from_config(&cfg).unwrap();
+    assert_eq!(reg.names(), ["Calendar"]);
+    assert!(!reg.is_empty(), "one tool is not none");
+    let mut cfg = ToolsConfig::default();
+    cfg.calendar.enabled = false;
+    let reg = ToolRegistry::from_config(&cfg).unwrap();
+    assert_eq!(reg.names(), ["Calculator"]);
+    assert!(reg.get("Calendar").is_none());
 }
