@@ -1139,6 +1139,166 @@ mod tests {
         assert_eq!(out.to_vec()[0], 1.0);
     }
 
+    extern "C" {
+        fn emu_selftest_mixed_barriers(out: *mut f32);
+        fn emu_selftest_shuffle_u64(out: *mut u64, mask: i32);
+        fn emu_selftest_order(out: *mut u32);
+        fn emu_selftest_rounds(out: *mut u32, rounds: i32);
+    }
+
+    /// A warp whose lanes wait at two kinds of barrier (odd ones at __syncthreads, even ones at
+    /// __syncwarp) can never go on: a __syncthreads is passed once every live thread waits at
+    /// it, not once every thread waits at some barrier.
+    #[test]
+    fn a_warp_split_between_syncthreads_and_syncwarp_is_an_error() {
+        let mut out = Buffer::<f32>::zeroed("out", 32).unwrap();
+        let o = out.mut_ptr();
+        let err = launch("mixed", &block(32, 3), || unsafe {
+            emu_selftest_mixed_barriers(o)
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains(
+                "kernel mixed, block (0, 0, 0): barrier can never complete; warp 0: 16 at \
+                 __syncthreads, 16 at a warp barrier, 0 exited"
+            ),
+            "{err}"
+        );
+        assert!(out.to_vec().iter().all(|&v| v == 0.0));
+    }
+
+    /// A shuffle carries all 64 bits of a 64-bit value, and a lane mask that names a lane past
+    /// the warp (lane ^ mask >= 32) gives the lane its own value, as shfl.bfly does on the device.
+    #[test]
+    fn xor_shuffles_carry_64_bits_and_a_lane_past_the_warp_reads_its_own_value() {
+        let mut out = Buffer::<u64>::zeroed("out", 128).unwrap();
+        let o = out.mut_ptr();
+        let offered = |t: u64| (t + 1) << 40 | t;
+        for mask in [3, 32, 45] {
+            launch("shuffle_u64", &block(64, 5), || unsafe {
+                emu_selftest_shuffle_u64(o, mask)
+            })
+            .unwrap();
+            let want: Vec<u64> = (0..128u64)
+                .map(|i| {
+                    let (t, lane) = (i % 64, i % 32);
+                    let src = lane ^ mask as u64;
+                    offered(if src < 32 { t - lane + src } else { t })
+                })
+                .collect();
+            assert_eq!(out.to_vec(), want, "mask {mask}");
+        }
+    }
+
+    /// Each thread's place in the first round after each of two __syncthreads, per block of a
+    /// 4-block, 64-thread launch under `seed`: [block][round][thread].
+    fn places(seed: u64) -> Vec<[Vec<u32>; 2]> {
+        let mut out = Buffer::<u32>::zeroed("out", 2 * 256).unwrap();
+        let o = out.mut_ptr();
+        let cfg = Launch {
+            grid: (4, 1, 1),
+            ..block(64, seed)
+        };
+        launch("order", &cfg, || unsafe { emu_selftest_order(o) }).unwrap();
+        let got = out.to_vec();
+        (0..4)
+            .map(|b| [0, 1].map(|r| (0..64).map(|t| got[2 * (64 * b + t) + r]).collect()))
+            .collect()
+    }
+
+    /// A seeded launch draws its thread order anew in every round and in every block (from the
+    /// seed and the block index): within each warp (holds act on whole warps) the order after
+    /// the second __syncthreads differs from the one after the first, and no two blocks share
+    /// an order. Seed 0 runs every round in index order.
+    #[test]
+    fn a_seeded_order_is_drawn_anew_in_every_round_and_every_block() {
+        for (b, [first, second]) in places(0).iter().enumerate() {
+            assert_eq!(*first, (0..64).collect::<Vec<u32>>(), "block {b}");
+            assert_eq!(*second, (64..128).collect::<Vec<u32>>(), "block {b}");
+        }
+        // The threads of warp w, in the order they ran.
+        let ranked = |places: &[u32], w: usize| {
+            let mut lanes: Vec<usize> = (32 * w..32 * w + 32).collect();
+            lanes.sort_by_key(|&t| places[t]);
+            lanes
+        };
+        for seed in [2u64, 9] {
+            let blocks = places(seed);
+            for (b, [first, second]) in blocks.iter().enumerate() {
+                for w in 0..2 {
+                    assert_ne!(
+                        ranked(first, w),
+                        ranked(second, w),
+                        "seed {seed}, block {b}, warp {w}: the order was kept"
+                    );
+                }
+            }
+            for b in 0..4 {
+                for c in b + 1..4 {
+                    assert_ne!(
+                        blocks[b][0], blocks[c][0],
+                        "seed {seed}: blocks {b} and {c} ran in one order"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A grid with no block in some dimension runs nothing and is no error (the device's driver
+    /// refuses it before the emulator sees it).
+    #[test]
+    fn an_empty_grid_runs_nothing() {
+        let mut out = Buffer::<f32>::zeroed("out", 1).unwrap();
+        let o = out.mut_ptr();
+        for grid in [(0, 1, 1), (2, 0, 3), (1, 1, 0)] {
+            let cfg = Launch {
+                grid,
+                ..block(32, 4)
+            };
+            launch("empty", &cfg, || unsafe { emu_selftest_write_at(o, 0) }).unwrap();
+        }
+        assert_eq!(out.to_vec(), [0.0]);
+    }
+
+    /// A warp held back at the start of a phase sits out only its few rounds: under some seed,
+    /// a warp starts its 40 warp barriers after the other warp's first round and before its
+    /// last (not only once the other waits at a __syncthreads or has exited).
+    #[test]
+    fn a_held_warp_rejoins_while_the_other_is_still_running() {
+        const ROUNDS: usize = 40;
+        let mut out = Buffer::<u32>::zeroed("out", 8 * 64 * ROUNDS).unwrap();
+        let o = out.mut_ptr();
+        let mut rejoined = 0;
+        for seed in 1..5 {
+            let cfg = Launch {
+                grid: (8, 1, 1),
+                ..block(64, seed)
+            };
+            launch("rounds", &cfg, || unsafe {
+                emu_selftest_rounds(o, ROUNDS as i32)
+            })
+            .unwrap();
+            let got = out.to_vec();
+            let got = &got;
+            for b in 0..8 {
+                // The places of warp w's threads in round r.
+                let round = |w: usize, r: usize| {
+                    (0..32).map(move |l| got[ROUNDS * (64 * b + 32 * w + l) + r])
+                };
+                for (w, v) in [(0, 1), (1, 0)] {
+                    let start = round(w, 0).min().unwrap();
+                    let after_first = start > round(v, 0).max().unwrap();
+                    rejoined += (after_first && start < round(v, ROUNDS - 1).min().unwrap()) as u32;
+                }
+            }
+        }
+        assert!(
+            rejoined > 0,
+            "no held warp rejoined before the other finished"
+        );
+    }
+
     fn page_bytes() -> usize {
         // SAFETY: sysconf has no preconditions.
         unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }

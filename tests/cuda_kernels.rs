@@ -1108,6 +1108,176 @@ mod emulated_device {
         }
     }
 
+    /// The stream (async) copies and memset, which cudarc's slices use, are checked like the
+    /// blocking ones and go the same way: host to device, device to host, device to device from
+    /// source to destination, with the value asked for.
+    #[test]
+    fn stream_copies_and_memsets_are_checked_and_go_the_right_way() {
+        let Some(gpu) = emulated() else { return };
+        let s = gpu.stream.cu_stream();
+        let bytes: Vec<u8> = (1..=N as u8 + 1).collect();
+        let outside = "not inside one device allocation";
+        // SAFETY: raw allocations of N bytes; every access that passes lies inside them.
+        unsafe {
+            let (p, q) = (drv::malloc_sync(N).unwrap(), drv::malloc_sync(N).unwrap());
+            let why = reason(drv::memcpy_htod_async(p + 1, &bytes[..N], s));
+            assert!(
+                why.contains("cuMemcpyHtoD destination") && why.contains(outside),
+                "{why}"
+            );
+            drv::memcpy_htod_async(p, &bytes[..N], s).unwrap();
+            drv::memset_d8_async(q, 0x5C, N, s).unwrap();
+            let why = reason(drv::memset_d8_async(q + 3, 0x5C, N - 2, s));
+            assert!(why.contains("cuMemsetD8") && why.contains(outside), "{why}");
+            // q's first 4 bytes from p's bytes 2..6.
+            drv::memcpy_dtod_async(q, p + 2, 4, s).unwrap();
+            let why = reason(drv::memcpy_dtod_async(q, p + 2, N, s));
+            assert!(why.contains("cuMemcpyDtoD source"), "{why}");
+            let mut back = [0u8; N + 1];
+            let why = reason(drv::memcpy_dtoh_async(&mut back[..], q, s));
+            assert!(
+                why.contains("cuMemcpyDtoH source") && why.contains(outside),
+                "{why}"
+            );
+            drv::memcpy_dtoh_async(&mut back[..N], q, s).unwrap();
+            let mut want = bytes[2..6].to_vec();
+            want.extend([0x5C; N - 4]);
+            assert_eq!(back[..N], want[..]);
+            drv::memcpy_dtoh_async(&mut back[..N], p, s).unwrap();
+            assert_eq!(back[..N], bytes[..N]);
+            drv::free_sync(p).unwrap();
+            drv::free_sync(q).unwrap();
+        }
+    }
+
+    /// A launch refuses every grid or block past the device's limits with its reason: an
+    /// empty grid in y or z, a grid past 65535 in y or z, a block past 64 in z or of no threads.
+    #[test]
+    fn launches_refuse_grids_and_blocks_past_each_limit() {
+        let Some(gpu) = emulated() else { return };
+        let f = module(&gpu.ctx, &["gelu_bf16"])
+            .unwrap()
+            .load_function("gelu_bf16")
+            .unwrap();
+        // SAFETY: a raw allocation of N bytes, freed at the end; n = 0 launches touch nothing.
+        let p = unsafe { drv::malloc_sync(N).unwrap() };
+        let cfg = |grid_dim, block_dim| LaunchConfig {
+            grid_dim,
+            block_dim,
+            shared_mem_bytes: 0,
+        };
+        launch_gelu(&gpu, &f, p, p, cfg((2, 3, 2), (1, 1, 64))).unwrap();
+        for c in [
+            cfg((1, 0, 1), (32, 1, 1)),
+            cfg((1, 1, 0), (32, 1, 1)),
+            cfg((1, 65536, 1), (32, 1, 1)),
+            cfg((1, 1, 65536), (32, 1, 1)),
+            cfg((1, 1, 1), (1, 1, 65)),
+            cfg((1, 1, 1), (0, 1, 1)),
+        ] {
+            let why = reason(launch_gelu(&gpu, &f, p, p, c));
+            assert!(why.contains("is out of range"), "{c:?}: {why}");
+        }
+        // SAFETY: p is a live allocation of this test.
+        unsafe { drv::free_sync(p).unwrap() };
+    }
+
+    /// MAX_DYNAMIC_SHARED_SIZE_BYTES reads back as set, a negative one is refused, and no other
+    /// attribute moves the limit (a carveout of 50 leaves a 48 KiB launch allowed).
+    #[test]
+    fn only_the_shared_memory_attribute_sets_the_launch_limit_and_reads_back() {
+        let Some(gpu) = emulated() else { return };
+        use sys::CUfunction_attribute_enum as Attr;
+        const MAX_SMEM: Attr = Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        // A module of its own: the function's attributes start at the device's defaults.
+        let f = module(&gpu.ctx, &["gelu_f16"])
+            .unwrap()
+            .load_function("gelu_f16")
+            .unwrap();
+        assert_eq!(f.get_attribute(MAX_SMEM).unwrap(), 48 * 1024);
+        f.set_attribute(Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 50)
+            .unwrap();
+        // SAFETY: a raw allocation of N bytes, freed at the end; n = 0 launches touch nothing.
+        let p = unsafe { drv::malloc_sync(N).unwrap() };
+        launch_gelu(&gpu, &f, p, p, one_warp(48 * 1024)).unwrap();
+        let why = reason(f.set_attribute(MAX_SMEM, -1));
+        assert!(why.contains("MAX_DYNAMIC_SHARED_SIZE_BYTES -1"), "{why}");
+        f.set_attribute(MAX_SMEM, 100_000).unwrap();
+        assert_eq!(f.get_attribute(MAX_SMEM).unwrap(), 100_000);
+        // SAFETY: p is a live allocation of this test.
+        unsafe { drv::free_sync(p).unwrap() };
+    }
+
+    /// An error given without a reason (out of memory) is not told with the reason of an earlier
+    /// error of another code; text that is not PTX (no `.target`) is refused as an image.
+    #[test]
+    fn an_error_has_only_its_own_reason_and_a_module_needs_ptx() {
+        let Some(gpu) = emulated() else { return };
+        // SAFETY: a raw allocation of N bytes; the memset fails before it writes.
+        unsafe {
+            let p = drv::malloc_sync(N).unwrap();
+            let why = reason(drv::memset_d8_sync(p, 0, N + 1));
+            assert!(why.contains("cuMemsetD8"), "{why}");
+            let oom = drv::malloc_sync(usize::MAX / 2).unwrap_err();
+            assert_eq!(oom.0, sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+            let why = reason::<()>(Err(oom));
+            assert!(!why.contains("cuMemsetD8"), "{why}");
+            drv::free_sync(p).unwrap();
+        }
+        let no_target = ".version 8.0\n.visible .entry gelu_bf16(\n)\n{\n}\n";
+        let err = gpu.ctx.load_module(Ptx::from_src(no_target)).unwrap_err();
+        assert_eq!(err.0, sys::CUresult::CUDA_ERROR_INVALID_IMAGE);
+    }
+
+    /// The device has one ordinal: 1 is an invalid device, not a second handle on device 0.
+    #[test]
+    fn only_device_0_exists() {
+        let Some(_gpu) = emulated() else { return };
+        assert_eq!(drv::device::get(0).unwrap(), 0);
+        assert_eq!(
+            drv::device::get(1).unwrap_err().0,
+            sys::CUresult::CUDA_ERROR_INVALID_DEVICE
+        );
+    }
+
+    /// The memory pool counts what stream allocations and frees hold, and its high-water mark,
+    /// which a reset restarts at the bytes in use: in a process of its own (`pool_child`), so no
+    /// other test's allocation moves the counts.
+    #[test]
+    fn the_pool_counts_stream_frees_and_its_high_water_mark() {
+        cuda_common::run_child_on_a_small_device("emulated_device::pool_child", 1 << 30);
+    }
+
+    #[test]
+    #[ignore = "the child of the_pool_counts_stream_frees_and_its_high_water_mark"]
+    fn pool_child() {
+        assert!(
+            std::env::var_os("TOOLSIFT_EMU_DEVICE_BYTES").is_some(),
+            "run by its parent test, with a small emulated device"
+        );
+        let gpu = cuda_common::gpu().unwrap();
+        let pool = || gpu.pool_memory().unwrap().unwrap();
+        // What the context holds itself.
+        let z = pool().in_use;
+        let (kept, freed) = (up(&gpu, &[1u8; 1000]), up(&gpu, &[2u8; 3000]));
+        let both = pool();
+        assert_eq!(both.in_use, z + 4000);
+        assert!(both.high_water >= z + 4000, "{both:?}");
+        drop(freed);
+        let after = pool();
+        assert_eq!(
+            (after.in_use, after.high_water),
+            (z + 1000, both.high_water)
+        );
+        gpu.reset_peak_memory().unwrap();
+        let reset = pool();
+        assert_eq!((reset.in_use, reset.high_water), (z + 1000, z + 1000));
+        let more = up(&gpu, &[3u8; 500]);
+        assert_eq!(pool().high_water, z + 1500);
+        drop((kept, more));
+        assert_eq!(pool().in_use, z);
+    }
+
     /// `D = alpha op(A) op(B) + beta C` through the emulated cuBLASLt: `layouts` are (type,
     /// rows, cols, ld) of A, B, C and D, `ptrs` their device addresses.
     fn lt_matmul(
@@ -1307,5 +1477,125 @@ mod emulated_device {
         let bf_b = (ltsys::cudaDataType::CUDA_R_16BF, 2u64, 1u64, 2i64);
         let types_differ = [a_layout, bf_b, bcd[1], bcd[2]];
         assert!(lt_matmul([0, 0], types_differ, ptrs, [1.0, 0.0]).is_err());
+    }
+
+    /// NaN and infinite outputs stay so in bf16 and f16 (an all-ones NaN, which rounding would
+    /// carry out of the word, included), and f16 inputs are read at their value: infinities,
+    /// NaN, and a negative subnormal with its sign.
+    #[test]
+    fn cublaslt_keeps_nans_and_infinities_and_reads_f16_specials_at_their_value() {
+        let Some(gpu) = emulated() else { return };
+        let x = [
+            f32::from_bits(0xffff_ffff),
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -2.5,
+        ];
+        let m = x.len() as u64;
+        let (x_d, one) = (up(&gpu, &x), up(&gpu, &[1f32]));
+        let col = |ty| (ty, m, 1u64, m as i64);
+        let one_by_one = (F32, 1u64, 1u64, 1i64);
+        let (bf, hf) = (up(&gpu, &[bf16::ZERO; 5]), up(&gpu, &[f16::ZERO; 5]));
+        let (xp, op) = (x_d.device_ptr(&gpu.stream).0, one.device_ptr(&gpu.stream).0);
+        let (bp, hp) = (bf.device_ptr(&gpu.stream).0, hf.device_ptr(&gpu.stream).0);
+        let bf_t = ltsys::cudaDataType::CUDA_R_16BF;
+        let hf_t = ltsys::cudaDataType::CUDA_R_16F;
+        let layouts = |out| [col(F32), one_by_one, col(out), col(out)];
+        lt_matmul([0, 0], layouts(bf_t), [xp, op, bp, bp], [1.0, 0.0]).unwrap();
+        lt_matmul([0, 0], layouts(hf_t), [xp, op, hp, hp], [1.0, 0.0]).unwrap();
+        let got_bf: Vec<f32> = down(&gpu, &bf).iter().map(|v| v.to_f32()).collect();
+        let got_hf: Vec<f32> = down(&gpu, &hf).iter().map(|v| v.to_f32()).collect();
+        for got in [&got_bf, &got_hf] {
+            assert!(got[0].is_nan() && got[1].is_nan(), "{got:?}");
+            assert_eq!(
+                got[2..],
+                [f32::INFINITY, f32::NEG_INFINITY, -2.5],
+                "{got:?}"
+            );
+        }
+        // f16 inputs times 1 into f32.
+        let specials = [
+            f16::INFINITY,
+            f16::NEG_INFINITY,
+            f16::NAN,
+            f16::from_bits(0x8003),
+            f16::from_bits(0x03ff),
+        ];
+        let (s_d, h1) = (up(&gpu, &specials), up(&gpu, &[f16::ONE]));
+        let out = up(&gpu, &[0f32; 5]);
+        let outp = out.device_ptr(&gpu.stream).0;
+        let ptrs = [
+            s_d.device_ptr(&gpu.stream).0,
+            h1.device_ptr(&gpu.stream).0,
+            outp,
+            outp,
+        ];
+        let h = (hf_t, 1u64, 1u64, 1i64);
+        lt_matmul([0, 0], [col(hf_t), h, col(F32), col(F32)], ptrs, [1.0, 0.0]).unwrap();
+        let got = down(&gpu, &out);
+        assert_eq!(got[..2], [f32::INFINITY, f32::NEG_INFINITY], "{got:?}");
+        assert!(got[2].is_nan(), "{got:?}");
+        assert_eq!(
+            got[3..],
+            [-3.0 / 16777216.0, 1023.0 / 16777216.0],
+            "{got:?}"
+        );
+    }
+
+    /// C and D must agree with op(A) op(B) and with each other (type and leading dimension),
+    /// and only what is emulated is accepted: 8-bit types, an f16 scale type and a conjugate
+    /// transpose (op 2) are refused.
+    #[test]
+    fn cublaslt_refuses_c_and_d_that_disagree_and_what_it_does_not_emulate() {
+        let Some(gpu) = emulated() else { return };
+        // A 3 x 2, B 2 x 1, so C = D 3 x 1; every buffer holds 8 f32, enough for each layout.
+        let bufs: Vec<_> = (0..4).map(|_| up(&gpu, &[1f32; 8])).collect();
+        let ptrs = [0, 1, 2, 3].map(|i| bufs[i].device_ptr(&gpu.stream).0);
+        let (a, b) = ((F32, 3u64, 2u64, 3i64), (F32, 2u64, 1u64, 2i64));
+        let cd = (F32, 3u64, 1u64, 3i64);
+        lt_matmul([0, 0], [a, b, cd, cd], ptrs, [1.0, 0.5]).unwrap();
+        let bf_t = ltsys::cudaDataType::CUDA_R_16BF;
+        for (c, d) in [
+            ((F32, 3, 1, 4), cd),
+            ((bf_t, 3, 1, 3), cd),
+            ((F32, 3, 2, 3), cd),
+            ((F32, 3, 1, 4), (F32, 4, 1, 4)),
+        ] {
+            let r = lt_matmul([0, 0], [a, b, c, d], ptrs, [1.0, 0.5]);
+            assert!(r.is_err(), "C {c:?}, D {d:?}");
+        }
+        // A stored 2 x 3, used transposed: op 1 passes, op 2 (conjugate) is refused.
+        let at = (F32, 2u64, 3u64, 2i64);
+        lt_matmul([1, 0], [at, b, cd, cd], ptrs, [1.0, 0.5]).unwrap();
+        assert!(lt_matmul([2, 0], [at, b, cd, cd], ptrs, [1.0, 0.5]).is_err());
+        assert!(lt::create_matrix_layout(ltsys::cudaDataType::CUDA_R_8I, 2, 2, 2).is_err());
+        assert!(lt::create_matmul_desc(
+            ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ltsys::cudaDataType::CUDA_R_16F
+        )
+        .is_err());
+    }
+
+    /// B, C and D are checked against their allocations like A: each one element short of its
+    /// span is refused (C too when beta is 0 and it is not read).
+    #[test]
+    fn cublaslt_refuses_b_c_and_d_past_their_allocation() {
+        let Some(gpu) = emulated() else { return };
+        let layouts = [
+            (F32, 3u64, 2u64, 3i64),
+            (F32, 2, 1, 2),
+            (F32, 3, 1, 3),
+            (F32, 3, 1, 3),
+        ];
+        let spans = [6usize, 2, 3, 3];
+        for short in 1..4 {
+            let bufs: Vec<_> = (0..4)
+                .map(|i| up(&gpu, &vec![1f32; spans[i] - (i == short) as usize]))
+                .collect();
+            let ptrs = [0, 1, 2, 3].map(|i| bufs[i].device_ptr(&gpu.stream).0);
+            let r = lt_matmul([0, 0], layouts, ptrs, [1.0, 0.0]);
+            assert!(r.is_err(), "operand {short} one element short");
+        }
     }
 }

@@ -195,3 +195,45 @@ extern "C" void emu_selftest_mma(const uint16_t* a, const uint16_t* b, const flo
         toolsift::mma_m16n8k16<__nv_bfloat16>(dr, ar, br, cr);
     for (int i = 0; i < 4; ++i) d[8 * (g + 8 * (i / 2)) + 2 * t + i % 2] = dr[i];
 }
+
+// Thread i of a warp waits at __syncthreads when i is odd, at __syncwarp when even; then all
+// meet at a __syncwarp. The warp is split across two kinds of barrier: it can never go on.
+extern "C" void emu_selftest_mixed_barriers(float* out) {
+    if (threadIdx.x & 1)
+        __syncthreads();
+    else
+        __syncwarp();
+    __syncwarp();
+    out[threadIdx.x] = 1.0f;
+}
+
+// __shfl_xor_sync of 64-bit values: out[t] = the value lane t ^ mask offers, (t + 1) << 40 | t.
+extern "C" void emu_selftest_shuffle_u64(unsigned long long* out, int mask) {
+    const unsigned long long mine = (unsigned long long)(threadIdx.x + 1) << 40 | threadIdx.x;
+    out[blockDim.x * blockIdx.x + threadIdx.x] = __shfl_xor_sync(0xffffffffu, mine, mask);
+}
+
+// The order the threads of each block run in: out[2 t] and out[2 t + 1] (t the thread's index
+// in the grid) are its places in the rounds right after the first and the second __syncthreads.
+extern "C" void emu_selftest_order(unsigned* out) {
+    __shared__ unsigned next;
+    const unsigned t = blockDim.x * blockIdx.x + threadIdx.x;
+    if (threadIdx.x == 0) next = 0;
+    __syncthreads();
+    out[2 * t] = next++;
+    __syncthreads();
+    out[2 * t + 1] = next++;
+}
+
+// After a __syncthreads, each thread takes `rounds` places in turn, a __syncwarp after each:
+// out[rounds t + r] is thread t's (its index in the grid) place in its r-th round.
+extern "C" void emu_selftest_rounds(unsigned* out, int rounds) {
+    __shared__ unsigned next;
+    const unsigned t = blockDim.x * blockIdx.x + threadIdx.x;
+    if (threadIdx.x == 0) next = 0;
+    __syncthreads();
+    for (int r = 0; r < rounds; ++r) {
+        out[rounds * t + r] = next++;
+        __syncwarp();
+    }
+}
