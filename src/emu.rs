@@ -1192,12 +1192,14 @@ mod tests {
     }
 
     /// Each thread's place in the first round after each of two __syncthreads, per block of a
-    /// 4-block, 64-thread launch under `seed`: [block][round][thread].
-    fn places(seed: u64) -> Vec<[Vec<u32>; 2]> {
+    /// 4-block, 64-thread launch of `grid` under `seed`: [block][round][thread], the blocks in
+    /// grid order (x fastest).
+    fn places(seed: u64, grid: (u32, u32, u32)) -> Vec<[Vec<u32>; 2]> {
+        assert_eq!(grid.0 * grid.1 * grid.2, 4);
         let mut out = Buffer::<u32>::zeroed("out", 2 * 256).unwrap();
         let o = out.mut_ptr();
         let cfg = Launch {
-            grid: (4, 1, 1),
+            grid,
             ..block(64, seed)
         };
         launch("order", &cfg, || unsafe { emu_selftest_order(o) }).unwrap();
@@ -1213,7 +1215,7 @@ mod tests {
     /// an order. Seed 0 runs every round in index order.
     #[test]
     fn a_seeded_order_is_drawn_anew_in_every_round_and_every_block() {
-        for (b, [first, second]) in places(0).iter().enumerate() {
+        for (b, [first, second]) in places(0, (4, 1, 1)).iter().enumerate() {
             assert_eq!(*first, (0..64).collect::<Vec<u32>>(), "block {b}");
             assert_eq!(*second, (64..128).collect::<Vec<u32>>(), "block {b}");
         }
@@ -1224,7 +1226,7 @@ mod tests {
             lanes
         };
         for seed in [2u64, 9] {
-            let blocks = places(seed);
+            let blocks = places(seed, (4, 1, 1));
             for (b, [first, second]) in blocks.iter().enumerate() {
                 for w in 0..2 {
                     assert_ne!(
@@ -1239,6 +1241,23 @@ mod tests {
                     assert_ne!(
                         blocks[b][0], blocks[c][0],
                         "seed {seed}: blocks {b} and {c} ran in one order"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Blocks that differ only in y or z draw their own orders too: a seed taken from x and y
+    /// alone gave the blocks of one (x, y) the same order in every z.
+    #[test]
+    fn blocks_that_differ_only_in_y_or_z_run_in_orders_of_their_own() {
+        for seed in [2u64, 9] {
+            let blocks = places(seed, (1, 2, 2));
+            for b in 0..4 {
+                for c in b + 1..4 {
+                    assert_ne!(
+                        blocks[b][0], blocks[c][0],
+                        "seed {seed}: blocks {b} and {c} of a (1, 2, 2) grid ran in one order"
                     );
                 }
             }

@@ -1014,7 +1014,10 @@ mod emulated_device {
         use sys::CUfunction_attribute_enum as Attr;
         const MAX_SMEM: Attr = Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         let why = reason(f.set_attribute(MAX_SMEM, 227 * 1024 + 1));
-        assert!(why.contains("over the opt-in limit"), "{why}");
+        assert!(
+            why.contains("MAX_DYNAMIC_SHARED_SIZE_BYTES 232449 is over the opt-in limit 232448"),
+            "{why}"
+        );
         f.set_attribute(MAX_SMEM, 227 * 1024).unwrap();
         // `g` is the same function as `f`, as on the device: the attribute holds for it.
         launch_gelu(&gpu, &g, p, p, one_warp(227 * 1024)).unwrap();
@@ -1201,7 +1204,10 @@ mod emulated_device {
         let p = unsafe { drv::malloc_sync(N).unwrap() };
         launch_gelu(&gpu, &f, p, p, one_warp(48 * 1024)).unwrap();
         let why = reason(f.set_attribute(MAX_SMEM, -1));
-        assert!(why.contains("MAX_DYNAMIC_SHARED_SIZE_BYTES -1"), "{why}");
+        assert!(
+            why.contains("MAX_DYNAMIC_SHARED_SIZE_BYTES -1 is negative"),
+            "{why}"
+        );
         f.set_attribute(MAX_SMEM, 100_000).unwrap();
         assert_eq!(f.get_attribute(MAX_SMEM).unwrap(), 100_000);
         // SAFETY: p is a live allocation of this test.

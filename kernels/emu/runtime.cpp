@@ -383,7 +383,12 @@ bool run_block(uint64_t seed) {
     if (__start_toolsift_emu_shared && __stop_toolsift_emu_shared)
         memset(__start_toolsift_emu_shared, 0xFF,
                (size_t)(__stop_toolsift_emu_shared - __start_toolsift_emu_shared));
-    Rng rng{(seed ^ (0x9E3779B97F4A7C15ull * (1 + g->bid.x + 65536ull * g->bid.y))) | 1};
+    // Seeded by the block's index in the grid, so that no two blocks of a launch share an order
+    // (x + 65536 y, as before, gave blocks that differ only in z one order, and x past 65535
+    // the order of a block in the next row).
+    const uint64_t block_index =
+        g->bid.x + (uint64_t)g->grid.x * (g->bid.y + (uint64_t)g->grid.y * g->bid.z);
+    Rng rng{(seed ^ (0x9E3779B97F4A7C15ull * (1 + block_index))) | 1};
     std::vector<size_t> order(n);
     for (size_t i = 0; i < n; ++i) order[i] = i;
     // Rounds each warp still sits out, drawn at the start of every barrier phase (see HOLD_ODDS).

@@ -217,7 +217,8 @@ extern "C" void emu_selftest_shuffle_u64(unsigned long long* out, int mask) {
 // in the grid) are its places in the rounds right after the first and the second __syncthreads.
 extern "C" void emu_selftest_order(unsigned* out) {
     __shared__ unsigned next;
-    const unsigned t = blockDim.x * blockIdx.x + threadIdx.x;
+    const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const unsigned t = blockDim.x * b + threadIdx.x;
     if (threadIdx.x == 0) next = 0;
     __syncthreads();
     out[2 * t] = next++;

@@ -532,9 +532,13 @@ EXPORT CUresult cuFuncSetAttribute(CUfunction f, int attribute, int value) {
     if (attribute == 8) {  // MAX_DYNAMIC_SHARED_SIZE_BYTES
         if (value < 0 || value > SMEM_OPTIN) {
             char msg[160];
-            snprintf(msg, sizeof msg,
-                     "%s: MAX_DYNAMIC_SHARED_SIZE_BYTES %d is over the opt-in limit %d",
-                     f->entry->name, value, SMEM_OPTIN);
+            if (value < 0)
+                snprintf(msg, sizeof msg, "%s: MAX_DYNAMIC_SHARED_SIZE_BYTES %d is negative",
+                         f->entry->name, value);
+            else
+                snprintf(msg, sizeof msg,
+                         "%s: MAX_DYNAMIC_SHARED_SIZE_BYTES %d is over the opt-in limit %d",
+                         f->entry->name, value, SMEM_OPTIN);
             return fail(CUDA_ERROR_INVALID_VALUE, msg);
         }
         f->max_dynamic_smem = value;
