@@ -831,6 +831,39 @@ mod tests {
         );
     }
 
+    /// A text the tokenizer itself cannot encode (a character its vocabulary lacks, with no
+    /// unknown token in it) fails the batch naming the candidate whose text it is.
+    #[test]
+    fn a_text_the_tokenizer_cannot_encode_is_named_by_its_candidate() {
+        let fixture =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj");
+        let model = crate::model::Model::load(&fixture).unwrap();
+        let scorer = crate::score::ReferenceScorer::new(&model);
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture.join("tokenizer.json")).unwrap())
+                .unwrap();
+        // "~" is in no merge, so the rest of the vocabulary encodes as before.
+        json["model"]["vocab"].as_object_mut().unwrap().remove("~");
+        json["model"]["unk_token"] = "<unk>".into();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let plain = "It costs 3 dollars, or 29% of what it cost.";
+        let tilde = "It costs ~3 dollars, or 29% of what it cost.";
+        let cands = [plain, tilde].map(|text| {
+            let at = text.find(" 29%").unwrap();
+            TextCandidate::new(text, at, "Calculator", "1 + 2", "3")
+        });
+        let options = ScoreOptions::default();
+        let err = score_texts(&scorer, &tok, &cands, &options, CallForm::Arrow).unwrap_err();
+        let want = format!(
+            "tokenizer {}: candidate 1: cannot encode \"{tilde}\"",
+            path.display()
+        );
+        assert!(err.to_string().starts_with(&want), "{err}");
+    }
+
     /// With a model's n_positions, a candidate that reads past the first n_positions + 1 tokens
     /// of its text is refused naming what reads there: its window, or its position itself.
     #[test]
