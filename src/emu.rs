@@ -1236,13 +1236,18 @@ mod tests {
                     );
                 }
             }
-            for b in 0..4 {
-                for c in b + 1..4 {
-                    assert_ne!(
-                        blocks[b][0], blocks[c][0],
-                        "seed {seed}: blocks {b} and {c} ran in one order"
-                    );
-                }
+            no_two_blocks_share_an_order(&blocks, seed, (4, 1, 1));
+        }
+    }
+
+    /// Panics when two of `blocks` (from `places(seed, grid)`) ran their first round in one order.
+    fn no_two_blocks_share_an_order(blocks: &[[Vec<u32>; 2]], seed: u64, grid: (u32, u32, u32)) {
+        for b in 0..blocks.len() {
+            for c in b + 1..blocks.len() {
+                assert_ne!(
+                    blocks[b][0], blocks[c][0],
+                    "seed {seed}: blocks {b} and {c} of a {grid:?} grid ran in one order"
+                );
             }
         }
     }
@@ -1252,15 +1257,7 @@ mod tests {
     #[test]
     fn blocks_that_differ_only_in_y_or_z_run_in_orders_of_their_own() {
         for seed in [2u64, 9] {
-            let blocks = places(seed, (1, 2, 2));
-            for b in 0..4 {
-                for c in b + 1..4 {
-                    assert_ne!(
-                        blocks[b][0], blocks[c][0],
-                        "seed {seed}: blocks {b} and {c} of a (1, 2, 2) grid ran in one order"
-                    );
-                }
-            }
+            no_two_blocks_share_an_order(&places(seed, (1, 2, 2)), seed, (1, 2, 2));
         }
     }
 

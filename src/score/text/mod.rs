@@ -467,15 +467,23 @@ impl TextHeads {
 mod tests {
     use super::*;
 
+    /// The tiny GPT-J fixture's folder.
+    fn tiny_gptj() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj")
+    }
+
+    /// The tiny GPT-J fixture's tokenizer.
+    fn fixture_tokenizer() -> Tokenizer {
+        Tokenizer::from_file(&tiny_gptj().join("tokenizer.json")).unwrap()
+    }
+
     /// Every call annotate's parser accepts, with a result as annotate cleans it, passes, and
     /// the call reads back as the same call.
     #[test]
     #[cfg(feature = "annotate")]
     fn calls_annotate_parses_pass() {
         use crate::annotate::calls::{clean_result, parse_call};
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/tiny-gptj/tokenizer.json");
-        let tok = Tokenizer::from_file(&path).unwrap();
+        let tok = fixture_tokenizer();
         let text = "Out of 1400 participants, 400 (or 29%) passed.";
         for (sampled, answer) in [
             ("Calculator(400 / 1400)]", "0.29"),
@@ -509,9 +517,7 @@ mod tests {
     /// its end shorter than the text's: refused, and the text cut where it ends is scored.
     #[test]
     fn to_tokens_refuses_an_encoding_of_part_of_the_text() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/tiny-gptj/tokenizer.json");
-        let tok = Tokenizer::from_file(&path).unwrap();
+        let tok = fixture_tokenizer();
         let text =
             "The population grew by 29% in the decade to 2020, and then it grew again. ".repeat(20);
         let head = tok.encode_head(&text, 12).unwrap();
@@ -641,9 +647,7 @@ mod tests {
 
     #[test]
     fn to_tokens_refuses_what_check_call_refuses() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/tiny-gptj/tokenizer.json");
-        let tok = Tokenizer::from_file(&path).unwrap();
+        let tok = fixture_tokenizer();
         let c = TextCandidate {
             text: "It costs 3 dollars.".into(),
             position: 8,
@@ -662,9 +666,7 @@ mod tests {
     /// continues with whitespace.
     #[test]
     fn inline_calls_are_scored_as_they_are_spliced() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/tiny-gptj/tokenizer.json");
-        let tok = Tokenizer::from_file(&path).unwrap();
+        let tok = fixture_tokenizer();
         let text = "Out of 1400 participants, 400 (or 29%) passed.";
         for at in [text.find(" 29%").unwrap(), text.find("%)").unwrap()] {
             let c = TextCandidate {
@@ -703,8 +705,7 @@ mod tests {
     /// the space: both offsets score the call where C* splices it, before the space.
     #[test]
     fn inline_calls_read_the_space_at_the_end_of_the_previous_token() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/tiny-gptj/tokenizer.json");
+        let path = tiny_gptj().join("tokenizer.json");
         let mut json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         json["post_processor"]["trim_offsets"] = true.into();
@@ -790,7 +791,7 @@ mod tests {
     /// far as they reach, so score_texts scores what the whole text's tokens give.
     #[test]
     fn a_candidates_own_longer_weights_read_its_text_as_far_as_they_reach() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj");
+        let dir = tiny_gptj();
         let model = crate::model::Model::load(&dir).unwrap();
         let tok = model.tokenizer().unwrap();
         let scorer = crate::score::ReferenceScorer::new(&model);
@@ -813,7 +814,7 @@ mod tests {
     /// candidate 1's call by `check_call`.
     #[test]
     fn score_texts_names_a_refused_candidate_before_a_later_one_that_cannot_be_tokenized() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj");
+        let dir = tiny_gptj();
         let model = crate::model::Model::load(&dir).unwrap();
         let tok = model.tokenizer().unwrap();
         let scorer = crate::score::ReferenceScorer::new(&model);
@@ -835,8 +836,7 @@ mod tests {
     /// unknown token in it) fails the batch naming the candidate whose text it is.
     #[test]
     fn a_text_the_tokenizer_cannot_encode_is_named_by_its_candidate() {
-        let fixture =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gptj");
+        let fixture = tiny_gptj();
         let model = crate::model::Model::load(&fixture).unwrap();
         let scorer = crate::score::ReferenceScorer::new(&model);
         let mut json: serde_json::Value =
@@ -868,9 +868,7 @@ mod tests {
     /// of its text is refused naming what reads there: its window, or its position itself.
     #[test]
     fn a_text_read_past_n_positions_is_refused_naming_what_reads_there() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/tiny-gptj/tokenizer.json");
-        let tok = Tokenizer::from_file(&path).unwrap();
+        let tok = fixture_tokenizer();
         let text =
             "The population grew by 29% in the decade to 2020, and it grew again. ".repeat(8);
         let weights = vec![1.0; 200];
@@ -905,9 +903,7 @@ mod tests {
     /// An encoding that goes past the end of the text (another, longer text's) is refused too.
     #[test]
     fn to_tokens_refuses_an_encoding_of_a_longer_text() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/tiny-gptj/tokenizer.json");
-        let tok = Tokenizer::from_file(&path).unwrap();
+        let tok = fixture_tokenizer();
         let text = "The population grew by 29% in the decade to 2020.";
         let longer = tok.encode(&format!("{text} Then it grew again.")).unwrap();
         let ids: Arc<[u32]> = longer.ids.clone().into();
@@ -928,9 +924,7 @@ mod tests {
     /// fewer of n_positions refuses it.
     #[test]
     fn a_call_of_exactly_n_positions_tokens_is_not_refused_as_longer() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/tiny-gptj/tokenizer.json");
-        let tok = Tokenizer::from_file(&path).unwrap();
+        let tok = fixture_tokenizer();
         let text = "It costs 3 dollars, or 29% of what it cost.";
         let c = TextCandidate::new(text, text.find(" 29%").unwrap(), "Calculator", "1 + 2", "3");
         let within = |n: usize| {
