@@ -831,6 +831,8 @@ fn bad_shard_names_in_the_index_are_named() {
         "sub/x.safetensors",
         "sub\\x.safetensors",
         "a\0b",
+        // A trailing separator: the path's one component is a plain name, the string is not.
+        "model-00001-of-00001.safetensors/",
     ] {
         write_index(bad);
         let err = load_err(&dir);

@@ -331,4 +331,42 @@ mod tests {
             assert!(msg.contains(says), "{header}: {msg}");
         }
     }
+
+    /// Each of the three fields is required, not only the last.
+    #[test]
+    fn each_missing_field_is_named() {
+        for (header, says) in [
+            (
+                r#"{"a": {"shape": [], "data_offsets": [0,4]}}"#,
+                "no field \"dtype\"",
+            ),
+            (
+                r#"{"a": {"dtype": "F32", "data_offsets": [0,4]}}"#,
+                "no field \"shape\"",
+            ),
+        ] {
+            let (entry, msg) = flaw(header).unwrap_or_else(|| panic!("{header} passed"));
+            assert_eq!(entry.as_deref(), Some("a"), "{header}: {msg}");
+            assert!(msg.contains(says), "{header}: {msg}");
+        }
+    }
+
+    /// A flaw past a whole entry is the header's, not that entry's.
+    #[test]
+    fn a_flaw_after_a_whole_entry_names_no_entry() {
+        for (header, says) in [
+            (
+                r#"{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0,4]}} x"#,
+                "trailing characters",
+            ),
+            (
+                r#"{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0,4]},"#,
+                "EOF",
+            ),
+        ] {
+            let (entry, msg) = flaw(header).unwrap_or_else(|| panic!("{header} passed"));
+            assert_eq!(entry, None, "{header}: {msg}");
+            assert!(msg.contains(says), "{header}: {msg}");
+        }
+    }
 }

@@ -360,18 +360,49 @@ mod tests {
         size: &[u8],
         stride: &[u8],
     ) -> Vec<u8> {
+        let wide = |v: &[u8]| v.iter().map(|&x| u64::from(x)).collect::<Vec<_>>();
+        wide_tensor_ops(
+            class,
+            key,
+            numel.into(),
+            offset.into(),
+            &wide(size),
+            &wide(stride),
+        )
+    }
+
+    /// [`tensor_ops`] with ints of any size: BININT1 below 256 (the same bytes), 8-byte LONG1
+    /// above.
+    fn wide_tensor_ops(
+        class: &str,
+        key: &str,
+        numel: u64,
+        offset: u64,
+        size: &[u64],
+        stride: &[u64],
+    ) -> Vec<u8> {
+        let int = |p: &mut Vec<u8>, v: u64| match u8::try_from(v) {
+            Ok(small) => p.extend([b'K', small]),
+            Err(_) => {
+                p.extend([0x8a, 8]);
+                p.extend(v.to_le_bytes());
+            }
+        };
         let mut p = b"ctorch._utils\n_rebuild_tensor_v2\n((".to_vec();
         p.extend(short_str("storage"));
         p.extend(format!("ctorch\n{class}\n").as_bytes());
         p.extend(short_str(key));
         p.extend(short_str("cpu"));
-        p.extend([b'K', numel, b't', b'Q', b'K', offset, b'(']);
+        int(&mut p, numel);
+        p.extend(b"tQ");
+        int(&mut p, offset);
+        p.push(b'(');
         for &d in size {
-            p.extend([b'K', d]);
+            int(&mut p, d);
         }
         p.extend(b"t(");
         for &s in stride {
-            p.extend([b'K', s]);
+            int(&mut p, s);
         }
         // requires_grad=False, backward_hooks=OrderedDict()
         p.extend(b"t\x89ccollections\nOrderedDict\n)Rt");
@@ -1133,5 +1164,173 @@ mod tests {
                 .contains("entry `archive/data/0` is encrypted"),
             "{err}"
         );
+    }
+
+    /// The ints of a pickle whose root is a tuple of ints.
+    fn ints_of_tuple(pkl: &[u8]) -> Vec<i64> {
+        let mut unpickler = Unpickler::new(pkl);
+        let root = unpickler.run().unwrap();
+        let Value::Tuple(items) = &unpickler.values[root] else {
+            panic!("{pkl:?}: {}", unpickler.values[root].kind());
+        };
+        items
+            .iter()
+            .map(|&i| match unpickler.values[i] {
+                Value::Int(v) => v,
+                _ => panic!("{pkl:?}: {}", unpickler.values[i].kind()),
+            })
+            .collect()
+    }
+
+    /// BININT1 is unsigned, LONG4 has a 4-byte length, and LONG1 holds up to 8 bytes (an 8-byte
+    /// one is the widest i64, not refused).
+    #[test]
+    fn integers_are_read_at_every_width() {
+        assert_eq!(int_of(b"\x80\x02K\xff."), 255);
+        assert_eq!(int_of(b"\x80\x02M\x00\x01."), 256);
+        assert_eq!(int_of(b"\x80\x02\x8b\x02\x00\x00\x00\x00\x80."), -32768);
+        let mut pkl = b"\x80\x02\x8a\x08".to_vec();
+        pkl.extend(i64::MIN.to_le_bytes());
+        pkl.push(b'.');
+        assert_eq!(int_of(&pkl), i64::MIN);
+    }
+
+    /// Values the reader keeps no content of (a float, bytes) still consume their whole width:
+    /// BINFLOAT's 8 bytes, BINBYTES8's 8-byte length and what it counts.
+    #[test]
+    fn skipped_scalars_consume_their_whole_width() {
+        let mut pkl = b"\x80\x04G".to_vec();
+        pkl.extend(1.5f64.to_be_bytes());
+        pkl.extend(b"0\x8e");
+        pkl.extend(3u64.to_le_bytes());
+        pkl.extend(b"\x00\x00\x00");
+        pkl.extend(b"0C\x02\x00\x000K\x07.");
+        assert_eq!(int_of(&pkl), 7);
+    }
+
+    /// TUPLE3 keeps its items in order, DUP pushes the top again, POP_MARK drops what lies above
+    /// its MARK, and an empty MARK builds an empty tuple or sets no item.
+    #[test]
+    fn stack_opcodes_have_cpythons_effects() {
+        for (pkl, want) in [
+            (&b"\x80\x02K\x01K\x02K\x03\x87."[..], &[1, 2, 3][..]),
+            (b"\x80\x02K\x052\x86.", &[5, 5]),
+            (b"\x80\x02K\x01(K\x02K\x031\x85.", &[1]),
+            (b"\x80\x02(t.", &[]),
+            (b"\x80\x02K\x04}(u0\x85.", &[4]),
+        ] {
+            assert_eq!(ints_of_tuple(pkl), want, "{pkl:?}");
+        }
+    }
+
+    /// APPEND onto anything but a list (or an opaque object) is an error, not dropped.
+    #[test]
+    fn appending_to_a_dict_is_an_error() {
+        let err = Unpickler::new(b"\x80\x02}K\x01a.").run().unwrap_err();
+        assert!(err.contains("append to a dict"), "{err}");
+    }
+
+    /// An OrderedDict called with items (not what torch.save writes) is not built: it is an
+    /// opaque object, refused as the state dict, not read as an empty dict.
+    #[test]
+    fn an_ordered_dict_built_from_items_is_refused_as_opaque() {
+        let pkl = b"\x80\x02ccollections\nOrderedDict\n(]tR.";
+        let err = read_checkpoint(pkl, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("the pickled object is an opaque object, not a dict of tensors"),
+            "{err}"
+        );
+    }
+
+    /// The archive's folder is the one that holds data.pkl, whatever entry comes first.
+    #[test]
+    fn the_archive_folder_is_the_one_holding_data_pkl() {
+        let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 1, 0, &[1], &[1]));
+        let data = f32_bytes(&[6.5]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_zip(
+            dir.path(),
+            &[
+                ("notes/readme".into(), &b"hello"[..]),
+                ("ckpt/data.pkl".into(), &pkl[..]),
+                ("ckpt/data/0".into(), &data[..]),
+            ],
+        );
+        let tensors = read_torch_bin(&path, is_ignored_buffer).unwrap();
+        assert_eq!(tensors[0].1.to_f32(), [6.5]);
+    }
+
+    /// One storage is one type and size: read as float16 and bfloat16 (one width, so its bytes
+    /// fit both) or as two element counts, the second tensor is refused naming both readings.
+    #[test]
+    fn one_storage_read_two_ways_is_refused_naming_both() {
+        let bytes = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
+        for (second, says) in [
+            (
+                tensor_ops("BFloat16Storage", "0", 8, 0, &[8], &[1]),
+                "as torch.BFloat16Storage of 8 elements, which an earlier tensor reads as \
+                 torch.HalfStorage of 8",
+            ),
+            (
+                tensor_ops("HalfStorage", "0", 4, 0, &[4], &[1]),
+                "as torch.HalfStorage of 4 elements, which an earlier tensor reads as \
+                 torch.HalfStorage of 8",
+            ),
+        ] {
+            let pkl = two_tensor_pickle(&tensor_ops("HalfStorage", "0", 8, 0, &[8], &[1]), &second);
+            let err = read_checkpoint(&pkl, &[("0", &bytes)]).unwrap_err();
+            let (tensor, msg) = tensor_msg(&err);
+            assert_eq!(tensor, "b");
+            assert!(msg.contains(says), "{err}");
+        }
+    }
+
+    /// A bias that is not a plain tensor is named, as a weight is.
+    #[test]
+    fn a_bias_the_reader_cannot_build_is_named() {
+        let err =
+            read_checkpoint(&state_dict_pickle("h.0.mlp.fc_in.bias", b"K\x05"), &[]).unwrap_err();
+        let (tensor, msg) = tensor_msg(&err);
+        assert_eq!(tensor, "h.0.mlp.fc_in.bias");
+        assert!(msg.contains("not as a plain tensor"), "{err}");
+    }
+
+    /// A view past its storage's element count is refused as such, though the storage's entry
+    /// holds what that count takes.
+    #[test]
+    fn a_view_past_its_storage_is_refused_by_its_element_count() {
+        let pkl = state_dict_pickle("w", &tensor_ops("FloatStorage", "0", 2, 1, &[2], &[1]));
+        let err = read_checkpoint(&pkl, &[("0", &f32_bytes(&[1.0, 2.0]))]).unwrap_err();
+        let (tensor, msg) = tensor_msg(&err);
+        assert_eq!(tensor, "w");
+        assert!(
+            msg.contains("elements 1..3 lie past the end of its storage of 2 elements"),
+            "{err}"
+        );
+    }
+
+    /// Sizes whose element count, offsets whose end, or offsets whose byte position pass 2^64
+    /// are errors naming the tensor, not overflows.
+    #[test]
+    fn element_counts_and_offsets_past_u64_are_errors() {
+        let big = 1u64 << 32;
+        let quarter = (1u64 << 62) - 1;
+        for (offset, size, stride) in [
+            // 2^64 elements
+            (0, vec![big, big], vec![big, 1]),
+            // 2^64 - 4 elements from element 4
+            (4, vec![quarter, 4], vec![4, 1]),
+            // element 2^62 is at byte 2^64
+            (1 << 62, vec![1], vec![1]),
+        ] {
+            let pkl = state_dict_pickle(
+                "w",
+                &wide_tensor_ops("FloatStorage", "0", 1, offset, &size, &stride),
+            );
+            let err = read_checkpoint(&pkl, &[("0", &f32_bytes(&[1.0]))]).unwrap_err();
+            let (tensor, msg) = tensor_msg(&err);
+            assert_eq!(tensor, "w");
+            assert_eq!(msg, "size overflows", "{offset} {size:?}");
+        }
     }
 }
