@@ -1064,10 +1064,7 @@ mod emulated_device {
     #[test]
     #[ignore = "the child of freed_and_inner_pointers_and_the_whole_device"]
     fn lifecycle_child() {
-        assert!(
-            std::env::var_os("TOOLSIFT_EMU_DEVICE_BYTES").is_some(),
-            "run by its parent test, with a small emulated device"
-        );
+        cuda_common::assert_run_by_its_parent();
         toolsift::emu::device::use_unless_gpu().unwrap();
         let ctx = CudaContext::new(0).unwrap();
         let stream = ctx.default_stream();
@@ -1257,10 +1254,7 @@ mod emulated_device {
     #[test]
     #[ignore = "the child of the_pool_counts_stream_frees_and_its_high_water_mark"]
     fn pool_child() {
-        assert!(
-            std::env::var_os("TOOLSIFT_EMU_DEVICE_BYTES").is_some(),
-            "run by its parent test, with a small emulated device"
-        );
+        cuda_common::assert_run_by_its_parent();
         let gpu = cuda_common::gpu().unwrap();
         let pool = || gpu.pool_memory().unwrap().unwrap();
         // What the context holds itself.

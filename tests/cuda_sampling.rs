@@ -305,10 +305,7 @@ fn a_session_whose_announced_size_cannot_be_allocated_grows_by_doubling() {
 #[test]
 #[ignore = "the child of a_session_whose_announced_size_cannot_be_allocated_grows_by_doubling"]
 fn announced_size_too_large_child() {
-    assert!(
-        std::env::var_os("TOOLSIFT_EMU_DEVICE_BYTES").is_some(),
-        "run by its parent test, with a small emulated device"
-    );
+    cuda_common::assert_run_by_its_parent();
     let Some(_) = gpu() else { return };
     let dtype = CudaDType::BF16;
     let mut config = GptjConfig::small(2, 32, 2, 4, 53);

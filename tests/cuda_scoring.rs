@@ -769,10 +769,7 @@ fn a_device_out_of_memory_is_its_own_error() {
 #[test]
 #[ignore = "the child of a_device_out_of_memory_is_its_own_error"]
 fn out_of_memory_child() {
-    assert!(
-        std::env::var_os("TOOLSIFT_EMU_DEVICE_BYTES").is_some(),
-        "run by its parent test, with a small emulated device"
-    );
+    cuda_common::assert_run_by_its_parent();
     // Not `gpu()`: its context's own workspace would fail first, outside the scorer.
     #[cfg(feature = "emu")]
     toolsift::emu::device::use_unless_gpu().unwrap();
@@ -800,10 +797,7 @@ fn the_default_budget_leaves_the_head_scratch_and_a_reserve_free() {
 #[ignore = "the child of the_default_budget_leaves_the_head_scratch_and_a_reserve_free"]
 fn default_budget_child() {
     use toolsift::cuda::stride;
-    assert!(
-        std::env::var_os("TOOLSIFT_EMU_DEVICE_BYTES").is_some(),
-        "run by its parent test, with a small emulated device"
-    );
+    cuda_common::assert_run_by_its_parent();
     let Some(_) = gpu() else { return };
     let config = GptjConfig::small(1, 64, 2, 4, 53);
     let m = common::random_model(&config, 5, DType::BF16);

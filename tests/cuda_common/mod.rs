@@ -18,6 +18,15 @@ pub fn run_child_on_a_small_device(child: &str, bytes: u64) {
     run_child(child, &[("TOOLSIFT_EMU_DEVICE_BYTES", bytes.to_string())]);
 }
 
+/// Panics unless this process is the child `run_child_on_a_small_device` started (an ignored
+/// child test run by hand would see the whole device).
+pub fn assert_run_by_its_parent() {
+    assert!(
+        std::env::var_os("TOOLSIFT_EMU_DEVICE_BYTES").is_some(),
+        "run by its parent test, with a small emulated device"
+    );
+}
+
 /// The GPU, for a test that reads its memory pool's accounting (`Gpu::pool_memory`); None
 /// after saying why where there is no GPU or it has no memory pools.
 pub fn gpu_with_memory_pool() -> Option<Gpu> {
